@@ -1,0 +1,226 @@
+"""The suite's pytest plugin (entry point ``pytest11``: loaded whenever the suite is installed).
+
+Options:
+  --impl TECHNIQUE=module:attr   check an outside implementation (repeatable); only that
+                                 technique's properties run, against only the given ones.
+  --device cpu|cuda              default: cuda when available. On cpu Triton runs interpreted.
+  --results DIR                  write one JSON-lines file of result rows per process into DIR.
+
+Markers a property test uses:
+  @pytest.mark.technique("attention")   parametrizes ``impl`` over the registry (and
+                                        ``bad_impl`` over the law's ``kills`` list).
+  @pytest.mark.claim("FA-3", ...)       the claim ids the test checks.
+  @pytest.mark.kills("no_max_subtract") the known-bad implementations the law must reject.
+
+Hypothesis profiles: ``ci`` (chosen when CI=true), ``dev`` (default), ``thorough``; select with
+``--hypothesis-profile`` or HYPOTHESIS_PROFILE.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from conformance import registry, results
+from conformance.device import select_device
+
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+             HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=10, derandomize=True, deadline=None,
+                          suppress_health_check=_SUPPRESS, print_blob=True)
+settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SUPPRESS,
+                          print_blob=True)
+settings.register_profile("thorough", max_examples=500, deadline=None,
+                          suppress_health_check=_SUPPRESS, print_blob=True)
+
+_STATE: dict = {"rows": [], "outside": {}, "device": None}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("conformance", "inference conformance suite")
+    group.addoption("--impl", action="append", default=[], metavar="TECHNIQUE=module:attr",
+                    help="check an outside implementation of TECHNIQUE (repeatable)")
+    group.addoption("--device", default=None, choices=["cpu", "cuda", "auto"],
+                    help="device for tensors and kernels (default: cuda when available)")
+    group.addoption("--results", default=None, metavar="DIR",
+                    help="write result rows (JSON lines) into DIR")
+
+
+def _profile_name(config) -> str:
+    chosen = config.getoption("hypothesis_profile", default=None)
+    if chosen:
+        return chosen
+    if os.environ.get("HYPOTHESIS_PROFILE"):
+        return os.environ["HYPOTHESIS_PROFILE"]
+    return "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
+
+
+def pytest_configure(config):
+    for line in ("technique(name): the technique whose contract the test checks",
+                 "claim(*ids): claim ids of ../shared/CLAIMS.md the test checks",
+                 "kills(*names): known-bad implementations the law must reject",
+                 "gpu: needs a CUDA device (skipped elsewhere)"):
+        config.addinivalue_line("markers", line)
+    settings.load_profile(_profile_name(config))
+    device = select_device(config.getoption("device"))
+    _STATE["device"] = device
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if device == "cuda" and worker.startswith("gw"):
+        import torch
+
+        torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())
+    try:
+        outside = registry.parse_impl_option(config.getoption("impl"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    loaded = {}
+    for technique, targets in outside.items():
+        impls = []
+        for name, target in targets:
+            try:
+                impls.append(registry.load_outside(technique, target))
+            except (ImportError, AttributeError, TypeError) as exc:
+                raise pytest.UsageError(f"--impl {technique}={target}: {exc}") from exc
+        loaded[technique] = impls
+    _STATE["outside"] = loaded
+
+
+def _technique(node) -> str | None:
+    m = node.get_closest_marker("technique")
+    return m.args[0] if m else None
+
+
+def pytest_generate_tests(metafunc):
+    technique = _technique(metafunc.definition)
+    if technique is None:
+        return
+    if "impl" in metafunc.fixturenames:
+        outside = _STATE["outside"].get(technique)
+        impls = outside if outside else registry.builtins(technique, _STATE["device"])
+        params = [pytest.param(i, id=i.name, marks=[pytest.mark.skip(reason=i.unavailable)]
+                               if i.unavailable else []) for i in impls]
+        metafunc.parametrize("impl", params)
+    if "bad_impl" in metafunc.fixturenames:
+        kills = metafunc.definition.get_closest_marker("kills")
+        names = list(kills.args) if kills else []
+        zoo = {i.name: i for i in registry.zoo(technique)}
+        unknown = [n for n in names if n not in zoo]
+        if unknown:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: kills unknown zoo entries {unknown}")
+        metafunc.parametrize("bad_impl", [pytest.param(zoo[n], id=f"zoo-{n}") for n in names])
+
+
+def pytest_collection_modifyitems(config, items):
+    techniques = set(_STATE["outside"])
+    if not techniques:
+        return
+    keep, drop = [], []
+    for item in items:
+        t = _technique(item)
+        uses_zoo = "bad_impl" in getattr(item, "fixturenames", ())
+        (keep if t in techniques and not uses_zoo else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """The device tensors are created on: "cpu" or "cuda" (``--device``)."""
+    return _STATE["device"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    results.current.reset()
+    if item.get_closest_marker("gpu") and _STATE["device"] != "cuda":
+        pytest.skip("needs a CUDA device")
+
+
+def _param(item, name):
+    cs = getattr(item, "callspec", None)
+    return cs.params.get(name) if cs is not None else None
+
+
+def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
+    claims = item.get_closest_marker("claim")
+    claim_ids = list(claims.args) if claims else []
+    impl = _param(item, "impl")
+    bad = _param(item, "bad_impl")
+    dtype = _param(item, "dtype")
+    base = dict(check=item.nodeid, technique=_technique(item) or "",
+                implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
+                dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
+                device=_STATE["device"] or "", verdict=outcome, message=message[:2000])
+    cur = results.current
+    rows = []
+    for fig in cur.figures:
+        rows.append(results.Row(claim=fig["claim"], measured=fig["measured"], lecture=fig["lecture"],
+                                bound=fig["bound"], unit=fig["unit"], rule=fig["rule"],
+                                extra=fig["extra"], examples=cur.count, **base))
+    if not cur.figures:
+        w = cur.worst
+        for cid in claim_ids or [""]:
+            row = results.Row(claim=cid, examples=cur.count, **base)
+            if bad is not None and cur.text:
+                row.measured, row.unit = cur.text, "rejection"
+            elif w is not None and outcome in ("pass", "fail"):
+                row.measured, row.bound, row.rule = w.error, w.bound, w.rule
+                row.unit = "max abs error"
+            rows.append(row)
+    return rows
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            outcome = "unsupported" if "NotImplementedError" in reason or "unsupported" in reason else "skip"
+            message = reason
+        elif report.failed:
+            outcome = "fail" if report.when == "call" else "error"
+            message = report.longreprtext.strip().splitlines()[-1] if report.longreprtext else ""
+            crash = getattr(report.longrepr, "reprcrash", None)
+            if crash is not None:
+                message = crash.message
+        else:
+            outcome, message = "pass", ""
+        rows = _rows_for(item, outcome, message)
+        _STATE["rows"].extend(rows)
+        report.user_properties.append(("conformance_rows", len(rows)))
+    return report
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = session.config.getoption("results")
+    if out and _STATE["rows"]:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        results.write_rows(_STATE["rows"], os.path.join(out, f"rows-{worker}-{os.getpid()}.jsonl"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = [r for r in _STATE["rows"] if r.technique]
+    if not rows:
+        return
+    table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    impls: list[str] = []
+    for r in rows:
+        law = r.check.split("::")[-1].split("[")[0]
+        key = (r.technique, f"{law} {r.claim}".strip())
+        name = r.implementation or "-"
+        if name not in impls:
+            impls.append(name)
+        prev = table[key].get(name)
+        order = ["pass", "skip", "unsupported", "error", "fail"]
+        if prev is None or order.index(r.verdict if r.verdict in order else "fail") > order.index(prev):
+            table[key][name] = r.verdict
+    tr = terminalreporter
+    tr.section("conformance verdicts (worst over parameters)")
+    width = max(len(f"{t}: {k}") for t, k in table) + 2
+    tr.write_line(" " * width + "  ".join(f"{i:>12}" for i in impls))
+    for (t, k), verdicts in sorted(table.items()):
+        tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{verdicts.get(i, '.'):>12}" for i in impls))

@@ -1,0 +1,120 @@
+"""The result row: what every check emits, keyed by claim id, and how rows reach disk.
+
+A test's row is built by the pytest plugin from (a) the test's ``claim`` marker, its
+implementation and dtype parameters, its outcome, and (b) the worst :class:`Verdict` the tolerance
+policy saw during the test, or a figure the test recorded with :func:`record`. Rows are written as
+JSON lines (one file per pytest process, so pytest-xdist workers never share a file) and merged by
+:func:`read_rows`. The report, the history and the gate read only these rows.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Row:
+    """One check's outcome.
+
+    ``measured`` / ``bound`` are numbers in ``unit`` (an error, a ratio, bytes, ...);
+    ``lecture`` is the figure the lecture gives (text or number); ``verdict`` is one of
+    "pass", "fail", "skip", "unsupported", "error".
+    """
+
+    claim: str
+    check: str
+    technique: str = ""
+    implementation: str = ""
+    dtype: str = ""
+    device: str = ""
+    measured: Any = None
+    bound: Any = None
+    lecture: Any = None
+    unit: str = ""
+    rule: str = ""
+    verdict: str = ""
+    message: str = ""
+    examples: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _Current:
+    """What the running test has measured so far (reset by the plugin per test)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.worst = None
+        self.count = 0
+        self.figures: list[dict] = []
+        self.text = ""
+
+    def note(self, verdict) -> None:
+        self.count += 1
+        if self.worst is None or _rank(verdict) > _rank(self.worst):
+            self.worst = verdict
+
+
+def _rank(v) -> float:
+    r = v.ratio
+    return r if not math.isnan(r) else math.inf
+
+
+current = _Current()
+
+
+def note_verdict(verdict) -> None:
+    """Called by :mod:`conformance.tolerance` for every comparison."""
+    current.note(verdict)
+
+
+def record(claim: str, *, measured: Any, lecture: Any = None, bound: Any = None, unit: str = "",
+           rule: str = "", **extra: Any) -> None:
+    """Record a measured figure for ``claim`` in the running test's result row(s).
+
+    Use it for figures and analytic answers (``measured`` vs ``lecture``); float comparisons
+    are recorded automatically by the tolerance policy.
+    """
+    current.figures.append(dict(claim=claim, measured=measured, lecture=lecture, bound=bound,
+                                unit=unit, rule=rule, extra=extra))
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):
+        try:
+            return _clean(x.item())
+        except (ValueError, RuntimeError):
+            return str(x)
+    return x
+
+
+def write_rows(rows: list[Row], path: str | os.PathLike) -> None:
+    """Append rows as JSON lines to ``path`` (created with its folder)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a") as f:
+        for r in rows:
+            f.write(json.dumps(_clean(asdict(r)), sort_keys=True) + "\n")
+
+
+def read_rows(path: str | os.PathLike) -> list[Row]:
+    """Rows from a JSON-lines file, or from every ``*.jsonl`` in a folder."""
+    p = Path(path)
+    files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+    rows: list[Row] = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            if line.strip():
+                rows.append(Row(**json.loads(line)))
+    return rows

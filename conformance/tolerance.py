@@ -1,0 +1,178 @@
+"""The suite's one tolerance policy. Every float or exact assertion goes through this module.
+
+Rules (chosen by the dtype of the output under test):
+
+- ``exact``      integers, token ids, cache writes, allocator state: equal, element for element.
+- ``float64``    max|out - out_ref| <= 1e-12 * scale, scale = max|out_ref| (the lectures claim ~1e-14).
+- ``float32``    max|out - out_ref| <= 1e-5 * scale.
+- ``float16`` / ``bfloat16``: max|out - out_ref| <= 2 * max|out_pt - out_ref| + floor, where
+  ``out_ref`` is the float64 reference, ``out_pt`` the naive computation in the same 16-bit dtype
+  (what rounding alone costs), and floor = 4 ulps of the dtype at the output's scale (so a zero
+  naive error does not make the bound zero). The bound is capped at 1/16 of the output's scale:
+  when the naive computation itself overflows or collapses (fp16 scores past 65504), its error
+  says nothing, and an output wrong by more than 1/16 of its scale is wrong in any dtype.
+
+No rule is a bare absolute tolerance: every bound is proportional to the reference's scale, so an
+all-zero output, or an input returned unchanged, fails every float comparison
+(``tests/test_tolerance.py`` shows it). NaN or inf in ``out`` where ``out_ref`` is finite is an
+error of +inf. Statistical rules (sampling claims) live in :mod:`conformance.stats` and fix
+their false-alarm rate per test.
+
+Each check returns a :class:`Verdict`; the ``assert_*`` forms raise ``AssertionError`` whose
+message states the measured error, the bound and the rule. Every verdict is also reported to
+:mod:`conformance.results`, which turns the worst one of a test into its result row.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from conformance import results
+
+REL_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+SAME_DTYPE_FACTOR = 2.0
+FLOOR_ULPS = 4.0
+HALF_CAP_FRACTION = 1.0 / 16
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one comparison: ``error`` and ``bound`` in the output's units."""
+
+    ok: bool
+    rule: str
+    error: float
+    bound: float
+    what: str = "output"
+    detail: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """error / bound (0 when both are 0): below 1 passes."""
+        if self.bound == 0:
+            return 0.0 if self.error == 0 else math.inf
+        return self.error / self.bound
+
+    def message(self) -> str:
+        status = "within" if self.ok else "EXCEEDS"
+        text = (f"{self.what}: measured error {self.error:.3e} {status} bound {self.bound:.3e} "
+                f"(rule {self.rule})")
+        return text + (f"; {self.detail}" if self.detail else "")
+
+    def check(self) -> "Verdict":
+        """Raise AssertionError with :meth:`message` unless ``ok``; return self."""
+        if not self.ok:
+            raise AssertionError(self.message())
+        return self
+
+
+def ulp(dtype: torch.dtype) -> float:
+    """Machine epsilon of a floating dtype (spacing of floats at 1.0)."""
+    return torch.finfo(dtype).eps
+
+
+def _as_tensor(x) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+def max_abs_error(out: torch.Tensor, out_ref: torch.Tensor) -> float:
+    """max|out - out_ref| in float64; matching infinities count as equal, a NaN or a
+    non-matching infinity as +inf. Raises ValueError on a shape mismatch."""
+    out, out_ref = _as_tensor(out), _as_tensor(out_ref)
+    if tuple(out.shape) != tuple(out_ref.shape):
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs out_ref {tuple(out_ref.shape)}")
+    if out.numel() == 0:
+        return 0.0
+    a = out.detach().to("cpu", torch.float64)
+    b = out_ref.detach().to("cpu", torch.float64)
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    diff = torch.where(same, torch.zeros_like(a), (a - b).abs())
+    diff = torch.nan_to_num(diff, nan=math.inf)
+    return float(diff.max())
+
+
+def scale_of(out_ref: torch.Tensor) -> float:
+    """max|out_ref| over its finite entries (the output's scale)."""
+    r = _as_tensor(out_ref).detach().to("cpu", torch.float64)
+    r = r[torch.isfinite(r)]
+    return float(r.abs().max()) if r.numel() else 0.0
+
+
+def _report(v: Verdict) -> Verdict:
+    results.note_verdict(v)
+    return v
+
+
+def check_exact(actual, expected, *, what: str = "output") -> Verdict:
+    """Element-for-element equality (rule ``exact``); error = number of differing elements."""
+    a, e = _as_tensor(actual), _as_tensor(expected)
+    if tuple(a.shape) != tuple(e.shape):
+        return _report(Verdict(False, "exact", math.inf, 0.0, what,
+                               f"shape {tuple(a.shape)} != expected {tuple(e.shape)}"))
+    a_cpu, e_cpu = a.detach().cpu(), e.detach().cpu()
+    if a_cpu.dtype != e_cpu.dtype and (a_cpu.is_floating_point() != e_cpu.is_floating_point()):
+        return _report(Verdict(False, "exact", math.inf, 0.0, what,
+                               f"dtype {a_cpu.dtype} != expected {e_cpu.dtype}"))
+    neq = (a_cpu != e_cpu)
+    if a_cpu.is_floating_point():
+        neq &= ~(torch.isnan(a_cpu) & torch.isnan(e_cpu))
+    n_bad = int(neq.sum())
+    detail = ""
+    if n_bad:
+        idx = tuple(int(i) for i in neq.nonzero()[0])
+        detail = f"{n_bad} of {a_cpu.numel()} elements differ; first at {idx}: {a_cpu[idx].item()} != {e_cpu[idx].item()}"
+    return _report(Verdict(n_bad == 0, "exact", float(n_bad), 0.0, what, detail))
+
+
+def check_close(out, out_ref, *, out_pt=None, what: str = "output") -> Verdict:
+    """Compare ``out`` with the float64 reference ``out_ref`` by the rule of ``out``'s dtype.
+
+    ``out_pt`` (the naive computation in ``out``'s dtype) is required for float16/bfloat16.
+    Raises ValueError for a shape mismatch, a non-float ``out`` or a missing ``out_pt``.
+    """
+    out, out_ref = _as_tensor(out), _as_tensor(out_ref)
+    if not out.is_floating_point():
+        raise ValueError(f"check_close needs a floating output, got {out.dtype}; use check_exact")
+    err = max_abs_error(out, out_ref)
+    scale = scale_of(out_ref)
+    dtype = out.dtype
+    if dtype in REL_TOL:
+        tol = REL_TOL[dtype]
+        bound = tol * scale
+        rule = f"{str(dtype).replace('torch.', '')}: max|out-out_ref| <= {tol:g} * max|out_ref| ({scale:.3g})"
+        return _report(Verdict(err <= bound, rule, err, bound, what))
+    if dtype in HALF_DTYPES:
+        if out_pt is None:
+            raise ValueError(f"out_pt (the naive {dtype} computation) is required to judge a {dtype} output")
+        err_pt = max_abs_error(_as_tensor(out_pt), out_ref)
+        floor = FLOOR_ULPS * ulp(dtype) * scale
+        cap = HALF_CAP_FRACTION * scale
+        bound = min(SAME_DTYPE_FACTOR * err_pt + floor, cap)
+        name = str(dtype).replace("torch.", "")
+        rule = (f"{name}: max|out-out_ref| <= min({SAME_DTYPE_FACTOR:g} * max|out_pt-out_ref| ({err_pt:.3e}) "
+                f"+ {FLOOR_ULPS:g} ulp * scale ({floor:.3e}), scale/16 ({cap:.3e}))")
+        return _report(Verdict(err <= bound, rule, err, bound, what))
+    raise ValueError(f"no tolerance rule for dtype {dtype}")
+
+
+def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
+    """|measured - expected| <= rel * |expected| (analytic figures and worked answers)."""
+    err = abs(float(measured) - float(expected))
+    bound = rel * abs(float(expected))
+    rule = f"figure: |measured-expected| <= {rel:g} * |expected| (expected {expected:.6g}, measured {measured:.6g})"
+    return _report(Verdict(err <= bound, rule, err, bound, what))
+
+
+def assert_exact(actual, expected, *, what: str = "output") -> Verdict:
+    return check_exact(actual, expected, what=what).check()
+
+
+def assert_close(out, out_ref, *, out_pt=None, what: str = "output") -> Verdict:
+    return check_close(out, out_ref, out_pt=out_pt, what=what).check()
+
+
+def assert_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
+    return check_scalar(measured, expected, rel=rel, what=what).check()

@@ -1,0 +1,1 @@
+"""Naive, readable reference implementations (float64-capable), one module per technique."""

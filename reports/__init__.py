@@ -1,0 +1,1 @@
+"""The main job: run the properties and benchmarks, collect result rows, write the report."""

@@ -1,0 +1,78 @@
+"""The tolerance policy itself: it passes correct outputs and fails the classic wrong ones."""
+import pytest
+import torch
+
+from conformance import tolerance
+
+
+def _ref(seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(64, 33, generator=g, dtype=torch.float64) * scale
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 1e5])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_all_zero_output_fails_every_float_rule(dtype, scale):
+    out_ref = _ref(scale=scale)
+    out_pt = out_ref.to(dtype)
+    v = tolerance.check_close(torch.zeros_like(out_ref, dtype=dtype), out_ref, out_pt=out_pt)
+    assert not v.ok, v.message()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_input_returned_unchanged_fails(dtype):
+    inp = _ref(seed=1)
+    out_ref = torch.softmax(inp, dim=-1) @ _ref(seed=2)[:33]
+    v = tolerance.check_close(inp[:, :33].to(dtype) if inp.shape[1] >= 33 else inp.to(dtype), out_ref,
+                              out_pt=out_ref.to(dtype))
+    assert not v.ok, v.message()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_correctly_rounded_output_passes(dtype):
+    out_ref = _ref()
+    out = out_ref.to(dtype)
+    tolerance.assert_close(out, out_ref, out_pt=out_ref.to(dtype))
+
+
+def test_half_rule_has_floor_when_naive_error_is_zero():
+    out_ref = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)  # exactly representable
+    out_pt = out_ref.to(torch.float16)
+    out = (out_ref * (1 + 2 * torch.finfo(torch.float16).eps)).to(torch.float16)
+    v = tolerance.check_close(out, out_ref, out_pt=out_pt)
+    assert v.ok and v.bound > 0, v.message()
+
+
+def test_nan_in_output_fails_and_message_states_error_bound_rule():
+    out_ref = _ref()
+    out = out_ref.clone()
+    out[3, 4] = float("nan")
+    v = tolerance.check_close(out, out_ref)
+    assert not v.ok
+    with pytest.raises(AssertionError) as info:
+        v.check()
+    msg = str(info.value)
+    assert "measured error inf" in msg and "bound" in msg and "rule float64" in msg
+
+
+def test_float64_rule_is_relative_to_scale():
+    out_ref = _ref(scale=1e8)
+    tolerance.assert_close(out_ref * (1 + 1e-14), out_ref)
+    assert not tolerance.check_close(out_ref * (1 + 1e-9), out_ref).ok
+
+
+def test_half_rule_requires_naive_baseline():
+    with pytest.raises(ValueError, match="out_pt"):
+        tolerance.check_close(torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float64))
+
+
+def test_exact_rule_counts_differences_and_names_first():
+    v = tolerance.check_exact(torch.tensor([1, 2, 3]), torch.tensor([1, 5, 3]))
+    assert not v.ok and v.error == 1 and "(1,)" in v.detail
+    assert tolerance.check_exact(torch.tensor([1, 2]), torch.tensor([1, 2])).ok
+    assert not tolerance.check_exact(torch.tensor([1, 2]), torch.tensor([1, 2, 3])).ok
+
+
+def test_shape_mismatch_is_a_value_error():
+    with pytest.raises(ValueError, match="shape"):
+        tolerance.check_close(torch.zeros(2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
