@@ -1,0 +1,72 @@
+"""Statistical rules for sampling claims (speculative decoding, sampling engines).
+
+A sampling claim ("the emitted tokens follow p exactly") is checked two ways: exact
+enumeration where the outcome space is small (compute the emitted distribution and compare with
+:mod:`conformance.tolerance`), and calibrated goodness-of-fit tests on samples otherwise. Each
+test here has a fixed false-alarm rate ``alpha`` (the probability that a correct sampler is
+rejected), stated in the verdict's rule; under the ``ci`` Hypothesis profile seeds are fixed,
+so a run is reproducible. ``tests/test_stats.py`` measures the false-alarm rate over many seeds
+and the power against a known-bad sampler (a negative control).
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats as sps
+
+from conformance.tolerance import Verdict, _report
+
+DEFAULT_ALPHA = 1e-3
+MIN_EXPECTED = 5.0
+
+
+def _merge_small_bins(observed: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pool the bins whose expected count is below MIN_EXPECTED into one (chi-square validity)."""
+    small = expected < MIN_EXPECTED
+    if small.sum() <= 1:
+        return observed, expected
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    return obs, exp
+
+
+def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Verdict:
+    """Chi-square goodness of fit of integer ``samples`` (n,) against ``probs`` (V,).
+
+    Rejects with probability ``alpha`` when the sampler is correct. A sample outside the support
+    of ``probs`` (probability 0) is an immediate failure. Raises ValueError for probabilities that
+    are negative or do not sum to 1 (within 1e-6), or fewer than 20 samples.
+    """
+    samples = np.asarray(samples).reshape(-1).astype(np.int64)
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    if (p < 0).any() or abs(p.sum() - 1.0) > 1e-6:
+        raise ValueError(f"probs must be a distribution (non-negative, sum 1), got sum {p.sum():.6g}")
+    if samples.size < 20:
+        raise ValueError(f"need at least 20 samples for a goodness-of-fit test, got {samples.size}")
+    if samples.min() < 0 or samples.max() >= p.size:
+        return _report(Verdict(False, "statistical", float("inf"), 0.0, what,
+                               f"sample outside [0, {p.size})"))
+    observed = np.bincount(samples, minlength=p.size).astype(np.float64)
+    impossible = observed[p == 0].sum()
+    if impossible:
+        return _report(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
+                               0.0, what, f"{int(impossible)} samples hit zero-probability outcomes"))
+    support = p > 0
+    obs, exp = _merge_small_bins(observed[support], p[support] * samples.size)
+    if obs.size < 2:
+        return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = obs.size - 1
+    critical = float(sps.chi2.ppf(1 - alpha, dof))
+    pvalue = float(sps.chi2.sf(stat, dof))
+    rule = (f"statistical: chi-square({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:g}, "
+            f"n={samples.size}, p-value {pvalue:.3g})")
+    return _report(Verdict(stat <= critical, rule, stat, critical, what))
+
+
+def assert_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Verdict:
+    return check_distribution(samples, probs, alpha=alpha, what=what).check()
+
+
+def total_variation(p, q) -> float:
+    """Total-variation distance ½·Σ|p − q| between two distributions (for exact enumeration)."""
+    return 0.5 * float(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64)).sum())
