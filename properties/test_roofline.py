@@ -1,0 +1,390 @@
+"""The lectures' analytic performance model (reference/roofline.py) against the lectures' figures,
+against FLOPs and bytes counted from real tensors, and as Hypothesis properties of its formulas.
+
+Claims: AI-1..AI-7 (CS336 lecture 10 part 1; lecture 001 §1.2 and exercise 1), KV-4, KV-5
+(001 §2.3, exercise 2) and the cache-size part of KV-6.
+
+Where a lecture figure is rounded, the band below states the relative error allowed and why.
+Every figure is recorded with :func:`conformance.results.record` (lecture figure next to the
+model's), so the report shows both. Two lecture figures do not follow exactly from the lecture's
+own formula; the model's value is tested and the lecture's recorded beside it:
+
+- AI-5: 1 / 0.008020824 s = 124.68 tokens/s, which rounds to 125; the lecture's "124" truncates.
+- KV-5: "60 GB" of KV budget serves exactly 30 / 120 / 240 requests only when GB means GiB
+  (2^30 bytes), as the lecture's "512 KB x 4K = 2 GB" does; 60 x 10^9 bytes serves 27 / 111 / 223.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+from conformance import results
+from conformance.tolerance import assert_exact, assert_scalar
+from reference import roofline as rl
+from reference.transformer import TransformerConfig, build
+
+GIB = 2**30
+KIB = 2**10
+H100, A100 = rl.ACCELERATORS["H100"], rl.ACCELERATORS["A100"]
+
+sizes = st.integers(1, 4096)
+small = st.integers(1, 64)
+
+
+def _flops_of(fn) -> int:
+    """FLOPs torch's own counter attributes to ``fn()`` (matmul-family ops)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _randn(shape, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# AI-1, AI-2, AI-3: the formulas against counts from actual tensors
+
+
+@pytest.mark.claim("AI-1")
+@settings(max_examples=10)
+@given(B=small, D=small, F=small, dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+def test_matmul_counts_match_tensors(B, D, F, dtype):
+    x, w = _randn((B, D), 0, dtype), _randn((D, F), 1, dtype)
+    y = x @ w                                                  # (B, F)
+    counted = rl.count_matmul(x.shape, w.shape, dtype)
+    assert_exact(counted.flops, _flops_of(lambda: x @ w), what="matmul FLOPs vs FlopCounterMode")
+    assert_exact(counted.bytes, _nbytes(x, w, y), what="matmul bytes vs tensor sizes")
+    assert_exact(counted.flops, 2 * B * D * F, what="2BDF")
+    assert_scalar(counted.intensity, rl.matmul_intensity(B, D, F, x.element_size()), rel=1e-12,
+                  what="intensity from shapes vs 2BDF/(2BD+2DF+2BF)")
+
+
+@pytest.mark.claim("AI-1")
+def test_matmul_intensity_lecture_form():
+    """2BDF/(2BD+2DF+2BF) in bf16; B = 1 (a matrix-vector product) gives about 1."""
+    B, D, F = 1, 5120, 13824
+    got = rl.matmul_intensity(B, D, F)
+    assert_scalar(got, 2 * B * D * F / (2 * B * D + 2 * D * F + 2 * B * F), rel=1e-12, what="AI-1 formula")
+    # Lecture: "B = 1: intensity 1". Band 0.1%: B/(1 + B/F + B/D) with the Llama 2 13B sizes.
+    assert_scalar(got, 1.0, rel=1e-3, what="B=1 matvec intensity")
+    results.record("AI-1", measured=got, lecture=1, unit="FLOP/byte", rule="B=1, D=5120, F=13824, bf16")
+
+
+@pytest.mark.claim("AI-1")
+@given(B=st.integers(1, 512), D0=st.integers(1, 64), F0=st.integers(1, 64))
+def test_matmul_intensity_tends_to_B(B, D0, F0):
+    """With B fixed and D, F -> infinity the intensity rises towards B, from below, with gap
+    B - I <= B (B/D + B/F)."""
+    prev = 0.0
+    for c in (1, 10, 100, 10_000, 1_000_000):
+        D, F = c * D0, c * F0
+        i = rl.matmul_intensity(B, D, F)
+        assert i < B and i > prev
+        assert B - i <= B * (B / D + B / F) * (1 + 1e-12)
+        prev = i
+    assert rl.matmul_intensity_limit(B) == B
+    assert_scalar(prev, B, rel=B / min(D0, F0) * 2e-6 + 1e-12, what="intensity at D,F = 1e6 x (D0,F0)")
+
+
+@pytest.mark.claim("AI-2")
+@settings(max_examples=10)
+@given(B=st.integers(1, 4), T=st.integers(1, 8), D=small, F=small)
+def test_gated_mlp_counts_match_tensors(B, T, D, F):
+    dtype = torch.bfloat16
+    x = _randn((B, T, D), 0, dtype)
+    w_up, w_gate, w_down = _randn((D, F), 1, dtype), _randn((D, F), 2, dtype), _randn((F, D), 3, dtype)
+
+    def mlp():
+        u = x @ w_up                                           # (B, T, F)
+        g = x @ w_gate                                         # (B, T, F)
+        return (torch.nn.functional.silu(g) * u) @ w_down      # (B, T, D)
+
+    u, g, y = x @ w_up, x @ w_gate, mlp()
+    counted = rl.count_gated_mlp(x.shape, F, dtype)
+    assert_exact(counted.flops, _flops_of(mlp), what="gated MLP FLOPs vs FlopCounterMode")
+    # CS336's accounting: read X, W_up, W_gate, W_down; write U, G, Y.
+    assert_exact(counted.bytes, _nbytes(x, w_up, w_gate, w_down, u, g, y), what="gated MLP bytes")
+    lecture_form = 6 * B * T * D * F / (4 * B * T * D + 4 * B * T * F + 6 * D * F)
+    assert_scalar(counted.intensity, lecture_form, rel=1e-12, what="6BTDF/(4BTD+4BTF+6DF)")
+    assert_scalar(rl.gated_mlp_intensity(B, T, D, F), lecture_form, rel=1e-12, what="gated_mlp_intensity")
+
+
+@pytest.mark.claim("AI-2")
+@given(B=st.integers(1, 16), T=st.integers(1, 64), D0=st.integers(1, 64), F0=st.integers(1, 64))
+def test_gated_mlp_intensity_tends_to_BT(B, T, D0, F0):
+    prev = 0.0
+    for c in (1, 100, 10_000, 1_000_000):
+        i = rl.gated_mlp_intensity(B, T, c * D0, c * F0)
+        assert prev < i < B * T
+        prev = i
+    assert_scalar(prev, B * T, rel=B * T / min(D0, F0) * 2e-6 + 1e-12, what="MLP intensity -> BT")
+
+
+@pytest.mark.claim("AI-3")
+@settings(max_examples=10)
+@given(B=st.integers(1, 3), S=st.integers(1, 48), T=st.integers(1, 48), D=st.integers(1, 32))
+def test_attention_counts_match_tensors(B, S, T, D):
+    dtype = torch.bfloat16
+    q, k, v = _randn((B, T, D), 0, dtype), _randn((B, S, D), 1, dtype), _randn((B, S, D), 2, dtype)
+
+    def attn():
+        scores = q @ k.transpose(-1, -2)                       # (B, T, S), stays on chip
+        return torch.softmax(scores.float(), dim=-1).to(dtype) @ v  # (B, T, D)
+
+    y = attn()
+    counted = rl.count_attention(q.shape, k.shape, dtype)
+    assert_exact(counted.flops, _flops_of(attn), what="attention FLOPs vs FlopCounterMode")
+    assert_exact(counted.bytes, _nbytes(q, k, v, y), what="attention bytes (scores not stored)")
+    assert_scalar(counted.intensity, S * T / (S + T), rel=1e-12, what="ST/(S+T)")
+
+
+@pytest.mark.claim("AI-3")
+@given(S=st.integers(1, 10**7), B=st.integers(1, 1024), D=st.integers(1, 16384))
+def test_attention_intensity_prefill_generation(S, B, D):
+    gen = rl.attention_intensity(S, 1, B, D)
+    assert gen < 1, f"generation intensity {gen} >= 1 at S={S}"
+    assert_scalar(gen, S / (S + 1), rel=1e-12, what="generation S/(S+1)")
+    assert_scalar(rl.attention_intensity(S, S, B, D), S / 2, rel=1e-12, what="prefill S/2")
+    # independent of the batch (and of D)
+    assert_scalar(rl.attention_intensity(S, 7, B, D), rl.attention_intensity(S, 7), rel=1e-12,
+                  what="attention intensity independent of B, D")
+
+
+@pytest.mark.claim("AI-3")
+def test_attention_intensity_lecture_figures():
+    S = rl.LLAMA2_13B.S
+    results.record("AI-3", measured=rl.attention_intensity(S, S), lecture="S/2", unit="FLOP/byte",
+                   rule=f"prefill, S=T={S}")
+    results.record("AI-3", measured=rl.attention_intensity(S, 1), lecture="S/(S+1) < 1", unit="FLOP/byte",
+                   rule=f"generation, S={S}, T=1")
+    assert rl.attention_intensity(S, 1) < 1 < rl.attention_intensity(S, S) == S / 2
+
+
+# ------------------------------------------------------------------------------------------
+# AI-4: accelerator intensity and the roofline
+
+
+@pytest.mark.claim("AI-4")
+def test_accelerator_intensity_lecture_figures():
+    h100 = rl.accelerator_intensity(989e12, 3.35e12)
+    a100 = rl.accelerator_intensity(312e12, 2.0e12)
+    # Lecture: "H100 about 295" (989/3.35 = 295.2; band 0.1%, the lecture rounds to an integer).
+    assert_scalar(h100, 295, rel=1e-3, what="H100 accelerator intensity")
+    assert_scalar(a100, 156, rel=1e-12, what="A100 accelerator intensity")
+    assert H100.intensity == h100 and A100.intensity == a100
+    results.record("AI-4", measured=h100, lecture=295, unit="FLOP/byte", rule="989 TFLOP/s / 3.35 TB/s")
+    results.record("AI-4", measured=a100, lecture=156, unit="FLOP/byte", rule="312 TFLOP/s / 2 TB/s")
+    results.record("AI-4", measured=rl.ACCELERATORS["H200"].intensity, lecture=None, unit="FLOP/byte",
+                   rule="H200: 989 TFLOP/s / 4.8 TB/s (no lecture figure)")
+
+
+@pytest.mark.claim("AI-4")
+@given(ai=st.floats(0, 1e6), peak=st.floats(1e9, 1e16), bw=st.floats(1e9, 1e13))
+def test_roofline_attainable(ai, peak, bw):
+    got = rl.attainable(ai, peak, bw)
+    assert got <= peak and got <= ai * bw
+    assert got == (peak if ai >= peak / bw else ai * bw) or math.isclose(got, min(peak, ai * bw))
+    assert rl.attainable(ai * 2, peak, bw) >= got  # non-decreasing in intensity
+
+
+def test_roofline_rejects_bad_input():
+    with pytest.raises(ValueError, match="ai"):
+        rl.attainable(-1.0, 1e12, 1e9)
+    with pytest.raises(ValueError, match="bandwidth"):
+        rl.attainable(1.0, 1e12, 0.0)
+    with pytest.raises(ValueError, match="do not chain"):
+        rl.count_matmul((3, 4), (5, 6), torch.bfloat16)
+    with pytest.raises(ValueError, match="must divide"):
+        rl.ModelShape(S=1, D=8, F=8, N=4, K=3, H=2, L=1, V=8)
+    with pytest.raises(TypeError, match="B must be an int"):
+        rl.matmul_intensity(1.5, 4, 4)
+
+
+# ------------------------------------------------------------------------------------------
+# AI-5, AI-6: Llama 2 13B on an H100 (CS336 part 1)
+
+
+@pytest.mark.claim("AI-5")
+@settings(max_examples=10)
+@given(L=st.integers(1, 3), K=st.integers(1, 3), group=st.integers(1, 3), H=st.sampled_from([2, 4, 8]),
+       F=st.integers(1, 40), V=st.integers(2, 50), dtype=st.sampled_from([torch.bfloat16, torch.float32]))
+def test_counts_match_reference_model(L, K, group, H, F, V, dtype):
+    """The parameter count and the KV bytes per token of the model equal those of an actual
+    model (reference/transformer.py: untied embeddings, SwiGLU, GQA) built with the same shape."""
+    N = K * group
+    D = N * H
+    cfg = TransformerConfig(vocab_size=V, d_model=D, n_layers=L, n_heads=N, n_kv_heads=K, d_ff=F,
+                            max_seq_len=16)
+    model = build(cfg, seed=0, dtype=dtype)
+    shape = rl.ModelShape(S=16, D=D, F=F, N=N, K=K, H=H, L=L, V=V, bytes_per_value=rl.itemsize(dtype))
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # norms are vectors
+    assert_exact(rl.num_params(shape), matrices, what="parameter count vs the model's weight matrices")
+    B, T = 2, 5
+    x = _randn((B, T, D), 0, dtype)
+    positions = torch.arange(T).expand(B, T)
+    kv = 0
+    with torch.no_grad():
+        for block in model.blocks:
+            _, k, v = block.attn.qkv(x, positions)            # k, v: (B, K, T, H) what a cache stores
+            kv += _nbytes(k, v)
+    assert_exact(rl.kv_bytes_per_token(shape), kv // (B * T), what="KV bytes per token vs the model's k, v")
+    assert kv % (B * T) == 0
+
+
+@pytest.mark.claim("AI-5")
+def test_llama2_13b_on_h100():
+    m, bw, cap = rl.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
+    params = rl.num_params(m)
+    # "about 13 billion" (13,015,449,600): band 1%, the lecture gives two significant figures.
+    assert_scalar(params, 13e9, rel=0.01, what="Llama 2 13B parameters")
+    results.record("AI-5", measured=params, lecture=13e9, unit="parameters")
+    kv = rl.kv_bytes_per_sequence(m)
+    assert_scalar(kv, 838_860_800, rel=0, what="KV cache bytes per sequence (S=1024)")
+    results.record("AI-5", measured=kv, lecture=838_860_800, unit="bytes/sequence")
+    results.record("AI-5", measured=rl.parameter_bytes(m), lecture=26e9, unit="bytes (bf16 parameters)")
+
+    lat1, thr1 = rl.latency_s(m, 1, bw), rl.throughput(m, 1, bw)
+    # "0.008 s/token": 0.0080208; band 1% (the lecture keeps one significant figure).
+    assert_scalar(lat1, 0.008, rel=0.01, what="B=1 latency")
+    # "124 tokens/s": the formula gives 124.68, which rounds to 125; the lecture truncates.
+    # Band 1% (0.55% off); the truncation itself is checked exactly.
+    assert_scalar(thr1, 124, rel=0.01, what="B=1 throughput")
+    assert math.floor(thr1) == 124 and round(thr1) == 125
+    results.record("AI-5", measured=lat1, lecture=0.008, unit="s/token", rule="B=1, memory/bandwidth")
+    results.record("AI-5", measured=thr1, lecture=124, unit="tokens/s",
+                   rule="B=1; formula 124.68 rounds to 125, lecture truncates to 124")
+
+    table = rl.performance(m, [1, 16, 64, 256], H100)
+    lats, thrs = [p.latency_s for p in table], [p.throughput for p in table]
+    assert lats == sorted(lats) and thrs == sorted(thrs), "latency and throughput must rise with B"
+    # diminishing returns: throughput gained per extra sequence shrinks
+    gains = [(thrs[i + 1] - thrs[i]) / (table[i + 1].B - table[i].B) for i in range(len(table) - 1)]
+    assert gains == sorted(gains, reverse=True)
+    assert thrs[-1] < rl.throughput_limit(m, bw)
+    assert all(p.bound == "memory" for p in table)
+    p64, p256 = table[2], table[3]
+    assert p64.fits and not p256.fits
+    # the verdicts do not depend on reading "80 GB" as 80e9 or 80 GiB
+    assert rl.fits(m, 64, 80 * GIB) and not rl.fits(m, 256, 80 * GIB)
+    assert rl.max_batch(m, cap) == 64
+    for p in table:
+        results.record("AI-5", measured={"latency_s": p.latency_s, "tokens_per_s": p.throughput,
+                                         "memory_GB": p.memory_bytes / 1e9, "fits_80GB": p.fits},
+                       lecture={1: "0.008 s, 124 tok/s", 16: None, 64: "latency up, throughput up",
+                                256: "does not fit 80 GB"}[p.B], unit="per batch size", B=p.B)
+
+
+@pytest.mark.claim("AI-6")
+def test_llama2_13b_gqa_on_h100():
+    mha, bw, cap = rl.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
+    gqa = mha.with_(K=8)
+    ratio = rl.kv_bytes_per_sequence(mha) / rl.kv_bytes_per_sequence(gqa)
+    assert_scalar(ratio, 5, rel=0, what="KV cache MHA / GQA(K=8)")
+    results.record("AI-6", measured=ratio, lecture=5, unit="x smaller KV cache")
+    lat_mha, lat_gqa = rl.latency_s(mha, 64, bw), rl.latency_s(gqa, 64, bw)
+    thr_mha, thr_gqa = rl.throughput(mha, 64, bw), rl.throughput(gqa, 64, bw)
+    assert lat_gqa < lat_mha and thr_gqa > thr_mha
+    results.record("AI-6", measured={"latency_s": lat_gqa, "tokens_per_s": thr_gqa},
+                   lecture="better latency and throughput than MHA", unit="B=64",
+                   mha={"latency_s": lat_mha, "tokens_per_s": thr_mha})
+    assert rl.fits(gqa, 256, cap) and not rl.fits(mha, 256, cap)
+    results.record("AI-6", measured=rl.memory_bytes(gqa, 256) / 1e9, lecture="B=256 fits in 80 GB",
+                   bound=cap / 1e9, unit="GB at B=256", fits=True)
+
+
+@pytest.mark.claim("AI-5")
+@given(S=st.integers(1, 8192), K=st.sampled_from([1, 2, 4, 8, 40]), B=st.integers(1, 2000),
+       cap=st.floats(1e9, 1e12), bw=st.floats(1e11, 1e13))
+def test_batch_size_properties(S, K, B, cap, bw):
+    """Fits-in-memory is monotone in B; latency and throughput are non-decreasing in B, the
+    throughput gain per sequence shrinks, and throughput stays below bandwidth / KV bytes."""
+    m = rl.LLAMA2_13B.with_(S=S, K=K)
+    if rl.fits(m, B + 1, cap):
+        assert rl.fits(m, B, cap)
+    assert rl.fits(m, B, cap) == (B <= rl.max_batch(m, cap))
+    l0, l1, l2 = (rl.latency_s(m, b, bw) for b in (B, B + 1, B + 2))
+    t0, t1, t2 = (rl.throughput(m, b, bw) for b in (B, B + 1, B + 2))
+    assert l0 <= l1 <= l2 and t0 <= t1 <= t2
+    assert (t2 - t1) <= (t1 - t0) * (1 + 1e-9)
+    assert t2 < rl.throughput_limit(m, bw)
+
+
+# ------------------------------------------------------------------------------------------
+# AI-7: lecture 001 exercise 1 (7B, fp16, A100)
+
+
+@pytest.mark.claim("AI-7")
+def test_exercise1_decode_bound():
+    d = rl.decode_bound(7e9, A100, B=1)
+    assert_scalar(d.weight_read_s, 7e-3, rel=1e-12, what="14 GB / 2 TB/s")
+    # "0.045 ms": 1.4e10 / 312e12 = 0.04487 ms; band 1% (two significant figures).
+    assert_scalar(d.compute_s, 0.045e-3, rel=0.01, what="2 x 7e9 / 312 TFLOP/s")
+    # "about 140 tokens/s": 1 / 7 ms = 142.9; band 3% (the lecture rounds down to 140).
+    assert_scalar(d.tokens_per_s, 140, rel=0.03, what="B=1 tokens/s")
+    assert d.memory_over_compute > 150  # "memory is more than 150x slower than compute"
+    # "compute becomes the bound near B = 150": ridge 156; band 5% (the lecture says "about 150").
+    assert_scalar(d.compute_bound_batch, 150, rel=0.05, what="B where compute takes over")
+    b = math.ceil(d.compute_bound_batch)
+    below, above = rl.decode_bound(7e9, A100, B=b - 1), rl.decode_bound(7e9, A100, B=b)
+    assert below.compute_s < below.weight_read_s <= above.compute_s
+    results.record("AI-7", measured=d.weight_read_s * 1e3, lecture=7, unit="ms/token (weights)")
+    results.record("AI-7", measured=d.compute_s * 1e3, lecture=0.045, unit="ms/token (compute)")
+    results.record("AI-7", measured=d.tokens_per_s, lecture=140, unit="tokens/s at B=1")
+    results.record("AI-7", measured=d.memory_over_compute, lecture="> 150", unit="memory time / compute time")
+    results.record("AI-7", measured=d.compute_bound_batch, lecture=150, unit="B where compute-bound")
+
+
+# ------------------------------------------------------------------------------------------
+# KV-4, KV-5, KV-6: KV-cache sizes
+
+
+@pytest.mark.claim("KV-4")
+def test_kv_bytes_per_token():
+    l2, l3 = rl.kv_bytes_per_token(rl.LLAMA2_7B), rl.kv_bytes_per_token(rl.LLAMA3_8B)
+    assert_scalar(l2, 512 * KIB, rel=0, what="Llama-2-7B fp16 KV bytes per token")
+    ctx = rl.kv_bytes_per_sequence(rl.LLAMA2_7B, context=128 * 1024)
+    assert_scalar(ctx, 64 * GIB, rel=0, what="Llama-2-7B KV at 128K context")  # lecture "64 GB" is GiB
+    assert_scalar(l3, 128 * KIB, rel=0, what="Llama-3-8B (8 KV heads) KV bytes per token")
+    assert_scalar(l2 / l3, 4, rel=0, what="Llama-3-8B is a quarter")
+    results.record("KV-4", measured=l2 / KIB, lecture=512, unit="KiB/token", rule="Llama-2-7B fp16")
+    results.record("KV-4", measured=ctx / GIB, lecture=64, unit="GiB at 128K context", rule="Llama-2-7B fp16")
+    results.record("KV-4", measured=l3 / KIB, lecture=128, unit="KiB/token", rule="Llama-3-8B fp16")
+
+
+@pytest.mark.claim("KV-5")
+def test_exercise2_concurrent_requests():
+    # The lecture's "60 GB" and "2 GB per request" are binary (512 KiB x 4096 = 2 GiB); with a
+    # budget of 60 x 10^9 bytes the answers would be 27 / 111 / 223 (recorded beside).
+    budget = 60 * GIB
+    models = {"Llama-2-7B": (rl.LLAMA2_7B, 30), "Llama-3-8B": (rl.LLAMA3_8B, 120),
+              "Llama-3-8B 8-bit KV": (rl.LLAMA3_8B.with_(kv_bytes_per_value=1), 240)}
+    for name, (m, lecture) in models.items():
+        n = rl.concurrent_requests(budget, m, context=4096)
+        assert_scalar(n, lecture, rel=0, what=f"{name}: requests in 60 GiB at 4K context")
+        results.record("KV-5", measured=n, lecture=lecture, unit="requests", rule=name,
+                       per_request_GiB=rl.kv_bytes_per_sequence(m, 4096) / GIB,
+                       with_60e9_bytes=rl.concurrent_requests(60e9, m, context=4096))
+
+
+@pytest.mark.claim("KV-6")
+@given(K=st.integers(1, 64), group=st.integers(1, 64), L=st.integers(1, 128), H=st.integers(1, 256),
+       bpv=st.sampled_from([1, 2, 4]))
+def test_gqa_cache_ratio(K, group, L, H, bpv):
+    N = K * group
+    mha = rl.ModelShape(S=64, D=N * H, F=4, N=N, K=N, H=H, L=L, V=8, bytes_per_value=bpv)
+    gqa = mha.with_(K=K)
+    assert_scalar(rl.kv_bytes_per_token(mha) / rl.kv_bytes_per_token(gqa), rl.kv_cache_ratio(N, K),
+                  rel=1e-12, what="MHA / GQA cache")
+    assert rl.kv_cache_ratio(N, K) == group
+    assert rl.kv_bytes_per_token(mha.with_(K=1)) * N == rl.kv_bytes_per_token(mha)  # MQA
