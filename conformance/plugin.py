@@ -4,7 +4,14 @@ Options:
   --impl TECHNIQUE=module:attr   check an outside implementation (repeatable); only that
                                  technique's properties run, against only the given ones.
   --device cpu|cuda              default: cuda when available. On cpu Triton runs interpreted.
-  --results DIR                  write one JSON-lines file of result rows per process into DIR.
+  --results DIR                  write one JSON-lines file of result rows per process into DIR
+                                 (appended after every test, so a crashed worker loses nothing).
+  --zoo-only                     run only the bug-zoo tests (those taking ``bad_impl``).
+  --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
+                                 pytest-timeout): a hang fails that test with the reason.
+
+A crash of an implementation under pytest-xdist (``-n``) fails that test (error row "worker
+crashed") and the run goes on; run outside implementations with ``-n 1`` or more for that.
 
 Markers a property test uses:
   @pytest.mark.technique("attention")   parametrizes ``impl`` over the registry (and
@@ -36,6 +43,10 @@ settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=_SUPPRESS, print_blob=True)
 
 _STATE: dict = {"rows": [], "outside": {}, "device": None}
+#: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``).
+OUTSIDE_TIMEOUT_S = 300.0
+#: Targets whose implementations count as outside code (adapters of other projects' kernels).
+OUTSIDE_MODULES = ("optimized.outside_adapters",)
 
 
 def pytest_addoption(parser):
@@ -46,6 +57,10 @@ def pytest_addoption(parser):
                     help="device for tensors and kernels (default: cuda when available)")
     group.addoption("--results", default=None, metavar="DIR",
                     help="write result rows (JSON lines) into DIR")
+    group.addoption("--zoo-only", action="store_true", default=False,
+                    help="run only the bug-zoo tests (tests taking bad_impl)")
+    group.addoption("--impl-timeout", type=float, default=OUTSIDE_TIMEOUT_S, metavar="SECONDS",
+                    help="per-test timeout for outside implementations (pytest-timeout; 0: none)")
 
 
 def _profile_name(config) -> str:
@@ -112,7 +127,23 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("bad_impl", [pytest.param(zoo[n], id=f"zoo-{n}") for n in names])
 
 
+def _is_outside(impl) -> bool:
+    return impl is not None and (getattr(impl, "origin", "") == "outside"
+                                 or str(getattr(impl, "target", "")).startswith(OUTSIDE_MODULES))
+
+
 def pytest_collection_modifyitems(config, items):
+    timeout = config.getoption("impl_timeout", default=OUTSIDE_TIMEOUT_S)
+    if timeout and config.pluginmanager.hasplugin("timeout"):
+        for item in items:
+            if _is_outside(_param(item, "impl")) and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(timeout))
+    if config.getoption("zoo_only", default=False):
+        keep = [i for i in items if "bad_impl" in getattr(i, "fixturenames", ())]
+        drop = [i for i in items if "bad_impl" not in getattr(i, "fixturenames", ())]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
     techniques = set(_STATE["outside"])
     if not techniques:
         return
@@ -191,15 +222,35 @@ def pytest_runtest_makereport(item, call):
             outcome, message = "pass", ""
         rows = _rows_for(item, outcome, message)
         _STATE["rows"].extend(rows)
+        _write(item.config, rows)
         report.user_properties.append(("conformance_rows", len(rows)))
     return report
 
 
-def pytest_sessionfinish(session, exitstatus):
-    out = session.config.getoption("results")
-    if out and _STATE["rows"]:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        results.write_rows(_STATE["rows"], os.path.join(out, f"rows-{worker}-{os.getpid()}.jsonl"))
+def _rows_path(config) -> str | None:
+    out = config.getoption("results", default=None)
+    if not out:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return os.path.join(out, f"rows-{worker}-{os.getpid()}.jsonl")
+
+
+def _write(config, rows) -> None:
+    path = _rows_path(config)
+    if path and rows:
+        results.write_rows(rows, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """pytest-xdist: a worker died running ``crashitem`` (a segfault in a kernel, say): record
+    an error row for it; xdist fails that test and restarts the worker, the run goes on."""
+    config = getattr(sched, "config", None)
+    row = results.Row(claim="", check=crashitem, device=_STATE["device"] or "", verdict="error",
+                      message="worker crashed while running this test (segfault or hard exit in the implementation)")
+    _STATE["rows"].append(row)
+    if config is not None:
+        _write(config, [row])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

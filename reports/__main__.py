@@ -1,20 +1,56 @@
 """``python -m reports``: run the conformance properties and benchmarks, write reports/out/.
 
-Writes ``reports/out/report.md`` and ``reports/out/results.json`` (every result row, the
-claims ledger with verdicts, and an environment fingerprint). A failing property does not stop
-the report; the exit status is 0 when the report was written, whatever the verdicts.
+Steps (each prints its progress; a failing property never stops the report):
+
+1. the properties and the suite's analytic tests, in parallel (``pytest -n 2``, ci profile),
+   writing result rows (one JSON-lines file per pytest process) into ``reports/out/rows/``;
+2. the benchmarks, serially (pytest-benchmark disables itself under xdist), with
+   ``--benchmark-enable --benchmark-json`` (raw per-round samples included);
+3. the device's ceilings (copy bandwidth, matmul peak) from ``benchmarks/ceilings.py``;
+4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
+   fingerprint), which ``python -m reports.gate`` compares later runs with;
+5. ``reports/out/index.html`` (static, opens from disk), ``report.md``, ``results.json`` and
+   ``plots/``.
+
+The exit status is 0 when the report was written, whatever the verdicts (``--strict``: 1 when
+a claim fails or a bug-zoo kill rate is below 100%).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from reports import build
+from reports import bench, build, env
+from reports import history as hist
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The suite's own tooling tests (browser, packaging) run in CI, not in the report.
+REPORT_IGNORES = ("tests/test_browser.py", "tests/test_plugin.py")
+
+
+def _stage(i: int, n: int, text: str) -> None:
+    print(f"\n=== [{i}/{n}] {text}", flush=True)
+
+
+def measure_ceilings(device: str, quick: bool = True) -> dict | None:
+    """The device's measured ceilings from ``benchmarks.ceilings.measure_ceilings`` (None when
+    that module is absent or fails; the report then says so)."""
+    if importlib.util.find_spec("benchmarks.ceilings") is None:
+        return None
+    try:
+        from benchmarks.ceilings import measure_ceilings as m
+
+        c = m(device, quick)
+        return json.loads(json.dumps(c, default=str)) if c else None
+    except Exception as exc:  # noqa: BLE001 - a broken probe must not stop the report
+        print(f"ceilings: not measured ({type(exc).__name__}: {exc})", flush=True)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,26 +58,76 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "reports" / "out"), help="output folder")
     ap.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"])
     ap.add_argument("--profile", default="ci", help="Hypothesis profile (ci, dev, thorough)")
+    ap.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for the properties ('0': none, 'auto')")
     ap.add_argument("--no-run", action="store_true", help="only rebuild the report from existing rows")
-    ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest")
+    ap.add_argument("--no-bench", action="store_true", help="skip the benchmarks (and the history entry)")
+    ap.add_argument("--no-history", action="store_true", help="do not append this run to history/")
+    ap.add_argument("--history", default=str(hist.HISTORY), help="history folder")
+    ap.add_argument("--bench-max-time", type=float, default=None,
+                    help="pytest-benchmark --benchmark-max-time (default 0.2 s on cpu, 1 s on cuda)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a claim fails or a kill rate < 100%%")
+    ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     args = ap.parse_args(argv)
+    from conformance.device import select_device
+
+    device = select_device(args.device)
     out = Path(args.out)
     rows_dir = out / "rows"
+    bench_json = out / "benchmarks.json"
+    history_dir = Path(args.history)
+    t0 = time.time()
+    n_stages = 5
+    ceilings = None
     if not args.no_run:
         if rows_dir.exists():
             shutil.rmtree(rows_dir)
         rows_dir.mkdir(parents=True)
-        cmd = [sys.executable, "-m", "pytest", "properties", "tests", "benchmarks", "-q",
-               f"--results={rows_dir}", f"--hypothesis-profile={args.profile}",
-               "--benchmark-enable", f"--benchmark-json={out / 'benchmarks.json'}", "-p", "no:cacheprovider"]
-        if args.device:
-            cmd.append(f"--device={args.device}")
+        if bench_json.exists():
+            bench_json.unlink()
+        common = ["-p", "no:cacheprovider", f"--results={rows_dir}", f"--hypothesis-profile={args.profile}",
+                  f"--device={device}"]
+        cmd = [sys.executable, "-m", "pytest", "properties", "tests", "-q", "--benchmark-disable", *common]
+        cmd += [f"--ignore={p}" for p in REPORT_IGNORES]
+        if args.workers not in ("0", "") and importlib.util.find_spec("xdist") is not None:
+            cmd += ["-n", args.workers]
         cmd += args.pytest_args
-        print("running:", " ".join(cmd), flush=True)
+        _stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
         subprocess.call(cmd, cwd=ROOT)
-    paths = build.write_report(rows_dir, out)
+        if not args.no_bench:
+            max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
+            cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
+                   f"--benchmark-json={bench_json}", f"--benchmark-max-time={max_time}",
+                   "--benchmark-min-rounds=5", *common, *args.pytest_args]
+            _stage(2, n_stages, "benchmarks: " + " ".join(cmd[2:]))
+            subprocess.call(cmd, cwd=ROOT)
+            _stage(3, n_stages, f"device ceilings ({device})")
+            ceilings = measure_ceilings(device, quick=True)
+            print(f"ceilings: {ceilings}", flush=True)
+    elif (out / "results.json").exists():
+        try:
+            ceilings = json.loads((out / "results.json").read_text()).get("ceilings") or None
+        except ValueError:
+            ceilings = None
+    fp = env.fingerprint(device)
+    records = bench.records(bench_json)
+    if not args.no_run and not args.no_bench and not args.no_history and records:
+        _stage(4, n_stages, "history")
+        path = hist.append(hist.make_entry(fp, records, ceilings), history_dir)
+        print(f"appended {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", flush=True)
+    _stage(5, n_stages, "report")
+    paths = build.write_report(rows_dir, out, bench_json=bench_json, ceilings=ceilings, fp=fp,
+                               history_dir=history_dir)
+    doc = json.loads((out / "results.json").read_text())
+    s = doc["summary"]
+    print(f"{s['total']} claims: {s['checked']} checked, {s['holding']} holding, {s['failing']} failing, "
+          f"{s['not_measured']} not measured on this device, {s['not_checked']} without a check")
+    for t, k in doc["killrates"].items():
+        print(f"bug zoo {t}: {k['killed']}/{k['total']} rejected")
     for p in paths:
         print(f"wrote {p}")
+    print(f"done in {time.time() - t0:.0f} s")
+    if args.strict and (s["failing"] or any(k["rate"] not in (None, 1.0) for k in doc["killrates"].values())):
+        return 1
     return 0
 
 

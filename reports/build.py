@@ -1,51 +1,71 @@
-"""Build report.md and results.json from result rows and the claims ledger."""
+"""Build the report (index.html, report.md, results.json, plots/) from result rows, benchmark
+records, the device's measured ceilings, the benchmark history and the claims ledger.
+
+Everything the report shows is computed here once, as one JSON-able context dict
+(:func:`context`); the HTML and Markdown are two Jinja2 templates over it
+(``reports/templates/``) and ``results.json`` is the context itself plus every row.
+"""
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
+import math
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
 from conformance.results import Row, read_rows
+from reports import bench, env, plots
+from reports import history as hist
+from reports.killrate import kill_rates
 from reports.ledger import claims
 
 _ORDER = {"fail": 4, "error": 3, "pass": 2, "unsupported": 1, "skip": 0}
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
-def fingerprint() -> dict:
+def fingerprint(device: str | None = None) -> dict:
     """Where the rows were measured: CPU/GPU model, driver, library versions, commit."""
-    import torch
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    fp = {"python": platform.python_version(), "platform": platform.platform(),
-          "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-          "triton": triton_version, "cuda": torch.version.cuda, "gpu": None, "driver": None}
-    if torch.cuda.is_available():
-        fp["gpu"] = torch.cuda.get_device_name(0)
-        try:
-            fp["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                          capture_output=True, text=True, timeout=10).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        fp["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                      cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        fp["commit"] = None
-    return fp
+    return env.fingerprint(device)
 
 
-def claim_verdicts(rows: list[Row]) -> list[dict]:
-    """One entry per ledger claim: its rows' worst verdict ("not checked" without rows)."""
+def _is_zoo(r: Row) -> bool:
+    return r.implementation.startswith("zoo:")
+
+
+def _num(x) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        return f"{x:.4g}"
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) >= 10000 else str(x)
+    return str(x)
+
+
+def _fig_text(r: Row, value) -> str:
+    what = r.extra.get("what") if isinstance(r.extra, dict) else None
+    text = _num(value)
+    if r.unit and value is not None and not isinstance(value, str):
+        text += f" {r.unit}"
+    return f"{what}: {text}" if what else text
+
+
+def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[dict]:
+    """One entry per ledger claim: the worst verdict of its (non-zoo) rows, "not measured" when
+    every row was skipped (e.g. GPU-only on a CPU run), "not checked" without rows."""
     by_claim: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
-        if r.claim:
+        if r.claim and not _is_zoo(r):
             by_claim[r.claim].append(r)
+    bench_by_claim: dict[str, list[dict]] = defaultdict(list)
+    for rec in records or []:
+        c = (rec.get("extra_info") or {}).get("claim")
+        for cid in (c if isinstance(c, list) else [c] if c else []):
+            bench_by_claim[cid].append(rec)
     out = []
     for c in claims():
         rs = by_claim.get(c.id, [])
@@ -53,56 +73,187 @@ def claim_verdicts(rows: list[Row]) -> list[dict]:
         verdict = "not checked" if not rs else (
             max(judged, key=lambda r: _ORDER[r.verdict]).verdict if judged else "not measured")
         verdict = {"pass": "holds", "fail": "fails", "error": "fails"}.get(verdict, verdict)
-        figures = [r for r in rs if r.lecture is not None]
-        out.append({"id": c.id, "kind": c.kind, "text": c.text, "verdict": verdict,
-                    "checks": sorted({r.check.split("[")[0] for r in rs}),
-                    "lecture": figures[0].lecture if figures else None,
-                    "measured": figures[0].measured if figures else _worst_measured(rs),
+        figures = [r for r in rs if r.lecture is not None or (r.unit and r.unit not in ("max abs error", "rejection"))]
+        seen, lect, meas = set(), [], []
+        for r in figures:
+            key = (json.dumps(r.lecture, default=str), json.dumps(r.measured, default=str), r.unit)
+            if key in seen:
+                continue
+            seen.add(key)
+            if len(lect) < 6:
+                lect.append(_fig_text(r, r.lecture) if r.lecture is not None else "—")
+                meas.append(_fig_text(r, r.measured))
+        measured_text = "; ".join(m for m in meas if m) or _worst_measured(rs)
+        brecs = bench_by_claim.get(c.id, [])
+        if not measured_text and brecs:
+            measured_text = "; ".join(f"{b['name']}: median {_secs(b['stats'].get('median'))}" for b in brecs[:3])
+        checks = sorted({r.check.split("[")[0] for r in rs} | {b["fullname"].split("[")[0] for b in brecs})
+        out.append({"id": c.id, "kind": c.kind, "text": c.text, "section": c.section, "verdict": verdict,
+                    "checks": checks, "lecture": figures[0].lecture if figures else None,
+                    "measured": figures[0].measured if figures else None,
                     "unit": figures[0].unit if figures else (rs[0].unit if rs else ""),
-                    "devices": sorted({r.device for r in rs if r.device})})
+                    "lecture_text": "; ".join(lect) if any(x != "—" for x in lect) else "", "measured_text": measured_text or "",
+                    "devices": sorted({r.device for r in rs if r.device}),
+                    "counts": {v: sum(r.verdict == v for r in rs) for v in _ORDER if any(r.verdict == v for r in rs)}})
     return out
 
 
-def _worst_measured(rs: list[Row]):
-    vals = [r for r in rs if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float)) and r.bound]
+def _worst_measured(rs: list[Row]) -> str:
+    vals = [r for r in rs if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float))
+            and not isinstance(r.measured, bool)]
     if not vals:
-        return None
-    w = max(vals, key=lambda r: r.measured / r.bound)
-    return f"{w.measured:.3g} (bound {w.bound:.3g})"
-
-
-def _fmt(x) -> str:
-    if x is None:
         return ""
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    return str(x).replace("|", "\\|").replace("\n", " ")
+
+    def ratio(r):
+        return r.measured / r.bound if r.bound else (0.0 if r.measured == 0 else math.inf)
+
+    w = max(vals, key=ratio)
+    return f"max error {_num(w.measured)} (bound {_num(w.bound)}{', ' + w.dtype if w.dtype else ''})"
 
 
-def write_report(rows_dir: Path, out: Path) -> list[Path]:
-    rows = read_rows(rows_dir) if Path(rows_dir).exists() else []
-    ledger = claim_verdicts(rows)
-    fp = fingerprint()
-    counts = defaultdict(int)
+def _secs(s) -> str:
+    if not isinstance(s, (int, float)):
+        return ""
+    for unit, f in (("s", 1), ("ms", 1e3), ("µs", 1e6), ("ns", 1e9)):
+        if s * f >= 1:
+            return f"{s * f:.4g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def summary(ledger: list[dict]) -> dict:
+    n = defaultdict(int)
     for c in ledger:
-        counts[c["verdict"]] += 1
+        n[c["verdict"]] += 1
+    return {"total": len(ledger), "checked": n["holds"] + n["fails"], "holding": n["holds"],
+            "failing": n["fails"], "not_measured": n["not measured"], "not_checked": n["not checked"]}
+
+
+def property_tables(rows: list[Row]) -> dict[str, dict]:
+    """technique -> {impls: [...], properties: [{law, claim, dtype, cells: {impl: cell}}]}: the
+    worst verdict (then the largest error/bound) per law, claim, dtype and implementation."""
+    tables: dict[str, dict] = {}
+    for r in rows:
+        if not r.technique or _is_zoo(r):
+            continue
+        t = tables.setdefault(r.technique, {"impls": [], "props": {}})
+        impl = r.implementation or "-"
+        if impl not in t["impls"]:
+            t["impls"].append(impl)
+        law = r.check.split("::")[-1].split("[")[0]
+        key = (law, r.claim, r.dtype)
+        prop = t["props"].setdefault(key, {"law": law, "claim": r.claim, "dtype": r.dtype,
+                                           "check": r.check.split("[")[0], "cells": {}})
+        ratio = (r.measured / r.bound if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float))
+                 and r.bound else -1.0)
+        cell = {"verdict": r.verdict, "measured": r.measured, "bound": r.bound, "ratio": ratio,
+                "message": r.message[:300], "error_text": ""}
+        if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float)):
+            cell["error_text"] = f"{_num(r.measured)} / {_num(r.bound)}"
+        elif r.unit == "rejection":
+            cell["error_text"] = ""
+        prev = prop["cells"].get(impl)
+        if prev is None or (_ORDER.get(r.verdict, 4), ratio) > (_ORDER.get(prev["verdict"], 4), prev["ratio"]):
+            prop["cells"][impl] = cell
+    return {t: {"impls": v["impls"], "properties": sorted(v["props"].values(), key=lambda p: (p["law"], p["claim"], p["dtype"]))}
+            for t, v in sorted(tables.items())}
+
+
+def benchmark_entries(records: list[dict], ceilings: dict | None) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = defaultdict(list)
+    for rec in records:
+        st, info = rec.get("stats") or {}, rec.get("extra_info") or {}
+        fr = bench.fractions(rec, ceilings)
+        ach = bench.achieved(rec)
+        e = dict(rec)
+        e.pop("data", None)
+        e.update(median=st.get("median"), iqr=st.get("iqr"), rounds=st.get("rounds"),
+                 median_text=_secs(st.get("median")), iqr_text=_secs(st.get("iqr")),
+                 extra_text=", ".join(f"{k}={_num(v)}" for k, v in info.items() if not isinstance(v, (dict, list))),
+                 achieved=ach, fractions=fr,
+                 fraction_text=", ".join(f"{k.split('_')[0]} {v:.1%}" for k, v in fr.items()))
+        out[rec["technique"]].append(e)
+    return dict(out)
+
+
+def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, ceilings: dict | None = None,
+            history_entries: list[tuple] | None = None, plot_dir: Path | None = None) -> dict:
+    """Everything the report shows, as one JSON-able dict (plots drawn into ``plot_dir``)."""
+    fp = fp or env.fingerprint(None)
+    ledger = claim_verdicts(rows, records)
+    rates = kill_rates(rows)
+    for k in rates.values():
+        k["rate_text"] = f"{k['rate']:.0%}" if k["rate"] is not None else "n/a"
+    props = property_tables(rows)
+    benches = benchmark_entries(records, ceilings)
+    names = sorted(set(props) | set(benches) | set(rates))
+    techniques = [{"name": t, "impls": props.get(t, {}).get("impls", []),
+                   "properties": props.get(t, {}).get("properties", []),
+                   "benchmarks": benches.get(t, []), "killrate": rates.get(t)} for t in names]
+    series = history_entries or []
+    plot_list = plots.all_plots(rows, records, ceilings, series, plot_dir) if plot_dir is not None else []
+    cvals = bench.ceiling_values(ceilings)
+    ceilings_text = {}
+    for k, v in (ceilings or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            ceilings_text[k] = _num(float(v))
+        elif k == "matmul_flops_per_s" and isinstance(v, dict):
+            for d, x in v.items():
+                ceilings_text[f"matmul FLOP/s ({d})"] = _num(float(x)) if isinstance(x, (int, float)) else str(x)
+        elif k in ("device_name", "method"):
+            ceilings_text[k] = str(v)
+    return {"fingerprint": fp, "device_model": env.device_model(fp), "series": env.device_slug(fp),
+            "summary": summary(ledger), "claims": ledger, "techniques": techniques, "killrates": rates,
+            "benchmarks": [dict(r) for r in records], "ceilings": ceilings or {}, "ceiling_values": cvals,
+            "ceilings_text": ceilings_text, "plots": plot_list,
+            "history": [{"file": p.name, "date": e["fingerprint"].get("date"),
+                         "commit": (e["fingerprint"].get("commit") or "")[:10], "n": len(e.get("benchmarks", []))}
+                        for p, e in series],
+            "n_rows": len(rows), "n_bench": len(records)}
+
+
+def _env():
+    import jinja2
+
+    e = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "j2"]),
+                           trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
+    e.filters["md"] = lambda s: str(s or "").replace("|", "\\|").replace("\n", " ")
+    return e
+
+
+def render(ctx: dict, out: Path) -> list[Path]:
+    """Write index.html and report.md from ``ctx``."""
+    import jinja2
+
+    fp = ctx["fingerprint"]
+    common = dict(ctx, fp=fp, series_name=ctx["series"], fp_json=json.dumps(fp, indent=1))
+    html = _env().get_template("index.html.j2").render(**common)
+    md_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+                                keep_trailing_newline=True)
+    md_env.filters["md"] = lambda s: str(s or "").replace("|", "\\|").replace("\n", " ")
+    md = md_env.get_template("report.md.j2").render(**common)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"fingerprint": fp, "summary": dict(counts), "claims": ledger, "rows": [asdict(r) for r in rows]}
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    lines = ["# Conformance report", "",
-             f"Device: {fp['gpu'] or fp['cpu']} · torch {fp['torch']} · triton {fp['triton']} · commit {fp.get('commit')}", "",
-             "## Summary", "",
-             f"{len(ledger)} claims: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), "",
-             "## Claims ledger", "", "| claim | kind | verdict | lecture | measured | checks |", "|---|---|---|---|---|---|"]
-    for c in ledger:
-        lines.append(f"| {c['id']} | {c['kind']} | {c['verdict']} | {_fmt(c['lecture'])} | "
-                     f"{_fmt(c['measured'])} {c['unit'] if c['measured'] is not None else ''} | "
-                     f"{'<br>'.join(c['checks'])} |")
-    lines += ["", "## Property verdicts", "", "| claim | check | implementation | dtype | device | measured | bound | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r.claim, r.check)):
-        lines.append(f"| {r.claim} | `{r.check}` | {r.implementation} | {r.dtype} | {r.device} | "
-                     f"{_fmt(r.measured)} | {_fmt(r.bound)} | {r.verdict} |")
-    md = out / "report.md"
-    md.write_text("\n".join(lines) + "\n")
-    return [md, out / "results.json"]
+    (out / "index.html").write_text(html, encoding="utf-8")
+    (out / "report.md").write_text(md, encoding="utf-8")
+    return [out / "index.html", out / "report.md"]
+
+
+def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = None, ceilings: dict | None = None,
+                 fp: dict | None = None, history_dir: Path | None = hist.HISTORY) -> list[Path]:
+    """Read rows (and benchmarks, ceilings, history) and write index.html, report.md,
+    results.json and plots/ into ``out``. Returns the written paths."""
+    out = Path(out)
+    rows = read_rows(rows_dir) if Path(rows_dir).exists() else []
+    if bench_json is None and (out / "benchmarks.json").exists():
+        bench_json = out / "benchmarks.json"
+    records = bench.records(bench_json)
+    fp = fp or env.fingerprint(next((r.device for r in rows if r.device), None))
+    series = hist.series(env.device_slug(fp), history_dir) if history_dir is not None else []
+    plot_dir = out / "plots"
+    if plot_dir.exists():
+        for p in plot_dir.glob("*.png"):
+            p.unlink()
+    ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir)
+    paths = render(ctx, out)
+    doc = dict(ctx, rows=[asdict(r) for r in rows])
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    return paths + [out / "results.json"]

@@ -1,0 +1,149 @@
+"""The report: built from a small synthetic rows folder (fast), it shows the summary, every
+claim of the ledger, property verdicts per implementation, benchmark tables and the plots the
+data allows, and results.json holds the same, machine-readable."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from conformance.results import Row, write_rows
+from reports import bench, build, env, history
+from reports.ledger import claims
+
+
+def make_synthetic(folder: Path, *, n_history: int = 2) -> dict:
+    """A small synthetic run: rows (a pass, a fail, a GPU-only skip, a figure, zoo kills),
+    a pytest-benchmark JSON with raw samples, ceilings and ``n_history`` history entries."""
+    folder = Path(folder)
+    rows_dir = folder / "rows"
+    fp = {"python": "3.11", "platform": "linux", "cpu": "Synthetic CPU 9000", "cpu_count": 2, "torch": "2.x",
+          "triton": "3.x", "cuda": None, "gpu": None, "gpu_count": 0, "driver": None, "device": "cpu",
+          "commit": "0123456789abcdef", "dirty": False, "date": "2026-01-02T03:04:05Z"}
+    rows = [
+        Row("FA-3", "properties/test_attention.py::test_tiled_equals_standard[naive-float64]", "attention",
+            "naive", "float64", "cpu", 1e-15, 1e-12, None, "max abs error", "float64", "pass", "", 10),
+        Row("FA-3", "properties/test_attention.py::test_tiled_equals_standard[triton-float16]", "attention",
+            "triton", "float16", "cpu", 2e-3, 1e-3, None, "max abs error", "float16", "fail",
+            "output: measured error 2e-3 EXCEEDS bound 1e-3", 3),
+        Row("FA-3", "properties/test_attention.py::test_tiled_equals_standard[zoo-no_max_subtract]", "attention",
+            "zoo:no_max_subtract", "", "cpu", "AssertionError: output", None, None, "rejection", "", "pass", "", 1),
+        Row("FA-7", "properties/test_attention.py::test_split_kv_gpu", "attention", "triton", "", "cpu",
+            verdict="skip", message="needs a CUDA device"),
+        Row("FA-1", "tests/test_softmax.py::test_overflow", "attention", "", "", "cpu", 0.665, None, 0.665,
+            "", "", "pass", "", 1),
+        Row("QT-3", "properties/test_quant.py::test_nll_bits", "quantization", "reference", "", "cpu", 1.35, None,
+            1.348, "nats", "", "pass", "", 1, {"bits": 4, "nll": 1.35, "granularity": "group32"}),
+        Row("QT-3", "properties/test_quant.py::test_nll_bits", "quantization", "reference", "", "cpu", 1.349, None,
+            1.348, "nats", "", "pass", "", 1, {"bits": 8, "nll": 1.349, "granularity": "group32"}),
+        Row("QT-3", "properties/test_quant.py::test_nll_bits", "quantization", "reference", "", "cpu", 3.1, None,
+            None, "nats", "", "pass", "", 1, {"bits": 2, "nll": 3.1, "granularity": "group32"}),
+    ]
+    write_rows(rows, rows_dir / "rows-gw0-1.jsonl")
+    rng = random.Random(0)
+    benches = []
+    for name, med, extra in (("test_attention_prefill[naive]", 2e-3, {"flops": 2e9, "bytes": 4e7, "claim": "FA-3"}),
+                             ("test_decode_batch[8]", 1e-3, {"batch": 8, "tokens_per_s": 8000.0, "claim": "AI-9"}),
+                             ("test_decode_batch[32]", 2e-3, {"batch": 32, "tokens_per_s": 16000.0, "claim": "AI-9"})):
+        data = [med * (1 + 0.02 * rng.random()) for _ in range(20)]
+        data.sort()
+        benches.append({"group": None, "name": name, "fullname": f"benchmarks/bench_attention.py::{name}",
+                        "params": None, "param": None, "extra_info": extra, "options": {},
+                        "stats": {"min": data[0], "max": data[-1], "mean": sum(data) / 20, "stddev": 1e-5,
+                                  "median": data[10], "iqr": data[15] - data[5], "q1": data[5], "q3": data[15],
+                                  "rounds": 20, "iterations": 1, "ops": 1 / data[10], "data": data}})
+    bjson = {"machine_info": {"cpu": {"brand_raw": fp["cpu"]}}, "benchmarks": benches, "version": "5"}
+    (folder / "benchmarks.json").write_text(json.dumps(bjson))
+    ceilings = {"copy_bytes_per_s": 2e10, "matmul_flops_per_s": {"bfloat16": 1e12, "float32": 5e11}}
+    hdir = folder / "history"
+    for i in range(n_history):
+        f = dict(fp, date=f"2026-01-0{i + 1}T00:00:00Z", commit=f"{i:040d}")
+        history.append(history.make_entry(f, bench.records(bjson), ceilings), hdir)
+    return {"rows_dir": rows_dir, "bench_json": folder / "benchmarks.json", "fp": fp, "ceilings": ceilings,
+            "history": hdir, "rows": rows}
+
+
+def build_synthetic(tmp: Path) -> Path:
+    s = make_synthetic(tmp)
+    out = tmp / "out"
+    build.write_report(s["rows_dir"], out, bench_json=s["bench_json"], ceilings=s["ceilings"], fp=s["fp"],
+                       history_dir=s["history"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return build_synthetic(tmp_path_factory.mktemp("report"))
+
+
+def test_results_json_has_summary_ledger_fingerprint(report):
+    doc = json.loads((report / "results.json").read_text())
+    ledger_ids = [c.id for c in claims()]
+    assert [c["id"] for c in doc["claims"]] == ledger_ids
+    by = {c["id"]: c for c in doc["claims"]}
+    assert by["FA-3"]["verdict"] == "fails"          # one failing dtype fails the claim
+    assert by["FA-1"]["verdict"] == "holds"
+    assert by["FA-7"]["verdict"] == "not measured"   # GPU-only on a CPU run
+    assert by["KV-1"]["verdict"] == "not checked"
+    s = doc["summary"]
+    assert (s["checked"], s["holding"], s["failing"], s["not_measured"]) == (3, 2, 1, 1)
+    assert s["total"] == len(ledger_ids)
+    for key in ("cpu", "gpu", "driver", "torch", "triton", "commit"):
+        assert key in doc["fingerprint"]
+    assert doc["killrates"]["attention"]["rate"] == 1.0
+    assert len(doc["rows"]) == 8
+
+
+def test_benchmarks_carry_stats_and_fraction_of_ceiling(report):
+    doc = json.loads((report / "results.json").read_text())
+    att = next(t for t in doc["techniques"] if t["name"] == "attention")
+    b = next(b for b in att["benchmarks"] if b["name"].startswith("test_attention_prefill"))
+    assert b["rounds"] == 20 and b["median"] > 0 and b["iqr"] >= 0
+    assert 0 < b["fractions"]["flop_per_s_fraction"] < 1
+    assert b["achieved"]["intensity"] == pytest.approx(50.0)
+
+
+def test_property_matrix_side_by_side(report):
+    doc = json.loads((report / "results.json").read_text())
+    att = next(t for t in doc["techniques"] if t["name"] == "attention")
+    assert {"naive", "triton"} <= set(att["impls"])
+    assert not any(i.startswith("zoo:") for i in att["impls"])
+    cells = {(p["dtype"], i): c["verdict"] for p in att["properties"] for i, c in p["cells"].items()}
+    assert cells[("float16", "triton")] == "fail" and cells[("float64", "naive")] == "pass"
+
+
+def test_plots_drawn_when_data_exists_and_skipped_with_a_note(report):
+    doc = json.loads((report / "results.json").read_text())
+    plots = {p["id"]: p for p in doc["plots"]}
+    for pid in ("roofline", "batch", "nll_bits", "history"):
+        assert plots[pid]["file"], plots[pid]
+        assert (report / "plots" / plots[pid]["file"]).stat().st_size > 1000
+    for pid in ("gamma", "serving"):
+        assert plots[pid]["file"] is None and plots[pid]["note"]
+
+
+def test_markdown_and_html_list_every_claim(report):
+    md = (report / "report.md").read_text()
+    html = (report / "index.html").read_text()
+    for c in claims():
+        assert f"| {c.id} |" in md
+        assert f'data-claim="{c.id}"' in html
+    assert md.index("## Summary") < md.index("## Claims ledger")
+    assert "claims checked" in html
+
+
+def test_fingerprint_and_series_slug():
+    fp = env.fingerprint("cpu")
+    assert fp["device"] == "cpu" and fp["cpu"]
+    assert env.device_slug(fp).startswith("cpu-")
+    assert env.device_slug({"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}) == "gpu-nvidia-h100-80gb-hbm3"
+
+
+def test_report_survives_missing_inputs(tmp_path):
+    paths = build.write_report(tmp_path / "no-rows", tmp_path / "out", history_dir=None,
+                               fp={"device": "cpu", "cpu": "x", "date": "d"})
+    assert all(p.exists() for p in paths)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["summary"]["checked"] == 0
