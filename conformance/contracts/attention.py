@@ -1,0 +1,145 @@
+"""The ``attention`` contract: exact scaled-dot-product attention (FlashAttention and friends).
+
+    attention(q, k, v, *, causal: bool, scale: float) -> Tensor
+
+Shapes: ``q`` (B, Hq, Tq, D); ``k``, ``v`` (B, Hkv, Tk, D) with Hq a multiple of Hkv; query head
+``h`` attends KV head ``h // (Hq // Hkv)`` (grouped-query attention; Hkv = Hq is multi-head,
+Hkv = 1 multi-query). Returns (B, Hq, Tq, D) in ``q``'s dtype and on ``q``'s device:
+
+    out[b, h, i] = sum_j softmax_j(scale * q[b, h, i] . k[b, g(h), j]) * v[b, g(h), j]
+
+``causal=True`` requires Tq <= Tk and aligns the mask bottom-right: query ``i`` may attend key
+``j`` iff ``j <= i + (Tk - Tq)`` (the last query sees every key; a decode step with Tq = 1 sees the
+whole cache). ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns the mask
+top-left when Tq != Tk, so an adapter must build the mask itself (:func:`causal_mask`).
+
+Supported inputs: D from 1 to 256, any Tq, Tk >= 1, dtypes float64 / float32 / float16 /
+bfloat16 (q, k, v of one dtype, on one device; any strides). An implementation may raise
+``NotImplementedError`` for a (dtype, D) it does not support: the suite reports that as
+"unsupported", never as a pass. Invalid arguments raise ``TypeError`` (wrong type or dtype) or
+``ValueError`` (wrong shape, device or value) naming the argument (:func:`validate`).
+
+Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
+FA-6 (memory linear in T), FA-7 (split-KV decoding = unsplit). Source: Dao et al. 2022
+(FlashAttention), Dao 2023 (FlashAttention-2), lecture 001 §3.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from conformance.registry import Contract
+
+#: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+#: Largest head dimension of the contract.
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The sizes of one call: batch, query heads, KV heads, query length, key length, head dim."""
+
+    B: int
+    Hq: int
+    Hkv: int
+    Tq: int
+    Tk: int
+    D: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (Hq // Hkv)."""
+        return self.Hq // self.Hkv
+
+
+def validate(q, k, v, causal, scale) -> AttentionShape:
+    """Check one call against the contract; return its sizes.
+
+    Raises TypeError (not a tensor, unsupported or mixed dtypes, ``causal`` not a bool, ``scale``
+    not a real number) or ValueError (wrong rank or sizes, mixed devices, D outside 1..256, empty
+    lengths, causal with Tq > Tk, non-finite scale), each naming the argument.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (B, H, T, D), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the attention contract takes "
+                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    B, Hq, Tq, D = q.shape
+    Bk, Hkv, Tk, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"k/v batch size {Bk} differs from q batch size {B}")
+    if Dk != D:
+        raise ValueError(f"k/v head dim {Dk} differs from q head dim {D}")
+    if B < 1 or Hq < 1 or Hkv < 1:
+        raise ValueError(f"batch and head counts must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv})")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D must be in 1..{MAX_HEAD_DIM}, got {D}")
+    if Tq < 1:
+        raise ValueError(f"q length Tq must be >= 1, got {Tq}")
+    if Tk < 1:
+        raise ValueError(f"k/v length Tk must be >= 1, got {Tk}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if causal and Tq > Tk:
+        raise ValueError(f"causal attention needs Tq <= Tk (bottom-right mask), got Tq={Tq}, Tk={Tk}")
+    return AttentionShape(B, Hq, Hkv, Tq, Tk, D)
+
+
+def causal_mask(Tq: int, Tk: int, device=None) -> torch.Tensor:
+    """The contract's causal mask, (Tq, Tk) bool, True where query i may attend key j:
+    ``j <= i + (Tk - Tq)`` (bottom-right aligned)."""
+    i = torch.arange(Tq, device=device)[:, None]  # (Tq, 1)
+    j = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
+    return j <= i + (Tk - Tq)                     # (Tq, Tk)
+
+
+def kv_head_of(h: int, Hq: int, Hkv: int) -> int:
+    """The KV head that query head ``h`` reads: ``h // (Hq // Hkv)``."""
+    return h // (Hq // Hkv)
+
+
+def flops(B: int, Hq: int, Tq: int, Tk: int, D: int, causal: bool) -> float:
+    """Matmul FLOPs of one call: 4·B·Hq·Tq·Tk·D (QKᵀ and PV), halved when causal (the
+    convention of the FlashAttention papers' benchmarks)."""
+    f = 4.0 * B * Hq * Tq * Tk * D
+    return f / 2 if causal else f
+
+
+CONTRACT = Contract(
+    technique="attention",
+    functions=("attention",),
+    doc=__doc__,
+    builtins={
+        "reference": "reference.attention:attention",
+        "triton": "optimized.flash_attention:attention",
+        "triton_splitkv": "optimized.flash_decoding:attention",
+        "torch": "optimized.torch_attention:attention",
+    },
+    zoo={
+        "no_max_subtract": "properties.zoo_attention:no_max_subtract",
+        "top_left_causal": "properties.zoo_attention:top_left_causal",
+        "gqa_modulo": "properties.zoo_attention:gqa_modulo",
+        "drops_last_key": "properties.zoo_attention:drops_last_key",
+        "ignores_scale": "properties.zoo_attention:ignores_scale",
+        "split_no_rescale": "properties.zoo_attention:split_no_rescale",
+    },
+)

@@ -1,0 +1,46 @@
+"""The "torch" implementation of the attention contract: ``scaled_dot_product_attention``.
+
+PyTorch's ``is_causal=True`` aligns the mask top-left, so when Tq != Tk the contract's
+bottom-right causal mask is passed explicitly as a boolean ``attn_mask``; when Tq == Tk the two
+agree and ``is_causal=True`` lets PyTorch pick its fused (flash / memory-efficient) kernels.
+Grouped-query attention uses ``enable_gqa`` (torch >= 2.5) or ``repeat_interleave`` before.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from conformance.contracts.attention import causal_mask, validate
+
+
+@functools.lru_cache(maxsize=1)
+def _has_enable_gqa() -> bool:
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):  # builtins without a signature: parse the docstring
+        return "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+              scale: float) -> torch.Tensor:
+    """Attention by ``torch.nn.functional.scaled_dot_product_attention``.
+
+    q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype. Causal masks are
+    bottom-right aligned (the contract's :func:`causal_mask`). Raises as
+    :func:`conformance.contracts.attention.validate`.
+    """
+    shape = validate(q, k, v, causal, scale)
+    kwargs = {}
+    if shape.group > 1:
+        if _has_enable_gqa():
+            kwargs["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(shape.group, dim=1)  # (B, Hq, Tk, D)
+            v = v.repeat_interleave(shape.group, dim=1)
+    if causal and shape.Tq == shape.Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(scale), **kwargs)
+    mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None  # (Tq, Tk) bool
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(scale), **kwargs)

@@ -1,0 +1,89 @@
+"""Known-bad attention implementations (the bug zoo): each one is a classic kernel bug, and the
+laws in ``properties/test_attention.py`` must reject every one they list in ``kills``.
+
+All follow the attention contract's signature and compute in float64 for float64 inputs and
+float32 otherwise, so that only the bug (not rounding) makes them wrong.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from conformance.contracts.attention import causal_mask, validate
+
+
+def _attend(q, k, v, *, causal, scale, head_map=None, mask=None, subtract_max=True, keys=None):
+    shape = validate(q, k, v, causal, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    heads = [head_map(h, shape.Hq, shape.Hkv) if head_map else h // shape.group for h in range(shape.Hq)]
+    idx = torch.tensor(heads, device=q.device)
+    kf, vf = k.to(acc)[:, idx], v.to(acc)[:, idx]                       # (B, Hq, Tk, D)
+    if keys is not None:
+        kf, vf = kf[:, :, :keys], vf[:, :, :keys]
+    s = (q.to(acc) @ kf.transpose(-1, -2)) * scale                      # (B, Hq, Tq, Tk')
+    if causal:
+        m = (mask or causal_mask)(shape.Tq, shape.Tk, q.device)[:, : s.shape[-1]]
+        s = s.masked_fill(~m, -math.inf)
+    if subtract_max:
+        s = s - s.max(dim=-1, keepdim=True).values
+    e = torch.exp(s)
+    return ((e / e.sum(dim=-1, keepdim=True)) @ vf).to(q.dtype)
+
+
+def no_max_subtract(q, k, v, *, causal, scale):
+    """Softmax without subtracting the row maximum: exp overflows for logits past ~88 (float32)
+    or ~709 (float64) and the output turns to nan."""
+    return _attend(q, k, v, causal=causal, scale=scale, subtract_max=False)
+
+
+def _top_left(Tq, Tk, device):
+    return torch.arange(Tk, device=device)[None, :] <= torch.arange(Tq, device=device)[:, None]
+
+
+def top_left_causal(q, k, v, *, causal, scale):
+    """Causal mask aligned top-left (j <= i, torch's is_causal), wrong whenever Tq < Tk."""
+    return _attend(q, k, v, causal=causal, scale=scale, mask=_top_left)
+
+
+def gqa_modulo(q, k, v, *, causal, scale):
+    """Query head h reads KV head h % Hkv instead of h // (Hq // Hkv)."""
+    return _attend(q, k, v, causal=causal, scale=scale, head_map=lambda h, hq, hkv: h % hkv)
+
+
+def drops_last_key(q, k, v, *, causal, scale):
+    """An off-by-one tail: the loop over keys stops one short (the last key is never read)."""
+    Tk = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else None
+    return _attend(q, k, v, causal=causal, scale=scale, keys=max(1, Tk - 1) if Tk else None)
+
+
+def ignores_scale(q, k, v, *, causal, scale):
+    """Uses the default 1/sqrt(D) whatever ``scale`` says."""
+    return _attend(q, k, v, causal=causal, scale=1.0 / math.sqrt(q.shape[-1]))
+
+
+def split_no_rescale(q, k, v, *, causal, scale, num_splits: int = 4):
+    """Split-KV decoding whose merge weights each split's normalised output by its sum l_s but
+    forgets to rescale the sums to a common maximum (exp(m_s - m)): wrong whenever the splits'
+    maxima differ."""
+    shape = validate(q, k, v, causal, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kf = k.to(acc).repeat_interleave(shape.group, dim=1)
+    vf = v.to(acc).repeat_interleave(shape.group, dim=1)
+    s = (q.to(acc) @ kf.transpose(-1, -2)) * scale                      # (B, Hq, Tq, Tk)
+    if causal:
+        s = s.masked_fill(~causal_mask(shape.Tq, shape.Tk, q.device), -math.inf)
+    num = torch.zeros(q.shape, dtype=acc, device=q.device)
+    den = torch.zeros(q.shape[:-1], dtype=acc, device=q.device)
+    n = min(num_splits, shape.Tk)
+    bounds = torch.linspace(0, shape.Tk, n + 1).round().long().tolist()
+    for j0, j1 in zip(bounds[:-1], bounds[1:]):
+        sj = s[..., j0:j1]
+        m = sj.max(dim=-1, keepdim=True).values
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        e = torch.exp(sj - m)
+        l = e.sum(dim=-1)                                               # in units of exp(m_s)
+        o = (e @ vf[:, :, j0:j1]) / l.clamp_min(1e-300)[..., None]
+        num += l[..., None] * o                                         # BUG: no exp(m_s - m)
+        den += l
+    return (num / den[..., None]).to(q.dtype)
