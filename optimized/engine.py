@@ -1,0 +1,228 @@
+"""The cached decode engine: prefill + one-token decode steps over the reference model's weights.
+
+:class:`KVCacheEngine` runs the reference :class:`reference.transformer.Transformer` (its
+modules and weights, unchanged) with a :class:`optimized.kv_cache.StaticKVCache`:
+
+- ``prefill(tokens, lengths)`` runs a right-padded batch of prompts through the model in one
+  forward (causal attention over the prompt), writes each sequence's ``lengths[b]`` keys and
+  values into the cache (the padding is never written) and returns the logits.
+- ``decode(next_tokens)`` appends one token to every sequence: the new token's q, k, v are
+  computed at RoPE position ``length[b]``, its k, v written at slot ``length[b]``, and its query
+  attends over slots ``[0, length[b]]`` of its own sequence only (slots past a sequence's length
+  hold NaN and are excluded with ``torch.where`` on K and V as well as the -inf score mask, so
+  0 × NaN never reaches the output).
+
+Float64, float32 and bfloat16 (the model's dtype). The two built-ins differ only in the cache
+write: ``TRITON`` (the Triton kernel ``kv_append_kernel``) and ``TORCH`` (vectorized
+``index_put_``). The contract they meet is :mod:`conformance.contracts.kv_cache`.
+
+Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache; claims KV-1, KV-2, KV-4,
+KV-10), CS336 lecture 10 part 3.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from optimized.kv_cache import INDEX_DTYPE, StaticKVCache
+from reference.transformer import Transformer, naive_attention
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class KVCacheEngine:
+    """A batch of up to ``max_batch`` sequences of at most ``max_seq_len`` tokens each, decoded
+    with a static KV cache over ``model``'s weights (the model is used, never copied).
+
+    Raises TypeError when ``model`` is not a reference Transformer, ValueError for a
+    non-positive ``max_batch``/``max_seq_len`` or ``max_seq_len`` > the model's max_seq_len.
+    """
+
+    def __init__(self, model: Transformer, max_batch: int, max_seq_len: int, append: str = "torch"):
+        if not isinstance(model, Transformer):
+            raise TypeError(f"model must be a reference.transformer.Transformer, got {type(model).__name__}")
+        for name, v in (("max_batch", max_batch), ("max_seq_len", max_seq_len)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if max_seq_len > model.cfg.max_seq_len:
+            raise ValueError(f"max_seq_len ({max_seq_len}) must be <= the model's max_seq_len ({model.cfg.max_seq_len})")
+        self.model = model
+        self.cfg = model.cfg
+        w = model.embed.weight
+        self.dtype, self.device = w.dtype, w.device
+        self.cache = StaticKVCache(self.cfg.n_layers, max_batch, self.cfg.n_kv_heads, max_seq_len, self.cfg.hd,
+                                   self.dtype, self.device, append=append)
+        self.batch = 0  # sequences of the current prefill (0: none yet)
+
+    # ------------------------------------------------------------------ validation
+    def _check_ids(self, x, name: str, dim: int) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != INDEX_DTYPE:
+            raise TypeError(f"{name} must be int64, got {x.dtype}")
+        if x.dim() != dim:
+            shape = "(B, S)" if dim == 2 else "(B,)"
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"{name} is on {x.device}, but the model is on {self.device}")
+
+    def _check_vocab(self, x, name: str) -> None:
+        V = self.cfg.vocab_size
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= V):
+            raise ValueError(f"{name} holds token ids outside [0, {V})")
+
+    # ------------------------------------------------------------------ hooks (overridden only by known-bad engines)
+    def _decode_positions(self, lengths: torch.Tensor) -> torch.Tensor:
+        """RoPE positions (B,) of the tokens being decoded: each sequence's own length."""
+        return lengths
+
+    def _write_slots(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Cache slots (B,) the decoded tokens are written to: each sequence's own length."""
+        return lengths
+
+    def _visible(self, new_lengths: torch.Tensor, span: int) -> torch.Tensor:
+        """(B, span) bool: which of the first ``span`` slots each sequence's new token reads."""
+        return torch.arange(span, device=self.device)[None, :] < new_lengths[:, None]
+
+    def _span(self, host_new_lengths: torch.Tensor) -> int:
+        """How many slots a decode step reads: the longest sequence's length."""
+        return int(host_new_lengths.max())
+
+    # ------------------------------------------------------------------ the contract
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Start B new sequences from right-padded prompts; returns logits (B, S, V).
+
+        tokens: (B, S) int64 ids in [0, V), 1 <= B <= max_batch, 1 <= S <= max_seq_len; row b's
+        prompt is tokens[b, :lengths[b]], the rest is padding (any valid ids, ignored).
+        lengths: (B,) int64, 1 <= lengths[b] <= S. RoPE positions are 0..lengths[b]-1.
+        logits[b, t] for t < lengths[b] are the model's logits after tokens[b, :t+1]; logits at
+        padding positions are unspecified. Forgets every earlier sequence.
+        Raises TypeError (non-tensor, non-int64) or ValueError (shape, device, range, capacity).
+        """
+        self._check_ids(tokens, "tokens", 2)
+        self._check_ids(lengths, "lengths", 1)
+        B, S = tokens.shape
+        if not 1 <= B <= self.cache.max_batch:
+            raise ValueError(f"tokens has batch {B}; it must be in [1, max_batch={self.cache.max_batch}]")
+        if not 1 <= S <= self.cache.max_seq_len:
+            raise ValueError(f"tokens has length {S}; it must be in [1, max_seq_len={self.cache.max_seq_len}] "
+                             "(the cache capacity)")
+        if lengths.shape != (B,):
+            raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
+        host_lengths = lengths.cpu()
+        if int(host_lengths.min()) < 1 or int(host_lengths.max()) > S:
+            raise ValueError(f"lengths must lie in [1, S={S}], got {host_lengths.tolist()}")
+        self._check_vocab(tokens, "tokens")
+        return self._prefill(tokens, lengths, host_lengths)
+
+    def _prefill(self, tokens, lengths, host_lengths):
+        B, S = tokens.shape
+        cache = self.cache
+        cache.reset()
+        zeros = torch.zeros(B, dtype=INDEX_DTYPE, device=self.device)
+        positions = torch.arange(S, device=self.device).expand(B, S)      # (B, S)
+        causal = torch.ones(S, S, dtype=torch.bool, device=self.device).tril()[None, None]
+        x = self.model.embed(tokens)                                       # (B, S, D)
+        for layer, block in enumerate(self.model.blocks):
+            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, N, S, H), (B, K, S, H) x2
+            cache.append(layer, k, v, zeros, lengths)
+            att = naive_attention(q, k, v, causal)                         # (B, N, S, H)
+            x = x + block.attn.wo(att.transpose(1, 2).reshape(B, S, -1))   # (B, S, D)
+            x = x + block.mlp(block.mlp_norm(x))
+        cache.advance(lengths, host_lengths)
+        self.batch = B
+        return F.linear(self.model.norm(x), self.model.output_weight())   # (B, S, V)
+
+    @torch.no_grad()
+    def decode(self, next_tokens: torch.Tensor) -> torch.Tensor:
+        """Append one token to each of the B sequences of the last prefill; returns logits (B, V).
+
+        next_tokens: (B,) int64 ids in [0, V). logits[b] are the model's logits after
+        sequence b's tokens followed by next_tokens[b] (RoPE position = its current length).
+        Raises RuntimeError before any prefill, TypeError (non-tensor, non-int64), ValueError
+        (shape, device, ids, or a sequence already at max_seq_len; nothing is written then).
+        """
+        if self.batch == 0:
+            raise RuntimeError("decode called before prefill: there are no sequences to extend")
+        self._check_ids(next_tokens, "next_tokens", 1)
+        B = self.batch
+        if next_tokens.shape != (B,):
+            raise ValueError(f"next_tokens must have shape ({B},) (one token per sequence of the last "
+                             f"prefill), got {tuple(next_tokens.shape)}")
+        self._check_vocab(next_tokens, "next_tokens")
+        host_len = self.cache.host_lengths[:B]
+        if int(host_len.max()) + 1 > self.cache.max_seq_len:
+            raise ValueError(f"next_tokens would grow a sequence past the cache capacity "
+                             f"max_seq_len={self.cache.max_seq_len} (lengths {host_len.tolist()})")
+        return self._decode(next_tokens)
+
+    def _decode(self, next_tokens):
+        B = self.batch
+        cache, cfg = self.cache, self.cfg
+        lengths = cache.lengths[:B]                                        # (B,)
+        host_new = cache.host_lengths[:B] + 1
+        ones = torch.ones(B, dtype=INDEX_DTYPE, device=self.device)
+        positions = self._decode_positions(lengths)[:, None]               # (B, 1)
+        slots = self._write_slots(lengths)                                 # (B,)
+        span = self._span(host_new)
+        visible = self._visible(lengths + 1, span)                         # (B, span)
+        keep = visible[:, None, :, None]                                   # (B, 1, span, 1)
+        score_mask = visible[:, None, None, :]                             # (B, 1, 1, span)
+        K, G, H = cfg.n_kv_heads, cfg.group_size, cfg.hd
+        x = self.model.embed(next_tokens[:, None])                         # (B, 1, D)
+        for layer, block in enumerate(self.model.blocks):
+            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, N, 1, H), (B, K, 1, H) x2
+            cache.append(layer, k, v, slots, ones)
+            kc = cache.k[layer, :B, :, :span]                              # (B, K, span, H)
+            vc = cache.v[layer, :B, :, :span]
+            zero = torch.zeros((), dtype=kc.dtype, device=kc.device)
+            kc = torch.where(keep, kc, zero)                               # NaN past a length -> 0
+            vc = torch.where(keep, vc, zero)
+            scores = q.view(B, K, G, H) @ kc.transpose(-1, -2) / math.sqrt(H)  # (B, K, G, span)
+            scores = scores.masked_fill(~score_mask, float("-inf"))
+            probs = torch.softmax(scores.float() if scores.dtype in _HALF else scores, dim=-1)
+            att = probs.to(vc.dtype) @ vc                                  # (B, K, G, H)
+            x = x + block.attn.wo(att.reshape(B, 1, K * G * H))           # (B, 1, D)
+            x = x + block.mlp(block.mlp_norm(x))
+        cache.advance(ones, torch.ones(B, dtype=INDEX_DTYPE))
+        return F.linear(self.model.norm(x), self.model.output_weight())[:, 0]  # (B, V)
+
+    def lengths(self) -> torch.Tensor:
+        """(B,) int64 on the CPU: tokens cached per sequence of the last prefill."""
+        return self.cache.host_lengths[:self.batch].clone()
+
+    def cache_bytes(self) -> int:
+        """Bytes of K and V held for the cached tokens: 2·L·K·H·bytes per value·Σ lengths (KV-4)."""
+        return self.cache.bytes_per_token() * int(self.cache.host_lengths[:self.batch].sum())
+
+    def capacity_bytes(self) -> int:
+        """Bytes preallocated for the whole capacity (max_batch × max_seq_len tokens)."""
+        return self.cache.bytes_allocated()
+
+    def kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached keys (after RoPE) and values of sequence ``seq`` at ``layer``: two views
+        of shape (K, n, H), n = its length. Raises IndexError for a layer or seq out of range."""
+        if not 0 <= layer < self.cfg.n_layers:
+            raise IndexError(f"layer {layer} out of range [0, {self.cfg.n_layers})")
+        if not 0 <= seq < self.batch:
+            raise IndexError(f"seq {seq} out of range [0, {self.batch})")
+        n = int(self.cache.host_lengths[seq])
+        return self.cache.k[layer, seq, :, :n], self.cache.v[layer, seq, :, :n]
+
+
+def _factory(append: str):
+    def new_engine(model: Transformer, max_batch: int, max_seq_len: int) -> KVCacheEngine:
+        """A :class:`KVCacheEngine` over ``model`` whose cache writes use the "{append}" path."""
+        return KVCacheEngine(model, max_batch, max_seq_len, append=append)
+
+    new_engine.__doc__ = new_engine.__doc__.replace("{append}", append)
+    return new_engine
+
+
+#: Built-in implementations of the ``kv_cache`` contract (see conformance/contracts/kv_cache.py).
+TRITON = SimpleNamespace(new_engine=_factory("triton"))
+TORCH = SimpleNamespace(new_engine=_factory("torch"))

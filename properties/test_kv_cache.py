@@ -1,0 +1,342 @@
+"""Laws of the ``kv_cache`` contract (conformance/contracts/kv_cache.py), over every registered
+engine, with the bug zoo (properties/zoo_kv_cache.py) that each law must reject.
+
+- KV-1: prefill of S tokens + T one-token decode steps gives the logits of one full forward
+  over the S + T tokens (the no-cache reference), per sequence, in float64, float32, bfloat16.
+- KV-2: with generators of the same seed, generation with the cache samples exactly the tokens
+  of generation without it (temperature > 0).
+- KV-4: the engine holds exactly 2 × layers × KV heads × head dim × bytes per value bytes per
+  cached token, and what it holds are the model's keys and values.
+- KV-10: a sequence's logits do not depend on its batch-mates, their lengths or the padding.
+
+The test models are the reference transformer initialised with std = d_model^-1/2 (instead of the
+reference's 0.02) so that attention is far from uniform and a wrong position or a missing token
+changes the logits well above float32 rounding. Source: lecture 001 §2.2-2.3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from conformance import results
+from conformance.tolerance import HALF_DTYPES, assert_close, assert_exact
+from conformance.zoo import expect_rejected
+from properties.strategies import generator, gqa_heads, randint, seeds
+from reference.transformer import Transformer, TransformerConfig, generate, init_weights, sample_next
+
+TECH = "kv_cache"
+DTYPES = [torch.float64, torch.float32, torch.bfloat16]
+#: Head dims the laws draw: RoPE needs them even; 6, 10 and 14 are not powers of two.
+HEAD_DIMS = (2, 4, 6, 8, 10, 14)
+CAPACITY_SLACK = 3  # max_seq_len = longest sequence + this: unwritten NaN slots always exist
+
+
+@dataclass(frozen=True)
+class Case:
+    """One drawn configuration: model shape, seed, prompt lengths (one per sequence), steps."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    seed: int
+    prompt_lens: tuple
+    steps: int
+    vocab: int = 37
+
+    def cfg(self) -> TransformerConfig:
+        d_model = 16
+        return TransformerConfig(vocab_size=self.vocab, d_model=d_model, n_layers=self.n_layers,
+                                 n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_ff=24,
+                                 max_seq_len=64, head_dim=self.head_dim)
+
+
+@st.composite
+def cases(draw, min_batch: int = 1, max_batch: int = 3, max_prompt: int = 9, max_steps: int = 4):
+    n_heads, n_kv = draw(gqa_heads(max_kv=3, max_group=3))
+    B = draw(st.integers(min_batch, max_batch))
+    return Case(n_layers=draw(st.integers(1, 2)), n_heads=n_heads, n_kv_heads=n_kv,
+                head_dim=draw(st.sampled_from(HEAD_DIMS)), seed=draw(seeds),
+                prompt_lens=tuple(draw(st.lists(st.integers(1, max_prompt), min_size=B, max_size=B))),
+                steps=draw(st.integers(1, max_steps)))
+
+
+#: A batch with different prompt lengths, GQA group 3 and a non-power-of-two head dim.
+PINNED = Case(n_layers=2, n_heads=3, n_kv_heads=1, head_dim=6, seed=7, prompt_lens=(5, 2, 7), steps=3)
+
+
+def model_for(cfg: TransformerConfig, seed: int, dtype: torch.dtype, device) -> Transformer:
+    """The test model: reference weights from ``seed`` with std d_model^-1/2, in ``dtype``."""
+    return init_weights(Transformer(cfg), seed, std=cfg.d_model ** -0.5).to(device=device, dtype=dtype).eval()
+
+
+def sequences(case: Case, device):
+    """Full token sequences (B, max S + T) from the case's seed, and the padded prompt batch
+    (B, max S) whose padding holds other random ids (which must change nothing)."""
+    B, S = len(case.prompt_lens), max(case.prompt_lens)
+    full = randint(0, case.vocab, (B, S + case.steps), case.seed, device)       # (B, S + T)
+    pad = randint(0, case.vocab, (B, S), case.seed + 1, device)                 # (B, S)
+    lens = torch.tensor(case.prompt_lens, dtype=torch.int64, device=device)     # (B,)
+    is_prompt = torch.arange(S, device=device)[None, :] < lens[:, None]
+    prompt = torch.where(is_prompt, full[:, :S], pad)                           # (B, S)
+    return full, prompt, lens
+
+
+def run_engine(impl, model, case: Case, device):
+    """Prefill the padded prompts, then decode each row's continuation; return the engine and,
+    per row b, logits (S_b + T, V): prefill positions < S_b, then one row per decode step."""
+    full, prompt, lens = sequences(case, device)
+    B, T = len(case.prompt_lens), case.steps
+    engine = impl.new_engine(model, max_batch=B + 1, max_seq_len=max(case.prompt_lens) + T + CAPACITY_SLACK)
+    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
+    steps = []
+    for i in range(T):
+        nxt = full[torch.arange(B, device=device), lens + i]                    # (B,)
+        steps.append(engine.decode(nxt))                                        # (B, V)
+    per_row = [torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)]
+    return engine, per_row
+
+
+def full_forward(model, case: Case, device):
+    """The oracle: per row, the reference full forward (no cache) over its S_b + T tokens."""
+    full, _, _ = sequences(case, device)
+    with torch.no_grad():
+        return [model(full[b:b + 1, :n + case.steps])[0] for b, n in enumerate(case.prompt_lens)]
+
+
+# ---------------------------------------------------------------------------------------- KV-1
+@settings(max_examples=8)
+@example(case=PINNED)
+@given(case=cases())
+def law_prefill_then_decode_equals_full_forward(impl, dtype, device, case):
+    cfg = case.cfg()
+    model = model_for(cfg, case.seed, dtype, device)
+    _, per_row = run_engine(impl, model, case, device)
+    out = torch.cat(per_row)                                                    # (Σ(S_b + T), V)
+    out_ref = torch.cat(full_forward(model_for(cfg, case.seed, torch.float64, device), case, device))
+    out_pt = torch.cat(full_forward(model, case, device)) if dtype in HALF_DTYPES else None
+    assert_close(out, out_ref, out_pt=out_pt, what="prefill + decode logits vs full forward")
+
+
+KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_prefill_then_decode_equals_full_forward(impl, dtype, device):
+    law_prefill_then_decode_equals_full_forward(impl, dtype, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.kills(*KV1_KILLS)
+def test_prefill_then_decode_rejects(bad_impl, device):
+    expect_rejected(law_prefill_then_decode_equals_full_forward, bad_impl, torch.float64, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+def test_lecture_experiment_20_plus_30(impl, device):
+    """Lecture 001 §2.2: one 50-token sequence, prefill 20 then 30 one-token steps, float32,
+    on a model of the lecture's size (d = 128, 4 layers); the lecture measured a max logit
+    difference of 4.3e-6 against the full float32 forward (its model is trained, ours random:
+    compare the relative difference too)."""
+    cfg = TransformerConfig(vocab_size=96, d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=512,
+                            max_seq_len=64)
+    case = Case(n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, seed=2026, prompt_lens=(20,), steps=30, vocab=96)
+    model = model_for(cfg, case.seed, torch.float32, device)
+    _, (out,) = run_engine(impl, model, case, device)                            # (50, V)
+    (out_fp32,) = full_forward(model, case, device)
+    (out_ref,) = full_forward(model_for(cfg, case.seed, torch.float64, device), case, device)
+    diff = float((out.double() - out_fp32.double()).abs().max())
+    scale = float(out_ref.abs().max())
+    results.record("KV-1", measured=diff, lecture=4.3e-6, unit="max |logit difference| (fp32, 20+30 tokens)",
+                   relative=diff / scale, logit_scale=scale,
+                   max_abs_error_vs_float64=float((out.double() - out_ref).abs().max()))
+    assert_close(out, out_ref, what="20 + 30 cached logits vs float64 full forward")
+
+
+# ---------------------------------------------------------------------------------------- KV-2
+def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.Generator):
+    """generate() of the reference, with the engine's cache: same sampler, same random numbers."""
+    B, S = prompt.shape
+    engine = impl.new_engine(model, max_batch=B, max_seq_len=S + n)
+    lens = torch.full((B,), S, dtype=torch.int64, device=prompt.device)
+    logits = engine.prefill(prompt, lens)[:, -1]                                # (B, V)
+    tokens = [prompt]
+    for i in range(n):
+        nxt = sample_next(logits, temperature, gen)                             # (B,)
+        tokens.append(nxt[:, None])
+        if i + 1 < n:
+            logits = engine.decode(nxt)
+    return torch.cat(tokens, dim=1)                                             # (B, S + n)
+
+
+@settings(max_examples=6)
+@example(case=Case(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, seed=3, prompt_lens=(4, 4), steps=6),
+         temperature=1.0)
+@given(case=cases(max_steps=8), temperature=st.floats(0.25, 2.0))
+def law_same_seed_same_tokens(impl, dtype, device, case, temperature):
+    cfg = case.cfg()
+    model = model_for(cfg, case.seed, dtype, device)
+    S = case.prompt_lens[0]
+    prompt = randint(0, case.vocab, (len(case.prompt_lens), S), case.seed, device)   # (B, S)
+    out = engine_generate(impl, model, prompt, case.steps, temperature, generator(case.seed + 11, device))
+    out_ref, _ = generate(model, prompt, case.steps, temperature, generator(case.seed + 11, device))
+    assert_exact(out, out_ref, what="tokens sampled with the cache vs without")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-2")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_same_seed_same_tokens(impl, dtype, device):
+    law_same_seed_same_tokens(impl, dtype, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-2")
+@pytest.mark.kills("reads_past_length")
+def test_same_seed_same_tokens_rejects(bad_impl, device):
+    expect_rejected(law_same_seed_same_tokens, bad_impl, torch.float64, device)
+
+
+# ---------------------------------------------------------------------------------------- KV-4
+def reference_kv(model, tokens):
+    """Per layer, the reference model's keys (after RoPE) and values for ``tokens`` (1, n):
+    [(k (K, n, H), v (K, n, H))]."""
+    out = []
+    with torch.no_grad():
+        positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
+        x = model.embed(tokens)
+        for block in model.blocks:
+            _, k, v = block.attn.qkv(block.attn_norm(x), positions)
+            out.append((k[0], v[0]))
+            x = block(x, positions)
+    return out
+
+
+def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> int:
+    """Lecture 001 §2.3: 2 (k and v) × layers × KV heads × head dim × bytes per value × tokens."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * torch.empty((), dtype=dtype).element_size() * tokens
+
+
+@settings(max_examples=6)
+@example(case=PINNED)
+@given(case=cases())
+def law_cache_holds_exactly_the_tokens(impl, dtype, device, case):
+    cfg = case.cfg()
+    model = model_for(cfg, case.seed, dtype, device)
+    engine, _ = run_engine(impl, model, case, device)
+    expected_lens = torch.tensor(case.prompt_lens, dtype=torch.int64) + case.steps
+    assert_exact(engine.lengths().cpu(), expected_lens, what="lengths()")
+    n_tokens = int(expected_lens.sum())
+    assert_exact(torch.tensor(engine.cache_bytes()), torch.tensor(formula_bytes(cfg, dtype, n_tokens)),
+                 what="cache_bytes() vs 2·L·K·H·bytes·tokens")
+    full, _, _ = sequences(case, device)
+    model64 = model_for(cfg, case.seed, torch.float64, device)
+    held, outs, refs, pts = 0, [], [], []
+    for b, n in enumerate(expected_lens.tolist()):
+        ref = reference_kv(model64, full[b:b + 1, :n])
+        pt = reference_kv(model, full[b:b + 1, :n]) if dtype in HALF_DTYPES else None
+        for layer in range(cfg.n_layers):
+            k, v = engine.kv(layer, b)                                          # (K, n, H) each
+            assert_exact(torch.tensor(tuple(k.shape) + tuple(v.shape)),
+                         torch.tensor((cfg.n_kv_heads, n, cfg.hd) * 2), what=f"kv({layer}, {b}) shapes")
+            held += k.numel() * k.element_size() + v.numel() * v.element_size()
+            outs += [k.flatten(), v.flatten()]
+            refs += [ref[layer][0].flatten(), ref[layer][1].flatten()]
+            if pt is not None:
+                pts += [pt[layer][0].flatten(), pt[layer][1].flatten()]
+    assert_exact(torch.tensor(held), torch.tensor(n_tokens * formula_bytes(cfg, dtype, 1)),
+                 what="bytes of kv() views vs formula")
+    assert_close(torch.cat(outs), torch.cat(refs), out_pt=torch.cat(pts) if pts else None,
+                 what="cached K and V vs the model's")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-4")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_cache_holds_exactly_the_tokens(impl, dtype, device):
+    law_cache_holds_exactly_the_tokens(impl, dtype, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-4")
+@pytest.mark.kills("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached")
+def test_cache_holds_exactly_the_tokens_rejects(bad_impl, device):
+    expect_rejected(law_cache_holds_exactly_the_tokens, bad_impl, torch.float64, device)
+
+
+LLAMA_SHAPES = {
+    # name: (layers, query heads, KV heads, head dim, lecture figure in KiB per token)
+    "Llama-2-7B": (32, 32, 32, 128, 512),
+    "Llama-3-8B": (32, 32, 8, 128, 128),
+}
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-4")
+@pytest.mark.parametrize("name", list(LLAMA_SHAPES))
+def test_bytes_per_token_at_llama_shapes(impl, device, name):
+    """Lecture 001 §2.3 in fp16: the engine's cache for a model with Llama-2-7B's (Llama-3-8B's)
+    layers, KV heads and head dim (the rest of the model shrunk to d_model 8) holds 512 KiB
+    (128 KiB) per token, so a 128K context needs 64 GiB (16 GiB)."""
+    L, N, K, H, lecture_kib = LLAMA_SHAPES[name]
+    cfg = TransformerConfig(vocab_size=16, d_model=8, n_layers=L, n_heads=N, n_kv_heads=K, d_ff=8,
+                            max_seq_len=8, head_dim=H)
+    model = model_for(cfg, 0, torch.float16, device)
+    engine = impl.new_engine(model, max_batch=1, max_seq_len=4)
+    engine.prefill(torch.tensor([[1, 2, 3]], device=device), torch.tensor([3], device=device))
+    engine.decode(torch.tensor([4], device=device))
+    per_token = engine.cache_bytes() / 4
+    results.record("KV-4", measured=per_token / 1024, lecture=f"{lecture_kib} KiB/token ({name}, fp16)",
+                   unit="KiB per token", model=name, context_128k_GiB=per_token * 128 * 1024 / 2**30)
+    assert_exact(torch.tensor(engine.cache_bytes()), torch.tensor(formula_bytes(cfg, torch.float16, 4)),
+                 what=f"{name} cache bytes")
+
+
+# --------------------------------------------------------------------------------------- KV-10
+@settings(max_examples=5)
+@example(case=PINNED)
+@given(case=cases(min_batch=2))
+def law_batch_mates_change_nothing(impl, dtype, device, case):
+    cfg = case.cfg()
+    model = model_for(cfg, case.seed, dtype, device)
+    _, batched = run_engine(impl, model, case, device)
+    full, _, _ = sequences(case, device)
+    model64 = model_for(cfg, case.seed, torch.float64, device) if dtype in HALF_DTYPES else None
+    outs, alones, refs = [], [], []
+    for b, n in enumerate(case.prompt_lens):
+        # row b's own tokens, alone in a batch of one, without padding
+        engine = impl.new_engine(model, max_batch=1, max_seq_len=n + case.steps + CAPACITY_SLACK)
+        pre = engine.prefill(full[b:b + 1, :n], torch.tensor([n], device=device))
+        steps = [engine.decode(full[b:b + 1, n + i]) for i in range(case.steps)]
+        alones.append(torch.cat([pre[0]] + steps))                              # (n + T, V)
+        outs.append(batched[b])
+        if model64 is not None:
+            with torch.no_grad():
+                refs.append(model64(full[b:b + 1, :n + case.steps])[0])
+    out, alone = torch.cat(outs), torch.cat(alones)
+    if dtype in HALF_DTYPES:
+        assert_close(out, torch.cat(refs), out_pt=alone, what="batched logits (vs float64, alone as out_pt)")
+    else:
+        assert_close(out, alone, what="batched logits vs the same sequences decoded alone")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-10")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_batch_mates_change_nothing(impl, dtype, device):
+    law_batch_mates_change_nothing(impl, dtype, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-10")
+@pytest.mark.kills("shared_positions", "pads_cached")
+def test_batch_mates_change_nothing_rejects(bad_impl, device):
+    expect_rejected(law_batch_mates_change_nothing, bad_impl, torch.float64, device)

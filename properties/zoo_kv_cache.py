@@ -1,0 +1,91 @@
+"""Known-bad KV-cache engines (the bug zoo of the ``kv_cache`` contract).
+
+Each is the PyTorch engine with one classic mistake; the laws in
+:mod:`properties.test_kv_cache` must reject every one (each law names the ones it kills in
+``@pytest.mark.kills``).
+
+- ``drop_oldest``: a bounded cache that evicts the oldest token at every decode step, so
+  decoded tokens no longer see the start of the prompt (and the cache stops growing).
+- ``no_rope_offset``: the decoded token is rotated at RoPE position 0 instead of its own
+  position (the offset of the cached prefix is forgotten).
+- ``reads_past_length``: decode attends over the whole capacity, unwritten slots included.
+- ``shared_positions``: batched decode uses one length for every sequence (the longest): the
+  RoPE position, the write slot and the attention span of shorter sequences are wrong.
+- ``pads_cached``: prefill caches the padding of shorter prompts as if it were prompt tokens.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from optimized.engine import KVCacheEngine
+
+
+class _DropOldest(KVCacheEngine):
+    def _prefill(self, tokens, lengths, host_lengths):
+        out = super()._prefill(tokens, lengths, host_lengths)
+        self._first = torch.zeros_like(lengths)  # (B,) oldest slot still kept
+        self._host_first = torch.zeros_like(host_lengths)
+        return out
+
+    def _visible(self, new_lengths, span):
+        pos = torch.arange(span, device=self.device)[None, :]
+        return (pos < new_lengths[:, None]) & (pos >= self._first[:, None] + 1)
+
+    def _decode(self, next_tokens):
+        out = super()._decode(next_tokens)
+        self._first = self._first + 1
+        self._host_first = self._host_first + 1
+        return out
+
+    def cache_bytes(self):
+        kept = self.cache.host_lengths[:self.batch] - self._host_first
+        return self.cache.bytes_per_token() * int(kept.sum())
+
+    def kv(self, layer, seq):
+        k, v = super().kv(layer, seq)
+        first = int(self._host_first[seq])
+        return k[:, first:], v[:, first:]
+
+
+class _NoRopeOffset(KVCacheEngine):
+    def _decode_positions(self, lengths):
+        return torch.zeros_like(lengths)
+
+
+class _ReadsPastLength(KVCacheEngine):
+    def _span(self, host_new_lengths):
+        return self.cache.max_seq_len
+
+    def _visible(self, new_lengths, span):
+        return torch.ones(new_lengths.shape[0], span, dtype=torch.bool, device=self.device)
+
+
+class _SharedPositions(KVCacheEngine):
+    def _decode_positions(self, lengths):
+        return torch.full_like(lengths, int(lengths.max()))
+
+    def _write_slots(self, lengths):
+        return torch.full_like(lengths, int(lengths.max()))
+
+    def _visible(self, new_lengths, span):
+        return super()._visible(torch.full_like(new_lengths, int(new_lengths.max())), span)
+
+
+class _PadsCached(KVCacheEngine):
+    def _prefill(self, tokens, lengths, host_lengths):
+        B, S = tokens.shape
+        return super()._prefill(tokens, torch.full_like(lengths, S), torch.full_like(host_lengths, S))
+
+
+def _ns(cls):
+    return SimpleNamespace(new_engine=lambda model, max_batch, max_seq_len: cls(model, max_batch, max_seq_len,
+                                                                                  append="torch"))
+
+
+DROP_OLDEST = _ns(_DropOldest)
+NO_ROPE_OFFSET = _ns(_NoRopeOffset)
+READS_PAST_LENGTH = _ns(_ReadsPastLength)
+SHARED_POSITIONS = _ns(_SharedPositions)
+PADS_CACHED = _ns(_PadsCached)
