@@ -36,11 +36,11 @@ sizes = st.integers(1, 4096)
 small = st.integers(1, 64)
 
 
-def _flops_of(fn) -> int:
-    """FLOPs torch's own counter attributes to ``fn()`` (matmul-family ops)."""
+def _flops_of(fn):
+    """(FLOPs torch's own counter attributes to ``fn()`` (matmul-family ops), fn's result)."""
     with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
+        out = fn()
+    return counter.get_total_flops(), out
 
 
 def _nbytes(*tensors: torch.Tensor) -> int:
@@ -61,9 +61,9 @@ def _randn(shape, seed, dtype):
 @given(B=small, D=small, F=small, dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
 def test_matmul_counts_match_tensors(B, D, F, dtype):
     x, w = _randn((B, D), 0, dtype), _randn((D, F), 1, dtype)
-    y = x @ w                                                  # (B, F)
+    flops, y = _flops_of(lambda: x @ w)                        # y: (B, F)
     counted = rl.count_matmul(x.shape, w.shape, dtype)
-    assert_exact(counted.flops, _flops_of(lambda: x @ w), what="matmul FLOPs vs FlopCounterMode")
+    assert_exact(counted.flops, flops, what="matmul FLOPs vs FlopCounterMode")
     assert_exact(counted.bytes, _nbytes(x, w, y), what="matmul bytes vs tensor sizes")
     assert_exact(counted.flops, 2 * B * D * F, what="2BDF")
     assert_scalar(counted.intensity, rl.matmul_intensity(B, D, F, x.element_size()), rel=1e-12,
@@ -108,11 +108,11 @@ def test_gated_mlp_counts_match_tensors(B, T, D, F):
     def mlp():
         u = x @ w_up                                           # (B, T, F)
         g = x @ w_gate                                         # (B, T, F)
-        return (torch.nn.functional.silu(g) * u) @ w_down      # (B, T, D)
+        return u, g, (torch.nn.functional.silu(g) * u) @ w_down  # y: (B, T, D)
 
-    u, g, y = x @ w_up, x @ w_gate, mlp()
+    flops, (u, g, y) = _flops_of(mlp)
     counted = rl.count_gated_mlp(x.shape, F, dtype)
-    assert_exact(counted.flops, _flops_of(mlp), what="gated MLP FLOPs vs FlopCounterMode")
+    assert_exact(counted.flops, flops, what="gated MLP FLOPs vs FlopCounterMode")
     # CS336's accounting: read X, W_up, W_gate, W_down; write U, G, Y.
     assert_exact(counted.bytes, _nbytes(x, w_up, w_gate, w_down, u, g, y), what="gated MLP bytes")
     lecture_form = 6 * B * T * D * F / (4 * B * T * D + 4 * B * T * F + 6 * D * F)
@@ -142,9 +142,9 @@ def test_attention_counts_match_tensors(B, S, T, D):
         scores = q @ k.transpose(-1, -2)                       # (B, T, S), stays on chip
         return torch.softmax(scores.float(), dim=-1).to(dtype) @ v  # (B, T, D)
 
-    y = attn()
+    flops, y = _flops_of(attn)
     counted = rl.count_attention(q.shape, k.shape, dtype)
-    assert_exact(counted.flops, _flops_of(attn), what="attention FLOPs vs FlopCounterMode")
+    assert_exact(counted.flops, flops, what="attention FLOPs vs FlopCounterMode")
     assert_exact(counted.bytes, _nbytes(q, k, v, y), what="attention bytes (scores not stored)")
     assert_scalar(counted.intensity, S * T / (S + T), rel=1e-12, what="ST/(S+T)")
 
