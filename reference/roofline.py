@@ -395,8 +395,9 @@ def decode_flops(m: ModelShape, B: int, include_attention: bool = False) -> int:
 
 def roofline_latency_s(m: ModelShape, B: int, acc: Accelerator, include_attention: bool = True) -> float:
     """max(memory / bandwidth, decode FLOPs / peak): the roofline version of :func:`latency_s`
-    (not the lecture's formula). For Llama 2 13B on an H100 the memory term wins at every B:
-    each sequence adds 250 us of KV reading but only 27 us of compute."""
+    (not the lecture's formula). For Llama 2 13B on an H100 at S = 1024 the memory term wins at
+    every B: each sequence adds 250 us of KV reading but only 27 us of compute; with contexts
+    shorter than about 110 tokens, compute wins at large B."""
     return max(latency_s(m, B, acc.bandwidth), decode_flops(m, B, include_attention) / acc.peak_flops)
 
 
