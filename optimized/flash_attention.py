@@ -266,18 +266,18 @@ SPLIT_MAX_TQ = 16
 SPLIT_MIN_TK = 1024
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
-              num_splits: int | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+              scale: float) -> torch.Tensor:
     """The "triton" implementation of the attention contract.
 
     q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype. Decoding-shaped
-    calls (Tq <= 16, Tk >= 1024) and calls with ``num_splits`` go to the split-KV kernel
+    calls (Tq <= 16, Tk >= 1024) go to the split-KV kernel
     (:func:`optimized.flash_decoding.flash_decoding`); the rest to :func:`flash_attention`.
     Raises as the contract's ``validate`` does.
     """
     shape = validate(q, k, v, causal, scale)
-    if num_splits is not None or (shape.Tq <= SPLIT_MAX_TQ and shape.Tk >= SPLIT_MIN_TK):
+    if shape.Tq <= SPLIT_MAX_TQ and shape.Tk >= SPLIT_MIN_TK:
         from optimized.flash_decoding import flash_decoding
 
-        return flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
+        return flash_decoding(q, k, v, causal=causal, scale=scale)
     return flash_attention(q, k, v, causal=causal, scale=scale)

@@ -125,7 +125,7 @@ def _merge_kernel(OP_ptr, LSE_ptr, O_ptr,
 
 
 #: Default number of splits under the interpreter (enough to exercise the merge, few programs).
-INTERPRET_SPLITS = 3
+INTERPRET_SPLITS = 2
 #: Fewest keys per split that the automatic choice allows on GPU.
 MIN_KEYS_PER_SPLIT = 256
 
