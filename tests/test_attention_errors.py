@@ -1,0 +1,90 @@
+"""Bad input to every built-in attention implementation: a clear TypeError / ValueError that
+names the argument, raised on the host before any kernel runs."""
+import math
+
+import pytest
+import torch
+
+from conformance import registry
+
+
+def _impls():
+    return [pytest.param(i, id=i.name, marks=[pytest.mark.skip(reason=i.unavailable)] if i.unavailable else [])
+            for i in registry.builtins("attention", "cpu")]
+
+
+def _qkv(B=1, Hq=4, Hkv=2, Tq=3, Tk=5, D=8, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(B, Hq, Tq, D, generator=g).to(dtype), torch.randn(B, Hkv, Tk, D, generator=g).to(dtype),
+            torch.randn(B, Hkv, Tk, D, generator=g).to(dtype))
+
+
+def _bad_cases():
+    q, k, v = _qkv()
+    return [
+        ("q not a tensor", (q.tolist(), k, v), {}, TypeError, r"\bq\b.*torch\.Tensor"),
+        ("k with 3 dims", (q, k[0], v), {}, ValueError, r"\bk\b.*4 dimensions"),
+        ("integer dtype", (q.long(), k.long(), v.long()), {}, TypeError, r"\bq\b.*dtype"),
+        ("mixed dtypes", (q, k.double(), v), {}, TypeError, r"one dtype"),
+        ("k, v shapes differ", (q, k, v[:, :, :4]), {}, ValueError, r"\bk\b and \bv\b.*same shape"),
+        ("batch differs", (q, torch.cat([k, k]), torch.cat([v, v])), {}, ValueError, r"batch"),
+        ("head dim differs", (q, k[..., :4], v[..., :4]), {}, ValueError, r"head dim"),
+        ("Hq not a multiple of Hkv", _qkv(Hq=3, Hkv=2), {}, ValueError, r"multiple"),
+        ("D = 257", _qkv(D=257), {}, ValueError, r"head dim D.*1\.\.256"),
+        ("Tq = 0", _qkv(Tq=0), {}, ValueError, r"Tq"),
+        ("Tk = 0", _qkv(Tk=0), {"causal": False}, ValueError, r"Tk"),
+        ("causal not a bool", (q, k, v), {"causal": 1}, TypeError, r"causal"),
+        ("scale a string", (q, k, v), {"scale": "0.3"}, TypeError, r"scale"),
+        ("scale a bool", (q, k, v), {"scale": True}, TypeError, r"scale"),
+        ("scale nan", (q, k, v), {"scale": math.nan}, ValueError, r"scale"),
+        ("causal with Tq > Tk", _qkv(Tq=6, Tk=5), {"causal": True}, ValueError, r"Tq <= Tk"),
+        ("k on another device", (q, k.to("meta"), v), {}, ValueError, r"one device"),
+    ]
+
+
+@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("name,args,kwargs,exc,match", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_bad_input_raises_naming_the_argument(impl, name, args, kwargs, exc, match):
+    kw = {"causal": False, "scale": 0.3, **kwargs}
+    with pytest.raises(exc, match=match):
+        impl(*args, **kw)
+
+
+def test_triton_rejects_bad_tile_sizes():
+    fa = pytest.importorskip("optimized.flash_attention")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="block_m.*power of two"):
+        fa.flash_attention(q, k, v, causal=False, scale=0.3, block_m=24)
+    with pytest.raises(ValueError, match="block_n.*>= 16"):
+        fa.flash_attention(q, k, v, causal=False, scale=0.3, block_n=8)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_split_kv_rejects_bad_num_splits(bad):
+    fd = pytest.importorskip("optimized.flash_decoding")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="num_splits"):
+        fd.flash_decoding(q, k, v, causal=False, scale=0.3, num_splits=bad)
+
+
+def test_triton_needs_cuda_tensors_without_the_interpreter(monkeypatch):
+    fa = pytest.importorskip("optimized.flash_attention")
+    fd = pytest.importorskip("optimized.flash_decoding")
+    monkeypatch.setattr(fa, "triton_interpreted", lambda: False)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="q is on cpu.*CUDA"):
+        fa.flash_attention(q, k, v, causal=False, scale=0.3)
+    with pytest.raises(ValueError, match="q is on cpu.*CUDA"):
+        fd.flash_decoding(q, k, v, causal=False, scale=0.3)
+
+
+def test_reference_blocked_rejects_bad_blocks():
+    from reference.attention import blocked_attention, online_softmax, split_kv_attention
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="block sizes"):
+        blocked_attention(q, k, v, causal=False, scale=0.3, block_k=0)
+    with pytest.raises(ValueError, match="num_splits"):
+        split_kv_attention(q, k, v, causal=False, scale=0.3, num_splits=0)
+    with pytest.raises(ValueError, match="chunks"):
+        online_softmax(torch.zeros(5), [2, 2])

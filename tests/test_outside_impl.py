@@ -1,0 +1,33 @@
+"""An outside implementation is checked with no change to the suite: `--impl` on the command
+line, exit status 0 when it conforms and non-zero when it does not (examples/my_attention.py)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_attention_properties(target: str, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]),
+               CI="true", HYPOTHESIS_PROFILE="ci")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/test_attention.py", "--impl", f"attention={target}", *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_outside_attention_that_conforms_exits_zero():
+    proc = _run_attention_properties("my_attention:attention")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "passed" in out and "my_attention:attention" in out, out[-4000:]
+
+
+def test_wrong_outside_attention_exits_nonzero():
+    proc = _run_attention_properties("my_attention:wrong_attention", "-x")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "test_fa3_matches_float64_reference" in out and "failed" in out, out[-4000:]
