@@ -1,0 +1,166 @@
+"""Attention timings: prefill (Triton FlashAttention vs standard attention vs PyTorch SDPA) and
+decode (split-KV vs unsplit Triton kernels, SDPA, standard attention).
+
+Each test times its backend and, in the same run, PyTorch's ``scaled_dot_product_attention``
+(and for Triton decode the unsplit kernel) with ``time.perf_counter`` medians, the device
+synchronised, so the ratios are recorded even when pytest-benchmark is disabled (the default
+run); the ``benchmark`` fixture times the backend for the history. extra_info carries the
+median latency, TFLOP/s (4·B·H·Tq·Tk·D, halved when causal: ``flops`` per call), the ratio to
+SDPA and the claim id. On the CPU, Triton rows are skipped (the interpreter is for correctness,
+its timings mean nothing) and the others run small.
+
+Goals for the report (not asserted): prefill bf16, head dim 128, T >= 1k: Triton >= 1.0x SDPA;
+decode with B·H <= 32 and Tk >= 16k: split-KV >= 3x the unsplit kernel (claim FA-7). Lecture
+001 §3.4: FlashAttention measured 2-4x faster than standard attention (claim FA-4's context).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from conformance import registry, results
+from conformance.contracts.attention import flops
+from properties.strategies import randn
+from reference.attention import attention_naive
+
+BACKENDS = ("naive", "torch", "triton")
+#: Prefill lengths: GPU (the FlashAttention papers' range) and CPU (small, CI smoke).
+PREFILL_T = {"cuda": (512, 1024, 2048, 4096, 8192, 16384), "cpu": (128, 512)}
+#: Standard attention materialises B·H·T² scores: skip it past this many score bytes.
+NAIVE_MAX_SCORE_BYTES = 8 * 2 ** 30
+DECODE_TK = {"cuda": (4096, 16384, 65536), "cpu": (2048,)}
+DECODE_BH = {"cuda": ((1, 8), (1, 32), (8, 32)), "cpu": ((1, 8),)}
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_seconds(fn, device, repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after one warm-up (compile, autotune)."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _attention_fn(backend: str, device: str):
+    if backend == "naive":
+        return attention_naive
+    if backend.startswith("triton") and device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
+    impl = {i.name: i for i in registry.builtins("attention", device)}[backend]
+    if impl.unavailable:
+        pytest.skip(impl.unavailable)
+    return impl
+
+
+def _inputs(B, H, Tq, Tk, D, dtype, device):
+    q = randn((B, H, Tq, D), 1, dtype=dtype, device=device)
+    k = randn((B, H, Tk, D), 2, dtype=dtype, device=device)
+    v = randn((B, H, Tk, D), 3, dtype=dtype, device=device)
+    return q, k, v
+
+
+def pytest_generate_tests(metafunc):
+    """Sizes per device (chosen by --device, known only after the plugin's configure)."""
+    from conformance.device import current_device
+
+    device = current_device()
+    name = metafunc.definition.name
+    if name == "test_bench_prefill":
+        metafunc.parametrize("T", PREFILL_T[device])
+    elif name == "test_bench_decode":
+        metafunc.parametrize("Tk", DECODE_TK[device])
+        metafunc.parametrize("BH", DECODE_BH[device], ids=[f"B{b}H{h}" for b, h in DECODE_BH[device]])
+
+
+def _dtype(device):
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+# ----------------------------------------------------------------------------------- prefill
+@pytest.mark.claim("FA-4")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bench_prefill(benchmark, device, backend, T, D, causal):
+    fn = _attention_fn(backend, device)
+    dtype = _dtype(device)
+    # the FlashAttention papers' setting: 16k tokens per batch, hidden 2048 (CPU: one small batch)
+    B, H = (max(1, 16384 // T), 2048 // D) if device == "cuda" else (1, 4)
+    if backend == "naive" and B * H * T * T * dtype.itemsize > NAIVE_MAX_SCORE_BYTES:
+        pytest.skip(f"standard attention would materialise {B * H * T * T * dtype.itemsize / 2 ** 30:.0f} GiB of scores")
+    q, k, v = _inputs(B, H, T, T, D, dtype, device)
+    scale = D ** -0.5
+    sdpa = _attention_fn("torch", device)
+    repeats = 3 if benchmark.disabled else 10
+
+    def run():
+        return fn(q, k, v, causal=causal, scale=scale)
+
+    t = median_seconds(run, device, repeats)
+    t_sdpa = t if backend == "torch" else median_seconds(lambda: sdpa(q, k, v, causal=causal, scale=scale),
+                                                           device, repeats)
+    f = flops(B, H, T, T, D, causal)
+    info = dict(claim="FA-4", technique="attention", backend=backend, device=device, dtype=str(dtype).replace("torch.", ""),
+                B=B, H=H, T=T, D=D, causal=causal, flops=f, median_s=t, tflops=f / t / 1e12,
+                sdpa_median_s=t_sdpa, speed_vs_sdpa=t_sdpa / t)
+    if backend == "triton" and device == "cuda":
+        info["goal"] = "bf16, D=128, T>=1k: speed_vs_sdpa >= 1.0" if D == 128 and T >= 1024 else ""
+    benchmark.extra_info.update(info)
+    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+    if backend == "triton":
+        results.record("FA-4", measured=round(t_sdpa / t, 3), lecture="FlashAttention 2-4x faster than standard",
+                       unit="speed relative to PyTorch SDPA (same run)",
+                       rule=f"prefill {dtype}, B={B}, H={H}, T={T}, D={D}, causal={causal}",
+                       tflops=f / t / 1e12, sdpa_tflops=f / t_sdpa / 1e12)
+
+
+# ------------------------------------------------------------------------------------ decode
+@pytest.mark.claim("FA-7")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bench_decode(benchmark, device, backend, Tk, BH):
+    """One query token over a cache of Tk keys (Tq = 1). The Triton backend dispatches to the
+    split-KV kernel; the unsplit FlashAttention kernel is timed in the same run for the ratio."""
+    fn = _attention_fn(backend, device)
+    dtype, D = _dtype(device), 128
+    B, H = BH
+    q, k, v = _inputs(B, H, 1, Tk, D, dtype, device)
+    scale = D ** -0.5
+    sdpa = _attention_fn("torch", device)
+    repeats = 5 if benchmark.disabled else 50
+
+    def run():
+        return fn(q, k, v, causal=True, scale=scale)
+
+    t = median_seconds(run, device, repeats)
+    t_sdpa = t if backend == "torch" else median_seconds(lambda: sdpa(q, k, v, causal=True, scale=scale),
+                                                           device, repeats)
+    f = flops(B, H, 1, Tk, D, False)
+    kv_bytes = 2 * B * H * Tk * D * dtype.itemsize
+    info = dict(claim="FA-7", technique="attention", backend=backend, device=device,
+                dtype=str(dtype).replace("torch.", ""), B=B, H=H, Tq=1, Tk=Tk, D=D, flops=f, bytes=kv_bytes,
+                median_s=t, tflops=f / t / 1e12, gbytes_per_s=kv_bytes / t / 1e9, sdpa_median_s=t_sdpa,
+                speed_vs_sdpa=t_sdpa / t)
+    if backend == "triton":
+        from optimized.flash_attention import flash_attention
+
+        t_unsplit = median_seconds(lambda: flash_attention(q, k, v, causal=True, scale=scale), device, repeats)
+        info.update(unsplit_median_s=t_unsplit, split_speedup=t_unsplit / t,
+                    goal="B·H <= 32, Tk >= 16k: split_speedup >= 3" if B * H <= 32 and Tk >= 16384 else "")
+        results.record("FA-7", measured=round(t_unsplit / t, 3), lecture="split-KV faster than unsplit when B·H is small",
+                       unit="unsplit / split-KV latency (same run)", rule=f"decode {dtype}, B={B}, H={H}, Tk={Tk}, D={D}",
+                       split_ms=1e3 * t, unsplit_ms=1e3 * t_unsplit, sdpa_ms=1e3 * t_sdpa)
+    benchmark.extra_info.update(info)
+    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
