@@ -22,7 +22,13 @@ class Contract:
     ``functions``: names of the callables an implementation must provide; a plain function is
     accepted for a one-function contract. ``builtins``: name -> "module:attr". ``requires``:
     name -> set of devices the built-in runs on (default: every device). ``zoo``: name ->
-    "module:attr" of known-bad implementations each law must reject.
+    "module:attr" of known-bad implementations each law must reject. ``cases`` (optional):
+    "module:attr" of a function ``cases(seed: int, device: str) -> list[tuple[tuple, dict]]``
+    giving small valid ``(args, kwargs)`` for the contract's main function, inputs of real
+    magnitude included; a contract that sets it gets the generic checks of
+    ``properties/test_contract_generic.py`` for every implementation (inputs not mutated, output
+    fully written, repeatable results). A kwarg ``out`` that is a tensor is an output buffer the
+    contract hands over: the generic checks pre-fill it with NaN.
     """
 
     technique: str
@@ -31,6 +37,7 @@ class Contract:
     builtins: Mapping[str, str] = field(default_factory=dict)
     requires: Mapping[str, frozenset[str]] = field(default_factory=dict)
     zoo: Mapping[str, str] = field(default_factory=dict)
+    cases: str = ""
 
 
 @dataclass
@@ -136,6 +143,14 @@ def zoo(technique: str) -> list[Implementation]:
     """The known-bad implementations every law of ``technique`` must reject."""
     c = contract(technique)
     return [load(technique, n, t, "zoo") for n, t in c.zoo.items()]
+
+
+def cases(technique: str, seed: int, device: str) -> list[tuple[tuple, dict]]:
+    """The contract's small valid calls (``Contract.cases``); [] when the contract sets none."""
+    c = contract(technique)
+    if not c.cases:
+        return []
+    return list(_resolve(c.cases)(seed, device))
 
 
 def parse_impl_option(values: list[str]) -> dict[str, list[tuple[str, str]]]:

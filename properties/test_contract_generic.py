@@ -1,0 +1,173 @@
+"""Checks every contract gets, for every implementation, from the contract's own ``cases``.
+
+A contract that sets ``Contract.cases`` ("module:attr" of ``cases(seed, device) -> [(args,
+kwargs)]``, small valid calls of its main function with inputs of real magnitude) gets, for every
+registered implementation (or the ``--impl`` ones):
+
+- ``test_inputs_not_mutated``: every tensor argument is bit-for-bit unchanged by the call (an
+  ``out`` buffer excepted);
+- ``test_output_fully_written``: with an ``out`` buffer, pre-filled with NaN, every element is
+  written; otherwise the output is finite wherever the oracle's is (the oracle is the built-in
+  named ``reference``, else the first available built-in);
+- ``test_repeatable``: two calls on the same inputs give bit-identical results.
+
+An implementation that raises ``NotImplementedError`` for a case is "unsupported" for it, never a
+pass; a crash or hang of an outside implementation fails its own test (``--impl-timeout``,
+pytest-xdist), never the whole run. The checks are plain functions (``check_*``) so the suite's
+tests show each one rejects a known-bad function.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from conformance import plugin, registry, tolerance
+
+
+def _tensors(x: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor inside ``x`` (tensors, tuples, lists, dicts, dataclasses), with its path."""
+    if isinstance(x, torch.Tensor):
+        return [(path, x)]
+    if isinstance(x, (tuple, list)):
+        return [t for i, v in enumerate(x) for t in _tensors(v, f"{path}[{i}]")]
+    if isinstance(x, dict):
+        return [t for k, v in x.items() for t in _tensors(v, f"{path}[{k!r}]")]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [t for f in dataclasses.fields(x) for t in _tensors(getattr(x, f.name), f"{path}.{f.name}")]
+    return []
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, tuple):
+        return tuple(_clone(v) for v in x)
+    if isinstance(x, list):
+        return [_clone(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _call(fn, args, kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as exc:
+        pytest.skip(f"unsupported: {exc}")
+
+
+def check_inputs_not_mutated(fn, args: tuple, kwargs: dict) -> None:
+    """Call ``fn`` and assert every tensor argument (``out`` excepted) is unchanged."""
+    kw_in = {k: v for k, v in kwargs.items() if k != "out"}
+    before = _tensors((args, kw_in), "input")
+    saved = [(p, t.clone()) for p, t in before]
+    _call(fn, args, kwargs)
+    for (p, t), (_, t0) in zip(before, saved):
+        tolerance.assert_exact(t, t0, what=f"{p} after the call (inputs must not be mutated)")
+
+
+def check_output_fully_written(fn, args: tuple, kwargs: dict, oracle=None) -> None:
+    """With an ``out`` buffer: pre-fill it with NaN, call, assert no NaN is left where the
+    oracle's output is finite (everywhere without an oracle). Without one: the output is finite
+    wherever the oracle's is."""
+    out_buf = kwargs.get("out")
+    if isinstance(out_buf, torch.Tensor) and out_buf.is_floating_point():
+        out_buf.fill_(float("nan"))
+        result = _call(fn, args, kwargs)
+        produced = [("out", out_buf)]
+    else:
+        result = _call(fn, args, kwargs)
+        produced = _tensors(result)
+    expected = _tensors(oracle(*_clone(args), **_clone(kwargs))) if oracle is not None else []
+    if not produced:
+        return
+    for i, (p, t) in enumerate(produced):
+        if not t.is_floating_point():
+            continue
+        finite = torch.isfinite(t.detach()).cpu()
+        if i < len(expected) and expected[i][1].shape == t.shape:
+            want = torch.isfinite(expected[i][1].detach()).cpu()
+        else:
+            want = torch.ones_like(finite)
+        missing = want & ~finite
+        tolerance.assert_exact(missing.sum(), torch.tensor(0),
+                               what=f"{p}: elements not written or not finite where the oracle's are")
+
+
+def check_repeatable(fn, args: tuple, kwargs: dict) -> None:
+    """Two calls on identical inputs give bit-identical results."""
+    a = _call(fn, *_fresh(args, kwargs))
+    b = _call(fn, *_fresh(args, kwargs))
+    if isinstance(kwargs.get("out"), torch.Tensor):
+        return  # results compared through the returned values when there are some
+    ta, tb = _tensors(a), _tensors(b)
+    assert len(ta) == len(tb), f"the two calls returned {len(ta)} and {len(tb)} tensors"
+    for (p, x), (_, y) in zip(ta, tb):
+        tolerance.assert_exact(x, y, what=f"{p} of a repeated call (results must be repeatable)")
+    if not ta:
+        assert a == b, f"a repeated call returned {b!r} instead of {a!r}"
+
+
+def _fresh(args, kwargs):
+    args, kwargs = _clone(args), _clone(kwargs)
+    if isinstance(kwargs.get("out"), torch.Tensor):
+        kwargs["out"].fill_(float("nan"))
+    return args, kwargs
+
+
+def _contracts_with_cases() -> list[str]:
+    return sorted(t for t, c in registry.contracts().items() if c.cases)
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("technique"):
+        return
+    device = plugin._STATE.get("device") or "cpu"
+    params = []
+    for t in _contracts_with_cases():
+        outside = plugin._STATE["outside"].get(t)
+        impls = outside if outside else registry.builtins(t, device)
+        for i in impls:
+            marks = [pytest.mark.technique(t)]
+            if i.unavailable:
+                marks.append(pytest.mark.skip(reason=i.unavailable))
+            params.append(pytest.param(i, id=f"{t}-{i.name}", marks=marks))
+    if not params:
+        params = [pytest.param(None, id="none", marks=pytest.mark.skip(reason="no contract sets `cases` yet"))]
+    metafunc.parametrize("impl", params)
+
+
+_ORACLES: dict[str, Any] = {}
+
+
+def _oracle(technique: str, device: str):
+    if technique not in _ORACLES:
+        impls = [i for i in registry.builtins(technique, device) if not i.unavailable]
+        ref = next((i for i in impls if i.name == "reference"), impls[0] if impls else None)
+        _ORACLES[technique] = ref
+    return _ORACLES[technique]
+
+
+def _cases(impl, device):
+    calls = registry.cases(impl.technique, 0, device)
+    assert calls, f"{impl.technique}: Contract.cases returned no calls"
+    return calls
+
+
+def test_inputs_not_mutated(impl, device):
+    for args, kwargs in _cases(impl, device):
+        check_inputs_not_mutated(impl, args, kwargs)
+
+
+def test_output_fully_written(impl, device):
+    oracle = _oracle(impl.technique, device)
+    for args, kwargs in _cases(impl, device):
+        check_output_fully_written(impl, args, kwargs, oracle=None if oracle is None or (oracle.name, oracle.origin) == (impl.name, impl.origin) else oracle)
+
+
+def test_repeatable(impl, device):
+    for args, kwargs in _cases(impl, device):
+        check_repeatable(impl, args, kwargs)

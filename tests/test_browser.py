@@ -1,0 +1,78 @@
+"""The HTML report, checked in a real browser: headless Chromium loads index.html from disk
+(no server) and the summary, every claim row and every plot render. Built from a small
+synthetic rows folder so the test is fast; the screenshot is kept in reports/out/ as an artifact.
+Skipped (with the reason) when Chromium is absent, except in CI, where `.ci/run` installs it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reports.ledger import claims
+from tests.test_report import build_synthetic
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        p = shutil.which(name)
+        if p:
+            return p
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = chromium()
+    if exe is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("Chromium is not installed (CI installs it in .ci/run: apt-get install chromium)")
+        pytest.skip("Chromium is not installed (apt-get install chromium); the HTML report is not checked in a browser")
+    return exe
+
+
+def _run(exe: str, tmp: Path, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    profile = tmp / "profile"
+    profile.mkdir(exist_ok=True)
+    cmd = [exe, *FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser")
+    return tmp, build_synthetic(tmp) / "index.html"
+
+
+def test_summary_claims_and_plots_render(browser, page):
+    tmp, index = page
+    r = _run(browser, tmp, "--virtual-time-budget=5000", "--dump-dom", index.as_uri())
+    dom = r.stdout
+    assert r.returncode == 0 and "<body" in dom, r.stderr[-2000:]
+    assert 'id="summary"' in dom and "claims checked" in dom
+    for key in ("checked", "holding", "failing", "not_measured"):
+        assert re.search(rf'data-count="{key}"><div class="n">\d+</div>', dom), key
+    ids = re.findall(r'<tr class="claim[^"]*" id="claim-([A-Z]{2}-\d+)"', dom)
+    assert ids == [c.id for c in claims()]
+    imgs = re.findall(r'<img [^>]*class="plot"[^>]*>', dom)
+    assert len(imgs) >= 4, "the synthetic run has data for the roofline, batch, NLL and history plots"
+    assert all('data-rendered="yes"' in i for i in imgs), [i for i in imgs if 'data-rendered="yes"' not in i]
+    m = re.search(r'data-plots-rendered="(\d+)/(\d+)"', dom)
+    assert m and m.group(1) == m.group(2) == str(len(imgs))
+    assert re.search(r'data-claim-rows="(\d+)"', dom).group(1) == str(len(claims()))
+
+
+def test_screenshot_artifact(browser, page):
+    tmp, index = page
+    shot = ROOT / "reports" / "out" / "browser-screenshot.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    r = _run(browser, tmp, "--window-size=1280,2400", f"--screenshot={shot}", index.as_uri())
+    assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000, r.stderr[-2000:]

@@ -1,0 +1,102 @@
+"""The regression gate's decision rule on synthetic samples: a clear 15% slowdown fails, a 2%
+one passes, a too-noisy run warns, a clear improvement asks for a baseline update; and the
+command compares a run with the latest entry of its device's series."""
+from __future__ import annotations
+
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+from reports import gate, history
+
+
+def _samples(median: float, spread: float, n: int = 40, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return median * np.exp(rng.normal(0.0, spread, n))
+
+
+BASE = _samples(1e-3, 0.02, seed=1)
+
+
+def test_clear_15_percent_slowdown_fails():
+    d = gate.compare(BASE, _samples(1.15e-3, 0.02, seed=2))
+    assert d.status == "regression", d
+    assert d.ratio == pytest.approx(1.15, rel=0.03) and d.p_slower < 0.01
+
+
+def test_2_percent_slowdown_passes():
+    d = gate.compare(BASE, _samples(1.02e-3, 0.02, seed=3))
+    assert d.status == "ok", d
+
+
+def test_too_noisy_run_warns_instead_of_deciding():
+    d = gate.compare(BASE, _samples(1.15e-3, 0.6, seed=4))
+    assert d.status == "noisy", d
+    assert d.ci_high - d.ci_low > 0.10
+
+
+def test_few_rounds_beyond_threshold_cannot_be_significant():
+    d = gate.compare(_samples(1e-3, 0.001, n=3, seed=5), _samples(1.3e-3, 0.001, n=3, seed=6))
+    assert d.status == "noisy", d
+
+
+def test_clear_improvement_asks_for_baseline_update():
+    d = gate.compare(BASE, _samples(0.8e-3, 0.02, seed=7))
+    assert d.status == "improvement" and "update the baseline" in d.reason
+
+
+def test_threshold_and_alpha_are_configurable():
+    run = _samples(1.15e-3, 0.02, seed=2)
+    assert gate.compare(BASE, run, threshold=0.20).status == "ok"
+    assert gate.compare(BASE, _samples(1.06e-3, 0.02, seed=8), threshold=0.03).status == "regression"
+
+
+def test_rejects_empty_or_nonpositive_samples():
+    with pytest.raises(ValueError, match="empty"):
+        gate.compare([], [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        gate.compare([1.0, 0.0], [1.0])
+
+
+def _entry(date: str, commit: str, medians: dict[str, float], spread: float = 0.02) -> dict:
+    fp = {"device": "cpu", "cpu": "Gate Test CPU", "gpu": None, "date": date, "commit": commit, "dirty": False}
+    recs = []
+    for i, (name, m) in enumerate(medians.items()):
+        data = [float(x) for x in _samples(m, spread, seed=zlib.crc32(f"{date}{name}".encode()) % 1000 + i)]
+        recs.append({"name": name, "fullname": f"benchmarks/bench_x.py::{name}", "technique": "x",
+                     "extra_info": {}, "stats": {"median": float(np.median(data)), "rounds": len(data)},
+                     "data": data})
+    return history.make_entry(fp, recs, {"copy_bytes_per_s": 1e10})
+
+
+def test_command_compares_with_latest_entry_of_the_series(tmp_path, capsys):
+    h = tmp_path / "history"
+    old = history.append(_entry("2026-01-01T00:00:00Z", "a" * 40, {"t1": 1e-3, "t2": 2e-3}), h)
+    base = history.append(_entry("2026-01-02T00:00:00Z", "b" * 40, {"t1": 1e-3, "t2": 2e-3}), h)
+    assert old.parent == base.parent and base.parent.name == "cpu-gate-test"
+    ok = history.append(_entry("2026-01-03T00:00:00Z", "c" * 40, {"t1": 1.01e-3, "t2": 2e-3, "t3": 1e-3}), h)
+    assert gate.main([str(ok), "--history", str(h)]) == 0
+    out = capsys.readouterr().out
+    assert base.name in out and "NEW" in out
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(_entry("2026-01-04T00:00:00Z", "d" * 40, {"t1": 1.2e-3, "t2": 2e-3})))
+    assert gate.main([str(slow), "--history", str(h), "--json", str(tmp_path / "d.json")]) == 1
+    decisions = {d["name"].split("::")[-1]: d["status"] for d in json.loads((tmp_path / "d.json").read_text())}
+    assert decisions == {"t1": "regression", "t2": "ok", "t3": "missing"}  # baseline: the latest entry
+    # an explicit baseline file, and a run with no baseline at all
+    assert gate.main([str(slow), "--baseline", str(old), "--threshold", "0.5"]) == 0
+    assert gate.main([str(slow), "--history", str(tmp_path / "empty")]) == 0
+    assert "no baseline" in capsys.readouterr().out
+
+
+def test_pytest_benchmark_json_is_accepted(tmp_path):
+    data = [float(x) for x in _samples(1e-3, 0.02, seed=9)]
+    doc = {"machine_info": {"cpu": {"brand_raw": "Gate Test CPU"}}, "commit_info": {"id": "e" * 40, "dirty": False},
+           "benchmarks": [{"name": "t1", "fullname": "benchmarks/bench_x.py::t1", "group": None, "params": None,
+                           "extra_info": {}, "stats": {"median": float(np.median(data)), "rounds": 40, "data": data}}]}
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(doc))
+    run = gate.load_run(p)
+    assert run["benchmarks"][0]["data"] and run["fingerprint"]["commit"] == "e" * 40
