@@ -124,12 +124,13 @@ class KVCacheEngine:
         cache = self.cache
         cache.reset()
         zeros = torch.zeros(B, dtype=INDEX_DTYPE, device=self.device)
+        host_zeros = torch.zeros(B, dtype=INDEX_DTYPE)
         positions = torch.arange(S, device=self.device).expand(B, S)      # (B, S)
         causal = torch.ones(S, S, dtype=torch.bool, device=self.device).tril()[None, None]
         x = self.model.embed(tokens)                                       # (B, S, D)
         for layer, block in enumerate(self.model.blocks):
             q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, N, S, H), (B, K, S, H) x2
-            cache.append(layer, k, v, zeros, lengths)
+            cache.append(layer, k, v, zeros, lengths, host_zeros, host_lengths)
             att = naive_attention(q, k, v, causal)                         # (B, N, S, H)
             x = x + block.attn.wo(att.transpose(1, 2).reshape(B, S, -1))   # (B, S, D)
             x = x + block.mlp(block.mlp_norm(x))
@@ -164,10 +165,13 @@ class KVCacheEngine:
         B = self.batch
         cache, cfg = self.cache, self.cfg
         lengths = cache.lengths[:B]                                        # (B,)
-        host_new = cache.host_lengths[:B] + 1
+        host_len = cache.host_lengths[:B].clone()                          # (B,) on the CPU
+        host_new = host_len + 1
         ones = torch.ones(B, dtype=INDEX_DTYPE, device=self.device)
+        host_ones = torch.ones(B, dtype=INDEX_DTYPE)
         positions = self._decode_positions(lengths)[:, None]               # (B, 1)
         slots = self._write_slots(lengths)                                 # (B,)
+        host_slots = self._write_slots(host_len)
         span = self._span(host_new)
         visible = self._visible(lengths + 1, span)                         # (B, span)
         keep = visible[:, None, :, None]                                   # (B, 1, span, 1)
@@ -176,7 +180,7 @@ class KVCacheEngine:
         x = self.model.embed(next_tokens[:, None])                         # (B, 1, D)
         for layer, block in enumerate(self.model.blocks):
             q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, N, 1, H), (B, K, 1, H) x2
-            cache.append(layer, k, v, slots, ones)
+            cache.append(layer, k, v, slots, ones, host_slots, host_ones)
             kc = cache.k[layer, :B, :, :span]                              # (B, K, span, H)
             vc = cache.v[layer, :B, :, :span]
             zero = torch.zeros((), dtype=kc.dtype, device=kc.device)
@@ -188,7 +192,7 @@ class KVCacheEngine:
             att = probs.to(vc.dtype) @ vc                                  # (B, K, G, H)
             x = x + block.attn.wo(att.reshape(B, 1, K * G * H))           # (B, 1, D)
             x = x + block.mlp(block.mlp_norm(x))
-        cache.advance(ones, torch.ones(B, dtype=INDEX_DTYPE))
+        cache.advance(ones, host_ones)
         return F.linear(self.model.norm(x), self.model.output_weight())[:, 0]  # (B, V)
 
     def lengths(self) -> torch.Tensor:

@@ -70,13 +70,16 @@ def _check_tensor(x, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
 
 
-def validate_append(k_cache, v_cache, k_new, v_new, start, count) -> None:
+def validate_append(k_cache, v_cache, k_new, v_new, start, count, host_start=None, host_count=None) -> int:
     """Host-side checks shared by both append paths (raise before anything is written).
 
     k_cache, v_cache: (max_batch, K, S_max, H), same shape, dtype and device.
     k_new, v_new: (B, K, T, H) with B <= max_batch, same dtype and device as the cache.
     start, count: (B,) int64 on the cache's device, start >= 0, 0 <= count <= T,
-    start + count <= S_max (the capacity).
+    start + count <= S_max (the capacity). ``host_start``/``host_count``: optional CPU copies of
+    ``start``/``count`` (the caller's promise that they hold the same values); when given, the
+    value checks read them instead of the device tensors, so validation never waits on the device.
+    Returns the smallest count.
     Raises TypeError for a non-tensor or a wrong dtype, ValueError for a wrong shape, a wrong
     device, a negative value or a write past the capacity; the message names the argument.
     """
@@ -110,7 +113,13 @@ def validate_append(k_cache, v_cache, k_new, v_new, start, count) -> None:
         if x.device != k_cache.device:
             raise ValueError(f"{name} is on {x.device}, but the cache is on {k_cache.device}")
     if B == 0:
-        return
+        return 0
+    for name, x in (("host_start", host_start), ("host_count", host_count)):
+        if x is not None and (not isinstance(x, torch.Tensor) or x.dtype != INDEX_DTYPE or x.shape != (B,)
+                              or x.device.type != "cpu"):
+            raise ValueError(f"{name} must be a CPU int64 tensor of shape ({B},) or None")
+    start = start if host_start is None else host_start
+    count = count if host_count is None else host_count
     s_min, c_min, c_max = int(start.min()), int(count.min()), int(count.max())
     if s_min < 0:
         raise ValueError(f"start must be >= 0, got min {s_min}")
@@ -120,19 +129,22 @@ def validate_append(k_cache, v_cache, k_new, v_new, start, count) -> None:
     if end > cap:
         raise ValueError(f"start + count must be <= the cache capacity max_seq_len={cap}, got {end}: "
                          "the write would go past the cache")
+    return c_min
 
 
 def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-              start: torch.Tensor, count: torch.Tensor) -> None:
+              start: torch.Tensor, count: torch.Tensor, host_start: torch.Tensor | None = None,
+              host_count: torch.Tensor | None = None) -> None:
     """Write new keys/values into one layer of the cache in place, with the Triton kernel.
 
     k_cache, v_cache: (max_batch, K, S_max, H) (one layer of :class:`StaticKVCache`); k_new,
     v_new: (B, K, T, H), any strides; start, count: (B,) int64. For every sequence b and
     t < count[b], ``cache[b, :, start[b] + t] = new[b, :, t]``; nothing else changes.
+    host_start, host_count: optional CPU copies of start, count (see :func:`validate_append`).
     Raises as :func:`validate_append`; RuntimeError when Triton is missing or when CPU tensors
     are given without the interpreter (TRITON_INTERPRET=1).
     """
-    validate_append(k_cache, v_cache, k_new, v_new, start, count)
+    validate_append(k_cache, v_cache, k_new, v_new, start, count, host_start, host_count)
     if kv_append_kernel is None:
         raise RuntimeError("kv_append needs Triton, which is not installed; use kv_append_torch")
     if k_cache.device.type != "cuda" and not triton_interpreted():
@@ -152,14 +164,20 @@ def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
 
 
 def kv_append_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                    start: torch.Tensor, count: torch.Tensor) -> None:
+                    start: torch.Tensor, count: torch.Tensor, host_start: torch.Tensor | None = None,
+                    host_count: torch.Tensor | None = None) -> None:
     """The same write as :func:`kv_append`, as one vectorized PyTorch ``index_put_`` per tensor.
 
     Same arguments, semantics and errors (except that it needs no Triton).
     """
-    validate_append(k_cache, v_cache, k_new, v_new, start, count)
+    c_min = validate_append(k_cache, v_cache, k_new, v_new, start, count, host_start, host_count)
     B, K, T, H = k_new.shape
     if B == 0 or T == 0:
+        return
+    if T == 1 and c_min == 1:  # one token for every sequence (a decode step): no mask needed
+        rows = torch.arange(B, device=k_new.device)
+        k_cache[rows, :, start] = k_new[:, :, 0]                   # (B, K, H)
+        v_cache[rows, :, start] = v_new[:, :, 0]
         return
     t = torch.arange(T, device=k_new.device)                      # (T,)
     valid = t[None, :] < count[:, None]                            # (B, T)
@@ -225,12 +243,14 @@ class StaticKVCache:
         self.host_lengths.zero_()
 
     def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: torch.Tensor,
-               count: torch.Tensor) -> None:
+               count: torch.Tensor, host_start: torch.Tensor | None = None,
+               host_count: torch.Tensor | None = None) -> None:
         """Write ``count[b]`` new tokens of sequence b at slots ``start[b]...`` of ``layer``
-        (does not change ``lengths``: call :meth:`advance` once every layer is written)."""
+        (does not change ``lengths``: call :meth:`advance` once every layer is written).
+        host_start, host_count: optional CPU copies of start, count (no device wait)."""
         if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
             raise ValueError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
-        self._append(self.k[layer], self.v[layer], k_new, v_new, start, count)
+        self._append(self.k[layer], self.v[layer], k_new, v_new, start, count, host_start, host_count)
 
     def advance(self, count: torch.Tensor, host_count: torch.Tensor) -> None:
         """lengths[:B] += count (device) and host_count (CPU), B = len(count)."""

@@ -35,6 +35,12 @@ HEAD_DIMS = (2, 4, 6, 8, 10, 14)
 CAPACITY_SLACK = 3  # max_seq_len = longest sequence + this: unwritten NaN slots always exist
 
 
+def examples(n: int) -> int:
+    """``n`` examples under the ci and dev profiles (the interpreter is slow); the thorough
+    profile's share (1/30 of its examples per law) when it asks for more."""
+    return max(n, settings.default.max_examples // 30)
+
+
 @dataclass(frozen=True)
 class Case:
     """One drawn configuration: model shape, seed, prompt lengths (one per sequence), steps."""
@@ -109,7 +115,7 @@ def full_forward(model, case: Case, device):
 
 
 # ---------------------------------------------------------------------------------------- KV-1
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @example(case=PINNED)
 @given(case=cases())
 def law_prefill_then_decode_equals_full_forward(impl, dtype, device, case):
@@ -177,7 +183,7 @@ def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.
     return torch.cat(tokens, dim=1)                                             # (B, S + n)
 
 
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 @example(case=Case(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, seed=3, prompt_lens=(4, 4), steps=6),
          temperature=1.0)
 @given(case=cases(max_steps=8), temperature=st.floats(0.25, 2.0))
@@ -225,7 +231,7 @@ def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> in
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * torch.empty((), dtype=dtype).element_size() * tokens
 
 
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 @example(case=PINNED)
 @given(case=cases())
 def law_cache_holds_exactly_the_tokens(impl, dtype, device, case):
@@ -301,7 +307,7 @@ def test_bytes_per_token_at_llama_shapes(impl, device, name):
 
 
 # --------------------------------------------------------------------------------------- KV-10
-@settings(max_examples=5)
+@settings(max_examples=examples(5))
 @example(case=PINNED)
 @given(case=cases(min_batch=2))
 def law_batch_mates_change_nothing(impl, dtype, device, case):

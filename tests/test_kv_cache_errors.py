@@ -176,6 +176,10 @@ def _bad_append_cases(device):
         "negative count": (dict(ok, count=torch.tensor([-1, 0], device=device)), ValueError, "count must lie in"),
         "past capacity": (dict(ok, start=torch.tensor([0, 3], device=device)), ValueError,
                           "start \\+ count must be <= the cache capacity max_seq_len=5, got 6"),
+        "host_count not int64": (dict(ok, host_count=torch.tensor([3.0, 3.0])), ValueError,
+                                 r"host_count must be a CPU int64 tensor of shape \(2,\)"),
+        "host_start past capacity": (dict(ok, host_start=torch.tensor([0, 3])), ValueError,
+                                     "start \\+ count must be <= the cache capacity"),
     }
     return cases
 
