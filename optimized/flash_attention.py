@@ -29,9 +29,10 @@ from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
 
 # DOT_MODE values (a constexpr of the kernels)
-DOT_NATIVE = 0   # tl.dot on the input dtype (16-bit on GPU; float32 with input_precision="ieee")
-DOT_UPCAST = 1   # cast 16-bit tiles to float32 first (the interpreter's tl.dot on bf16 is wrong)
+DOT_NATIVE = 0   # 16-bit on GPU: tl.dot on the input dtype, float32 accumulation, P cast to it
+DOT_UPCAST = 1   # 16-bit under the interpreter: cast tiles to float32 first (its bf16 tl.dot is wrong)
 DOT_SUM = 2      # float64: broadcast multiply and tl.sum (no reliance on a float64 tl.dot)
+DOT_IEEE = 3     # float32: tl.dot with input_precision="ieee" (TF32 would cost ~1e-3 relative)
 
 
 @triton.jit
@@ -63,8 +64,10 @@ def _attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_v
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)              # (BLOCK_M, BLOCK_N)
         elif DOT_MODE == 1:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
+        elif DOT_MODE == 3:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
         s = s * scale
         if MASKED:
             valid = cols[None, :] < end
@@ -80,8 +83,10 @@ def _attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_v
             pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)            # (BLOCK_M, BLOCK_D)
         elif DOT_MODE == 1:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        elif DOT_MODE == 3:
+            pv = tl.dot(p, v, input_precision="ieee")
         else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
         k_ptrs += BLOCK_N * stride_kn
@@ -159,6 +164,16 @@ INTERPRET_BLOCK_M = 16
 INTERPRET_BLOCK_N = 32
 
 
+#: Force (True/False) the two-stage tile loop (unmasked whole tiles, then the masked rest); None:
+#: two stages on GPU, one masked stage under the interpreter. Tests set it to check the GPU path.
+TWO_STAGE_OVERRIDE: bool | None = None
+
+
+def two_stage() -> bool:
+    """Whether kernels stream whole visible tiles without masks first (see TWO_STAGE_OVERRIDE)."""
+    return (not triton_interpreted()) if TWO_STAGE_OVERRIDE is None else TWO_STAGE_OVERRIDE
+
+
 def block_d(D: int) -> int:
     """Head dim padded to a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, triton.next_power_of_2(D))
@@ -168,16 +183,16 @@ def dot_mode(dtype: torch.dtype) -> int:
     """How the kernels multiply tiles of ``dtype`` (see DOT_* above); decided per call."""
     if dtype == torch.float64:
         return DOT_SUM
-    if dtype in (torch.float16, torch.bfloat16) and triton_interpreted():
-        return DOT_UPCAST
-    return DOT_NATIVE
+    if dtype == torch.float32:
+        return DOT_IEEE
+    return DOT_UPCAST if triton_interpreted() else DOT_NATIVE
 
 
 def float64_blocks(D: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) of the float64 path: its 3-D product tile is BLOCK_M·BLOCK_N·BLOCK_D."""
     if triton_interpreted():
         return INTERPRET_BLOCK_M, INTERPRET_BLOCK_N
-    n = max(4, min(16, 4096 // block_d(D)))
+    n = max(4, min(16, 2048 // block_d(D)))
     return n, n
 
 
@@ -243,7 +258,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, float(scale),
             triton.next_power_of_2(max(shape.Tq, shape.Tk)))
     consts = dict(CAUSAL=causal, EVEN_D=BLOCK_D == shape.D, DOT_MODE=mode,
-                  TWO_STAGE=not triton_interpreted(), BLOCK_D=BLOCK_D)
+                  TWO_STAGE=two_stage(), BLOCK_D=BLOCK_D)
     fixed = block_m is not None or block_n is not None
     if triton_interpreted() or mode == DOT_SUM or fixed:
         if mode == DOT_SUM:

@@ -21,7 +21,7 @@ import triton.language as tl
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
 from optimized.flash_attention import (DOT_SUM, INTERPRET_BLOCK_M, INTERPRET_BLOCK_N, _attn_tiles,
-                                       block_d, check_device, dot_mode, float64_blocks)
+                                       block_d, check_device, dot_mode, float64_blocks, two_stage)
 
 
 @triton.jit
@@ -179,14 +179,14 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     _split_kv_kernel[grid](
         q, k, v, o_part, lse, *q.stride(), *k.stride(), *v.stride(), *o_part.stride(), *lse.stride(),
         shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, S, float(scale),
-        CAUSAL=causal, EVEN_D=BLOCK_D == shape.D, DOT_MODE=mode, TWO_STAGE=not triton_interpreted(),
+        CAUSAL=causal, EVEN_D=BLOCK_D == shape.D, DOT_MODE=mode, TWO_STAGE=two_stage(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BLOCK_D, num_warps=warps, num_stages=stages)
     out = torch.empty(shape.B, shape.Hq, shape.Tq, shape.D, dtype=q.dtype, device=q.device)
     BLOCK_S = triton.next_power_of_2(S)
     if triton_interpreted():
         mbm = 16
     else:
-        mbm = max(1, min(16, triton.next_power_of_2(shape.Tq), 8192 // (BLOCK_S * BLOCK_D)))
+        mbm = max(2, min(16, triton.next_power_of_2(shape.Tq), 8192 // (BLOCK_S * BLOCK_D)))
         mbm = 1 << (mbm.bit_length() - 1)  # a power of two
     _merge_kernel[(triton.cdiv(shape.Tq, mbm), shape.B * shape.Hq)](
         o_part, lse, out, *o_part.stride(), *lse.stride(), *out.stride(),

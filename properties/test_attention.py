@@ -348,6 +348,31 @@ def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
     check_against_reference(out, q, k, v, case, what=f"Triton FlashAttention, tiles {bm}x{bn}")
 
 
+@pytest.mark.claim("FA-3")
+@pytest.mark.parametrize("kernel", ["flash_attention", "flash_decoding"])
+@settings(max_examples=5)
+@given(case=cases(max_len=129), seed=S.seeds, dtype=st.sampled_from([torch.float64, torch.float32]),
+       num_splits=st.integers(1, 4))
+@example(case=Case(1, 2, 1, 40, 100, 64, True, 0.2), seed=1, dtype=torch.float32, num_splits=2)
+@example(case=Case(1, 3, 3, 17, 70, 72, False, 0.3, "large", 40.0), seed=2, dtype=torch.float64, num_splits=1)
+def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_splits):
+    """The GPU's tile loop (whole visible tiles without masks, then the masked rest), forced on
+    wherever the kernels run, so that the interpreter checks it too."""
+    fa = pytest.importorskip("optimized.flash_attention")
+    fd = pytest.importorskip("optimized.flash_decoding")
+    q, k, v = make_inputs(case, seed, dtype, device)
+    saved = fa.TWO_STAGE_OVERRIDE
+    fa.TWO_STAGE_OVERRIDE = True
+    try:
+        if kernel == "flash_attention":
+            out = fa.flash_attention(q, k, v, causal=case.causal, scale=case.scale)
+        else:
+            out = fd.flash_decoding(q, k, v, causal=case.causal, scale=case.scale, num_splits=num_splits)
+    finally:
+        fa.TWO_STAGE_OVERRIDE = saved
+    check_against_reference(out, q, k, v, case, what=f"{kernel}, two-stage tile loop")
+
+
 # ----------------------------------------------------------------------------------------------
 # FA-7: split-KV decoding equals unsplit attention for any number of splits
 # ----------------------------------------------------------------------------------------------
