@@ -153,6 +153,7 @@ def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
     B, K, T, H = k_new.shape
     if B == 0 or T == 0:
         return
+    start, count = start.contiguous(), count.contiguous()  # the kernel reads them at unit stride
     block_kh = triton.next_power_of_2(K * H)
     block_t = max(1, min(triton.next_power_of_2(T), 4096 // block_kh))
     grid = (B, triton.cdiv(T, block_t))

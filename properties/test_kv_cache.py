@@ -206,7 +206,7 @@ def test_same_seed_same_tokens(impl, dtype, device):
 
 @pytest.mark.technique(TECH)
 @pytest.mark.claim("KV-2")
-@pytest.mark.kills("reads_past_length")
+@pytest.mark.kills("reads_past_length", "drop_oldest", "no_rope_offset")
 def test_same_seed_same_tokens_rejects(bad_impl, device):
     expect_rejected(law_same_seed_same_tokens, bad_impl, torch.float64, device)
 
