@@ -19,7 +19,6 @@ Small Tq with a long Tk is dispatched to the split-KV kernel of :mod:`optimized.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton
@@ -196,6 +195,27 @@ def float64_blocks(D: int) -> tuple[int, int]:
     return n, n
 
 
+#: Below this max(Tq, Tk) CUDA calls use fixed_blocks instead of autotuning (every autotuned
+#: shape class compiles every config: fine for benchmarks, slow for property tests).
+AUTOTUNE_MIN_LEN = 1024
+
+
+def fixed_blocks(dtype: torch.dtype, D: int, Tq: int | None = None) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) used without autotuning, sized for registers and shared memory."""
+    if dtype == torch.float64:
+        return float64_blocks(D)
+    if triton_interpreted():
+        return INTERPRET_BLOCK_M, INTERPRET_BLOCK_N
+    bd = block_d(D)
+    if dtype == torch.float32:
+        bm, bn = (64, 32) if bd <= 64 else (32, 32)
+    else:
+        bm, bn = (64, 64) if bd <= 128 else (32, 32)
+    if Tq is not None and Tq <= 16:
+        bm = 16
+    return bm, bn
+
+
 def check_device(q: torch.Tensor) -> None:
     """The kernels need CUDA tensors, or CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
     if q.device.type != "cuda" and not triton_interpreted():
@@ -243,7 +263,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     scale: float, block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
     """FlashAttention forward (no split-KV): q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq,
     Tq, D) in q's dtype. ``block_m`` / ``block_n`` fix the tile sizes (powers of two, >= 16 except
-    for float64); by default the interpreter uses small fixed tiles and CUDA autotunes.
+    for float64); by default CUDA autotunes 16-bit calls with max(Tq, Tk) >= AUTOTUNE_MIN_LEN
+    and uses :func:`fixed_blocks` otherwise (and always under the interpreter).
 
     Raises TypeError / ValueError as the attention contract's ``validate`` does, ValueError for
     CPU tensors without the interpreter and for bad block sizes.
@@ -259,14 +280,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             triton.next_power_of_2(max(shape.Tq, shape.Tk)))
     consts = dict(CAUSAL=causal, EVEN_D=BLOCK_D == shape.D, DOT_MODE=mode,
                   TWO_STAGE=two_stage(), BLOCK_D=BLOCK_D)
-    fixed = block_m is not None or block_n is not None
-    if triton_interpreted() or mode == DOT_SUM or fixed:
-        if mode == DOT_SUM:
-            bm, bn = float64_blocks(shape.D)
-        elif triton_interpreted():
-            bm, bn = INTERPRET_BLOCK_M, INTERPRET_BLOCK_N
-        else:
-            bm, bn = 64, 64
+    fixed = (block_m is not None or block_n is not None or triton_interpreted() or mode != DOT_NATIVE
+             or max(shape.Tq, shape.Tk) < AUTOTUNE_MIN_LEN)
+    if fixed:
+        bm, bn = fixed_blocks(q.dtype, shape.D, shape.Tq)
         bm, bn = block_m or bm, block_n or bn
         grid = (triton.cdiv(shape.Tq, bm), shape.B * shape.Hq)
         _flash_attn_fwd_kernel[grid](*args, **consts, BLOCK_M=bm, BLOCK_N=bn)

@@ -20,8 +20,8 @@ import triton.language as tl
 
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
-from optimized.flash_attention import (DOT_SUM, INTERPRET_BLOCK_M, INTERPRET_BLOCK_N, _attn_tiles,
-                                       block_d, check_device, dot_mode, float64_blocks, two_stage)
+from optimized.flash_attention import (DOT_SUM, _attn_tiles, block_d, check_device, dot_mode, fixed_blocks,
+                                       two_stage)
 
 
 @triton.jit
@@ -143,13 +143,8 @@ def default_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, device: 
 
 def _blocks(dtype: torch.dtype, D: int, Tq: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the split kernel."""
-    if dtype == torch.float64:
-        return (*float64_blocks(D), 4, 1)
-    if triton_interpreted():
-        return INTERPRET_BLOCK_M, INTERPRET_BLOCK_N, 4, 1
-    bm = 16 if Tq <= 16 else 64
-    bn = 64 if block_d(D) <= 128 else 32
-    return bm, bn, 4, 2
+    bm, bn = fixed_blocks(dtype, D, Tq)
+    return bm, bn, 4, (1 if dtype == torch.float64 or triton_interpreted() else 2)
 
 
 def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
