@@ -16,7 +16,7 @@ from reference.world.grammar import generate_documents
 from reference.world.tokenizer import tokenizer
 
 #: name -> (seed, number of documents)
-SPLITS = {"train": (1001, 400_000), "val": (2002, 2_000), "test": (3003, 4_000)}
+SPLITS = {"train": (1001, 400_000), "val": (2002, 2_000), "test": (3003, 2_000)}
 #: the fixed test subset that CI recomputes (first documents of the test split)
 TEST_SUBSET = 64
 IGNORE = -100
