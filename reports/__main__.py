@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for the properties ('0': none, 'auto')")
     ap.add_argument("--no-run", action="store_true", help="only rebuild the report from existing rows")
     ap.add_argument("--no-bench", action="store_true", help="skip the benchmarks (and the history entry)")
+    ap.add_argument("--no-properties", action="store_true",
+                    help="skip the properties (keep the rows of the last run): benchmarks, ceilings, history, report")
+    ap.add_argument("--bench-k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
     ap.add_argument("--no-history", action="store_true", help="do not append this run to history/")
     ap.add_argument("--history", default=str(hist.HISTORY), help="history folder")
     ap.add_argument("--bench-max-time", type=float, default=None,
@@ -79,25 +82,32 @@ def main(argv: list[str] | None = None) -> int:
     n_stages = 5
     ceilings = None
     if not args.no_run:
-        if rows_dir.exists():
+        bench_rows = rows_dir / "bench"
+        if not args.no_properties and rows_dir.exists():
             shutil.rmtree(rows_dir)
-        rows_dir.mkdir(parents=True)
+        if bench_rows.exists():
+            shutil.rmtree(bench_rows)
+        bench_rows.mkdir(parents=True)
         if bench_json.exists():
             bench_json.unlink()
-        common = ["-p", "no:cacheprovider", f"--results={rows_dir}", f"--hypothesis-profile={args.profile}",
-                  f"--device={device}"]
-        cmd = [sys.executable, "-m", "pytest", "properties", "tests", "-q", "--benchmark-disable", *common]
-        cmd += [f"--ignore={p}" for p in REPORT_IGNORES]
-        if args.workers not in ("0", "") and importlib.util.find_spec("xdist") is not None:
-            cmd += ["-n", args.workers]
-        cmd += args.pytest_args
-        _stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
-        subprocess.call(cmd, cwd=ROOT)
+        common = ["-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}", f"--device={device}"]
+        if not args.no_properties:
+            cmd = [sys.executable, "-m", "pytest", "properties", "tests", "-q", "--benchmark-disable",
+                   f"--results={rows_dir}", "--durations=10", *common]
+            cmd += [f"--ignore={p}" for p in REPORT_IGNORES]
+            if args.workers not in ("0", "") and importlib.util.find_spec("xdist") is not None:
+                cmd += ["-n", args.workers]
+            cmd += args.pytest_args
+            _stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
+            subprocess.call(cmd, cwd=ROOT)
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
             cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
                    f"--benchmark-json={bench_json}", f"--benchmark-max-time={max_time}",
-                   "--benchmark-min-rounds=5", *common, *args.pytest_args]
+                   "--benchmark-min-rounds=5", f"--results={bench_rows}", "--durations=10", *common]
+            if args.bench_k:
+                cmd += ["-k", args.bench_k]
+            cmd += args.pytest_args
             _stage(2, n_stages, "benchmarks: " + " ".join(cmd[2:]))
             subprocess.call(cmd, cwd=ROOT)
             _stage(3, n_stages, f"device ceilings ({device})")

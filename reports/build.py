@@ -242,7 +242,11 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
     """Read rows (and benchmarks, ceilings, history) and write index.html, report.md,
     results.json and plots/ into ``out``. Returns the written paths."""
     out = Path(out)
-    rows = read_rows(rows_dir) if Path(rows_dir).exists() else []
+    rows = []
+    if Path(rows_dir).is_dir():
+        rows = read_rows(rows_dir) + [r for d in sorted(Path(rows_dir).iterdir()) if d.is_dir() for r in read_rows(d)]
+    elif Path(rows_dir).exists():
+        rows = read_rows(rows_dir)
     if bench_json is None and (out / "benchmarks.json").exists():
         bench_json = out / "benchmarks.json"
     records = bench.records(bench_json)

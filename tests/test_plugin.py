@@ -1,0 +1,123 @@
+"""The suite used from another project's CI: the installed pytest plugin adds --impl, and
+``pytest --pyargs properties --impl attention=mod:fn`` runs the conformance properties from a
+directory outside this checkout (its own ini, no conftest of the suite). A conforming kernel
+passes, a wrong one fails, a hanging one fails its test by timeout, and a crashing one (under
+pytest-xdist) fails its test while the run goes on. Also: the generic contract checks reject
+the classic bad functions (mutating an input, leaving an output buffer unwritten, unrepeatable).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conformance import registry
+from conformance.results import read_rows
+from properties import test_contract_generic as generic
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+FAST = "test_fa3_noncontiguous_inputs"
+
+HANG = "import time\ndef attention(q, k, v, *, causal, scale):\n    time.sleep(120)\n"
+CRASH = "import os\ndef attention(q, k, v, *, causal, scale):\n    os.abort()\n"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A kernel project's checkout: outside the suite, with its own pytest configuration."""
+    if not (ROOT / "properties" / "test_attention.py").exists() or not (EXAMPLES / "my_attention.py").exists():
+        pytest.skip("the attention properties or examples/my_attention.py are not in this checkout")
+    d = tmp_path_factory.mktemp("kernel_project")
+    (d / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-ra"\ntestpaths = ["tests"]\n')
+    (d / "hang_kernel.py").write_text(HANG)
+    (d / "crash_kernel.py").write_text(CRASH)
+    return d
+
+
+def _pytest(project: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(project), str(EXAMPLES)]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "properties", "-p", "no:cacheprovider", "-q",
+           "--device=cpu", *args]
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_conforming_kernel_passes_from_another_project(project):
+    r = _pytest(project, "--impl", "attention=my_attention:attention", "-k", FAST)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout and "my_attention:attention" in r.stdout  # the verdict table names it
+
+
+def test_wrong_kernel_fails(project):
+    r = _pytest(project, "--impl", "attention=my_attention:wrong_attention", "-k",
+                "test_fa3_matches_float64_reference and float32")
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert "failed" in r.stdout
+
+
+def test_hanging_kernel_fails_its_test_by_timeout(project):
+    r = _pytest(project, "--impl", "attention=hang_kernel:attention", "--impl-timeout=3", "-k", FAST, timeout=60)
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert "Timeout" in r.stdout and "1 failed" in r.stdout
+
+
+def test_crashing_kernel_fails_its_test_not_the_run(project, tmp_path):
+    rows = tmp_path / "rows"
+    r = _pytest(project, "--impl", "attention=crash_kernel:attention", "-n", "1", f"--results={rows}", "-k",
+                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180)
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert "crashed" in r.stdout and "2 failed" in r.stdout, r.stdout[-3000:]   # the second test still ran
+    errors = [x for x in read_rows(rows) if x.verdict == "error" and "crashed" in x.message]
+    assert len(errors) == 2
+
+
+def test_unknown_technique_is_a_usage_error():
+    with pytest.raises(ValueError, match="unknown technique"):
+        registry.parse_impl_option(["nosuch=mod:fn"])
+    with pytest.raises(ValueError, match="module:attr"):
+        registry.parse_impl_option(["attention"])
+
+
+# --- the generic contract checks on toy functions ------------------------------------------
+
+
+def _x():
+    return torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+
+
+def test_generic_checks_accept_a_good_function():
+    good = lambda x, *, out=None: torch.softmax(x, -1) if out is None else out.copy_(torch.softmax(x, -1))  # noqa: E731
+    generic.check_inputs_not_mutated(good, (_x(),), {})
+    generic.check_output_fully_written(good, (_x(),), {"out": torch.empty(3, 4)})
+    generic.check_output_fully_written(good, (_x(),), {}, oracle=good)
+    generic.check_repeatable(good, (_x(),), {})
+
+
+def test_generic_checks_reject_bad_functions():
+    def mutates(x):
+        return x.mul_(2)
+
+    def half_written(x, *, out):
+        out[:, :2] = x[:, :2]
+        return out
+
+    def unrepeatable(x):
+        return x + torch.rand(())
+
+    def overflows(x):
+        return torch.exp(x * 1e3)
+
+    with pytest.raises(AssertionError, match="must not be mutated"):
+        generic.check_inputs_not_mutated(mutates, (_x(),), {})
+    with pytest.raises(AssertionError, match="not written"):
+        generic.check_output_fully_written(half_written, (_x(),), {"out": torch.empty(3, 4)})
+    with pytest.raises(AssertionError, match="not finite"):
+        generic.check_output_fully_written(overflows, (_x(),), {}, oracle=lambda x: torch.softmax(x, -1))
+    with pytest.raises(AssertionError, match="repeatable"):
+        generic.check_repeatable(unrepeatable, (_x(),), {})
