@@ -147,3 +147,19 @@ def test_report_survives_missing_inputs(tmp_path):
     assert all(p.exists() for p in paths)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["summary"]["checked"] == 0
+
+
+def test_kill_rate_names_survivors(tmp_path, capsys):
+    from reports import killrate
+
+    rows = [Row("FA-3", f"p.py::law[zoo-{n}]", "attention", f"zoo:{n}", verdict=v)
+            for n, v in (("a", "pass"), ("b", "pass"), ("c", "fail"))]
+    rows.append(Row("KV-1", "k.py::law[zoo-d]", "kv_cache", "zoo:d", verdict="pass"))
+    rows.append(Row("KV-1", "k.py::law[triton]", "kv_cache", "triton", verdict="fail"))  # not a zoo row
+    rates = killrate.kill_rates(rows)
+    assert rates["attention"]["killed"] == 2 and rates["attention"]["total"] == 3
+    assert rates["attention"]["survivors"] == ["p.py::law[zoo-c]"]
+    assert rates["kv_cache"]["rate"] == 1.0
+    write_rows(rows, tmp_path / "rows" / "r.jsonl")
+    assert killrate.main(["--rows", str(tmp_path / "rows")]) == 1
+    assert "survivor: p.py::law[zoo-c]" in capsys.readouterr().out
