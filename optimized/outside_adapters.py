@@ -28,8 +28,6 @@ import importlib.util
 
 import torch
 
-from conformance.contracts.attention import validate
-
 #: adapter name -> (importable module it needs, attribute here)
 ADAPTERS = {
     "flash_attn": ("flash_attn", "flash_attn"),
@@ -52,6 +50,13 @@ def importable(module: str) -> bool:
 def available_builtins() -> dict[str, str]:
     """name -> "module:attr" for the adapters whose library is installed (for Contract.builtins)."""
     return {name: f"{__name__}:{attr}" for name, (mod, attr) in ADAPTERS.items() if importable(mod)}
+
+
+def validate(q, k, v, causal, scale):
+    """The attention contract's argument check (imported late: the contract module imports this one)."""
+    from conformance.contracts.attention import validate as check
+
+    return check(q, k, v, causal, scale)
 
 
 def _version(module) -> tuple[int, ...]:

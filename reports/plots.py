@@ -15,6 +15,7 @@ and is skipped with a note when no points exist. What a check must record to app
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from reports import bench
 
 SPECS = {
     "batch": dict(title="Decode step latency and throughput vs batch size (AI-9)",
-                  x=("batch", "batch_size"), y=("tokens_per_s", "throughput"), group=("model", "implementation")),
+                  x=("batch", "batch_size"), y=("tokens_per_s", "throughput"), group=("backend", "implementation")),
     "nll_bits": dict(title="Test NLL vs weight bits (QT-3)", x=("bits",), y=("nll",),
                      group=("granularity", "scheme", "group_size")),
     "gamma": dict(title="Tokens per target call vs γ (SD-4, SD-5)", x=("gamma",), y=("tokens_per_call",),
@@ -50,11 +51,19 @@ def _sources(rows, records):
         d.setdefault("implementation", r.implementation)
         yield d
     for rec in records:
-        d = dict(rec.get("params") or {})
+        params = dict(rec.get("params") or {})
+        d = dict(params)
         d.update(rec.get("extra_info") or {})
         d.setdefault("median_s", (rec.get("stats") or {}).get("median"))
-        d.setdefault("implementation", rec.get("name"))
+        impl = params.get("impl") or params.get("backend")
+        d.setdefault("implementation", impl_name(impl) if impl is not None else rec.get("name", "").split("[")[0])
         yield d
+
+
+def impl_name(v) -> str:
+    """'<kv_cache:torch (builtin, optimized.engine:TORCH)>' (a stored Implementation) -> 'torch'."""
+    m = re.match(r"<[\w.]+:(\S+) \(", str(v))
+    return m.group(1) if m else str(v)
 
 
 def _first(d, keys):

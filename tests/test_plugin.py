@@ -121,3 +121,68 @@ def test_generic_checks_reject_bad_functions():
         generic.check_output_fully_written(overflows, (_x(),), {}, oracle=lambda x: torch.softmax(x, -1))
     with pytest.raises(AssertionError, match="repeatable"):
         generic.check_repeatable(unrepeatable, (_x(),), {})
+
+
+# --- outside adapters, against stand-ins that implement each library's documented layout ----
+
+
+def _ref_bthd(q, k, v, causal, scale):
+    from reference.attention import attention as ref
+
+    return ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal, scale=scale).transpose(1, 2)
+
+
+def _paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                        block_size, max_seq_len, alibi, kv_dtype, k_scale, v_scale):
+    """vLLM's layout: key_cache (blocks, Hkv, D/x, block, x), value_cache (blocks, Hkv, D, block)."""
+    from reference.attention import attention as ref
+
+    B, Hq, D = query.shape
+    for b in range(B):
+        T = int(seq_lens[b])
+        t = torch.arange(T)
+        blk = block_tables[b][t // block_size].long()
+        k = key_cache[blk, :, :, t % block_size, :].permute(1, 0, 2, 3).reshape(num_kv_heads, T, D)  # (Hkv, T, D)
+        v = value_cache[blk, :, :, t % block_size].permute(1, 0, 2)                                   # (Hkv, T, D)
+        out[b] = ref(query[b][None, :, None], k[None], v[None], causal=False, scale=scale)[0, :, 0]
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    import types
+
+    from optimized import outside_adapters as oa
+
+    fa = types.ModuleType("flash_attn")
+    fa.__version__ = "2.6.3"
+    fa.flash_attn_func = lambda q, k, v, dropout_p, softmax_scale, causal: _ref_bthd(q, k, v, causal, softmax_scale)
+    fi = types.ModuleType("flashinfer")
+    fi.single_prefill_with_kv_cache = lambda q, k, v, causal, kv_layout, sm_scale: _ref_bthd(
+        q[None], k[None], v[None], causal, sm_scale)[0]
+    ops = types.ModuleType("vllm._custom_ops")
+    ops.paged_attention_v1 = _paged_attention_v1
+    for name, mod in (("flash_attn", fa), ("flashinfer", fi), ("vllm._custom_ops", ops)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(oa, "_need", lambda *a, **k: None)  # the stand-ins run on the CPU
+    return oa
+
+
+@pytest.mark.parametrize("name,Tq,Hq,Hkv,Tk,D,causal", [("flash_attn", 3, 4, 2, 17, 16, True),
+                                                         ("flashinfer", 5, 3, 1, 9, 64, True),
+                                                         ("vllm_paged", 1, 4, 2, 37, 64, False)])
+def test_outside_adapters_translate_the_contract(stand_ins, name, Tq, Hq, Hkv, Tk, D, causal):
+    from conformance import tolerance
+    from properties.strategies import randn
+    from reference.attention import attention as ref
+
+    q, k, v = (randn(s, seed) for s, seed in (((2, Hq, Tq, D), 1), ((2, Hkv, Tk, D), 2), ((2, Hkv, Tk, D), 3)))
+    out = getattr(stand_ins, name)(q, k, v, causal=causal, scale=D ** -0.5)
+    tolerance.assert_close(out, ref(q, k, v, causal=causal, scale=D ** -0.5))
+
+
+def test_outside_adapters_registered_only_when_importable(monkeypatch):
+    from optimized import outside_adapters as oa
+
+    monkeypatch.setattr(oa, "importable", lambda m: m == "flash_attn")
+    assert oa.available_builtins() == {"flash_attn": "optimized.outside_adapters:flash_attn"}
+    assert all(r == frozenset({"cuda"}) for r in oa.REQUIRES.values())
