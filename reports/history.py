@@ -17,6 +17,12 @@ FORMAT = 1
 
 
 def make_entry(fp: dict, records: list[dict], ceilings: dict | None = None, note: str = "") -> dict:
+    """A history entry; each benchmark record gains ``fractions`` of the measured ceilings
+    (achieved FLOP/s and bytes/s over matmul peak and copy bandwidth) when it states its
+    ``flops`` / ``bytes`` per call."""
+    from reports import bench
+
+    records = [dict(r, fractions=bench.fractions(r, ceilings)) for r in records]
     return {"format": FORMAT, "fingerprint": fp, "series": device_slug(fp), "ceilings": ceilings or {},
             "note": note, "benchmarks": records}
 

@@ -48,17 +48,17 @@ def _pytest(project: Path, *args: str, timeout: int = 240) -> subprocess.Complet
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_conforming_kernel_passes_from_another_project(project):
-    r = _pytest(project, "--impl", "attention=my_attention:attention", "-k", FAST)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "1 passed" in r.stdout and "my_attention:attention" in r.stdout  # the verdict table names it
-
-
-def test_wrong_kernel_fails(project):
-    r = _pytest(project, "--impl", "attention=my_attention:wrong_attention", "-k",
-                "test_fa3_matches_float64_reference and float32")
-    assert r.returncode == 1, r.stdout[-3000:]
-    assert "failed" in r.stdout
+def test_conforming_kernel_passes_and_wrong_one_fails_from_another_project(project):
+    r = _pytest(project, "--impl", "attention=my_attention:attention", "--impl", "attention=my_attention:wrong_attention",
+                "-k", FAST)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "1 failed, 1 passed" in r.stdout, r.stdout[-3000:]
+    assert "FAILED" in r.stdout and "my_attention:wrong_attention" in r.stdout.split("short test summary")[-1]
+    table = r.stdout.split("conformance verdicts")[-1]
+    header, row = table.splitlines()[1], table.splitlines()[2]
+    cols = header.split()
+    assert cols == ["my_attention:attention", "my_attention:wrong_attention"], header
+    assert row.split()[-2:] == ["pass", "fail"], row
 
 
 def test_hanging_kernel_fails_its_test_by_timeout(project):
