@@ -33,6 +33,21 @@ BATCHES = (1, 4, 16, 64, 256)
 CONTEXT = 64  # cache length of every sequence in the batching experiment (lecture 001 §1.3)
 
 
+@pytest.fixture(autouse=True)
+def _smoke_threads(request):
+    """When the benchmarks are disabled (the default run, a smoke test, often under pytest-xdist),
+    use one intra-op thread: OpenMP spin-waits of workers sharing cores would dominate. Timed runs
+    keep torch's default (recorded in extra_info as ``threads``)."""
+    bench = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
+    if bench is None or not bench.disabled:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
