@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             _stage(2, n_stages, "benchmarks: " + " ".join(cmd[2:]))
             subprocess.call(cmd, cwd=ROOT)
             _stage(3, n_stages, f"device ceilings ({device})")
-            ceilings = measure_ceilings(device, quick=True)
+            ceilings = measure_ceilings(device, quick=False)
             print(f"ceilings: {ceilings}", flush=True)
     elif (out / "results.json").exists():
         try:

@@ -35,6 +35,10 @@ def _is_zoo(r: Row) -> bool:
 def _num(x) -> str:
     if x is None:
         return ""
+    if isinstance(x, dict):
+        return ", ".join(f"{k}: {_num(v)}" for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(_num(v) for v in x) + "]"
     if isinstance(x, bool):
         return str(x)
     if isinstance(x, float):
