@@ -1,14 +1,14 @@
 """Train the garden world's model pair and write the shipped checkpoints (CPU, deterministic).
 
-    python -m reference.world.train                       # all three, ~20 min on 2 CPU cores
+    python -m reference.world.train                       # all three: ~32 min wall on a busy 2-core machine
     python -m reference.world.train --models draft_poor   # one of them
     python -m reference.world.train --out /tmp/world --scale 0.05   # a quick smoke run
 
 Models (lecture 001 §0.3: target d=128, 4 layers, 806,144 parameters; draft d=32, 1 layer,
 15,968 parameters, a good draft trained 6 epochs and a poor one trained 1):
 
-- ``target``: d=128, 4 layers, 4 heads, SwiGLU d_ff=328, tied embeddings (806,016 parameters);
-- ``draft_good``: d=32, 1 layer, 2 heads, d_ff=24, tied (15,936 parameters, 50.6x fewer);
+- ``target``: d=128, 4 layers, 4 heads, SwiGLU d_ff=328, tied embeddings (804,736 parameters);
+- ``draft_good``: d=32, 1 layer, 2 heads, d_ff=24, tied (15,904 parameters, 50.6x fewer);
 - ``draft_poor``: the draft's architecture, trained for a small fraction of the good draft's steps.
 
 Plain PyTorch, float32, AdamW with warmup and cosine decay, batches of documents bucketed by
