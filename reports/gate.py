@@ -13,10 +13,17 @@ The decision, per benchmark, from the rounds' raw samples (seconds per call):
 - **regression** (exit 1): r > 1 + threshold and p_slower < alpha: larger than the practical
   threshold and statistically significant.
 - **improvement**: r < 1 - threshold and p_faster < alpha: the baseline should be updated.
-- **noisy** (a warning, exit 0): neither of the above, and either the interval is wider than the
-  threshold (hi - lo > threshold) or r is beyond the threshold without significance: the run
+- **noisy** (a warning, exit 0): neither of the above, and either the interval reaches past
+  1 + threshold (hi > 1 + threshold: a regression larger than the threshold can be neither shown
+  nor ruled out) or r is beyond the threshold without significance (too few rounds): the run
   cannot decide; rerun with more rounds (``--benchmark-min-rounds``) or on a quieter machine.
-- **ok**: otherwise (the change is within the threshold and the interval is narrow enough to say so).
+- **ok**: otherwise: the interval rules out a slowdown larger than the threshold.
+
+Runs on one machine also differ from each other (load, clocks, caches) by more than the samples
+of one run show. So when the series holds earlier entries (``--window``, default the last 5
+before the run), a significant slowdown is called a regression only if the run's median is
+also beyond the threshold above the slowest of those runs' medians; otherwise it is **noisy**
+("within the run-to-run spread of the history").
 
 Benchmarks only in the run are "new"; only in the baseline, "missing" (neither fails the gate).
 """
@@ -81,14 +88,14 @@ def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, th
     elif ratio < 1 - threshold and p_fast < alpha:
         d.status, d.reason = "improvement", (f"median {pct}, significant (p={p_fast:.2g}): "
                                              f"update the baseline")
-    elif hi - lo > threshold:
+    elif hi > 1 + threshold:
         d.status, d.reason = "noisy", (f"median {pct}, but the {1 - alpha:.0%} interval of the ratio "
-                                       f"[{lo:.3f}, {hi:.3f}] is wider than {threshold:.0%}: cannot decide")
+                                       f"[{lo:.3f}, {hi:.3f}] reaches past {1 + threshold:.2f}: cannot decide")
     elif abs(ratio - 1) > threshold:
         d.status, d.reason = "noisy", (f"median {pct} beyond {threshold:.0%} but not significant "
                                        f"(p={min(p_slow, p_fast):.2g}, {r.size} vs {b.size} rounds): cannot decide")
     else:
-        d.reason = f"median {pct}, interval [{lo:.3f}, {hi:.3f}] within {threshold:.0%}"
+        d.reason = f"median {pct}, interval [{lo:.3f}, {hi:.3f}] rules out a slowdown > {threshold:.0%}"
     return d
 
 
@@ -129,8 +136,23 @@ def find_baseline(run_path: Path, run: dict, baseline: str | None, history_dir: 
     return older[-1] if older else None
 
 
-def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = 0.01) -> list[Decision]:
+def history_medians(entries: list[dict]) -> dict[str, list[float]]:
+    """benchmark fullname -> its median in each of ``entries`` (where present)."""
+    out: dict[str, list[float]] = {}
+    for e in entries:
+        for b in e.get("benchmarks", []):
+            med = (b.get("stats") or {}).get("median")
+            if med:
+                out.setdefault(b["fullname"], []).append(float(med))
+    return out
+
+
+def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = 0.01,
+         history: list[dict] | None = None) -> list[Decision]:
+    """Decide every benchmark of ``run`` against ``base``; ``history`` (earlier entries of the
+    series, the baseline included) widens the regression rule by the run-to-run spread."""
     base_by = {b["fullname"]: b for b in base.get("benchmarks", [])}
+    spread = history_medians(history or [])
     out: list[Decision] = []
     seen = set()
     for rec in run.get("benchmarks", []):
@@ -140,10 +162,35 @@ def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = 0.01)
         if b is None or not _samples(b) or not rs:
             out.append(Decision(name, "new", reason="no baseline samples for this benchmark"))
             continue
-        out.append(compare(_samples(b), rs, threshold=threshold, alpha=alpha, name=name))
+        d = compare(_samples(b), rs, threshold=threshold, alpha=alpha, name=name)
+        meds = spread.get(name, [])
+        if d.status == "regression" and len(meds) >= 2:
+            run_med = float(np.median(rs))
+            if run_med <= max(meds) * (1 + threshold):
+                d.status = "noisy"
+                d.reason += (f"; but within the run-to-run spread of the last {len(meds)} runs "
+                             f"(slowest median {max(meds) / float(np.median(_samples(b))):.2f}x the baseline's): cannot decide")
+        out.append(d)
     for name in base_by:
         if name not in seen:
             out.append(Decision(name, "missing", reason="in the baseline, not in this run"))
+    return out
+
+
+def ceiling_drift(run: dict, base: dict) -> dict[str, float]:
+    """Relative change of the measured ceilings (copy bandwidth, matmul peak per dtype) between
+    the baseline and the run: a machine that got slower or busier shows here first."""
+    from reports import bench
+
+    out = {}
+    rc, bc = run.get("ceilings") or {}, base.get("ceilings") or {}
+    for key in ("copy_bytes_per_s",):
+        if isinstance(rc.get(key), (int, float)) and isinstance(bc.get(key), (int, float)) and bc[key] > 0:
+            out[key] = rc[key] / bc[key] - 1
+    rp, bp = bench.matmul_peaks(rc), bench.matmul_peaks(bc)
+    for d in sorted(set(rp) & set(bp)):
+        if bp[d] > 0:
+            out[f"matmul_flops_per_s[{d}]"] = rp[d] / bp[d] - 1
     return out
 
 
@@ -154,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.10, help="practical threshold on the median ratio")
     ap.add_argument("--alpha", type=float, default=0.01, help="significance level")
     ap.add_argument("--history", default=str(history.HISTORY), help="history folder")
+    ap.add_argument("--window", type=int, default=5,
+                    help="earlier entries of the series whose spread widens the regression rule (0: none)")
     ap.add_argument("--json", default=None, help="also write the decisions as JSON here")
     a = ap.parse_args(argv)
     run_path = Path(a.run)
@@ -166,7 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     base = history.load(bpath) if "series" in json.loads(bpath.read_text()) else load_run(bpath)
     if base.get("series") and base["series"] != run["series"]:
         print(f"gate: warning: baseline series {base['series']!r} differs from the run's {run['series']!r}")
-    decisions = gate(run, base, threshold=a.threshold, alpha=a.alpha)
+    earlier = []
+    if a.window > 0 and bpath.parent.is_dir():
+        rp = run_path.resolve()
+        for q in sorted(bpath.parent.glob("*.json")):
+            if q.resolve() != rp and q.name <= bpath.name:
+                try:
+                    earlier.append(history.load(q))
+                except (OSError, ValueError):
+                    pass
+        earlier = earlier[-a.window:]
+    decisions = gate(run, base, threshold=a.threshold, alpha=a.alpha, history=earlier)
     print(f"gate: run {run_path} vs baseline {bpath} (threshold {a.threshold:.0%}, alpha {a.alpha:g})")
     width = max([len(d.name) for d in decisions] + [10])
     for d in decisions:
@@ -174,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {d.status.upper():<12} {d.name:<{width}} ratio {ratio:>6}  {d.reason}")
     counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement", "noisy", "ok", "new", "missing")}
     print("gate: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    drift = {k: v for k, v in ceiling_drift(run, base).items() if abs(v) > a.threshold}
+    if drift:
+        print("gate: WARNING: the machine's measured ceilings changed since the baseline ("
+              + ", ".join(f"{k} {v:+.0%}" for k, v in drift.items())
+              + "): the machine may be busier or different; read the verdicts with care"
+              + (" (the two were measured with different sizes: quick vs full)"
+                 if (run.get("ceilings") or {}).get("quick") != (base.get("ceilings") or {}).get("quick") else ""))
     if counts["noisy"]:
         print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)")
     if counts["improvement"]:

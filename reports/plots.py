@@ -195,7 +195,7 @@ def plot_history(series: list[tuple], out: Path, name: str = "history", max_line
         entry["note"] = "no benchmark appears in two entries of this series"
         return entry
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     for k in sorted(trends)[:max_lines]:
         v = trends[k]
         ax.plot([i for i, _ in v], [m / v[0][1] for _, m in v], "o-", label=k.split("::")[-1][:40])
@@ -204,7 +204,7 @@ def plot_history(series: list[tuple], out: Path, name: str = "history", max_line
     ax.set_xticks(range(len(series)), labels, rotation=30, fontsize=6)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("median / first run's median")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     if len(trends) > max_lines:
         entry["note"] = f"first {max_lines} of {len(trends)} benchmarks shown"
