@@ -82,6 +82,13 @@ def pytest_configure(config):
     device = select_device(config.getoption("device"))
     _STATE["device"] = device
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if device == "cpu" and worker.startswith("gw"):
+        # one xdist worker per core: torch's own thread pool per worker would oversubscribe the
+        # cores, and OpenMP spin-waits make tiny-tensor tests 10-100x slower.
+        import torch
+
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     if device == "cuda" and worker.startswith("gw"):
         import torch
 

@@ -179,6 +179,30 @@ def benchmark_entries(records: list[dict], ceilings: dict | None) -> dict[str, l
     return dict(out)
 
 
+def world_cards() -> list[dict]:
+    """The shipped small world's model cards (reference/world/checkpoints/*.json), the figures
+    the quantization and speculative-decoding claims are measured on. Empty if none ship."""
+    try:
+        from reference.world import checkpoints as ck
+    except ImportError:
+        return []
+    cards = []
+    for name in ck.NAMES:
+        try:
+            card = ck.load_card(name)
+        except (FileNotFoundError, ValueError):
+            continue
+        cfg = card.get("config", {})
+        cards.append({"name": name, "parameters": card.get("parameters"),
+                      "config": f"d={cfg.get('d_model')}, {cfg.get('n_layers')} layers, {cfg.get('n_heads')} heads, "
+                                f"d_ff={cfg.get('d_ff')}, V={cfg.get('vocab_size')}",
+                      "steps": card.get("training_steps"), "seed": card.get("seed"),
+                      "test_nll": card.get("test_nll"), "grammatical": card.get("grammatical_fraction"),
+                      "samples": card.get("samples"), "wall_s": card.get("train_wall_s"),
+                      "entropy": card.get("entropy_rate_estimate")})
+    return cards
+
+
 def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, ceilings: dict | None = None,
             history_entries: list[tuple] | None = None, plot_dir: Path | None = None) -> dict:
     """Everything the report shows, as one JSON-able dict (plots drawn into ``plot_dir``)."""
@@ -212,7 +236,7 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
             "history": [{"file": p.name, "date": e["fingerprint"].get("date"),
                          "commit": (e["fingerprint"].get("commit") or "")[:10], "n": len(e.get("benchmarks", []))}
                         for p, e in series],
-            "n_rows": len(rows), "n_bench": len(records)}
+            "world": world_cards(), "n_rows": len(rows), "n_bench": len(records)}
 
 
 def _env():

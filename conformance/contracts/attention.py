@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from conformance.registry import Contract
+from optimized.outside_adapters import REQUIRES as OUTSIDE_REQUIRES
+from optimized.outside_adapters import available_builtins as outside_builtins
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -124,6 +126,25 @@ def flops(B: int, Hq: int, Tq: int, Tk: int, D: int, causal: bool) -> float:
     return f / 2 if causal else f
 
 
+def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
+    """Small valid calls for the checks every contract gets (no input mutation, every output
+    element written, identical repeats): GQA with Tq < Tk bottom-right and an odd D, MQA
+    decode, MHA prefill, logits of about 1e5 after scaling, and float64."""
+    out = []
+    for i, (B, Hq, Hkv, Tq, Tk, D, dt, causal, amp) in enumerate([
+            (1, 4, 2, 3, 17, 59, torch.float32, True, 1.0),
+            (2, 3, 1, 1, 33, 64, torch.float16, False, 1.0),
+            (1, 2, 2, 16, 16, 16, torch.bfloat16, True, 1.0),
+            (1, 2, 1, 5, 9, 8, torch.float32, True, 170.0),
+            (1, 1, 1, 4, 4, 3, torch.float64, False, 1.0)]):
+        g = torch.Generator().manual_seed(1000 * seed + i)
+        q = (amp * torch.randn(B, Hq, Tq, D, generator=g, dtype=torch.float64)).to(device=device, dtype=dt)
+        k = (amp * torch.randn(B, Hkv, Tk, D, generator=g, dtype=torch.float64)).to(device=device, dtype=dt)
+        v = torch.randn(B, Hkv, Tk, D, generator=g, dtype=torch.float64).to(device=device, dtype=dt)
+        out.append(((q, k, v), {"causal": causal, "scale": D ** -0.5}))
+    return out
+
+
 CONTRACT = Contract(
     technique="attention",
     functions=("attention",),
@@ -133,7 +154,10 @@ CONTRACT = Contract(
         "triton": "optimized.flash_attention:attention",
         "triton_splitkv": "optimized.flash_decoding:attention",
         "torch": "optimized.torch_attention:attention",
+        **outside_builtins(),  # flash_attn / flashinfer / vllm_paged, only when importable
     },
+    requires=dict(OUTSIDE_REQUIRES),  # the outside adapters run on CUDA only
+    cases="conformance.contracts.attention:cases",
     zoo={
         "no_max_subtract": "properties.zoo_attention:no_max_subtract",
         "top_left_causal": "properties.zoo_attention:top_left_causal",
