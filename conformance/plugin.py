@@ -59,6 +59,9 @@ def pytest_addoption(parser):
                     help="write result rows (JSON lines) into DIR")
     group.addoption("--zoo-only", action="store_true", default=False,
                     help="run only the bug-zoo tests (tests taking bad_impl)")
+    group.addoption("--model", default=None, metavar="PATH",
+                    help="checkpoint the model-level claims (KV-1, KV-2, FA-3 on a real layer) run on: a "
+                         "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
     group.addoption("--impl-timeout", type=float, default=OUTSIDE_TIMEOUT_S, metavar="SECONDS",
                     help="per-test timeout for outside implementations (pytest-timeout; 0: none)")
 

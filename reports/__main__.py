@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", default=str(hist.HISTORY), help="history folder")
     ap.add_argument("--bench-max-time", type=float, default=None,
                     help="pytest-benchmark --benchmark-max-time (default 0.2 s on cpu, 1 s on cuda)")
+    ap.add_argument("--model", default=None, metavar="PATH",
+                    help="run the model-level claims (KV-1, KV-2, FA-3 on a real layer) on this checkpoint: a "
+                         "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a claim fails or a kill rate < 100%%")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     args = ap.parse_args(argv)
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         if bench_json.exists():
             bench_json.unlink()
         common = ["-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}", f"--device={device}"]
+        if args.model:
+            common.append(f"--model={Path(args.model).resolve()}")
         if not args.no_properties:
             cmd = [sys.executable, "-m", "pytest", "properties", "tests", "-q", "--benchmark-disable",
                    f"--results={rows_dir}", "--durations=10", *common]
