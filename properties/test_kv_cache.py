@@ -356,3 +356,36 @@ def test_batch_mates_change_nothing(impl, dtype, device):
 @pytest.mark.kills("shared_positions", "pads_cached")
 def test_batch_mates_change_nothing_rejects(bad_impl, device):
     expect_rejected(law_batch_mates_change_nothing, bad_impl, torch.float64, device)
+
+
+# ------------------------------------------------------------- checks every contract gets
+def _calls(impl, model, prompt, lens, nexts):
+    """Prefill then one decode per row of ``nexts`` (T, B); returns the logits of every call."""
+    engine = impl.new_engine(model, max_batch=prompt.shape[0], max_seq_len=prompt.shape[1] + len(nexts) + 1)
+    out = [engine.prefill(prompt, lens)]
+    out += [engine.decode(nxt) for nxt in nexts]
+    return out
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_engine_mutates_no_input_and_repeats_bit_identically(impl, dtype, device):
+    """The generic checks, for an engine: prefill/decode leave the model's weights and the
+    tensors they are handed unchanged, and two engines fed the same calls return bit-identical
+    logits, all finite (no unwritten NaN slot read)."""
+    case = PINNED
+    model = model_for(case.cfg(), case.seed, dtype, device)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    full, prompt, lens = sequences(case, device)
+    nexts = [full[torch.arange(len(lens), device=device), lens + i] for i in range(case.steps)]  # T x (B,)
+    kept = [prompt.clone(), lens.clone()] + [n.clone() for n in nexts]
+    first = _calls(impl, model, prompt, lens, nexts)
+    second = _calls(impl, model, prompt, lens, nexts)
+    for a, b in zip(first, second):
+        assert_exact(a, b, what="logits of two engines fed the same calls")
+    for got, want in zip([prompt, lens] + nexts, kept):
+        assert_exact(got, want, what="a tensor handed to prefill/decode")
+    for name, w in model.state_dict().items():
+        assert_exact(w, weights[name], what=f"model weight {name} after prefill/decode")
+    assert all(torch.isfinite(x[:, :int(lens.min())] if x.dim() == 3 else x).all() for x in first), \
+        "an engine returned NaN/inf logits (an unwritten cache slot was read)"
