@@ -1,0 +1,26 @@
+#!/bin/sh
+# The GPU tier, run natively on a CUDA machine whose python3 already holds torch, triton, pytest,
+# hypothesis, pytest-benchmark, pytest-xdist, pytest-timeout, scipy, matplotlib, jinja2 and
+# safetensors (nothing is installed: the checkout runs from PYTHONPATH, and the root conftest loads
+# the plugin). Writes everything under $OUT (default reports/out/gpu):
+#   $OUT/report/      index.html, report.md, results.json, benchmarks.json, plots/
+#   $OUT/history/     the history folder with this run appended (copy the new entry into history/)
+#   $OUT/*.log        the console of each step
+# Usage: OUT=/some/dir sh scripts/gpu_tier.sh [extra pytest args]
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-reports/out/gpu}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export CI=true
+PY=${PYTHON:-python3}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
+} > "$OUT/env.log" 2>&1
+rm -rf "$OUT/history" && cp -r history "$OUT/history"
+# properties and tests: compiled kernels, 4 workers; benchmarks serially; ceilings; history; report
+$PY -m reports --device cuda -n 4 --out "$OUT/report" --history "$OUT/history" "$@" > "$OUT/reports.log" 2>&1
+status=$?
+tail -n 25 "$OUT/reports.log"
+exit $status
