@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import example, given, note, settings
+from hypothesis import example, given, note, reject, settings
+from hypothesis.control import currently_in_test_context
+from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
 
 from conformance import results
@@ -218,13 +220,40 @@ def make_inputs(case: Case, seed: int, dtype: torch.dtype, device: str):
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
+class _Support:
+    """Examples an implementation ran and refused, per law run (see :func:`run_law`)."""
+
+    ran = 0
+    refused: list = []
+
+
 def call(impl, q, k, v, case: Case, **kw):
-    """Call the implementation; NotImplementedError becomes a skip whose reason says
-    'unsupported' (never a pass)."""
+    """Call the implementation. A NotImplementedError inside a Hypothesis law discards that
+    example only (the law goes on with other draws; :func:`run_law` turns "every example
+    refused" into "unsupported"); outside a law it skips the test as "unsupported". Never a pass."""
     try:
-        return impl(q, k, v, causal=case.causal, scale=case.scale, **kw)
+        out = impl(q, k, v, causal=case.causal, scale=case.scale, **kw)
     except NotImplementedError as exc:
-        pytest.skip(f"unsupported: {getattr(impl, 'name', impl)} refuses {q.dtype}, D={case.D}: {exc}")
+        reason = f"unsupported: {getattr(impl, 'name', impl)} refuses {q.dtype}, D={case.D}: {exc}"
+        if currently_in_test_context():
+            _Support.refused.append(reason)
+            note(reason)
+            reject()
+        pytest.skip(reason)
+    _Support.ran += 1
+    return out
+
+
+def run_law(law, *args, **kwargs):
+    """Run a Hypothesis law; if the implementation refused every example it was given, the
+    test is "unsupported" (a skip), never a pass."""
+    _Support.ran, _Support.refused = 0, []
+    try:
+        law(*args, **kwargs)
+    except Unsatisfiable:
+        pass
+    if _Support.ran == 0 and _Support.refused:
+        pytest.skip(f"{_Support.refused[0]} (and every other example)")
 
 
 def check_against_reference(out, q, k, v, case: Case, what: str = "attention output"):
@@ -242,12 +271,14 @@ def check_against_reference(out, q, k, v, case: Case, what: str = "attention out
 
 # explicit examples run first in every profile: together they break every zoo entry
 EXAMPLE_GQA_CAUSAL = Case(B=1, Hq=6, Hkv=2, Tq=5, Tk=37, D=59, causal=True, scale=0.3 / math.sqrt(59))
+EXAMPLE_GQA_CAUSAL_POW2 = Case(B=1, Hq=6, Hkv=2, Tq=5, Tk=37, D=64, causal=True, scale=0.3 / 8)
 EXAMPLE_LARGE_LOGITS = Case(B=1, Hq=3, Hkv=1, Tq=17, Tk=33, D=16, causal=False, scale=0.25,
                             magnitude="large", amp=40.0)
 
 
 @given(case=cases(), seed=S.seeds)
 @example(case=EXAMPLE_GQA_CAUSAL, seed=7)
+@example(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7)
 @example(case=EXAMPLE_LARGE_LOGITS, seed=11)
 def law_matches_reference(impl, device, dtype, case, seed):
     """FA-3: attention(q, k, v) equals the float64 reference by the tolerance policy."""
@@ -261,7 +292,7 @@ def law_matches_reference(impl, device, dtype, case, seed):
 @pytest.mark.claim("FA-3")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fa3_matches_float64_reference(impl, device, dtype):
-    law_matches_reference(impl, device, dtype)
+    run_law(law_matches_reference, impl, device, dtype)
 
 
 @pytest.mark.technique("attention")
@@ -430,7 +461,7 @@ def law_split_equals_unsplit(impl, device, dtype, case, seed, num_splits):
 def test_fa7_split_kv_equals_unsplit(impl, device, dtype):
     if not _accepts_num_splits(impl):
         pytest.skip(f"{impl.name} has no split-KV mode (no num_splits argument)")
-    law_split_equals_unsplit(impl, device, dtype)
+    run_law(law_split_equals_unsplit, impl, device, dtype)
 
 
 @pytest.mark.technique("attention")
@@ -527,3 +558,65 @@ def test_fa6_peak_extra_memory_linear_in_T(name, device):
                    implementation_name=name, bytes={str(t): b for t, b in extra.items()},
                    naive_score_bytes={str(t): b for t, b in naive_scores.items()})
     assert growth <= 2 * t_ratio, f"peak extra memory grew {growth:.1f}x for {t_ratio:g}x longer T: {extra}"
+
+
+# ------------------------------------------------- partial support: refusals are not passes
+def _pow2_only(fn):
+    """``fn`` restricted to power-of-two head dims (NotImplementedError otherwise), as a real
+    kernel with a fixed set of head dims would be."""
+    def attention(q, k, v, *, causal, scale, **kw):
+        D = q.shape[-1]
+        if D & (D - 1):
+            raise NotImplementedError(f"head dim {D} not supported")
+        return fn(q, k, v, causal=causal, scale=scale, **kw)
+    return attention
+
+
+def _implementation(name, fn):
+    import types
+
+    from conformance.registry import Implementation
+
+    return Implementation("attention", name, f"tests:{name}", "outside",
+                          types.SimpleNamespace(attention=fn), ("attention",))
+
+
+def test_a_refused_example_does_not_skip_the_law(device):
+    """A kernel that supports only some head dims is still checked on those: the top-left mask
+    bug behind a power-of-two-only kernel is rejected, not reported unsupported."""
+    from properties import zoo_attention
+
+    bad = _implementation("pow2_top_left", _pow2_only(zoo_attention.top_left_causal))
+    with pytest.raises(AssertionError):
+        run_law(law_matches_reference, bad, device, torch.float64)
+    good = _implementation("pow2_reference", _pow2_only(ref.attention))
+    run_law(law_matches_reference, good, device, torch.float64)
+    assert _Support.ran > 0 and _Support.refused
+
+
+def test_an_implementation_refusing_everything_is_unsupported_not_passed(device):
+    def refuses(q, k, v, *, causal, scale):
+        raise NotImplementedError("nothing supported")
+
+    with pytest.raises(pytest.skip.Exception, match="unsupported"):
+        run_law(law_matches_reference, _implementation("refuses", refuses), device, torch.float64)
+
+
+# ----------------------------------------------- production-sized shapes, beyond the drawn ones
+#: Shapes the drawn cases stay below (interpreter cost): a GQA group of 8 and 16 query heads
+#: (Llama-3-70B's ratio), batch 3, keys past 256 with a partial last tile, a long decode, and a
+#: head dim between 136 and 256. A kernel wrong only at scale fails here.
+PRODUCTION_CASES = {
+    "B3-Hq16-group8-Tk260-causal": Case(B=3, Hq=16, Hkv=2, Tq=3, Tk=260, D=64, causal=True, scale=0.125),
+    "decode-group4-Tk1100-D192": Case(B=1, Hq=4, Hkv=1, Tq=1, Tk=1100, D=192, causal=False, scale=0.07),
+}
+
+
+@pytest.mark.technique("attention")
+@pytest.mark.claim("FA-3")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(PRODUCTION_CASES))
+def test_fa3_production_shapes(impl, device, dtype, name):
+    case = PRODUCTION_CASES[name]
+    q, k, v = make_inputs(case, 17, dtype, device)
+    check_against_reference(call(impl, q, k, v, case), q, k, v, case, what=f"attention at {name}")

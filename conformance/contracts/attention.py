@@ -129,14 +129,16 @@ def flops(B: int, Hq: int, Tq: int, Tk: int, D: int, causal: bool) -> float:
 def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
     """Small valid calls for the checks every contract gets (no input mutation, every output
     element written, identical repeats): GQA with Tq < Tk bottom-right and an odd D, MQA
-    decode, MHA prefill, logits of about 1e5 after scaling, and float64."""
+    decode, MHA prefill, logits of about 1e5 after scaling, float64, and a call spanning several
+    key tiles (a nondeterministic split or reduction order shows there)."""
     out = []
     for i, (B, Hq, Hkv, Tq, Tk, D, dt, causal, amp) in enumerate([
             (1, 4, 2, 3, 17, 59, torch.float32, True, 1.0),
             (2, 3, 1, 1, 33, 64, torch.float16, False, 1.0),
             (1, 2, 2, 16, 16, 16, torch.bfloat16, True, 1.0),
             (1, 2, 1, 5, 9, 8, torch.float32, True, 170.0),
-            (1, 1, 1, 4, 4, 3, torch.float64, False, 1.0)]):
+            (1, 1, 1, 4, 4, 3, torch.float64, False, 1.0),
+            (2, 8, 2, 2, 300, 128, torch.float32, True, 1.0)]):  # several key tiles, group of 4
         g = torch.Generator().manual_seed(1000 * seed + i)
         q = (amp * torch.randn(B, Hq, Tq, D, generator=g, dtype=torch.float64)).to(device=device, dtype=dt)
         k = (amp * torch.randn(B, Hkv, Tk, D, generator=g, dtype=torch.float64)).to(device=device, dtype=dt)
