@@ -63,12 +63,13 @@ class Case:
     prompt_lens: tuple
     steps: int
     vocab: int = 37
+    max_seq_len: int = 64
 
     def cfg(self) -> TransformerConfig:
         d_model = 16
         return TransformerConfig(vocab_size=self.vocab, d_model=d_model, n_layers=self.n_layers,
                                  n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_ff=24,
-                                 max_seq_len=64, head_dim=self.head_dim)
+                                 max_seq_len=self.max_seq_len, head_dim=self.head_dim)
 
 
 @st.composite
@@ -389,3 +390,65 @@ def test_engine_mutates_no_input_and_repeats_bit_identically(impl, dtype, device
         assert_exact(w, weights[name], what=f"model weight {name} after prefill/decode")
     assert all(torch.isfinite(x[:, :int(lens.min())] if x.dim() == 3 else x).all() for x in first), \
         "an engine returned NaN/inf logits (an unwritten cache slot was read)"
+
+
+# ---------------------------------------------- long sequences and a reused engine (KV-1)
+LONG = Case(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, seed=11, prompt_lens=(70, 3), steps=62,
+            max_seq_len=160)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_long_sequences_past_64_and_128_positions(impl, dtype, device):
+    """Positions past 64 and 128 (RoPE tables, cache tiles and index arithmetic that only break
+    at length): a 70-token and a 3-token prompt decoded for 62 steps, to position 131."""
+    check_long_sequences(impl, dtype, device)
+
+
+def check_long_sequences(impl, dtype, device):
+    law_prefill_then_decode_equals_full_forward.hypothesis.inner_test(impl, dtype, device, LONG)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.kills("rope_off_after_64", "drop_oldest", "no_rope_offset")
+def test_long_sequences_rejects(bad_impl, device):
+    expect_rejected(check_long_sequences, bad_impl, torch.float64, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_a_second_prefill_forgets_the_first(impl, dtype, device):
+    """One engine, two batches: after a prefill (and decodes) of other sequences, a new prefill
+    starts fresh (the contract: a prefill forgets all earlier sequences)."""
+    check_second_prefill(impl, dtype, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.kills("stale_after_reprefill")
+def test_a_second_prefill_rejects(bad_impl, device):
+    expect_rejected(check_second_prefill, bad_impl, torch.float64, device)
+
+
+def check_second_prefill(impl, dtype, device):
+    first = Case(n_layers=2, n_heads=3, n_kv_heads=1, head_dim=6, seed=5, prompt_lens=(9, 4, 6), steps=5)
+    second = PINNED
+    cfg = second.cfg()
+    assert first.cfg() == cfg
+    model = model_for(cfg, second.seed, dtype, device)
+    engine = impl.new_engine(model, max_batch=4, max_seq_len=32)
+    full, prompt, lens = sequences(first, device)
+    engine.prefill(prompt, lens)
+    for i in range(first.steps):
+        engine.decode(full[torch.arange(len(lens), device=device), lens + i])
+    full, prompt, lens = sequences(second, device)
+    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
+    steps = [engine.decode(full[torch.arange(len(lens), device=device), lens + i]) for i in range(second.steps)]
+    out = torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(second.prompt_lens)])
+    out_ref = torch.cat(full_forward(model_for(cfg, second.seed, torch.float64, device), second, device))
+    assert_close(out, out_ref, what="logits after a second prefill on the same engine")
+    assert_exact(engine.lengths(), torch.tensor([n + second.steps for n in second.prompt_lens]),
+                 what="lengths after the second prefill")

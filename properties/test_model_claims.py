@@ -113,7 +113,10 @@ def test_checkpoint_layer_attention(impl, dtype, device, model_path):
 
     scale = 1 / math.sqrt(q.shape[-1])
     out_ref = attention_ref(q, k, v, causal=True, scale=scale)                # (B, N, T, H)
-    out = impl(q.to(dtype), k.to(dtype), v.to(dtype), causal=True, scale=scale)
+    try:
+        out = impl(q.to(dtype), k.to(dtype), v.to(dtype), causal=True, scale=scale)
+    except NotImplementedError as exc:
+        pytest.skip(f"unsupported: {impl.name} refuses {dtype}, D={q.shape[-1]}: {exc}")
     if dtype == torch.float64:
         results.record("FA-3", measured=float((out - out_ref).abs().max()), lecture=1.3e-15,
                        unit=f"max |difference| on the checkpoint's layer 0 ({impl.name}, fp64)")

@@ -79,6 +79,26 @@ class _PadsCached(KVCacheEngine):
         return super()._prefill(tokens, torch.full_like(lengths, S), torch.full_like(host_lengths, S))
 
 
+class _RopeOffAfter64(KVCacheEngine):
+    """RoPE position off by one from position 64 on (an index wrap that shows only at length)."""
+
+    def _decode_positions(self, lengths):
+        return lengths + (lengths >= 64).to(lengths.dtype)
+
+
+class _StaleAfterReprefill(KVCacheEngine):
+    """A second prefill on the same engine keeps a position offset from the first batch."""
+
+    _prefills = 0
+
+    def _prefill(self, tokens, lengths, host_lengths):
+        self._prefills += 1
+        return super()._prefill(tokens, lengths, host_lengths)
+
+    def _decode_positions(self, lengths):
+        return lengths + 1 if self._prefills > 1 else lengths
+
+
 def _ns(cls):
     return SimpleNamespace(new_engine=lambda model, max_batch, max_seq_len: cls(model, max_batch, max_seq_len,
                                                                                   append="torch"))
@@ -89,3 +109,5 @@ NO_ROPE_OFFSET = _ns(_NoRopeOffset)
 READS_PAST_LENGTH = _ns(_ReadsPastLength)
 SHARED_POSITIONS = _ns(_SharedPositions)
 PADS_CACHED = _ns(_PadsCached)
+ROPE_OFF_AFTER_64 = _ns(_RopeOffAfter64)
+STALE_AFTER_REPREFILL = _ns(_StaleAfterReprefill)

@@ -69,5 +69,7 @@ CONTRACT = Contract(
         "reads_past_length": "properties.zoo_kv_cache:READS_PAST_LENGTH",
         "shared_positions": "properties.zoo_kv_cache:SHARED_POSITIONS",
         "pads_cached": "properties.zoo_kv_cache:PADS_CACHED",
+        "rope_off_after_64": "properties.zoo_kv_cache:ROPE_OFF_AFTER_64",
+        "stale_after_reprefill": "properties.zoo_kv_cache:STALE_AFTER_REPREFILL",
     },
 )
