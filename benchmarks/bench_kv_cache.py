@@ -127,7 +127,8 @@ def test_ai8_prefill_vs_decode(benchmark, impl, device):
     _info(benchmark, device, claim="AI-8", **figures)
     benchmark.pedantic(one_by_one, rounds=repeats, warmup_rounds=0)
     results.record("AI-8", measured=ratio, lecture="3.5 ms vs 95.2 ms, ≈27× (CPU)",
-                   unit="time of 256 one-token decode steps / one 256-token prefill", **figures)
+                   unit="time of 256 one-token decode steps / one 256-token prefill",
+                   holds=bool(ratio >= 5), trend_rule="far faster: ratio >= 5", **figures)
 
 
 # ----------------------------------------------------------------------------------------- KV-3
@@ -168,11 +169,14 @@ def test_kv3_generation_with_and_without_cache(benchmark, impl, device):
     _info(benchmark, device, claim="KV-3", **figures)
     benchmark.pedantic(cached, args=(max(lengths),), rounds=max(repeats, 1), warmup_rounds=0)
     results.record("KV-3", measured=t_plain[b] / t_plain[a], lecture="> 4× when the length doubles",
-                   unit=f"time ratio without the cache, {a} -> {b} tokens", **figures)
+                   unit=f"time ratio without the cache, {a} -> {b} tokens",
+                   holds=bool(t_plain[b] / t_plain[a] > 4), trend_rule="> 4", **figures)
     results.record("KV-3", measured=t_cache[b] / t_cache[a], lecture="≈ 2× when the length doubles",
-                   unit=f"time ratio with the cache, {a} -> {b} tokens")
+                   unit=f"time ratio with the cache, {a} -> {b} tokens",
+                   holds=bool(t_cache[b] / t_cache[a] < 3), trend_rule="< 3 (linear, not quadratic)")
     results.record("KV-3", measured=t_plain[b] / t_cache[b], lecture="7.7× faster at 512 tokens",
-                   unit=f"speed-up of the cache at {b} tokens")
+                   unit=f"speed-up of the cache at {b} tokens",
+                   holds=bool(t_plain[b] / t_cache[b] > 2), trend_rule="> 2")
 
 
 # ----------------------------------------------------------------------------------------- AI-9
@@ -223,7 +227,9 @@ def test_ai9_batch_scaling(benchmark, impl, device):
     benchmark.pedantic(step, setup=setup, rounds=repeats, warmup_rounds=0)
     results.record("AI-9", measured=step_s[64] / step_s[1],
                    lecture="step time grows much more slowly than B at small B (B ×64 here)",
-                   unit="decode step time B=64 / B=1", **figures)
+                   unit="decode step time B=64 / B=1", holds=bool(step_s[64] / step_s[1] < 16),
+                   trend_rule="< 16 (a quarter of the batch growth)", **figures)
     results.record("AI-9", measured=throughput[256] / throughput[64],
                    lecture="throughput saturates; on the lecture's CPU B=256 is slower than B=64 (< 1)",
-                   unit="throughput B=256 / B=64")
+                   unit="throughput B=256 / B=64", holds=bool(throughput[256] / throughput[64] < 3),
+                   trend_rule="< 3 (4x the batch, clearly sub-linear)")

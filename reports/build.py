@@ -55,6 +55,8 @@ def _fig_text(r: Row, value) -> str:
     text = _num(value)
     if r.unit and value is not None and not isinstance(value, str):
         text += f" {r.unit}"
+    if value is r.measured and isinstance(r.extra, dict) and "holds" in r.extra:
+        text += f" [{'holds' if r.extra['holds'] else 'NOT reproduced'}: {r.extra.get('trend_rule', '')}]"
     return f"{what}: {text}" if what else text
 
 
@@ -77,6 +79,11 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
         verdict = "not checked" if not rs else (
             max(judged, key=lambda r: _ORDER[r.verdict]).verdict if judged else "not measured")
         verdict = {"pass": "holds", "fail": "fails", "error": "fails"}.get(verdict, verdict)
+        if c.kind == "trend" and verdict == "holds":
+            # a trend is judged by the direction its benchmarks measured (figure rows carrying
+            # extra["holds"]), never by a passing test alone; no such row: not measured here
+            judged_trend = [r.extra.get("holds") for r in rs if isinstance(r.extra, dict) and "holds" in r.extra]
+            verdict = ("not measured" if not judged_trend else "holds" if all(judged_trend) else "fails")
         figures = [r for r in rs if r.lecture is not None or (r.unit and r.unit not in ("max abs error", "rejection"))]
         seen, lect, meas = set(), [], []
         for r in figures:

@@ -163,3 +163,19 @@ def test_kill_rate_names_survivors(tmp_path, capsys):
     write_rows(rows, tmp_path / "rows" / "r.jsonl")
     assert killrate.main(["--rows", str(tmp_path / "rows")]) == 1
     assert "survivor: p.py::law[zoo-c]" in capsys.readouterr().out
+
+
+def _trend_row(claim, holds=None, verdict="pass"):
+    extra = {} if holds is None else {"holds": holds, "trend_rule": "> 4"}
+    return Row(claim=claim, check=f"benchmarks/bench_x.py::test_{claim}", technique="kv_cache", implementation="torch",
+               device="cpu", measured=3.3, lecture="> 4×", unit="ratio", verdict=verdict, extra=extra)
+
+
+def test_a_trend_is_judged_by_its_measured_direction_not_by_a_passing_test():
+    ledger = {c["id"]: c for c in build.claim_verdicts([_trend_row("KV-3", holds=False), _trend_row("AI-8", holds=True),
+                                                        _trend_row("AI-9")])}
+    assert ledger["KV-3"]["verdict"] == "fails" and "NOT reproduced" in ledger["KV-3"]["measured_text"]
+    assert ledger["AI-8"]["verdict"] == "holds"
+    assert ledger["AI-9"]["verdict"] == "not measured"
+    exact = {c["id"]: c for c in build.claim_verdicts([_trend_row("KV-1")])}
+    assert exact["KV-1"]["verdict"] == "holds"  # an exact claim is judged by its test
