@@ -77,7 +77,7 @@ def _profile_name(config) -> str:
 
 def pytest_configure(config):
     for line in ("technique(name): the technique whose contract the test checks",
-                 "claim(*ids): claim ids of ../shared/CLAIMS.md the test checks",
+                 "claim(*ids): claim ids of the ledger (CLAIMS.md) the test checks",
                  "kills(*names): known-bad implementations the law must reject",
                  "gpu: needs a CUDA device (skipped elsewhere)"):
         config.addinivalue_line("markers", line)
@@ -234,7 +234,18 @@ def pytest_runtest_makereport(item, call):
         _STATE["rows"].extend(rows)
         _write(item.config, rows)
         report.user_properties.append(("conformance_rows", len(rows)))
+        report.user_properties.append(("conformance_verdicts", [
+            (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict)
+            for r in rows if r.technique]))
     return report
+
+
+def pytest_runtest_logreport(report):
+    """Collect the verdicts for the terminal summary; with pytest-xdist this runs in the
+    controller too, from the workers' reports (their rows stay in the workers)."""
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "conformance_verdicts":
+            _STATE.setdefault("verdicts", []).extend(tuple(v) for v in value)
 
 
 def _rows_path(config) -> str | None:
@@ -264,24 +275,22 @@ def pytest_handlecrashitem(crashitem, report, sched):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    rows = [r for r in _STATE["rows"] if r.technique]
-    if not rows:
+    verdicts = _STATE.get("verdicts", [])
+    if not verdicts:
         return
+    order = ["pass", "skip", "unsupported", "error", "fail"]
     table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
     impls: list[str] = []
-    for r in rows:
-        law = r.check.split("::")[-1].split("[")[0]
-        key = (r.technique, f"{law} {r.claim}".strip())
-        name = r.implementation or "-"
+    for technique, law, claim, name, verdict in verdicts:
+        key = (technique, f"{law} {claim}".strip())
         if name not in impls:
             impls.append(name)
         prev = table[key].get(name)
-        order = ["pass", "skip", "unsupported", "error", "fail"]
-        if prev is None or order.index(r.verdict if r.verdict in order else "fail") > order.index(prev):
-            table[key][name] = r.verdict
+        if prev is None or order.index(verdict if verdict in order else "fail") > order.index(prev):
+            table[key][name] = verdict
     tr = terminalreporter
     tr.section("conformance verdicts (worst over parameters)")
     width = max(len(f"{t}: {k}") for t, k in table) + 2
     tr.write_line(" " * width + "  ".join(f"{i:>12}" for i in impls))
-    for (t, k), verdicts in sorted(table.items()):
-        tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{verdicts.get(i, '.'):>12}" for i in impls))
+    for (t, k), row in sorted(table.items()):
+        tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{row.get(i, '.'):>12}" for i in impls))
