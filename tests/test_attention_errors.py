@@ -39,6 +39,7 @@ def _bad_cases():
         ("scale nan", (q, k, v), {"scale": math.nan}, ValueError, r"scale"),
         ("causal with Tq > Tk", _qkv(Tq=6, Tk=5), {"causal": True}, ValueError, r"Tq <= Tk"),
         ("k on another device", (q, k.to("meta"), v), {}, ValueError, r"one device"),
+        ("all on the meta device", (q.to("meta"), k.to("meta"), v.to("meta")), {}, ValueError, r"cpu or cuda"),
     ]
 
 

@@ -77,6 +77,8 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
         raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q, k, v must be on a cpu or cuda device, got {q.device}")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     B, Hq, Tq, D = q.shape
@@ -96,7 +98,7 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
     if Tk < 1:
         raise ValueError(f"k/v length Tk must be >= 1, got {Tk}")
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        raise TypeError(f"causal must be a Python bool, got {type(causal).__module__}.{type(causal).__name__}")
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
     if not math.isfinite(float(scale)):
