@@ -91,6 +91,9 @@ def validate_append(k_cache, v_cache, k_new, v_new, start, count, host_start=Non
                          f"got {tuple(k_cache.shape)}")
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if v_cache.data_ptr() == k_cache.data_ptr():
+        raise ValueError("v_cache must be a separate buffer from k_cache (they share storage: the values "
+                         "would overwrite the keys)")
     if v_cache.stride() != k_cache.stride():
         raise ValueError(f"v_cache must have the strides of k_cache {k_cache.stride()}, got {v_cache.stride()}")
     if not k_cache.dtype.is_floating_point or v_cache.dtype != k_cache.dtype:

@@ -219,6 +219,8 @@ def test_append_rejects_mismatched_caches(append, device):
         APPENDS[append](kc, vc[:, :, :4], kn, vn, start, count)
     with pytest.raises(TypeError, match="k_cache and v_cache must share one floating dtype"):
         APPENDS[append](kc, vc.double(), kn, vn, start, count)
+    with pytest.raises(ValueError, match="separate buffer"):
+        APPENDS[append](kc, kc, kn, vn, start, count)
 
 
 def test_static_cache_rejects_bad_sizes(device):
