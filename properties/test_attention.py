@@ -604,11 +604,16 @@ def test_an_implementation_refusing_everything_is_unsupported_not_passed(device)
 
 # ----------------------------------------------- production-sized shapes, beyond the drawn ones
 #: Shapes the drawn cases stay below (interpreter cost): a GQA group of 8 and 16 query heads
-#: (Llama-3-70B's ratio), batch 3, keys past 256 with a partial last tile, a long decode, and a
-#: head dim between 136 and 256. A kernel wrong only at scale fails here.
+#: (Llama-3-70B's ratio), 8 KV heads, batch 3 and 4 (B·Hq = 64), keys past 256 with a partial
+#: last tile and Tk % 64 == 1, a long decode, a long prefill, head dims 160 and 192, a negative
+#: and a zero scale. A kernel wrong only at scale fails here.
 PRODUCTION_CASES = {
     "B3-Hq16-group8-Tk260-causal": Case(B=3, Hq=16, Hkv=2, Tq=3, Tk=260, D=64, causal=True, scale=0.125),
     "decode-group4-Tk1100-D192": Case(B=1, Hq=4, Hkv=1, Tq=1, Tk=1100, D=192, causal=False, scale=0.07),
+    "B4-Hq16-Hkv4-prefill-Tk321-causal": Case(B=4, Hq=16, Hkv=4, Tq=2, Tk=321, D=32, causal=True, scale=0.17),
+    "B3-Hkv8-noncausal-Tk129-D160-negscale": Case(B=3, Hq=8, Hkv=8, Tq=7, Tk=129, D=160, causal=False,
+                                                   scale=-0.08),
+    "Tk65-scale0-causal": Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=65, D=16, causal=True, scale=0.0),
 }
 
 
@@ -620,3 +625,30 @@ def test_fa3_production_shapes(impl, device, dtype, name):
     case = PRODUCTION_CASES[name]
     q, k, v = make_inputs(case, 17, dtype, device)
     check_against_reference(call(impl, q, k, v, case), q, k, v, case, what=f"attention at {name}")
+
+
+@pytest.mark.technique("attention")
+def test_invalid_calls_raise(impl, device):
+    """The contract's errors, for every implementation (outside ones too): causal with Tq > Tk,
+    Hq not a multiple of Hkv, and mismatched head dims raise ValueError (or TypeError); a
+    NotImplementedError or a garbage output is not an answer."""
+    q, k, v = make_inputs(Case(1, 4, 2, 6, 5, 16, True, 0.25), 3, torch.float32, device)
+    bad = {"causal with Tq > Tk": ((q, k, v), True),
+           "Hq not a multiple of Hkv": ((q[:, :3], k, v), False),
+           "head dims differ": ((q, k[..., :8], v[..., :8]), False)}
+    for what, ((qq, kk, vv), causal) in bad.items():
+        with pytest.raises((ValueError, TypeError)):
+            impl(qq, kk, vv, causal=causal, scale=0.25)
+            pytest.fail(f"{impl.name} accepted an invalid call ({what})")
+
+
+@pytest.mark.technique("attention")
+def test_outputs_do_not_alias_across_calls(impl, device):
+    """A second call must not overwrite the first call's output (a kernel returning one reused
+    workspace per shape would)."""
+    case = Case(1, 4, 2, 5, 33, 16, True, 0.25)
+    q, k, v = make_inputs(case, 5, torch.float32, device)
+    out1 = call(impl, q, k, v, case)
+    kept = out1.clone()
+    call(impl, -q, k.flip(2), -v, case)
+    assert_exact(out1, kept, what="the first output after a second call")

@@ -452,3 +452,46 @@ def check_second_prefill(impl, dtype, device):
     assert_close(out, out_ref, what="logits after a second prefill on the same engine")
     assert_exact(engine.lengths(), torch.tensor([n + second.steps for n in second.prompt_lens]),
                  what="lengths after the second prefill")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-1")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_decode_to_full_capacity(impl, dtype, device):
+    """The longest sequence fills the cache exactly (its last token goes to slot max_seq_len - 1)
+    and the logits after it are still the full forward's."""
+    case = PINNED
+    cfg = case.cfg()
+    model = model_for(cfg, case.seed, dtype, device)
+    full, prompt, lens = sequences(case, device)
+    B = len(case.prompt_lens)
+    engine = impl.new_engine(model, max_batch=B, max_seq_len=max(case.prompt_lens) + case.steps)
+    pre = engine.prefill(prompt, lens)
+    steps = [engine.decode(full[torch.arange(B, device=device), lens + i]) for i in range(case.steps)]
+    out = torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)])
+    out_ref = torch.cat(full_forward(model_for(cfg, case.seed, torch.float64, device), case, device))
+    assert_close(out, out_ref, what="logits up to a full cache")
+
+
+@pytest.mark.technique(TECH)
+def test_invalid_calls_raise(impl, device):
+    """The contract's errors, for every engine (outside ones too): decode before prefill is a
+    RuntimeError; a write past capacity, a length outside [1, S] or an id outside [0, V) is a
+    ValueError, raised before anything changes."""
+    case = PINNED
+    model = model_for(case.cfg(), case.seed, torch.float32, device)
+    full, prompt, lens = sequences(case, device)
+    B = len(case.prompt_lens)
+    engine = impl.new_engine(model, max_batch=B, max_seq_len=max(case.prompt_lens) + 1)
+    with pytest.raises(RuntimeError):
+        engine.decode(full[:, 0])
+    with pytest.raises(ValueError):
+        engine.prefill(prompt, torch.full_like(lens, prompt.shape[1] + 1))
+    with pytest.raises(ValueError):
+        engine.prefill(torch.full_like(prompt, case.vocab), lens)
+    engine.prefill(prompt, lens)
+    engine.decode(full[torch.arange(B, device=device), lens])         # the longest row is now full
+    kept = engine.lengths().clone()
+    with pytest.raises(ValueError):
+        engine.decode(full[torch.arange(B, device=device), lens + 1])
+    assert_exact(engine.lengths(), kept, what="lengths after a rejected decode")
