@@ -28,6 +28,8 @@ def attention(q, k, v, *, causal, scale):
     Hkv, Tk = k.shape[1], k.shape[2]
     if Hq % Hkv:
         raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv})")
+    if k.shape != (B, Hkv, Tk, D) or v.shape != k.shape:
+        raise ValueError(f"k and v must have shape (B={B}, Hkv, Tk, D={D}), got {tuple(k.shape)} and {tuple(v.shape)}")
     if causal and Tq > Tk:
         raise ValueError("causal attention needs Tq <= Tk")
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

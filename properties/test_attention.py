@@ -14,8 +14,10 @@ costs milliseconds there); on GPU they are larger.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -178,31 +180,53 @@ def interpreter_cost(B: int, Hq: int, Tq: int, Tk: int) -> int:
 COST_BUDGET = 36
 
 
+def fit_budget(case: Case) -> Case:
+    """``case`` shrunk (batch, then heads, then query length) until its interpreter cost is
+    within COST_BUDGET: for Triton kernels run under the interpreter, which cost ~5 ms a unit."""
+    B, hq, hkv, Tq = case.B, case.Hq, case.Hkv, case.Tq
+    if interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET:
+        B = 1
+    if interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET:
+        hq, hkv = (hq // hkv, 1) if hkv > 1 else (hq, hkv)
+    while interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET and hq > 1:
+        hq, hkv = hq - 1, 1
+    while interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET:
+        Tq = max(1, Tq // 2)
+    return dataclasses.replace(case, B=B, Hq=hq, Hkv=hkv, Tq=Tq)
+
+
+def runs_interpreted(impl) -> bool:
+    """True for a Triton kernel run under the interpreter (its module imports triton): only
+    those get their drawn sizes bounded; a PyTorch implementation is checked at full size."""
+    if not triton_interpreted():
+        return False
+    module = sys.modules.get(impl.target.split(":", 1)[0]) if ":" in impl.target else None
+    return module is None or getattr(module, "triton", None) is not None
+
+
 @st.composite
-def cases(draw, max_len: int = 239):
-    hq, hkv = draw(S.gqa_heads(max_kv=3, max_group=3))
-    B = draw(st.integers(1, 2))
-    D = draw(st.one_of(S.head_dims(), st.just(256)))
+def cases(draw, max_len: int = 239, bounded: bool | None = None):
+    """Attention calls. GQA shapes mix small ratios (including non powers of two) with the
+    production ones (8 KV heads, groups of 4 and 8); head dims from 1 to 256. ``bounded``
+    (default: under the interpreter) applies :func:`fit_budget` to every draw; laws that know
+    their implementation draw unbounded and fit only interpreted Triton kernels."""
+    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=3, max_group=3),
+                             st.sampled_from([(8, 8), (8, 2), (16, 2), (32, 8), (12, 4)])))
+    B = draw(st.integers(1, 4))
+    D = draw(st.one_of(S.head_dims(), st.sampled_from([160, 200, 256])))
     causal = draw(st.booleans())
     a, b = draw(S.lengths(max_len)), draw(S.lengths(max_len))
     Tq, Tk = (min(a, b), max(a, b)) if causal else (a, b)
-    if triton_interpreted():
-        if interpreter_cost(B, hq, Tq, Tk) > COST_BUDGET:
-            B = 1
-        if interpreter_cost(B, hq, Tq, Tk) > COST_BUDGET:
-            hq, hkv = (hq // hkv, 1) if hkv > 1 else (hq, hkv)
-        while interpreter_cost(B, hq, Tq, Tk) > COST_BUDGET and hq > 1:
-            hq, hkv = hq - 1, 1
-        while interpreter_cost(B, hq, Tq, Tk) > COST_BUDGET:
-            Tq = max(1, Tq // 2)
     magnitude = draw(st.sampled_from(["normal", "normal", "large"]))
     if magnitude == "large":
-        scale = draw(st.sampled_from([1.0, 0.25, 0.0625]))
+        scale = draw(st.sampled_from([1.0, 0.25, 0.0625, -0.25]))
         amp = draw(st.sampled_from([3.0, 12.0, 40.0]))
     else:
-        scale = draw(st.sampled_from([1.0, 0.3, 1.7, 3.0])) / math.sqrt(D)
+        scale = draw(st.sampled_from([1.0, 0.3, 1.7, 3.0, -1.0, 0.0])) / math.sqrt(D)
         amp = 1.0
-    return Case(B, hq, hkv, Tq, Tk, D, causal, scale, magnitude, amp)
+    case = Case(B, hq, hkv, Tq, Tk, D, causal, scale, magnitude, amp)
+    bounded = triton_interpreted() if bounded is None else bounded
+    return fit_budget(case) if bounded else case
 
 
 def make_inputs(case: Case, seed: int, dtype: torch.dtype, device: str):
@@ -276,12 +300,14 @@ EXAMPLE_LARGE_LOGITS = Case(B=1, Hq=3, Hkv=1, Tq=17, Tk=33, D=16, causal=False, 
                             magnitude="large", amp=40.0)
 
 
-@given(case=cases(), seed=S.seeds)
+@given(case=cases(bounded=False), seed=S.seeds)
 @example(case=EXAMPLE_GQA_CAUSAL, seed=7)
 @example(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7)
 @example(case=EXAMPLE_LARGE_LOGITS, seed=11)
 def law_matches_reference(impl, device, dtype, case, seed):
     """FA-3: attention(q, k, v) equals the float64 reference by the tolerance policy."""
+    if runs_interpreted(impl):
+        case = fit_budget(case)
     note(f"{case}")
     q, k, v = make_inputs(case, seed, dtype, device)
     out = call(impl, q, k, v, case)
