@@ -73,7 +73,7 @@ class Case:
 
 
 @st.composite
-def cases(draw, min_batch: int = 1, max_batch: int = 3, max_prompt: int = 9, max_steps: int = 4):
+def cases(draw, min_batch: int = 1, max_batch: int = 4, max_prompt: int = 24, max_steps: int = 4):
     n_heads, n_kv = draw(gqa_heads(max_kv=3, max_group=3))
     B = draw(st.integers(min_batch, max_batch))
     return Case(n_layers=draw(st.integers(1, 2)), n_heads=n_heads, n_kv_heads=n_kv,
