@@ -167,6 +167,18 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Run the test with one torch intra-op thread (restored after): fastest for tiny tensors,
+    and no OpenMP spin-waits when pytest-xdist workers share the cores."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def device() -> str:
     """The device tensors are created on: "cpu" or "cuda" (``--device``)."""

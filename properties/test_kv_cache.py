@@ -35,14 +35,8 @@ HEAD_DIMS = (2, 4, 6, 8, 10, 14)
 CAPACITY_SLACK = 3  # max_seq_len = longest sequence + this: unwritten NaN slots always exist
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The tensors here are tiny: one intra-op thread is fastest, and avoids OpenMP spin-waits
-    when pytest-xdist workers share the cores (restored after each test)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+#: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def examples(n: int) -> int:

@@ -17,14 +17,8 @@ ENGINES = {"triton": engines.TRITON, "torch": engines.TORCH}
 APPENDS = {"triton": kv_append, "torch": kv_append_torch}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The tensors here are tiny: one intra-op thread is fastest, and avoids OpenMP spin-waits
-    when pytest-xdist workers share the cores (restored after each test)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+#: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(params=list(ENGINES))
