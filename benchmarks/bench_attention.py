@@ -15,12 +15,10 @@ decode with B·H <= 32 and Tk >= 16k: split-KV >= 3x the unsplit kernel (claim F
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
 import torch
 
+from benchmarks.timing import median_seconds
 from conformance import registry, results
 from conformance.contracts.attention import flops
 from properties.strategies import randn
@@ -35,23 +33,6 @@ DECODE_TK = {"cuda": (4096, 16384, 65536), "cpu": (2048,)}
 DECODE_BH = {"cuda": ((1, 8), (1, 32), (8, 32)), "cpu": ((1, 8),)}
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_seconds(fn, device, repeats: int) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after one warm-up (compile, autotune)."""
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _attention_fn(backend: str, device: str):

@@ -13,12 +13,10 @@ Source: lecture 001 §1.3 (prefill vs decode, batching), §2.2 (the cache's spee
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
 import torch
 
+from benchmarks.timing import median_seconds
 from conformance import results
 from reference.transformer import TransformerConfig, build, generate
 
@@ -48,27 +46,6 @@ def _smoke_threads(request):
     torch.set_num_threads(n)
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_seconds(fn, device, repeats: int, setup=None, warmup: bool = True) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs (``setup()`` untimed before each)."""
-    if warmup:
-        if setup:
-            setup()
-        fn()
-    times = []
-    for _ in range(repeats):
-        if setup:
-            setup()
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _skip_interpreted(impl, device):

@@ -1,0 +1,38 @@
+"""The in-test timer the benchmarks share for ratios measured side by side in one run.
+
+pytest-benchmark times the benchmarked call itself; a benchmark that states a ratio (prefill vs
+decode, split vs unsplit, with vs without the cache) also times its comparison points with
+:func:`median_seconds`, so the ratio exists even when pytest-benchmark is disabled (CI smoke runs).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def sync(device: str) -> None:
+    """Wait for queued device work (a no-op on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_seconds(fn, device: str, repeats: int, setup=None, warmup: bool = True) -> float:
+    """Median wall time in seconds of ``fn()`` over ``repeats`` runs, the device synchronized
+    before and after each run; ``setup()`` runs untimed before each; one untimed warm-up call
+    first (compile, autotune) unless ``warmup`` is False."""
+    if warmup:
+        if setup:
+            setup()
+        fn()
+    times = []
+    for _ in range(repeats):
+        if setup:
+            setup()
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
