@@ -225,7 +225,7 @@ def mla_materialized(x: torch.Tensor, w: dict, cfg: MLAConfig) -> torch.Tensor:
 def mla_absorbed_decode(x: torch.Tensor, w: dict, cfg: MLAConfig) -> tuple[torch.Tensor, int]:
     """Token-by-token MLA decode caching only the latent c and the RoPE key (C + R per token),
     with W_uk absorbed into the query and W_uv into the output projection: K and V are never
-    materialised. Returns (out (T, D), cached values per token)."""
+    materialised. Returns (out (T, D), values held in the cache per token, counted from it)."""
     T = x.shape[0]
     cos, sin = _mla_rope(cfg, T, x.dtype, x.device)
     w_q_abs = torch.einsum("ndh,nch->ndc", w["w_q"], w["w_uk"])   # (N, D, C): q·k = (x W_q W_uk^T)·c
@@ -242,4 +242,5 @@ def mla_absorbed_decode(x: torch.Tensor, w: dict, cfg: MLAConfig) -> tuple[torch
         s = (q_lat @ c.T + qr @ kr.T) / math.sqrt(cfg.head_dim + cfg.rope_dim)  # (N, t+1)
         p = torch.softmax(s, -1)
         outs.append(torch.einsum("nt,tc,ncd->d", p, c, w_o_abs))
-    return torch.stack(outs), cfg.cached_per_token()
+    cached = sum(t.numel() for t in c_cache) + sum(t.numel() for t in kr_cache)
+    return torch.stack(outs), cached // T
