@@ -14,6 +14,8 @@ kernel reuses the tile loop of :mod:`optimized.flash_attention`.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -130,12 +132,18 @@ INTERPRET_SPLITS = 2
 MIN_KEYS_PER_SPLIT = 256
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (read once, at the first decode call)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def default_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, device: torch.device) -> int:
     """Splits that bring the grid to about two programs per streaming multiprocessor, each split
     keeping at least MIN_KEYS_PER_SPLIT keys (under the interpreter: INTERPRET_SPLITS)."""
     if triton_interpreted() or device.type != "cuda":
         return max(1, min(INTERPRET_SPLITS, Tk))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     programs = triton.cdiv(Tq, block_m) * B * Hq
     want = triton.cdiv(2 * sms, programs)
     return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, 128))
