@@ -21,7 +21,6 @@ KV-10), CS336 lecture 10 part 3.
 """
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
@@ -29,8 +28,6 @@ import torch.nn.functional as F
 
 from optimized.kv_cache import INDEX_DTYPE, StaticKVCache
 from reference.transformer import Transformer, naive_attention
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 class KVCacheEngine:
@@ -186,10 +183,7 @@ class KVCacheEngine:
             zero = torch.zeros((), dtype=kc.dtype, device=kc.device)
             kc = torch.where(keep, kc, zero)                               # NaN past a length -> 0
             vc = torch.where(keep, vc, zero)
-            scores = q.view(B, K, G, H) @ kc.transpose(-1, -2) / math.sqrt(H)  # (B, K, G, span)
-            scores = scores.masked_fill(~score_mask, float("-inf"))
-            probs = torch.softmax(scores.float() if scores.dtype in _HALF else scores, dim=-1)
-            att = probs.to(vc.dtype) @ vc                                  # (B, K, G, H)
+            att = naive_attention(q, kc, vc, score_mask)                   # (B, N, 1, H)
             x = x + block.attn.wo(att.reshape(B, 1, K * G * H))           # (B, 1, D)
             x = x + block.mlp(block.mlp_norm(x))
         cache.advance(ones, host_ones)

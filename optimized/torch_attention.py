@@ -2,7 +2,10 @@
 
 PyTorch's ``is_causal=True`` aligns the mask top-left, so when Tq != Tk the contract's
 bottom-right causal mask is passed explicitly as a boolean ``attn_mask``; when Tq == Tk the two
-agree and ``is_causal=True`` lets PyTorch pick its fused (flash / memory-efficient) kernels.
+agree and ``is_causal=True`` lets PyTorch pick its fused (flash / memory-efficient) kernels,
+except for a scale <= 0: on CPU, ``is_causal=True`` with a negative scale returns NaN (float64,
+float32) or wrong values (bfloat16) in torch 2.11 and 2.13, while the same call with the explicit
+boolean mask is right, so those calls pass the mask.
 Grouped-query attention uses ``enable_gqa`` (torch >= 2.5) or ``repeat_interleave`` before.
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         else:
             k = k.repeat_interleave(shape.group, dim=1)  # (B, Hq, Tk, D)
             v = v.repeat_interleave(shape.group, dim=1)
-    if causal and shape.Tq == shape.Tk:
+    if causal and shape.Tq == shape.Tk and scale > 0:  # is_causal is wrong for scale < 0 on CPU
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(scale), **kwargs)
     mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None  # (Tq, Tk) bool
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(scale), **kwargs)

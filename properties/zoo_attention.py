@@ -11,6 +11,7 @@ import math
 import torch
 
 from conformance.contracts.attention import causal_mask, validate
+from reference.attention import masked_attention, softmax_textbook
 
 
 def _attend(q, k, v, *, causal, scale, head_map=None, mask=None, subtract_max=True, keys=None):
@@ -21,14 +22,10 @@ def _attend(q, k, v, *, causal, scale, head_map=None, mask=None, subtract_max=Tr
     kf, vf = k.to(acc)[:, idx], v.to(acc)[:, idx]                       # (B, Hq, Tk, D)
     if keys is not None:
         kf, vf = kf[:, :, :keys], vf[:, :, :keys]
-    s = (q.to(acc) @ kf.transpose(-1, -2)) * scale                      # (B, Hq, Tq, Tk')
-    if causal:
-        m = (mask or causal_mask)(shape.Tq, shape.Tk, q.device)[:, : s.shape[-1]]
-        s = s.masked_fill(~m, -math.inf)
-    if subtract_max:
-        s = s - s.max(dim=-1, keepdim=True).values
-    e = torch.exp(s)
-    return ((e / e.sum(dim=-1, keepdim=True)) @ vf).to(q.dtype)
+    m = (mask or causal_mask)(shape.Tq, shape.Tk, q.device)[:, : kf.shape[2]] if causal else None
+    out = masked_attention(q.to(acc), kf, vf, scale=scale, mask=m,
+                           softmax_fn=None if subtract_max else softmax_textbook)
+    return out.to(q.dtype)
 
 
 def no_max_subtract(q, k, v, *, causal, scale):

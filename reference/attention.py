@@ -106,6 +106,49 @@ def _expand_kv(k: torch.Tensor, Hq: int) -> torch.Tensor:
     return k.repeat_interleave(group, dim=1) if group > 1 else k
 
 
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                     mask: torch.Tensor | None = None, softmax_dtype: torch.dtype | None = None,
+                     softmax_fn=None) -> torch.Tensor:
+    """The one attention core of every reference in the suite: softmax(scale · q kᵀ, masked) · v.
+
+    Shapes (glossary: ``conformance/contracts/glossary.py``): ``q`` (..., Hq, Tq, D); ``k``
+    (..., Hkv, Tk, D); ``v`` (..., Hkv, Tk, Dv), with Hq a multiple of Hkv: query head h reads
+    KV head h // (Hq // Hkv) (GQA; K and V are not repeated). ``mask``: bool, broadcastable to
+    (..., Hq, Tq, Tk), True where the query may attend the key (None: every key). Returns
+    (..., Hq, Tq, Dv) in v's dtype.
+
+    The scores are computed in q's dtype (no upcast: pass float64 tensors for the oracle, 16-bit
+    ones for the naive same-dtype ``out_pt``); the softmax runs in ``softmax_dtype`` (default:
+    q's dtype) with ``softmax_fn`` (default: the stable :func:`softmax`, FA-1), and the
+    probabilities are cast to v's dtype before P·V. A row with no visible key gives NaN (0/0).
+
+    Used by the attention reference (``attention_naive``), the reference transformer, the engines'
+    torch attention, the KV-cache variants (sliding window, CLA, MLA) and the bug zoo. Raises
+    ValueError when the head counts or head dims do not fit together.
+    """
+    Hq, Hkv = q.shape[-3], k.shape[-3]
+    if Hkv < 1 or Hq % Hkv or v.shape[-3] != Hkv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads (k {Hkv}, v {v.shape[-3]})")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q and k must share D, "
+                         "k and v must share Tk")
+    group = Hq // Hkv
+    if mask is not None:
+        while mask.dim() < q.dim():
+            mask = mask[None]
+    if group > 1:                                    # (..., Hkv, G, T, ·): GQA without copies
+        q = q.unflatten(-3, (Hkv, group))
+        k, v = k.unsqueeze(-3), v.unsqueeze(-3)
+        if mask is not None:
+            mask = mask.unflatten(-3, (Hkv, group)) if mask.shape[-3] == Hq else mask.unsqueeze(-3)
+    s = (q @ k.transpose(-1, -2)) * scale                        # (..., Tq, Tk)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
+    p = (softmax_fn or softmax)(s.to(softmax_dtype or s.dtype))  # (..., Tq, Tk)
+    out = p.to(v.dtype) @ v                                       # (..., Tq, Dv)
+    return out.flatten(-4, -3) if group > 1 else out
+
+
 def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                     scale: float, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Standard attention, materialising the (Tq, Tk) score matrix S and probabilities P.
@@ -116,12 +159,8 @@ def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """
     shape = validate(q, k, v, causal, scale)
     dt = dtype or q.dtype
-    q, k, v = q.to(dt), _expand_kv(k.to(dt), shape.Hq), _expand_kv(v.to(dt), shape.Hq)
-    S = (q @ k.transpose(-1, -2)) * scale                      # (B, Hq, Tq, Tk)
-    if causal:
-        S = S.masked_fill(~causal_mask(shape.Tq, shape.Tk, q.device), -math.inf)
-    P = softmax(S)                                              # (B, Hq, Tq, Tk)
-    return P @ v                                                # (B, Hq, Tq, D)
+    mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None
+    return masked_attention(q.to(dt), k.to(dt), v.to(dt), scale=scale, mask=mask)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,

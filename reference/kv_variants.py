@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reference.attention import masked_attention
 from reference.transformer import apply_rope, rope_tables
 
 
@@ -33,9 +34,7 @@ def window_mask(T: int, window: int, device="cpu") -> torch.Tensor:
 def windowed_attention(q, k, v, window: int) -> torch.Tensor:
     """Full attention with a sliding-window causal mask. q, k, v: (heads, T, H) -> (heads, T, H)."""
     T = q.shape[-2]
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (heads, T, T)
-    s = s.masked_fill(~window_mask(T, window, q.device), float("-inf"))
-    return torch.softmax(s, -1) @ v
+    return masked_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=window_mask(T, window, q.device))
 
 
 class RingBufferCache:
@@ -69,8 +68,7 @@ class RingBufferCache:
         """q_t: (heads, H) -> (heads, H), attention over the min(length, W) live slots."""
         n = min(self.length, self.window)
         k, v = self.k[:, :n], self.v[:, :n]  # (heads, n, H)
-        s = (k @ q_t[..., None]).squeeze(-1) / math.sqrt(q_t.shape[-1])  # (heads, n)
-        return (torch.softmax(s, -1)[:, None, :] @ v).squeeze(1)
+        return masked_attention(q_t[:, None], k, v, scale=q_t.shape[-1] ** -0.5)[:, 0]
 
 
 def ring_buffer_decode(q, k, v, window: int) -> tuple[torch.Tensor, int]:
@@ -149,7 +147,7 @@ def stack_decode_cla(x: torch.Tensor, weights: list[dict], cfg: StackConfig) -> 
                 ks[slot].append(_heads(h @ w["wk"], cfg))
                 vs[slot].append(_heads(h @ w["wv"], cfg))
             k, v = torch.cat(ks[slot], 1), torch.cat(vs[slot], 1)  # (N, t+1, H)
-            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(cfg.hd), -1) @ v
+            a = masked_attention(q, k, v, scale=cfg.hd ** -0.5)  # (N, 1, H)
             h = h + a.transpose(0, 1).reshape(1, -1) @ w["wo"]
         outs.append(h)
     stored = sum(2 * len(kk) * cfg.d_model for kk in ks)
@@ -216,9 +214,11 @@ def mla_materialized(x: torch.Tensor, w: dict, cfg: MLAConfig) -> torch.Tensor:
     cos, sin = _mla_rope(cfg, T, x.dtype, x.device)
     qr = apply_rope(torch.einsum("td,ndr->ntr", x, w["w_qr"])[None], cos, sin)[0]  # (N, T, R)
     kr = apply_rope((x @ w["w_kr"])[None, None], cos, sin)[0, 0]                    # (T, R)
-    s = (q @ k.transpose(-1, -2) + qr @ kr.T) / math.sqrt(cfg.head_dim + cfg.rope_dim)  # (N, T, T)
-    s = s.masked_fill(~window_mask(T, T, x.device), float("-inf"))
-    o = torch.softmax(s, -1) @ v                              # (N, T, H)
+    # q·k + q_rope·k_rope is one dot product over the concatenated (H + R) features
+    q_cat = torch.cat([q, qr], -1)                            # (N, T, H + R)
+    k_cat = torch.cat([k, kr.expand(cfg.heads, T, cfg.rope_dim)], -1)  # (N, T, H + R)
+    o = masked_attention(q_cat, k_cat, v, scale=(cfg.head_dim + cfg.rope_dim) ** -0.5,
+                         mask=window_mask(T, T, x.device))   # (N, T, H)
     return torch.einsum("nth,nhd->td", o, w["w_o"])
 
 
@@ -239,8 +239,10 @@ def mla_absorbed_decode(x: torch.Tensor, w: dict, cfg: MLAConfig) -> tuple[torch
         c, kr = torch.stack(c_cache), torch.stack(kr_cache)        # (t+1, C), (t+1, R)
         q_lat = torch.einsum("d,ndc->nc", xt, w_q_abs)             # (N, C)
         qr = apply_rope(torch.einsum("d,ndr->nr", xt, w["w_qr"])[None, :, None], cos[t:t + 1], sin[t:t + 1])[0, :, 0]
-        s = (q_lat @ c.T + qr @ kr.T) / math.sqrt(cfg.head_dim + cfg.rope_dim)  # (N, t+1)
-        p = torch.softmax(s, -1)
-        outs.append(torch.einsum("nt,tc,ncd->d", p, c, w_o_abs))
+        # attention over the latent is multi-query: every head reads the one cached (c, k_rope)
+        q_cat = torch.cat([q_lat, qr], -1)[:, None]                # (N, 1, C + R)
+        k_cat = torch.cat([c, kr], -1)[None]                       # (1, t+1, C + R)
+        o = masked_attention(q_cat, k_cat, c[None], scale=(cfg.head_dim + cfg.rope_dim) ** -0.5)  # (N, 1, C)
+        outs.append(torch.einsum("nc,ncd->d", o[:, 0], w_o_abs))
     cached = sum(t.numel() for t in c_cache) + sum(t.numel() for t in kr_cache)
     return torch.stack(outs), cached // T

@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reference.attention import masked_attention
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -105,18 +107,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def naive_attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(H) + mask) v with repeated KV heads for GQA.
+    """softmax(q kᵀ / sqrt(D) + mask) v, GQA by head groups (the reference core
+    :func:`reference.attention.masked_attention`; softmax in float32 for 16-bit inputs).
 
-    q: (B, N, Tq, H); k, v: (B, K, Tk, H); mask: bool (B or 1, 1, Tq, Tk), True = may attend.
+    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); mask: bool (B or 1, 1, Tq, Tk), True = may attend.
+    Returns (B, Hq, Tq, D) in q's dtype.
     """
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)  # (B, N, Tk, H)
-    v = v.repeat_interleave(group, dim=1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, N, Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float() if q.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)
-    return probs.to(q.dtype) @ v  # (B, N, Tq, H)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    return masked_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask,
+                            softmax_dtype=torch.float32 if half else None)
 
 
 class Attention(nn.Module):
