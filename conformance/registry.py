@@ -9,6 +9,7 @@ Nothing else in the suite lists implementations. Outside implementations are add
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import types
 from dataclasses import dataclass, field
@@ -21,7 +22,10 @@ class Contract:
 
     ``functions``: names of the callables an implementation must provide; a plain function is
     accepted for a one-function contract. ``builtins``: name -> "module:attr". ``requires``:
-    name -> set of devices the built-in runs on (default: every device). ``zoo``: name ->
+    name -> set of devices the built-in runs on (default: every device). ``needs``: name -> the
+    module a built-in needs (an outside library such as ``flash_attn``): when it cannot be found
+    the built-in is listed as unavailable with that reason, and nothing is imported to learn it;
+    the contract module itself imports no implementation. ``zoo``: name ->
     "module:attr" of known-bad implementations each law must reject. ``cases`` (optional):
     "module:attr" of a function ``cases(seed: int, device: str) -> list[tuple[tuple, dict]]``
     giving small valid ``(args, kwargs)`` for the contract's main function, inputs of real
@@ -36,6 +40,7 @@ class Contract:
     doc: str
     builtins: Mapping[str, str] = field(default_factory=dict)
     requires: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    needs: Mapping[str, str] = field(default_factory=dict)
     zoo: Mapping[str, str] = field(default_factory=dict)
     cases: str = ""
 
@@ -112,14 +117,26 @@ def _namespace(c: Contract, obj: Any, target: str) -> Any:
     return obj
 
 
+def importable(module: str) -> bool:
+    """True when ``module`` can be found (``importlib.util.find_spec``: nothing is imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def load(technique: str, name: str, target: str, origin: str, device: str | None = None,
-         requires: frozenset[str] | None = None) -> Implementation:
+         requires: frozenset[str] | None = None, needs: str | None = None) -> Implementation:
     """Import ``target`` ("module:attr") as an implementation of ``technique``.
 
-    An import failure of a built-in marks it unavailable (with the reason) instead of raising;
-    an outside implementation that cannot be imported raises, because the user asked for it.
+    An import failure of a built-in marks it unavailable (with the reason) instead of raising,
+    as does a missing module it ``needs`` or a ``device`` outside its ``requires``; an outside
+    implementation that cannot be imported raises, because the user asked for it.
     """
     c = contract(technique)
+    if needs is not None and not importable(needs):
+        return Implementation(technique, name, target, origin, None, c.functions,
+                              unavailable=f"{name} needs the {needs!r} package, which is not installed")
     if requires is not None and device is not None and device not in requires:
         return Implementation(technique, name, target, origin, None, c.functions,
                               unavailable=f"{name} runs on {sorted(requires)}, not {device}")
@@ -136,7 +153,8 @@ def load(technique: str, name: str, target: str, origin: str, device: str | None
 def builtins(technique: str, device: str | None = None) -> list[Implementation]:
     """The suite's own implementations of ``technique`` (unavailable ones carry the reason)."""
     c = contract(technique)
-    return [load(technique, n, t, "builtin", device, c.requires.get(n)) for n, t in c.builtins.items()]
+    return [load(technique, n, t, "builtin", device, c.requires.get(n), c.needs.get(n))
+            for n, t in c.builtins.items()]
 
 
 def zoo(technique: str) -> list[Implementation]:

@@ -10,7 +10,7 @@ log-sum-exp lse_s = m_s + log l_s of its scores; a second kernel merges the part
     out = sum_s w_s o_s,   w_s = exp(lse_s − max_s lse_s) / sum_s exp(lse_s − max_s lse_s)
 
 (claim FA-7; lecture 001 §3.4). Any Tq, causal or not, GQA, D 1..256 are supported: the split
-kernel reuses the tile loop of :mod:`optimized.flash_attention`.
+kernel shares the tile loop of :mod:`optimized.attention_tiles` with FlashAttention.
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ import triton.language as tl
 
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
-from optimized.flash_attention import (DOT_SUM, _attn_tiles, block_d, check_device, dot_mode, fixed_blocks,
-                                       two_stage)
+from optimized.attention_tiles import DOT_SUM, attn_tiles, block_d, check_device, dot_mode, fixed_blocks, two_stage
 
 
 @triton.jit
@@ -77,12 +76,12 @@ def _split_kv_kernel(
         else:
             lo = hi
         lo = start + ((lo - start) // BLOCK_N) * BLOCK_N
-        acc, m_i, l_i = _attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd,
+        acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd,
                                     stride_vn, stride_vd, row_lim, start, lo, D, scale,
                                     False, CAUSAL, EVEN_D, BLOCK_N, BLOCK_D, DOT_MODE)
     else:
         lo = start
-    acc, m_i, l_i = _attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+    acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                 stride_vd, row_lim, lo, hi, D, scale,
                                 True, CAUSAL, EVEN_D, BLOCK_N, BLOCK_D, DOT_MODE)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -5,9 +5,9 @@ Each adapter meets the ``attention`` contract (``conformance/contracts/attention
     attention(q, k, v, *, causal: bool, scale: float) -> Tensor
     q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D); causal mask aligned bottom-right; returns (B, Hq, Tq, D)
 
-and translates the call into the outside library's layout. They are registered only when their
-library is importable (:func:`available_builtins`, checked with ``importlib.util.find_spec``,
-which imports nothing) and only on CUDA (:data:`REQUIRES`). A (dtype, head dim, shape) the
+and translates the call into the outside library's layout. The contract lists them with the
+library each needs and the devices it runs on (CUDA): where the library is not installed the
+registry marks them unavailable without importing anything. A (dtype, head dim, shape) the
 library does not support raises ``NotImplementedError`` (reported "unsupported", never a pass);
 anything the library itself raises is left to fail the test with its message.
 
@@ -24,39 +24,12 @@ Sources:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import torch
 
-#: adapter name -> (importable module it needs, attribute here)
-ADAPTERS = {
-    "flash_attn": ("flash_attn", "flash_attn"),
-    "flashinfer": ("flashinfer", "flashinfer"),
-    "vllm_paged": ("vllm", "vllm_paged"),
-}
-#: every adapter needs a CUDA device
-REQUIRES = {name: frozenset({"cuda"}) for name in ADAPTERS}
+from conformance.contracts.attention import validate
+
 HALF = (torch.float16, torch.bfloat16)
-
-
-def importable(module: str) -> bool:
-    """True when ``module`` can be found (nothing is imported)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def available_builtins() -> dict[str, str]:
-    """name -> "module:attr" for the adapters whose library is installed (for Contract.builtins)."""
-    return {name: f"{__name__}:{attr}" for name, (mod, attr) in ADAPTERS.items() if importable(mod)}
-
-
-def validate(q, k, v, causal, scale):
-    """The attention contract's argument check (imported late: the contract module imports this one)."""
-    from conformance.contracts.attention import validate as check
-
-    return check(q, k, v, causal, scale)
 
 
 def _version(module) -> tuple[int, ...]:

@@ -167,16 +167,17 @@ def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_s
     wherever the kernels run, so that the interpreter checks it too."""
     fa = pytest.importorskip("optimized.flash_attention")
     fd = pytest.importorskip("optimized.flash_decoding")
+    tiles = pytest.importorskip("optimized.attention_tiles")
     q, k, v = make_inputs(case, seed, dtype, device)
-    saved = fa.TWO_STAGE_OVERRIDE
-    fa.TWO_STAGE_OVERRIDE = True
+    saved = tiles.TWO_STAGE_OVERRIDE
+    tiles.TWO_STAGE_OVERRIDE = True
     try:
         if kernel == "flash_attention":
             out = fa.flash_attention(q, k, v, causal=case.causal, scale=case.scale)
         else:
             out = fd.flash_decoding(q, k, v, causal=case.causal, scale=case.scale, num_splits=num_splits)
     finally:
-        fa.TWO_STAGE_OVERRIDE = saved
+        tiles.TWO_STAGE_OVERRIDE = saved
     check_against_reference(out, q, k, v, case, what=f"{kernel}, two-stage tile loop")
 
 

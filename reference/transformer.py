@@ -11,7 +11,6 @@ and its shapes); Llama (Touvron et al., 2023) for RMSNorm/RoPE/SwiGLU/GQA.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch

@@ -180,9 +180,13 @@ def test_outside_adapters_translate_the_contract(stand_ins, name, Tq, Hq, Hkv, T
     tolerance.assert_close(out, ref(q, k, v, causal=causal, scale=D ** -0.5))
 
 
-def test_outside_adapters_registered_only_when_importable(monkeypatch):
-    from optimized import outside_adapters as oa
+def test_outside_adapters_available_only_when_importable(monkeypatch):
+    from conformance import registry
 
-    monkeypatch.setattr(oa, "importable", lambda m: m == "flash_attn")
-    assert oa.available_builtins() == {"flash_attn": "optimized.outside_adapters:flash_attn"}
-    assert all(r == frozenset({"cuda"}) for r in oa.REQUIRES.values())
+    monkeypatch.setattr(registry, "importable", lambda m: m == "flash_attn")
+    impls = {i.name: i for i in registry.builtins("attention", "cuda")}
+    assert impls["flash_attn"].unavailable is None
+    assert "'flashinfer' package" in impls["flashinfer"].unavailable
+    assert "'vllm' package" in impls["vllm_paged"].unavailable
+    on_cpu = {i.name: i for i in registry.builtins("attention", "cpu")}
+    assert "runs on ['cuda']" in on_cpu["flash_attn"].unavailable

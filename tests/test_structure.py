@@ -1,0 +1,72 @@
+"""The suite's layers, checked: the contracts import no implementation, and no two modules of the
+suite import each other, directly or through others (lazy imports inside functions included)."""
+from __future__ import annotations
+
+import ast
+import graphlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("conformance", "reference", "optimized", "properties", "benchmarks", "reports")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the suite's modules it imports (every import statement, at any depth)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in mods and t != name}
+        graph[name] = deps
+    return graph
+
+
+def test_import_graph_has_no_cycle():
+    try:
+        tuple(graphlib.TopologicalSorter(import_graph()).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle among the suite's modules: {' -> '.join(exc.args[1])}")
+
+
+def test_import_graph_sees_top_level_and_lazy_imports():
+    graph = import_graph()
+    assert "optimized.attention_tiles" in graph["optimized.flash_attention"]     # top-level
+    assert "conformance.contracts.attention" in graph["optimized.attention_tiles"] | graph["optimized.flash_attention"]
+    lazy = {m for m, deps in graph.items() if "reference.attention" in deps}
+    assert "properties.zoo_attention" in lazy
+
+
+def test_contracts_import_no_implementation():
+    """Every module of conformance/ imports without importing optimized/ (or the references)."""
+    names = [m for m in _modules() if m.split(".")[0] == "conformance"]
+    code = ("import importlib, sys\n"
+            f"for m in {names!r}: importlib.import_module(m)\n"
+            "from conformance import registry\n"
+            "for t in registry.contracts(): registry.contract(t)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('optimized', 'reference'))\n"
+            "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"conformance/ imports implementations: {out.stdout.strip()}"
