@@ -5,12 +5,12 @@ Each test times its backend and, in the same run, PyTorch's ``scaled_dot_product
 (and for Triton decode the unsplit kernel) with ``time.perf_counter`` medians, the device
 synchronised, so the ratios are recorded even when pytest-benchmark is disabled (the default
 run); the ``benchmark`` fixture times the backend for the history. extra_info carries the
-median latency, TFLOP/s (4·B·H·Tq·Tk·D, halved when causal: ``flops`` per call), the ratio to
+median latency, TFLOP/s (4·B·Hq·Tq·Tk·D, halved when causal: ``flops`` per call), the ratio to
 SDPA and the claim id. On the CPU, Triton rows are skipped (the interpreter is for correctness,
 its timings mean nothing) and the others run small.
 
 Goals for the report (not asserted): prefill bf16, head dim 128, T >= 1k: Triton >= 1.0x SDPA;
-decode with B·H <= 32 and Tk >= 16k: split-KV >= 3x the unsplit kernel (claim FA-7). Lecture
+decode with B·Hq <= 32 and Tk >= 16k: split-KV >= 3x the unsplit kernel (claim FA-7). Lecture
 001 §3.4: FlashAttention measured 2-4x faster than standard attention (claim FA-4's context).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from reference.attention import attention_naive
 BACKENDS = ("naive", "torch", "triton")
 #: Prefill lengths: GPU (the FlashAttention papers' range) and CPU (small, CI smoke).
 PREFILL_T = {"cuda": (512, 1024, 2048, 4096, 8192, 16384), "cpu": (128, 512)}
-#: Standard attention materialises B·H·T² scores: skip it past this many score bytes.
+#: Standard attention materialises B·Hq·T² scores: skip it past this many score bytes.
 NAIVE_MAX_SCORE_BYTES = 8 * 2 ** 30
 DECODE_TK = {"cuda": (4096, 16384, 65536), "cpu": (2048,)}
 DECODE_BH = {"cuda": ((1, 8), (1, 32), (8, 32)), "cpu": ((1, 8),)}
@@ -46,10 +46,10 @@ def _attention_fn(backend: str, device: str):
     return impl
 
 
-def _inputs(B, H, Tq, Tk, D, dtype, device):
-    q = randn((B, H, Tq, D), 1, dtype=dtype, device=device)
-    k = randn((B, H, Tk, D), 2, dtype=dtype, device=device)
-    v = randn((B, H, Tk, D), 3, dtype=dtype, device=device)
+def _inputs(B, Hq, Tq, Tk, D, dtype, device):
+    q = randn((B, Hq, Tq, D), 1, dtype=dtype, device=device)
+    k = randn((B, Hq, Tk, D), 2, dtype=dtype, device=device)
+    v = randn((B, Hq, Tk, D), 3, dtype=dtype, device=device)
     return q, k, v
 
 
@@ -79,10 +79,10 @@ def test_bench_prefill(benchmark, device, backend, T, D, causal):
     fn = _attention_fn(backend, device)
     dtype = _dtype(device)
     # the FlashAttention papers' setting: 16k tokens per batch, hidden 2048 (CPU: one small batch)
-    B, H = (max(1, 16384 // T), 2048 // D) if device == "cuda" else (1, 4)
-    if backend == "naive" and B * H * T * T * dtype.itemsize > NAIVE_MAX_SCORE_BYTES:
-        pytest.skip(f"standard attention would materialise {B * H * T * T * dtype.itemsize / 2 ** 30:.0f} GiB of scores")
-    q, k, v = _inputs(B, H, T, T, D, dtype, device)
+    B, Hq = (max(1, 16384 // T), 2048 // D) if device == "cuda" else (1, 4)
+    if backend == "naive" and B * Hq * T * T * dtype.itemsize > NAIVE_MAX_SCORE_BYTES:
+        pytest.skip(f"standard attention would materialise {B * Hq * T * T * dtype.itemsize / 2 ** 30:.0f} GiB of scores")
+    q, k, v = _inputs(B, Hq, T, T, D, dtype, device)
     scale = D ** -0.5
     sdpa = _attention_fn("torch", device)
     repeats = 3 if benchmark.disabled else 10
@@ -93,18 +93,18 @@ def test_bench_prefill(benchmark, device, backend, T, D, causal):
     t = median_seconds(run, device, repeats)
     t_sdpa = t if backend == "torch" else median_seconds(lambda: sdpa(q, k, v, causal=causal, scale=scale),
                                                            device, repeats)
-    f = flops(B, H, T, T, D, causal)
+    f = flops(B, Hq, T, T, D, causal)
     info = dict(claim="FA-4", technique="attention", backend=backend, device=device, dtype=str(dtype).replace("torch.", ""),
-                B=B, H=H, T=T, D=D, causal=causal, flops=f, median_s=t, tflops=f / t / 1e12,
+                B=B, Hq=Hq, T=T, D=D, causal=causal, flops=f, median_s=t, tflops=f / t / 1e12,
                 sdpa_median_s=t_sdpa, speed_vs_sdpa=t_sdpa / t)
     if backend == "triton" and device == "cuda":
         info["goal"] = "bf16, D=128, T>=1k: speed_vs_sdpa >= 1.0" if D == 128 and T >= 1024 else ""
-    benchmark.extra_info.update(info)
+    results.bench_info(benchmark, **info)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
     if backend == "triton":
         results.record("FA-4", measured=round(t_sdpa / t, 3), lecture="FlashAttention 2-4x faster than standard",
                        unit="speed relative to PyTorch SDPA (same run)",
-                       rule=f"prefill {dtype}, B={B}, H={H}, T={T}, D={D}, causal={causal}",
+                       rule=f"prefill {dtype}, B={B}, Hq={Hq}, T={T}, D={D}, causal={causal}",
                        tflops=f / t / 1e12, sdpa_tflops=f / t_sdpa / 1e12)
 
 
@@ -116,8 +116,8 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
     split-KV kernel; the unsplit FlashAttention kernel is timed in the same run for the ratio."""
     fn = _attention_fn(backend, device)
     dtype, D = _dtype(device), 128
-    B, H = BH
-    q, k, v = _inputs(B, H, 1, Tk, D, dtype, device)
+    B, Hq = BH
+    q, k, v = _inputs(B, Hq, 1, Tk, D, dtype, device)
     scale = D ** -0.5
     sdpa = _attention_fn("torch", device)
     repeats = 5 if benchmark.disabled else 50
@@ -128,10 +128,10 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
     t = median_seconds(run, device, repeats)
     t_sdpa = t if backend == "torch" else median_seconds(lambda: sdpa(q, k, v, causal=True, scale=scale),
                                                            device, repeats)
-    f = flops(B, H, 1, Tk, D, False)
-    kv_bytes = 2 * B * H * Tk * D * dtype.itemsize
+    f = flops(B, Hq, 1, Tk, D, False)
+    kv_bytes = 2 * B * Hq * Tk * D * dtype.itemsize
     info = dict(claim="FA-7", technique="attention", backend=backend, device=device,
-                dtype=str(dtype).replace("torch.", ""), B=B, H=H, Tq=1, Tk=Tk, D=D, flops=f, bytes=kv_bytes,
+                dtype=str(dtype).replace("torch.", ""), B=B, Hq=Hq, Tq=1, Tk=Tk, D=D, flops=f, bytes=kv_bytes,
                 median_s=t, tflops=f / t / 1e12, gbytes_per_s=kv_bytes / t / 1e9, sdpa_median_s=t_sdpa,
                 speed_vs_sdpa=t_sdpa / t)
     if backend == "triton":
@@ -139,10 +139,10 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
 
         t_unsplit = median_seconds(lambda: flash_attention(q, k, v, causal=True, scale=scale), device, repeats)
         info.update(unsplit_median_s=t_unsplit, split_speedup=t_unsplit / t,
-                    goal="B·H <= 32, Tk >= 16k: split_speedup >= 3" if B * H <= 32 and Tk >= 16384 else "")
-        results.record("FA-7", measured=round(t_unsplit / t, 3), lecture="split-KV faster than unsplit when B·H is small",
+                    goal="B·Hq <= 32, Tk >= 16k: split_speedup >= 3" if B * Hq <= 32 and Tk >= 16384 else "")
+        results.record("FA-7", measured=round(t_unsplit / t, 3), lecture="split-KV faster than unsplit when B·Hq is small",
                        holds=bool(t_unsplit / t > 1), trend_rule="> 1",
-                       unit="unsplit / split-KV latency (same run)", rule=f"decode {dtype}, B={B}, H={H}, Tk={Tk}, D={D}",
+                       unit="unsplit / split-KV latency (same run)", rule=f"decode {dtype}, B={B}, Hq={Hq}, Tk={Tk}, D={D}",
                        split_ms=1e3 * t, unsplit_ms=1e3 * t_unsplit, sdpa_ms=1e3 * t_sdpa)
-    benchmark.extra_info.update(info)
+    results.bench_info(benchmark, **info)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)

@@ -51,7 +51,7 @@ def test_bench_ceilings(benchmark, device):
         info["spec"] = {"name": spec.name, "bandwidth_fraction": bw / spec.bandwidth,
                         "bf16_peak_fraction": peaks.get("bfloat16", 0.0) / spec.peak_flops,
                         "spec_intensity": spec.intensity}
-    benchmark.extra_info.update(info)
+    results.bench_info(benchmark, **info)
 
     assert bw > 0 and all(f > 0 for f in peaks.values())
     results.record("AI-4", measured=intensity["bfloat16"], lecture="H100 ≈ 295 (spec sheet)",

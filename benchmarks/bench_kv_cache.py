@@ -67,10 +67,10 @@ def _tokens(shape, device, seed=0):
     return torch.randint(0, CPU_CFG.vocab_size, shape, generator=g).to(device)
 
 
-def _info(benchmark, device, **kw):
+def _info(benchmark, impl, device, **kw):
     c = _cfg(device)
-    benchmark.extra_info.update(dict(device=device, threads=torch.get_num_threads(),
-                                     model=dict(d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads), **kw))
+    results.bench_info(benchmark, implementation=impl.name, technique=TECH, device=device, threads=torch.get_num_threads(),
+                       model=dict(d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads), **kw)
 
 
 # ----------------------------------------------------------------------------------------- AI-8
@@ -101,7 +101,7 @@ def test_ai8_prefill_vs_decode(benchmark, impl, device):
     ratio = t_decode / t_prefill
     figures = dict(tokens=n, prefill_ms=1e3 * t_prefill, decode_ms=1e3 * t_decode,
                    prefill_tokens_per_s=n / t_prefill, decode_tokens_per_s=n / t_decode, ratio=ratio)
-    _info(benchmark, device, claim="AI-8", **figures)
+    _info(benchmark, impl, device, claim="AI-8", **figures)
     benchmark.pedantic(one_by_one, rounds=repeats, warmup_rounds=0)
     results.record("AI-8", measured=ratio, lecture="3.5 ms vs 95.2 ms, ≈27× (CPU)",
                    unit="time of 256 one-token decode steps / one 256-token prefill",
@@ -143,7 +143,7 @@ def test_kv3_generation_with_and_without_cache(benchmark, impl, device):
         doubling_without_cache={f"{a}->{b}": t_plain[b] / t_plain[a] for a, b in zip(lengths, lengths[1:])},
         doubling_with_cache={f"{a}->{b}": t_cache[b] / t_cache[a] for a, b in zip(lengths, lengths[1:])},
         speedup={n: t_plain[n] / t_cache[n] for n in lengths})
-    _info(benchmark, device, claim="KV-3", **figures)
+    _info(benchmark, impl, device, claim="KV-3", **figures)
     benchmark.pedantic(cached, args=(max(lengths),), rounds=max(repeats, 1), warmup_rounds=0)
     results.record("KV-3", measured=t_plain[b] / t_plain[a], lecture="> 4× when the length doubles",
                    unit=f"time ratio without the cache, {a} -> {b} tokens",
@@ -181,7 +181,7 @@ def test_ai9_decode_step(benchmark, impl, device, batch):
     _skip_interpreted(impl, device)
     setup, step = _batched_step(impl, _model(device), batch, device)
     t = median_seconds(step, device, 3 if benchmark.disabled else 9, setup=setup)
-    _info(benchmark, device, claim="AI-9", batch=batch, context=CONTEXT, step_ms=1e3 * t, tokens_per_s=batch / t)
+    _info(benchmark, impl, device, claim="AI-9", batch=batch, context=CONTEXT, step_ms=1e3 * t, tokens_per_s=batch / t)
     benchmark.pedantic(step, setup=setup, rounds=3 if benchmark.disabled else 9, warmup_rounds=0)
 
 
@@ -199,7 +199,7 @@ def test_ai9_batch_scaling(benchmark, impl, device):
     throughput = {B: B / t for B, t in step_s.items()}
     figures = dict(context=CONTEXT, step_ms={B: 1e3 * t for B, t in step_s.items()}, tokens_per_s=throughput,
                    best_batch=max(throughput, key=throughput.get))
-    _info(benchmark, device, claim="AI-9", **figures)
+    _info(benchmark, impl, device, claim="AI-9", **figures)
     setup, step = _batched_step(impl, model, 64, device)
     benchmark.pedantic(step, setup=setup, rounds=repeats, warmup_rounds=0)
     results.record("AI-9", measured=step_s[64] / step_s[1],

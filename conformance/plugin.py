@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, settings
 
 from conformance import registry, results
 from conformance.device import select_device
+from conformance.outcomes import Unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
              HealthCheck.function_scoped_fixture]
@@ -232,7 +233,8 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         if report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            outcome = "unsupported" if "NotImplementedError" in reason or "unsupported" in reason else "skip"
+            refused = call.excinfo is not None and isinstance(call.excinfo.value, Unsupported)
+            outcome = "unsupported" if refused else "skip"
             message = reason
         elif report.failed:
             outcome = "fail" if report.when == "call" else "error"

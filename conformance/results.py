@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance import fields
+
 
 @dataclass
 class Row:
@@ -78,10 +80,20 @@ def record(claim: str, *, measured: Any, lecture: Any = None, bound: Any = None,
     """Record a measured figure for ``claim`` in the running test's result row(s).
 
     Use it for figures and analytic answers (``measured`` vs ``lecture``); float comparisons
-    are recorded automatically by the tolerance policy.
+    are recorded automatically by the tolerance policy. ``extra`` keys the report reads are
+    declared in :mod:`conformance.fields`; a near-miss of one, or a declared one of the wrong
+    type, raises ValueError.
     """
+    fields.check(extra, where=f"record({claim!r})")
     current.figures.append(dict(claim=claim, measured=measured, lecture=lecture, bound=bound,
                                 unit=unit, rule=rule, extra=extra))
+
+
+def bench_info(benchmark, **info: Any) -> None:
+    """Add ``info`` to a pytest-benchmark fixture's ``extra_info`` (what the report's benchmark
+    tables and plots read), checked against :mod:`conformance.fields` like :func:`record`."""
+    fields.check(info, where=f"benchmark {getattr(benchmark, 'name', '')!r}")
+    benchmark.extra_info.update(info)
 
 
 def _clean(x: Any) -> Any:

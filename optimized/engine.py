@@ -124,12 +124,12 @@ class KVCacheEngine:
         host_zeros = torch.zeros(B, dtype=INDEX_DTYPE)
         positions = torch.arange(S, device=self.device).expand(B, S)      # (B, S)
         causal = torch.ones(S, S, dtype=torch.bool, device=self.device).tril()[None, None]
-        x = self.model.embed(tokens)                                       # (B, S, D)
+        x = self.model.embed(tokens)                                       # (B, S, d_model)
         for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, N, S, H), (B, K, S, H) x2
+            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, Hq, S, D), (B, Hkv, S, D) x2
             cache.append(layer, k, v, zeros, lengths, host_zeros, host_lengths)
-            att = naive_attention(q, k, v, causal)                         # (B, N, S, H)
-            x = x + block.attn.wo(att.transpose(1, 2).reshape(B, S, -1))   # (B, S, D)
+            att = naive_attention(q, k, v, causal)                         # (B, Hq, S, D)
+            x = x + block.attn.wo(att.transpose(1, 2).reshape(B, S, -1))   # (B, S, d_model)
             x = x + block.mlp(block.mlp_norm(x))
         cache.advance(lengths, host_lengths)
         self.batch = B
@@ -173,18 +173,17 @@ class KVCacheEngine:
         visible = self._visible(lengths + 1, span)                         # (B, span)
         keep = visible[:, None, :, None]                                   # (B, 1, span, 1)
         score_mask = visible[:, None, None, :]                             # (B, 1, 1, span)
-        K, G, H = cfg.n_kv_heads, cfg.group_size, cfg.hd
-        x = self.model.embed(next_tokens[:, None])                         # (B, 1, D)
+        x = self.model.embed(next_tokens[:, None])                         # (B, 1, d_model)
         for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, N, 1, H), (B, K, 1, H) x2
+            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, Hq, 1, D), (B, Hkv, 1, D) x2
             cache.append(layer, k, v, slots, ones, host_slots, host_ones)
-            kc = cache.k[layer, :B, :, :span]                              # (B, K, span, H)
+            kc = cache.k[layer, :B, :, :span]                              # (B, Hkv, span, D)
             vc = cache.v[layer, :B, :, :span]
             zero = torch.zeros((), dtype=kc.dtype, device=kc.device)
             kc = torch.where(keep, kc, zero)                               # NaN past a length -> 0
             vc = torch.where(keep, vc, zero)
-            att = naive_attention(q, kc, vc, score_mask)                   # (B, N, 1, H)
-            x = x + block.attn.wo(att.reshape(B, 1, K * G * H))           # (B, 1, D)
+            att = naive_attention(q, kc, vc, score_mask)                   # (B, Hq, 1, D)
+            x = x + block.attn.wo(att.reshape(B, 1, cfg.n_heads * cfg.hd))           # (B, 1, d_model)
             x = x + block.mlp(block.mlp_norm(x))
         cache.advance(ones, host_ones)
         return F.linear(self.model.norm(x), self.model.output_weight())[:, 0]  # (B, V)
@@ -194,7 +193,7 @@ class KVCacheEngine:
         return self.cache.host_lengths[:self.batch].clone()
 
     def cache_bytes(self) -> int:
-        """Bytes of K and V held for the cached tokens: 2·L·K·H·bytes per value·Σ lengths (KV-4)."""
+        """Bytes of K and V held for the cached tokens: 2·L·Hkv·D·bytes per value·Σ lengths (KV-4)."""
         return self.cache.bytes_per_token() * int(self.cache.host_lengths[:self.batch].sum())
 
     def capacity_bytes(self) -> int:
@@ -203,7 +202,7 @@ class KVCacheEngine:
 
     def kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached keys (after RoPE) and values of sequence ``seq`` at ``layer``: two views
-        of shape (K, n, H), n = its length. Raises IndexError for a layer or seq out of range."""
+        of shape (Hkv, n, D), n = its length. Raises IndexError for a layer or seq out of range."""
         if not 0 <= layer < self.cfg.n_layers:
             raise IndexError(f"layer {layer} out of range [0, {self.cfg.n_layers})")
         if not 0 <= seq < self.batch:

@@ -37,9 +37,9 @@ if triton is not None:
     def kv_append_kernel(
         k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, start_ptr, count_ptr,
         n_kv_heads, head_dim,
-        stride_knb, stride_knh, stride_knt, stride_knd,  # new keys   (B, K, T, H)
-        stride_vnb, stride_vnh, stride_vnt, stride_vnd,  # new values (B, K, T, H)
-        stride_cb, stride_ch, stride_cs, stride_cd,      # one layer of the cache (max_batch, K, S_max, H)
+        stride_knb, stride_knh, stride_knt, stride_knd,  # new keys   (B, Hkv, T, D)
+        stride_vnb, stride_vnh, stride_vnt, stride_vnd,  # new values (B, Hkv, T, D)
+        stride_cb, stride_ch, stride_cs, stride_cd,      # one layer of the cache (max_batch, Hkv, S_max, D)
         BLOCK_T: tl.constexpr, BLOCK_KH: tl.constexpr,
     ):
         # Program (b, j) copies the new tokens t in [j*BLOCK_T, (j+1)*BLOCK_T) with t < count[b]
@@ -50,7 +50,7 @@ if triton is not None:
         start = tl.load(start_ptr + b)                         # slot of the first new token
         count = tl.load(count_ptr + b)                         # new tokens of sequence b
         t = (j * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # (BLOCK_T,)
-        c = tl.arange(0, BLOCK_KH)                              # (BLOCK_KH,) = head * H + dim
+        c = tl.arange(0, BLOCK_KH)                              # (BLOCK_KH,) = head * D + dim
         head = (c // head_dim).to(tl.int64)
         dim = (c % head_dim).to(tl.int64)
         mask = (t[:, None] < count) & (c[None, :] < n_kv_heads * head_dim)  # (BLOCK_T, BLOCK_KH)
@@ -73,8 +73,8 @@ def _check_tensor(x, name: str) -> None:
 def validate_append(k_cache, v_cache, k_new, v_new, start, count, host_start=None, host_count=None) -> int:
     """Host-side checks shared by both append paths (raise before anything is written).
 
-    k_cache, v_cache: (max_batch, K, S_max, H), same shape, dtype and device.
-    k_new, v_new: (B, K, T, H) with B <= max_batch, same dtype and device as the cache.
+    k_cache, v_cache: (max_batch, Hkv, S_max, D), same shape, dtype and device.
+    k_new, v_new: (B, Hkv, T, D) with B <= max_batch, same dtype and device as the cache.
     start, count: (B,) int64 on the cache's device, start >= 0, 0 <= count <= T,
     start + count <= S_max (the capacity). ``host_start``/``host_count``: optional CPU copies of
     ``start``/``count`` (the caller's promise that they hold the same values); when given, the
@@ -140,8 +140,8 @@ def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
               host_count: torch.Tensor | None = None) -> None:
     """Write new keys/values into one layer of the cache in place, with the Triton kernel.
 
-    k_cache, v_cache: (max_batch, K, S_max, H) (one layer of :class:`StaticKVCache`); k_new,
-    v_new: (B, K, T, H), any strides; start, count: (B,) int64. For every sequence b and
+    k_cache, v_cache: (max_batch, Hkv, S_max, D) (one layer of :class:`StaticKVCache`); k_new,
+    v_new: (B, Hkv, T, D), any strides; start, count: (B,) int64. For every sequence b and
     t < count[b], ``cache[b, :, start[b] + t] = new[b, :, t]``; nothing else changes.
     host_start, host_count: optional CPU copies of start, count (see :func:`validate_append`).
     Raises as :func:`validate_append`; RuntimeError when Triton is missing or when CPU tensors
@@ -153,15 +153,15 @@ def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
     if k_cache.device.type != "cuda" and not triton_interpreted():
         raise RuntimeError("kv_append: Triton needs CUDA tensors unless TRITON_INTERPRET=1 "
                            f"(got tensors on {k_cache.device})")
-    B, K, T, H = k_new.shape
+    B, Hkv, T, D = k_new.shape
     if B == 0 or T == 0:
         return
     start, count = start.contiguous(), count.contiguous()  # the kernel reads them at unit stride
-    block_kh = triton.next_power_of_2(K * H)
+    block_kh = triton.next_power_of_2(Hkv * D)
     block_t = max(1, min(triton.next_power_of_2(T), 4096 // block_kh))
     grid = (B, triton.cdiv(T, block_t))
     kv_append_kernel[grid](
-        k_new, v_new, k_cache, v_cache, start, count, K, H,
+        k_new, v_new, k_cache, v_cache, start, count, Hkv, D,
         *k_new.stride(), *v_new.stride(), *k_cache.stride(),
         BLOCK_T=block_t, BLOCK_KH=block_kh,
     )
@@ -175,19 +175,19 @@ def kv_append_torch(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
     Same arguments, semantics and errors (except that it needs no Triton).
     """
     c_min = validate_append(k_cache, v_cache, k_new, v_new, start, count, host_start, host_count)
-    B, K, T, H = k_new.shape
+    B, Hkv, T, D = k_new.shape
     if B == 0 or T == 0:
         return
     if T == 1 and c_min == 1:  # one token for every sequence (a decode step): no mask needed
         rows = torch.arange(B, device=k_new.device)
-        k_cache[rows, :, start] = k_new[:, :, 0]                   # (B, K, H)
+        k_cache[rows, :, start] = k_new[:, :, 0]                   # (B, Hkv, D)
         v_cache[rows, :, start] = v_new[:, :, 0]
         return
     t = torch.arange(T, device=k_new.device)                      # (T,)
     valid = t[None, :] < count[:, None]                            # (B, T)
     bi, ti = valid.nonzero(as_tuple=True)                          # (n,), (n,)
     slot = start[bi] + ti                                          # (n,)
-    k_cache[bi, :, slot] = k_new[bi, :, ti]                        # (n, K, H)
+    k_cache[bi, :, slot] = k_new[bi, :, ti]                        # (n, Hkv, D)
     v_cache[bi, :, slot] = v_new[bi, :, ti]
 
 
@@ -218,8 +218,8 @@ class StaticKVCache:
         if append not in APPENDS:
             raise ValueError(f"append must be one of {sorted(APPENDS)}, got {append!r}")
         shape = (n_layers, max_batch, n_kv_heads, max_seq_len, head_dim)
-        self.k = torch.full(shape, float("nan"), dtype=dtype, device=device)  # (L, Bmax, K, S_max, H)
-        self.v = torch.full(shape, float("nan"), dtype=dtype, device=device)  # (L, Bmax, K, S_max, H)
+        self.k = torch.full(shape, float("nan"), dtype=dtype, device=device)  # (L, Bmax, Hkv, S_max, D)
+        self.v = torch.full(shape, float("nan"), dtype=dtype, device=device)  # (L, Bmax, Hkv, S_max, D)
         self.lengths = torch.zeros(max_batch, dtype=INDEX_DTYPE, device=device)  # (Bmax,)
         self.host_lengths = torch.zeros(max_batch, dtype=INDEX_DTYPE)             # (Bmax,) on CPU
         self.append_name = append
@@ -264,8 +264,8 @@ class StaticKVCache:
 
     def bytes_per_token(self) -> int:
         """2 × layers × KV heads × head dim × bytes per value (claim KV-4)."""
-        L, _, K, _, H = self.k.shape
-        return 2 * L * K * H * self.k.element_size()
+        L, _, Hkv, _, D = self.k.shape
+        return 2 * L * Hkv * D * self.k.element_size()
 
     def bytes_used(self) -> int:
         """Bytes of K and V held for the cached tokens: bytes_per_token × Σ lengths."""

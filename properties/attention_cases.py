@@ -27,6 +27,7 @@ from hypothesis.errors import Unsatisfiable
 
 from conformance.contracts.attention import AttentionShape
 from conformance.device import triton_interpreted
+from conformance.outcomes import unsupported
 from conformance.tolerance import (
     assert_close,
 )
@@ -148,12 +149,12 @@ def call(impl, q, k, v, case: Case, **kw):
     try:
         out = impl(q, k, v, causal=case.causal, scale=case.scale, **kw)
     except NotImplementedError as exc:
-        reason = f"unsupported: {getattr(impl, 'name', impl)} refuses {q.dtype}, D={case.D}: {exc}"
+        reason = f"{getattr(impl, 'name', impl)} refuses {q.dtype}, D={case.D}: {exc}"
         if currently_in_test_context():
             _Support.refused.append(reason)
             note(reason)
             reject()
-        pytest.skip(reason)
+        unsupported(reason)
     _Support.ran += 1
     return out
 
@@ -167,7 +168,7 @@ def run_law(law, *args, **kwargs):
     except Unsatisfiable:
         pass
     if _Support.ran == 0 and _Support.refused:
-        pytest.skip(f"{_Support.refused[0]} (and every other example)")
+        unsupported(f"{_Support.refused[0]} (and every other example)")
 
 
 def check_against_reference(out, q, k, v, case: Case, what: str = "attention output"):

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from conformance import plugin, registry, tolerance
+from conformance.outcomes import unsupported
 
 
 def _tensors(x: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
@@ -55,7 +56,7 @@ def _clone(x: Any) -> Any:
     return x
 
 
-class Unsupported(Exception):
+class _Refused(Exception):
     """The implementation refused one case (NotImplementedError): that case is skipped."""
 
 
@@ -63,7 +64,7 @@ def _call(fn, args, kwargs):
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as exc:
-        raise Unsupported(str(exc)) from exc
+        raise _Refused(str(exc)) from exc
 
 
 def _each_case(impl, device, check) -> None:
@@ -74,10 +75,10 @@ def _each_case(impl, device, check) -> None:
     for args, kwargs in calls:
         try:
             check(args, kwargs)
-        except Unsupported as exc:
+        except _Refused as exc:
             refused.append(str(exc))
     if len(refused) == len(calls):
-        pytest.skip(f"unsupported: every case refused ({refused[0]})")
+        unsupported(f"every case refused ({refused[0]})")
 
 
 def check_inputs_not_mutated(fn, args: tuple, kwargs: dict) -> None:

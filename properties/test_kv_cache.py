@@ -255,7 +255,7 @@ def law_cache_holds_exactly_the_tokens(impl, dtype, device, case):
         ref = reference_kv(model64, full[b:b + 1, :n])
         pt = reference_kv(model, full[b:b + 1, :n]) if dtype in HALF_DTYPES else None
         for layer in range(cfg.n_layers):
-            k, v = engine.kv(layer, b)                                          # (K, n, H) each
+            k, v = engine.kv(layer, b)                                          # (Hkv, n, D) each
             assert_exact(torch.tensor(tuple(k.shape) + tuple(v.shape)),
                          torch.tensor((cfg.n_kv_heads, n, cfg.hd) * 2), what=f"kv({layer}, {b}) shapes")
             held += k.numel() * k.element_size() + v.numel() * v.element_size()

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conformance import results, tolerance
+from conformance.outcomes import unsupported
 from reference.transformer import generate, sample_next
 
 PREFILL, STEPS = 12, 8
@@ -116,7 +117,7 @@ def test_checkpoint_layer_attention(impl, dtype, device, model_path):
     try:
         out = impl(q.to(dtype), k.to(dtype), v.to(dtype), causal=True, scale=scale)
     except NotImplementedError as exc:
-        pytest.skip(f"unsupported: {impl.name} refuses {dtype}, D={q.shape[-1]}: {exc}")
+        unsupported(f"{impl.name} refuses {dtype}, D={q.shape[-1]}: {exc}")
     if dtype == torch.float64:
         results.record("FA-3", measured=float((out - out_ref).abs().max()), lecture=1.3e-15,
                        unit=f"max |difference| on the checkpoint's layer 0 ({impl.name}, fp64)")

@@ -24,8 +24,9 @@ from reference.attention import masked_attention
 class TransformerConfig:
     """Model hyper-parameters.
 
-    vocab_size: V tokens; d_model: D; n_layers: L; n_heads: N query heads; n_kv_heads: K KV heads
-    (K divides N; K = N is MHA, K = 1 is MQA); d_ff: F, the SwiGLU hidden size; max_seq_len: the
+    Sizes by the suite's glossary (``conformance/contracts/glossary.py``): vocab_size: V tokens;
+    d_model; n_layers: L; n_heads: Hq query heads; n_kv_heads: Hkv KV heads (Hkv divides Hq;
+    Hkv = Hq is MHA, Hkv = 1 is MQA); hd: D, the head dim; d_ff, the SwiGLU hidden size; max_seq_len: the
     longest sequence RoPE tables are built for; rope_theta: RoPE base; norm_eps: RMSNorm epsilon;
     tie_embeddings: the output head reuses the token embedding.
     """
@@ -64,7 +65,7 @@ class TransformerConfig:
 
     @property
     def group_size(self) -> int:
-        """Query heads per KV head (N / K)."""
+        """Query heads per KV head, G = Hq / Hkv."""
         return self.n_heads // self.n_kv_heads
 
     def to_dict(self) -> dict:
@@ -89,18 +90,18 @@ def rope_tables(head_dim: int, positions: torch.Tensor, theta: float, dtype: tor
     Computed in float64 and cast, so every engine that calls this sees identical tables.
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
-    angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., H/2)
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., D/2)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[..., :H/2], x[..., H/2:]) (the "rotate half" layout of Llama/HF).
 
-    x: (B, heads, T, H); cos, sin: (B, T, H/2) or (T, H/2).
+    x: (B, heads, T, D); cos, sin: (B, T, D/2) or (T, D/2).
     """
     if cos.dim() == 2:
         cos, sin = cos[None], sin[None]
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, H/2)
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -128,12 +129,12 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * H, cfg.d_model, bias=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """Project and rotate: x (B, T, D), positions (B, T) -> q (B, N, T, H), k, v (B, K, T, H)."""
+        """Project and rotate: x (B, T, d_model), positions (B, T) -> q (B, Hq, T, D), k, v (B, Hkv, T, D)."""
         B, T, _ = x.shape
         c = self.cfg
-        q = self.wq(x).view(B, T, c.n_heads, c.hd).transpose(1, 2)     # (B, N, T, H)
-        k = self.wk(x).view(B, T, c.n_kv_heads, c.hd).transpose(1, 2)  # (B, K, T, H)
-        v = self.wv(x).view(B, T, c.n_kv_heads, c.hd).transpose(1, 2)  # (B, K, T, H)
+        q = self.wq(x).view(B, T, c.n_heads, c.hd).transpose(1, 2)     # (B, Hq, T, D)
+        k = self.wk(x).view(B, T, c.n_kv_heads, c.hd).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.wv(x).view(B, T, c.n_kv_heads, c.hd).transpose(1, 2)  # (B, Hkv, T, D)
         cos, sin = rope_tables(c.hd, positions, c.rope_theta, x.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -141,8 +142,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.qkv(x, positions)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None, None]
-        out = naive_attention(q, k, v, causal)               # (B, N, T, H)
-        return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
+        out = naive_attention(q, k, v, causal)               # (B, Hq, T, D)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
 
 
 class SwiGLU(nn.Module):
@@ -193,7 +194,7 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
-        x = self.embed(tokens)  # (B, T, D)
+        x = self.embed(tokens)  # (B, T, d_model)
         for block in self.blocks:
             x = block(x, positions)
         return F.linear(self.norm(x), self.output_weight())  # (B, T, V)

@@ -2,35 +2,38 @@
 
 Every plot is data-driven: it gathers points from the result rows (``Row.extra`` plus
 ``measured``) and the benchmark records (``extra_info`` plus ``params`` and the median time),
-and is skipped with a note when no points exist. What a check must record to appear in a plot:
+and is skipped with a note when no points exist. Every field read is declared in
+:mod:`conformance.fields`. What a check must record to appear in a plot:
 
 - roofline:      benchmark extra_info ``flops`` and ``bytes`` (per call); ceilings from
                  ``benchmarks/ceilings.py`` when available.
-- batch:         extra_info ``batch`` (or params ``batch``) and ``tokens_per_s``; claim AI-9.
+- batch:         extra_info ``batch`` and ``tokens_per_s``, by ``implementation``; claim AI-9.
 - nll_bits:      ``bits`` and ``nll`` (row extra or extra_info); grouped by ``granularity``.
-- gamma:         ``gamma`` and ``tokens_per_call``; grouped by ``alpha`` or ``draft``.
+- gamma:         ``gamma`` and ``tokens_per_call``; grouped by ``draft`` or ``alpha``.
 - serving:       ``policy`` and ``utilisation`` (fraction of the KV budget holding live tokens).
 - history:       at least two history entries of the run's series.
 """
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from pathlib import Path
 
+from conformance.fields import FIELDS
 from reports import bench
 
 SPECS = {
     "batch": dict(title="Decode step latency and throughput vs batch size (AI-9)",
-                  x=("batch", "batch_size"), y=("tokens_per_s", "throughput"), group=("backend", "implementation")),
+                  x=("batch",), y=("tokens_per_s",), group=("implementation",)),
     "nll_bits": dict(title="Test NLL vs weight bits (QT-3)", x=("bits",), y=("nll",),
-                     group=("granularity", "scheme", "group_size")),
+                     group=("granularity", "implementation")),
     "gamma": dict(title="Tokens per target call vs γ (SD-4, SD-5)", x=("gamma",), y=("tokens_per_call",),
-                  group=("draft", "alpha", "source")),
+                  group=("draft", "alpha")),
     "serving": dict(title="KV budget utilisation by allocation policy (PA-2)", x=("policy",),
-                    y=("utilisation", "utilization"), group=("metric",)),
+                    y=("utilisation",), group=("metric",)),
 }
+# every field a plot reads is a declared field (conformance/fields.py): one spelling, one type
+assert all(name in FIELDS for spec in SPECS.values() for key in ("x", "y", "group") for name in spec[key])
 
 
 def _plt():
@@ -55,15 +58,9 @@ def _sources(rows, records):
         d = dict(params)
         d.update(rec.get("extra_info") or {})
         d.setdefault("median_s", (rec.get("stats") or {}).get("median"))
-        impl = params.get("impl") or params.get("backend")
-        d.setdefault("implementation", impl_name(impl) if impl is not None else rec.get("name", "").split("[")[0])
+        # the implementation's registry name, as the benchmark declared it (fields.py)
+        d.setdefault("implementation", params.get("backend") or rec.get("name", "").split("[")[0])
         yield d
-
-
-def impl_name(v) -> str:
-    """'<kv_cache:torch (builtin, optimized.engine:TORCH)>' (a stored Implementation) -> 'torch'."""
-    m = re.match(r"<[\w.]+:(\S+) \(", str(v))
-    return m.group(1) if m else str(v)
 
 
 def _first(d, keys):

@@ -70,3 +70,26 @@ def test_contracts_import_no_implementation():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"conformance/ imports implementations: {out.stdout.strip()}"
+
+
+def _shape_names(text: str) -> set[str]:
+    """Size names used in the shape tuples of a text: '(B, Hq, Tq, D)' -> {'B', 'Hq', 'Tq', 'D'}."""
+    import re
+
+    names = set()
+    for group in re.findall(r"\(([^()]+)\)", text):
+        parts = [p.strip() for p in group.split(",")]
+        if len(parts) < 2 or not all(re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*(\[[a-z]+\])?|\d+|\.\.\.", p) for p in parts):
+            continue
+        names |= {p for p in parts if re.fullmatch(r"[A-Z][A-Za-z_]*", p)}
+    return names
+
+
+def test_contracts_use_the_glossary_names():
+    from conformance import registry
+    from conformance.contracts.glossary import SIZES
+
+    for technique, c in registry.contracts().items():
+        unknown = _shape_names(c.doc) - set(SIZES)
+        assert not unknown, f"contract {technique!r} uses size names outside the glossary: {sorted(unknown)}"
+    assert _shape_names("q (B, N, T, H)") - set(SIZES) == {"N", "H"}  # the check sees a stray name

@@ -19,6 +19,8 @@ bfloat16 (q, k, v of one dtype, on one device; any strides). An implementation m
 "unsupported", never as a pass. Invalid arguments raise ``TypeError`` (wrong type or dtype) or
 ``ValueError`` (wrong shape, device or value) naming the argument (:func:`validate`).
 
+Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`conformance.contracts.glossary`.
+
 Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
 FA-6 (memory linear in T), FA-7 (split-KV decoding = unsplit). Source: Dao et al. 2022
 (FlashAttention), Dao 2023 (FlashAttention-2), lecture 001 §3.

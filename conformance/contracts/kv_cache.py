@@ -30,13 +30,13 @@ The engine provides:
 
 ``cache_bytes() -> int``
     Bytes of keys and values the engine holds for the cached tokens: exactly
-    2 × layers × KV heads × head dim × bytes per value × Σ lengths (claim KV-4; capacity
+    2 × L × Hkv × D × bytes per value × Σ lengths (claim KV-4; capacity
     reserved but not yet written does not count).
 
 ``kv(layer, seq) -> (k, v)``
     The cached keys (after RoPE) and values of sequence ``seq`` at ``layer``: two tensors of shape
-    (n_kv_heads, lengths[seq], head_dim) in the model's dtype, equal to what the model computes
-    for those positions.
+    (Hkv, lengths[seq], D) in the model's dtype, equal to what the model computes for those
+    positions.
 
 Errors: a non-tensor or a non-int64 ``tokens``/``lengths``/``next_tokens`` raises TypeError; a
 wrong shape, a wrong device, an id outside [0, V), a length outside [1, S], a batch above
@@ -49,6 +49,8 @@ Oracle: the reference model's full forward without a cache (``reference.transfor
 Built-ins: ``triton`` (cache writes by the Triton kernel ``optimized.kv_cache.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
 :class:`optimized.engine.KVCacheEngine`. Bug zoo: :mod:`properties.zoo_kv_cache`.
+
+Names (B, S, V, Hkv, D, L) as in :mod:`conformance.contracts.glossary`.
 
 Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache, experiments of §2.2 and sizes of
 §2.3), §1.3 (batching); CS336 lecture 10 part 3. Claims KV-1, KV-2, KV-3, KV-4, KV-10, AI-8, AI-9.

@@ -32,14 +32,14 @@ def sample_ids(model: Transformer, n: int, temperature: float = 1.0, generator: 
     cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * cfg.n_layers
     for t in range(max_len):
         positions = torch.full((n, 1), t, dtype=torch.int64, device=device)  # (B, 1)
-        x = model.embed(tokens[:, -1:])  # (B, 1, D)
+        x = model.embed(tokens[:, -1:])  # (B, 1, d_model)
         for i, block in enumerate(model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)  # (B, N, 1, H), (B, K, 1, H)
+            q, k, v = block.attn.qkv(block.attn_norm(x), positions)  # (B, Hq, 1, D), (B, Hkv, 1, D)
             if cache[i] is not None:
-                k = torch.cat([cache[i][0], k], dim=2)  # (B, K, t+1, H)
+                k = torch.cat([cache[i][0], k], dim=2)  # (B, Hkv, t+1, D)
                 v = torch.cat([cache[i][1], v], dim=2)
             cache[i] = (k, v)
-            out = naive_attention(q, k, v)  # (B, N, 1, H): one query sees every cached key
+            out = naive_attention(q, k, v)  # (B, Hq, 1, D): one query sees every cached key
             x = x + block.attn.wo(out.transpose(1, 2).reshape(n, 1, -1))
             x = x + block.mlp(block.mlp_norm(x))
         logits = F.linear(model.norm(x), model.output_weight())[:, -1]  # (B, V)
