@@ -12,6 +12,12 @@ Rules (chosen by the dtype of the output under test):
   when the naive computation itself overflows or collapses (fp16 scores past 65504), its error
   says nothing, and an output wrong by more than 1/16 of its scale is wrong in any dtype.
 
+The rules are a table (:data:`RULES`), keyed by the output's dtype or by a scheme name that a
+check names explicitly (``check_close(..., rule="int4-weight")``); a technique adds its own with
+:func:`register_rule` (quantization: a multiple of the naive dequantize-then-compute error plus a
+floor, an instance of :class:`NaiveMultipleRule`). Each rule states what it can and cannot see
+(``Rule.sees`` / ``Rule.blind_to``), and the report shows it next to the verdicts.
+
 No rule is a bare absolute tolerance: every bound is proportional to the reference's scale, so an
 all-zero output, or an input returned unchanged, fails every float comparison
 (``tests/test_tolerance.py`` shows it). NaN or inf in ``out`` where ``out_ref`` is finite is an
@@ -127,35 +133,122 @@ def check_exact(actual, expected, *, what: str = "output") -> Verdict:
     return _report(Verdict(n_bad == 0, "exact", float(n_bad), 0.0, what, detail))
 
 
-def check_close(out, out_ref, *, out_pt=None, what: str = "output") -> Verdict:
-    """Compare ``out`` with the float64 reference ``out_ref`` by the rule of ``out``'s dtype.
+class Rule:
+    """One comparison rule of the policy: ``judge(out, out_ref, out_pt, what) -> Verdict``.
+    ``sees``: the errors it is sure to catch; ``blind_to``: what it cannot see."""
 
-    ``out_pt`` (the naive computation in ``out``'s dtype) is required for float16/bfloat16.
-    Raises ValueError for a shape mismatch, a non-float ``out`` or a missing ``out_pt``.
+    name: str
+    sees: str
+    blind_to: str
+    needs_out_pt: bool
+
+    def judge(self, out: torch.Tensor, out_ref: torch.Tensor, out_pt, what: str) -> Verdict:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RelativeRule(Rule):
+    """max|out - out_ref| <= rel * max|out_ref| (float64, float32)."""
+
+    name: str
+    rel: float
+    sees: str = ""
+    blind_to: str = ""
+    needs_out_pt: bool = False
+
+    def judge(self, out, out_ref, out_pt, what):
+        err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
+        bound = self.rel * scale
+        rule = f"{self.name}: max|out-out_ref| <= {self.rel:g} * max|out_ref| ({scale:.3g})"
+        return Verdict(err <= bound, rule, err, bound, what)
+
+
+@dataclass(frozen=True)
+class NaiveMultipleRule(Rule):
+    """max|out - out_ref| <= min(factor * max|out_pt - out_ref| + floor, cap): the error of the
+    naive computation in the output's own number format (``out_pt``: the same 16-bit dtype, or
+    dequantize-then-compute for a quantized scheme) sets the scale of the allowed error;
+    floor = ``floor_ulps`` ulps of ``ulp_dtype`` (default: the output's dtype) at the output's
+    scale, so a zero naive error does not make the bound zero; cap = ``cap_fraction`` of the
+    scale, because when the naive computation itself overflows its error says nothing."""
+
+    name: str
+    factor: float
+    floor_ulps: float
+    cap_fraction: float
+    ulp_dtype: torch.dtype | None = None
+    sees: str = ""
+    blind_to: str = ""
+    needs_out_pt: bool = True
+
+    def judge(self, out, out_ref, out_pt, what):
+        err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
+        err_pt = max_abs_error(_as_tensor(out_pt), out_ref)
+        floor = self.floor_ulps * ulp(self.ulp_dtype or out.dtype) * scale
+        cap = self.cap_fraction * scale
+        bound = min(self.factor * err_pt + floor, cap)
+        rule = (f"{self.name}: max|out-out_ref| <= min({self.factor:g} * max|out_pt-out_ref| ({err_pt:.3e}) "
+                f"+ {self.floor_ulps:g} ulp * scale ({floor:.3e}), scale * {self.cap_fraction:g} ({cap:.3e}))")
+        return Verdict(err <= bound, rule, err, bound, what)
+
+
+def _half_rule(dtype: torch.dtype) -> NaiveMultipleRule:
+    name = str(dtype).replace("torch.", "")
+    return NaiveMultipleRule(
+        name, SAME_DTYPE_FACTOR, FLOOR_ULPS, HALF_CAP_FRACTION,
+        sees=f"errors above twice the naive {name} computation's own rounding error, at any "
+             "output scale; all-zero or unchanged outputs",
+        blind_to=f"errors smaller than twice the naive {name} error (a few ulps of the output's "
+                 "maximum), e.g. a uniform scaling by 1-2%")
+
+
+#: The policy's table: dtype or scheme name -> rule.
+RULES: dict[object, Rule] = {
+    torch.float64: RelativeRule("float64", REL_TOL[torch.float64],
+                                sees="any algorithmic error above 1e-12 of the output's scale",
+                                blind_to="errors below 1e-12 relative (float64 rounding is ~1e-16)"),
+    torch.float32: RelativeRule("float32", REL_TOL[torch.float32],
+                                sees="any error above 1e-5 of the output's scale (TF32 matmuls, ~1e-3, fail)",
+                                blind_to="errors below 1e-5 relative"),
+    torch.float16: _half_rule(torch.float16),
+    torch.bfloat16: _half_rule(torch.bfloat16),
+}
+
+
+def register_rule(key, rule: Rule) -> None:
+    """Add ``rule`` to the policy under ``key`` (a dtype or a scheme name such as "int4-weight").
+    Raises TypeError for a non-Rule, ValueError when ``key`` is taken by another rule."""
+    if not isinstance(rule, Rule):
+        raise TypeError(f"rule must be a conformance.tolerance.Rule, got {type(rule).__name__}")
+    if key in RULES and RULES[key] != rule:
+        raise ValueError(f"a tolerance rule is already registered for {key!r}: {RULES[key].name}")
+    RULES[key] = rule
+
+
+def rule_for(key) -> Rule:
+    """The rule for a dtype or scheme name; ValueError when the policy has none."""
+    if key not in RULES:
+        names = sorted(str(k).replace("torch.", "") for k in RULES)
+        raise ValueError(f"no tolerance rule for {str(key).replace('torch.', '')}; the policy has {names}")
+    return RULES[key]
+
+
+def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -> Verdict:
+    """Compare ``out`` with the float64 reference ``out_ref`` by the rule of ``out``'s dtype, or
+    by the scheme ``rule`` names (a key of :data:`RULES`).
+
+    ``out_pt`` (the naive computation in ``out``'s number format) is required by the
+    naive-multiple rules (float16/bfloat16 and quantized schemes). Raises ValueError for a shape
+    mismatch, a non-float ``out``, a missing ``out_pt`` or a dtype/scheme without a rule.
     """
     out, out_ref = _as_tensor(out), _as_tensor(out_ref)
     if not out.is_floating_point():
         raise ValueError(f"check_close needs a floating output, got {out.dtype}; use check_exact")
-    err = max_abs_error(out, out_ref)
-    scale = scale_of(out_ref)
-    dtype = out.dtype
-    if dtype in REL_TOL:
-        tol = REL_TOL[dtype]
-        bound = tol * scale
-        rule = f"{str(dtype).replace('torch.', '')}: max|out-out_ref| <= {tol:g} * max|out_ref| ({scale:.3g})"
-        return _report(Verdict(err <= bound, rule, err, bound, what))
-    if dtype in HALF_DTYPES:
-        if out_pt is None:
-            raise ValueError(f"out_pt (the naive {dtype} computation) is required to judge a {dtype} output")
-        err_pt = max_abs_error(_as_tensor(out_pt), out_ref)
-        floor = FLOOR_ULPS * ulp(dtype) * scale
-        cap = HALF_CAP_FRACTION * scale
-        bound = min(SAME_DTYPE_FACTOR * err_pt + floor, cap)
-        name = str(dtype).replace("torch.", "")
-        rule = (f"{name}: max|out-out_ref| <= min({SAME_DTYPE_FACTOR:g} * max|out_pt-out_ref| ({err_pt:.3e}) "
-                f"+ {FLOOR_ULPS:g} ulp * scale ({floor:.3e}), scale/16 ({cap:.3e}))")
-        return _report(Verdict(err <= bound, rule, err, bound, what))
-    raise ValueError(f"no tolerance rule for dtype {dtype}")
+    r = rule_for(out.dtype if rule is None else rule)
+    if r.needs_out_pt and out_pt is None:
+        raise ValueError(f"out_pt (the naive computation in {out.dtype}) is required by the rule {r.name!r}")
+    max_abs_error(out, out_ref)  # shape check before judging
+    return _report(r.judge(out, out_ref, out_pt, what))
 
 
 def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
