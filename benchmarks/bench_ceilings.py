@@ -1,7 +1,7 @@
 """This device's ceilings (copy bandwidth, matmul peak per dtype) and its accelerator intensity.
 
 Claim AI-4: accelerator intensity = FLOP/s / bytes/s (lecture: H100 about 295, from spec sheets).
-Here both are measured on the machine running the suite (benchmarks/ceilings.py), so other
+Here both are measured on the machine running the suite (conformance/ceilings.py), so other
 benchmarks' fractions of ceiling and roofline bounds refer to the same device. The timed body
 is one copy of the tensor the bandwidth ceiling was measured on.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.ceilings import fraction_of_ceiling, measure_ceilings
+from conformance.ceilings import fraction_of_ceiling, measure_ceilings
 from conformance import results
 from reference.roofline import ACCELERATORS
 

@@ -1,6 +1,6 @@
 """KV-1, KV-2 and FA-3 on a real checkpoint rather than random weights.
 
-The model is the shipped small-world target (``reference/world/checkpoints/target``) or, with
+The model is the shipped small-world target (``smallworld/checkpoints/target``) or, with
 ``--model PATH``, a user's checkpoint: a local Hugging Face Llama folder (config.json +
 *.safetensors) or a world checkpoint. Prompts are real test documents for the world model and
 seeded random ids otherwise. Every registered ``kv_cache`` and ``attention`` implementation runs.
@@ -26,15 +26,15 @@ PREFILL, STEPS = 12, 8
 def load_model(path: str | None, dtype: torch.dtype, device: str):
     """The model under test in ``dtype`` on ``device``. Raises FileNotFoundError for a bad path."""
     if path is None:
-        from reference.world.checkpoints import load_model as load_world
+        from smallworld.checkpoints import load_model as load_world
 
         return load_world("target", dtype, device)
     p = Path(path)
     if p.is_dir():
-        from reference.world.hf_llama import load_hf_llama
+        from smallworld.hf_llama import load_hf_llama
 
         return load_hf_llama(p, dtype, device, max_seq_len=PREFILL + STEPS + 8)
-    from reference.world.checkpoints import load_model as load_world
+    from smallworld.checkpoints import load_model as load_world
 
     return load_world(p, dtype, device)
 
@@ -42,7 +42,7 @@ def load_model(path: str | None, dtype: torch.dtype, device: str):
 def prompt_tokens(model, path: str | None, device: str) -> torch.Tensor:
     """(2, PREFILL + STEPS) int64: two real test documents, or seeded ids for an outside model."""
     if path is None:
-        from reference.world import data
+        from smallworld import data
 
         docs = [d for d in data.encode(data.split("test", 32)) if len(d) >= PREFILL + STEPS][:2]
         return torch.tensor([d[:PREFILL + STEPS] for d in docs], device=device)

@@ -25,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conformance import results
 from conformance.tolerance import assert_exact, assert_scalar
+from reference import perf_model as pm
 from reference import roofline as rl
 from reference.transformer import TransformerConfig, build
 
@@ -163,7 +164,7 @@ def test_attention_intensity_prefill_generation(S, B, D):
 
 @pytest.mark.claim("AI-3")
 def test_attention_intensity_lecture_figures():
-    S = rl.LLAMA2_13B.S
+    S = pm.LLAMA2_13B.S
     results.record("AI-3", measured=rl.attention_intensity(S, S), lecture="S/2", unit="FLOP/byte",
                    rule=f"prefill, S=T={S}")
     results.record("AI-3", measured=rl.attention_intensity(S, 1), lecture="S/(S+1) < 1", unit="FLOP/byte",
@@ -206,7 +207,7 @@ def test_roofline_rejects_bad_input():
     with pytest.raises(ValueError, match="do not chain"):
         rl.count_matmul((3, 4), (5, 6), torch.bfloat16)
     with pytest.raises(ValueError, match="must divide"):
-        rl.ModelShape(S=1, D=8, F=8, N=4, K=3, H=2, L=1, V=8)
+        pm.ModelShape(S=1, D=8, F=8, N=4, K=3, H=2, L=1, V=8)
     with pytest.raises(TypeError, match="B must be an int"):
         rl.matmul_intensity(1.5, 4, 4)
 
@@ -227,9 +228,9 @@ def test_counts_match_reference_model(L, K, group, H, F, V, dtype):
     cfg = TransformerConfig(vocab_size=V, d_model=D, n_layers=L, n_heads=N, n_kv_heads=K, d_ff=F,
                             max_seq_len=16)
     model = build(cfg, seed=0, dtype=dtype)
-    shape = rl.ModelShape(S=16, D=D, F=F, N=N, K=K, H=H, L=L, V=V, bytes_per_value=rl.itemsize(dtype))
+    shape = pm.ModelShape(S=16, D=D, F=F, N=N, K=K, H=H, L=L, V=V, bytes_per_value=rl.itemsize(dtype))
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # norms are vectors
-    assert_exact(rl.num_params(shape), matrices, what="parameter count vs the model's weight matrices")
+    assert_exact(pm.num_params(shape), matrices, what="parameter count vs the model's weight matrices")
     B, T = 2, 5
     x = _randn((B, T, D), 0, dtype)
     positions = torch.arange(T).expand(B, T)
@@ -238,23 +239,23 @@ def test_counts_match_reference_model(L, K, group, H, F, V, dtype):
         for block in model.blocks:
             _, k, v = block.attn.qkv(x, positions)            # k, v: (B, K, T, H) what a cache stores
             kv += _nbytes(k, v)
-    assert_exact(rl.kv_bytes_per_token(shape), kv // (B * T), what="KV bytes per token vs the model's k, v")
+    assert_exact(pm.kv_bytes_per_token(shape), kv // (B * T), what="KV bytes per token vs the model's k, v")
     assert kv % (B * T) == 0
 
 
 @pytest.mark.claim("AI-5")
 def test_llama2_13b_on_h100():
-    m, bw, cap = rl.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
-    params = rl.num_params(m)
+    m, bw, cap = pm.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
+    params = pm.num_params(m)
     # "about 13 billion" (13,015,449,600): band 1%, the lecture gives two significant figures.
     assert_scalar(params, 13e9, rel=0.01, what="Llama 2 13B parameters")
     results.record("AI-5", measured=params, lecture=13e9, unit="parameters")
-    kv = rl.kv_bytes_per_sequence(m)
+    kv = pm.kv_bytes_per_sequence(m)
     assert_scalar(kv, 838_860_800, rel=0, what="KV cache bytes per sequence (S=1024)")
     results.record("AI-5", measured=kv, lecture=838_860_800, unit="bytes/sequence")
-    results.record("AI-5", measured=rl.parameter_bytes(m), lecture=26e9, unit="bytes (bf16 parameters)")
+    results.record("AI-5", measured=pm.parameter_bytes(m), lecture=26e9, unit="bytes (bf16 parameters)")
 
-    lat1, thr1 = rl.latency_s(m, 1, bw), rl.throughput(m, 1, bw)
+    lat1, thr1 = pm.latency_s(m, 1, bw), pm.throughput(m, 1, bw)
     # "0.008 s/token": 0.0080208; band 1% (the lecture keeps one significant figure).
     assert_scalar(lat1, 0.008, rel=0.01, what="B=1 latency")
     # "124 tokens/s": the formula gives 124.68, which rounds to 125; the lecture truncates.
@@ -265,19 +266,19 @@ def test_llama2_13b_on_h100():
     results.record("AI-5", measured=thr1, lecture=124, unit="tokens/s",
                    rule="B=1; formula 124.68 rounds to 125, lecture truncates to 124")
 
-    table = rl.performance(m, [1, 16, 64, 256], H100)
+    table = pm.performance(m, [1, 16, 64, 256], H100)
     lats, thrs = [p.latency_s for p in table], [p.throughput for p in table]
     assert lats == sorted(lats) and thrs == sorted(thrs), "latency and throughput must rise with B"
     # diminishing returns: throughput gained per extra sequence shrinks
     gains = [(thrs[i + 1] - thrs[i]) / (table[i + 1].B - table[i].B) for i in range(len(table) - 1)]
     assert gains == sorted(gains, reverse=True)
-    assert thrs[-1] < rl.throughput_limit(m, bw)
+    assert thrs[-1] < pm.throughput_limit(m, bw)
     assert all(p.bound == "memory" for p in table)
     p64, p256 = table[2], table[3]
     assert p64.fits and not p256.fits
     # the verdicts do not depend on reading "80 GB" as 80e9 or 80 GiB
-    assert rl.fits(m, 64, 80 * GIB) and not rl.fits(m, 256, 80 * GIB)
-    assert rl.max_batch(m, cap) == 64
+    assert pm.fits(m, 64, 80 * GIB) and not pm.fits(m, 256, 80 * GIB)
+    assert pm.max_batch(m, cap) == 64
     for p in table:
         results.record("AI-5", measured={"latency_s": p.latency_s, "tokens_per_s": p.throughput,
                                          "memory_GB": p.memory_bytes / 1e9, "fits_80GB": p.fits},
@@ -287,19 +288,19 @@ def test_llama2_13b_on_h100():
 
 @pytest.mark.claim("AI-6")
 def test_llama2_13b_gqa_on_h100():
-    mha, bw, cap = rl.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
+    mha, bw, cap = pm.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
     gqa = mha.with_(K=8)
-    ratio = rl.kv_bytes_per_sequence(mha) / rl.kv_bytes_per_sequence(gqa)
+    ratio = pm.kv_bytes_per_sequence(mha) / pm.kv_bytes_per_sequence(gqa)
     assert_scalar(ratio, 5, rel=0, what="KV cache MHA / GQA(K=8)")
     results.record("AI-6", measured=ratio, lecture=5, unit="x smaller KV cache")
-    lat_mha, lat_gqa = rl.latency_s(mha, 64, bw), rl.latency_s(gqa, 64, bw)
-    thr_mha, thr_gqa = rl.throughput(mha, 64, bw), rl.throughput(gqa, 64, bw)
+    lat_mha, lat_gqa = pm.latency_s(mha, 64, bw), pm.latency_s(gqa, 64, bw)
+    thr_mha, thr_gqa = pm.throughput(mha, 64, bw), pm.throughput(gqa, 64, bw)
     assert lat_gqa < lat_mha and thr_gqa > thr_mha
     results.record("AI-6", measured={"latency_s": lat_gqa, "tokens_per_s": thr_gqa},
                    lecture="better latency and throughput than MHA", unit="B=64",
                    mha={"latency_s": lat_mha, "tokens_per_s": thr_mha})
-    assert rl.fits(gqa, 256, cap) and not rl.fits(mha, 256, cap)
-    results.record("AI-6", measured=rl.memory_bytes(gqa, 256) / 1e9, lecture="B=256 fits in 80 GB",
+    assert pm.fits(gqa, 256, cap) and not pm.fits(mha, 256, cap)
+    results.record("AI-6", measured=pm.memory_bytes(gqa, 256) / 1e9, lecture="B=256 fits in 80 GB",
                    bound=cap / 1e9, unit="GB at B=256", fits=True)
 
 
@@ -309,15 +310,15 @@ def test_llama2_13b_gqa_on_h100():
 def test_batch_size_properties(S, K, B, cap, bw):
     """Fits-in-memory is monotone in B; latency and throughput are non-decreasing in B, the
     throughput gain per sequence shrinks, and throughput stays below bandwidth / KV bytes."""
-    m = rl.LLAMA2_13B.with_(S=S, K=K)
-    if rl.fits(m, B + 1, cap):
-        assert rl.fits(m, B, cap)
-    assert rl.fits(m, B, cap) == (B <= rl.max_batch(m, cap))
-    l0, l1, l2 = (rl.latency_s(m, b, bw) for b in (B, B + 1, B + 2))
-    t0, t1, t2 = (rl.throughput(m, b, bw) for b in (B, B + 1, B + 2))
+    m = pm.LLAMA2_13B.with_(S=S, K=K)
+    if pm.fits(m, B + 1, cap):
+        assert pm.fits(m, B, cap)
+    assert pm.fits(m, B, cap) == (B <= pm.max_batch(m, cap))
+    l0, l1, l2 = (pm.latency_s(m, b, bw) for b in (B, B + 1, B + 2))
+    t0, t1, t2 = (pm.throughput(m, b, bw) for b in (B, B + 1, B + 2))
     assert l0 <= l1 <= l2 and t0 <= t1 <= t2
     assert (t2 - t1) <= (t1 - t0) * (1 + 1e-9)
-    assert t2 < rl.throughput_limit(m, bw)
+    assert t2 < pm.throughput_limit(m, bw)
 
 
 # ------------------------------------------------------------------------------------------
@@ -326,7 +327,7 @@ def test_batch_size_properties(S, K, B, cap, bw):
 
 @pytest.mark.claim("AI-7")
 def test_exercise1_decode_bound():
-    d = rl.decode_bound(7e9, A100, B=1)
+    d = pm.decode_bound(7e9, A100, B=1)
     assert_scalar(d.weight_read_s, 7e-3, rel=1e-12, what="14 GB / 2 TB/s")
     # "0.045 ms": 1.4e10 / 312e12 = 0.04487 ms; band 1% (two significant figures).
     assert_scalar(d.compute_s, 0.045e-3, rel=0.01, what="2 x 7e9 / 312 TFLOP/s")
@@ -336,7 +337,7 @@ def test_exercise1_decode_bound():
     # "compute becomes the bound near B = 150": ridge 156; band 5% (the lecture says "about 150").
     assert_scalar(d.compute_bound_batch, 150, rel=0.05, what="B where compute takes over")
     b = math.ceil(d.compute_bound_batch)
-    below, above = rl.decode_bound(7e9, A100, B=b - 1), rl.decode_bound(7e9, A100, B=b)
+    below, above = pm.decode_bound(7e9, A100, B=b - 1), pm.decode_bound(7e9, A100, B=b)
     assert below.compute_s < below.weight_read_s <= above.compute_s
     results.record("AI-7", measured=d.weight_read_s * 1e3, lecture=7, unit="ms/token (weights)")
     results.record("AI-7", measured=d.compute_s * 1e3, lecture=0.045, unit="ms/token (compute)")
@@ -351,9 +352,9 @@ def test_exercise1_decode_bound():
 
 @pytest.mark.claim("KV-4")
 def test_kv_bytes_per_token():
-    l2, l3 = rl.kv_bytes_per_token(rl.LLAMA2_7B), rl.kv_bytes_per_token(rl.LLAMA3_8B)
+    l2, l3 = pm.kv_bytes_per_token(pm.LLAMA2_7B), pm.kv_bytes_per_token(pm.LLAMA3_8B)
     assert_scalar(l2, 512 * KIB, rel=0, what="Llama-2-7B fp16 KV bytes per token")
-    ctx = rl.kv_bytes_per_sequence(rl.LLAMA2_7B, context=128 * 1024)
+    ctx = pm.kv_bytes_per_sequence(pm.LLAMA2_7B, context=128 * 1024)
     assert_scalar(ctx, 64 * GIB, rel=0, what="Llama-2-7B KV at 128K context")  # lecture "64 GB" is GiB
     assert_scalar(l3, 128 * KIB, rel=0, what="Llama-3-8B (8 KV heads) KV bytes per token")
     assert_scalar(l2 / l3, 4, rel=0, what="Llama-3-8B is a quarter")
@@ -367,14 +368,14 @@ def test_exercise2_concurrent_requests():
     # The lecture's "60 GB" and "2 GB per request" are binary (512 KiB x 4096 = 2 GiB); with a
     # budget of 60 x 10^9 bytes the answers would be 27 / 111 / 223 (recorded beside).
     budget = 60 * GIB
-    models = {"Llama-2-7B": (rl.LLAMA2_7B, 30), "Llama-3-8B": (rl.LLAMA3_8B, 120),
-              "Llama-3-8B 8-bit KV": (rl.LLAMA3_8B.with_(kv_bytes_per_value=1), 240)}
+    models = {"Llama-2-7B": (pm.LLAMA2_7B, 30), "Llama-3-8B": (pm.LLAMA3_8B, 120),
+              "Llama-3-8B 8-bit KV": (pm.LLAMA3_8B.with_(kv_bytes_per_value=1), 240)}
     for name, (m, lecture) in models.items():
-        n = rl.concurrent_requests(budget, m, context=4096)
+        n = pm.concurrent_requests(budget, m, context=4096)
         assert_scalar(n, lecture, rel=0, what=f"{name}: requests in 60 GiB at 4K context")
         results.record("KV-5", measured=n, lecture=lecture, unit="requests", rule=name,
-                       per_request_GiB=rl.kv_bytes_per_sequence(m, 4096) / GIB,
-                       with_60e9_bytes=rl.concurrent_requests(60e9, m, context=4096))
+                       per_request_GiB=pm.kv_bytes_per_sequence(m, 4096) / GIB,
+                       with_60e9_bytes=pm.concurrent_requests(60e9, m, context=4096))
 
 
 @pytest.mark.claim("KV-6")
@@ -382,12 +383,12 @@ def test_exercise2_concurrent_requests():
        bpv=st.sampled_from([1, 2, 4]))
 def test_gqa_cache_ratio(K, group, L, H, bpv):
     N = K * group
-    mha = rl.ModelShape(S=64, D=N * H, F=4, N=N, K=N, H=H, L=L, V=8, bytes_per_value=bpv)
+    mha = pm.ModelShape(S=64, D=N * H, F=4, N=N, K=N, H=H, L=L, V=8, bytes_per_value=bpv)
     gqa = mha.with_(K=K)
-    assert_scalar(rl.kv_bytes_per_token(mha) / rl.kv_bytes_per_token(gqa), rl.kv_cache_ratio(N, K),
+    assert_scalar(pm.kv_bytes_per_token(mha) / pm.kv_bytes_per_token(gqa), pm.kv_cache_ratio(N, K),
                   rel=1e-12, what="MHA / GQA cache")
-    assert rl.kv_cache_ratio(N, K) == group
-    assert rl.kv_bytes_per_token(mha.with_(K=1)) * N == rl.kv_bytes_per_token(mha)  # MQA
+    assert pm.kv_cache_ratio(N, K) == group
+    assert pm.kv_bytes_per_token(mha.with_(K=1)) * N == pm.kv_bytes_per_token(mha)  # MQA
 
 
 @pytest.mark.claim("AI-5")
@@ -396,11 +397,11 @@ def test_roofline_latency_is_max_of_memory_and_compute(B, S, peak):
     """The roofline latency is the larger of CS336's memory time and the compute time; on the
     H100 spec the memory time is the larger for Llama 2 13B at the lecture's S = 1024 for every
     B (the lecture's premise), but not for short contexts with large batches."""
-    m = rl.LLAMA2_13B.with_(S=S)
+    m = pm.LLAMA2_13B.with_(S=S)
     acc = rl.Accelerator("test", peak, H100.bandwidth, H100.memory_bytes)
-    mem, comp = rl.latency_s(m, B, acc.bandwidth), rl.decode_flops(m, B, include_attention=True) / peak
-    assert rl.roofline_latency_s(m, B, acc) == max(mem, comp)
-    (point,) = rl.performance(m, [B], acc)
+    mem, comp = pm.latency_s(m, B, acc.bandwidth), pm.decode_flops(m, B, include_attention=True) / peak
+    assert pm.roofline_latency_s(m, B, acc) == max(mem, comp)
+    (point,) = pm.performance(m, [B], acc)
     assert point.bound == ("memory" if mem >= comp else "compute")
-    lecture = rl.LLAMA2_13B
-    assert rl.roofline_latency_s(lecture, B, H100) == rl.latency_s(lecture, B, H100.bandwidth)
+    lecture = pm.LLAMA2_13B
+    assert pm.roofline_latency_s(lecture, B, H100) == pm.latency_s(lecture, B, H100.bandwidth)

@@ -6,9 +6,9 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from properties.strategies import seeds
-from reference.world import grammar
-from reference.world.checker import is_grammatical, recognizer
-from reference.world.tokenizer import tokenizer
+from smallworld import grammar
+from smallworld.checker import is_grammatical, recognizer
+from smallworld.tokenizer import tokenizer
 
 AGREEMENT_SWAP = {"am": "is", "is": "are", "are": "is", "was": "were", "were": "was", "a": "an", "an": "a"}
 for _v in grammar.TRANSITIVE + grammar.SHARED_INTRANSITIVE + [v for vs in grammar.TOPIC_VERBS.values() for v in vs]:

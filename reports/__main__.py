@@ -6,7 +6,7 @@ Steps (each prints its progress; a failing property never stops the report):
    writing result rows (one JSON-lines file per pytest process) into ``reports/out/rows/``;
 2. the benchmarks, serially (pytest-benchmark disables itself under xdist), with
    ``--benchmark-enable --benchmark-json`` (raw per-round samples included);
-3. the device's ceilings (copy bandwidth, matmul peak) from ``benchmarks/ceilings.py``;
+3. the device's ceilings (copy bandwidth, matmul peak) from ``conformance/ceilings.py``;
 4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
    fingerprint), which ``python -m reports.gate`` compares later runs with;
 5. ``reports/out/index.html`` (static, opens from disk), ``report.md``, ``results.json`` and
@@ -39,12 +39,12 @@ def _stage(i: int, n: int, text: str) -> None:
 
 
 def measure_ceilings(device: str, quick: bool = True) -> dict | None:
-    """The device's measured ceilings from ``benchmarks.ceilings.measure_ceilings`` (None when
+    """The device's measured ceilings from ``conformance.ceilings.measure_ceilings`` (None when
     that module is absent or fails; the report then says so)."""
-    if importlib.util.find_spec("benchmarks.ceilings") is None:
+    if importlib.util.find_spec("conformance.ceilings") is None:
         return None
     try:
-        from benchmarks.ceilings import measure_ceilings as m
+        from conformance.ceilings import measure_ceilings as m
 
         c = m(device, quick)
         return json.loads(json.dumps(c, default=str)) if c else None

@@ -187,10 +187,10 @@ def benchmark_entries(records: list[dict], ceilings: dict | None) -> dict[str, l
 
 
 def world_cards() -> list[dict]:
-    """The shipped small world's model cards (reference/world/checkpoints/*.json), the figures
+    """The shipped small world's model cards (smallworld/checkpoints/*.json), the figures
     the quantization and speculative-decoding claims are measured on. Empty if none ship."""
     try:
-        from reference.world import checkpoints as ck
+        from smallworld import checkpoints as ck
     except ImportError:
         return []
     cards = []

@@ -6,7 +6,7 @@ and is skipped with a note when no points exist. Every field read is declared in
 :mod:`conformance.fields`. What a check must record to appear in a plot:
 
 - roofline:      benchmark extra_info ``flops`` and ``bytes`` (per call); ceilings from
-                 ``benchmarks/ceilings.py`` when available.
+                 ``conformance/ceilings.py`` when available.
 - batch:         extra_info ``batch`` and ``tokens_per_s``, by ``implementation``; claim AI-9.
 - nll_bits:      ``bits`` and ``nll`` (row extra or extra_info); grouped by ``granularity``.
 - gamma:         ``gamma`` and ``tokens_per_call``; grouped by ``draft`` or ``alpha``.

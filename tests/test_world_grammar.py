@@ -6,8 +6,8 @@ import random
 import pytest
 
 from conformance import results
-from reference.world import checker, data, grammar
-from reference.world.checker import is_grammatical
+from smallworld import checker, data, grammar
+from smallworld.checker import is_grammatical
 
 GOOD = [
     "the owl sings . it flies . <eos>",

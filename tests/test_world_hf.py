@@ -1,6 +1,6 @@
 """Loading Hugging Face Llama checkpoints into the reference transformer, checked against
 transformers itself: a tiny random LlamaForCausalLM is built offline, saved with
-save_pretrained, loaded with reference.world.hf_llama; its full-forward logits must equal
+save_pretrained, loaded with smallworld.hf_llama; its full-forward logits must equal
 transformers' and its greedy generations must be transformers' tokens.
 
 Logits: the float64 reference is our loaded model in float64. transformers' float32 forward is
@@ -14,7 +14,7 @@ import torch
 
 from conformance.tolerance import assert_close, assert_exact
 from reference.transformer import generate
-from reference.world.hf_llama import MissingTensor, UnsupportedCheckpoint, load_hf_llama
+from smallworld.hf_llama import MissingTensor, UnsupportedCheckpoint, load_hf_llama
 
 transformers = pytest.importorskip("transformers")
 

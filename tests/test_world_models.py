@@ -1,4 +1,4 @@
-"""The shipped garden-world checkpoints (reference/world/checkpoints): each loads into the
+"""The shipped garden-world checkpoints (smallworld/checkpoints): each loads into the
 reference transformer and gives the NLL written on its card; the card's figures are recorded
 against the lecture's (001 §0.3: target 806,144 parameters, test NLL 1.348; draft 15,968
 parameters, NLL 1.363 trained 6 epochs, 1.799 trained 1; §6.4: the poor draft writes 8.4%
@@ -10,10 +10,10 @@ import torch
 from conformance import results
 from conformance.tolerance import assert_exact, assert_scalar
 from reference.transformer import Transformer, generate
-from reference.world import checkpoints, data
-from reference.world.checker import grammatical_fraction
-from reference.world.sample import sample_documents, sample_ids
-from reference.world.tokenizer import tokenizer
+from smallworld import checkpoints, data
+from smallworld.checker import grammatical_fraction
+from smallworld.sample import sample_documents, sample_ids
+from smallworld.tokenizer import tokenizer
 
 NAMES = checkpoints.NAMES
 LECTURE_NLL = {"target": 1.348, "draft_good": 1.363, "draft_poor": 1.799}
@@ -106,10 +106,10 @@ def test_load_errors_are_clear(tmp_path):
 
 def test_training_is_deterministic_from_the_seed():
     """Two short runs of the training loop with the same recipe give identical weights (a few
-    steps of the draft; the shipped checkpoints come from `python -m reference.world.train`)."""
+    steps of the draft; the shipped checkpoints come from `python -m smallworld.train`)."""
     from rich.progress import Progress
 
-    from reference.world import train
+    from smallworld import train
 
     r = train.Recipe(**{**train.RECIPES["draft_poor"].__dict__, "steps": 3, "batch_size": 16})
     seqs = data.encode(data.split("val", 200))

@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from reference.world.grammar import vocabulary
-from reference.world.tokenizer import SPECIALS, Tokenizer, tokenizer
+from smallworld.grammar import vocabulary
+from smallworld.tokenizer import SPECIALS, Tokenizer, tokenizer
 
 WORDS = vocabulary()
 TOK = tokenizer()

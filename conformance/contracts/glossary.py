@@ -34,6 +34,10 @@ distribution ``q``, ``γ`` (``gamma``) draft tokens per round, acceptance rate `
 Quantization: ``bits``, ``group_size`` (weights per scale along K), ``absmax`` scaling,
 ``scale`` / ``zero_point``; granularity "tensor", "channel" or a group size.
 
+One documented exception: the analytic models of the lectures (``reference/roofline.py``,
+``reference/perf_model.py``) keep CS336's letters (D model dim, F MLP dim, N/K query/KV heads,
+H head dim, S context) so that every formula reads as the lecture prints it; their docstrings say so.
+
 Tensors under test: ``out`` (the implementation's output), ``out_ref`` (the float64 reference),
 ``out_pt`` (the naive computation in the output's dtype). Triton kernels: ``*_ptr`` pointers,
 ``stride_*`` strides, UPPER_CASE constexpr (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_D``).

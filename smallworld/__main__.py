@@ -1,18 +1,18 @@
-"""``python -m reference.world``: print the shipped models' cards and a few sampled documents.
+"""``python -m smallworld``: print the shipped models' cards and a few sampled documents.
 
-Training is ``python -m reference.world.train`` (see :mod:`reference.world.train`).
+Training is ``python -m smallworld.train`` (see :mod:`smallworld.train`).
 """
 from __future__ import annotations
 
 import argparse
 
-from reference.world import checkpoints
-from reference.world.checker import is_grammatical
-from reference.world.sample import sample_documents
+from smallworld import checkpoints
+from smallworld.checker import is_grammatical
+from smallworld.sample import sample_documents
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reference.world", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m smallworld", description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=3, help="documents to sample from each model")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from reference.transformer import Transformer, naive_attention, sample_next
-from reference.world.checker import grammatical_fraction
-from reference.world.tokenizer import tokenizer
+from smallworld.checker import grammatical_fraction
+from smallworld.tokenizer import tokenizer
 
 
 @torch.no_grad()

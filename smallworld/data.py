@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from reference.world.grammar import generate_documents
-from reference.world.tokenizer import tokenizer
+from smallworld.grammar import generate_documents
+from smallworld.tokenizer import tokenizer
 
 #: name -> (seed, number of documents)
 SPLITS = {"train": (1001, 400_000), "val": (2002, 2_000), "test": (3003, 2_000)}

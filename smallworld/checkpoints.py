@@ -1,7 +1,7 @@
 """The garden world's shipped checkpoints: loading and saving (safetensors + a JSON card).
 
-Three models live in ``reference/world/checkpoints/`` (written by ``python -m
-reference.world.train``): ``target`` (d=128, 4 layers, ~806K parameters, lecture 001 §0.3),
+Three models live in ``smallworld/checkpoints/`` (written by ``python -m
+smallworld.train``): ``target`` (d=128, 4 layers, ~806K parameters, lecture 001 §0.3),
 ``draft_good`` (d=32, 1 layer, ~16K parameters, trained long) and ``draft_poor`` (the same
 architecture, trained briefly). Each is ``NAME.safetensors`` (float32 weights of
 :class:`reference.transformer.Transformer`) with ``NAME.json``, its card: config, parameter
@@ -36,7 +36,7 @@ def resolve(name_or_path: str | Path) -> Path:
     for f in (p, p.with_suffix(".json")):
         if not f.exists():
             raise FileNotFoundError(f"checkpoint file {f} not found (shipped names: {', '.join(NAMES)}; "
-                                    "rebuild with `python -m reference.world.train`)")
+                                    "rebuild with `python -m smallworld.train`)")
     return p
 
 

@@ -1,0 +1,10 @@
+"""The small world: a trained-model fixture, not a float64 oracle.
+
+Lecture 001's quality claims (an NLL, a grammatical rate, a draft's acceptance rate) need real
+models with known behaviour. This package is the suite's own version of that world: a
+probabilistic grammar with an exact checker (:mod:`smallworld.grammar`, :mod:`smallworld.checker`),
+a word tokenizer, seeded data splits, the training command (``python -m smallworld.train``), three
+shipped checkpoints of the reference transformer (``smallworld/checkpoints/``: a target and two
+drafts, each with a JSON card) and a loader for local Hugging Face Llama checkpoints
+(:mod:`smallworld.hf_llama`). Claims WD-1..WD-3.
+"""
