@@ -68,3 +68,15 @@ def walk_capped_64_blocks(q, k_cache, v_cache, block_table, seq_lens, *, scale):
     64 blocks are dropped."""
     return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
                   read_len=lambda n, bs: min(n, CAPPED_BLOCKS * bs))
+
+
+# ------------------------------------------------------------------ block allocator (PA-4)
+from reference.paged import PagedKVCache  # noqa: E402
+
+
+class CowForgetsToCopy(PagedKVCache):
+    """Copy-on-write that never copies: a write to a shared block goes into the shared block
+    itself, so it changes what every other holder of the block reads."""
+
+    def _own(self, seq, index: int) -> int:
+        return self.tables[seq][index]
