@@ -110,11 +110,11 @@ def interpreter_cost(case: PagedCase) -> int:
 COST_BUDGET = 24
 
 
-def fit_budget(case: PagedCase) -> PagedCase:
+def fit_budget(case: PagedCase, budget: int = COST_BUDGET) -> PagedCase:
     """``case`` shrunk (batch, then KV heads, then lengths) until the interpreter cost is within
-    COST_BUDGET; the block size, the group and the head dim are kept."""
+    ``budget``; the block size, the group and the head dim are kept."""
     lens, hkv = list(case.lens), case.Hkv
-    while interpreter_cost(dataclasses.replace(case, lens=tuple(lens), Hkv=hkv, Hq=hkv * case.group)) > COST_BUDGET:
+    while interpreter_cost(dataclasses.replace(case, lens=tuple(lens), Hkv=hkv, Hq=hkv * case.group)) > budget:
         if len(lens) > 2:
             lens.pop()
         elif hkv > 1:

@@ -17,9 +17,12 @@ import math
 
 import pytest
 import torch
-from hypothesis import example, given, note
+from hypothesis import example, given, note, settings
+from hypothesis import strategies as st
 
 from conformance import results
+from conformance.device import triton_interpreted
+from conformance.tolerance import assert_exact
 from conformance.zoo import expect_rejected
 from properties import strategies as S
 from properties.attention_cases import DTYPES, _Support, run_law
@@ -168,3 +171,92 @@ def test_invalid_calls_raise(impl, device):
         with pytest.raises((ValueError, TypeError)):
             impl(*args, scale=0.25)
             pytest.fail(f"{impl.name} accepted an invalid call ({what})")
+
+
+# ------------------------------------------------ the Triton kernel's own paths (split, write)
+@pytest.mark.claim("PA-1")
+@settings(max_examples=5)
+@given(case=paged_cases(), seed=S.seeds, num_splits=st.integers(1, 4),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.float16]))
+@example(case=_c((130, 17), 6, 2, 59, 2), seed=1, num_splits=3, dtype=torch.float32)
+def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
+    """The Triton kernel with its tokens split into 1..4 ranges (partial outputs merged by
+    log-sum-exp) equals the contiguous reference: the path long contexts take on a GPU."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    if triton_interpreted():
+        case = fit_budget(case, budget=12)
+    inp = make_inputs(case, seed, dtype, device)
+    out = pa.paged_attention(*inp.args(), scale=case.scale, num_splits=num_splits)
+    check_against_contiguous(out, inp, case, what=f"Triton paged attention, {num_splits} splits")
+
+
+@pytest.mark.claim("PA-1")
+@settings(max_examples=5)
+@given(bs=st.sampled_from([1, 3, 16, 256]), n=st.integers(1, 12), hkv=st.integers(1, 3),
+       D=st.sampled_from([1, 8, 72]), seed=S.seeds,
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
+       index_dtype=st.sampled_from([torch.int32, torch.int64]))
+def test_slot_mapping_write_matches_index_copy(device, bs, n, hkv, D, seed, dtype, index_dtype):
+    """write_kv_cache scatters token n into slot slot_mapping[n] and nowhere else: equal, bit for
+    bit (unwritten slots stay NaN), to PyTorch's index_copy_ on the flattened cache."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    num_blocks = -(-n // bs) + 2
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(num_blocks * bs, generator=g)[:n].to(device=device, dtype=index_dtype)
+    k = S.randn((n, hkv, D), seed, dtype=dtype, device=device)
+    v = S.randn((n, hkv, D), seed + 1, dtype=dtype, device=device)
+    kc = torch.full((num_blocks, bs, hkv, D), float("nan"), dtype=dtype, device=device)
+    vc = kc.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    pa.write_kv_cache(kc, vc, k, v, slots)
+    pa.write_kv_cache_torch(kc_ref, vc_ref, k, v, slots)
+    assert_exact(kc, kc_ref, what="K cache after the slot-mapping write")
+    assert_exact(vc, vc_ref, what="V cache after the slot-mapping write")
+
+
+@pytest.mark.claim("PA-1", "PA-4")
+def test_pa1_decode_loop_through_block_tables(device):
+    """A decode loop as a server runs it: the reference PagedKVCache hands out blocks (two
+    sequences, the second forked from the first while its last block is partly filled, blocks
+    of 3), the copies its copy-on-write asks for are made on the kernel's caches, each step's new
+    K/V go in through write_kv_cache by the slot mapping, and the Triton kernel's output over the
+    block tables equals dense attention over each sequence's own tokens."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    from properties.paged_cases import PagedInputs
+    from reference.paged import PagedKVCache
+
+    Hq, Hkv, D, bs, dt = 4, 2, 16, 3, torch.float32
+    book = PagedKVCache(24, bs)
+    kc = torch.full((24, bs, Hkv, D), float("nan"), dtype=dt, device=device)
+    vc = kc.clone()
+    dense = {"a": [torch.empty(Hkv, 0, D, dtype=dt, device=device)] * 2}
+
+    def step(seqs, seed):
+        slots, ks, vs = [], [], []
+        for i, s in enumerate(seqs):
+            done = len(book.copy_log)
+            book.append_tokens(s, 1)
+            for src, dst in book.copy_log[done:]:      # copy-on-write: the server copies the block
+                kc[dst], vc[dst] = kc[src], vc[src]
+            slots.append(book.slot(s, book.length(s) - 1))
+            ks.append(S.randn((Hkv, D), seed + 2 * i, dtype=dt, device=device))
+            vs.append(S.randn((Hkv, D), seed + 2 * i + 1, dtype=dt, device=device))
+            dense[s] = [torch.cat([dense[s][0], ks[-1][:, None]], dim=1), torch.cat([dense[s][1], vs[-1][:, None]], dim=1)]
+        pa.write_kv_cache(kc, vc, torch.stack(ks), torch.stack(vs), torch.tensor(slots, device=device))
+
+    book.new_sequence("a")
+    for t in range(5):
+        step(["a"], 100 + 10 * t)
+    book.fork("a", "b")
+    dense["b"] = [x.clone() for x in dense["a"]]
+    for t in range(4):
+        step(["a", "b"], 500 + 10 * t)
+    assert book.copies == 1, f"one copy-on-write expected (the shared partial block), got {book.copies}"
+    seqs = ["a", "b"]
+    table = book.block_table(seqs, fill=-1, device=device)
+    lens = torch.tensor([book.length(s) for s in seqs], dtype=torch.int32, device=device)
+    q = S.randn((2, Hq, D), 7, dtype=dt, device=device)
+    out = pa.paged_attention(q, kc, vc, table, lens, scale=0.3)
+    case = PagedCase(tuple(int(x) for x in lens), Hq, Hkv, D, bs, 0.3)
+    inp = PagedInputs(q, kc, vc, table, lens, [dense[s][0][None] for s in seqs], [dense[s][1][None] for s in seqs])
+    check_against_contiguous(out, inp, case, what="Triton paged attention after a decode loop with a fork")

@@ -158,6 +158,9 @@ class PagedKVCache:
         self.tables: dict[Hashable, list[int]] = {}
         self.lengths: dict[Hashable, int] = {}
         self.copies = 0  # copy-on-write copies made so far
+        #: (source, destination) of every copy-on-write, in order: a server without K/V here
+        #: copies these blocks in its own caches before writing the step's tokens
+        self.copy_log: list[tuple[int, int]] = []
         self.k = self.v = None
         if kv_shape is not None:
             Hkv, D = kv_shape
@@ -233,6 +236,7 @@ class PagedKVCache:
         self.allocator.free(blk)
         table[index] = new
         self.copies += 1
+        self.copy_log.append((blk, new))
         return new
 
     def append(self, seq, k=None, v=None) -> int:

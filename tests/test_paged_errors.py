@@ -125,3 +125,43 @@ def test_cache_rejects_bad_positions_and_unknown_sequences():
     assert c.length("a") == 1, "a rejected append must not change the length"
     with pytest.raises(ValueError, match="already exists"):
         c.fork("a", "a")
+
+
+def _write_args(device):
+    kc = torch.full((3, 2, 2, 4), float("nan"), device=device)
+    vc = kc.clone()
+    k = torch.ones(2, 2, 4, device=device)
+    return kc, vc, k, k.clone(), torch.tensor([0, 5], dtype=torch.int32, device=device)
+
+
+WRITE_CASES = {
+    "slot out of range": (lambda a: a[:4] + (torch.tensor([0, 6], dtype=torch.int32, device=a[0].device),),
+                          ValueError, r"slot_mapping\[1\] = 6 outside \[0, num_blocks \* block_size\) = \[0, 6\)"),
+    "negative slot": (lambda a: a[:4] + (torch.tensor([-1, 2], dtype=torch.int32, device=a[0].device),),
+                      ValueError, r"slot_mapping\[0\] = -1"),
+    "slot twice": (lambda a: a[:4] + (torch.tensor([3, 3], dtype=torch.int32, device=a[0].device),),
+                   ValueError, "names a slot twice"),
+    "float slots": (lambda a: a[:4] + (a[4].float(),), TypeError, "slot_mapping must be int32 or int64"),
+    "slot count": (lambda a: a[:4] + (a[4][:1],), ValueError, r"slot_mapping must have shape \(N,\) = \(2,\)"),
+    "k dtype": (lambda a: (a[0], a[1], a[2].double(), a[3], a[4]), TypeError, "k has dtype"),
+    "k heads": (lambda a: (a[0], a[1], a[2][:, :1], a[3][:, :1], a[4]), ValueError, r"k must have shape \(N, Hkv, D\)"),
+    "caches differ": (lambda a: (a[0], a[1][:, :1], a[2], a[3], a[4]), ValueError, "must have one shape"),
+}
+
+
+@pytest.mark.parametrize("what", list(WRITE_CASES))
+def test_write_kv_cache_rejects_bad_input_and_writes_nothing(what, device):
+    pa = pytest.importorskip("optimized.paged_attention")
+    make, error, match = WRITE_CASES[what]
+    args = make(_write_args(device))
+    kc0 = args[0].clone()
+    with pytest.raises(error, match=match):
+        pa.write_kv_cache(*args)
+    assert torch.isnan(args[0]).all() and torch.isnan(kc0).all(), "a rejected write changed the cache"
+
+
+def test_paged_attention_rejects_bad_num_splits(call_args):
+    pa = pytest.importorskip("optimized.paged_attention")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
+            pa.paged_attention(*call_args, scale=0.25, num_splits=bad)

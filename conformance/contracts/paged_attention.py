@@ -201,6 +201,7 @@ CONTRACT = Contract(
     doc=__doc__,
     builtins={
         "reference": "reference.paged:paged_attention",
+        "triton": "optimized.paged_attention:paged_attention",
     },
     cases="conformance.contracts.paged_attention:cases",
     zoo={
