@@ -166,6 +166,8 @@ def _check_device(t: torch.Tensor, name: str) -> None:
 
 #: Tokens per split under the interpreter: one split up to this length, then a few.
 INTERPRET_TOKENS_PER_SPLIT = 128
+#: Tokens per tile under the interpreter (fewer, larger tiles: its cost is per operation).
+INTERPRET_BLOCK_N = 128
 #: Fewest tokens per split on GPU.
 MIN_TOKENS_PER_SPLIT = 256
 
@@ -181,7 +183,7 @@ def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
     BLOCK_H = triton.next_power_of_2(group)
     BLOCK_D = triton.next_power_of_2(D)
     if triton_interpreted():
-        return BLOCK_H, 64, BLOCK_D
+        return BLOCK_H, INTERPRET_BLOCK_N, BLOCK_D
     budget = 4096 if dtype == torch.float64 else 16384
     n = budget // (BLOCK_H * BLOCK_D)
     BLOCK_N = max(4, min(64, 1 << max(0, n.bit_length() - 1)))

@@ -66,6 +66,11 @@ EXAMPLES = (
 )
 
 
+#: Fewer drawn examples where the Triton kernel runs interpreted (the pinned ones always run).
+FEW = settings(max_examples=max(5, settings.default.max_examples // 2)) if triton_interpreted() else settings()
+
+
+@FEW
 @given(case=paged_cases(), seed=S.seeds)
 @example(case=EXAMPLES[0], seed=1)
 @example(case=EXAMPLES[1], seed=2)
