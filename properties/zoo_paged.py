@@ -80,3 +80,24 @@ class CowForgetsToCopy(PagedKVCache):
 
     def _own(self, seq, index: int) -> int:
         return self.tables[seq][index]
+
+
+# ------------------------------------------------ continuous-batching engine (PA-6, PA-7)
+def _engine_zoo():
+    from optimized.paged_engine import PagedEngine
+
+    class QueryMissesItsOwnToken(PagedEngine):
+        """Each token's query sees the keys before its position but not its own (seq_lens off
+        by one; the first token still sees itself)."""
+
+        def _query_lens(self, positions):
+            return positions.clamp(min=1).to(torch.int32)
+
+    class PrefixKeyWithoutParent(PagedEngine):
+        """Prefix-cache key of a block from its own tokens only: equal tokens after different
+        prefixes (other positions, other context) share K/V that is not theirs."""
+
+        def _block_key(self, parent, tokens):
+            return super()._block_key("", tokens)
+
+    return QueryMissesItsOwnToken, PrefixKeyWithoutParent
