@@ -127,6 +127,27 @@ class PagedEngine:
         self._ids.add(rid)
         self.waiting.append(_Request(rid, prompt, max_new_tokens, float(temperature), generator))
 
+    def fork(self, parent, child, generator: torch.Generator | None = None, temperature: float | None = None) -> None:
+        """Parallel sampling: ``child`` continues ``parent`` (a running request that has computed
+        its prompt) from the same tokens, sharing every block of the parent (reference counts;
+        a write to the shared, partly filled last block is copied first), with its own
+        ``generator`` (and ``temperature``, default the parent's) and the parent's remaining
+        budget of new tokens. Raises ValueError for an unknown or waiting parent or a used id."""
+        if child in self._ids:
+            raise ValueError(f"request id {child!r} already used")
+        p = next((r for r in self.running if r.rid == parent), None)
+        if p is None:
+            raise ValueError(f"request {parent!r} is not running (fork needs its prompt computed)")
+        self.book.fork(parent, child)
+        self._ids.add(child)
+        t = p.temperature if temperature is None else float(temperature)
+        self.running.append(_Request(child, list(p.prompt), p.max_new, t, generator, list(p.out), p.computed,
+                                     list(p.keys)))
+
+    def blocks_in_use(self) -> int:
+        """Physical blocks held (by requests and the prefix cache)."""
+        return self.book.allocator.num_used
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -245,3 +245,34 @@ def test_engine_rejects_bad_requests():
                         ((["e"], [1] * 60, 10), "max_seq_len"), ((["f"], [1] * 9, 1), "more than all 4 blocks")):
         with pytest.raises(ValueError, match=match):
             e.add_request(args[0][0], args[1], args[2])
+
+
+@pytest.mark.claim("PA-6", "PA-3")
+def test_pa6_parallel_sampling_by_fork_shares_the_prompt():
+    """One 12-token prompt, greedy parent forked after its prefill into three sampled children:
+    every sample equals the prompt plus the parent's first token generated alone with the same
+    generator, and while they run the blocks in use are the prompt's (shared once) plus each
+    sample's own blocks, fewer than four separate copies would hold."""
+    model = model_for(9)
+    prompt, n_new, bs = list(range(4, 16)), 5, 3
+    e = PagedEngine(model, num_blocks=40, block_size=bs)
+    e.add_request("p", prompt, n_new)
+    e.step()                                              # prefill + the parent's first token
+    first = e.running[0].out[0]
+    for c in range(3):
+        e.fork("p", c, torch.Generator().manual_seed(100 + c), temperature=1.0)
+    e.step()
+    shared_blocks = e.blocks_in_use()
+    e.run()
+    assert_exact(torch.tensor(e.finished["p"]), torch.tensor(alone(model, Req(tuple(prompt), n_new, 0, 0.0, 0))),
+                 what="the parent vs alone")
+    for c in range(3):
+        gen = torch.Generator().manual_seed(100 + c)
+        toks, _ = generate(model, torch.tensor([prompt + [first]]), n_new - 1, 1.0, gen)
+        assert_exact(torch.tensor(e.finished[c]), torch.tensor([first] + toks[0, len(prompt) + 1:].tolist()),
+                     what=f"sample {c} vs alone")
+    unshared = 4 * -(-(len(prompt) + 2) // bs)
+    assert shared_blocks < unshared, (shared_blocks, unshared)
+    results.record("PA-3", measured=shared_blocks * bs, lecture="forked samples share the prompt's blocks",
+                   unit="token slots held by 4 samples of a 12-token prompt (engine, blocks of 3)",
+                   rule=f"unshared: {unshared * bs} slots", unshared=unshared * bs)
