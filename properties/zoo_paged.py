@@ -70,6 +70,26 @@ def walk_capped_64_blocks(q, k_cache, v_cache, block_table, seq_lens, *, scale):
                   read_len=lambda n, bs: min(n, CAPPED_BLOCKS * bs))
 
 
+def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
+    """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
+    failure's first line, recorded as the test's rejection (the failing comparison inside is the
+    point, not the test's error). Raises AssertionError when the law accepts it."""
+    import re
+
+    from conformance import results
+
+    try:
+        law(*args)
+    except AssertionError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if match is not None and not re.search(match, str(exc)):
+            raise
+        results.current.reset()
+        results.record(claim, measured=f"rejected: {text[:200]}", unit="rejection")
+        return text
+    raise AssertionError(f"the law {getattr(law, '__name__', law)!r} accepted a known-bad implementation")
+
+
 # ------------------------------------------------------------------ block allocator (PA-4)
 from reference.paged import PagedKVCache  # noqa: E402
 
