@@ -1,5 +1,6 @@
 """Paged decode timings: the Triton paged kernel vs the contiguous split-KV decode kernel on the
-same K/V (blocks of 16 and of 1), and the reference gather-then-attention.
+same K/V (blocks of 16 and of 1), the reference gather-then-attention, and the
+continuous-batching engine's throughput (tokens/s) against its batch.
 
 Each test builds one decode step: B sequences of ``context`` tokens, K/V cut into blocks placed
 by a random permutation of the pool, and the same K/V contiguous (B, Hkv, context, D). It times
@@ -39,6 +40,8 @@ def pytest_generate_tests(metafunc):
     device = current_device()
     if metafunc.definition.name == "test_bench_paged_decode":
         metafunc.parametrize("B,context", SIZES[device], ids=[f"B{b}-T{t}" for b, t in SIZES[device]])
+    elif metafunc.definition.name == "test_bench_engine_throughput":
+        metafunc.parametrize("batch", ENGINE_BATCH[device], ids=[f"batch{b}" for b in ENGINE_BATCH[device]])
 
 
 def _paged_inputs(B, context, Hq, Hkv, block_size, dtype, device, seed=0):
@@ -113,4 +116,48 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
             goals.append("paged_over_contiguous <= 1.10")
         info["goal"] = "; ".join(goals)
     benchmark.extra_info.update(info)
+    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+
+
+# ------------------------------------------------------------------ engine throughput vs batch
+#: Concurrent requests per device (the engine's batch); tokens generated per request.
+ENGINE_BATCH = {"cuda": (1, 8, 32, 128), "cpu": (1, 4, 16)}
+ENGINE_NEW = {"cuda": 32, "cpu": 4}
+
+
+def test_bench_engine_throughput(benchmark, device, batch):
+    """The continuous-batching engine (``optimized/paged_engine.py``) over a small reference
+    transformer: ``batch`` requests of 32-token prompts generating ENGINE_NEW tokens each, all
+    admitted at once; tokens/s = generated tokens / wall time of the whole run (prefill
+    included). On CUDA attention and writes are the Triton kernels; on the CPU the reference
+    attention (the interpreter's timings mean nothing)."""
+    from optimized.paged_engine import PagedEngine
+    from reference.transformer import TransformerConfig, build
+
+    cfg = TransformerConfig(vocab_size=96, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344,
+                            max_seq_len=128)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = build(cfg, seed=0, dtype=dtype, device=device)
+    kw = {}
+    if device == "cuda":
+        from optimized.paged_attention import paged_attention, write_kv_cache
+
+        kw = dict(attention=paged_attention, write=write_kv_cache)
+    n_new, prompt_len, bs = ENGINE_NEW[device], 32, 16
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).tolist()
+    blocks = batch * -(-(prompt_len + n_new) // bs)
+
+    def run():
+        e = PagedEngine(model, num_blocks=blocks, block_size=bs, max_batch=batch, **kw)
+        for i, p in enumerate(prompts):
+            e.add_request(i, p, n_new)
+        return e.run()
+
+    repeats = 1 if benchmark.disabled else 5
+    t = median_seconds(run, device, repeats)
+    benchmark.extra_info.update(dict(technique="paged_attention", backend="paged_engine", device=device,
+                                     dtype=str(dtype).replace("torch.", ""), batch=batch, new_tokens=n_new,
+                                     prompt_len=prompt_len, block_size=bs, median_s=t,
+                                     tokens_per_s=batch * n_new / t))
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
