@@ -11,6 +11,7 @@ and is skipped with a note when no points exist. Every field read is declared in
 - nll_bits:      ``bits`` and ``nll`` (row extra or extra_info); grouped by ``granularity``.
 - gamma:         ``gamma`` and ``tokens_per_call``; grouped by ``draft`` or ``alpha``.
 - serving:       ``policy`` and ``utilisation`` (fraction of the KV budget holding live tokens).
+- serving_steps: ``policy`` and ``utilisation_by_step`` (a list: utilisation of each step).
 - history:       at least two history entries of the run's series.
 """
 from __future__ import annotations
@@ -209,9 +210,39 @@ def plot_history(series: list[tuple], out: Path, name: str = "history", max_line
     return entry
 
 
+def plot_serving_steps(rows, out: Path) -> dict:
+    """Utilisation of the KV budget over the steps of the serving simulation, one line per
+    policy (PA-2): rows whose extra holds ``policy`` and ``utilisation_by_step``."""
+    entry = {"id": "serving_steps", "title": "KV budget utilisation over the steps, per policy (PA-2)",
+             "file": None, "note": ""}
+    lines = {}
+    for r in rows:
+        d = r.extra or {}
+        ys = d.get("utilisation_by_step")
+        if d.get("policy") is not None and isinstance(ys, list) and ys:
+            lines[str(d["policy"])] = (ys, d.get("total_steps") or len(ys))
+    if not lines:
+        entry["note"] = "no rows with 'policy' and 'utilisation_by_step' in this run"
+        return entry
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for policy, (ys, total) in sorted(lines.items()):
+        xs = [i * (total - 1) / max(1, len(ys) - 1) for i in range(len(ys))]
+        ax.plot(xs, ys, "-", lw=1.2, label=f"{policy} ({total} steps)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("utilisation (tokens held / budget)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.suptitle(entry["title"], fontsize=10)
+    entry["file"] = _save(fig, out, "serving_steps")
+    return entry
+
+
 def all_plots(rows, records, ceilings, series, out: Path) -> list[dict]:
     """Every plot the data allows, in report order (skipped ones carry a note)."""
     plots = [plot_roofline(records, ceilings, out)]
     plots += [plot_spec(pid, rows, records, out) for pid in SPECS]
+    plots.append(plot_serving_steps(rows, out))
     plots.append(plot_history(series, out))
     return plots

@@ -1,0 +1,215 @@
+"""The ``paged_attention`` contract: decode attention over a paged KV cache (PagedAttention).
+
+    paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale: float) -> Tensor
+
+Shapes: ``q`` (B, Hq, D), one new query per sequence; ``k_cache``, ``v_cache`` (num_blocks,
+block_size, Hkv, D), the physical blocks of the cache; Hq is a multiple of Hkv and query head
+``h`` reads KV head ``h // (Hq // Hkv)`` (GQA). ``block_table`` (B, max_blocks) int32: logical
+block ``i`` of sequence ``b`` (its tokens ``i*block_size .. (i+1)*block_size - 1``) lives in
+physical block ``block_table[b, i]``, so token ``t`` of sequence ``b`` is in slot
+``t % block_size`` of physical block ``block_table[b, t // block_size]``. ``seq_lens`` (B,)
+int32, each >= 1 and <= max_blocks * block_size. Returns (B, Hq, D) in ``q``'s dtype on ``q``'s
+device:
+
+    out[b, h] = sum_{t < seq_lens[b]} softmax_t(scale * q[b, h] . K_b[t, g(h)]) * V_b[t, g(h)]
+
+where K_b, V_b are sequence b's tokens in logical order: the query attends to every one of its
+``seq_lens[b]`` cached tokens (its own K/V already written), no other mask.
+
+What an implementation must not read: table entries past ``ceil(seq_lens[b] / block_size)``
+are unspecified (any value, out of range included), and slots past ``seq_lens[b]`` in the last
+block hold garbage (the suite fills them with NaN); neither may affect the result.
+
+Supported inputs: D from 1 to 256, block_size >= 1 (any, not only powers of two), dtypes
+float64 / float32 / float16 / bfloat16 (q and both caches of one dtype, all tensors on one
+device; any strides). An implementation may raise ``NotImplementedError`` for a (dtype, D,
+block_size) it does not support: the suite reports "unsupported", never a pass. Invalid
+arguments raise ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong shape, device or
+value: a live table entry out of range, a length outside 1..capacity, caches whose block size
+or head count disagree, Hq not a multiple of Hkv) naming the argument, before any kernel
+launch (:func:`validate`).
+
+Oracle: the float64 reference (``reference.paged.paged_attention``) gathers each sequence's
+blocks into a contiguous cache and calls the reference attention; the laws compare every
+implementation with dense attention over the contiguous K/V the pages were cut from.
+
+Claims checked against this contract: PA-1 (attention through a block table over
+non-contiguous blocks equals attention over the contiguous cache, for any block size and any
+placement). Source: Kwon et al. 2023 (vLLM, PagedAttention), lecture 001 §4.2.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from conformance.registry import Contract
+
+#: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+#: Largest head dimension of the contract.
+MAX_HEAD_DIM = 256
+#: Dtype of ``block_table`` and ``seq_lens``.
+INDEX_DTYPE = torch.int32
+
+
+@dataclass(frozen=True)
+class PagedShape:
+    """The sizes of one call: batch, query heads, KV heads, head dim, physical blocks, tokens
+    per block, table width (max_blocks per sequence)."""
+
+    B: int
+    Hq: int
+    Hkv: int
+    D: int
+    num_blocks: int
+    block_size: int
+    max_blocks: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (Hq // Hkv)."""
+        return self.Hq // self.Hkv
+
+
+def blocks_needed(seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """ceil(seq_lens / block_size): the live table entries of each sequence, (B,) int64."""
+    return (seq_lens.to(torch.int64) + block_size - 1) // block_size
+
+
+def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
+    """Check one call against the contract; return its sizes.
+
+    Raises TypeError (not a tensor, unsupported or mixed dtypes, block_table / seq_lens not
+    int32, ``scale`` not a real number) or ValueError (wrong rank, caches whose shapes disagree,
+    Hq not a multiple of Hkv, D outside 1..256, mixed devices, ``seq_lens`` below 1 or above
+    the table's capacity max_blocks * block_size, a live block-table entry outside
+    [0, num_blocks), non-finite scale), each naming the argument. Reads ``block_table`` and
+    ``seq_lens`` on the host (one synchronisation on CUDA).
+    """
+    for name, t, rank, dims in (("q", q, 3, "(B, Hq, D)"),
+                                ("k_cache", k_cache, 4, "(num_blocks, block_size, Hkv, D)"),
+                                ("v_cache", v_cache, 4, "(num_blocks, block_size, Hkv, D)")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dimensions {dims}, got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the paged_attention contract takes "
+                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got q {q.dtype}, "
+                        f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    for name, t, dims in (("block_table", block_table, "(B, max_blocks)"), ("seq_lens", seq_lens, "(B,)")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor {dims} of int32, got {type(t).__name__}")
+        if t.dtype != INDEX_DTYPE:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seq_lens", seq_lens)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all tensors must be on one device")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q must be on a cpu or cuda device, got {q.device}")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, D), "
+                         f"got k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}")
+    B, Hq, D = q.shape
+    num_blocks, block_size, Hkv, Dk = k_cache.shape
+    if Dk != D:
+        raise ValueError(f"k_cache/v_cache head dim {Dk} differs from q head dim {D}")
+    if B < 1 or Hq < 1:
+        raise ValueError(f"q must hold at least one sequence and one head, got shape {tuple(q.shape)}")
+    if num_blocks < 1 or block_size < 1 or Hkv < 1:
+        raise ValueError(f"k_cache must have num_blocks, block_size and Hkv >= 1, got shape {tuple(k_cache.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of the caches' KV heads ({Hkv})")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D must be in 1..{MAX_HEAD_DIM}, got {D}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must have shape (B={B}, max_blocks >= 1), got {tuple(block_table.shape)}")
+    if tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"seq_lens must have shape (B,) = ({B},), got {tuple(seq_lens.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale}")
+    max_blocks = block_table.shape[1]
+    lens = seq_lens.detach().to("cpu", torch.int64)
+    capacity = max_blocks * block_size
+    bad = ((lens < 1) | (lens > capacity)).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise ValueError(f"seq_lens must lie in [1, max_blocks * block_size] = [1, {capacity}]; "
+                         f"seq_lens[{b}] = {int(lens[b])}")
+    table = block_table.detach().to("cpu", torch.int64)
+    live = torch.arange(max_blocks)[None, :] < blocks_needed(lens, block_size)[:, None]   # (B, max_blocks)
+    out_of_range = live & ((table < 0) | (table >= num_blocks))
+    if out_of_range.any():
+        b, i = (int(x) for x in out_of_range.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {i}] = {int(table[b, i])} is a live block of sequence {b} "
+                         f"(seq_lens[{b}] = {int(lens[b])}) outside [0, num_blocks) = [0, {num_blocks})")
+    return PagedShape(B, Hq, Hkv, D, num_blocks, block_size, max_blocks)
+
+
+def kv_bytes(seq_lens, Hkv: int, D: int, bytes_per_value: int) -> int:
+    """Bytes of K and V a decode step must read: 2 · Σ seq_lens · Hkv · D · bytes per value."""
+    return int(2 * int(torch.as_tensor(seq_lens).to(torch.int64).sum()) * Hkv * D * bytes_per_value)
+
+
+def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
+    """Small valid calls for the checks every contract gets (no input mutation, every output
+    element written, identical repeats): GQA with an odd block size and a partial last block,
+    block size 1, MQA over a shared block, float64 and 16-bit; blocks placed at random in a pool
+    larger than needed, unused table entries out of range and unused slots NaN."""
+    out = []
+    for i, (lens, Hq, Hkv, D, bs, dt) in enumerate([
+            ((5, 17), 4, 2, 59, 3, torch.float32),
+            ((1, 9, 4), 3, 1, 16, 1, torch.float16),
+            ((33,), 2, 2, 64, 16, torch.bfloat16),
+            ((7, 2), 6, 2, 8, 5, torch.float64)]):
+        g = torch.Generator().manual_seed(1000 * seed + i)
+        B = len(lens)
+        need = [-(-n // bs) for n in lens]
+        max_blocks = max(need) + 1
+        num_blocks = sum(need) + 3
+        perm = torch.randperm(num_blocks, generator=g)
+        table = torch.full((B, max_blocks), num_blocks + 7, dtype=torch.int32)     # unused: out of range
+        kc = torch.full((num_blocks, bs, Hkv, D), float("nan"), dtype=torch.float64)
+        vc = torch.full((num_blocks, bs, Hkv, D), float("nan"), dtype=torch.float64)
+        used = 0
+        for b, n in enumerate(lens):
+            for j in range(need[b]):
+                blk = int(perm[used])
+                used += 1
+                table[b, j] = blk
+                m = min(bs, n - j * bs)
+                kc[blk, :m] = torch.randn(m, Hkv, D, generator=g, dtype=torch.float64)
+                vc[blk, :m] = torch.randn(m, Hkv, D, generator=g, dtype=torch.float64)
+        q = torch.randn(B, Hq, D, generator=g, dtype=torch.float64)
+        args = tuple(t.to(device=device, dtype=dt) for t in (q, kc, vc)) + (
+            table.to(device), torch.tensor(lens, dtype=torch.int32, device=device))
+        out.append((args, {"scale": D ** -0.5}))
+    return out
+
+
+CONTRACT = Contract(
+    technique="paged_attention",
+    functions=("paged_attention",),
+    doc=__doc__,
+    builtins={
+        "reference": "reference.paged:paged_attention",
+        "triton": "optimized.paged_attention:paged_attention",
+    },
+    cases="conformance.contracts.paged_attention:cases",
+    zoo={
+        "ignores_partial_block": "properties.zoo_paged:ignores_partial_block",
+        "reads_nan_slots": "properties.zoo_paged:reads_nan_slots",
+        "identity_table": "properties.zoo_paged:identity_table",
+        "off_by_one_length": "properties.zoo_paged:off_by_one_length",
+        "gqa_modulo": "properties.zoo_paged:gqa_modulo",
+        "walk_capped_64_blocks": "properties.zoo_paged:walk_capped_64_blocks",
+    },
+)

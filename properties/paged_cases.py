@@ -1,0 +1,265 @@
+"""Paged-attention calls for the laws: drawn and pinned cases, inputs from a seed (blocks placed
+by a random permutation over a pool larger than needed, unused table entries out of range,
+unused slots NaN), the call (refusals become "unsupported", never passes), the check against
+dense float64 attention over the contiguous K/V, and the boundary classes the ``ci`` profile
+must reach (:func:`boundary_classes`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import note, reject
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+
+from conformance.device import triton_interpreted
+from conformance.tolerance import assert_close
+from properties import strategies as S
+from properties.attention_cases import _Support
+from reference import attention as ref
+
+#: Block sizes drawn: 1, odd ones, powers of two and 256 (a block longer than most sequences).
+BLOCK_SIZES = (1, 2, 3, 5, 7, 16, 17, 32, 256)
+#: Head configurations beyond the small drawn ratios: production GQA and groups above 16 that
+#: are not multiples of 16.
+HEAD_CONFIGS = ((8, 8), (8, 2), (12, 4), (24, 1), (40, 2))
+HEAD_DIMS = (1, 8, 16, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    """One paged decode call: per-sequence lengths, heads, head dim, block size, scale, how many
+    spare blocks the pool holds and how many spare table columns, and how inputs are drawn
+    (``magnitude`` as in :class:`properties.attention_cases.Case`)."""
+
+    lens: tuple
+    Hq: int
+    Hkv: int
+    D: int
+    block_size: int
+    scale: float
+    spare_blocks: int = 3
+    spare_cols: int = 1
+    magnitude: str = "normal"
+    amp: float = 1.0
+
+    @property
+    def B(self) -> int:
+        return len(self.lens)
+
+    @property
+    def group(self) -> int:
+        return self.Hq // self.Hkv
+
+    def blocks(self) -> list[int]:
+        return [-(-n // self.block_size) for n in self.lens]
+
+
+def boundary_classes(case: PagedCase) -> set[str]:
+    """The contract's boundary classes this case reaches (the coverage table of the PA-1 law)."""
+    bs, out = case.block_size, set()
+    out |= {f"block size {bs}"} if bs in (1, 16, 32, 256) else set()
+    if bs % 2 and bs > 1:
+        out.add("odd block size")
+    for n in case.lens:
+        if n == 1:
+            out.add("length 1")
+        if bs > 1 and n % bs == 0:
+            out.add("length at a block multiple")
+        if bs > 1 and n % bs == bs - 1 and n > bs:
+            out.add("length block multiple - 1")
+        if bs > 1 and n % bs == 1 and n > bs:
+            out.add("length block multiple + 1")
+        nb = -(-n // bs)
+        if nb > 64:
+            out.add("more than 64 blocks")
+        if nb > 128:
+            out.add("more than 128 blocks")
+    if case.B > 1 and len(set(case.lens)) > 1:
+        out.add("B > 1, different lengths")
+    if case.group > 16 and case.group % 16:
+        out.add("group > 16, not a multiple of 16")
+    if case.group > 1 and case.group & (case.group - 1):
+        out.add("group not a power of two")
+    if case.D in (64, 72, 80, 96, 128, 192, 256):
+        out.add(f"head dim {case.D}")
+    return out
+
+
+#: Every class the ``ci`` profile must reach for each registered implementation.
+REQUIRED_CLASSES = frozenset(
+    {f"block size {b}" for b in (1, 16, 32, 256)} | {"odd block size", "length 1", "length at a block multiple",
+                                                      "length block multiple - 1", "length block multiple + 1",
+                                                      "more than 64 blocks", "more than 128 blocks",
+                                                      "B > 1, different lengths", "group > 16, not a multiple of 16",
+                                                      "group not a power of two"}
+    | {f"head dim {d}" for d in (64, 72, 80, 96, 128, 192, 256)})
+
+
+def interpreter_cost(case: PagedCase) -> int:
+    """Programs of the Triton paged kernel under the interpreter, weighted by their tiles."""
+    return sum(case.Hkv * (1 + -(-n // 64)) for n in case.lens)
+
+
+#: Largest interpreter_cost drawn for interpreted kernels.
+COST_BUDGET = 24
+
+
+def fit_budget(case: PagedCase, budget: int = COST_BUDGET) -> PagedCase:
+    """``case`` shrunk (batch, then KV heads, then lengths) until the interpreter cost is within
+    ``budget``; the block size, the group and the head dim are kept."""
+    lens, hkv = list(case.lens), case.Hkv
+    while interpreter_cost(dataclasses.replace(case, lens=tuple(lens), Hkv=hkv, Hq=hkv * case.group)) > budget:
+        if len(lens) > 2:
+            lens.pop()
+        elif hkv > 1:
+            hkv -= 1
+        elif max(lens) > 1:
+            i = lens.index(max(lens))
+            lens[i] = max(1, lens[i] // 2)
+        else:
+            break
+    return dataclasses.replace(case, lens=tuple(lens), Hkv=hkv, Hq=hkv * case.group)
+
+
+def runs_interpreted(impl) -> bool:
+    """True for a Triton kernel run under the interpreter (its module imports triton)."""
+    if not triton_interpreted():
+        return False
+    module = sys.modules.get(impl.target.split(":", 1)[0]) if ":" in impl.target else None
+    return module is None or getattr(module, "triton", None) is not None
+
+
+@st.composite
+def lengths_for(draw, block_size: int, max_len: int):
+    """One sequence length: 1, a block multiple or one off it, long enough to span more than
+    64 (or 128) blocks at small block sizes, or any length."""
+    kind = draw(st.sampled_from(["any", "any", "multiple", "one", "long"]))
+    if kind == "one":
+        return 1
+    if kind == "multiple":
+        k = draw(st.integers(1, max(1, min(4, max_len // block_size))))
+        return max(1, min(max_len, k * block_size + draw(st.sampled_from([-1, 0, 1]))))
+    if kind == "long" and block_size <= 3:
+        return block_size * draw(st.sampled_from([65, 129])) - draw(st.integers(0, block_size - 1))
+    return draw(st.integers(1, max_len))
+
+
+@st.composite
+def paged_cases(draw, max_len: int = 300):
+    """Paged decode calls: B 1..4 with different lengths, the block sizes of BLOCK_SIZES, small
+    GQA ratios (not only powers of two) and HEAD_CONFIGS, head dims 1..256, normal and large
+    logits."""
+    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=3, max_group=3), st.sampled_from(HEAD_CONFIGS)))
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    B = draw(st.integers(1, 4))
+    lens = tuple(draw(lengths_for(bs, max_len)) for _ in range(B))
+    D = draw(st.sampled_from(HEAD_DIMS))
+    magnitude = draw(st.sampled_from(["normal", "normal", "large"]))
+    if magnitude == "large":
+        scale = draw(st.sampled_from([1.0, 0.25, 0.0625, -0.25]))
+        amp = draw(st.sampled_from([3.0, 12.0, 40.0]))
+    else:
+        scale = draw(st.sampled_from([1.0, 0.3, 1.7, -1.0, 0.0])) / math.sqrt(D)
+        amp = 1.0
+    return PagedCase(lens, hq, hkv, D, bs, scale, spare_blocks=draw(st.integers(0, 5)),
+                     spare_cols=draw(st.integers(0, 3)), magnitude=magnitude, amp=amp)
+
+
+@dataclass
+class PagedInputs:
+    """A call's tensors and the contiguous K/V (each (1, Hkv, n, D), in the call's dtype) the
+    pages were cut from."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    k: list
+    v: list
+
+    def args(self):
+        return self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens
+
+
+def make_inputs(case: PagedCase, seed: int, dtype: torch.dtype, device: str) -> PagedInputs:
+    """Inputs for ``case`` from ``seed``: contiguous K/V per sequence (drawn in float64, cast to
+    ``dtype``), cut into blocks placed by a random permutation of a pool with
+    ``case.spare_blocks`` spare blocks; table entries past a sequence's blocks hold values out
+    of range (num_blocks + 7, -1, 2**31 - 1 in turn) and slots past its length hold NaN."""
+    bs, need = case.block_size, case.blocks()
+    num_blocks = sum(need) + case.spare_blocks
+    max_blocks = max(need) + case.spare_cols
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    junk = [num_blocks + 7, -1, 2**31 - 1]
+    table = torch.tensor([[junk[(b + i) % 3] for i in range(max_blocks)] for b in range(case.B)], dtype=torch.int32)
+    k_cache = torch.full((num_blocks, bs, case.Hkv, case.D), float("nan"), dtype=dtype)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    ks, vs, used = [], [], 0
+    for b, n in enumerate(case.lens):
+        if case.magnitude == "large":
+            k = S.randn((case.Hkv, n, case.D), seed + 1 + 3 * b, scale=case.amp).round().clamp(-64, 64)
+        else:
+            k = S.randn((case.Hkv, n, case.D), seed + 1 + 3 * b)
+        v = S.randn((case.Hkv, n, case.D), seed + 2 + 3 * b)
+        k, v = k.to(dtype), v.to(dtype)
+        for i in range(need[b]):
+            blk = perm[used]
+            used += 1
+            table[b, i] = blk
+            t0, t1 = i * bs, min(n, (i + 1) * bs)
+            k_cache[blk, : t1 - t0] = k[:, t0:t1].permute(1, 0, 2)
+            v_cache[blk, : t1 - t0] = v[:, t0:t1].permute(1, 0, 2)
+        ks.append(k[None].to(device))
+        vs.append(v[None].to(device))
+    if case.magnitude == "large":
+        q = S.randn((case.B, case.Hq, case.D), seed, scale=case.amp).round().clamp(-64, 64)
+    else:
+        q = S.randn((case.B, case.Hq, case.D), seed)
+    return PagedInputs(q.to(device=device, dtype=dtype), k_cache.to(device), v_cache.to(device), table.to(device),
+                       torch.tensor(case.lens, dtype=torch.int32, device=device), ks, vs)
+
+
+def call(impl, inp: PagedInputs, case: PagedCase, **kw):
+    """Call the implementation; a NotImplementedError discards the example inside a law (and
+    skips as "unsupported" outside one), never a pass."""
+    try:
+        out = impl(*inp.args(), scale=case.scale, **kw)
+    except NotImplementedError as exc:
+        reason = (f"unsupported: {getattr(impl, 'name', impl)} refuses {inp.q.dtype}, D={case.D}, "
+                  f"block_size={case.block_size}: {exc}")
+        if currently_in_test_context():
+            _Support.refused.append(reason)
+            note(reason)
+            reject()
+        pytest.skip(reason)
+    _Support.ran += 1
+    return out
+
+
+def dense(inp: PagedInputs, case: PagedCase, dtype: torch.dtype | None) -> torch.Tensor:
+    """Dense attention of each sequence's query over its contiguous K/V (no pages), computed in
+    ``dtype`` (None: the inputs' dtype), (B, Hq, D)."""
+    outs = [ref.attention_naive(inp.q[b][None, :, None, :], inp.k[b], inp.v[b], causal=False,
+                                scale=case.scale, dtype=dtype)[0, :, 0] for b in range(case.B)]
+    return torch.stack(outs)
+
+
+def check_against_contiguous(out, inp: PagedInputs, case: PagedCase, what: str = "paged attention output"):
+    """The tolerance policy: ``out`` vs dense float64 attention over the contiguous K/V
+    (``out_ref``) and, for 16-bit outputs, the same in the inputs' dtype (``out_pt``)."""
+    q = inp.q
+    assert isinstance(out, torch.Tensor), f"output is a {type(out).__name__}, not a tensor"
+    assert out.shape == q.shape, f"output shape {tuple(out.shape)} != q's {tuple(q.shape)}"
+    assert out.dtype == q.dtype, f"output dtype {out.dtype} != q's {q.dtype}"
+    assert out.device == q.device, f"output on {out.device}, inputs on {q.device}"
+    out_ref = dense(inp, case, torch.float64)
+    out_pt = dense(inp, case, None) if q.dtype in (torch.float16, torch.bfloat16) else None
+    return assert_close(out, out_ref, out_pt=out_pt, what=what)

@@ -1,0 +1,267 @@
+"""Laws of paged attention (claim PA-1; lecture 001 §4.2, Kwon et al. 2023).
+
+PA-1: attention through a block table over non-contiguous blocks equals attention over the
+contiguous cache, for any block size and any placement of blocks. Every law is written against
+the ``paged_attention`` contract (``conformance/contracts/paged_attention.py``) and runs over
+every registered implementation; blocks are placed by random permutations over a pool larger
+than needed, unused table entries are out of range and unused slots NaN
+(``properties/paged_cases.py``). The known-bad implementations (``properties/zoo_paged.py``)
+are each shown rejected, and the ``ci`` profile is shown to reach the contract's boundary
+classes (block sizes 1, odd, 16, 32, 256; lengths at block multiples and one off; more than 64
+and 128 blocks; different lengths in a batch; groups above 16 that are not multiples of 16;
+head dims 64..256).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import example, given, note, settings
+from hypothesis import strategies as st
+
+from conformance import results
+from conformance.device import triton_interpreted
+from conformance.tolerance import assert_exact
+from conformance.zoo import expect_rejected
+from properties import strategies as S
+from properties.attention_cases import DTYPES, _Support, run_law
+from properties.paged_cases import (
+    REQUIRED_CLASSES,
+    PagedCase,
+    boundary_classes,
+    call,
+    check_against_contiguous,
+    fit_budget,
+    make_inputs,
+    paged_cases,
+    runs_interpreted,
+)
+
+TECH = "paged_attention"
+ZOO_ALL = ("ignores_partial_block", "reads_nan_slots", "identity_table", "off_by_one_length", "gqa_modulo",
+           "walk_capped_64_blocks")
+
+#: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: Cases the law has run in this process (the coverage table reads them).
+_SEEN: list[PagedCase] = []
+
+
+def _c(lens, Hq, Hkv, D, bs, c=0.7, **kw) -> PagedCase:
+    return PagedCase(tuple(lens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)
+
+
+#: Pinned: together they reject every zoo entry and reach every boundary class in every profile.
+EXAMPLES = (
+    _c((17, 130), 6, 2, 59, 2),                      # group 3, partial block, 65 blocks: kills all six
+    _c((1, 32, 31, 33), 24, 1, 72, 16),              # length 1, multiples and one off, group 24
+    _c((258,), 4, 2, 64, 1, spare_cols=0),           # block size 1, more than 128 blocks
+    _c((64, 63), 8, 8, 192, 32, magnitude="large", amp=12.0, c=0.0625 * math.sqrt(192)),
+    _c((300, 5), 8, 2, 256, 256, spare_blocks=0),    # block of 256, a sequence over two of them
+    _c((10, 7, 1), 40, 2, 80, 5),                    # odd block, group 20
+    _c((49, 2), 9, 3, 96, 7),
+    _c((3, 193), 3, 1, 128, 3),                      # 65 blocks of 3
+)
+
+
+#: Fewer drawn examples where the Triton kernel runs interpreted (the pinned ones always run).
+FEW = settings(max_examples=max(5, settings.default.max_examples // 2)) if triton_interpreted() else settings()
+
+
+@FEW
+@given(case=paged_cases(), seed=S.seeds)
+@example(case=EXAMPLES[0], seed=1)
+@example(case=EXAMPLES[1], seed=2)
+@example(case=EXAMPLES[2], seed=3)
+@example(case=EXAMPLES[3], seed=4)
+@example(case=EXAMPLES[4], seed=5)
+@example(case=EXAMPLES[5], seed=6)
+@example(case=EXAMPLES[6], seed=7)
+@example(case=EXAMPLES[7], seed=8)
+def law_paged_equals_contiguous(impl, device, dtype, case, seed):
+    """PA-1: paged_attention over randomly placed blocks equals dense attention over the
+    contiguous K/V (float64 reference), by the tolerance policy."""
+    if runs_interpreted(impl):
+        case = fit_budget(case)
+    _SEEN.append(case)
+    note(f"{case}")
+    inp = make_inputs(case, seed, dtype, device)
+    out = call(impl, inp, case)
+    check_against_contiguous(out, inp, case)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pa1_paged_equals_contiguous(impl, device, dtype):
+    """PA-1 for every implementation and dtype; the cases the law ran must reach every boundary
+    class of the contract (unless the implementation refused some)."""
+    _SEEN.clear()
+    run_law(law_paged_equals_contiguous, impl, device, dtype)
+    reached = set().union(*(boundary_classes(c) for c in _SEEN)) if _SEEN else set()
+    missing = sorted(REQUIRED_CLASSES - reached)
+    if not _Support.refused:
+        assert not missing, (f"the law's cases never reached these boundary classes: {missing} "
+                             f"(reached: {sorted(reached)})")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+@pytest.mark.kills(*ZOO_ALL)
+def test_pa1_zoo_rejected(bad_impl, device):
+    expect_rejected(law_paged_equals_contiguous, bad_impl, device, torch.float64)
+
+
+@pytest.mark.claim("PA-1")
+def test_pa1_coverage_table():
+    """The boundary classes each pinned example and the ``ci`` draws reach (reported)."""
+    table = {}
+    for i, case in enumerate(EXAMPLES):
+        for cls in boundary_classes(case):
+            table.setdefault(cls, []).append(f"example {i}")
+    missing = sorted(REQUIRED_CLASSES - set(table))
+    results.record("PA-1", measured=len(REQUIRED_CLASSES) - len(missing), bound=len(REQUIRED_CLASSES),
+                   unit="boundary classes reached by the pinned examples",
+                   rule="every class of the contract is reached in every Hypothesis profile",
+                   coverage={k: v for k, v in sorted(table.items())})
+    assert not missing, f"pinned examples miss {missing}"
+
+
+# ----------------------------------------------- production-sized shapes, beyond the drawn ones
+#: Shapes that the interpreter budget keeps out of the drawn cases, or that deserve a name.
+PRODUCTION_CASES = {
+    "bs16-B3-mixed-group8-D128": _c((1, 16, 47), 16, 2, 128, 16),
+    "bs1-Tk200-group4-D64": _c((200, 9), 8, 2, 64, 1),
+    "bs5-group24-D72": _c((26, 9, 5), 24, 1, 72, 5),
+    "bs32-group20-D80": _c((65, 31), 40, 2, 80, 32),
+    "bs256-D192": _c((257, 255), 4, 1, 192, 256, spare_blocks=1),
+    "bs16-D96-Hkv8": _c((48, 17), 8, 8, 96, 16),
+    "bs3-129-blocks-D256": _c((387,), 2, 1, 256, 3),
+}
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(PRODUCTION_CASES))
+def test_pa1_production_shapes(impl, device, dtype, name):
+    case = PRODUCTION_CASES[name]
+    inp = make_inputs(case, 17, dtype, device)
+    check_against_contiguous(call(impl, inp, case), inp, case, what=f"paged attention at {name}")
+
+
+@pytest.mark.technique(TECH)
+def test_invalid_calls_raise(impl, device):
+    """The contract's errors, for every implementation: a live table entry out of range, a
+    length above the table's capacity or below 1, int64 indices, caches that disagree, q heads
+    not a multiple of KV heads each raise ValueError or TypeError."""
+    case = _c((5, 3), 4, 2, 16, 2)
+    inp = make_inputs(case, 3, torch.float32, device)
+    q, kc, vc, bt, sl = inp.args()
+    bad_bt = bt.clone()
+    bad_bt[0, 0] = kc.shape[0]
+    bad = {
+        "live table entry out of range": (q, kc, vc, bad_bt, sl),
+        "length above capacity": (q, kc, vc, bt, torch.tensor([5, bt.shape[1] * 2 + 1], dtype=torch.int32, device=device)),
+        "length 0": (q, kc, vc, bt, torch.tensor([5, 0], dtype=torch.int32, device=device)),
+        "int64 block table": (q, kc, vc, bt.long(), sl),
+        "int64 seq_lens": (q, kc, vc, bt, sl.long()),
+        "caches' block sizes differ": (q, kc, vc[:, :1], bt, sl),
+        "Hq not a multiple of Hkv": (q[:, :3], kc, vc, bt, sl),
+        "float64 caches with float32 q": (q, kc.double(), vc.double(), bt, sl),
+    }
+    for what, args in bad.items():
+        with pytest.raises((ValueError, TypeError)):
+            impl(*args, scale=0.25)
+            pytest.fail(f"{impl.name} accepted an invalid call ({what})")
+
+
+# ------------------------------------------------ the Triton kernel's own paths (split, write)
+@pytest.mark.claim("PA-1")
+@settings(max_examples=5)
+@given(case=paged_cases(), seed=S.seeds, num_splits=st.integers(1, 4),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.float16]))
+@example(case=_c((130, 17), 6, 2, 59, 2), seed=1, num_splits=3, dtype=torch.float32)
+def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
+    """The Triton kernel with its tokens split into 1..4 ranges (partial outputs merged by
+    log-sum-exp) equals the contiguous reference: the path long contexts take on a GPU."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    if triton_interpreted():
+        case = fit_budget(case, budget=12)
+    inp = make_inputs(case, seed, dtype, device)
+    out = pa.paged_attention(*inp.args(), scale=case.scale, num_splits=num_splits)
+    check_against_contiguous(out, inp, case, what=f"Triton paged attention, {num_splits} splits")
+
+
+@pytest.mark.claim("PA-1")
+@settings(max_examples=5)
+@given(bs=st.sampled_from([1, 3, 16, 256]), n=st.integers(1, 12), hkv=st.integers(1, 3),
+       D=st.sampled_from([1, 8, 72]), seed=S.seeds,
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
+       index_dtype=st.sampled_from([torch.int32, torch.int64]))
+def test_slot_mapping_write_matches_index_copy(device, bs, n, hkv, D, seed, dtype, index_dtype):
+    """write_kv_cache scatters token n into slot slot_mapping[n] and nowhere else: equal, bit for
+    bit (unwritten slots stay NaN), to PyTorch's index_copy_ on the flattened cache."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    num_blocks = -(-n // bs) + 2
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(num_blocks * bs, generator=g)[:n].to(device=device, dtype=index_dtype)
+    k = S.randn((n, hkv, D), seed, dtype=dtype, device=device)
+    v = S.randn((n, hkv, D), seed + 1, dtype=dtype, device=device)
+    kc = torch.full((num_blocks, bs, hkv, D), float("nan"), dtype=dtype, device=device)
+    vc = kc.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    pa.write_kv_cache(kc, vc, k, v, slots)
+    pa.write_kv_cache_torch(kc_ref, vc_ref, k, v, slots)
+    assert_exact(kc, kc_ref, what="K cache after the slot-mapping write")
+    assert_exact(vc, vc_ref, what="V cache after the slot-mapping write")
+
+
+@pytest.mark.claim("PA-1", "PA-4")
+def test_pa1_decode_loop_through_block_tables(device):
+    """A decode loop as a server runs it: the reference PagedKVCache hands out blocks (two
+    sequences, the second forked from the first while its last block is partly filled, blocks
+    of 3), the copies its copy-on-write asks for are made on the kernel's caches, each step's new
+    K/V go in through write_kv_cache by the slot mapping, and the Triton kernel's output over the
+    block tables equals dense attention over each sequence's own tokens."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    from properties.paged_cases import PagedInputs
+    from reference.paged import PagedKVCache
+
+    Hq, Hkv, D, bs, dt = 4, 2, 16, 3, torch.float32
+    book = PagedKVCache(24, bs)
+    kc = torch.full((24, bs, Hkv, D), float("nan"), dtype=dt, device=device)
+    vc = kc.clone()
+    dense = {"a": [torch.empty(Hkv, 0, D, dtype=dt, device=device)] * 2}
+
+    def step(seqs, seed):
+        slots, ks, vs = [], [], []
+        for i, s in enumerate(seqs):
+            done = len(book.copy_log)
+            book.append_tokens(s, 1)
+            for src, dst in book.copy_log[done:]:      # copy-on-write: the server copies the block
+                kc[dst], vc[dst] = kc[src], vc[src]
+            slots.append(book.slot(s, book.length(s) - 1))
+            ks.append(S.randn((Hkv, D), seed + 2 * i, dtype=dt, device=device))
+            vs.append(S.randn((Hkv, D), seed + 2 * i + 1, dtype=dt, device=device))
+            dense[s] = [torch.cat([dense[s][0], ks[-1][:, None]], dim=1), torch.cat([dense[s][1], vs[-1][:, None]], dim=1)]
+        pa.write_kv_cache(kc, vc, torch.stack(ks), torch.stack(vs), torch.tensor(slots, device=device))
+
+    book.new_sequence("a")
+    for t in range(5):
+        step(["a"], 100 + 10 * t)
+    book.fork("a", "b")
+    dense["b"] = [x.clone() for x in dense["a"]]
+    for t in range(4):
+        step(["a", "b"], 500 + 10 * t)
+    assert book.copies == 1, f"one copy-on-write expected (the shared partial block), got {book.copies}"
+    seqs = ["a", "b"]
+    table = book.block_table(seqs, fill=-1, device=device)
+    lens = torch.tensor([book.length(s) for s in seqs], dtype=torch.int32, device=device)
+    q = S.randn((2, Hq, D), 7, dtype=dt, device=device)
+    out = pa.paged_attention(q, kc, vc, table, lens, scale=0.3)
+    case = PagedCase(tuple(int(x) for x in lens), Hq, Hkv, D, bs, 0.3)
+    inp = PagedInputs(q, kc, vc, table, lens, [dense[s][0][None] for s in seqs], [dense[s][1][None] for s in seqs])
+    check_against_contiguous(out, inp, case, what="Triton paged attention after a decode loop with a fork")

@@ -1,0 +1,123 @@
+"""Known-bad paged-attention implementations (the bug zoo): each is a classic paged-decode
+kernel bug, and the PA-1 law (``properties/test_paged_attention.py``) must reject every one.
+
+All follow the paged_attention contract's signature and compute in float64 for float64 inputs
+and float32 otherwise, so that only the bug (not rounding) makes them wrong.
+"""
+from __future__ import annotations
+
+import torch
+
+from conformance.contracts.paged_attention import validate
+
+#: The fixed table walk of :func:`walk_capped_64_blocks` (a kernel that loads a fixed-size
+#: window of the block table).
+CAPPED_BLOCKS = 64
+
+
+def _paged(q, k_cache, v_cache, block_table, seq_lens, scale, *, read_len=None, table=None, head_map=None):
+    """Paged decode with the bug injected: ``read_len(n, block_size)`` tokens read per sequence
+    (default n), ``table(b, n_blocks, row, shape)`` the physical blocks, ``head_map(h, Hq, Hkv)``."""
+    shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    bs = shape.block_size
+    heads = torch.tensor([head_map(h, shape.Hq, shape.Hkv) if head_map else h // shape.group
+                          for h in range(shape.Hq)], device=q.device)
+    out = torch.empty(shape.B, shape.Hq, shape.D, dtype=q.dtype, device=q.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        m = read_len(n, bs) if read_len else n
+        nb = -(-m // bs)
+        blocks = (table(b, nb, block_table[b], shape) if table else block_table[b, :nb]).to(torch.int64)
+        k = k_cache[blocks].reshape(nb * bs, shape.Hkv, shape.D)[:m].to(acc)[:, heads]    # (m, Hq, D)
+        v = v_cache[blocks].reshape(nb * bs, shape.Hkv, shape.D)[:m].to(acc)[:, heads]
+        s = torch.einsum("hd,thd->ht", q[b].to(acc), k) * scale                           # (Hq, m)
+        p = torch.softmax(s, dim=-1)
+        out[b] = torch.einsum("ht,thd->hd", p, v).to(q.dtype)
+    return out
+
+
+def ignores_partial_block(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Reads only the full blocks: the tokens of a partly filled last block are dropped."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, read_len=lambda n, bs: (n // bs) * bs)
+
+
+def reads_nan_slots(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Reads the whole last block, garbage slots past seq_lens included (no tail mask)."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, read_len=lambda n, bs: -(-n // bs) * bs)
+
+
+def identity_table(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Assumes sequence b's blocks are contiguous from b * max_blocks (the block table is never read)."""
+    def table(b, nb, row, shape):
+        return (b * shape.max_blocks + torch.arange(nb, device=row.device)) % shape.num_blocks
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, table=table)
+
+
+def off_by_one_length(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Treats seq_lens as the index of the last token: the newest token is never read."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, read_len=lambda n, bs: max(1, n - 1))
+
+
+def gqa_modulo(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Query head h reads KV head h % Hkv instead of h // (Hq // Hkv)."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, head_map=lambda h, hq, hkv: h % hkv)
+
+
+def walk_capped_64_blocks(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Walks at most 64 entries of the block table (a fixed-size table window): tokens past
+    64 blocks are dropped."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
+                  read_len=lambda n, bs: min(n, CAPPED_BLOCKS * bs))
+
+
+def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
+    """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
+    failure's first line, recorded as the test's rejection (the failing comparison inside is the
+    point, not the test's error). Raises AssertionError when the law accepts it."""
+    import re
+
+    from conformance import results
+
+    try:
+        law(*args)
+    except AssertionError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if match is not None and not re.search(match, str(exc)):
+            raise
+        results.current.reset()
+        results.record(claim, measured=f"rejected: {text[:200]}", unit="rejection")
+        return text
+    raise AssertionError(f"the law {getattr(law, '__name__', law)!r} accepted a known-bad implementation")
+
+
+# ------------------------------------------------------------------ block allocator (PA-4)
+from reference.paged import PagedKVCache  # noqa: E402
+
+
+class CowForgetsToCopy(PagedKVCache):
+    """Copy-on-write that never copies: a write to a shared block goes into the shared block
+    itself, so it changes what every other holder of the block reads."""
+
+    def _own(self, seq, index: int) -> int:
+        return self.tables[seq][index]
+
+
+# ------------------------------------------------ continuous-batching engine (PA-6, PA-7)
+def _engine_zoo():
+    from optimized.paged_engine import PagedEngine
+
+    class QueryMissesItsOwnToken(PagedEngine):
+        """Each token's query sees the keys before its position but not its own (seq_lens off
+        by one; the first token still sees itself)."""
+
+        def _query_lens(self, positions):
+            return positions.clamp(min=1).to(torch.int32)
+
+    class PrefixKeyWithoutParent(PagedEngine):
+        """Prefix-cache key of a block from its own tokens only: equal tokens after different
+        prefixes (other positions, other context) share K/V that is not theirs."""
+
+        def _block_key(self, parent, tokens):
+            return super()._block_key("", tokens)
+
+    return QueryMissesItsOwnToken, PrefixKeyWithoutParent

@@ -1,0 +1,167 @@
+"""Bad input to paged attention and to the paged cache write: a clear TypeError / ValueError
+that names the argument, raised before any kernel launch (the cache stays unchanged)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from properties.paged_cases import PagedCase, make_inputs
+from reference import paged
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _impls():
+    out = {"reference": "reference.paged:paged_attention"}
+    try:
+        import optimized.paged_attention  # noqa: F401
+        out["triton"] = "optimized.paged_attention:paged_attention"
+    except ImportError:
+        pass
+    return out
+
+
+IMPLS = _impls()
+
+
+def _load(target):
+    from conformance.registry import _resolve
+
+    return _resolve(target)
+
+
+@pytest.fixture
+def call_args(device):
+    """A valid call: two sequences (lengths 5 and 3), blocks of 2, Hq 4, Hkv 2, D 16."""
+    case = PagedCase((5, 3), 4, 2, 16, 2, 0.25)
+    return make_inputs(case, 3, torch.float32, device).args()
+
+
+def _i32(x, device):
+    return torch.tensor(x, dtype=torch.int32, device=device)
+
+
+CASES = {
+    "q not a tensor": (lambda a, d: (a[0].tolist(),) + a[1:], TypeError, "q must be a torch.Tensor"),
+    "q rank": (lambda a, d: (a[0][None],) + a[1:], ValueError, r"q must have 3 dimensions"),
+    "int64 block_table": (lambda a, d: a[:3] + (a[3].long(), a[4]), TypeError, "block_table must be int32"),
+    "int64 seq_lens": (lambda a, d: a[:4] + (a[4].long(),), TypeError, "seq_lens must be int32"),
+    "mixed dtypes": (lambda a, d: (a[0], a[1].double(), a[2].double()) + a[3:], TypeError, "must share one dtype"),
+    "integer caches": (lambda a, d: (a[0], a[1].int(), a[2].int()) + a[3:], TypeError, "k_cache has dtype"),
+    "block sizes differ": (lambda a, d: (a[0], a[1], a[2][:, :1]) + a[3:], ValueError, "same shape"),
+    "head dims differ": (lambda a, d: (a[0][..., :8],) + a[1:], ValueError, "head dim"),
+    "Hq not a multiple of Hkv": (lambda a, d: (a[0][:, :3],) + a[1:], ValueError, r"multiple of the caches' KV heads"),
+    "seq_lens 0": (lambda a, d: a[:4] + (_i32([5, 0], d),), ValueError, r"seq_lens\[1\] = 0"),
+    "seq_lens above capacity": (lambda a, d: a[:4] + (_i32([5, 2 * a[3].shape[1] + 1], d),), ValueError,
+                                r"seq_lens must lie in \[1, max_blocks \* block_size\]"),
+    "seq_lens shape": (lambda a, d: a[:4] + (_i32([5], d),), ValueError, r"seq_lens must have shape \(B,\)"),
+    "block_table rows": (lambda a, d: a[:3] + (a[3][:1], a[4]), ValueError, r"block_table must have shape \(B=2"),
+    "live entry out of range": (lambda a, d: a[:3] + (_with(a[3], (1, 1), a[1].shape[0]), a[4]), ValueError,
+                                r"block_table\[1, 1\] = \d+ is a live block"),
+    "live entry negative": (lambda a, d: a[:3] + (_with(a[3], (0, 2), -1), a[4]), ValueError,
+                            r"block_table\[0, 2\] = -1 is a live block"),
+    "scale not a number": (lambda a, d: a, TypeError, "scale must be a real number"),
+}
+
+
+def _with(t, idx, value):
+    t = t.clone()
+    t[idx] = value
+    return t
+
+
+@pytest.mark.parametrize("which", list(IMPLS))
+@pytest.mark.parametrize("what", list(CASES))
+def test_paged_attention_rejects_bad_input(which, what, call_args, device):
+    fn = _load(IMPLS[which])
+    make, error, match = CASES[what]
+    args = make(call_args, device)
+    scale = "0.25" if what == "scale not a number" else 0.25
+    with pytest.raises(error, match=match):
+        fn(*args, scale=scale)
+
+
+@pytest.mark.parametrize("which", list(IMPLS))
+def test_unused_entries_and_slots_are_not_errors(which, call_args):
+    """Entries past a sequence's blocks may hold anything (out of range included): no error."""
+    fn = _load(IMPLS[which])
+    q, kc, vc, bt, sl = call_args
+    bt = bt.clone()
+    bt[1, 2:] = 10**6
+    out = fn(q, kc, vc, bt, sl, scale=0.25)
+    assert torch.isfinite(out).all()
+
+
+def test_allocator_rejects_double_free_and_bad_ids():
+    a = paged.BlockAllocator(4, 16)
+    b = a.allocate()
+    a.free(b)
+    with pytest.raises(ValueError, match="double free"):
+        a.free(b)
+    with pytest.raises(ValueError, match=r"outside \[0, num_blocks\)"):
+        a.free(9)
+    with pytest.raises(ValueError, match="is free"):
+        a.share(b)
+    with pytest.raises(ValueError, match="num_blocks must be an int >= 1"):
+        paged.BlockAllocator(0, 16)
+    with pytest.raises(ValueError, match="block_size must be an int >= 1"):
+        paged.BlockAllocator(4, 0)
+    for _ in range(4):
+        a.allocate()
+    with pytest.raises(paged.OutOfBlocks):
+        a.allocate()
+
+
+def test_cache_rejects_bad_positions_and_unknown_sequences():
+    c = paged.PagedKVCache(4, 2, kv_shape=(1, 3))
+    c.new_sequence("a")
+    c.append("a", torch.ones(1, 3), torch.ones(1, 3))
+    with pytest.raises(ValueError, match="unknown sequence"):
+        c.append("b", torch.ones(1, 3), torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"position 1 outside \[0, 1\)"):
+        c.write("a", 1, torch.ones(1, 3), torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"k must be a tensor of shape \(Hkv, D\) = \(1, 3\)"):
+        c.append("a", torch.ones(3), torch.ones(1, 3))
+    assert c.length("a") == 1, "a rejected append must not change the length"
+    with pytest.raises(ValueError, match="already exists"):
+        c.fork("a", "a")
+
+
+def _write_args(device):
+    kc = torch.full((3, 2, 2, 4), float("nan"), device=device)
+    vc = kc.clone()
+    k = torch.ones(2, 2, 4, device=device)
+    return kc, vc, k, k.clone(), torch.tensor([0, 5], dtype=torch.int32, device=device)
+
+
+WRITE_CASES = {
+    "slot out of range": (lambda a: a[:4] + (torch.tensor([0, 6], dtype=torch.int32, device=a[0].device),),
+                          ValueError, r"slot_mapping\[1\] = 6 outside \[0, num_blocks \* block_size\) = \[0, 6\)"),
+    "negative slot": (lambda a: a[:4] + (torch.tensor([-1, 2], dtype=torch.int32, device=a[0].device),),
+                      ValueError, r"slot_mapping\[0\] = -1"),
+    "slot twice": (lambda a: a[:4] + (torch.tensor([3, 3], dtype=torch.int32, device=a[0].device),),
+                   ValueError, "names a slot twice"),
+    "float slots": (lambda a: a[:4] + (a[4].float(),), TypeError, "slot_mapping must be int32 or int64"),
+    "slot count": (lambda a: a[:4] + (a[4][:1],), ValueError, r"slot_mapping must have shape \(N,\) = \(2,\)"),
+    "k dtype": (lambda a: (a[0], a[1], a[2].double(), a[3], a[4]), TypeError, "k has dtype"),
+    "k heads": (lambda a: (a[0], a[1], a[2][:, :1], a[3][:, :1], a[4]), ValueError, r"k must have shape \(N, Hkv, D\)"),
+    "caches differ": (lambda a: (a[0], a[1][:, :1], a[2], a[3], a[4]), ValueError, "must have one shape"),
+}
+
+
+@pytest.mark.parametrize("what", list(WRITE_CASES))
+def test_write_kv_cache_rejects_bad_input_and_writes_nothing(what, device):
+    pa = pytest.importorskip("optimized.paged_attention")
+    make, error, match = WRITE_CASES[what]
+    args = make(_write_args(device))
+    kc0 = args[0].clone()
+    with pytest.raises(error, match=match):
+        pa.write_kv_cache(*args)
+    assert torch.isnan(args[0]).all() and torch.isnan(kc0).all(), "a rejected write changed the cache"
+
+
+def test_paged_attention_rejects_bad_num_splits(call_args):
+    pa = pytest.importorskip("optimized.paged_attention")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
+            pa.paged_attention(*call_args, scale=0.25, num_splits=bad)
