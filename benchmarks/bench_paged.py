@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from benchmarks.timing import median_seconds
+from conformance import results
 from conformance.contracts.paged_attention import kv_bytes
 from properties.strategies import randn
 
@@ -115,7 +116,7 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
         if block_size == 16:
             goals.append("paged_over_contiguous <= 1.10")
         info["goal"] = "; ".join(goals)
-    benchmark.extra_info.update(info)
+    results.bench_info(benchmark, **info)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
 
 
@@ -156,8 +157,7 @@ def test_bench_engine_throughput(benchmark, device, batch):
 
     repeats = 1 if benchmark.disabled else 5
     t = median_seconds(run, device, repeats)
-    benchmark.extra_info.update(dict(technique="paged_attention", backend="paged_engine", device=device,
-                                     dtype=str(dtype).replace("torch.", ""), batch=batch, new_tokens=n_new,
-                                     prompt_len=prompt_len, block_size=bs, median_s=t,
-                                     tokens_per_s=batch * n_new / t))
+    results.bench_info(benchmark, technique="paged_attention", implementation="paged_engine", device=device,
+                       dtype=str(dtype).replace("torch.", ""), batch=batch, new_tokens=n_new,
+                       prompt_len=prompt_len, block_size=bs, median_s=t, tokens_per_s=batch * n_new / t)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)

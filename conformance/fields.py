@@ -68,6 +68,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     # PA-2: serving
     Field("policy", (str,), "", "KV allocation policy of the serving simulation"),
     Field("utilisation", _NUM + (list,), "fraction", "share of the KV budget holding live tokens"),
+    Field("utilisation_by_step", (list,), "fraction", "utilisation of each step of a serving simulation"),
+    Field("total_steps", (int,), "steps", "steps a serving simulation took to finish its trace"),
     Field("metric", (str,), "", "which statistic a point of a plot is"),
 )}
 

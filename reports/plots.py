@@ -215,6 +215,7 @@ def plot_serving_steps(rows, out: Path) -> dict:
     policy (PA-2): rows whose extra holds ``policy`` and ``utilisation_by_step``."""
     entry = {"id": "serving_steps", "title": "KV budget utilisation over the steps, per policy (PA-2)",
              "file": None, "note": ""}
+    assert {"policy", "utilisation_by_step", "total_steps"} <= set(FIELDS)  # declared in fields.py
     lines = {}
     for r in rows:
         d = r.extra or {}

@@ -86,7 +86,9 @@ def _shape_names(text: str) -> set[str]:
     names = set()
     for group in re.findall(r"\(([^()]+)\)", text):
         parts = [p.strip() for p in group.split(",")]
-        if len(parts) < 2 or not all(re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*(\[[a-z]+\])?|\d+|\.\.\.", p) for p in parts):
+        # a shape tuple: sizes (capitalised, short: B, Hq, S_max), lowercase names, numbers, ...
+        if len(parts) < 2 or not all(re.fullmatch(r"[A-Z][A-Za-z_0-9]{0,5}|[a-z_][a-z_0-9]*(\[[a-z]+\])?|\d+|\.\.\.", p)
+                                     for p in parts):
             continue
         names |= {p for p in parts if re.fullmatch(r"[A-Z][A-Za-z_]*", p)}
     return names
