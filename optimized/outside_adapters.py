@@ -1,11 +1,18 @@
-"""Adapters for the kernels users compare against: flash-attn, FlashInfer, vLLM paged attention.
+"""Adapters for the kernels users compare against: flash-attn and FlashInfer prefill (the
+``attention`` contract), vLLM's and FlashInfer's paged decode (the ``paged_attention`` contract).
 
-Each adapter meets the ``attention`` contract (``conformance/contracts/attention.py``)::
+The dense adapters meet ``conformance/contracts/attention.py``::
 
     attention(q, k, v, *, causal: bool, scale: float) -> Tensor
     q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D); causal mask aligned bottom-right; returns (B, Hq, Tq, D)
 
-and translates the call into the outside library's layout. The contract lists them with the
+the paged ones ``conformance/contracts/paged_attention.py``::
+
+    paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale) -> Tensor
+    q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks)
+    int32; seq_lens (B,) int32; returns (B, Hq, D)
+
+Each translates the call into the outside library's layout. The contract lists them with the
 library each needs and the devices it runs on (CUDA): where the library is not installed the
 registry marks them unavailable without importing anything. A (dtype, head dim, shape) the
 library does not support raises ``NotImplementedError`` (reported "unsupported", never a pass);
@@ -17,9 +24,14 @@ Sources:
   bottom-right since version 2.1 (before: top-left, so Tq != Tk causal is refused).
 - FlashInfer: ``flashinfer.single_prefill_with_kv_cache(q, k, v, causal, kv_layout="NHD",
   sm_scale)``, one request at a time, layout (T, H, D), causal bottom-right.
-- vLLM: ``vllm._custom_ops.paged_attention_v1`` (decode, Tq = 1) over a paged KV cache built
-  here with a random block table (blocks of 16, key cache (blocks, Hkv, D/x, 16, x) with x = 16
-  bytes / element size, value cache (blocks, Hkv, D, 16)).
+- vLLM: ``vllm._custom_ops.paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads,
+  scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
+  v_scale)``, key cache (num_blocks, Hkv, D/x, block_size, x) with x = 16 bytes / element size,
+  value cache (num_blocks, Hkv, D, block_size); block sizes 8, 16, 32.
+- FlashInfer paged decode: ``flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")``,
+  ``plan(indptr, indices, last_page_len, Hq, Hkv, D, page_size, sm_scale=..., q_data_type=...)``
+  then ``run(q, (k_cache, v_cache))``; NHD pages are (num_pages, page_size, Hkv, D), the
+  contract's own layout, and a sequence's pages are ``indices[indptr[b]:indptr[b+1]]``.
 """
 from __future__ import annotations
 
@@ -28,6 +40,7 @@ import importlib
 import torch
 
 from conformance.contracts.attention import validate
+from conformance.contracts.paged_attention import validate as validate_paged
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -79,40 +92,53 @@ def flashinfer(q, k, v, *, causal: bool, scale: float):
     return torch.stack(outs).contiguous()                                        # (B, Hq, Tq, D)
 
 
-VLLM_BLOCK = 16
+# ------------------------------------------------------------------------- paged decode
 
 
-def vllm_paged(q, k, v, *, causal: bool, scale: float):
-    """The attention contract's decode case (Tq = 1) through vLLM's ``paged_attention_v1``,
-    over a paged cache whose block table is a random permutation (so ignoring it shows)."""
-    s = validate(q, k, v, causal, scale)
+VLLM_BLOCK_SIZES = (8, 16, 32)
+VLLM_HEAD_DIMS = (64, 80, 96, 112, 120, 128, 192, 256)
+
+
+def vllm_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: float):
+    """The paged_attention contract through vLLM's ``paged_attention_v1``: the contract's cache
+    (num_blocks, block_size, Hkv, D) is laid out as vLLM's key cache (num_blocks, Hkv, D/x,
+    block_size, x) and value cache (num_blocks, Hkv, D, block_size); the block table and the
+    lengths are passed as they are."""
+    s = validate_paged(q, k_cache, v_cache, block_table, seq_lens, scale)
     ops = importlib.import_module("vllm._custom_ops")
-    _need(q, "vLLM paged attention", head_dims={64, 80, 96, 112, 120, 128, 192, 256}, D=s.D)
-    if s.Tq != 1:
-        raise NotImplementedError(f"vLLM paged_attention_v1 decodes one query token, got Tq={s.Tq}")
-    B, Hq, Hkv, Tk, D = s.B, s.Hq, s.Hkv, s.Tk, s.D
+    _need(q, "vLLM paged attention", head_dims=set(VLLM_HEAD_DIMS), D=s.D)
+    if s.block_size not in VLLM_BLOCK_SIZES:
+        raise NotImplementedError(f"vLLM paged attention supports block sizes {VLLM_BLOCK_SIZES}, not {s.block_size}")
     x = 16 // q.element_size()
-    per_seq = -(-Tk // VLLM_BLOCK)
-    n_blocks = 3 * B * per_seq
-    g = torch.Generator().manual_seed(0)
-    table = torch.randperm(n_blocks, generator=g)[: B * per_seq].view(B, per_seq)  # (B, blocks per seq)
-    key_cache = torch.full((n_blocks, Hkv, D // x, VLLM_BLOCK, x), float("nan"), dtype=q.dtype, device=q.device)
-    value_cache = torch.full((n_blocks, Hkv, D, VLLM_BLOCK), float("nan"), dtype=q.dtype, device=q.device)
-    for b in range(B):
-        for j in range(per_seq):
-            lo, hi = j * VLLM_BLOCK, min(Tk, (j + 1) * VLLM_BLOCK)
-            blk = int(table[b, j])
-            kb = k[b, :, lo:hi]                                                     # (Hkv, n, D)
-            key_cache[blk, :, :, : hi - lo, :] = kb.reshape(Hkv, hi - lo, D // x, x).permute(0, 2, 1, 3)
-            value_cache[blk, :, :, : hi - lo] = v[b, :, lo:hi].transpose(1, 2)      # (Hkv, D, n)
-    query = q[:, :, 0, :].contiguous()                                              # (B, Hq, D)
-    out = torch.empty_like(query)
-    seq_lens = torch.full((B,), Tk, dtype=torch.int32, device=q.device)
+    nb, bs, Hkv, D = k_cache.shape
+    key_cache = k_cache.reshape(nb, bs, Hkv, D // x, x).permute(0, 2, 3, 1, 4).contiguous()  # (nb, Hkv, D/x, bs, x)
+    value_cache = v_cache.permute(0, 2, 3, 1).contiguous()                                  # (nb, Hkv, D, bs)
+    out = torch.empty_like(q)                                                               # (B, Hq, D)
     one = torch.ones((), dtype=torch.float32, device=q.device)
-    args = (out, query, key_cache, value_cache, Hkv, float(scale), table.to(q.device, torch.int32), seq_lens,
-            VLLM_BLOCK, Tk, None, "auto")
+    args = (out, q.contiguous(), key_cache, value_cache, Hkv, float(scale), block_table.contiguous(),
+            seq_lens.contiguous(), bs, int(seq_lens.max()), None, "auto")
     try:
         ops.paged_attention_v1(*args, one, one)          # vLLM >= 0.6: k_scale, v_scale tensors
     except (TypeError, RuntimeError):
         ops.paged_attention_v1(*args, 1.0, 1.0)          # older: float scales
-    return out.unsqueeze(2)                                                         # (B, Hq, 1, D)
+    return out
+
+
+def flashinfer_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: float):
+    """The paged_attention contract through FlashInfer's batch decode over NHD pages: the
+    block table's live entries become FlashInfer's (indptr, indices, last_page_len)."""
+    s = validate_paged(q, k_cache, v_cache, block_table, seq_lens, scale)
+    fi = importlib.import_module("flashinfer")
+    _need(q, "FlashInfer paged decode", head_dims={64, 128, 256}, D=s.D)
+    lens = seq_lens.to(torch.int64)
+    pages = (lens + s.block_size - 1) // s.block_size                                     # (B,)
+    indptr = torch.zeros(s.B + 1, dtype=torch.int32, device=q.device)
+    indptr[1:] = torch.cumsum(pages, 0).to(torch.int32)
+    live = torch.arange(block_table.shape[1], device=q.device)[None, :] < pages[:, None]  # (B, max_blocks)
+    indices = block_table[live].to(torch.int32)                                            # row-major: per sequence
+    last_page_len = (lens - (pages - 1) * s.block_size).to(torch.int32)
+    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(indptr, indices, last_page_len, s.Hq, s.Hkv, s.D, s.block_size,
+                 sm_scale=float(scale), q_data_type=q.dtype)
+    return wrapper.run(q.contiguous(), (k_cache, v_cache))

@@ -147,6 +147,32 @@ def _paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale,
         out[b] = ref(query[b][None, :, None], k[None], v[None], causal=False, scale=scale)[0, :, 0]
 
 
+class _FlashInferPagedDecode:
+    """FlashInfer's documented batch decode over NHD pages (num_pages, page_size, Hkv, D): a
+    sequence's pages are indices[indptr[b]:indptr[b+1]], its last page holds last_page_len tokens."""
+
+    def __init__(self, workspace, kv_layout):
+        assert kv_layout == "NHD"
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+             sm_scale, q_data_type):
+        self.args = (indptr, indices, last_page_len, page_size, sm_scale)
+
+    def run(self, q, kv):
+        from reference.attention import attention as ref
+
+        indptr, indices, last, page_size, scale = self.args
+        k_pages, v_pages = kv
+        outs = []
+        for b in range(q.shape[0]):
+            pages = indices[int(indptr[b]):int(indptr[b + 1])].long()
+            T = (len(pages) - 1) * page_size + int(last[b])
+            k = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:T].transpose(0, 1)  # (Hkv, T, D)
+            v = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:T].transpose(0, 1)
+            outs.append(ref(q[b][None, :, None], k[None], v[None], causal=False, scale=scale)[0, :, 0])
+        return torch.stack(outs)
+
+
 @pytest.fixture
 def stand_ins(monkeypatch):
     import types
@@ -159,6 +185,7 @@ def stand_ins(monkeypatch):
     fi = types.ModuleType("flashinfer")
     fi.single_prefill_with_kv_cache = lambda q, k, v, causal, kv_layout, sm_scale: _ref_bthd(
         q[None], k[None], v[None], causal, sm_scale)[0]
+    fi.BatchDecodeWithPagedKVCacheWrapper = _FlashInferPagedDecode
     ops = types.ModuleType("vllm._custom_ops")
     ops.paged_attention_v1 = _paged_attention_v1
     for name, mod in (("flash_attn", fa), ("flashinfer", fi), ("vllm._custom_ops", ops)):
@@ -168,8 +195,7 @@ def stand_ins(monkeypatch):
 
 
 @pytest.mark.parametrize("name,Tq,Hq,Hkv,Tk,D,causal", [("flash_attn", 3, 4, 2, 17, 16, True),
-                                                         ("flashinfer", 5, 3, 1, 9, 64, True),
-                                                         ("vllm_paged", 1, 4, 2, 37, 64, False)])
+                                                         ("flashinfer", 5, 3, 1, 9, 64, True)])
 def test_outside_adapters_translate_the_contract(stand_ins, name, Tq, Hq, Hkv, Tk, D, causal):
     from conformance import tolerance
     from properties.strategies import randn
@@ -180,6 +206,35 @@ def test_outside_adapters_translate_the_contract(stand_ins, name, Tq, Hq, Hkv, T
     tolerance.assert_close(out, ref(q, k, v, causal=causal, scale=D ** -0.5))
 
 
+@pytest.mark.parametrize("name", ["vllm_paged", "flashinfer_paged"])
+def test_outside_paged_adapters_translate_the_contract(stand_ins, name):
+    """A block table over a shuffled pool, a partial last block, NaN in every unused slot and
+    out-of-range entries past the live blocks: the adapters must hand the library only what the
+    contract says is live."""
+    from conformance import tolerance
+    from properties.strategies import randn
+    from reference.paged import paged_attention as ref
+
+    B, Hq, Hkv, D, bs, nb = 2, 4, 2, 64, 16, 12
+    lens = torch.tensor([37, 5], dtype=torch.int32)
+    k_cache = torch.full((nb, bs, Hkv, D), float("nan"), dtype=torch.float64)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    table = torch.full((B, 4), 10 ** 6, dtype=torch.int32)                # past the live blocks: out of range
+    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(0))
+    used = 0
+    for b, T in enumerate(lens.tolist()):
+        n = -(-T // bs)
+        table[b, :n] = perm[used:used + n].to(torch.int32)
+        used += n
+        for i in range(n):
+            t = min(bs, T - i * bs)
+            k_cache[table[b, i], :t] = randn((t, Hkv, D), 10 * b + i)
+            v_cache[table[b, i], :t] = randn((t, Hkv, D), 100 + 10 * b + i)
+    q = randn((B, Hq, D), 7)
+    out = getattr(stand_ins, name)(q, k_cache, v_cache, table, lens, scale=D ** -0.5)
+    tolerance.assert_close(out, ref(q, k_cache, v_cache, table, lens, scale=D ** -0.5))
+
+
 def test_outside_adapters_available_only_when_importable(monkeypatch):
     from conformance import registry
 
@@ -187,6 +242,8 @@ def test_outside_adapters_available_only_when_importable(monkeypatch):
     impls = {i.name: i for i in registry.builtins("attention", "cuda")}
     assert impls["flash_attn"].unavailable is None
     assert "'flashinfer' package" in impls["flashinfer"].unavailable
-    assert "'vllm' package" in impls["vllm_paged"].unavailable
+    paged = {i.name: i for i in registry.builtins("paged_attention", "cuda")}
+    assert "'vllm' package" in paged["vllm"].unavailable
+    assert "'flashinfer' package" in paged["flashinfer"].unavailable
     on_cpu = {i.name: i for i in registry.builtins("attention", "cpu")}
     assert "runs on ['cuda']" in on_cpu["flash_attn"].unavailable

@@ -162,10 +162,9 @@ CONTRACT = Contract(
         # listed as unavailable where their library is not installed
         "flash_attn": "optimized.outside_adapters:flash_attn",
         "flashinfer": "optimized.outside_adapters:flashinfer",
-        "vllm_paged": "optimized.outside_adapters:vllm_paged",
     },
-    requires={name: frozenset({"cuda"}) for name in ("flash_attn", "flashinfer", "vllm_paged")},
-    needs={"flash_attn": "flash_attn", "flashinfer": "flashinfer", "vllm_paged": "vllm"},
+    requires={name: frozenset({"cuda"}) for name in ("flash_attn", "flashinfer")},
+    needs={"flash_attn": "flash_attn", "flashinfer": "flashinfer"},
     cases="conformance.contracts.attention:cases",
     zoo={
         "no_max_subtract": "properties.zoo_attention:no_max_subtract",

@@ -202,7 +202,13 @@ CONTRACT = Contract(
     builtins={
         "reference": "reference.paged:paged_attention",
         "triton": "optimized.paged_attention:paged_attention",
+        # the paged kernels users compare against (optimized/outside_adapters.py): CUDA only,
+        # listed as unavailable where their library is not installed
+        "vllm": "optimized.outside_adapters:vllm_paged",
+        "flashinfer": "optimized.outside_adapters:flashinfer_paged",
     },
+    requires={name: frozenset({"cuda"}) for name in ("vllm", "flashinfer")},
+    needs={"vllm": "vllm", "flashinfer": "flashinfer"},
     cases="conformance.contracts.paged_attention:cases",
     zoo={
         "ignores_partial_block": "properties.zoo_paged:ignores_partial_block",
