@@ -10,6 +10,10 @@ The tile loop (Dao et al. 2022; Dao 2023, FlashAttention-2 loop order; lecture 0
 """
 from __future__ import annotations
 
+import re
+import warnings
+
+import numpy
 import torch
 import triton
 import triton.language as tl
@@ -23,11 +27,37 @@ DOT_SUM = 2      # float64: broadcast multiply and tl.sum (no reliance on a floa
 DOT_IEEE = 3     # float32: tl.dot with input_precision="ieee" (TF32 would cost ~1e-3 relative)
 
 
+def _range_takes_runtime_bounds() -> bool:
+    """Whether ``range(start, end, step)`` in a kernel may have run-time (non-constexpr) bounds.
+
+    Always true for compiled kernels. Triton < 3.7's interpreter holds every scalar as a
+    1-element numpy array and turns a loop bound into ``int(array)``, which numpy >= 2.4 refuses
+    ("only 0-dimensional arrays can be converted to Python scalars"); there a ``while`` loop
+    walks the tiles instead (``bool(array)`` still works). Decided when the kernels are defined,
+    like the interpreter itself (``TRITON_INTERPRET`` is read by ``triton.jit``)."""
+    if not triton_interpreted():
+        return True
+    if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 7):
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            int(numpy.ones(1))
+        except TypeError:
+            return False
+    return True
+
+
+#: True: attn_tiles walks its key tiles with ``for ... in range`` (compiled code, where the loop
+#: is software-pipelined, and interpreters that allow it); False: with ``while`` (see above).
+RANGE_LOOP = tl.constexpr(_range_takes_runtime_bounds())
+
+
 @triton.jit
 def attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-               row_lim, start, end, D, scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_MODE: tl.constexpr):
+                row_lim, start, end, D, scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_MODE: tl.constexpr):
     """Stream key tiles [start, end) past one Q tile, updating (acc, m_i, l_i) by the online
     softmax. MASKED: apply the bounds (col < end) and, with CAUSAL, the bottom-right causal
     mask (col <= row_lim = row + Tk - Tq); unmasked calls must cover whole visible tiles only."""
@@ -35,52 +65,70 @@ def attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn
     offs_d = tl.arange(0, BLOCK_D)
     k_ptrs = k_base + (start + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    for start_n in range(start, end, BLOCK_N):
-        if MASKED:
-            cols = start_n + offs_n                                        # (BLOCK_N,)
-            kv_mask = (cols[:, None] < end) & (offs_d[None, :] < D)
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)                   # (BLOCK_N, BLOCK_D)
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
-        # (tile products inline: under the interpreter every nested jit call is costly)
-        if DOT_MODE == 2:
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)              # (BLOCK_M, BLOCK_N)
-        elif DOT_MODE == 1:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        elif DOT_MODE == 3:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * scale
-        if MASKED:
-            valid = cols[None, :] < end
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= row_lim[:, None])
-            s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))                              # (BLOCK_M,)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)              # rows with no key yet
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])                                    # (BLOCK_M, BLOCK_N)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_MODE == 2:
-            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)            # (BLOCK_M, BLOCK_D)
-        elif DOT_MODE == 1:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        elif DOT_MODE == 3:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+    if RANGE_LOOP:
+        for start_n in range(start, end, BLOCK_N):
+            acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim,
+                                       start_n, end, D, scale, MASKED, CAUSAL, EVEN_D, DOT_MODE)
+            k_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N * stride_vn
+    else:
+        start_n = start
+        while start_n < end:
+            acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim,
+                                       start_n, end, D, scale, MASKED, CAUSAL, EVEN_D, DOT_MODE)
+            k_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N * stride_vn
+            start_n += BLOCK_N
     return acc, m_i, l_i
 
+
+@triton.jit
+def _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim, start_n, end, D, scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+               DOT_MODE: tl.constexpr):
+    """One key tile of :func:`attn_tiles`: keys start_n + offs_n at k_ptrs / v_ptrs."""
+    if MASKED:
+        cols = start_n + offs_n                                        # (BLOCK_N,)
+        kv_mask = (cols[:, None] < end) & (offs_d[None, :] < D)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)                   # (BLOCK_N, BLOCK_D)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+    # (tile products inline: under the interpreter every nested jit call is costly)
+    if DOT_MODE == 2:
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)              # (BLOCK_M, BLOCK_N)
+    elif DOT_MODE == 1:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    elif DOT_MODE == 3:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale
+    if MASKED:
+        valid = cols[None, :] < end
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= row_lim[:, None])
+        s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))                              # (BLOCK_M,)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)              # rows with no key yet
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])                                    # (BLOCK_M, BLOCK_N)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_MODE == 2:
+        pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)            # (BLOCK_M, BLOCK_D)
+    elif DOT_MODE == 1:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    elif DOT_MODE == 3:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 # ----------------------------------------------------------------------------------------------

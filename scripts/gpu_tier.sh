@@ -6,6 +6,8 @@
 #   $OUT/report/      index.html, report.md, results.json, benchmarks.json, plots/
 #   $OUT/history/     the history folder with this run appended (copy the new entry into history/)
 #   $OUT/*.log        the console of each step
+# First (seconds): the versions, and each Triton kernel compiled and run once on a tiny input
+# (scripts/kernel_smoke.py); a stack the kernels do not build on stops the tier there, in one line.
 # Usage: OUT=/some/dir sh scripts/gpu_tier.sh [extra pytest args]
 set -u
 cd "$(dirname "$0")/.."
@@ -18,6 +20,11 @@ PY=${PYTHON:-python3}
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
 } > "$OUT/env.log" 2>&1
+if ! $PY scripts/kernel_smoke.py --device cuda > "$OUT/kernel_smoke.log" 2>&1; then
+    grep -m1 "kernel smoke check FAILED" "$OUT/kernel_smoke.log" || echo "kernel smoke check FAILED: $(tail -n 1 "$OUT/kernel_smoke.log")"
+    exit 1
+fi
+cat "$OUT/kernel_smoke.log"
 rm -rf "$OUT/history" && cp -r history "$OUT/history"
 # properties and tests: compiled kernels, 4 workers; benchmarks serially; ceilings; history; report
 $PY -m reports --device cuda -n 4 --out "$OUT/report" --history "$OUT/history" "$@" > "$OUT/reports.log" 2>&1
