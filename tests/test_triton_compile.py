@@ -23,23 +23,24 @@ F16, F32, F64 = "*fp16", "*fp32", "*fp64"
 
 
 def _variants():
+    import optimized.attention_tiles as tiles
     import optimized.flash_attention as fa
     import optimized.flash_decoding as fd
     import optimized.kv_cache as kc
 
     attn = fa._flash_attn_fwd_kernel
     # (each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run)
-    for dt, mode, bm, bn, bd, causal in ((F16, fa.DOT_NATIVE, 64, 64, 64, True),
-                                         (F16, fa.DOT_NATIVE, 64, 64, 64, False),
-                                         (F32, fa.DOT_IEEE, 64, 32, 64, True),
-                                         (F64, fa.DOT_SUM, 16, 16, 16, True)):
+    for dt, mode, bm, bn, bd, causal in ((F16, tiles.DOT_NATIVE, 64, 64, 64, True),
+                                         (F16, tiles.DOT_NATIVE, 64, 64, 64, False),
+                                         (F32, tiles.DOT_IEEE, 64, 32, 64, True),
+                                         (F64, tiles.DOT_SUM, 16, 16, 16, True)):
         yield (f"flash_attn {dt[1:]} causal={causal}", attn,
                {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "O_ptr": dt, "scale": "fp32"},
                dict(CAUSAL=causal, EVEN_D=False, DOT_MODE=mode, TWO_STAGE=True,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd))
     yield ("split_kv fp16 causal", fd._split_kv_kernel,
            {"Q_ptr": F16, "K_ptr": F16, "V_ptr": F16, "OP_ptr": F32, "LSE_ptr": F32, "scale": "fp32"},
-           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=fa.DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
+           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=tiles.DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
                 BLOCK_D=64))
     yield ("merge fp32", fd._merge_kernel, {"OP_ptr": F32, "LSE_ptr": F32, "O_ptr": F16},
            dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64))
