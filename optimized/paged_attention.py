@@ -30,6 +30,34 @@ import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
+from optimized.attention_tiles import RANGE_LOOP
+
+
+@triton.jit
+def _paged_tile(acc, m_i, l_i, q, bt_row, k_head, v_head, t0, end, offs_n, offs_d, d_mask, scale,
+                stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd,
+                PAGE: tl.constexpr):
+    """One tile of BLOCK_N token positions t0 + offs_n of :func:`_paged_decode_kernel`: look
+    each token's block up in the table, load its K/V slot, update the online softmax."""
+    offs_t = t0 + offs_n                                                # (BLOCK_N,) token positions
+    t_mask = offs_t < end
+    phys = tl.load(bt_row + (offs_t // PAGE) * stride_btm, mask=t_mask, other=0).to(tl.int64)
+    slot = offs_t % PAGE
+    kv_mask = t_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_head + phys[:, None] * stride_kn + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
+    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale           # (BLOCK_H, BLOCK_N)
+    s = tl.where(t_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])                                     # (BLOCK_H, BLOCK_N)
+    v = tl.load(v_head + phys[:, None] * stride_vn + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -77,25 +105,18 @@ def _paged_decode_kernel(
     bt_row = BT_ptr + b * stride_btb
     k_head = K_ptr + kvh * stride_kh
     v_head = V_ptr + kvh * stride_vh
-    for t0 in range(start, end, BLOCK_N):
-        offs_t = t0 + offs_n                                                # (BLOCK_N,) token positions
-        t_mask = offs_t < end
-        phys = tl.load(bt_row + (offs_t // PAGE) * stride_btm, mask=t_mask, other=0).to(tl.int64)
-        slot = offs_t % PAGE
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_head + phys[:, None] * stride_kn + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                    mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale           # (BLOCK_H, BLOCK_N)
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])                                     # (BLOCK_H, BLOCK_N)
-        v = tl.load(v_head + phys[:, None] * stride_vn + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                    mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    if RANGE_LOOP:   # compiled code (pipelined) and interpreters that take run-time bounds
+        for t0 in range(start, end, BLOCK_N):
+            acc, m_i, l_i = _paged_tile(acc, m_i, l_i, q, bt_row, k_head, v_head, t0, end, offs_n, offs_d,
+                                        d_mask, scale, stride_btm, stride_kn, stride_ks, stride_kd,
+                                        stride_vn, stride_vs, stride_vd, PAGE)
+    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
+        t0 = start
+        while t0 < end:
+            acc, m_i, l_i = _paged_tile(acc, m_i, l_i, q, bt_row, k_head, v_head, t0, end, offs_n, offs_d,
+                                        d_mask, scale, stride_btm, stride_kn, stride_ks, stride_kd,
+                                        stride_vn, stride_vs, stride_vd, PAGE)
+            t0 += BLOCK_N
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:

@@ -27,6 +27,7 @@ def _variants():
     import optimized.flash_attention as fa
     import optimized.flash_decoding as fd
     import optimized.kv_cache as kc
+    import optimized.paged_attention as pa
 
     attn = fa._flash_attn_fwd_kernel
     # (each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run)
@@ -48,6 +49,16 @@ def _variants():
            {"k_new_ptr": F16, "v_new_ptr": F16, "k_cache_ptr": F16, "v_cache_ptr": F16,
             "start_ptr": "*i64", "count_ptr": "*i64"},
            dict(BLOCK_T=4, BLOCK_KH=128))
+    for dt, acc64, split in ((F16, False, True), (F64, True, False)):
+        yield (f"paged_decode {dt[1:]} split={split}", pa._paged_decode_kernel,
+               {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
+                "OP_ptr": F32, "LSE_ptr": F32, "scale": "fp32"},
+               dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=16, BLOCK_N=32, BLOCK_D=64))
+    yield ("paged merge fp32", pa._paged_merge_kernel, {"OP_ptr": F32, "LSE_ptr": F32, "O_ptr": F16},
+           dict(BLOCK_S=8, BLOCK_D=64))
+    yield ("paged write fp16", pa._write_kv_kernel,
+           {"K_ptr": F16, "V_ptr": F16, "KC_ptr": F16, "VC_ptr": F16, "SLOT_ptr": "*i64"},
+           dict(PAGE=16, BLOCK_HKV=8, BLOCK_D=64))
 
 
 def compile_all() -> dict[str, dict]:
@@ -87,6 +98,8 @@ def test_triton_kernels_compile_for_sm90_with_pipelined_tile_loops(tmp_path):
     for name, v in results.items():
         if name.startswith(("flash_attn", "split_kv")):
             assert v["for"] >= 2 and v["while"] == 0, (name, v)  # two-stage: two key-tile loops
+        if name.startswith("paged_decode"):
+            assert v["for"] >= 1 and v["while"] == 0, (name, v)
 
 
 if __name__ == "__main__":
