@@ -8,7 +8,7 @@ one side), so both sides see the same machine state (load, clocks, neighbours). 
 benchmark, one paired log ratio d_i = ln(median_B,i / median_A,i).
 
 The decision, per benchmark, from the k pairs (same rule as the history gate,
-:func:`reports.gate.judge`):
+:func:`reports.gate.judge_family`):
 
 - ratio r = exp(mean d_i) (geometric mean of the paired ratios), its (1 - alpha) Student-t
   interval, and one-sided one-sample t-test p-values on the d_i (H0: no change), k - 1 degrees
@@ -19,6 +19,10 @@ The decision, per benchmark, from the k pairs (same rule as the history gate,
   pair of revisions, whatever the number of benchmarks (given the model);
 - **regression** (exit 1): r > 1 + threshold and Holm-adjusted p_slower < alpha; **improvement**,
   **noisy**, **ok** as in the history gate.
+
+On ``--device cpu`` the passes time CPU time (``--benchmark-timer=time.process_time``) with one
+intra-op thread (``OMP_NUM_THREADS=1``) by default: on a shared CPU runner, wall time mostly
+measures the neighbours (time slicing); on CUDA they time wall time (``--timer``, ``--threads``).
 
 Its measured error rates on this suite (false alarms on unchanged code, power against an
 injected 15% slowdown) are in ``reports/calibration/gate_calibration.json`` and the report.
@@ -160,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.10, help="practical threshold on the ratio")
     ap.add_argument("--alpha", type=float, default=0.05, help="run-level (family-wise, Holm) significance level")
     ap.add_argument("--max-time", type=float, default=None, help="--benchmark-max-time per pass (cpu 0.2 s, cuda 1 s)")
+    ap.add_argument("--timer", default=None, choices=sorted(TIMERS),
+                    help="pytest-benchmark's timer (default: cpu = process CPU time on --device cpu, wall on cuda)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS of every pass (default 1 on --device cpu, unset on cuda; 0: unset)")
     ap.add_argument("--json", default=None, help="write the passes' medians and the decisions as JSON here")
     a = ap.parse_args(argv)
     if a.pairs < 3:
@@ -171,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         created += [ca] if new_a else []
         cb, new_b = resolve_checkout(a.b, tmp, "b")
         created += [cb] if new_b else []
-        passes = session(ca, cb, a.pairs, workdir=tmp, k=a.k, device=a.device,
+        timer = a.timer or ("wall" if a.device == "cuda" else "cpu")
+        threads = a.threads if a.threads is not None else (0 if a.device == "cuda" else 1)
+        env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        passes = session(ca, cb, a.pairs, workdir=tmp, k=a.k, device=a.device, env_a=env, env_b=env,
+                         args_a=timer_args(timer), args_b=timer_args(timer),
                          max_time=a.max_time or (1.0 if a.device == "cuda" else 0.2))
     except ValueError as exc:
         print(f"ab: {exc}", file=sys.stderr)
@@ -181,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             remove_checkout(c)
         shutil.rmtree(tmp, ignore_errors=True)
     decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
-    print(f"ab: A={a.a} B={a.b}, {a.pairs} pairs (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
+    print(f"ab: A={a.a} B={a.b}, {a.pairs} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
     code = gate.print_decisions(decisions)
     if a.json:
         Path(a.json).write_text(json.dumps({

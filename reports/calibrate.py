@@ -208,6 +208,57 @@ def noise(passes: list[dict], sessions: list[dict]) -> dict:
     return out
 
 
+def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
+    """Per target: the mean and sd of the paired log ratios ln(B / A) in the injected sessions
+    (ln(1.15) = 0.140 when the injection works), as a check of the injection itself."""
+    out = {}
+    for t in targets:
+        d = []
+        for s in sessions:
+            if s["kind"] != "injected":
+                continue
+            lr = ab.paired_log_ratios([{"side": p["side"], "pair": p["pair"],
+                                        "records": [{"fullname": k, "stats": {"median": b["median"]}}
+                                                    for k, b in p["benchmarks"].items()]} for p in s["passes"]])
+            d += next((v for k, v in lr.items() if t in k), [])
+        out[t] = {"pairs": len(d), "mean_ln_ratio": float(np.mean(d)) if d else None,
+                  "sd_ln_ratio": float(np.std(d, ddof=1)) if len(d) > 1 else None}
+    return out
+
+
+def detectable(noise: dict, n_bench: int, *, threshold: float, alpha: float, window: int, pairs: int,
+               fraction: float) -> dict:
+    """From the measured noise, per benchmark: the slowdown each mode catches with 90% power
+    (normal approximation, the worst Holm step alpha / n_bench), and the interleaved pairs the
+    A/B mode would need to catch ``fraction`` with 90% power."""
+    from scipy.stats import norm, t as student
+
+    z90 = float(norm.ppf(0.9))
+    out = {}
+    for name, e in noise.items():
+        row = {}
+        sd_h = e.get("sd_ln_median")
+        if sd_h:
+            se = sd_h * np.sqrt(1 + 1 / window)
+            crit = float(student.ppf(1 - alpha / n_bench, window - 1)) * se
+            row["history_90pct"] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
+        sd_d = e.get("sd_paired_log_ratio")
+        if sd_d:
+            se = sd_d / np.sqrt(pairs)
+            crit = float(student.ppf(1 - alpha / n_bench, pairs - 1)) * se
+            row["ab_90pct"] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
+            need = None
+            for k in range(3, 1001):
+                se_k = sd_d / np.sqrt(k)
+                lhs = max(np.log1p(threshold), float(student.ppf(1 - alpha / n_bench, k - 1)) * se_k) + z90 * se_k
+                if lhs <= np.log1p(fraction):
+                    need = k
+                    break
+            row[f"ab_pairs_for_{fraction:.0%}"] = need
+        out[name] = row
+    return out
+
+
 def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gate.DEFAULT_ALPHA,
             window: int = gate.DEFAULT_WINDOW) -> dict:
     """Measured false-alarm rates and power per mode (see the module docstring)."""
@@ -236,8 +287,11 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
                                         rounds_only=True),
         },
         "noise": noise(passes, sessions),
+        "injected_effect": injected_effect(sessions, targets),
         "sensitivity": [],
     }
+    res["detectable"] = detectable(res["noise"], len(res["benchmarks"]), threshold=threshold, alpha=alpha,
+                                   window=window, pairs=pairs, fraction=res["fraction"] or 0.15)
     for al in (0.01, 0.05):
         for th in (0.05, 0.10):
             row = {"alpha": al, "threshold": th}
@@ -278,10 +332,46 @@ def summary_text(res: dict) -> str:
         lines.append(f"{mode}: false alarms {_fmt(m['false_alarm'])}")
         for t, r in m["power"].items():
             lines.append(f"{mode}: power vs +{res['fraction']:.0%} on {t}: {_fmt(r)}")
+    for t, e in res["injected_effect"].items():
+        if e["mean_ln_ratio"] is not None:
+            lines.append(f"injection check {t}: mean ln(B/A) {e['mean_ln_ratio']:.3f} over {e['pairs']} pairs "
+                         f"(ln(1 + {res['fraction']:g}) = {np.log1p(res['fraction']):.3f})")
+    for n, e in res["detectable"].items():
+        lines.append(f"detectable with 90% power {n}: " + ", ".join(
+            f"{k} {v:.0%}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()))
     for n, e in res["noise"].items():
         lines.append(f"noise {n}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in e.items()))
     return "\n".join(lines)
+
+
+MODE_LABELS = {"history": "history (between-run model)", "ab": "interleaved A/B",
+               "rounds_only": "rounds only (former rule)"}
+
+
+def report_table(path: Path = RESULT) -> dict | None:
+    """The committed calibration as the report shows it: one row per (timer, mode) with the
+    run-level false-alarm rate and the power per injected benchmark, as text with 95%
+    Clopper-Pearson intervals; None when ``path`` is absent or unreadable."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    rows, runs = [], []
+    for res in doc.get("calibrations", []):
+        runs.append({"timer": res["timer"], "subset": res["subset_k"], "benchmarks": len(res["benchmarks"]),
+                     "sessions": res["sessions"], "pairs": res["pairs"], "passes": res["passes"],
+                     "seconds_per_pass": round(res["seconds_per_pass"], 1),
+                     "seconds_per_session": round(res["seconds_per_session"]),
+                     "loadavg": [round(x, 1) for x in res["loadavg_1min"]], "threads": res.get("threads"), "date": res["date"],
+                     "fraction": res["fraction"], "settings": res["settings"]})
+        for mode, m in res["modes"].items():
+            rows.append({"timer": res["timer"], "mode": MODE_LABELS.get(mode, mode),
+                         "false_alarm": _fmt(m["false_alarm"]),
+                         "power": {t.split("::")[-1]: _fmt(r) for t, r in m["power"].items()}})
+    targets = sorted({t for r in rows for t in r["power"]})
+    return {"machine": doc.get("machine", {}), "runs": runs, "rows": rows, "targets": targets,
+            "file": str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else str(path)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,3 +146,31 @@ def test_analyse_counts_false_alarms_and_detections_per_mode():
     assert res["sensitivity"] and "calibration (cpu timer)" in calibrate.summary_text(res)
     with pytest.raises(ValueError, match="no sessions"):
         calibrate.analyse([])
+
+
+def test_report_shows_the_committed_calibration(tmp_path):
+    import json
+
+    from reports import build
+
+    res = calibrate.analyse(_sessions(np.random.default_rng(6), 4), window=3)
+    path = tmp_path / "gate_calibration.json"
+    path.write_text(json.dumps({"machine": {"cpu": "Test CPU", "cores": 2}, "calibrations": [res]}))
+    table = calibrate.report_table(path)
+    assert {r["mode"] for r in table["rows"]} == set(calibrate.MODE_LABELS.values())
+    assert table["targets"] == ["t1"] and "A/A" not in table["rows"][0]["false_alarm"]
+    ctx = build.context([], [], fp=None)
+    ctx["gate_calibration"] = table
+    build.render(ctx, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert "| cpu | interleaved A/B | 0/2 = 0%" in md
+    assert "gate-calibration" in html and "Test CPU" in html
+    assert calibrate.report_table(tmp_path / "absent.json") is None
+
+
+def test_ab_command_rejects_too_few_pairs_and_unknown_revisions(capsys):
+    with pytest.raises(SystemExit):
+        ab.main(["--a", ".", "--b", ".", "--pairs", "2"])
+    assert ab.main(["--a", "no-such-revision-xyz", "--b", "."]) == 2
+    assert "neither a folder nor a git revision" in capsys.readouterr().err
