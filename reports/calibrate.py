@@ -210,9 +210,10 @@ def noise(passes: list[dict], sessions: list[dict]) -> dict:
 
 def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
     """Per target: the mean and sd of the paired log ratios ln(B / A) in the injected sessions
-    (ln(1.15) = 0.140 when the injection works), as a check of the injection itself."""
+    (ln(1.15) = 0.140 when the injection works), as a check of the injection itself; "control":
+    the same over the benchmarks not slowed down, in the same sessions (0 expected)."""
     out = {}
-    for t in targets:
+    for t in targets + ["control"]:
         d = []
         for s in sessions:
             if s["kind"] != "injected":
@@ -220,9 +221,13 @@ def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
             lr = ab.paired_log_ratios([{"side": p["side"], "pair": p["pair"],
                                         "records": [{"fullname": k, "stats": {"median": b["median"]}}
                                                     for k, b in p["benchmarks"].items()]} for p in s["passes"]])
-            d += next((v for k, v in lr.items() if t in k), [])
+            if t == "control":
+                d += [x for k, v in lr.items() if not any(q in k for q in targets) for x in v]
+            else:
+                d += next((v for k, v in lr.items() if t in k), [])
         out[t] = {"pairs": len(d), "mean_ln_ratio": float(np.mean(d)) if d else None,
-                  "sd_ln_ratio": float(np.std(d, ddof=1)) if len(d) > 1 else None}
+                  "sd_ln_ratio": float(np.std(d, ddof=1)) if len(d) > 1 else None,
+                  "se_mean": float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None}
     return out
 
 
@@ -334,7 +339,8 @@ def summary_text(res: dict) -> str:
             lines.append(f"{mode}: power vs +{res['fraction']:.0%} on {t}: {_fmt(r)}")
     for t, e in res["injected_effect"].items():
         if e["mean_ln_ratio"] is not None:
-            lines.append(f"injection check {t}: mean ln(B/A) {e['mean_ln_ratio']:.3f} over {e['pairs']} pairs "
+            lines.append(f"injection check {t}: mean ln(B/A) {e['mean_ln_ratio']:.3f} (se {e['se_mean'] or 0:.3f}) "
+                         f"over {e['pairs']} pairs "
                          f"(ln(1 + {res['fraction']:g}) = {np.log1p(res['fraction']):.3f})")
     for n, e in res["detectable"].items():
         lines.append(f"detectable with 90% power {n}: " + ", ".join(

@@ -144,6 +144,10 @@ def test_analyse_counts_false_alarms_and_detections_per_mode():
     # history mode sees the 20% drift between pairs: the +30% is not always separable from it
     assert res["noise"][NAMES[0]]["sd_ln_median"] > res["noise"][NAMES[0]]["sd_paired_log_ratio"] / 2
     assert res["sensitivity"] and "calibration (cpu timer)" in calibrate.summary_text(res)
+    eff = res["injected_effect"]
+    assert eff["t1"]["mean_ln_ratio"] == pytest.approx(np.log(1.3), abs=0.03)
+    assert abs(eff["control"]["mean_ln_ratio"]) < 0.03 and eff["control"]["pairs"] == 3 * eff["t1"]["pairs"]
+    assert res["detectable"][NAMES[0]]["ab_90pct"] > 0.10
     with pytest.raises(ValueError, match="no sessions"):
         calibrate.analyse([])
 
