@@ -243,7 +243,18 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
             "history": [{"file": p.name, "date": e["fingerprint"].get("date"),
                          "commit": (e["fingerprint"].get("commit") or "")[:10], "n": len(e.get("benchmarks", []))}
                         for p, e in series],
-            "world": world_cards(), "n_rows": len(rows), "n_bench": len(records)}
+            "world": world_cards(), "n_rows": len(rows), "n_bench": len(records),
+            "gate_calibration": gate_calibration()}
+
+
+# ---- the regression gate's measured calibration (reports/calibrate.py owns its content) ----
+def gate_calibration() -> dict | None:
+    """The gate's committed A/A calibration (false alarms, power; ``reports/calibration/``) as
+    :func:`reports.calibrate.report_table` formats it; None when not measured."""
+    from reports.calibrate import report_table
+
+    return report_table()
+# ---- end of the gate's calibration ----
 
 
 def _env():

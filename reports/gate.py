@@ -1,31 +1,42 @@
-"""``python -m reports.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.01]``
+"""``python -m reports.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.05]``
 
-Compare a benchmark run with the stored baseline of the same device model and exit 1 on a
+Compare a benchmark run with the stored history of the same device model and exit 1 on a
 regression. RUN.json is a history entry (``history/<series>/*.json``, written by
 ``python -m reports``) or a pytest-benchmark ``--benchmark-json`` file. The baseline defaults to
 the latest other entry of the run's series in ``history/``; a folder means its latest entry.
 
-The decision, per benchmark, from the rounds' raw samples (seconds per call):
+Runs of unchanged code on one machine differ from each other (load, clocks, caches,
+neighbours) by more than the rounds of one run show: rounds of one run share the machine's
+state. So each benchmark is judged by the **between-run model** when the series holds at least
+``MIN_HISTORY`` (3) earlier entries with it (``--window``, default the last 10 up to the
+baseline): with m_1..m_n the ln(median) of those runs (mean mu, standard deviation s) and x the
+run's ln(median),
 
-- ratio r = median(run) / median(baseline); its (1 - alpha) bootstrap confidence interval
-  [lo, hi] (each sample resampled independently, 2000 resamples, fixed seed);
-  p = one-sided Mann-Whitney U p-value that the run is slower (resp. faster).
+- ratio r = exp(x - mu) (against the history's geometric mean), t = (x - mu) / (s sqrt(1 + 1/n)),
+  one-sided p-values from Student's t with n - 1 degrees of freedom (the run as a new draw
+  from the history's distribution of run medians: a prediction interval), and r's (1 - alpha)
+  interval exp(x - mu +- t_{1-alpha/2} s sqrt(1 + 1/n)).
+
+With fewer entries the benchmark falls back to the **rounds** of the run and of the baseline
+(the former rule, which fails unchanged code often on a shared machine: a warning says so):
+r = median(run) / median(baseline), a bootstrap interval and one-sided Mann-Whitney U p-values.
+
+Family-wise control: the p-values of all the run's benchmarks are adjusted by Holm's step-down
+method, so ``alpha`` (default 0.05) bounds the **run-level** false-alarm rate, the probability
+that the gate fails a run of unchanged code whatever the number of benchmarks, as far as the
+model holds (its measured rate: ``reports/calibration/gate_calibration.json``). Then, per
+benchmark, with p the Holm-adjusted p-value:
+
 - **regression** (exit 1): r > 1 + threshold and p_slower < alpha: larger than the practical
   threshold and statistically significant.
 - **improvement**: r < 1 - threshold and p_faster < alpha: the baseline should be updated.
 - **noisy** (a warning, exit 0): neither of the above, and either the interval reaches past
-  1 + threshold (hi > 1 + threshold: a regression larger than the threshold can be neither shown
-  nor ruled out) or r is beyond the threshold without significance (too few rounds): the run
-  cannot decide; rerun with more rounds (``--benchmark-min-rounds``) or on a quieter machine.
+  1 + threshold (a regression larger than the threshold can be neither shown nor ruled out) or
+  r is beyond the threshold without significance: the run cannot decide.
 - **ok**: otherwise: the interval rules out a slowdown larger than the threshold.
 
-Runs on one machine also differ from each other (load, clocks, caches) by more than the samples
-of one run show. So when the series holds earlier entries (``--window``, default the last 5
-before the run), a significant slowdown is called a regression only if the run's median is
-also beyond the threshold above the slowest of those runs' medians; otherwise it is **noisy**
-("within the run-to-run spread of the history").
-
 Benchmarks only in the run are "new"; only in the baseline, "missing" (neither fails the gate).
+The interleaved A/B mode (:mod:`reports.ab`) applies the same rule to paired passes.
 """
 from __future__ import annotations
 
@@ -40,6 +51,12 @@ import numpy as np
 from reports import bench, env, history
 
 N_BOOT = 2000
+#: Earlier entries of the series the between-run model uses (the last ones before the run).
+DEFAULT_WINDOW = 10
+#: Fewest earlier entries for the between-run model; with fewer the gate falls back to the rounds.
+MIN_HISTORY = 3
+#: Run-level (family-wise) significance level.
+DEFAULT_ALPHA = 0.05
 
 
 @dataclass
@@ -54,22 +71,60 @@ class Decision:
     n_run: int = 0
     n_base: int = 0
     reason: str = ""
+    basis: str = ""  # between-run | rounds | pairs
 
 
-def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, threshold: float = 0.10,
-            alpha: float = 0.01, name: str = "", seed: int = 0) -> Decision:
-    """Decide whether ``run`` is a regression against ``base`` (samples in seconds per call).
+@dataclass
+class Test:
+    """One benchmark's evidence: the ratio (run / reference), its interval, one-sided p-values."""
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_slower: float
+    p_faster: float
+    n_run: int
+    n_base: int
+    basis: str  # "between-run" | "rounds" | "pairs"
+    detail: str = ""
 
-    Raises ValueError when a sample list is empty or holds a non-positive or non-finite time.
+
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error control, any dependence).
+
+    p_(i) sorted ascending, adjusted_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)); reject where
+    adjusted < alpha. Raises ValueError for a p-value outside [0, 1] or not finite.
+    Source: S. Holm, "A simple sequentially rejective multiple test procedure", Scand. J. Stat. 1979.
     """
+    p = np.asarray(pvalues, dtype=float)
+    if p.size and (not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1))):
+        raise ValueError(f"p-values must be finite and in [0, 1], got {p.tolist()}")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adj[i] = running
+    return adj
+
+
+def _positive(label: str, x: np.ndarray) -> None:
+    if x.size == 0:
+        raise ValueError(f"{label} samples are empty")
+    if not np.all(np.isfinite(x)) or np.any(x <= 0):
+        raise ValueError(f"{label} samples must be finite positive times")
+
+
+def rounds_test(base, run, *, alpha: float = 0.05, seed: int = 0) -> Test:
+    """Evidence from the rounds of one run against one baseline (seconds per call): median
+    ratio, its (1 - alpha) bootstrap interval (each sample resampled, N_BOOT resamples, fixed
+    seed), one-sided Mann-Whitney U p-values (1.0 with fewer than 2 samples a side).
+    Raises ValueError when a sample list is empty or holds a non-positive or non-finite time."""
     from scipy.stats import mannwhitneyu
 
     b, r = np.asarray(base, dtype=float), np.asarray(run, dtype=float)
-    for label, x in (("base", b), ("run", r)):
-        if x.size == 0:
-            raise ValueError(f"{label} samples are empty")
-        if not np.all(np.isfinite(x)) or np.any(x <= 0):
-            raise ValueError(f"{label} samples must be finite positive times")
+    _positive("base", b)
+    _positive("run", r)
     ratio = float(np.median(r) / np.median(b))
     rng = np.random.default_rng(seed)
     rb = np.median(b[rng.integers(0, b.size, (N_BOOT, b.size))], axis=1)
@@ -80,23 +135,99 @@ def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, th
         p_fast = float(mannwhitneyu(r, b, alternative="less").pvalue)
     else:
         p_slow = p_fast = 1.0
-    d = Decision(name, "ok", ratio, lo, hi, p_slow, p_fast, int(r.size), int(b.size))
-    pct = f"{(ratio - 1) * 100:+.1f}%"
-    if ratio > 1 + threshold and p_slow < alpha:
+    return Test(ratio, lo, hi, p_slow, p_fast, int(r.size), int(b.size), "rounds",
+                f"{r.size} vs {b.size} rounds")
+
+
+def history_test(run_median: float, history_medians, *, alpha: float = 0.05) -> Test:
+    """Evidence from the between-run model: the run's median against the medians of n >= 2
+    earlier runs of the series (seconds), on the log scale, Student's t prediction interval
+    with n - 1 degrees of freedom (see the module docstring).
+    Raises ValueError with fewer than 2 history medians or a non-positive time."""
+    from scipy.stats import t as student
+
+    h = np.asarray(history_medians, dtype=float)
+    _positive("history", h)
+    _positive("run", np.asarray([run_median], dtype=float))
+    if h.size < 2:
+        raise ValueError(f"history_medians needs at least 2 runs, got {h.size}")
+    lh = np.log(h)
+    mu, sd, n = float(lh.mean()), float(lh.std(ddof=1)), int(h.size)
+    diff = float(np.log(run_median)) - mu
+    se = max(sd, 1e-12) * np.sqrt(1 + 1 / n)
+    tstat = diff / se
+    q = float(student.ppf(1 - alpha / 2, n - 1))
+    return Test(float(np.exp(diff)), float(np.exp(diff - q * se)), float(np.exp(diff + q * se)),
+                float(student.sf(tstat, n - 1)), float(student.cdf(tstat, n - 1)), 1, n, "between-run",
+                f"vs the geometric mean of {n} earlier runs, between-run sd {sd:.1%}")
+
+
+def log_ratio_test(log_ratios, *, alpha: float = 0.05, label: str = "pairs") -> Test:
+    """Evidence from k >= 2 paired log ratios ln(B / A) (interleaved A/B passes): r =
+    exp(mean), Student's t interval and one-sided one-sample t-test p-values, k - 1 degrees of
+    freedom. Raises ValueError with fewer than 2 ratios or a non-finite one."""
+    from scipy.stats import t as student
+
+    d = np.asarray(log_ratios, dtype=float)
+    if d.size < 2 or not np.all(np.isfinite(d)):
+        raise ValueError(f"log_ratios needs at least 2 finite values, got {d.tolist()}")
+    k, mean, sd = int(d.size), float(d.mean()), float(d.std(ddof=1))
+    se = max(sd, 1e-12) / np.sqrt(k)
+    tstat = mean / se
+    q = float(student.ppf(1 - alpha / 2, k - 1))
+    return Test(float(np.exp(mean)), float(np.exp(mean - q * se)), float(np.exp(mean + q * se)),
+                float(student.sf(tstat, k - 1)), float(student.cdf(tstat, k - 1)), k, k, label,
+                f"{k} interleaved pairs, sd of the paired log ratios {sd:.3f}")
+
+
+def decide(name: str, t: Test, p_slow: float, p_fast: float, *, threshold: float, alpha: float,
+           family: int = 1) -> Decision:
+    """The threshold-and-significance rule on one benchmark's evidence ``t``, with its
+    (Holm-adjusted, when ``family`` > 1) p-values."""
+    d = Decision(name, "ok", t.ratio, t.ci_low, t.ci_high, p_slow, p_fast, t.n_run, t.n_base, basis=t.basis)
+    pct = f"{(t.ratio - 1) * 100:+.1f}%"
+    padj = "Holm-adjusted over {} benchmarks ".format(family) if family > 1 else ""
+    spread = " (within the run-to-run spread)" if t.basis == "between-run" else ""
+    test = {"rounds": "Mann-Whitney", "between-run": "between-run t", "pairs": "paired t"}.get(t.basis, t.basis)
+    if t.ratio > 1 + threshold and p_slow < alpha:
         d.status, d.reason = "regression", (f"median {pct} (> {threshold:.0%}), significant "
-                                            f"(Mann-Whitney p={p_slow:.2g} < {alpha:g})")
-    elif ratio < 1 - threshold and p_fast < alpha:
-        d.status, d.reason = "improvement", (f"median {pct}, significant (p={p_fast:.2g}): "
+                                            f"({test}, {padj}p={p_slow:.2g} < {alpha:g}; {t.detail})")
+    elif t.ratio < 1 - threshold and p_fast < alpha:
+        d.status, d.reason = "improvement", (f"median {pct}, significant ({padj}p={p_fast:.2g}): "
                                              f"update the baseline")
-    elif hi > 1 + threshold:
+    elif abs(t.ratio - 1) > threshold:
+        d.status, d.reason = "noisy", (f"median {pct} beyond {threshold:.0%} but not significant{spread} "
+                                       f"({test}, {padj}p={min(p_slow, p_fast):.2g}; {t.detail}): cannot decide")
+    elif t.ci_high > 1 + threshold:
         d.status, d.reason = "noisy", (f"median {pct}, but the {1 - alpha:.0%} interval of the ratio "
-                                       f"[{lo:.3f}, {hi:.3f}] reaches past {1 + threshold:.2f}: cannot decide")
-    elif abs(ratio - 1) > threshold:
-        d.status, d.reason = "noisy", (f"median {pct} beyond {threshold:.0%} but not significant "
-                                       f"(p={min(p_slow, p_fast):.2g}, {r.size} vs {b.size} rounds): cannot decide")
+                                       f"[{t.ci_low:.3f}, {t.ci_high:.3f}] reaches past {1 + threshold:.2f}"
+                                       f"{spread} ({t.detail}): cannot decide")
     else:
-        d.reason = f"median {pct}, interval [{lo:.3f}, {hi:.3f}] rules out a slowdown > {threshold:.0%}"
+        d.reason = (f"median {pct}, interval [{t.ci_low:.3f}, {t.ci_high:.3f}] rules out a slowdown "
+                    f"> {threshold:.0%} ({t.detail})")
     return d
+
+
+def judge_family(names: list[str], tests: list[Test], *, threshold: float = 0.10,
+                 alpha: float = DEFAULT_ALPHA) -> list[Decision]:
+    """Decisions for a family of benchmarks: Holm-adjusted p-values (slower and faster each),
+    then :func:`decide`; ``alpha`` is the family-wise (run-level) level."""
+    if not tests:
+        return []
+    ps, pf = holm([t.p_slower for t in tests]), holm([t.p_faster for t in tests])
+    return [decide(n, t, float(a), float(b), threshold=threshold, alpha=alpha, family=len(tests))
+            for n, t, a, b in zip(names, tests, ps, pf)]
+
+
+def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, threshold: float = 0.10,
+            alpha: float = DEFAULT_ALPHA, name: str = "", seed: int = 0) -> Decision:
+    """Decide whether ``run`` is a regression against ``base`` from their rounds (seconds per
+    call), one benchmark alone (no family adjustment).
+
+    Raises ValueError when a sample list is empty or holds a non-positive or non-finite time.
+    """
+    t = rounds_test(base, run, alpha=alpha, seed=seed)
+    return decide(name, t, t.p_slower, t.p_faster, threshold=threshold, alpha=alpha)
 
 
 def _samples(rec: dict) -> list[float]:
@@ -147,34 +278,38 @@ def history_medians(entries: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = 0.01,
-         history: list[dict] | None = None) -> list[Decision]:
+def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAULT_ALPHA,
+         history: list[dict] | None = None, min_history: int = MIN_HISTORY) -> list[Decision]:
     """Decide every benchmark of ``run`` against ``base``; ``history`` (earlier entries of the
-    series, the baseline included) widens the regression rule by the run-to-run spread."""
+    series, the baseline included, oldest first): benchmarks with at least ``min_history`` of
+    them are judged by the between-run model, the others by the rounds against ``base``.
+    Holm's method over all judged benchmarks makes ``alpha`` the run-level level."""
     base_by = {b["fullname"]: b for b in base.get("benchmarks", [])}
-    spread = history_medians(history or [])
-    out: list[Decision] = []
+    meds = history_medians(history or [])
+    names, tests, out = [], [], []
     seen = set()
     for rec in run.get("benchmarks", []):
         name = rec["fullname"]
         seen.add(name)
         rs, b = _samples(rec), base_by.get(name)
-        if b is None or not _samples(b) or not rs:
+        h = meds.get(name, [])
+        run_med = (rec.get("stats") or {}).get("median") or (float(np.median(rs)) if rs else None)
+        if run_med and len(h) >= max(2, min_history):
+            tests.append(history_test(float(run_med), h, alpha=alpha))
+        elif b is not None and _samples(b) and rs:
+            tests.append(rounds_test(_samples(b), rs, alpha=alpha))
+        else:
             out.append(Decision(name, "new", reason="no baseline samples for this benchmark"))
             continue
-        d = compare(_samples(b), rs, threshold=threshold, alpha=alpha, name=name)
-        meds = spread.get(name, [])
-        if d.status == "regression" and len(meds) >= 2:
-            run_med = float(np.median(rs))
-            if run_med <= max(meds) * (1 + threshold):
-                d.status = "noisy"
-                d.reason += (f"; but within the run-to-run spread of the last {len(meds)} runs "
-                             f"(slowest median {max(meds) / float(np.median(_samples(b))):.2f}x the baseline's): cannot decide")
-        out.append(d)
+        names.append(name)
+    decided = {d.name: d for d in judge_family(names, tests, threshold=threshold, alpha=alpha)}
+    order = [rec["fullname"] for rec in run.get("benchmarks", [])]
+    new = {d.name: d for d in out}
+    result = [decided.get(n) or new[n] for n in order]
     for name in base_by:
         if name not in seen:
-            out.append(Decision(name, "missing", reason="in the baseline, not in this run"))
-    return out
+            result.append(Decision(name, "missing", reason="in the baseline, not in this run"))
+    return result
 
 
 def ceiling_drift(run: dict, base: dict) -> dict[str, float]:
@@ -194,15 +329,38 @@ def ceiling_drift(run: dict, base: dict) -> dict[str, float]:
     return out
 
 
+def print_decisions(decisions: list[Decision], out=None) -> int:
+    """Print one line per decision and the counts; returns the exit code (1 on a regression)."""
+    out = out or sys.stdout
+    width = max([len(d.name) for d in decisions] + [10])
+    for d in decisions:
+        ratio = f"{d.ratio:.3f}" if d.ratio is not None else "-"
+        print(f"  {d.status.upper():<12} {d.name:<{width}} ratio {ratio:>6}  {d.reason}", file=out)
+    counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement", "noisy", "ok", "new", "missing")}
+    print("gate: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), file=out)
+    rounds = sum(d.basis == "rounds" for d in decisions)
+    if rounds:
+        print(f"gate: WARNING: {rounds} benchmark(s) judged from the rounds of one run against one baseline "
+              f"(fewer than {MIN_HISTORY} earlier entries in the series): that test does not see the variance "
+              f"between runs and fails unchanged code far more often than alpha on a shared machine "
+              f"(reports/calibration/gate_calibration.json); commit more baseline runs or use python -m reports.ab",
+              file=out)
+    if counts["noisy"]:
+        print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)", file=out)
+    return 1 if counts["regression"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reports.gate", description=__doc__.split("\n\n")[1])
     ap.add_argument("run", help="history entry or pytest-benchmark JSON of the run to judge")
     ap.add_argument("--baseline", default=None, help="baseline entry, or folder (its latest entry)")
     ap.add_argument("--threshold", type=float, default=0.10, help="practical threshold on the median ratio")
-    ap.add_argument("--alpha", type=float, default=0.01, help="significance level")
+    ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                    help="run-level (family-wise, Holm) significance level")
     ap.add_argument("--history", default=str(history.HISTORY), help="history folder")
-    ap.add_argument("--window", type=int, default=5,
-                    help="earlier entries of the series whose spread widens the regression rule (0: none)")
+    ap.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                    help=f"earlier entries of the series (up to the baseline) for the between-run model; "
+                         f"fewer than {MIN_HISTORY}: the rounds only (0: never use the history)")
     ap.add_argument("--json", default=None, help="also write the decisions as JSON here")
     a = ap.parse_args(argv)
     run_path = Path(a.run)
@@ -226,13 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                     pass
         earlier = earlier[-a.window:]
     decisions = gate(run, base, threshold=a.threshold, alpha=a.alpha, history=earlier)
-    print(f"gate: run {run_path} vs baseline {bpath} (threshold {a.threshold:.0%}, alpha {a.alpha:g})")
-    width = max([len(d.name) for d in decisions] + [10])
-    for d in decisions:
-        ratio = f"{d.ratio:.3f}" if d.ratio is not None else "-"
-        print(f"  {d.status.upper():<12} {d.name:<{width}} ratio {ratio:>6}  {d.reason}")
-    counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement", "noisy", "ok", "new", "missing")}
-    print("gate: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    print(f"gate: run {run_path} vs baseline {bpath} (threshold {a.threshold:.0%}, run-level alpha "
+          f"{a.alpha:g}, Holm; {len(earlier)} earlier entries for the between-run model)")
+    code = print_decisions(decisions)
+    counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement")}
     drift = {k: v for k, v in ceiling_drift(run, base).items() if abs(v) > a.threshold}
     if drift:
         print("gate: WARNING: the machine's measured ceilings changed since the baseline ("
@@ -240,14 +395,12 @@ def main(argv: list[str] | None = None) -> int:
               + "): the machine may be busier or different; read the verdicts with care"
               + (" (the two were measured with different sizes: quick vs full)"
                  if (run.get("ceilings") or {}).get("quick") != (base.get("ceilings") or {}).get("quick") else ""))
-    if counts["noisy"]:
-        print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)")
     if counts["improvement"]:
         print(f"gate: improvements beyond {a.threshold:.0%}: update the baseline "
               f"(commit this run into history/{run['series']}/)")
     if a.json:
         Path(a.json).write_text(json.dumps([asdict(d) for d in decisions], indent=1))
-    return 1 if counts["regression"] else 0
+    return code
 
 
 if __name__ == "__main__":

@@ -121,3 +121,90 @@ def test_run_to_run_spread_of_the_history_widens_the_rule():
     d = gate.gate(run, jumpy[-1], history=jumpy)[0]
     assert d.status == "noisy" and "run-to-run spread" in d.reason
     assert gate.gate(run, jumpy[-1])[0].status == "regression"  # without history: samples only
+
+
+# ------------------------------------------------------------- between-run model, family-wise
+def test_holm_adjusts_step_down_and_rejects_bad_pvalues():
+    adj = gate.holm([0.01, 0.04, 0.03])
+    assert adj.tolist() == pytest.approx([0.03, 0.06, 0.06])
+    assert gate.holm([0.5]).tolist() == [0.5] and gate.holm([]).size == 0
+    with pytest.raises(ValueError, match="p-values"):
+        gate.holm([0.1, 1.5])
+
+
+def _run_entry(medians: dict[str, float], n: int = 20, spread: float = 0.02, seed: int = 0) -> dict:
+    recs = []
+    for i, (name, m) in enumerate(medians.items()):
+        data = [float(x) for x in _samples(m, spread, n=n, seed=seed * 1000 + i)]
+        recs.append({"fullname": name, "stats": {"median": float(np.median(data))}, "data": data})
+    return {"benchmarks": recs}
+
+
+def test_between_run_model_needs_enough_history_else_falls_back_to_rounds():
+    hist = [_run_entry({"b": 1e-3}, seed=s) for s in range(2)]
+    d = gate.gate(_run_entry({"b": 1.2e-3}, seed=9), hist[-1], history=hist)[0]
+    assert d.basis == "rounds"
+    hist = [_run_entry({"b": 1e-3 * (1 + 0.01 * s)}, seed=s) for s in range(4)]
+    d = gate.gate(_run_entry({"b": 1.2e-3}, seed=9), hist[-1], history=hist)[0]
+    assert d.basis == "between-run" and d.status == "regression" and d.n_base == 4
+
+
+def test_history_test_is_a_prediction_interval_on_log_medians():
+    h = [1.0, 1.1, 0.9, 1.05, 0.95]
+    t = gate.history_test(1.0, h, alpha=0.05)
+    mu = np.mean(np.log(h))
+    assert t.ratio == pytest.approx(np.exp(-mu)) and t.ci_low < 1 < t.ci_high
+    assert t.p_slower == pytest.approx(1 - t.p_faster)
+    # a run twice as slow as a history with 7% spread: far outside the prediction interval
+    assert gate.history_test(2.0, h).p_slower < 1e-3
+    with pytest.raises(ValueError, match="at least 2"):
+        gate.history_test(1.0, [1.0])
+
+
+def _simulated_runs(rng, n_runs: int, n_bench: int, between: float, within: float, slow: dict | None = None):
+    """n_runs runs of n_bench benchmarks: each run shifts every benchmark by its own between-run
+    factor (shared machine state within the run), and its 10 rounds add within-run noise."""
+    runs = []
+    for _ in range(n_runs):
+        shift = rng.normal(0, between, n_bench)
+        recs = []
+        for j in range(n_bench):
+            m = 1e-3 * np.exp(shift[j]) * (1 + (slow or {}).get(j, 0.0))
+            data = m * np.exp(rng.normal(0, within, 10))
+            recs.append({"fullname": f"b{j}", "stats": {"median": float(np.median(data))}, "data": data.tolist()})
+        runs.append({"benchmarks": recs})
+    return runs
+
+
+def test_family_wise_false_alarm_rate_is_controlled_where_the_rounds_rule_is_not():
+    """27 benchmarks, 5% between-run noise, 1% within-run: the rounds rule (which sees only the
+    1%) fails most unchanged runs; the between-run model with Holm stays near alpha."""
+    rng = np.random.default_rng(0)
+    trials, fa_model, fa_rounds = 100, 0, 0
+    for i in range(trials):
+        runs = _simulated_runs(rng, 11, 27, between=0.05, within=0.01)
+        hist, run = runs[:10], runs[10]
+        fa_model += any(d.status == "regression" for d in gate.gate(run, hist[-1], history=hist))
+        if i < 20:  # the bootstrap of the rounds rule is the slow part
+            fa_rounds += any(d.status == "regression" for d in gate.gate(run, hist[-1]))
+    assert fa_rounds / 20 > 0.5
+    assert fa_model / trials <= 0.10  # alpha 0.05 plus Monte-Carlo slack (100 trials)
+
+
+def test_between_run_model_catches_a_15_percent_slowdown_on_a_quiet_machine():
+    rng = np.random.default_rng(1)
+    trials, caught = 100, 0
+    for _ in range(trials):
+        runs = _simulated_runs(rng, 11, 6, between=0.02, within=0.01, slow=None)
+        slow = _simulated_runs(rng, 1, 6, between=0.02, within=0.01, slow={2: 0.15})[0]
+        ds = {d.name: d.status for d in gate.gate(slow, runs[9], history=runs[:10])}
+        caught += ds["b2"] == "regression"
+    assert caught / trials >= 0.9
+
+
+def test_rounds_fallback_warns_in_the_command_output(tmp_path, capsys):
+    h = tmp_path / "history"
+    history.append(_entry("2026-01-01T00:00:00Z", "a" * 40, {"t1": 1e-3}), h)
+    run = history.append(_entry("2026-01-02T00:00:00Z", "b" * 40, {"t1": 1e-3}), h)
+    gate.main([str(run), "--history", str(h)])
+    assert "judged from the rounds of one run" in capsys.readouterr().out

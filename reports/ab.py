@@ -1,0 +1,208 @@
+"""``python -m reports.ab --a REV_OR_DIR --b REV_OR_DIR [--pairs 5] [-k EXPR]``: interleaved A/B runs.
+
+The strongest design for a change under review: the benchmarks of two revisions (git revisions,
+checked out with ``git worktree``, or two checkout folders) run alternately in one session,
+A B B A A B B A ... (each pair's order alternates, so a drift within the session does not favour
+one side), so both sides see the same machine state (load, clocks, neighbours). Each pass is one
+``pytest benchmarks --benchmark-enable`` process of one side; a pair of passes gives, per
+benchmark, one paired log ratio d_i = ln(median_B,i / median_A,i).
+
+The decision, per benchmark, from the k pairs (same rule as the history gate,
+:func:`reports.gate.judge_family`):
+
+- ratio r = exp(mean d_i) (geometric mean of the paired ratios), its (1 - alpha) Student-t
+  interval, and one-sided one-sample t-test p-values on the d_i (H0: no change), k - 1 degrees
+  of freedom: the pairs are the independent units, so the variance between passes (processes)
+  is what the test sees, not only the rounds inside one pass;
+- the p-values of all benchmarks are adjusted by Holm's step-down method, so ``alpha`` is the
+  **run-level** (family-wise) false-alarm rate: the probability that the gate fails an unchanged
+  pair of revisions, whatever the number of benchmarks (given the model);
+- **regression** (exit 1): r > 1 + threshold and Holm-adjusted p_slower < alpha; **improvement**,
+  **noisy**, **ok** as in the history gate.
+
+On ``--device cpu`` the passes time CPU time (``--benchmark-timer=time.process_time``) with one
+intra-op thread (``OMP_NUM_THREADS=1``) by default: on a shared CPU runner, wall time mostly
+measures the neighbours (time slicing); on CUDA they time wall time (``--timer``, ``--threads``).
+
+Its measured error rates on this suite (false alarms on unchanged code, power against an
+injected 15% slowdown) are in ``reports/calibration/gate_calibration.json`` and the report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from reports import bench
+from reports.env import ROOT
+
+DEFAULT_PAIRS = 5
+#: pytest-benchmark timers: CPU time of the process (insensitive to time slicing by neighbours on
+#: a shared CPU runner; for CPU benchmarks with one intra-op thread) or wall time (GPUs).
+TIMERS = {"cpu": "time.process_time", "wall": "time.perf_counter"}
+
+
+def timer_args(timer: str) -> list[str]:
+    """pytest arguments selecting ``timer`` ("cpu" or "wall"); ValueError otherwise."""
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {sorted(TIMERS)}, got {timer!r}")
+    return [f"--benchmark-timer={TIMERS[timer]}"]
+
+
+def resolve_checkout(spec: str, tmp: Path, label: str, repo: Path = ROOT) -> tuple[Path, bool]:
+    """A checkout folder for ``spec``: an existing folder as is, else a git revision of ``repo``
+    checked out (detached) with ``git worktree add`` under ``tmp``. Returns (path, created).
+
+    Raises ValueError when ``spec`` is neither a folder nor a revision git knows.
+    """
+    p = Path(spec)
+    if p.is_dir():
+        return p.resolve(), False
+    r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ValueError(f"--{label}: {spec!r} is neither a folder nor a git revision of {repo}")
+    dest = tmp / label
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(dest), r.stdout.strip()],
+                   check=True)
+    return dest, True
+
+
+def remove_checkout(path: Path, repo: Path = ROOT) -> None:
+    subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
+
+
+def run_pass(checkout: Path, out_json: Path, *, k: str | None = None, device: str = "cpu",
+             max_time: float = 0.2, min_rounds: int = 5, env: dict | None = None,
+             pytest_args: list[str] | None = None, quiet: bool = True, ceilings: bool = False) -> list[dict]:
+    """One pass: ``pytest benchmarks --benchmark-enable`` in ``checkout`` (its code first on
+    PYTHONPATH), in a fresh process; returns the benchmark records (:func:`reports.bench.records`),
+    [] when none ran. ``ceilings``: the pass also writes its quick ceilings next to ``out_json``
+    (needs ``-p reports.inject`` in ``pytest_args``; see :mod:`reports.inject`)."""
+    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
+           f"--benchmark-json={out_json}", f"--benchmark-max-time={max_time}",
+           f"--benchmark-min-rounds={min_rounds}", f"--device={device}"]
+    if k:
+        cmd += ["-k", k]
+    cmd += pytest_args or []
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(checkout) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e.update(env or {})
+    if ceilings:
+        e["BENCH_CEILINGS_OUT"] = str(Path(out_json).with_suffix(".ceilings.json"))
+    subprocess.run(cmd, cwd=checkout, env=e, stdout=subprocess.DEVNULL if quiet else None,
+                   stderr=subprocess.DEVNULL if quiet else None)
+    return bench.records(out_json)
+
+
+def medians(records: list[dict]) -> dict[str, float]:
+    return {r["fullname"]: float(r["stats"]["median"]) for r in records
+            if (r.get("stats") or {}).get("median")}
+
+
+def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_a: dict | None = None,
+            env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
+            log=print, **pass_kw) -> list[dict]:
+    """Run ``pairs`` pairs of passes, A B, B A, A B, ...; returns one dict per pass:
+    {"side", "pair", "start", "seconds", "records", "ceilings"}."""
+    passes = []
+    for i in range(pairs):
+        order = ("a", "b") if i % 2 == 0 else ("b", "a")
+        for side in order:
+            t0 = time.time()
+            recs = run_pass(a if side == "a" else b, workdir / f"pass{i}{side}.json",
+                            env=env_a if side == "a" else env_b, pytest_args=args_a if side == "a" else args_b,
+                            **pass_kw)
+            ceil = workdir / f"pass{i}{side}.ceilings.json"
+            passes.append({"side": side, "pair": i, "start": t0, "seconds": time.time() - t0, "records": recs,
+                           "ceilings": json.loads(ceil.read_text()) if ceil.exists() else None})
+            log(f"ab: pair {i + 1}/{pairs} side {side.upper()}: {len(recs)} benchmarks in {time.time() - t0:.0f} s")
+    return passes
+
+
+def paired_log_ratios(passes: list[dict]) -> dict[str, list[float]]:
+    """benchmark fullname -> [ln(median_B / median_A) per pair], for benchmarks in both passes of a pair."""
+    by_pair: dict[int, dict[str, dict[str, float]]] = {}
+    for p in passes:
+        by_pair.setdefault(p["pair"], {})[p["side"]] = medians(p["records"])
+    out: dict[str, list[float]] = {}
+    for i in sorted(by_pair):
+        ma, mb = by_pair[i].get("a", {}), by_pair[i].get("b", {})
+        for name in ma.keys() & mb.keys():
+            out.setdefault(name, []).append(float(np.log(mb[name] / ma[name])))
+    return out
+
+
+def decide(passes: list[dict], *, threshold: float = 0.10, alpha: float = 0.05):
+    """Decisions (:class:`reports.gate.Decision`) per benchmark from interleaved passes."""
+    from reports import gate
+
+    d = paired_log_ratios(passes)
+    names = sorted(d)
+    return gate.judge_family(names, [gate.log_ratio_test(d[n], label="pairs") for n in names],
+                             threshold=threshold, alpha=alpha)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from reports import gate
+
+    ap = argparse.ArgumentParser(prog="python -m reports.ab", description=__doc__.split("\n\n")[1])
+    ap.add_argument("--a", required=True, help="baseline side: a git revision or a checkout folder")
+    ap.add_argument("--b", required=True, help="candidate side: a git revision or a checkout folder")
+    ap.add_argument("--pairs", type=int, default=DEFAULT_PAIRS, help="pairs of passes (>= 3; more: more power)")
+    ap.add_argument("-k", dest="k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--threshold", type=float, default=0.10, help="practical threshold on the ratio")
+    ap.add_argument("--alpha", type=float, default=0.05, help="run-level (family-wise, Holm) significance level")
+    ap.add_argument("--max-time", type=float, default=None, help="--benchmark-max-time per pass (cpu 0.2 s, cuda 1 s)")
+    ap.add_argument("--timer", default=None, choices=sorted(TIMERS),
+                    help="pytest-benchmark's timer (default: cpu = process CPU time on --device cpu, wall on cuda)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS of every pass (default 1 on --device cpu, unset on cuda; 0: unset)")
+    ap.add_argument("--json", default=None, help="write the passes' medians and the decisions as JSON here")
+    a = ap.parse_args(argv)
+    if a.pairs < 3:
+        ap.error("--pairs must be >= 3 (the t-test on the paired ratios has pairs - 1 degrees of freedom)")
+    tmp = Path(tempfile.mkdtemp(prefix="ab-"))
+    created = []
+    try:
+        ca, new_a = resolve_checkout(a.a, tmp, "a")
+        created += [ca] if new_a else []
+        cb, new_b = resolve_checkout(a.b, tmp, "b")
+        created += [cb] if new_b else []
+        timer = a.timer or ("wall" if a.device == "cuda" else "cpu")
+        threads = a.threads if a.threads is not None else (0 if a.device == "cuda" else 1)
+        env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        passes = session(ca, cb, a.pairs, workdir=tmp, k=a.k, device=a.device, env_a=env, env_b=env,
+                         args_a=timer_args(timer), args_b=timer_args(timer),
+                         max_time=a.max_time or (1.0 if a.device == "cuda" else 0.2))
+    except ValueError as exc:
+        print(f"ab: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for c in created:
+            remove_checkout(c)
+        shutil.rmtree(tmp, ignore_errors=True)
+    decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
+    print(f"ab: A={a.a} B={a.b}, {a.pairs} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
+    code = gate.print_decisions(decisions)
+    if a.json:
+        Path(a.json).write_text(json.dumps({
+            "a": a.a, "b": a.b, "pairs": a.pairs, "threshold": a.threshold, "alpha": a.alpha,
+            "passes": [{"side": p["side"], "pair": p["pair"], "seconds": p["seconds"], "medians": medians(p["records"])}
+                       for p in passes],
+            "decisions": [asdict(d) for d in decisions]}, indent=1))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""``python -m reports.calibrate collect|analyse``: the gate's own test of calibration (A/A runs).
+
+Not part of CI (it takes about an hour on a 2-core machine). Two steps:
+
+``collect`` runs interleaved sessions (:func:`reports.ab.session`) of this checkout against
+itself, alternating two kinds: **A/A** (both sides unchanged code) and **injected** (side B with a
+``(1 + fraction)`` slowdown of one benchmark, :mod:`reports.inject`). Every pass is one
+``pytest benchmarks --benchmark-enable`` process on a small subset (``-k``); each pass also
+records the machine's quick ceilings. The passes are appended, one session per line, to a JSON
+lines file.
+
+``analyse`` reads that file and measures, with 95% Clopper-Pearson intervals
+(``scipy.stats.binomtest(...).proportion_ci(method="exact")``):
+
+- **history mode** (:func:`reports.gate.gate` with the default window): every unchanged pass,
+  in time order, judged against the ``window`` unchanged passes before it (as a CI job judges
+  its run against the series' last entries): the run-level false-alarm rate (share of runs with
+  at least one "regression"); every injected pass judged the same way against the unchanged
+  passes before it: the power (share where the injected benchmark is a "regression");
+- **rounds only** (the former rule: one baseline, the rounds' Mann-Whitney test, no between-run
+  model), for comparison, on the same passes;
+- **A/B mode** (:func:`reports.ab.decide`): each A/A session's false alarm and each injected
+  session's detection;
+- the between-run noise: per benchmark, the standard deviation of ln(median) over the unchanged
+  passes, raw and normalised by the pass's own measured ceilings (copy bandwidth, float32 matmul
+  peak), to see whether normalising by machine speed helps.
+
+The result (``reports/calibration/gate_calibration.json``) is committed; the report shows it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from reports import ab, gate, inject
+from reports.env import ROOT
+
+CAL_DIR = ROOT / "reports" / "calibration"
+RESULT = CAL_DIR / "gate_calibration.json"
+#: The committed raw passes, one file per timer.
+RAWS = (CAL_DIR / "passes_cpu.jsonl", CAL_DIR / "passes_wall.jsonl")
+#: The subset of benchmarks the calibration runs (well under a minute per pass on 2 CPU cores).
+DEFAULT_K = "bench_decode or prefill[128-naive-64 or prefill[128-torch-64"
+#: The benchmarks slowed down in the injected sessions: one of the quieter ones and the noisiest
+#: one of the subset (a pilot's between-pass spread: about 5% and 30% on the shared 2-core machine).
+DEFAULT_TARGETS = ("test_bench_prefill[128-naive-64-causal]", "test_bench_decode[2048-B1H8-torch]")
+KEEP_SAMPLES = 60
+
+
+def _compact(records: list[dict]) -> dict[str, dict]:
+    out = {}
+    for r in records:
+        med = (r.get("stats") or {}).get("median")
+        if not med:
+            continue
+        data = r.get("data") or []
+        if len(data) > KEEP_SAMPLES:
+            step = len(data) / KEEP_SAMPLES
+            data = [data[int(i * step)] for i in range(KEEP_SAMPLES)]
+        out[r["fullname"]] = {"median": float(f"{med:.5g}"), "data": [float(f"{x:.4g}") for x in data],
+                              "injected": (r.get("extra_info") or {}).get("injected_slowdown", 0.0)}
+    return out
+
+
+def collect(sessions: int, pairs: int, k: str, targets: list[str], fraction: float, out: Path,
+            device: str = "cpu", threads: int | None = 1, timer: str = "cpu", log=print) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = ["-p", "reports.inject"] + ab.timer_args(timer)
+    for s in range(sessions):
+        kind = "aa" if s % 2 == 0 else "injected"
+        env_a = {inject.ENV: ""}
+        env_b = {inject.ENV: ",".join(f"{t}={fraction}" for t in targets) if kind == "injected" else ""}
+        if threads:
+            env_a["OMP_NUM_THREADS"] = env_b["OMP_NUM_THREADS"] = str(threads)
+        t0 = time.time()
+        with tempfile.TemporaryDirectory(prefix="calib-") as tmp:
+            passes = ab.session(ROOT, ROOT, pairs, workdir=Path(tmp), env_a=env_a, env_b=env_b,
+                                args_a=args, args_b=args, k=k, device=device, ceilings=True, log=log)
+        doc = {"session": s, "kind": kind, "pairs": pairs, "k": k, "targets": list(targets), "threads": threads, "timer": timer,
+               "fraction": fraction if kind == "injected" else 0.0, "start": t0, "seconds": time.time() - t0,
+               "loadavg": os.getloadavg(), "passes": [
+                   {"side": p["side"], "pair": p["pair"], "start": p["start"], "seconds": p["seconds"],
+                    "ceilings": p["ceilings"], "benchmarks": _compact(p["records"])} for p in passes]}
+        with out.open("a") as f:
+            f.write(json.dumps(doc) + "\n")
+        log(f"calibrate: session {s + 1}/{sessions} ({kind}) in {time.time() - t0:.0f} s")
+
+
+def load_raw(path: Path) -> list[dict]:
+    """The sessions of a ``collect`` JSON lines file, oldest first."""
+    out = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return sorted(out, key=lambda d: d["start"])
+
+
+def rate(hits: int, n: int) -> dict:
+    """hits / n with its 95% Clopper-Pearson (exact binomial) interval; None rate when n == 0."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return {"hits": 0, "n": 0, "rate": None, "ci95": None}
+    ci = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="exact")
+    return {"hits": int(hits), "n": int(n), "rate": hits / n, "ci95": [float(ci.low), float(ci.high)]}
+
+
+def _entry(benchmarks: dict[str, dict]) -> dict:
+    """A pass's compact benchmarks as a history-like entry the gate reads."""
+    return {"benchmarks": [{"fullname": n, "stats": {"median": b["median"]}, "data": b["data"]}
+                           for n, b in benchmarks.items()]}
+
+
+def passes_in_order(sessions: list[dict]) -> list[dict]:
+    """Every pass of every session, oldest first, with ``injected`` (the B side of an injected
+    session) and the session's index and kind."""
+    out = []
+    for s in sessions:
+        for p in s["passes"]:
+            out.append(dict(p, session=s["session"], kind=s["kind"],
+                            injected=s["kind"] == "injected" and p["side"] == "b"))
+    return sorted(out, key=lambda p: p["start"])
+
+
+def history_mode(passes: list[dict], targets: list[str], *, threshold: float, alpha: float, window: int,
+                 rounds_only: bool = False) -> dict:
+    """Each pass judged against the ``window`` unchanged passes before it (between-run model),
+    or, ``rounds_only``, against the one unchanged pass before it by the rounds (former rule)."""
+    clean: list[dict] = []
+    fa, n_fa = 0, 0
+    caught = {t: 0 for t in targets}
+    n_inj = 0
+    false_in_injected = 0
+    need = 1 if rounds_only else window
+    for p in passes:
+        if len(clean) >= need:
+            hist = [_entry(q["benchmarks"]) for q in clean[-window:]]
+            decisions = gate.gate(_entry(p["benchmarks"]), hist[-1], threshold=threshold, alpha=alpha,
+                                  history=None if rounds_only else hist)
+            regressed = {d.name for d in decisions if d.status == "regression"}
+            if p["injected"]:
+                n_inj += 1
+                for t in targets:
+                    caught[t] += any(t in name for name in regressed)
+                false_in_injected += any(not any(t in name for t in targets) for name in regressed)
+            else:
+                n_fa += 1
+                fa += bool(regressed)
+        if not p["injected"]:
+            clean.append(p)
+    return {"false_alarm": rate(fa, n_fa), "power": {t: rate(caught[t], n_inj) for t in targets},
+            "other_regressions_in_injected_runs": rate(false_in_injected, n_inj)}
+
+
+def ab_mode(sessions: list[dict], targets: list[str], *, threshold: float, alpha: float,
+            pairs: int | None = None) -> dict:
+    """Each A/A session's false alarm and each injected session's detection (first ``pairs`` pairs)."""
+    fa = n_fa = n_inj = false_in_injected = 0
+    caught = {t: 0 for t in targets}
+    for s in sessions:
+        ps = [{"side": p["side"], "pair": p["pair"],
+               "records": [{"fullname": n, "stats": {"median": b["median"]}} for n, b in p["benchmarks"].items()]}
+              for p in s["passes"] if pairs is None or p["pair"] < pairs]
+        regressed = {d.name for d in ab.decide(ps, threshold=threshold, alpha=alpha) if d.status == "regression"}
+        if s["kind"] == "aa":
+            n_fa += 1
+            fa += bool(regressed)
+        else:
+            n_inj += 1
+            for t in targets:
+                caught[t] += any(t in name for name in regressed)
+            false_in_injected += any(not any(t in name for t in targets) for name in regressed)
+    return {"false_alarm": rate(fa, n_fa), "power": {t: rate(caught[t], n_inj) for t in targets},
+            "other_regressions_in_injected_runs": rate(false_in_injected, n_inj)}
+
+
+def noise(passes: list[dict], sessions: list[dict]) -> dict:
+    """Per benchmark: sd of ln(median) over the unchanged passes, raw and normalised by the
+    pass's own copy bandwidth and float32 matmul peak; sd of the paired log ratios of the A/A
+    sessions (the noise the A/B mode sees, for one pair)."""
+    clean = [p for p in passes if not p["injected"]]
+    names = sorted(set().union(*(p["benchmarks"] for p in clean))) if clean else []
+    out = {}
+    for n in names:
+        rows = [(p["benchmarks"][n]["median"], p.get("ceilings") or {}) for p in clean if n in p["benchmarks"]]
+        lm = np.log([m for m, _ in rows])
+        entry = {"passes": len(rows), "sd_ln_median": float(np.std(lm, ddof=1))}
+        for key, get in (("copy", lambda c: c.get("copy_bytes_per_s")),
+                         ("matmul_float32", lambda c: (c.get("matmul_flops_per_s") or {}).get("float32"))):
+            v = [(m, get(c)) for m, c in rows if get(c)]
+            if len(v) >= 3:
+                entry[f"sd_ln_median_x_{key}"] = float(np.std([np.log(m) + np.log(x) for m, x in v], ddof=1))
+        d = []
+        for s in sessions:
+            if s["kind"] != "aa":
+                continue
+            d += ab.paired_log_ratios([{"side": p["side"], "pair": p["pair"],
+                                        "records": [{"fullname": k, "stats": {"median": b["median"]}}
+                                                    for k, b in p["benchmarks"].items()]} for p in s["passes"]]).get(n, [])
+        if len(d) >= 3:
+            entry["sd_paired_log_ratio"] = float(np.std(d, ddof=1))
+        out[n] = entry
+    return out
+
+
+def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
+    """Per target: the mean and sd of the paired log ratios ln(B / A) in the injected sessions
+    (ln(1.15) = 0.140 when the injection works), as a check of the injection itself; "control":
+    the same over the benchmarks not slowed down, in the same sessions (0 expected)."""
+    out = {}
+    for t in targets + ["control"]:
+        d = []
+        for s in sessions:
+            if s["kind"] != "injected":
+                continue
+            lr = ab.paired_log_ratios([{"side": p["side"], "pair": p["pair"],
+                                        "records": [{"fullname": k, "stats": {"median": b["median"]}}
+                                                    for k, b in p["benchmarks"].items()]} for p in s["passes"]])
+            if t == "control":
+                d += [x for k, v in lr.items() if not any(q in k for q in targets) for x in v]
+            else:
+                d += next((v for k, v in lr.items() if t in k), [])
+        out[t] = {"pairs": len(d), "mean_ln_ratio": float(np.mean(d)) if d else None,
+                  "sd_ln_ratio": float(np.std(d, ddof=1)) if len(d) > 1 else None,
+                  "se_mean": float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None}
+    return out
+
+
+def detectable(noise: dict, n_bench: int, *, threshold: float, alpha: float, window: int, pairs: int,
+               fraction: float) -> dict:
+    """From the measured noise, per benchmark: the slowdown each mode catches with 90% power
+    (normal approximation, the worst Holm step alpha / n_bench), and the interleaved pairs the
+    A/B mode would need to catch ``fraction`` with 90% power."""
+    from scipy.stats import norm, t as student
+
+    z90 = float(norm.ppf(0.9))
+    out = {}
+    for name, e in noise.items():
+        row = {}
+        sd_h = e.get("sd_ln_median")
+        if sd_h:
+            se = sd_h * np.sqrt(1 + 1 / window)
+            crit = float(student.ppf(1 - alpha / n_bench, window - 1)) * se
+            row["history_90pct"] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
+        sd_d = e.get("sd_paired_log_ratio")
+        if sd_d:
+            se = sd_d / np.sqrt(pairs)
+            crit = float(student.ppf(1 - alpha / n_bench, pairs - 1)) * se
+            row["ab_90pct"] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
+            need = None
+            for k in range(3, 1001):
+                se_k = sd_d / np.sqrt(k)
+                lhs = max(np.log1p(threshold), float(student.ppf(1 - alpha / n_bench, k - 1)) * se_k) + z90 * se_k
+                if lhs <= np.log1p(fraction):
+                    need = k
+                    break
+            row[f"ab_pairs_for_{fraction:.0%}"] = need
+        out[name] = row
+    return out
+
+
+def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gate.DEFAULT_ALPHA,
+            window: int = gate.DEFAULT_WINDOW) -> dict:
+    """Measured false-alarm rates and power per mode (see the module docstring)."""
+    if not sessions:
+        raise ValueError("no sessions to analyse")
+    targets = sessions[0]["targets"]
+    passes = passes_in_order(sessions)
+    pairs = max(s["pairs"] for s in sessions)
+    res = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "python -m reports.calibrate collect; python -m reports.calibrate analyse",
+        "subset_k": sessions[0]["k"], "benchmarks": sorted({n for p in passes for n in p["benchmarks"]}),
+        "timer": sessions[0].get("timer", "wall"), "targets": targets, "fraction": max(s["fraction"] for s in sessions), "threads": sessions[0].get("threads"),
+        "sessions": {"aa": sum(s["kind"] == "aa" for s in sessions),
+                     "injected": sum(s["kind"] == "injected" for s in sessions)},
+        "pairs": pairs, "passes": len(passes),
+        "seconds_per_pass": float(np.median([p["seconds"] for p in passes])),
+        "seconds_per_session": float(np.median([s["seconds"] for s in sessions])),
+        "loadavg_1min": [float(min(s["loadavg"][0] for s in sessions)), float(max(s["loadavg"][0] for s in sessions))],
+        "settings": {"threshold": threshold, "alpha": alpha, "window": window, "min_history": gate.MIN_HISTORY,
+                     "family": "Holm over the run's benchmarks; alpha = run-level family-wise level"},
+        "modes": {
+            "history": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window),
+            "ab": ab_mode(sessions, targets, threshold=threshold, alpha=alpha),
+            "rounds_only": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window,
+                                        rounds_only=True),
+        },
+        "noise": noise(passes, sessions),
+        "injected_effect": injected_effect(sessions, targets),
+        "sensitivity": [],
+    }
+    res["detectable"] = detectable(res["noise"], len(res["benchmarks"]), threshold=threshold, alpha=alpha,
+                                   window=window, pairs=pairs, fraction=res["fraction"] or 0.15)
+    for al in (0.01, 0.05):
+        for th in (0.05, 0.10):
+            row = {"alpha": al, "threshold": th}
+            h = history_mode(passes, targets, threshold=th, alpha=al, window=window)
+            row["history"] = {"false_alarm": h["false_alarm"]["rate"], "power": {t: v["rate"] for t, v in h["power"].items()}}
+            for k in sorted({3, pairs}):
+                if k <= pairs:
+                    m = ab_mode(sessions, targets, threshold=th, alpha=al, pairs=k)
+                    row[f"ab_{k}_pairs"] = {"false_alarm": m["false_alarm"]["rate"],
+                                            "power": {t: v["rate"] for t, v in m["power"].items()}}
+            res["sensitivity"].append(row)
+    return res
+
+
+def _cpu_name() -> str:
+    try:
+        from benchmarks.ceilings import _cpu_name as name
+
+        return name()
+    except Exception:  # noqa: BLE001 - a name is only a label
+        return platform.machine()
+
+
+def _fmt(r: dict) -> str:
+    if r["rate"] is None:
+        return "n/a (no runs)"
+    return f"{r['hits']}/{r['n']} = {r['rate']:.0%} [95% CI {r['ci95'][0]:.0%}, {r['ci95'][1]:.0%}]"
+
+
+def summary_text(res: dict) -> str:
+    lines = [f"calibration ({res['timer']} timer): subset -k {res['subset_k']!r}, {res['sessions']['aa']} A/A + "
+             f"{res['sessions']['injected']} injected sessions of {res['pairs']} pairs, "
+             f"{res['passes']} passes ({res['seconds_per_pass']:.0f} s each), injected "
+             f"+{res['fraction']:.0%} into {', '.join(res['targets'])}",
+             f"settings: threshold {res['settings']['threshold']:.0%}, run-level alpha {res['settings']['alpha']:g} "
+             f"(Holm), window {res['settings']['window']}"]
+    for mode, m in res["modes"].items():
+        lines.append(f"{mode}: false alarms {_fmt(m['false_alarm'])}")
+        for t, r in m["power"].items():
+            lines.append(f"{mode}: power vs +{res['fraction']:.0%} on {t}: {_fmt(r)}")
+    for t, e in res["injected_effect"].items():
+        if e["mean_ln_ratio"] is not None:
+            lines.append(f"injection check {t}: mean ln(B/A) {e['mean_ln_ratio']:.3f} (se {e['se_mean'] or 0:.3f}) "
+                         f"over {e['pairs']} pairs "
+                         f"(ln(1 + {res['fraction']:g}) = {np.log1p(res['fraction']):.3f})")
+    for n, e in res["detectable"].items():
+        lines.append(f"detectable with 90% power {n}: " + ", ".join(
+            f"{k} {v:.0%}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()))
+    for n, e in res["noise"].items():
+        lines.append(f"noise {n}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in e.items()))
+    return "\n".join(lines)
+
+
+MODE_LABELS = {"history": "history (between-run model)", "ab": "interleaved A/B",
+               "rounds_only": "rounds only (former rule)"}
+
+
+def report_table(path: Path = RESULT) -> dict | None:
+    """The committed calibration as the report shows it: one row per (timer, mode) with the
+    run-level false-alarm rate and the power per injected benchmark, as text with 95%
+    Clopper-Pearson intervals; None when ``path`` is absent or unreadable."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    rows, runs = [], []
+    for res in doc.get("calibrations", []):
+        runs.append({"timer": res["timer"], "subset": res["subset_k"], "benchmarks": len(res["benchmarks"]),
+                     "sessions": res["sessions"], "pairs": res["pairs"], "passes": res["passes"],
+                     "seconds_per_pass": round(res["seconds_per_pass"], 1),
+                     "seconds_per_session": round(res["seconds_per_session"]),
+                     "loadavg": [round(x, 1) for x in res["loadavg_1min"]], "threads": res.get("threads"), "date": res["date"],
+                     "fraction": res["fraction"], "settings": res["settings"]})
+        for mode, m in res["modes"].items():
+            rows.append({"timer": res["timer"], "mode": MODE_LABELS.get(mode, mode),
+                         "false_alarm": _fmt(m["false_alarm"]),
+                         "power": {t.split("::")[-1]: _fmt(r) for t, r in m["power"].items()}})
+    targets = sorted({t for r in rows for t in r["power"]})
+    return {"machine": doc.get("machine", {}), "runs": runs, "rows": rows, "targets": targets,
+            "file": str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else str(path)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reports.calibrate", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="run A/A and injected interleaved sessions, append them to RAW")
+    c.add_argument("--sessions", type=int, default=20, help="sessions, alternately A/A and injected")
+    c.add_argument("--pairs", type=int, default=ab.DEFAULT_PAIRS)
+    c.add_argument("-k", dest="k", default=DEFAULT_K, help="pytest -k expression: the benchmark subset")
+    c.add_argument("--target", action="append", default=None,
+                   help="node id (substring) of a benchmark slowed down (repeatable; default: DEFAULT_TARGETS)")
+    c.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every pass (0: torch's default)")
+    c.add_argument("--fraction", type=float, default=0.15, help="injected slowdown")
+    c.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    c.add_argument("--timer", default="cpu", choices=["cpu", "wall"],
+                   help="pytest-benchmark's timer: process CPU time (time.process_time) or wall time")
+    c.add_argument("--raw", default=None, help="JSON lines file to append to (default: passes_<timer>.jsonl)")
+    a_ = sub.add_parser("analyse", help="measure false alarms and power from the raw files, write the result JSON")
+    a_.add_argument("--raw", action="append", default=None, help="raw JSON lines file (repeatable; default: RAWS)")
+    a_.add_argument("--out", default=str(RESULT))
+    a_.add_argument("--threshold", type=float, default=0.10)
+    a_.add_argument("--alpha", type=float, default=gate.DEFAULT_ALPHA)
+    a_.add_argument("--window", type=int, default=gate.DEFAULT_WINDOW)
+    a = ap.parse_args(argv)
+    if a.cmd == "collect":
+        collect(a.sessions, a.pairs, a.k, a.target or list(DEFAULT_TARGETS), a.fraction,
+                Path(a.raw or CAL_DIR / f"passes_{a.timer}.jsonl"), a.device, a.threads or None, a.timer)
+        return 0
+    results = []
+    for raw in a.raw or [str(p) for p in RAWS if p.exists()]:
+        res = analyse(load_raw(Path(raw)), threshold=a.threshold, alpha=a.alpha, window=a.window)
+        res["raw"] = Path(raw).name
+        results.append(res)
+        print(summary_text(res) + "\n")
+    doc = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count()}, "calibrations": results}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
