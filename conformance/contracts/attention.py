@@ -174,5 +174,7 @@ CONTRACT = Contract(
         "drops_last_key": "properties.zoo_attention:drops_last_key",
         "ignores_scale": "properties.zoo_attention:ignores_scale",
         "split_no_rescale": "properties.zoo_attention:split_no_rescale",
+        "scaled_two_percent": "properties.zoo_attention:scaled_two_percent",
+        "accumulates_in_16bit": "properties.zoo_attention:accumulates_in_16bit",
     },
 )
