@@ -237,8 +237,14 @@ def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> in
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * torch.empty((), dtype=dtype).element_size() * tokens
 
 
+#: Llama's KV heads and head dim (8 × 128): the append kernel tiles T in blocks of
+#: 4096 // 1024 = 4 tokens, so a 9-token prompt spans three blocks (at the drawn shapes, one).
+LLAMA_KV_SHAPE = Case(n_layers=1, n_heads=8, n_kv_heads=8, head_dim=128, seed=5, prompt_lens=(9, 6), steps=2)
+
+
 @settings(max_examples=examples(6))
 @example(case=PINNED)
+@example(case=LLAMA_KV_SHAPE)
 @given(case=cases())
 def law_cache_holds_exactly_the_tokens(impl, dtype, device, case):
     cfg = case.cfg()
@@ -279,7 +285,7 @@ def test_cache_holds_exactly_the_tokens(impl, dtype, device):
 
 @pytest.mark.technique(TECH)
 @pytest.mark.claim("KV-4")
-@pytest.mark.kills("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached")
+@pytest.mark.kills("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached", "append_no_block_offset")
 def test_cache_holds_exactly_the_tokens_rejects(bad_impl, device):
     expect_rejected(law_cache_holds_exactly_the_tokens, bad_impl, torch.float64, device)
 

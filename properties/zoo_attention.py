@@ -122,3 +122,51 @@ def accumulates_in_16bit(q, k, v, *, causal, scale):
         acc = (acc.float() * alpha + p @ vf[:, :, j:j + ACC16_BLOCK_N]).to(dt)
         m = m_new.to(dt)
     return (acc.float() / l.float()).to(dt)
+
+
+# ------------------------------------------------------- bugs at a boundary class of the shapes
+def split_batch_stride_zero(q, k, v, *, causal, scale, num_splits: int = 2):
+    """A split-KV kernel whose merge writes every sequence at batch stride 0: each sequence's
+    merged output lands on sequence 0's rows (the last one written wins) and the other
+    sequences' rows are never written (here: zeros). Right whenever B = 1."""
+    validate(q, k, v, causal, scale)
+    full = _attend(q, k, v, causal=causal, scale=scale)                   # (B, Hq, Tq, D)
+    out = torch.zeros_like(full)
+    out[0] = full[-1]                                                    # BUG: out + 0 * stride_ob
+    return out
+
+
+#: Tile size of :func:`diagonal_tile_unmasked`.
+DIAG_TILE = 32
+
+
+def _diag_unmasked_mask(Tq, Tk, device):
+    """The causal mask with the diagonal tile left unmasked when the tile divides Tk exactly
+    (the kernel's "every tile is whole" fast path forgets that the diagonal tile is partial)."""
+    m = causal_mask(Tq, Tk, device)
+    if Tk % DIAG_TILE:
+        return m
+    row = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)          # the row's last visible key
+    col = torch.arange(Tk, device=device)[None, :]
+    return m | (col // DIAG_TILE == row // DIAG_TILE)
+
+
+def diagonal_tile_unmasked(q, k, v, *, causal, scale):
+    """Causal attention whose kernel skips the mask on the diagonal tile when the tile (32)
+    divides the length exactly: Tq = Tk = 64 lets row 0 see keys 0..31."""
+    return _attend(q, k, v, causal=causal, scale=scale, mask=_diag_unmasked_mask)
+
+
+def sdpa_is_causal_always(q, k, v, *, causal, scale):
+    """The torch backend before its fix: ``scaled_dot_product_attention(is_causal=True)``
+    whenever Tq == Tk, whatever the scale. PyTorch's CPU kernel then returns NaN for a negative
+    scale (float64, float32; torch 2.11 and 2.13) and wrong values in bfloat16."""
+    import torch.nn.functional as F
+
+    shape = validate(q, k, v, causal, scale)
+    kf = k.repeat_interleave(shape.group, dim=1)
+    vf = v.repeat_interleave(shape.group, dim=1)
+    if causal and shape.Tq == shape.Tk:
+        return F.scaled_dot_product_attention(q, kf, vf, is_causal=True, scale=float(scale))
+    mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None
+    return F.scaled_dot_product_attention(q, kf, vf, attn_mask=mask, scale=float(scale))
