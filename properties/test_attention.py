@@ -43,7 +43,8 @@ from properties.attention_cases import (
 from reference import attention as ref
 
 ZOO_ALL = ("no_max_subtract", "top_left_causal", "gqa_modulo", "drops_last_key", "ignores_scale",
-           "split_no_rescale", "diagonal_tile_unmasked", "sdpa_is_causal_always", "split_batch_stride_zero")
+           "split_no_rescale", "diagonal_tile_unmasked", "sdpa_is_causal_always", "split_batch_stride_zero",
+           "scale_rounded_to_float32")
 #: Bugs whose error stays within a few 16-bit ulps (or vanishes in float64): rejected in bfloat16.
 ZOO_16BIT = ("scaled_two_percent", "accumulates_in_16bit", "drops_last_key")
 

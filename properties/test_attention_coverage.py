@@ -116,3 +116,39 @@ def test_fa3_every_dispatch_configuration(device, dtype):
             check_against_reference(out, q, k, v, case, what=f"flash_attention, tiles {bm}x{bn}, D={D}")
     finally:
         tiles.TWO_STAGE_OVERRIDE = saved
+
+
+# ------------------------------------------------- float64 on a GPU: no scale rounded to float32
+class _Capture:
+    """Stands in for a Triton kernel: records the arguments of every launch, then launches."""
+
+    def __init__(self, kernel, seen):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.extend(list(args) + list(kwargs.values()))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.technique("attention")
+@pytest.mark.claim("FA-3")
+def test_float64_kernels_hand_no_float_argument_that_float32_would_round(device, monkeypatch):
+    """Compiled Triton types a Python float kernel argument as float32: a float64 call must not
+    pass the scale that way (the interpreter keeps the Python float, so only the launch
+    arguments show it). The outputs are exact too."""
+    fa = pytest.importorskip("optimized.flash_attention")
+    fd = pytest.importorskip("optimized.flash_decoding")
+    seen = []
+    for mod, name in ((fa, "_flash_attn_fwd_kernel"), (fd, "_split_kv_kernel"), (fd, "_merge_kernel")):
+        monkeypatch.setattr(mod, name, _Capture(getattr(mod, name), seen))
+    case = Case(B=2, Hq=2, Hkv=1, Tq=5, Tk=40, D=59, causal=True, scale=0.3 / 59 ** 0.5)
+    q, k, v = make_inputs(case, 9, torch.float64, device)
+    for out in (fa.flash_attention(q, k, v, causal=True, scale=case.scale),
+                fd.flash_decoding(q, k, v, causal=True, scale=case.scale, num_splits=3)):
+        check_against_reference(out, q, k, v, case, what="float64 kernel output")
+    floats = [a for a in seen if isinstance(a, float)]
+    assert floats, "no float argument recorded"
+    rounded = [a for a in floats if float(torch.tensor(a, dtype=torch.float32)) != a]
+    assert not rounded, f"float64 kernels were handed floats that float32 rounds: {rounded}"

@@ -170,3 +170,9 @@ def sdpa_is_causal_always(q, k, v, *, causal, scale):
         return F.scaled_dot_product_attention(q, kf, vf, is_causal=True, scale=float(scale))
     mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None
     return F.scaled_dot_product_attention(q, kf, vf, attn_mask=mask, scale=float(scale))
+
+
+def scale_rounded_to_float32(q, k, v, *, causal, scale):
+    """The scale rounded to float32 before use, as a compiled Triton kernel does with a Python
+    float argument: invisible in 16-bit and float32, ~1e-8 relative in float64."""
+    return _attend(q, k, v, causal=causal, scale=float(torch.tensor(float(scale), dtype=torch.float32)))

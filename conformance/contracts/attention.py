@@ -19,6 +19,13 @@ bfloat16 (q, k, v of one dtype, on one device; any strides). An implementation m
 "unsupported", never as a pass. Invalid arguments raise ``TypeError`` (wrong type or dtype) or
 ``ValueError`` (wrong shape, device or value) naming the argument (:func:`validate`).
 
+Scale: any finite real number, negative and zero included, whose magnitude the scores' dtype
+can hold (float64 for float64 inputs, float32 for the others: |scale| <= 3.4e38; larger ones,
+such as 1e40 with float32 inputs, raise ValueError naming ``scale``). Implementations must apply
+it in that precision: a float64 call whose scale is rounded to float32 (what compiled Triton does
+with a Python float kernel argument) is wrong by ~1e-8 and fails. When finite scores
+(scale · q·k) exceed the float32 range for non-float64 inputs, the result is unspecified.
+
 Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`conformance.contracts.glossary`.
 
 Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
@@ -103,6 +110,11 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
         raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
     if not math.isfinite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if abs(float(scale)) > torch.finfo(acc).max:
+        raise ValueError(f"scale must be representable in {str(acc).replace('torch.', '')}, the dtype the "
+                         f"scores of {str(q.dtype).replace('torch.', '')} inputs are computed in "
+                         f"(|scale| <= {torch.finfo(acc).max:.4g}), got {scale}")
     if causal and Tq > Tk:
         raise ValueError(f"causal attention needs Tq <= Tk (bottom-right mask), got Tq={Tq}, Tk={Tk}")
     return AttentionShape(B, Hq, Hkv, Tq, Tk, D)
@@ -179,6 +191,7 @@ CONTRACT = Contract(
         "split_batch_stride_zero": "properties.zoo_attention:split_batch_stride_zero",
         "diagonal_tile_unmasked": "properties.zoo_attention:diagonal_tile_unmasked",
         "sdpa_is_causal_always": "properties.zoo_attention:sdpa_is_causal_always",
+        "scale_rounded_to_float32": "properties.zoo_attention:scale_rounded_to_float32",
     },
 )
 
