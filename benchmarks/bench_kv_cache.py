@@ -151,9 +151,11 @@ def test_kv3_generation_with_and_without_cache(benchmark, impl, device):
     results.record("KV-3", measured=t_cache[b] / t_cache[a], lecture="≈ 2× when the length doubles",
                    unit=f"time ratio with the cache, {a} -> {b} tokens",
                    holds=bool(t_cache[b] / t_cache[a] < 3), trend_rule="< 3 (linear, not quadratic)")
+    # the lecture's figure is at 512 tokens: judged there only (the short CPU run records the figure)
+    verdict = (dict(holds=bool(t_plain[b] / t_cache[b] >= 7.7), trend_rule=">= 7.7 at 512 tokens (the lecture's figure)")
+               if b == 512 else {})
     results.record("KV-3", measured=t_plain[b] / t_cache[b], lecture="7.7× faster at 512 tokens",
-                   unit=f"speed-up of the cache at {b} tokens",
-                   holds=bool(t_plain[b] / t_cache[b] > 2), trend_rule="> 2")
+                   unit=f"speed-up of the cache at {b} tokens", **verdict)
 
 
 # ----------------------------------------------------------------------------------------- AI-9
@@ -208,5 +210,5 @@ def test_ai9_batch_scaling(benchmark, impl, device):
                    trend_rule="< 16 (a quarter of the batch growth)", **figures)
     results.record("AI-9", measured=throughput[256] / throughput[64],
                    lecture="throughput saturates; on the lecture's CPU B=256 is slower than B=64 (< 1)",
-                   unit="throughput B=256 / B=64", holds=bool(throughput[256] / throughput[64] < 3),
-                   trend_rule="< 3 (4x the batch, clearly sub-linear)")
+                   unit="throughput B=256 / B=64", holds=bool(throughput[256] / throughput[64] <= 1.25),
+                   trend_rule="<= 1.25: saturated (4x the batch buys at most 25% more throughput)")

@@ -188,6 +188,16 @@ def fixed_blocks(dtype: torch.dtype, D: int, Tq: int | None = None) -> tuple[int
     return bm, bn
 
 
+def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+    """(q, scale) to hand the kernels. Compiled Triton types a Python float argument as float32,
+    so for float64 inputs the scale is folded into q on the host, in float64 (q · scale, then a
+    kernel scale of exactly 1.0); other dtypes compute their scores in float32 anyway and keep
+    ``float(scale)``."""
+    if q.dtype == torch.float64:
+        return q * float(scale), 1.0
+    return q, float(scale)
+
+
 def check_device(q: torch.Tensor) -> None:
     """The kernels need CUDA tensors, or CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
     if q.device.type != "cuda" and not triton_interpreted():

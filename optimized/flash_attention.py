@@ -27,7 +27,7 @@ import triton.language as tl
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
 from optimized.attention_tiles import (DOT_NATIVE, DOT_SUM, attn_tiles, block_d, check_device, dot_mode,
-                                       fixed_blocks, two_stage)
+                                       fixed_blocks, fold_scale, two_stage)
 from optimized.flash_decoding import flash_decoding
 
 @triton.jit
@@ -150,6 +150,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     check_device(q)
     mode = dot_mode(q.dtype)
     _check_blocks(block_m, block_n, mode)
+    q, scale = fold_scale(q, scale)
     out = torch.empty(shape.B, shape.Hq, shape.Tq, shape.D, dtype=q.dtype, device=q.device)
     BLOCK_D = block_d(shape.D)
     args = (q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(),

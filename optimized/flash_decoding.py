@@ -22,7 +22,8 @@ import triton.language as tl
 
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import DOT_SUM, attn_tiles, block_d, check_device, dot_mode, fixed_blocks, two_stage
+from optimized.attention_tiles import (DOT_SUM, attn_tiles, block_d, check_device, dot_mode, fixed_blocks, fold_scale,
+                                       two_stage)
 
 
 @triton.jit
@@ -169,6 +170,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
     mode = dot_mode(q.dtype)
+    q, scale = fold_scale(q, scale)
     BLOCK_D = block_d(shape.D)
     bm, bn, warps, stages = _blocks(q.dtype, shape.D, shape.Tq)
     if num_splits is None:

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import RANGE_LOOP
+from optimized.attention_tiles import RANGE_LOOP, fold_scale
 
 
 @triton.jit
@@ -237,6 +237,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _check_device(q, "q")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    q, scale = fold_scale(q, scale)                                          # float64: scale into q
     max_len = int(seq_lens.max())
     BLOCK_H, BLOCK_N, BLOCK_D = _tiles(q.dtype, shape.group, shape.D)
     per = _tokens_per_split(shape.B, shape.Hkv, max_len, BLOCK_N, q.device, num_splits)
@@ -254,7 +255,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, block_table, seq_lens, out, o_part, lse,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
         *o_part.stride(), *lse.stride(),
-        shape.Hkv, shape.D, shape.group, per, float(scale),
+        shape.Hkv, shape.D, shape.group, per, scale,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     if S > 1:

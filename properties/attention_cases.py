@@ -73,7 +73,8 @@ COST_BUDGET = 36
 
 def fit_budget(case: Case) -> Case:
     """``case`` shrunk (batch, then heads, then query length) until its interpreter cost is
-    within COST_BUDGET: for Triton kernels run under the interpreter, which cost ~5 ms a unit."""
+    within COST_BUDGET: for Triton kernels run under the interpreter, which cost ~5 ms a unit.
+    Tk is never shrunk: a case whose keys alone exceed the budget runs with Tq = 1."""
     B, hq, hkv, Tq = case.B, case.Hq, case.Hkv, case.Tq
     if interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET:
         B = 1
@@ -81,7 +82,7 @@ def fit_budget(case: Case) -> Case:
         hq, hkv = (hq // hkv, 1) if hkv > 1 else (hq, hkv)
     while interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET and hq > 1:
         hq, hkv = hq - 1, 1
-    while interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET:
+    while interpreter_cost(B, hq, Tq, case.Tk) > COST_BUDGET and Tq > 1:
         Tq = max(1, Tq // 2)
     return dataclasses.replace(case, B=B, Hq=hq, Hkv=hkv, Tq=Tq)
 
@@ -172,16 +173,13 @@ def run_law(law, *args, **kwargs):
 
 
 def check_against_reference(out, q, k, v, case: Case, what: str = "attention output"):
-    """The tolerance policy: out vs the float64 naive reference (out_ref) and, for 16-bit
-    outputs, the naive same-dtype computation (out_pt)."""
+    """The tolerance policy: out vs the float64 naive reference (out_ref) of the same inputs
+    (16-bit outputs: element by element against out_ref rounded to their dtype)."""
     assert out.shape == q.shape, f"output shape {tuple(out.shape)} != q's {tuple(q.shape)}"
     assert out.dtype == q.dtype, f"output dtype {out.dtype} != q's {q.dtype}"
     assert out.device == q.device, f"output on {out.device}, inputs on {q.device}"
     out_ref = ref.attention_naive(q, k, v, causal=case.causal, scale=case.scale, dtype=torch.float64)
-    out_pt = None
-    if q.dtype in (torch.float16, torch.bfloat16):
-        out_pt = ref.attention_naive(q, k, v, causal=case.causal, scale=case.scale)
-    return assert_close(out, out_ref, out_pt=out_pt, what=what)
+    return assert_close(out, out_ref, what=what)
 
 
 # explicit examples run first in every profile: together they break every zoo entry

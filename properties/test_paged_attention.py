@@ -13,6 +13,7 @@ head dims 64..256).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -139,6 +140,11 @@ PRODUCTION_CASES = {
     "bs256-D192": _c((257, 255), 4, 1, 192, 256, spare_blocks=1),
     "bs16-D96-Hkv8": _c((48, 17), 8, 8, 96, 16),
     "bs3-129-blocks-D256": _c((387,), 2, 1, 256, 3),
+    # past 1024 tokens (a split dropped past the first 1024), a batch of five (rows from 4 on),
+    # a long and a one-token sequence side by side (a split with no tokens: 0/0)
+    "bs16-1025-tokens": _c((1025,), 1, 1, 1, 16),
+    "B5-bs4-group2": _c((3, 7, 2, 9, 5), 4, 2, 16, 4),
+    "bs16-513-and-1": _c((513, 1), 2, 1, 8, 16),
 }
 
 
@@ -265,3 +271,61 @@ def test_pa1_decode_loop_through_block_tables(device):
     case = PagedCase(tuple(int(x) for x in lens), Hq, Hkv, D, bs, 0.3)
     inp = PagedInputs(q, kc, vc, table, lens, [dense[s][0][None] for s in seqs], [dense[s][1][None] for s in seqs])
     check_against_contiguous(out, inp, case, what="Triton paged attention after a decode loop with a fork")
+
+
+# ------------------------------------------- block ids past int16 and a float64 scale, pinned
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+def test_pa1_block_ids_past_int16(impl, device):
+    """PA-1 with every live block id above 32767 (a pool of 32,800 blocks): an implementation
+    that narrows block ids to int16 (or reads them through a 16-bit index) gathers the wrong
+    blocks here."""
+    case = _c((5, 3), 2, 1, 4, 2, spare_blocks=0)
+    inp = make_inputs(case, 23, torch.float32, device)
+    pool = 32_800
+    k_cache = torch.full((pool, *inp.k_cache.shape[1:]), float("nan"), dtype=inp.k_cache.dtype, device=device)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    table = inp.block_table.clone()
+    table[(table >= 0) & (table < pool)] = pool + 7                          # unused entries: out of range
+    live = []
+    for b, nb in enumerate(case.blocks()):
+        for i in range(nb):
+            old = int(inp.block_table[b, i])
+            new = pool - 1 - old                                             # ids 32,795 .. 32,799
+            k_cache[new], v_cache[new] = inp.k_cache[old], inp.v_cache[old]
+            table[b, i] = new
+            live.append(new)
+    assert min(live) > 32767
+    moved = dataclasses.replace(inp, k_cache=k_cache, v_cache=v_cache, block_table=table)
+    check_against_contiguous(call(impl, moved, case), moved, case, what="paged attention, block ids past int16")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+def test_float64_paged_kernel_hands_no_float_that_float32_rounds(device, monkeypatch):
+    """Compiled Triton types a Python float kernel argument as float32, so a float64 call folds
+    the scale into q on the host (``optimized.attention_tiles.fold_scale``); the interpreter keeps
+    the Python float, so only the launch arguments show it. The output is exact too."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    seen = []
+
+    class Capture:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.extend(list(args) + list(kwargs.values()))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in ("_paged_decode_kernel", "_paged_merge_kernel"):
+        monkeypatch.setattr(pa, name, Capture(getattr(pa, name)))
+    case = _c((40, 9), 4, 2, 16, 4, c=0.3)
+    inp = make_inputs(case, 29, torch.float64, device)
+    check_against_contiguous(pa.paged_attention(*inp.args(), scale=case.scale, num_splits=2), inp, case,
+                             what="float64 Triton paged attention")
+    floats = [a for a in seen if isinstance(a, float)]
+    assert floats, "no float argument recorded"
+    rounded = [a for a in floats if float(torch.tensor(a, dtype=torch.float32)) != a]
+    assert not rounded, f"the float64 paged kernel was handed floats that float32 rounds: {rounded}"

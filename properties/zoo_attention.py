@@ -84,3 +84,95 @@ def split_no_rescale(q, k, v, *, causal, scale, num_splits: int = 4):
         num += l[..., None] * o                                         # BUG: no exp(m_s - m)
         den += l
     return (num / den[..., None]).to(q.dtype)
+
+
+# ------------------------------------------------------------------- bugs only 16 bits show
+def scaled_two_percent(q, k, v, *, causal, scale):
+    """Every output 2% too large (a normaliser that misses part of the row sum, or a stale
+    rescale factor): 2.6 to 5 ulps of each bfloat16 element, within twice the naive bfloat16
+    error at the output's maximum (what the field's 2x rule allows)."""
+    return (_attend(q, k, v, causal=causal, scale=scale).to(torch.float64) * 1.02).to(q.dtype)
+
+
+#: Keys per tile of :func:`accumulates_in_16bit`.
+ACC16_BLOCK_N = 64
+
+
+def accumulates_in_16bit(q, k, v, *, causal, scale):
+    """An online softmax (FlashAttention's loop) whose running max m, sum l and accumulator acc
+    are kept in the inputs' dtype between key tiles (each tile computed in float32): exact for
+    float32 and float64 inputs, but 16-bit inputs lose about an ulp per tile, so the error grows
+    with the number of tiles (Tk / 64) and passes the field's 2x rule up to Tk = 4096."""
+    shape = validate(q, k, v, causal, scale)
+    dt = q.dtype
+    kf = k.repeat_interleave(shape.group, dim=1).to(torch.float32)            # (B, Hq, Tk, D)
+    vf = v.repeat_interleave(shape.group, dim=1).to(torch.float32)
+    s_all = (q.to(torch.float32) @ kf.transpose(-1, -2)) * scale              # (B, Hq, Tq, Tk)
+    if causal:
+        s_all = s_all.masked_fill(~causal_mask(shape.Tq, shape.Tk, q.device), -math.inf)
+    m = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=dt, device=q.device)
+    l = torch.zeros(q.shape[:-1] + (1,), dtype=dt, device=q.device)
+    acc = torch.zeros(q.shape, dtype=dt, device=q.device)
+    for j in range(0, shape.Tk, ACC16_BLOCK_N):
+        s = s_all[..., j:j + ACC16_BLOCK_N]
+        m_new = torch.maximum(m.float(), s.max(dim=-1, keepdim=True).values)
+        m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        alpha, p = torch.exp(m.float() - m_safe), torch.exp(s - m_safe)
+        l = (l.float() * alpha + p.sum(dim=-1, keepdim=True)).to(dt)          # BUG: kept in 16 bits
+        acc = (acc.float() * alpha + p @ vf[:, :, j:j + ACC16_BLOCK_N]).to(dt)
+        m = m_new.to(dt)
+    return (acc.float() / l.float()).to(dt)
+
+
+# ------------------------------------------------------- bugs at a boundary class of the shapes
+def split_batch_stride_zero(q, k, v, *, causal, scale, num_splits: int = 2):
+    """A split-KV kernel whose merge writes every sequence at batch stride 0: each sequence's
+    merged output lands on sequence 0's rows (the last one written wins) and the other
+    sequences' rows are never written (here: zeros). Right whenever B = 1."""
+    validate(q, k, v, causal, scale)
+    full = _attend(q, k, v, causal=causal, scale=scale)                   # (B, Hq, Tq, D)
+    out = torch.zeros_like(full)
+    out[0] = full[-1]                                                    # BUG: out + 0 * stride_ob
+    return out
+
+
+#: Tile size of :func:`diagonal_tile_unmasked`.
+DIAG_TILE = 32
+
+
+def _diag_unmasked_mask(Tq, Tk, device):
+    """The causal mask with the diagonal tile left unmasked when the tile divides Tk exactly
+    (the kernel's "every tile is whole" fast path forgets that the diagonal tile is partial)."""
+    m = causal_mask(Tq, Tk, device)
+    if Tk % DIAG_TILE:
+        return m
+    row = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)          # the row's last visible key
+    col = torch.arange(Tk, device=device)[None, :]
+    return m | (col // DIAG_TILE == row // DIAG_TILE)
+
+
+def diagonal_tile_unmasked(q, k, v, *, causal, scale):
+    """Causal attention whose kernel skips the mask on the diagonal tile when the tile (32)
+    divides the length exactly: Tq = Tk = 64 lets row 0 see keys 0..31."""
+    return _attend(q, k, v, causal=causal, scale=scale, mask=_diag_unmasked_mask)
+
+
+def sdpa_is_causal_always(q, k, v, *, causal, scale):
+    """The torch backend before its fix: ``scaled_dot_product_attention(is_causal=True)``
+    whenever Tq == Tk, whatever the scale. PyTorch's CPU kernel then returns NaN for a negative
+    scale (float64, float32; torch 2.11 and 2.13) and wrong values in bfloat16."""
+    import torch.nn.functional as F
+
+    shape = validate(q, k, v, causal, scale)
+    kf = k.repeat_interleave(shape.group, dim=1)
+    vf = v.repeat_interleave(shape.group, dim=1)
+    if causal and shape.Tq == shape.Tk:
+        return F.scaled_dot_product_attention(q, kf, vf, is_causal=True, scale=float(scale))
+    mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None
+    return F.scaled_dot_product_attention(q, kf, vf, attn_mask=mask, scale=float(scale))
+
+
+def scale_rounded_to_float32(q, k, v, *, causal, scale):
+    """The scale rounded to float32 before use, as a compiled Triton kernel does with a Python
+    float argument: invisible in 16-bit and float32, ~1e-8 relative in float64."""
+    return _attend(q, k, v, causal=causal, scale=float(torch.tensor(float(scale), dtype=torch.float32)))

@@ -12,6 +12,11 @@ Each is the PyTorch engine with one classic mistake; the laws in
 - ``shared_positions``: batched decode uses one length for every sequence (the longest): the
   RoPE position, the write slot and the attention span of shorter sequences are wrong.
 - ``pads_cached``: prefill caches the padding of shorter prompts as if it were prompt tokens.
+- ``append_no_block_offset``: the append kernel tiles the new tokens in blocks of
+  4096 // next_pow2(KV heads × head dim) and every block writes tokens ``arange(BLOCK_T)``
+  instead of ``j * BLOCK_T + arange(BLOCK_T)``: invisible while one block covers the prompt
+  (small heads), at Llama shapes (8 KV heads × 128, blocks of 4) every prefill longer than 4
+  tokens keeps unwritten slots.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from optimized.engine import KVCacheEngine
+from optimized.kv_cache import kv_append_torch
 
 
 class _DropOldest(KVCacheEngine):
@@ -99,6 +105,24 @@ class _StaleAfterReprefill(KVCacheEngine):
         return lengths + 1 if self._prefills > 1 else lengths
 
 
+def _append_no_block_offset(k_cache, v_cache, k_new, v_new, start, count, host_start=None, host_count=None):
+    """``optimized.kv_cache.kv_append``'s tiling with the block offset forgotten: program j of
+    sequence b copies tokens [0, BLOCK_T) instead of [j·BLOCK_T, (j+1)·BLOCK_T)."""
+    B, Hkv, T, D = k_new.shape
+    block_kh = 1 << max(0, (Hkv * D - 1).bit_length())                      # next power of two
+    block_t = max(1, min(1 << max(0, (T - 1).bit_length()), 4096 // block_kh))
+    first = min(T, block_t)
+    kv_append_torch(k_cache, v_cache, k_new[:, :, :first], v_new[:, :, :first], start,
+                    count.clamp(max=first), None if host_start is None else host_start,
+                    None if host_count is None else host_count.clamp(max=first))
+
+
+class _AppendNoBlockOffset(KVCacheEngine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cache._append = _append_no_block_offset
+
+
 def _ns(cls):
     return SimpleNamespace(new_engine=lambda model, max_batch, max_seq_len: cls(model, max_batch, max_seq_len,
                                                                                   append="torch"))
@@ -111,3 +135,4 @@ SHARED_POSITIONS = _ns(_SharedPositions)
 PADS_CACHED = _ns(_PadsCached)
 ROPE_OFF_AFTER_64 = _ns(_RopeOffAfter64)
 STALE_AFTER_REPREFILL = _ns(_StaleAfterReprefill)
+APPEND_NO_BLOCK_OFFSET = _ns(_AppendNoBlockOffset)

@@ -210,6 +210,15 @@ def world_cards() -> list[dict]:
     return cards
 
 
+def tolerance_rules() -> list[dict]:
+    """The tolerance policy's rules (conformance.tolerance.RULES): key, what each sees and what
+    it is blind to, for the report's section next to the verdicts."""
+    from conformance import tolerance
+
+    return [{"key": str(k).replace("torch.", ""), "name": r.name, "sees": r.sees, "blind_to": r.blind_to}
+            for k, r in tolerance.RULES.items()]
+
+
 def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, ceilings: dict | None = None,
             history_entries: list[tuple] | None = None, plot_dir: Path | None = None) -> dict:
     """Everything the report shows, as one JSON-able dict (plots drawn into ``plot_dir``)."""
@@ -243,7 +252,8 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
             "history": [{"file": p.name, "date": e["fingerprint"].get("date"),
                          "commit": (e["fingerprint"].get("commit") or "")[:10], "n": len(e.get("benchmarks", []))}
                         for p, e in series],
-            "world": world_cards(), "n_rows": len(rows), "n_bench": len(records),
+            "world": world_cards(), "tolerance_rules": tolerance_rules(),
+            "n_rows": len(rows), "n_bench": len(records),
             "gate_calibration": gate_calibration()}
 
 

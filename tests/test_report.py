@@ -179,3 +179,15 @@ def test_a_trend_is_judged_by_its_measured_direction_not_by_a_passing_test():
     assert ledger["AI-9"]["verdict"] == "not measured"
     exact = {c["id"]: c for c in build.claim_verdicts([_trend_row("KV-1")])}
     assert exact["KV-1"]["verdict"] == "holds"  # an exact claim is judged by its test
+
+
+def test_report_states_what_each_tolerance_rule_sees_and_cannot_see(report):
+    from conformance import tolerance
+
+    md = (report / "report.md").read_text()
+    html = (report / "index.html").read_text()
+    assert "## Tolerance rules" in md and 'id="tolerance-rules"' in html
+    for key, rule in tolerance.RULES.items():
+        name = str(key).replace("torch.", "")
+        assert f"| `{name}` |" in md, name
+        assert rule.blind_to.split(" (")[0].replace("|", "\\|") in md, name

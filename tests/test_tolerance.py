@@ -38,9 +38,69 @@ def test_correctly_rounded_output_passes(dtype):
 def test_half_rule_has_floor_when_naive_error_is_zero():
     out_ref = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)  # exactly representable
     out_pt = out_ref.to(torch.float16)
-    out = (out_ref * (1 + 2 * torch.finfo(torch.float16).eps)).to(torch.float16)
+    out = (out_ref * (1 + torch.finfo(torch.float16).eps)).to(torch.float16)   # 1 ulp off
     v = tolerance.check_close(out, out_ref, out_pt=out_pt)
     assert v.ok and v.bound > 0, v.message()
+    out = (out_ref * (1 + 2 * torch.finfo(torch.float16).eps)).to(torch.float16)  # 2 ulps at the max
+    assert not tolerance.check_close(out, out_ref, out_pt=out_pt).ok
+
+
+def _attention_like(seed=0, rows=64, keys=300, d=64):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(rows, keys, generator=g, dtype=torch.float64)
+    return torch.softmax(s, dim=-1) @ torch.randn(keys, d, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_rule_rejects_a_two_percent_scaling(dtype):
+    """The 16-bit kernel rule judges each element in its own ulps: 2% is 2.6-5 bfloat16 ulps."""
+    out_ref = _attention_like()
+    v = tolerance.check_close((out_ref * 1.02).to(dtype), out_ref)
+    assert not v.ok and "ulps of the element" in v.detail, v.message()
+    assert v.ratio > 1.5, v.message()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_rule_accepts_one_ulp_everywhere_and_small_elements_by_the_scale(dtype):
+    out_ref = _attention_like(seed=3)
+    mix = out_ref.to(dtype)
+    assert tolerance.check_close(mix, out_ref).ok
+    # 1 ulp off in every element (a float32 accumulation rounding the other way)
+    out = torch.where(mix > 0, mix.to(torch.float64) + tolerance.spacing(mix, dtype),
+                      mix.to(torch.float64) - tolerance.spacing(mix, dtype)).to(dtype)
+    v = tolerance.check_close(out, out_ref)
+    assert v.ok and v.ratio <= 2 / 3 + 1e-9, v.message()
+    # an element near zero may be off by its inputs' rounding (1 ulp of the scale), not its own
+    tiny = out_ref.clone()
+    tiny[0, 0] = 1e-6
+    out = tiny.to(dtype).clone()
+    ulp_scale = float(tolerance.spacing(tiny.abs().max(), dtype))
+    out[0, 0] = float(out[0, 0]) + 0.4 * ulp_scale
+    assert tolerance.check_close(out, tiny).ok
+    out[0, 0] = float(out[0, 0]) + 2 * ulp_scale
+    assert not tolerance.check_close(out, tiny).ok
+
+
+def test_half_rule_needs_no_naive_output_and_ignores_an_overflowing_one():
+    out_ref = _attention_like(seed=4)
+    out_pt = torch.full_like(out_ref, float("inf"), dtype=torch.float16)   # naive fp16 overflowed
+    assert not tolerance.check_close((out_ref * 1.05).to(torch.float16), out_ref, out_pt=out_pt).ok
+    assert tolerance.check_close(out_ref.to(torch.float16), out_ref).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_model_rule_follows_the_reference_model_and_falls_back_to_the_floor(dtype):
+    out_ref = _attention_like(seed=5)
+    key = tolerance.model_rule(dtype)
+    out_pt = (out_ref + 0.05 * out_ref.abs().max()).to(dtype)         # the 16-bit reference model's error
+    assert tolerance.check_close((out_ref + 0.08 * out_ref.abs().max()).to(dtype), out_ref,
+                                 out_pt=out_pt, rule=key).ok
+    assert not tolerance.check_close((out_ref + 0.2 * out_ref.abs().max()).to(dtype), out_ref,
+                                     out_pt=out_pt, rule=key).ok
+    overflowed = torch.full_like(out_pt, float("inf"))
+    v = tolerance.check_close((out_ref * 1.05).to(dtype), out_ref, out_pt=overflowed, rule=key)
+    assert not v.ok and "overflowed" in v.detail, v.message()
+    assert tolerance.model_rule(torch.float32) is None
 
 
 def test_nan_in_output_fails_and_message_states_error_bound_rule():
@@ -61,9 +121,10 @@ def test_float64_rule_is_relative_to_scale():
     assert not tolerance.check_close(out_ref * (1 + 1e-9), out_ref).ok
 
 
-def test_half_rule_requires_naive_baseline():
+def test_model_rule_requires_naive_baseline():
     with pytest.raises(ValueError, match="out_pt"):
-        tolerance.check_close(torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float64))
+        tolerance.check_close(torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float64),
+                              rule="float16-model")
 
 
 def test_exact_rule_counts_differences_and_names_first():

@@ -19,6 +19,13 @@ bfloat16 (q, k, v of one dtype, on one device; any strides). An implementation m
 "unsupported", never as a pass. Invalid arguments raise ``TypeError`` (wrong type or dtype) or
 ``ValueError`` (wrong shape, device or value) naming the argument (:func:`validate`).
 
+Scale: any finite real number, negative and zero included, whose magnitude the scores' dtype
+can hold (float64 for float64 inputs, float32 for the others: |scale| <= 3.4e38; larger ones,
+such as 1e40 with float32 inputs, raise ValueError naming ``scale``). Implementations must apply
+it in that precision: a float64 call whose scale is rounded to float32 (what compiled Triton does
+with a Python float kernel argument) is wrong by ~1e-8 and fails. When finite scores
+(scale · q·k) exceed the float32 range for non-float64 inputs, the result is unspecified.
+
 Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`conformance.contracts.glossary`.
 
 Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
@@ -103,6 +110,11 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
         raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
     if not math.isfinite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if abs(float(scale)) > torch.finfo(acc).max:
+        raise ValueError(f"scale must be representable in {str(acc).replace('torch.', '')}, the dtype the "
+                         f"scores of {str(q.dtype).replace('torch.', '')} inputs are computed in "
+                         f"(|scale| <= {torch.finfo(acc).max:.4g}), got {scale}")
     if causal and Tq > Tk:
         raise ValueError(f"causal attention needs Tq <= Tk (bottom-right mask), got Tq={Tq}, Tk={Tk}")
     return AttentionShape(B, Hq, Hkv, Tq, Tk, D)
@@ -173,5 +185,82 @@ CONTRACT = Contract(
         "drops_last_key": "properties.zoo_attention:drops_last_key",
         "ignores_scale": "properties.zoo_attention:ignores_scale",
         "split_no_rescale": "properties.zoo_attention:split_no_rescale",
+        "scaled_two_percent": "properties.zoo_attention:scaled_two_percent",
+        "accumulates_in_16bit": "properties.zoo_attention:accumulates_in_16bit",
+        "split_batch_stride_zero": "properties.zoo_attention:split_batch_stride_zero",
+        "diagonal_tile_unmasked": "properties.zoo_attention:diagonal_tile_unmasked",
+        "sdpa_is_causal_always": "properties.zoo_attention:sdpa_is_causal_always",
+        "scale_rounded_to_float32": "properties.zoo_attention:scale_rounded_to_float32",
     },
 )
+
+
+# ----------------------------------------------------------------------------------------------
+# coverage table: the boundary classes the laws must hand every implementation under `ci`
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CoverageClass:
+    """One boundary class of the attention kernels: ``laws`` (law function names) must hand an
+    implementation at least one call (a dict with B, Hq, Hkv, Tq, Tk, D, causal, scale, dtype,
+    num_splits) for which ``test`` is true. ``properties/test_attention_coverage.py`` records
+    the calls under the ``ci`` profile with a recording implementation and fails on a miss."""
+
+    name: str
+    laws: tuple
+    test: object
+
+
+#: The laws that judge one call's values (FA-3's law and its production shapes).
+_FA3 = ("law_matches_reference", "production")
+#: FA-7's split-KV law.
+_FA7 = ("law_split_equals_unsplit",)
+#: Tile sizes in use (BLOCK_M / BLOCK_N of every configuration, the interpreter's 16 x 32).
+TILE_SIZES = (16, 32, 64, 128)
+#: Head dims of real models (Llama, Mistral: 128; GPT-2: 64; Phi: 80, 96; Gemma: 256; ...).
+MODEL_HEAD_DIMS = (64, 72, 80, 96, 128, 160, 192, 256)
+
+
+def _coverage() -> tuple:
+    out = []
+    for t in TILE_SIZES:
+        for r, what in ((0, "a multiple of"), (1, "one past a multiple of"), (t - 1, "one short of a multiple of")):
+            out.append(CoverageClass(f"Tk {what} {t}", _FA3,
+                                     lambda c, t=t, r=r: c["Tk"] >= t - 1 and c["Tk"] % t == r))
+    for t in (16, 64):
+        for r, what in ((0, "a multiple of"), (1, "one past a multiple of"), (t - 1, "one short of a multiple of")):
+            out.append(CoverageClass(f"Tq {what} {t} (query tiles)", _FA3,
+                                     lambda c, t=t, r=r: c["Tq"] >= t - 1 and c["Tq"] % t == r))
+    out += [
+        CoverageClass("causal, Tq = Tk a multiple of 64 (whole diagonal tile)", _FA3,
+                      lambda c: c["causal"] and c["Tq"] == c["Tk"] and c["Tk"] % 64 == 0),
+        CoverageClass("more than one query tile of 128 (Tq > 128)", _FA3, lambda c: c["Tq"] > 128),
+        CoverageClass("more than one program along B·Hq with B > 1", _FA3, lambda c: c["B"] > 1 and c["Hq"] > 1),
+        CoverageClass("batch row 4 and beyond (B >= 5)", _FA3, lambda c: c["B"] >= 5),
+        CoverageClass("decode past 2048 keys (Tq <= 16, Tk > 2048)", _FA3,
+                      lambda c: c["Tq"] <= 16 and c["Tk"] > 2048),
+        CoverageClass("decode path: B > 1, Tq <= 16, Tk >= 1024", _FA3,
+                      lambda c: c["B"] > 1 and c["Tq"] <= 16 and c["Tk"] >= 1024),
+        CoverageClass("split-KV: B > 1 with more than one split", _FA7,
+                      lambda c: c["B"] > 1 and (c["num_splits"] or 1) > 1),
+        CoverageClass("split-KV: Tk >= 1024 with more than one split", _FA7,
+                      lambda c: c["Tk"] >= 1024 and (c["num_splits"] or 1) > 1),
+        CoverageClass("16-bit with max(Tq, Tk) >= 1024 (autotuned configurations)", _FA3,
+                      lambda c: c["dtype"] in (torch.float16, torch.bfloat16) and max(c["Tq"], c["Tk"]) >= 1024),
+    ]
+    for g, what in ((1, "1 (multi-head)"), (3, "3 (not a power of two)"), (8, "8"), (9, "9 (odd, > 8)"), (16, "16"),
+                    (24, "24 (> 16, not a multiple of 16)"), (64, "64")):
+        out.append(CoverageClass(f"group size {what}", _FA3, lambda c, g=g: c["Hq"] // c["Hkv"] == g))
+    for d in MODEL_HEAD_DIMS:
+        out.append(CoverageClass(f"head dim {d}", _FA3, lambda c, d=d: c["D"] == d))
+    for mask, pred in (("no mask", lambda c: not c["causal"]),
+                       ("causal, Tq = Tk", lambda c: c["causal"] and c["Tq"] == c["Tk"] and c["Tq"] > 1),
+                       ("causal, Tq < Tk", lambda c: c["causal"] and c["Tq"] < c["Tk"])):
+        for sc, spred in (("negative", lambda s: s < 0), ("zero", lambda s: s == 0),
+                          ("tiny (0 < scale < 1e-3)", lambda s: 0 < s < 1e-3), ("huge (>= 8)", lambda s: s >= 8)):
+            out.append(CoverageClass(f"{sc} scale x {mask}", _FA3,
+                                     lambda c, pred=pred, spred=spred: pred(c) and spred(c["scale"])))
+    return tuple(out)
+
+
+#: The attention contract's coverage table (see :class:`CoverageClass`).
+COVERAGE = _coverage()

@@ -39,7 +39,7 @@ One documented exception: the analytic models of the lectures (``reference/roofl
 H head dim, S context) so that every formula reads as the lecture prints it; their docstrings say so.
 
 Tensors under test: ``out`` (the implementation's output), ``out_ref`` (the float64 reference),
-``out_pt`` (the naive computation in the output's dtype). Triton kernels: ``*_ptr`` pointers,
+``out_pt`` (the naive reference computation in the output's dtype). Triton kernels: ``*_ptr`` pointers,
 ``stride_*`` strides, UPPER_CASE constexpr (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_D``).
 """
 from __future__ import annotations

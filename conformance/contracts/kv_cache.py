@@ -73,5 +73,6 @@ CONTRACT = Contract(
         "pads_cached": "properties.zoo_kv_cache:PADS_CACHED",
         "rope_off_after_64": "properties.zoo_kv_cache:ROPE_OFF_AFTER_64",
         "stale_after_reprefill": "properties.zoo_kv_cache:STALE_AFTER_REPREFILL",
+        "append_no_block_offset": "properties.zoo_kv_cache:APPEND_NO_BLOCK_OFFSET",
     },
 )
