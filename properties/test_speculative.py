@@ -235,3 +235,72 @@ def test_formula_errors():
         ref.tokens_per_call(0.5, -1)
     with pytest.raises(ValueError, match="c"):
         ref.speedup(0.5, 3, -0.1)
+
+
+# -------------------------------------------------------------- the small world (SD-5, SD-7)
+def _world(dtype):
+    from smallworld.checkpoints import load_model
+
+    return {name: load_model(name, dtype) for name in ("target", "draft_good", "draft_poor")}
+
+
+def _bos(B):
+    from smallworld.tokenizer import tokenizer
+
+    return torch.full((B, 1), tokenizer().bos_id, dtype=torch.int64)
+
+
+#: SD-5 on the small world: rounds of B = 8 documents, 32 new tokens each (256 per γ), γ = 1..10.
+SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
+
+
+@pytest.mark.claim("SD-5")
+@pytest.mark.parametrize("draft", ["draft_good", "draft_poor"])
+def test_sd5_tokens_per_call_on_small_world(draft):
+    """SD-5: speculative sampling on the small world (reference verifier, no cache) for γ = 1..10:
+    measured α (mean Σ min(p, q) over verified positions) and tokens per target call, recorded
+    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α. The measured tokens per call
+    must agree with the formula within sampling noise (mean ratio in [0.8, 1.2]) -- a verifier
+    or a round loop that lost tokens would not."""
+
+    models = _world(torch.float32)
+    ratios, by_gamma = [], {}
+    for gamma in SD5_GAMMAS:
+        gen = torch.Generator().manual_seed(gamma)
+        _, st = ref.speculative_generate(models["target"], models[draft], _bos(SD5_ROWS), SD5_TOKENS, gamma,
+                                         generator=gen)
+        alpha = ref.overlap_alpha(st)
+        tpc = st["emitted"] / st["rounds"]
+        formula = ref.tokens_per_call(alpha, gamma)
+        ratios.append(tpc / formula)
+        by_gamma[gamma] = (alpha, tpc, formula)
+        results.record("SD-5", measured=tpc, lecture=formula, unit="tokens per target call",
+                       rule="measured on the small world; lecture column: the formula at the measured alpha",
+                       gamma=gamma, tokens_per_call=tpc, alpha=round(alpha, 3), draft=draft)
+        results.record("SD-5", measured=formula, unit="tokens per target call (formula)",
+                       rule="(1 - a^(g+1)) / (1 - a) at the measured alpha",
+                       gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)")
+    mean_alpha = float(np.mean([a for a, _, _ in by_gamma.values()]))
+    results.record("SD-5", measured=round(mean_alpha, 3), unit="alpha (mean over gamma = 1..10)",
+                   lecture="good draft 0.92, poor 0.69", draft=draft, alpha=mean_alpha,
+                   what=f"tokens per call at gamma=8: {by_gamma[8][1]:.2f} (formula {by_gamma[8][2]:.2f})")
+    mean_ratio = float(np.mean(ratios))
+    assert 0.8 <= mean_ratio <= 1.2, (f"{draft}: measured tokens per call / formula averages {mean_ratio:.3f} "
+                                      f"over gamma=1..10 (expected about 1)")
+
+
+@pytest.mark.claim("SD-7")
+@pytest.mark.parametrize("draft", ["draft_good", "draft_poor"])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_sd7_greedy_speculative_equals_greedy_target(draft, gamma):
+    """SD-7 (exercise 8): greedy speculative decoding emits exactly the tokens of greedy decoding
+    with the target, token for token, whatever the draft's quality (float64 models)."""
+    from reference.transformer import generate
+
+    models = _world(torch.float64)
+    prompt = _bos(3)
+    out, st = ref.speculative_generate(models["target"], models[draft], prompt, 24, gamma, greedy=True)
+    out_ref, _ = generate(models["target"], prompt, 24)
+    results.record("SD-7", measured=int((out != out_ref).sum()), bound=0, unit="tokens differing",
+                   rule="exact", gamma=gamma, draft=draft, alpha=ref.measured_alpha(st))
+    assert_exact(out, out_ref, what=f"greedy speculative ({draft}, gamma={gamma}) vs greedy target")

@@ -217,3 +217,91 @@ def speedup(alpha: float, gamma: int, c: float) -> float:
 def best_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
     """The γ in 1..max_gamma that maximises :func:`speedup` (SD-6; the smallest on ties)."""
     return max(range(1, max_gamma + 1), key=lambda g: (speedup(alpha, g, c), -g))
+
+
+# ------------------------------------------------- speculative generation without a cache
+@torch.no_grad()
+def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: int, gamma: int, *,
+                         greedy: bool = False, generator: torch.Generator | None = None, verify_fn=None):
+    """Speculative decoding by recomputation (no KV cache): the oracle of the engines.
+
+    ``target``, ``draft``: :class:`reference.transformer.Transformer` over one vocabulary;
+    ``prompt`` (B, S) int64 (one length for every row). Each round the draft proposes γ tokens
+    (sampled from its softmax, or its argmax when ``greedy``), the target scores the γ + 1
+    positions in one forward, and ``verify_fn`` (default :func:`verify`; :func:`verify_greedy`
+    when ``greedy``) keeps a prefix; rows advance by num_accepted + 1. Sequences are kept
+    right-padded in one buffer: with causal attention the padding never reaches a real position.
+    Stops when every row has ``max_new_tokens`` new tokens; a finished row stops advancing
+    (S + max_new_tokens + 2γ + 1 must fit the models' max_seq_len).
+
+    Returns (tokens (B, S + max_new_tokens) int64, stats) where stats has ``rounds`` (target
+    calls per row), ``accepted`` and ``drafted`` (draft tokens accepted / proposed) and
+    ``emitted`` (tokens emitted), ``rejections`` (rounds that stopped before γ), each counted
+    over the rounds a row was still generating, and ``overlap_sum`` / ``overlap_count``: the
+    sum and number of Σ_x min(p(x), q(x)) over the positions verified (:func:`overlap_alpha`).
+    """
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    B, S = prompt.shape
+    total = S + max_new_tokens + 2 * gamma + 1
+    limit = min(target.cfg.max_seq_len, draft.cfg.max_seq_len)
+    if total > limit:
+        raise ValueError(f"prompt length + max_new_tokens + 2 gamma + 1 = {total} exceeds max_seq_len {limit}")
+    dev = prompt.device
+    buf = torch.zeros(B, total, dtype=torch.int64, device=dev)
+    buf[:, :S] = prompt
+    lengths = torch.full((B,), S, dtype=torch.int64, device=dev)
+    rows = torch.arange(B, device=dev)
+    stats = {"rounds": 0, "accepted": 0, "drafted": 0, "emitted": 0, "rejections": 0,
+             "overlap_sum": 0.0, "overlap_count": 0}
+    verify_fn = verify_fn or (None if greedy else verify)
+    while bool((lengths < S + max_new_tokens).any()):
+        active = lengths < S + max_new_tokens
+        q_rows = []
+        for i in range(gamma):
+            span = int(lengths.max()) + i
+            logits = draft(buf[:, :span])[rows, lengths + i - 1].double()            # (B, V)
+            q = torch.softmax(logits, -1)
+            x = logits.argmax(-1) if greedy else torch.multinomial(q, 1, generator=generator)[:, 0]
+            buf[rows, lengths + i] = x
+            q_rows.append(q)
+        span = int(lengths.max()) + gamma
+        logits = target(buf[:, :span]).double()                                      # (B, span, V)
+        pos = lengths[:, None] - 1 + torch.arange(gamma + 1, device=dev)             # (B, γ+1)
+        p = torch.softmax(logits[rows[:, None], pos], -1)                            # (B, γ+1, V)
+        draft_tokens = buf[rows[:, None], pos[:, 1:]]                                # (B, γ)
+        if greedy:
+            tokens, n = verify_greedy(draft_tokens, p)
+        else:
+            tokens, n = verify_fn(draft_tokens, torch.stack(q_rows, 1), p, generator=generator)
+        for b in range(B):
+            if not bool(active[b]):
+                continue
+            k = int(n[b]) + 1
+            buf[b, int(lengths[b]):int(lengths[b]) + k] = tokens[b, :k]
+            buf[b, int(lengths[b]) + k:] = 0
+        a = active.to(torch.int64)
+        q_all = torch.stack(q_rows, 1)                                               # (B, γ, V)
+        overlap = torch.minimum(p[:, :gamma], q_all).sum(-1)                         # (B, γ): Σ min(p, q)
+        verified = (torch.arange(gamma, device=dev)[None] <= n[:, None]) & active[:, None]
+        stats["overlap_sum"] += float(overlap[verified].sum())
+        stats["overlap_count"] += int(verified.sum())
+        stats["rounds"] += int(a.sum())
+        stats["accepted"] += int((n * a).sum())
+        stats["rejections"] += int(((n < gamma).to(torch.int64) * a).sum())
+        stats["drafted"] += gamma * int(a.sum())
+        stats["emitted"] += int(((n + 1) * a).sum())
+        lengths = lengths + (n + 1) * a
+    return buf[:, :S + max_new_tokens], stats
+
+
+def overlap_alpha(stats: dict) -> float:
+    """α as Leviathan et al. define it, E[Σ_x min(p(x), q(x))], averaged over the positions
+    the rounds of :func:`speculative_generate` verified."""
+    return stats["overlap_sum"] / max(1, stats["overlap_count"])
+
+
+def measured_alpha(stats: dict) -> float:
+    """α estimated from rounds (maximum likelihood for i.i.d. acceptances): accepted draft tokens
+    / (accepted + rejections), a rejection being a round that stopped before γ."""
+    return stats["accepted"] / max(1, stats["accepted"] + stats["rejections"])
