@@ -70,3 +70,37 @@ def assert_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: s
 def total_variation(p, q) -> float:
     """Total-variation distance ½·Σ|p − q| between two distributions (for exact enumeration)."""
     return 0.5 * float(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64)).sum())
+
+
+def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "counts") -> Verdict:
+    """G-test (log-likelihood ratio) of category ``observed`` counts (k,) against ``probs`` (k,).
+
+    Rejects with probability ``alpha`` when the counts are multinomial(n, probs) (asymptotically;
+    bins with expected count below MIN_EXPECTED are pooled). A count in a category of probability
+    0 is an immediate failure. Raises ValueError for probabilities that are negative or do not
+    sum to 1 (within 1e-6), mismatched sizes, or fewer than 20 observations.
+    """
+    obs_all = np.asarray(observed, dtype=np.float64).reshape(-1)
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    if obs_all.shape != p.shape:
+        raise ValueError(f"observed has {obs_all.size} categories, probs {p.size}")
+    if (p < 0).any() or abs(p.sum() - 1.0) > 1e-6:
+        raise ValueError(f"probs must be a distribution (non-negative, sum 1), got sum {p.sum():.6g}")
+    n = obs_all.sum()
+    if n < 20:
+        raise ValueError(f"need at least 20 observations for a goodness-of-fit test, got {n:g}")
+    impossible = obs_all[p == 0].sum()
+    if impossible:
+        return _report(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
+                               0.0, what, f"{int(impossible)} observations in zero-probability categories"))
+    support = p > 0
+    obs, exp = _merge_small_bins(obs_all[support], p[support] / p[support].sum() * n)
+    if obs.size < 2:
+        return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+    stat = float(sps.power_divergence(obs, exp, lambda_="log-likelihood").statistic)
+    dof = obs.size - 1
+    critical = float(sps.chi2.ppf(1 - alpha, dof))
+    pvalue = float(sps.chi2.sf(stat, dof))
+    rule = (f"statistical: G-test({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:g}, "
+            f"n={int(n)}, p-value {pvalue:.3g})")
+    return _report(Verdict(stat <= critical, rule, stat, critical, what))

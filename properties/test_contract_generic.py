@@ -47,6 +47,10 @@ def _tensors(x: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
 def _clone(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x.clone()
+    if isinstance(x, torch.Generator):      # a contract's randomness: a copy in the same state
+        g = torch.Generator(device=x.device)
+        g.set_state(x.get_state())
+        return g
     if isinstance(x, tuple):
         return tuple(_clone(v) for v in x)
     if isinstance(x, list):

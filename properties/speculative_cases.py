@@ -1,0 +1,204 @@
+"""Inputs and checks shared by the speculative-decoding laws (``properties/test_speculative.py``).
+
+- :func:`pq_pairs`: the Hypothesis strategy of (q, p) pairs for the exact SD-1 law, with the
+  boundary classes the issue names pinned (:data:`PINNED`): disjoint supports, q = 0 where p > 0,
+  p = q, one-hot p or q, tiny probabilities.
+- :data:`STAT_CONFIGS`: the fixed (q, p) of the statistical law, and :data:`STAT_TRIALS`, the batch
+  it runs: sized so that the 0.97-acceptance verifier is rejected (power measured by
+  ``scripts/calibrate_speculative.py``).
+- :func:`run_trials` / :func:`outcome_counts` / :func:`check_statistically`: one large batch of
+  independent rounds through ``verify``, counted into the categories of
+  :func:`reference.speculative.outcome_probabilities`, each compared with a G-test; the four
+  tests share the family-wise false-alarm rate :data:`ALPHA` (Bonferroni, α/4 each).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from conformance.contracts.speculative import PAD
+from conformance.stats import check_counts
+from reference.speculative import outcome_probabilities
+
+#: Family-wise false-alarm rate of one statistical check of a correct verifier (all four G-tests).
+ALPHA = 1e-3
+#: Independent rounds per statistical check (the batch B of one ``verify`` call).
+STAT_TRIALS = 20_000
+#: Outcome categories compared per check.
+OUTCOMES = ("first", "first_two", "num_accepted", "accepted_last")
+
+
+@dataclass(frozen=True)
+class PQ:
+    """One fixed pair: ``q`` (γ, V) the draft's and ``p`` (γ+1, V) the target's distributions
+    (float64 numpy arrays), and a label."""
+
+    q: np.ndarray
+    p: np.ndarray
+    label: str = ""
+
+    @property
+    def gamma(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def V(self) -> int:
+        return self.q.shape[1]
+
+    def __repr__(self) -> str:
+        return f"PQ({self.label or 'drawn'}, gamma={self.gamma}, V={self.V})"
+
+
+def _norm(a) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    return a / a.sum(-1, keepdims=True)
+
+
+def _pq(q_rows, p_rows, label) -> PQ:
+    return PQ(_norm(q_rows), _norm(p_rows), label)
+
+
+#: Rows that each reach one boundary class of SD-1 (V = 4, γ = 2; p has one more row).
+PINNED = (
+    _pq([[.5, .5, 0, 0], [0, 0, .5, .5]], [[0, 0, .3, .7], [.6, .4, 0, 0], [.25, .25, .25, .25]],
+        "disjoint supports"),
+    _pq([[.7, .3, 0, 0], [1, 0, 0, 0]], [[.1, .2, .3, .4], [.4, .3, .2, .1], [0, 0, 0, 1]],
+        "q = 0 where p > 0"),
+    _pq([[.1, .2, .3, .4], [.4, .3, .2, .1]], [[.1, .2, .3, .4], [.4, .3, .2, .1], [.2, .2, .3, .3]],
+        "p = q"),
+    _pq([[1, 0, 0, 0], [.25, .25, .25, .25]], [[0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0]],
+        "one-hot p and q"),
+    _pq([[1 - 3e-12, 1e-12, 1e-12, 1e-12], [1e-12, 1 - 2e-12, 1e-12, 0]],
+        [[1e-12, 1 - 2e-12, 1e-12, 0], [0.5, 0.5 - 1e-12, 1e-12, 0], [1e-12, 1e-12, 1 - 2e-12, 0]],
+        "tiny probabilities"),
+)
+
+
+@st.composite
+def pq_pairs(draw, max_V: int = 5, max_gamma: int = 3) -> PQ:
+    """Random (q, p): V in 2..max_V, γ in 1..max_gamma, each row a Dirichlet-like draw with
+    some entries zeroed (never all), some rows equal in p and q, some one-hot."""
+    V = draw(st.integers(2, max_V))
+    gamma = draw(st.integers(1, max_gamma))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+
+    def row():
+        kind = draw(st.sampled_from(["dense", "sparse", "onehot", "tiny"]))
+        if kind == "onehot":
+            r = np.zeros(V)
+            r[rng.integers(V)] = 1.0
+            return r
+        r = rng.gamma(0.5, size=V) + 1e-300
+        if kind == "sparse":
+            r[rng.random(V) < 0.5] = 0.0
+            if r.sum() == 0:
+                r[rng.integers(V)] = 1.0
+        if kind == "tiny":
+            r[rng.integers(V)] = 1e-12 * r.sum()
+        return r / r.sum()
+
+    q = np.stack([row() for _ in range(gamma)])
+    p = np.stack([row() for _ in range(gamma + 1)])
+    if draw(st.booleans()):
+        i = rng.integers(gamma)
+        p[i] = q[i]
+    return PQ(q, p, f"drawn seed {seed}")
+
+
+def extend(pq: PQ, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Position-indexed rows for :func:`reference.speculative.prefix_distribution` over the first
+    ``n`` tokens: the pair's rows, cycled (each row still a distribution)."""
+    rows = n - 1 + pq.gamma
+    q = np.stack([pq.q[i % pq.gamma] for i in range(rows)])
+    p = np.stack([pq.p[i % (pq.gamma + 1)] for i in range(rows + 1)])
+    return q, p
+
+
+#: The statistical law's fixed pairs: α about 0.6-0.8 (so acceptance matters at every position),
+#: a zero in q where p > 0 and a zero in p where q > 0.
+STAT_CONFIGS = {
+    "gamma3-V5": _pq([[.30, .25, .20, .15, .10], [.05, .10, .15, .30, .40], [.20, .20, .20, .20, .20]],
+                     [[.15, .30, .30, .25, 0], [.10, .05, .25, .25, .35], [.40, .15, .15, .10, .20],
+                      [.30, .20, .20, .20, .10]], "gamma3-V5"),
+    "gamma1-V4": _pq([[.4, .4, .2, 0]], [[.2, .3, .2, .3], [.1, .2, .3, .4]], "gamma1-V4"),
+}
+
+
+def tensors(pq: PQ, B: int, dtype, device, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draft_tokens (B, γ) sampled from q, draft_probs (B, γ, V), target_probs (B, γ+1, V)):
+    B independent rounds of one fixed pair (the probabilities repeated, contiguous)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.tensor(pq.q, dtype=torch.float64)
+    p = torch.tensor(pq.p, dtype=torch.float64)
+    tok = torch.stack([torch.multinomial(q[i], B, replacement=True, generator=g) for i in range(pq.gamma)], 1)
+    qb = q.to(dtype)[None].expand(B, -1, -1).contiguous()
+    pb = p.to(dtype)[None].expand(B, -1, -1).contiguous()
+    return tok.to(device), qb.to(device), pb.to(device)
+
+
+def run_trials(impl, pq: PQ, B: int, seed: int, device: str, dtype=torch.float64):
+    """One ``verify`` call over B independent rounds; returns (tokens, num_accepted) on the CPU."""
+    tok, qb, pb = tensors(pq, B, dtype, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    tokens, n = impl(tok, qb, pb, generator=gen)
+    return tokens.cpu(), n.cpu()
+
+
+def check_structure(tokens, num_accepted, draft_tokens, gamma: int) -> None:
+    """Exact: shapes and dtypes; ``tokens[:, :n]`` are the draft tokens, index n a real token,
+    then −1 padding; 0 <= n <= γ."""
+    B = draft_tokens.shape[0]
+    assert tuple(tokens.shape) == (B, gamma + 1) and tokens.dtype == torch.int64, \
+        f"tokens must be (B, gamma+1) = {(B, gamma + 1)} int64, got {tuple(tokens.shape)} {tokens.dtype}"
+    assert tuple(num_accepted.shape) == (B,) and num_accepted.dtype == torch.int64, \
+        f"num_accepted must be (B,) = ({B},) int64, got {tuple(num_accepted.shape)} {num_accepted.dtype}"
+    n = num_accepted.cpu()
+    t = tokens.cpu()
+    assert ((n >= 0) & (n <= gamma)).all(), f"num_accepted outside [0, {gamma}]: {n.unique().tolist()}"
+    pos = torch.arange(gamma + 1)
+    d = torch.cat([draft_tokens.cpu(), torch.full((B, 1), PAD)], 1)
+    head = pos < n[:, None]
+    bad_head = (head & (t != d)).any(1)
+    assert not bad_head.any(), (f"{int(bad_head.sum())} rows: tokens[:, :num_accepted] differ from the draft "
+                                f"tokens (row {int(bad_head.nonzero()[0, 0])})")
+    last = t.gather(1, n[:, None])[:, 0]
+    assert (last >= 0).all(), (f"{int((last < 0).sum())} rows emit no token at index num_accepted "
+                               f"(every round emits num_accepted + 1 tokens)")
+    tail = pos > n[:, None]
+    assert not (tail & (t != PAD)).any(), "tokens past index num_accepted must be -1"
+
+
+def outcome_counts(tokens, num_accepted, V: int, gamma: int) -> dict[str, np.ndarray]:
+    """Counts in the categories of :func:`reference.speculative.outcome_probabilities`."""
+    t = tokens.numpy()
+    n = num_accepted.numpy()
+    B = t.shape[0]
+    t0 = t[:, 0]
+    t1 = t[:, 1] if gamma >= 1 else np.full(B, PAD)
+    two = np.where(n == 0, t0, V + t0 * V + np.maximum(t1, 0))
+    last = t[np.arange(B), n]
+    return {
+        "first": np.bincount(t0, minlength=V),
+        "first_two": np.bincount(two, minlength=V + V * V),
+        "num_accepted": np.bincount(n, minlength=gamma + 1),
+        "accepted_last": np.bincount(n * V + last, minlength=(gamma + 1) * V),
+    }
+
+
+def check_statistically(impl, pq: PQ, B: int, seed: int, device: str, alpha: float = ALPHA,
+                        dtype=torch.float64, what: str = ""):
+    """SD-1 on samples: B rounds through ``impl``; the structure exactly, then four G-tests
+    (first token, first two, number accepted, (number accepted, last token)) at α/4 each.
+    Returns the verdicts (each also reported to the tolerance policy's results)."""
+    tok, qb, pb = tensors(pq, B, dtype, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    tokens, n = impl(tok, qb, pb, generator=gen)
+    check_structure(tokens, n, tok, pq.gamma)
+    exact = outcome_probabilities(qb[0].double().cpu().numpy(), pb[0].double().cpu().numpy())
+    counts = outcome_counts(tokens.cpu(), n.cpu(), pq.V, pq.gamma)
+    return [check_counts(counts[k], exact[k], alpha=alpha / len(OUTCOMES),
+                         what=f"{what or pq.label}: {k} over {B} rounds") for k in OUTCOMES]

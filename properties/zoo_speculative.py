@@ -1,0 +1,105 @@
+"""Known-bad speculative verifiers (the bug zoo): each is a realistic mistake in the modified
+rejection sampling of speculative decoding, and the SD-1 laws (``properties/test_speculative.py``)
+must reject every one under the ``ci`` profile.
+
+All follow the ``speculative`` contract's signature, validate like a correct verifier, compute in
+float64 and take their randomness from ``generator``, so that only the bug makes them wrong.
+"""
+from __future__ import annotations
+
+import torch
+
+from conformance.contracts.speculative import PAD, validate
+
+
+def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0, q_over_p=False,
+            late=False, resample_p=False, continue_after=False, drop_bonus=False, unnormalised=False):
+    validate(draft_tokens, draft_probs, target_probs, generator)
+    B, gamma = draft_tokens.shape
+    V = draft_probs.shape[-1]
+    dev = draft_tokens.device
+    q = draft_probs.to(torch.float64)
+    p = target_probs.to(torch.float64)
+    x = draft_tokens[..., None]
+    q_x = q.gather(-1, x)[..., 0]
+    p_x = p[:, :gamma].gather(-1, x)[..., 0]
+    u = torch.rand((B, gamma), generator=generator, dtype=torch.float64, device=dev)
+    if q_over_p:
+        ratio = torch.where(p_x > 0, q_x / p_x.clamp_min(1e-300), torch.zeros_like(p_x)).clamp(max=1.0)
+    else:
+        ratio = (p_x / q_x).clamp(max=1.0)
+    ok = u < accept_scale * ratio
+    q_pad = torch.cat([q, q.new_zeros(B, 1, V)], dim=1)
+    v = torch.rand((B, gamma + 1), generator=generator, dtype=torch.float64, device=dev)
+
+    def draw(n, i=None):
+        """The last token for rows whose first rejection is at n (n = γ: the bonus)."""
+        idx = n.view(B, 1, 1).expand(B, 1, V)
+        p_n = p.gather(1, idx)[:, 0]
+        w = p_n if resample_p else (p_n - q_pad.gather(1, idx)[:, 0]).clamp_min(0.0)
+        w = torch.where(w.sum(-1, keepdim=True) <= 0, p_n, w)
+        if unnormalised:            # inverse CDF against the raw residual: mass past its sum falls on V-1
+            uu = v[:, 0] if i is None else v[:, i]
+            cum = w.cumsum(-1)
+            return torch.searchsorted(cum, uu[:, None].contiguous(), right=True)[:, 0].clamp(max=V - 1)
+        return torch.multinomial(w, 1, generator=generator)[:, 0]
+
+    pos = torch.arange(gamma + 1, device=dev)
+    draft_pad = torch.cat([draft_tokens, draft_tokens.new_full((B, 1), PAD)], dim=1)
+    if continue_after:
+        # a rejected position gets its correction, and verification goes on with the next draft token
+        tokens = draft_pad.clone()
+        for i in range(gamma):
+            fix = draw(torch.full((B,), i, dtype=torch.int64, device=dev), i)
+            tokens[:, i] = torch.where(ok[:, i], draft_tokens[:, i], fix)
+        tokens[:, gamma] = draw(torch.full((B,), gamma, dtype=torch.int64, device=dev), gamma)
+        return tokens, ok.to(torch.int64).sum(-1)
+    n = ok.to(torch.int64).cumprod(-1).sum(-1)
+    if late:
+        # the rejected draft token is kept, and the correction is drawn one position later
+        n = torch.where(n < gamma, n + 1, n)
+    last = draw(n)
+    tokens = torch.where(pos < n[:, None], draft_pad, torch.full_like(draft_pad, PAD))
+    tokens = torch.where(pos == n[:, None], last[:, None], tokens)
+    if drop_bonus:
+        tokens[:, gamma] = PAD
+    return tokens, n
+
+
+def late_rejection(draft_tokens, draft_probs, target_probs, *, generator):
+    """A rejection handled one step late: the rejected draft token is kept (counted accepted)
+    and the correction is drawn at the next position."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, late=True)
+
+
+def resample_from_p(draft_tokens, draft_probs, target_probs, *, generator):
+    """After a rejection, resamples from p instead of the residual norm(max(0, p − q))."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, resample_p=True)
+
+
+def accept_q_over_p(draft_tokens, draft_probs, target_probs, *, generator):
+    """Accepts with min(1, q/p) (the ratio inverted)."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, q_over_p=True)
+
+
+def continue_after_rejection(draft_tokens, draft_probs, target_probs, *, generator):
+    """Replaces a rejected token by its correction and goes on verifying the next draft tokens
+    (which were drafted after the rejected one) instead of stopping."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, continue_after=True)
+
+
+def drops_bonus_token(draft_tokens, draft_probs, target_probs, *, generator):
+    """When all γ draft tokens are accepted, emits no bonus token."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, drop_bonus=True)
+
+
+def unnormalised_residual(draft_tokens, draft_probs, target_probs, *, generator):
+    """Samples the correction by inverse CDF against max(0, p − q) without dividing by its sum
+    (the mass past the sum falls on the last token)."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, unnormalised=True)
+
+
+def acceptance_times_097(draft_tokens, draft_probs, target_probs, *, generator):
+    """Accepts with probability 0.97 · min(1, p/q): a slightly biased acceptance (the negative
+    control that sizes the statistical law's batch)."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, accept_scale=0.97)
