@@ -139,6 +139,26 @@ def max_abs_error(out: torch.Tensor, out_ref: torch.Tensor) -> float:
     return float(diff.max())
 
 
+def worst_element(out: torch.Tensor, out_ref: torch.Tensor) -> str:
+    """Where ``out`` is furthest from ``out_ref`` (index, both values) and how many of its
+    elements are NaN or a non-matching infinity: the detail a failure message carries."""
+    a = _as_tensor(out).detach().to("cpu", torch.float64)
+    b = _as_tensor(out_ref).detach().to("cpu", torch.float64)
+    if a.shape != b.shape or a.numel() == 0:
+        return ""
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    bad = ~same & ~torch.isfinite(a - b)
+    diff = torch.where(same, torch.zeros_like(a), (a - b).abs())
+    diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
+    flat = int(diff.flatten().argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    text = f"worst element {idx}: out {a.flatten()[flat].item():.6g}, out_ref {b.flatten()[flat].item():.6g}"
+    n_nan, n_bad = int(torch.isnan(a).sum()), int(bad.sum())
+    if n_bad:
+        text += f"; {n_bad} of {a.numel()} elements NaN or infinite against a finite reference ({n_nan} NaN)"
+    return text
+
+
 def scale_of(out_ref: torch.Tensor) -> float:
     """max|out_ref| over its finite entries (the output's scale)."""
     r = _as_tensor(out_ref).detach().to("cpu", torch.float64)
@@ -199,7 +219,8 @@ class RelativeRule(Rule):
         err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
         bound = self.rel * scale
         rule = f"{self.name}: max|out-out_ref| <= {self.rel:g} * max|out_ref| ({scale:.3g})"
-        return Verdict(err <= bound, rule, err, bound, what)
+        ok = err <= bound
+        return Verdict(ok, rule, err, bound, what, "" if ok else worst_element(out, out_ref))
 
 
 @dataclass(frozen=True)
@@ -276,7 +297,10 @@ class NaiveMultipleRule(Rule):
             rule = rule.replace(f"{self.name}: max|out-out_ref| <= ", f"{self.name}: max|out-out_ref| <= min(")
             rule += f", scale * {self.cap_fraction:g} ({cap:.3e}))"
         detail = "" if math.isfinite(err_pt) else "the naive computation overflowed: bound is the floor alone"
-        return Verdict(err <= bound, rule, err, bound, what, detail)
+        ok = err <= bound
+        if not ok:
+            detail = "; ".join(d for d in (worst_element(out, out_ref), detail) if d)
+        return Verdict(ok, rule, err, bound, what, detail)
 
 
 def _half_rule(dtype: torch.dtype) -> MixedPrecisionRule:

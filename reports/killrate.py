@@ -3,8 +3,10 @@
 Every law names the known-bad implementations it must reject (``@pytest.mark.kills``); the zoo
 test of a law passes when the law rejects the bad implementation. The kill rate of a technique
 is the share of its (law, bad implementation) pairs rejected; it must be 100%: a law that lets
-a known-bad implementation through has lost its power. Exit status 1 when any rate is below 100%
-or no zoo test ran.
+a known-bad implementation through has lost its power. Beside it, per technique, how many
+distinct known-bad implementations at least one law rejects (``bugs_killed`` of ``bugs``; the
+same name in two techniques' zoos is two bugs). Exit status 1 when any rate is below 100% or no
+zoo test ran.
 """
 from __future__ import annotations
 
@@ -20,12 +22,16 @@ from reports.env import ROOT
 
 
 def kill_rates(rows: list[Row]) -> dict[str, dict]:
-    """technique -> {killed, total, rate, survivors: [check ids]} from zoo rows
-    (implementation ``zoo:<name>``); a zoo test that passed is a kill."""
+    """technique -> {killed, total, rate, survivors: [check ids], bugs_killed, bugs} from zoo rows
+    (implementation ``zoo:<name>``); a zoo test that passed is a kill. ``killed``/``total``
+    count (law, bad implementation) pairs; ``bugs_killed``/``bugs`` count distinct bad
+    implementations of the technique rejected by at least one law."""
     seen: dict[str, dict[str, str]] = defaultdict(dict)
+    bug_of: dict[str, str] = {}
     for r in rows:
         if not r.implementation.startswith("zoo:"):
             continue
+        bug_of[r.check] = r.implementation
         prev = seen[r.technique or "?"].get(r.check)
         if prev is None or prev == "pass":
             seen[r.technique or "?"][r.check] = r.verdict
@@ -33,7 +39,9 @@ def kill_rates(rows: list[Row]) -> dict[str, dict]:
     for t, checks in sorted(seen.items()):
         judged = {c: v for c, v in checks.items() if v in ("pass", "fail", "error")}
         killed = sum(v == "pass" for v in judged.values())
-        out[t] = {"killed": killed, "total": len(judged),
+        bugs = {bug_of[c] for c in judged}
+        bugs_killed = {bug_of[c] for c, v in judged.items() if v == "pass"}
+        out[t] = {"killed": killed, "total": len(judged), "bugs": len(bugs), "bugs_killed": len(bugs_killed),
                   "rate": killed / len(judged) if judged else None,
                   "survivors": sorted(c for c, v in judged.items() if v != "pass"),
                   "skipped": sorted(c for c, v in checks.items() if c not in judged)}
@@ -43,10 +51,11 @@ def kill_rates(rows: list[Row]) -> dict[str, dict]:
 def format_rates(rates: dict[str, dict]) -> str:
     if not rates:
         return "no zoo tests ran"
-    lines = [f"{'technique':<20} {'killed':>7} {'total':>6} {'rate':>7}"]
+    lines = [f"{'technique':<20} {'killed':>7} {'total':>6} {'rate':>7}   {'bugs rejected':>13}"]
     for t, r in rates.items():
         rate = f"{r['rate']:.0%}" if r["rate"] is not None else "-"
-        lines.append(f"{t:<20} {r['killed']:>7} {r['total']:>6} {rate:>7}")
+        lines.append(f"{t:<20} {r['killed']:>7} {r['total']:>6} {rate:>7}   "
+                     f"{r['bugs_killed']:>6} of {r['bugs']:<3}")
         lines += [f"    survivor: {s}" for s in r["survivors"]]
     return "\n".join(lines)
 

@@ -160,6 +160,7 @@ def test_kill_rate_names_survivors(tmp_path, capsys):
     assert rates["attention"]["killed"] == 2 and rates["attention"]["total"] == 3
     assert rates["attention"]["survivors"] == ["p.py::law[zoo-c]"]
     assert rates["kv_cache"]["rate"] == 1.0
+    assert (rates["attention"]["bugs_killed"], rates["attention"]["bugs"]) == (2, 3)
     write_rows(rows, tmp_path / "rows" / "r.jsonl")
     assert killrate.main(["--rows", str(tmp_path / "rows")]) == 1
     assert "survivor: p.py::law[zoo-c]" in capsys.readouterr().out

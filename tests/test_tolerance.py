@@ -166,3 +166,17 @@ def test_every_rule_states_what_it_sees_and_cannot_see():
 
     for key, rule in tol.RULES.items():
         assert rule.sees and rule.blind_to, key
+
+
+def test_a_failure_names_the_worst_element_and_counts_nans():
+    """The message says where the worst error is, both values there, and how many elements are
+    NaN (a NaN is an error of +inf, so it is the worst element)."""
+    out_ref = torch.zeros(3, 4, dtype=torch.float64)
+    out = out_ref.clone()
+    out[1, 2] = 0.5
+    v = tolerance.check_close(out, out_ref)
+    assert not v.ok and "worst element (1, 2): out 0.5, out_ref 0" in v.message()
+    out[2, 3] = float("nan")
+    msg = tolerance.check_close(out, out_ref).message()
+    assert "worst element (2, 3): out nan" in msg and "1 of 12 elements NaN or infinite" in msg
+    assert tolerance.check_close(out_ref, out_ref).detail == ""
