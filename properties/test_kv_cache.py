@@ -324,6 +324,28 @@ def test_bytes_per_token_at_llama_shapes(impl, device, name):
                  what=f"{name} cache bytes")
 
 
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-6")
+def test_gqa_cache_bytes_against_mha(impl, device):
+    """KV-6 measured on the engines' caches: with 64 query heads, a model with 8 KV heads
+    (Llama-2-70B's grouping) holds 8 times fewer cache bytes than the same model with 64 (MHA),
+    and one KV head (MQA) 64 times fewer, for the same tokens (the engine's own cache_bytes,
+    which reads its tensors' shapes and element size)."""
+    held = {}
+    for K in (64, 8, 1):
+        cfg = TransformerConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=64, n_kv_heads=K, d_ff=8,
+                                max_seq_len=8, head_dim=16)
+        engine = impl.new_engine(model_for(cfg, 0, torch.float32, device), max_batch=2, max_seq_len=6)
+        engine.prefill(torch.tensor([[1, 2, 3], [4, 5, 0]], device=device), torch.tensor([3, 2], device=device))
+        engine.decode(torch.tensor([6, 7], device=device))
+        held[K] = engine.cache_bytes()
+    assert_exact(torch.tensor([held[64], held[64]]), torch.tensor([8 * held[8], 64 * held[1]]),
+                 what="cache bytes: MHA == 8 x GQA(K=8) == 64 x MQA")
+    results.record("KV-6", measured=held[64] / held[8], lecture="N/K = 8", unit="x less cache (engine bytes, MHA / GQA)",
+                   rule="N = 64 query heads, K = 8 KV heads; MQA (K = 1): 64x", mha_bytes=held[64], gqa_bytes=held[8],
+                   mqa_bytes=held[1])
+
+
 # --------------------------------------------------------------------------------------- KV-10
 @settings(max_examples=examples(5))
 @example(case=PINNED)
