@@ -62,7 +62,9 @@ def _fig_text(r: Row, value) -> str:
 
 def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[dict]:
     """One entry per ledger claim: the worst verdict of its (non-zoo) rows, "not measured" when
-    every row was skipped (e.g. GPU-only on a CPU run), "not checked" without rows."""
+    every row was skipped (e.g. GPU-only on a CPU run), "not checked" without rows. Rows of the
+    ``reference`` implementation (the oracle checked against itself) do not count where the claim
+    has other judged rows."""
     by_claim: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         if r.claim and not _is_zoo(r):
@@ -76,6 +78,11 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
     for c in claims():
         rs = by_claim.get(c.id, [])
         judged = [r for r in rs if r.verdict in ("pass", "fail", "error")]
+        # the reference built-in is the oracle: its rows against itself count only where a claim
+        # has no other judged row (an analytic figure the reference alone computes)
+        others = [r for r in judged if r.implementation != "reference"]
+        oracle_rows = len(judged) - len(others)
+        judged = others or judged
         verdict = "not checked" if not rs else (
             max(judged, key=lambda r: _ORDER[r.verdict]).verdict if judged else "not measured")
         verdict = {"pass": "holds", "fail": "fails", "error": "fails"}.get(verdict, verdict)
@@ -105,7 +112,8 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
                     "unit": figures[0].unit if figures else (rs[0].unit if rs else ""),
                     "lecture_text": "; ".join(lect) if any(x != "—" for x in lect) else "", "measured_text": measured_text or "",
                     "devices": sorted({r.device for r in rs if r.device}),
-                    "counts": {v: sum(r.verdict == v for r in rs) for v in _ORDER if any(r.verdict == v for r in rs)}})
+                    "counts": {v: sum(r.verdict == v for r in rs) for v in _ORDER if any(r.verdict == v for r in rs)},
+                    "oracle_rows_not_counted": oracle_rows if others else 0})
     return out
 
 

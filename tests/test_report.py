@@ -192,3 +192,17 @@ def test_report_states_what_each_tolerance_rule_sees_and_cannot_see(report):
         name = str(key).replace("torch.", "")
         assert f"| `{name}` |" in md, name
         assert rule.blind_to.split(" (")[0].replace("|", "\\|") in md, name
+
+
+def test_the_oracle_checked_against_itself_does_not_decide_a_verdict():
+    """A failing row of the reference implementation does not sink a claim that other
+    implementations pass, and a passing one does not rescue a claim they fail."""
+    def row(impl, verdict):
+        return Row("FA-3", f"p.py::law[{impl}]", "attention", impl, verdict=verdict)
+
+    verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "fail"), row("triton", "pass")])}
+    assert verdicts["FA-3"]["verdict"] == "holds" and verdicts["FA-3"]["oracle_rows_not_counted"] == 1
+    verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "pass"), row("triton", "fail")])}
+    assert verdicts["FA-3"]["verdict"] == "fails"
+    verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "pass")])}
+    assert verdicts["FA-3"]["verdict"] == "holds"
