@@ -131,31 +131,33 @@ def max_abs_error(out: torch.Tensor, out_ref: torch.Tensor) -> float:
         raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs out_ref {tuple(out_ref.shape)}")
     if out.numel() == 0:
         return 0.0
+    return float(_abs_diff(out, out_ref).max())
+
+
+def _abs_diff(out: torch.Tensor, out_ref: torch.Tensor) -> torch.Tensor:
+    """|out - out_ref| element by element in float64 on the CPU: matching infinities and NaN
+    against NaN are 0; a NaN or a non-matching infinity is +inf."""
     a = out.detach().to("cpu", torch.float64)
     b = out_ref.detach().to("cpu", torch.float64)
     same = (a == b) | (torch.isnan(a) & torch.isnan(b))
     diff = torch.where(same, torch.zeros_like(a), (a - b).abs())
-    diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
-    return float(diff.max())
+    return torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
 
 
 def worst_element(out: torch.Tensor, out_ref: torch.Tensor) -> str:
     """Where ``out`` is furthest from ``out_ref`` (index, both values) and how many of its
     elements are NaN or a non-matching infinity: the detail a failure message carries."""
-    a = _as_tensor(out).detach().to("cpu", torch.float64)
-    b = _as_tensor(out_ref).detach().to("cpu", torch.float64)
-    if a.shape != b.shape or a.numel() == 0:
+    out, out_ref = _as_tensor(out), _as_tensor(out_ref)
+    if out.shape != out_ref.shape or out.numel() == 0:
         return ""
-    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    bad = ~same & ~torch.isfinite(a - b)
-    diff = torch.where(same, torch.zeros_like(a), (a - b).abs())
-    diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
-    flat = int(diff.flatten().argmax())
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
-    text = f"worst element {idx}: out {a.flatten()[flat].item():.6g}, out_ref {b.flatten()[flat].item():.6g}"
-    n_nan, n_bad = int(torch.isnan(a).sum()), int(bad.sum())
+    diff = _abs_diff(out, out_ref).flatten()
+    a, b = out.detach().to("cpu", torch.float64).flatten(), out_ref.detach().to("cpu", torch.float64).flatten()
+    flat = int(diff.argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), out.shape))
+    text = f"worst element {idx}: out {a[flat].item():.6g}, out_ref {b[flat].item():.6g}"
+    n_nan, n_bad = int(torch.isnan(a).sum()), int(torch.isinf(diff).sum())
     if n_bad:
-        text += f"; {n_bad} of {a.numel()} elements NaN or infinite against a finite reference ({n_nan} NaN)"
+        text += f"; {n_bad} of {a.numel()} elements off by +inf (NaN or an infinity the reference does not have; {n_nan} NaN)"
     return text
 
 
