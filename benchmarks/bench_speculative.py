@@ -60,8 +60,8 @@ def test_bench_verify(benchmark, device, B, gamma):
     t_ref = median_seconds(lambda: verify_ref(tok, q, p, generator=gen), device, 3)
     nbytes = (q.numel() + p.numel()) * q.element_size()
     results.bench_info(benchmark, technique="speculative", backend="torch", device=device, dtype="float32",
-                       B=B, gamma=gamma, V=V, bytes=nbytes, median_s=t, reference_median_s=t_ref,
-                       torch_over_reference=t / t_ref,
+                       batch=B, gamma=gamma, vocab_size=V, bytes=nbytes, median_s=t, reference_median_s=t_ref,
+                       over_reference=t / t_ref,
                        goal="verifying up to 8 tokens <= 1.15x a one-token target step (memory-bound)")
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
 
