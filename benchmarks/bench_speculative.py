@@ -3,7 +3,7 @@ of the statistical SD-1 law (its false-alarm rate and its power).
 
 - ``test_bench_verify``: one ``verify`` call of B rounds, γ draft tokens, the small world's
   vocabulary (V = 294), the batched PyTorch verifier and the float64 reference in one run
-  (``torch_over_reference``); bytes per call = the probabilities read.
+  (``over_reference``); bytes per call = the probabilities read.
 - ``test_sd1_law_calibration``: 200 reseeded runs of the SD-1 statistical check on the batched
   verifier (a correct one) give the measured false-alarm rate, which must not exceed the stated
   α beyond sampling error (binomial tail at 1e-3), and 50 runs on the 0.97-acceptance verifier of
@@ -97,3 +97,85 @@ def test_sd1_law_calibration(device):
                    power_runs=POWER_RUNS, trials=STAT_TRIALS)
     assert false_alarms <= limit, f"{false_alarms} false alarms in {CALIBRATION_RUNS} runs (limit {limit})"
     assert detections / POWER_RUNS >= 0.95, f"power {detections}/{POWER_RUNS} against acceptance x 0.97"
+
+
+# ------------------------------------------------------------------------ SD-3 (report experiment)
+#: SD-3: documents per arm, the poor draft's γ, the token cap every arm shares (the engine needs
+#: 2γ + 2 free slots in the models' 128 positions), rows per engine batch.
+SD3_DOCS, SD3_GAMMA, SD3_MAX_TOKENS, SD3_BATCH = 1000, 4, 118, 250
+
+
+def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion k / n."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def _diff_ci(k1: int, k2: int, n: int, z: float = 1.959964) -> tuple[float, float, float]:
+    """Difference of two proportions k1/n - k2/n with its 95% normal (Wald) interval."""
+    p1, p2 = k1 / n, k2 / n
+    half = z * ((p1 * (1 - p1) + p2 * (1 - p2)) / n) ** 0.5
+    return p1 - p2, p1 - p2 - half, p1 - p2 + half
+
+
+@pytest.mark.claim("SD-3")
+@pytest.mark.skipif(os.environ.get("CI", "").lower() in ("1", "true", "yes"),
+                    reason="report experiment (about a minute on one core): run by python -m reports, not by CI")
+def test_sd3_grammatical_fraction():
+    """SD-3 on the small world: 1000 documents each from the poor draft alone, the target alone
+    (two seeds: the size of a change of seed) and speculative sampling (the cached engine, poor
+    draft, γ = 4), every arm capped at the same number of tokens; the grammatical fraction of
+    each with its 95% Wilson interval, and speculative minus target with a 95% interval. The
+    claim holds when that interval contains 0 or the difference is no larger than the change of
+    seed."""
+    from optimized.speculative_engine import SpeculativeEngine
+    from smallworld.checker import is_grammatical
+    from smallworld.checkpoints import load_model
+    from smallworld.sample import sample_ids
+    from smallworld.tokenizer import tokenizer
+
+    tok = tokenizer()
+    target, draft = load_model("target", torch.float32), load_model("draft_poor", torch.float32)
+
+    def alone(model, seed):
+        g = torch.Generator().manual_seed(seed)
+        return [tok.document_words(r.tolist()) for i in range(0, SD3_DOCS, SD3_BATCH)
+                for r in sample_ids(model, SD3_BATCH, 1.0, g, max_len=SD3_MAX_TOKENS)]
+
+    def speculative(seed):
+        g = torch.Generator().manual_seed(seed)
+        engine = SpeculativeEngine(target, draft, gamma=SD3_GAMMA, max_batch=SD3_BATCH,
+                                   max_seq_len=target.cfg.max_seq_len)
+        docs, rounds, accepted, drafted = [], 0, 0, 0
+        for _ in range(0, SD3_DOCS, SD3_BATCH):
+            out, st = engine.generate(torch.full((SD3_BATCH, 1), tok.bos_id), SD3_MAX_TOKENS, generator=g)
+            docs += [tok.document_words(r.tolist()) for r in out]
+            rounds, accepted, drafted = rounds + st["rounds"], accepted + st["accepted"], drafted + st["drafted"]
+        return docs, accepted / drafted
+
+    arms = {"draft alone (draft_poor)": alone(draft, 0), "target alone (seed 0)": alone(target, 0),
+            "target alone (seed 1)": alone(target, 1)}
+    spec_docs, acc_rate = speculative(0)
+    arms[f"speculative (draft_poor, gamma={SD3_GAMMA})"] = spec_docs
+    lecture = {"draft alone (draft_poor)": "8.4%", f"speculative (draft_poor, gamma={SD3_GAMMA})": "94.6%"}
+    k = {}
+    for name, docs in arms.items():
+        k[name] = sum(is_grammatical(d) for d in docs)
+        lo, hi = _wilson(k[name], SD3_DOCS)
+        results.record("SD-3", measured=k[name] / SD3_DOCS, lecture=lecture.get(name), unit="grammatical fraction",
+                       rule="1000 documents at temperature 1, capped at 118 tokens; 95% Wilson interval",
+                       what=name, documents=SD3_DOCS, grammatical=k[name] / SD3_DOCS, ci_low=lo, ci_high=hi,
+                       draft="draft_poor", gamma=SD3_GAMMA)
+    spec = f"speculative (draft_poor, gamma={SD3_GAMMA})"
+    d, lo, hi = _diff_ci(k[spec], k["target alone (seed 0)"], SD3_DOCS)
+    seed_change = abs(k["target alone (seed 1)"] - k["target alone (seed 0)"]) / SD3_DOCS
+    holds = lo <= 0 <= hi or abs(d) <= seed_change
+    results.record("SD-3", measured=d, lecture="no larger than a change of seed", unit="fraction (speculative - target)",
+                   rule="95% interval of the difference contains 0, or |difference| <= the change of seed",
+                   what=f"change of seed: {seed_change:.3f}; draft acceptance {acc_rate:.3f}",
+                   ci_low=lo, ci_high=hi, holds=holds, trend_rule="speculative as grammatical as the target",
+                   documents=SD3_DOCS)
+    assert holds, (f"speculative - target = {d:.3f} (95% interval [{lo:.3f}, {hi:.3f}]), change of seed "
+                   f"{seed_change:.3f}")

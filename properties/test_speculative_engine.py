@@ -261,6 +261,45 @@ def test_sd1_engine_draft_sampled_from_q():
         raise NotRejected(f"the engine-level G-test accepted bfloat16_draft_sampling: {bad.message()}")
 
 
+def _naive_process(logits: list[float], T: float, k: int, top_p: float) -> list[float]:
+    """:func:`process_logits` one token at a time in Python floats (float64)."""
+    import math
+
+    m = max(x / T for x in logits)
+    e = [math.exp(x / T - m) for x in logits]
+    probs = [x / sum(e) for x in e]
+    if 0 < k < len(probs):
+        kth = sorted(probs, reverse=True)[k - 1]
+        probs = [x if x >= kth else 0.0 for x in probs]
+        probs = [x / sum(probs) for x in probs]
+    if top_p < 1.0:
+        order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+        kept, before = set(), 0.0
+        for i in order:
+            if before < top_p:
+                kept.add(i)
+            before += probs[i]
+        probs = [x if i in kept else 0.0 for i, x in enumerate(probs)]
+        probs = [x / sum(probs) for x in probs]
+    return probs
+
+
+@given(logits=st.lists(st.integers(-8, 8).map(lambda x: x / 2), min_size=2, max_size=12),
+       T=st.sampled_from([0.3, 0.7, 1.0, 2.5]), k=st.integers(0, 13), top_p=st.sampled_from([0.05, 0.5, 0.9, 1.0]))
+@example(logits=[1.0, 1.0, 1.0, 0.0], T=1.0, k=2, top_p=1.0)       # ties with the k-th are kept
+@example(logits=[3.0, 0.0, -1.0], T=1.0, k=1, top_p=1.0)           # top-1: the argmax only
+@example(logits=[0.0, 0.5, 0.0], T=1.0, k=0, top_p=0.05)          # tiny top-p: the most probable token
+@example(logits=[0.0, 0.0, 0.0, 0.0], T=0.7, k=0, top_p=0.5)       # top-p on a boundary: two of four
+@example(logits=[2.0, 1.0], T=2.5, k=5, top_p=1.0)                 # k >= V: nothing truncated
+def test_process_logits_matches_naive(logits, T, k, top_p):
+    """Temperature, top-k and top-p of :func:`process_logits` equal a token-by-token Python
+    computation: the kept set exactly, the probabilities to float64 rounding."""
+    got = process_logits(torch.tensor(logits, dtype=torch.float64), T, k, top_p)
+    want = torch.tensor(_naive_process(logits, T, k, top_p), dtype=torch.float64)
+    assert_exact(got > 0, want > 0, what="tokens kept")
+    assert_close(got, want, what="processed probabilities")
+
+
 def test_process_logits_errors():
     with pytest.raises(ValueError, match="temperature"):
         process_logits(torch.zeros(3), 0.0)

@@ -334,7 +334,8 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
         probs = probs / probs.sum(-1, keepdim=True)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-        before = sorted_p.cumsum(-1) - sorted_p                          # mass of the tokens ahead
+        cum = sorted_p.cumsum(-1)
+        before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], -1)  # mass of the tokens ahead
         keep_sorted = before < top_p
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         probs = torch.where(keep, probs, torch.zeros_like(probs))
