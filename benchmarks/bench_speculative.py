@@ -179,3 +179,97 @@ def test_sd3_grammatical_fraction():
                    documents=SD3_DOCS)
     assert holds, (f"speculative - target = {d:.3f} (95% interval [{lo:.3f}, {hi:.3f}]), change of seed "
                    f"{seed_change:.3f}")
+
+
+# ------------------------------------------------------------------------ SD-9 (wall clock)
+#: SD-9: γ values, tokens generated per run (B = 1), per device.
+SD9_GAMMAS = {"cuda": tuple(range(1, 9)), "cpu": (1, 2, 4, 8)}
+SD9_TOKENS = 96
+
+
+@pytest.mark.claim("SD-9")
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_sd9_speculative_vs_target_only(benchmark, device, mode):
+    """SD-9 on the small world at B = 1: wall-clock tokens/s of the speculative engine (both
+    drafts, γ = 1..8; 1, 2, 4, 8 on the CPU) against target-only decoding through the same cached
+    engine, next to the SD-4 formula at the measured α and the measured c (one draft step / one
+    target step); the cost of scoring γ + 1 tokens in one target forward relative to a one-token
+    step. Goals (issue, not asserted): verifying up to 8 tokens <= 1.15x a one-token step when
+    memory-bound; measured speedup >= 0.85x the formula. The trend holds when the good draft's best
+    γ is faster than target-only and the poor draft's best γ is at most 4."""
+    from optimized.speculative_engine import CachedModel, SpeculativeEngine
+    from reference.speculative import measured_alpha, speedup
+    from smallworld.checkpoints import load_model
+    from smallworld.tokenizer import tokenizer
+
+    temperature = 0.0 if mode == "greedy" else 1.0
+    target = load_model("target", torch.float32, device)
+    drafts = {name: load_model(name, torch.float32, device) for name in ("draft_good", "draft_poor")}
+    prompt = torch.full((1, 1), tokenizer().bos_id, device=device)
+    repeats = 1 if benchmark.disabled else 3
+    gammas = SD9_GAMMAS[device if device in SD9_GAMMAS else "cpu"]
+    n_tokens = SD9_TOKENS if not benchmark.disabled else 32
+    cap = target.cfg.max_seq_len
+
+    def one_at_a_time(model):
+        eng = CachedModel(model, 1, cap)
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def run():
+            eng.start(1)
+            logits = eng.extend(prompt, torch.ones(1, dtype=torch.int64))[:, -1]
+            for _ in range(n_tokens):
+                nxt = logits.argmax(-1) if temperature == 0 else torch.multinomial(torch.softmax(logits, -1), 1,
+                                                                                     generator=gen)[:, 0]
+                logits = eng.extend(nxt[:, None], torch.ones(1, dtype=torch.int64))[:, 0]
+        return run
+
+    t_target = median_seconds(one_at_a_time(target), device, repeats)
+    step = {name: median_seconds(one_at_a_time(m), device, repeats) / (n_tokens + 1) for name, m in drafts.items()}
+    target_step = t_target / (n_tokens + 1)
+    # the cost of a γ+1-token target forward relative to a one-token step, at a 32-token context
+    eng = CachedModel(target, 1, cap)
+    ctx = torch.randint(4, target.cfg.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def verify_cost(k):
+        """Seconds of one k-token target forward after a 32-token context (set up untimed)."""
+        return median_seconds(lambda: eng.extend(ctx[:, 32:32 + k], torch.tensor([k])), device, max(repeats, 3),
+                              setup=lambda: (eng.start(1), eng.extend(ctx[:, :32], torch.tensor([32]))))
+
+    one_token = verify_cost(1)
+    verify_ratio = {g + 1: verify_cost(g + 1) / one_token for g in gammas}
+    results.record("SD-9", measured=max(verify_ratio.values()), lecture="<= 1.15x (memory-bound, issue goal)",
+                   unit=f"time of a {max(gammas) + 1}-token target forward / a one-token step",
+                   what=f"by tokens scored: { {k: round(v, 2) for k, v in verify_ratio.items()} }",
+                   device=device, goal="verifying up to 8 tokens <= 1.15x a one-token step when memory-bound")
+    best = {}
+    for name, draft in drafts.items():
+        c = step[name] / target_step
+        for gamma in gammas:
+            engine = SpeculativeEngine(target, draft, gamma=gamma, max_batch=1, max_seq_len=cap, temperature=temperature)
+            stats = {}
+
+            def run(engine=engine, stats=stats):
+                gen = torch.Generator(device=device).manual_seed(0)
+                stats.update(engine.generate(prompt, n_tokens, generator=gen)[1])
+
+            t = median_seconds(run, device, repeats)
+            alpha = measured_alpha(stats)
+            formula = speedup(min(alpha, 1.0), gamma, c)
+            measured = t_target / t
+            best[name] = max(best.get(name, (0.0, 0)), (measured, gamma))
+            results.record("SD-9", measured=round(measured, 3), lecture=round(formula, 3),
+                           unit="speedup over target-only decoding (wall clock, B = 1)",
+                           rule="lecture column: (1 - a^(g+1)) / ((1 - a)(1 + g c)) at the measured alpha and c",
+                           gamma=gamma, draft=f"{name} ({mode})", alpha=round(alpha, 3), device=device,
+                           tokens_per_s=n_tokens / t, what=f"c = {c:.3f} (measured draft step / target step)",
+                           goal="measured >= 0.85x the formula")
+    good, poor = best["draft_good"], best["draft_poor"]
+    holds = bool(good[0] > 1.0 and poor[1] <= 4)
+    results.record("SD-9", measured=round(good[0], 3), unit=f"best speedup of the good draft ({mode})",
+                   what=f"good draft best gamma {good[1]}; poor draft best gamma {poor[1]} (speedup {poor[0]:.2f})",
+                   holds=holds, trend_rule="good draft faster than target-only; poor draft's best gamma <= 4",
+                   best_gamma=good[1], device=device)
+    results.bench_info(benchmark, technique="speculative", backend="speculative_engine", device=device,
+                       dtype="float32", batch=1, tokens_per_s=n_tokens / t_target, claim="SD-9")
+    benchmark.pedantic(one_at_a_time(target), rounds=repeats, warmup_rounds=0)

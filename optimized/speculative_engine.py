@@ -144,8 +144,9 @@ class SpeculativeEngine:
         rows). ``on_round(engine, committed, lengths)``, if given, is called after every round
         with the committed tokens (B, S + max_new_tokens + 2γ + 1) and their lengths (B,) CPU.
 
-        Returns (tokens (B, S + max_new_tokens), stats: rounds, accepted, drafted, emitted per
-        row while generating, summed)."""
+        Returns (tokens (B, S + max_new_tokens), stats: rounds, accepted, drafted, emitted and
+        rejections (rounds that stopped before γ) per row while generating, summed;
+        :func:`reference.speculative.measured_alpha` reads them)."""
         greedy = self.temperature == 0
         B, S = prompt.shape
         g = self.gamma
@@ -162,7 +163,7 @@ class SpeculativeEngine:
             if S > 1:
                 m.extend(prompt[:, :S - 1], torch.full((B,), S - 1, dtype=torch.int64))
         rows = torch.arange(B, device=dev)
-        stats = {"rounds": 0, "accepted": 0, "drafted": 0, "emitted": 0}
+        stats = {"rounds": 0, "accepted": 0, "drafted": 0, "emitted": 0, "rejections": 0}
         while bool((L < S + max_new_tokens).any()):
             active = L < S + max_new_tokens                                          # (B,) CPU
             # 1. the draft catches up (1 or 2 committed tokens), then drafts γ tokens
@@ -214,6 +215,7 @@ class SpeculativeEngine:
             stats["accepted"] += int((n_host * active).sum())
             stats["drafted"] += g * int(active.sum())
             stats["emitted"] += int(step.sum())
+            stats["rejections"] += int(((n_host < g) & active).sum())
             L = new_L
             if on_round is not None:
                 on_round(self, buf, L.clone())
