@@ -207,8 +207,8 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
     drafts = {name: load_model(name, torch.float32, device) for name in ("draft_good", "draft_poor")}
     prompt = torch.full((1, 1), tokenizer().bos_id, device=device)
     repeats = 1 if benchmark.disabled else 3
-    gammas = SD9_GAMMAS[device if device in SD9_GAMMAS else "cpu"]
-    n_tokens = SD9_TOKENS if not benchmark.disabled else 32
+    gammas = SD9_GAMMAS[device if device in SD9_GAMMAS else "cpu"] if not benchmark.disabled else (1, 4)
+    n_tokens = SD9_TOKENS if not benchmark.disabled else 24
     cap = target.cfg.max_seq_len
 
     def one_at_a_time(model):

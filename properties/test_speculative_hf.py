@@ -3,7 +3,7 @@
 Hugging Face Llama folders (and read back by ``smallworld.hf_llama`` to the same weights).
 
 - Sampled (``do_sample=True``, temperature 1, top-k and top-p off: transformers' default top-k
-  is 50): the first two tokens of 2000 generations after ``<bos>`` follow the target's own
+  is 50): the first two tokens of 1500 generations after ``<bos>`` follow the target's own
   distribution (G-tests of the first two and of the first alone, alpha = 1e-3, bins below 5
   expected pooled), the claim SD-1 on an outside system; the same first tokens reject the poor
   draft's own distribution (KL 0.03 from the target's).
@@ -30,7 +30,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ALPHA = 1e-3
-N_SAMPLED = 2000
+N_SAMPLED = 1500
 
 
 def export_hf_llama(model, folder):
@@ -95,7 +95,7 @@ def _first_two_exact(target, bos_id: int) -> np.ndarray:
 
 @pytest.mark.claim("SD-1")
 def test_hf_assisted_sampling_follows_target(world):
-    """SD-1 on transformers' assisted generation: the first two sampled tokens of 2000
+    """SD-1 on transformers' assisted generation: the first two sampled tokens of 1500
     generations follow the target's own distribution (G-test, alpha = 1e-3)."""
     from smallworld.checkpoints import load_model
 
