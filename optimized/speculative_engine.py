@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from optimized import speculative as batched
 from optimized.engine import KVCacheEngine
 from optimized.kv_cache import INDEX_DTYPE
-from reference.speculative import process_logits
+from reference.speculative import best_gamma, process_logits
 from reference.transformer import Transformer, naive_attention
 
 
@@ -104,13 +104,17 @@ class SpeculativeEngine:
     ``gamma`` draft tokens per round (>= 1); ``temperature`` (0: greedy), ``top_k`` (0: none)
     and ``top_p`` (1: none) apply to both models; ``verify``: a ``speculative`` contract
     function (default the batched verifier of :mod:`optimized.speculative`).
+    ``adaptive``: choose each round's γ in 1..``gamma`` from the recent acceptance rate (an
+    exponential average, weight ``1/4`` per round, of accepted / (accepted + rejections) over the
+    batch) as the γ that maximises the SD-4 speedup at cost ratio ``draft_cost`` (default: the
+    draft's parameters / the target's); ``last_gamma`` is the γ of the last round.
     ``max_seq_len`` must hold prompt + max_new_tokens + 2γ + 1 tokens (a row that has finished
     keeps scoring, and rolling back, γ + 1 tokens past its end while the others finish).
     """
 
     def __init__(self, target: Transformer, draft: Transformer, *, gamma: int, max_batch: int,
                  max_seq_len: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 verify=None, append: str = "torch"):
+                 verify=None, append: str = "torch", adaptive: bool = False, draft_cost: float | None = None):
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
         if target.cfg.vocab_size != draft.cfg.vocab_size:
@@ -122,6 +126,11 @@ class SpeculativeEngine:
         self.target = CachedModel(target, max_batch, max_seq_len, append)
         self.draft = CachedModel(draft, max_batch, max_seq_len, append)
         self.gamma, self.temperature, self.top_k, self.top_p = gamma, temperature, top_k, top_p
+        self.adaptive = adaptive
+        if draft_cost is None:
+            draft_cost = sum(p.numel() for p in draft.parameters()) / sum(p.numel() for p in target.parameters())
+        self.draft_cost = float(draft_cost)
+        self.last_gamma = gamma
         self.verify = verify or (lambda *a, generator: batched.verify(*a, generator=generator, check=False))
 
     # ------------------------------------------------------------------ hooks (known-bad engines override)
@@ -149,9 +158,10 @@ class SpeculativeEngine:
         :func:`reference.speculative.measured_alpha` reads them)."""
         greedy = self.temperature == 0
         B, S = prompt.shape
-        g = self.gamma
+        g_max = g = self.gamma
+        alpha_avg = None
         dev = self.target.device
-        total = S + max_new_tokens + 2 * g + 1
+        total = S + max_new_tokens + 2 * g_max + 1
         if total > min(self.target.cache.max_seq_len, self.draft.cache.max_seq_len):
             raise ValueError(f"prompt + max_new_tokens + 2 gamma + 1 = {total} exceeds the caches' max_seq_len")
         buf = torch.zeros(B, total, dtype=torch.int64, device=dev)
@@ -166,6 +176,9 @@ class SpeculativeEngine:
         stats = {"rounds": 0, "accepted": 0, "drafted": 0, "emitted": 0, "rejections": 0}
         while bool((L < S + max_new_tokens).any()):
             active = L < S + max_new_tokens                                          # (B,) CPU
+            if self.adaptive and alpha_avg is not None:
+                g = best_gamma(min(alpha_avg, 1.0), self.draft_cost, g_max)
+            self.last_gamma = g
             # 1. the draft catches up (1 or 2 committed tokens), then drafts γ tokens
             lag = L - Ld                                                              # 1 or 2
             T = int(lag.max())
@@ -215,7 +228,12 @@ class SpeculativeEngine:
             stats["accepted"] += int((n_host * active).sum())
             stats["drafted"] += g * int(active.sum())
             stats["emitted"] += int(step.sum())
-            stats["rejections"] += int(((n_host < g) & active).sum())
+            rejected = int(((n_host < g) & active).sum())
+            stats["rejections"] += rejected
+            accepted = int((n_host * active).sum())
+            if accepted + rejected:
+                rate = accepted / (accepted + rejected)
+                alpha_avg = rate if alpha_avg is None else 0.75 * alpha_avg + 0.25 * rate
             L = new_L
             if on_round is not None:
                 on_round(self, buf, L.clone())

@@ -111,23 +111,24 @@ def check_caches(engine, buf, L, prev_L, gamma, worst: list) -> None:
 
 @settings(max_examples=4)
 @given(draft=st.sampled_from(DRAFTS), gamma=st.integers(1, 5), greedy=st.booleans(),
-       batch=st.integers(1, 3), prompt_len=st.integers(1, 4), seed=st.integers(0, 2**16))
-@example(draft="draft_poor", gamma=1, greedy=False, batch=3, prompt_len=1, seed=0)    # most rejections
-@example(draft="draft_good", gamma=4, greedy=True, batch=2, prompt_len=3, seed=1)     # all-accepted rounds
-@example(draft="draft_poor", gamma=5, greedy=False, batch=1, prompt_len=4, seed=2)
-def law_sd8_caches_rolled_back(impl, draft, gamma, greedy, batch, prompt_len, seed):
+       batch=st.integers(1, 3), prompt_len=st.integers(1, 4), seed=st.integers(0, 2**16), adaptive=st.booleans())
+@example(draft="draft_poor", gamma=1, greedy=False, batch=3, prompt_len=1, seed=0, adaptive=False)  # most rejections
+@example(draft="draft_good", gamma=4, greedy=True, batch=2, prompt_len=3, seed=1, adaptive=False)   # all accepted
+@example(draft="draft_poor", gamma=5, greedy=False, batch=1, prompt_len=4, seed=2, adaptive=False)
+@example(draft="draft_good", gamma=6, greedy=False, batch=2, prompt_len=2, seed=3, adaptive=True)   # γ per round
+def law_sd8_caches_rolled_back(impl, draft, gamma, greedy, batch, prompt_len, seed, adaptive):
     worst = _WORST
     target, dr = _model("target", torch.float64), _model(draft, torch.float64)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.cat([torch.full((batch, 1), _tok().bos_id),
                         torch.randint(4, target.cfg.vocab_size, (batch, prompt_len - 1), generator=gen)], 1)
     engine = impl.cls(target, dr, gamma=gamma, max_batch=batch, max_seq_len=target.cfg.max_seq_len,
-                      temperature=0.0 if greedy else 1.0)
+                      temperature=0.0 if greedy else 1.0, adaptive=adaptive)
     prev = {"L": torch.full((batch,), prompt_len, dtype=torch.int64)}
     rounds = []
 
     def on_round(eng, buf, L):
-        check_caches(eng, buf, L, prev["L"], gamma, worst)
+        check_caches(eng, buf, L, prev["L"], eng.last_gamma, worst)
         prev["L"] = L
         rounds.append(1)
 
@@ -156,25 +157,31 @@ def test_sd8_zoo_rejected(bad):
 
 
 # ------------------------------------------------------------------------------------ SD-7
-def law_sd7_engine_greedy(impl, draft: str, gamma: int, n_tokens: int = 24):
+def law_sd7_engine_greedy(impl, draft: str, gamma: int, n_tokens: int = 24, adaptive: bool = False):
     target, dr = _model("target", torch.float64), _model(draft, torch.float64)
     prompt = torch.full((3, 1), _tok().bos_id)
-    engine = impl.cls(target, dr, gamma=gamma, max_batch=3, max_seq_len=target.cfg.max_seq_len, temperature=0.0)
-    out, st_ = engine.generate(prompt, n_tokens)
+    engine = impl.cls(target, dr, gamma=gamma, max_batch=3, max_seq_len=target.cfg.max_seq_len, temperature=0.0,
+                      adaptive=adaptive)
+    gammas = []
+    out, st_ = engine.generate(prompt, n_tokens, on_round=lambda eng, buf, L: gammas.append(eng.last_gamma))
+    st_["gammas"] = gammas
     out_ref, _ = generate(target, prompt, n_tokens)
     return out, out_ref, st_
 
 
 @pytest.mark.claim("SD-7")
 @pytest.mark.parametrize("draft", DRAFTS)
-@pytest.mark.parametrize("gamma", [1, 3, 6])
-def test_sd7_engine_greedy_equals_greedy_target(draft, gamma):
+@pytest.mark.parametrize("gamma,adaptive", [(1, False), (3, False), (6, False), (8, True)],
+                         ids=["g1", "g3", "g6", "adaptive-g1..8"])
+def test_sd7_engine_greedy_equals_greedy_target(draft, gamma, adaptive):
     """SD-7 with the cached engine: greedy speculative output equals greedy target decoding
-    (no cache, float64) token for token, whatever the draft."""
-    out, out_ref, st_ = law_sd7_engine_greedy(_good(), draft, gamma)
+    (no cache, float64) token for token, whatever the draft, with a fixed γ or one chosen each
+    round from the recent acceptance rate (up to 8)."""
+    out, out_ref, st_ = law_sd7_engine_greedy(_good(), draft, gamma, adaptive=adaptive)
     results.record("SD-7", measured=int((out != out_ref).sum()), bound=0, unit="tokens differing",
                    rule="exact (cached engine with rollback)", gamma=gamma, draft=draft,
-                   alpha=st_["accepted"] / st_["drafted"], rounds=st_["rounds"])
+                   alpha=st_["accepted"] / st_["drafted"], rounds=st_["rounds"],
+                   what=f"adaptive gamma, mean {np.mean(st_['gammas']):.2f}" if adaptive else "fixed gamma")
     assert_exact(out, out_ref, what=f"greedy speculative engine ({draft}, gamma={gamma}) vs greedy target")
 
 
