@@ -142,6 +142,10 @@ class SpeculativeEngine:
         """A draft token per row, sampled from exactly ``q`` (the distribution given to verify)."""
         return torch.multinomial(q, 1, generator=generator)[:, 0]
 
+    def _q_for_verify(self, logits: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The draft distribution passed to ``verify``: the very q the token was sampled from."""
+        return q
+
     def _rollback(self, model: CachedModel, new_lengths: torch.Tensor) -> None:
         model.rollback(new_lengths)
 
@@ -192,7 +196,7 @@ class SpeculativeEngine:
                 else:
                     q = self._probs(logits)
                     x = self._draft_sample(logits, q, generator)
-                    qs.append(q)
+                    qs.append(self._q_for_verify(logits, q))
                 xs.append(x)
                 if i < g - 1:
                     logits = self.draft.extend(x[:, None], torch.ones(B, dtype=torch.int64))[:, 0]

@@ -15,7 +15,8 @@ claims SD-1, SD-7, SD-8; lecture 002 §2).
 
 Known-bad engines (``properties/zoo_speculative.py`` ``ENGINE_ZOO``), each shown rejected:
 ``forgets_rollback`` (SD-8 and SD-7), ``forgets_draft_rollback`` (SD-8 only: its output is still
-right, as any draft is a valid draft), ``bfloat16_draft_sampling`` (the engine-level G-test).
+right, as any draft is a valid draft), ``bfloat16_draft_sampling`` and ``bfloat16_draft_q`` (the
+engine-level G-test).
 """
 from __future__ import annotations
 
@@ -253,18 +254,20 @@ def law_engine_first_token(impl, seed: int = 3):
 def test_sd1_engine_draft_sampled_from_q():
     """The engine samples its draft tokens from exactly the q it passes to verify: at a context
     where bfloat16 rounding of the draft's logits moves q (KL about 1.6e-3), 40000 rows follow
-    the target (G-test), and the engine that samples from a bfloat16 softmax is rejected."""
+    the target (G-test); the engine that samples from a bfloat16 softmax while passing the float32
+    q, and the one that samples from the float32 softmax while passing a bfloat16 q, are rejected."""
     v = law_engine_first_token(_good())
     results.record("SD-1", measured=round(v.error, 2), bound=round(v.bound, 2), unit="G statistic",
                    rule="engine-level G-test, alpha=1e-3", what="correct engine, '<bos> old', T=0.35",
                    temperature=0.35, trials=BF16_CASE["n"])
     v.check()
-    bad = law_engine_first_token(_bad("bfloat16_draft_sampling"))
-    results.record("SD-1", measured=round(bad.error, 2), bound=round(bad.bound, 2), unit="G statistic",
-                   rule="engine-level G-test, alpha=1e-3", what="bfloat16_draft_sampling (known bad)",
-                   temperature=0.35, trials=BF16_CASE["n"])
-    if bad.ok:
-        raise NotRejected(f"the engine-level G-test accepted bfloat16_draft_sampling: {bad.message()}")
+    for name in ("bfloat16_draft_sampling", "bfloat16_draft_q"):
+        bad = law_engine_first_token(_bad(name))
+        results.record("SD-1", measured=round(bad.error, 2), bound=round(bad.bound, 2), unit="G statistic",
+                       rule="engine-level G-test, alpha=1e-3", what=f"{name} (known bad)",
+                       temperature=0.35, trials=BF16_CASE["n"])
+        if bad.ok:
+            raise NotRejected(f"the engine-level G-test accepted {name}: {bad.message()}")
 
 
 def _naive_process(logits: list[float], T: float, k: int, top_p: float) -> list[float]:

@@ -138,6 +138,17 @@ class Bfloat16DraftSampling(SpeculativeEngine):
         return torch.multinomial(q16.float(), 1, generator=generator)[:, 0]
 
 
+class Bfloat16DraftQ(SpeculativeEngine):
+    """The reverse: samples each draft token from the float32 softmax but passes ``verify`` the
+    q of a bfloat16 softmax of the same logits."""
+
+    def _q_for_verify(self, logits, q):
+        from reference.speculative import process_logits
+
+        q16 = process_logits(logits.to(torch.bfloat16), self.temperature, self.top_k, self.top_p).float()
+        return q16 / q16.sum(-1, keepdim=True)
+
+
 #: The known-bad engines, each shown rejected in ``properties/test_speculative_engine.py``.
 ENGINE_ZOO = {"forgets_rollback": ForgetsRollback, "forgets_draft_rollback": ForgetsDraftRollback,
-              "bfloat16_draft_sampling": Bfloat16DraftSampling}
+              "bfloat16_draft_sampling": Bfloat16DraftSampling, "bfloat16_draft_q": Bfloat16DraftQ}
