@@ -265,11 +265,13 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
                            tokens_per_s=n_tokens / t, what=f"c = {c:.3f} (measured draft step / target step)",
                            goal="measured >= 0.85x the formula")
     good, poor = best["draft_good"], best["draft_poor"]
-    holds = bool(good[0] > 1.0 and poor[1] <= 4)
+    # the verdict only from a real benchmark run (the CI smoke run times one repeat of 24 tokens)
+    verdict = {} if benchmark.disabled else dict(
+        holds=bool(good[0] > 1.0 and poor[1] <= 4),
+        trend_rule="good draft faster than target-only; poor draft's best gamma <= 4")
     results.record("SD-9", measured=round(good[0], 3), unit=f"best speedup of the good draft ({mode})",
                    what=f"good draft best gamma {good[1]}; poor draft best gamma {poor[1]} (speedup {poor[0]:.2f})",
-                   holds=holds, trend_rule="good draft faster than target-only; poor draft's best gamma <= 4",
-                   best_gamma=good[1], device=device)
+                   best_gamma=good[1], device=device, **verdict)
     results.bench_info(benchmark, technique="speculative", backend="speculative_engine", device=device,
                        dtype="float32", batch=1, tokens_per_s=n_tokens / t_target, claim="SD-9")
     benchmark.pedantic(one_at_a_time(target), rounds=repeats, warmup_rounds=0)

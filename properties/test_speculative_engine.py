@@ -198,7 +198,7 @@ def test_sd7_engine_zoo():
 
 # --------------------------------------------------------------- SD-1 at engine level (G-tests)
 #: Sampling settings the laws use: (temperature, top_k, top_p).
-SETTINGS = {"raw": (1.0, 0, 1.0), "t0.7-k20-p0.9": (0.7, 20, 0.9), "t1.3-k5-p0.5": (1.3, 5, 0.5)}
+SETTINGS = {"raw": (1.0, 0, 1.0), "t0.7-k20-p0.9": (0.7, 20, 0.9), "t1.5-k10-p0.95": (1.5, 10, 0.95)}
 
 
 def _first_token_counts(impl, target_name, draft_name, prompt_words, settings_, n, gamma, seed):
