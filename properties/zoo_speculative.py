@@ -103,3 +103,52 @@ def acceptance_times_097(draft_tokens, draft_probs, target_probs, *, generator):
     """Accepts with probability 0.97 · min(1, p/q): a slightly biased acceptance (the negative
     control that sizes the statistical law's batch)."""
     return _verify(draft_tokens, draft_probs, target_probs, generator, accept_scale=0.97)
+
+
+# ------------------------------------------------------------------ known-bad engines
+from optimized.speculative_engine import SpeculativeEngine  # noqa: E402
+
+
+class ForgetsRollback(SpeculativeEngine):
+    """Never rolls its caches back: after a rejection the target's and the draft's caches keep
+    the rejected draft tokens' keys and values, and the next tokens are written after them."""
+
+    def _rollback(self, model, new_lengths):
+        pass
+
+
+class ForgetsDraftRollback(SpeculativeEngine):
+    """Rolls the target's cache back but not the draft's: the draft keeps conditioning on
+    rejected tokens. The output stays right (any draft is a valid draft; SD-1 and SD-7 cannot
+    see it), only SD-8's check of the caches does."""
+
+    def _rollback(self, model, new_lengths):
+        if model is self.target:
+            model.rollback(new_lengths)
+
+
+class Bfloat16DraftSampling(SpeculativeEngine):
+    """Samples each draft token from a bfloat16 softmax of the draft's logits while the q it
+    passes to ``verify`` is the float32 softmax: the draft tokens do not follow q."""
+
+    def _draft_sample(self, logits, q, generator):
+        from reference.speculative import process_logits
+
+        q16 = process_logits(logits.to(torch.bfloat16), self.temperature, self.top_k, self.top_p)
+        return torch.multinomial(q16.float(), 1, generator=generator)[:, 0]
+
+
+class Bfloat16DraftQ(SpeculativeEngine):
+    """The reverse: samples each draft token from the float32 softmax but passes ``verify`` the
+    q of a bfloat16 softmax of the same logits."""
+
+    def _q_for_verify(self, logits, q):
+        from reference.speculative import process_logits
+
+        q16 = process_logits(logits.to(torch.bfloat16), self.temperature, self.top_k, self.top_p).float()
+        return q16 / q16.sum(-1, keepdim=True)
+
+
+#: The known-bad engines, each shown rejected in ``properties/test_speculative_engine.py``.
+ENGINE_ZOO = {"forgets_rollback": ForgetsRollback, "forgets_draft_rollback": ForgetsDraftRollback,
+              "bfloat16_draft_sampling": Bfloat16DraftSampling, "bfloat16_draft_q": Bfloat16DraftQ}

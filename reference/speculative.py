@@ -305,3 +305,39 @@ def measured_alpha(stats: dict) -> float:
     """α estimated from rounds (maximum likelihood for i.i.d. acceptances): accepted draft tokens
     / (accepted + rejections), a rejection being a round that stopped before γ."""
     return stats["accepted"] / max(1, stats["accepted"] + stats["rejections"])
+
+
+# ------------------------------------------------ sampling settings (target and draft alike)
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+                   ) -> torch.Tensor:
+    """The sampling distribution of ``logits`` (..., V) under temperature, top-k and top-p, in
+    the logits' dtype: softmax(logits / temperature), then only the ``top_k`` most probable
+    tokens kept (0: all; ties with the k-th are kept), then only the smallest set of most
+    probable tokens whose mass reaches ``top_p`` (a token is kept when the mass of the tokens
+    before it, in decreasing order, is below ``top_p``; 1: all), renormalised.
+
+    Speculative decoding applies the same processing to the target (p) and the draft (q) before
+    verification, so the emitted tokens follow the processed target distribution. Raises
+    ValueError for temperature <= 0 (greedy is argmax, not a distribution), top_k < 0, or top_p
+    outside (0, 1].
+    """
+    if not temperature > 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be finite and > 0 for a sampling distribution, got {temperature}")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0: no truncation), got {top_k!r}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[..., -1:]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+        cum = sorted_p.cumsum(-1)
+        before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], -1)  # mass of the tokens ahead
+        keep_sorted = before < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
