@@ -212,6 +212,7 @@ CONTRACT = Contract(
         "torch": "optimized.quant_torch:SYMMETRIC",
         "torch_asym": "optimized.quant_torch:ASYMMETRIC",
         "triton": "optimized.quant_matmul:SYMMETRIC",
+        "triton_asym": "optimized.quant_matmul:ASYMMETRIC",
     },
     zoo={
         "floor_not_round": "properties.zoo_quantization:floor_not_round",
