@@ -1,0 +1,297 @@
+"""Laws of weight quantization (claims QT-1, QT-2, QT-9; lecture 002 §3), written against the
+``quantization`` contract (``conformance/contracts/quantization.py``) and run over every
+registered implementation.
+
+- QT-1: every element of dequantize(quantize(w)) lies within half a step of w, the step of its
+  own group by the contract's formula (absmax or zero point), for 2..8 bits and every
+  granularity, on weights with all-zero groups, one-sign groups, a single huge outlier,
+  subnormal elements, odd shapes and several groups per row (``properties/quantization_cases.py``).
+- QT-2: quantize(dequantize(.)) is idempotent, exactly (float32 and float64 outputs: the only
+  formats that hold code x scale exactly), and packing round trips exactly.
+- QT-9: matmul(x, qw) equals x @ dequantize(qw).T by the tolerance rule ``quant-matmul``.
+
+The known-bad implementations (``properties/zoo_quantization.py``) are each shown rejected, and
+the pinned examples are shown to reach the boundary classes in every Hypothesis profile.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, note, settings
+from hypothesis import strategies as st
+
+from conformance import results
+from conformance.contracts import quantization as contract
+from conformance.device import triton_interpreted
+from conformance.tolerance import assert_exact, check_close, check_within
+from conformance.zoo import expect_rejected
+from properties import strategies as S
+from properties.attention_cases import _Support, run_law
+from properties.quantization_cases import (
+    DTYPES,
+    REQUIRED_CLASSES,
+    QCase,
+    boundary_classes,
+    make_weight,
+    make_x,
+    quant_cases,
+    quantize,
+    symmetric,
+)
+
+TECH = "quantization"
+QT1_ZOO = ("floor_not_round", "scale_pow2_clamped", "scales_wrong_groups", "zero_point_off_by_one",
+           "zero_points_wrong_interleave")
+QT9_ZOO = ("nibbles_swapped_in_matmul",)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+_SEEN: list[QCase] = []
+
+#: Pinned: together they reject every zoo entry and reach every boundary class in every profile.
+EXAMPLES = (
+    QCase(3, 32, 4, 8, ("normal", "zero", "pos", "neg", "outlier", "subnormal"), M=5),   # kills all six
+    QCase(5, 33, 8, "channel", ("normal", "outlier"), M=1),                             # int8 per channel, odd K
+    QCase(4, 7, 2, "tensor", ("pos", "normal"), M=17),                                  # 2 bits per tensor, tiled
+    QCase(2, 5, 3, 1, ("neg", "subnormal", "zero"), M=2),                               # a scale per element
+    QCase(2, 64, 6, 16, ("subnormal", "neg", "pos"), M=16),
+    QCase(6, 128, 8, 32, ("normal",), M=20),                                            # int8 groups
+    QCase(4, 128, 4, 64, ("normal", "outlier"), M=1),                                   # int4 g64 decode
+    QCase(3, 24, 5, 12, ("zero", "pos"), M=3),
+)
+
+#: Fewer drawn examples where a Triton kernel runs interpreted (the pinned ones always run).
+FEW = settings(max_examples=max(5, settings.default.max_examples // 2)) if triton_interpreted() else settings()
+
+
+def _examples(law):
+    for i, case in enumerate(EXAMPLES):
+        law = example(case=case, seed=i + 1)(law)
+    return law
+
+
+# -------------------------------------------------------------------------------------- QT-1
+@given(case=quant_cases(), seed=S.seeds)
+@_examples
+def law_half_step(impl, device, dtype, case, seed):
+    """QT-1: |dequantize(quantize(w)) - w| <= s/2 elementwise, s the step of the element's group
+    (the contract's ``half_step_bound``); output of w's shape, dtype and device."""
+    _SEEN.append(case)
+    note(str(case))
+    w = make_weight(case, seed, dtype, device)
+    qw = quantize(impl, w, case)
+    d = impl.dequantize(qw)
+    assert tuple(d.shape) == tuple(w.shape), f"dequantize returned {tuple(d.shape)}, w is {tuple(w.shape)}"
+    assert d.dtype == w.dtype, f"dequantize returned {d.dtype}, w is {w.dtype}"
+    assert d.device == w.device, f"dequantize returned a tensor on {d.device}, w is on {w.device}"
+    bound = contract.half_step_bound(w, case.bits, case.granularity, symmetric(impl))
+    check_within(d, w, bound, what=f"reconstruction of w ({case})", rule="QT-1 half step").check()
+
+
+def _record_worst(claim: str, unit: str, rule: str) -> None:
+    w = results.current.worst
+    if w is not None:
+        results.record(claim, measured=w.error, bound=w.bound, unit=unit, rule=rule)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-1")
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).replace("torch.", "") for d in DTYPES])
+def test_qt1_within_half_step(impl, device, dtype):
+    """QT-1 for every implementation and dtype; the cases must reach every boundary class."""
+    _SEEN.clear()
+    run_law(law_half_step, impl, device, dtype)
+    reached = set().union(*(boundary_classes(c) for c in _SEEN)) if _SEEN else set()
+    missing = sorted(REQUIRED_CLASSES - reached)
+    if not _Support.refused:
+        assert not missing, f"the law's cases never reached {missing}"
+    _record_worst("QT-1", "max |w - w_hat| / (s/2)",
+                  "every element within half a step of its group (s/2 (1 + 2^-12) + half an ulp of the output)")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-1")
+@pytest.mark.kills(*QT1_ZOO)
+def test_qt1_zoo_rejected(bad_impl, device):
+    expect_rejected(law_half_step, bad_impl, device, torch.float64)
+
+
+@pytest.mark.claim("QT-1")
+def test_qt1_coverage_table():
+    """The boundary classes each pinned example reaches (reported)."""
+    table = {}
+    for i, case in enumerate(EXAMPLES):
+        for cls in boundary_classes(case):
+            table.setdefault(cls, []).append(f"example {i}")
+    missing = sorted(REQUIRED_CLASSES - set(table))
+    results.record("QT-1", measured=len(REQUIRED_CLASSES) - len(missing), bound=len(REQUIRED_CLASSES),
+                   unit="boundary classes reached by the pinned examples",
+                   rule="every class is reached in every Hypothesis profile",
+                   coverage={k: v for k, v in sorted(table.items())})
+    assert not missing, f"pinned examples miss {missing}"
+
+
+def test_qt1_bound_is_the_lecture_step():
+    """The contract's step is the lecture's: s = max|w| / (2^(b-1) - 1) for absmax (0.323 at 4
+    bits: 0.0461, exercise 6), (max - min) / (2^b - 1) with 0 in range for a zero point."""
+    w = torch.tensor([[0.323, -0.1, 0.05, 0.0]], dtype=torch.float64)
+    assert contract.step(w, 4, "tensor")[0, 0].item() == pytest.approx(0.323 / 7)
+    assert contract.step(w, 4, "tensor", symmetric=False)[0, 0].item() == pytest.approx(0.423 / 15)
+    pos = torch.tensor([[1.0, 2.0], [3.0, 0.5]], dtype=torch.float64)
+    assert contract.step(pos, 2, "channel", symmetric=False)[:, 0].tolist() == pytest.approx([2 / 3, 1.0])
+    assert contract.step(pos, 3, 1)[1].tolist() == pytest.approx([1.0, 0.5 / 3])
+
+
+# -------------------------------------------------------------------------------------- QT-2
+@given(case=quant_cases(), seed=S.seeds)
+@_examples
+def law_idempotent(impl, device, dtype, case, seed):
+    """QT-2: with d = dequantize(quantize(w)), dequantize(quantize(d)) == d exactly."""
+    note(str(case))
+    w = make_weight(case, seed, dtype, device)
+    d = impl.dequantize(quantize(impl, w, case))
+    d2 = impl.dequantize(quantize(impl, d, case))
+    assert_exact(d2, d, what=f"dequantize(quantize(d)) vs d ({case})")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-2")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_qt2_idempotent(impl, device, dtype):
+    run_law(law_idempotent, impl, device, dtype)
+
+
+@pytest.mark.claim("QT-2")
+@settings(max_examples=20)
+@given(bits=st.integers(2, 8), R=st.integers(1, 4), L=st.integers(1, 41), seed=S.seeds)
+def test_qt2_packing_round_trips(bits, R, L, seed):
+    """unpack(pack(u)) == u for random codes, in the reference and in the packed layout the
+    kernels read (bit for bit the same bytes)."""
+    from optimized import quant_torch
+    from reference import quantization as ref
+
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randint(0, 2 ** bits, (R, L), generator=g)
+    p_ref, p_opt = ref.pack(u, bits), quant_torch.pack(u, bits)
+    assert_exact(p_opt, p_ref, what="packed bytes (optimized layout vs reference)")
+    assert_exact(ref.unpack(p_ref, bits, L), u, what="reference unpack(pack(u))")
+    assert_exact(quant_torch.unpack(p_opt, bits, L).to(torch.int64), u, what="optimized unpack(pack(u))")
+    assert p_ref.shape[1] == -(-L // ref.codes_per_byte(bits))
+
+
+@pytest.mark.claim("QT-2")
+def test_qt2_packing_order_and_zero_point_probes():
+    """The documented nibble order (pack 0..7 at 4 bits -> 0x10 0x32 0x54 0x76; 0..3 at 2 bits ->
+    0xE4) round trips, for codes and for packed zero points; the zero-point convention (stored
+    value = z): a symmetric 4-bit group with zero 8 and code 8 is exactly 0."""
+    from reference import quantization as ref
+
+    probes = ref.probe_packing()
+    for bits, (got, round_trip, as_documented) in probes.items():
+        assert as_documented, f"{bits}-bit packing gave bytes {[hex(b) for b in got]}, not the documented order"
+        assert round_trip, f"{bits}-bit unpack(pack(pattern)) differs from the pattern"
+    assert ref.probe_zero_point() == 0.0
+    # the packed zero points of a real quantization use the same order: groups of one sign at
+    # 4 bits have zero points 0 (all >= 0) and 15 (all <= 0); packed, the first is the low nibble
+    w = torch.tensor([[1.0, 2.0, -1.0, -2.0]], dtype=torch.float64)
+    qw = ref.quantize(w, bits=4, granularity=2, symmetric=False)
+    assert qw.zeros.tolist() == [[0x00 | (15 << 4)]]
+    results.record("QT-2", measured=1, bound=1, unit="probes passed",
+                   rule="documented packing order and zero-point convention")
+
+
+# -------------------------------------------------------------------------------------- QT-9
+def check_matmul(out, x, d, case, what="matmul(x, qw)"):
+    """The tolerance policy's ``quant-matmul`` rule: out vs x @ d.T in float64 (out_ref), with the
+    naive dequantize-then-multiply in x's dtype (out_pt)."""
+    assert tuple(out.shape) == (case.M, case.N), f"matmul returned {tuple(out.shape)}, expected {(case.M, case.N)}"
+    assert out.dtype == x.dtype, f"matmul returned {out.dtype}, x is {x.dtype}"
+    out_ref = x.double() @ d.double().T
+    out_pt = x @ d.T
+    return check_close(out, out_ref, out_pt=out_pt, rule="quant-matmul", what=f"{what} ({case})").check()
+
+
+@FEW
+@given(case=quant_cases(), seed=S.seeds)
+@_examples
+def law_matmul(impl, device, dtype, case, seed):
+    """QT-9: matmul(x, qw) equals x @ dequantize(qw).T (tolerance rule ``quant-matmul``)."""
+    note(str(case))
+    w = make_weight(case, seed, dtype, device, extreme=False)
+    qw = quantize(impl, w, case)
+    x = make_x(case, seed, dtype, device)
+    check_matmul(impl.matmul(x, qw), x, impl.dequantize(qw), case)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-9")
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).replace("torch.", "") for d in DTYPES])
+def test_qt9_matmul_equals_dequantize_then_multiply(impl, device, dtype):
+    run_law(law_matmul, impl, device, dtype)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-9")
+@pytest.mark.kills(*QT9_ZOO)
+def test_qt9_zoo_rejected(bad_impl, device):
+    expect_rejected(law_matmul, bad_impl, device, torch.float64)
+
+
+@pytest.mark.claim("QT-9")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_qt9_rule_rejects_zero_and_constant_outputs(dtype):
+    """The quant-matmul rule is no bare atol: an all-zero or a constant output fails it."""
+    from reference import quantization as ref
+
+    case = EXAMPLES[0]
+    w = make_weight(case, 1, dtype, "cpu", extreme=False)
+    qw = ref.quantize(w, bits=case.bits, granularity=case.granularity)
+    x = make_x(case, 1, dtype, "cpu")
+    d = ref.dequantize(qw)
+    out_ref, out_pt = x.double() @ d.double().T, x @ d.T
+    for bad in (torch.zeros_like(out_pt), torch.full_like(out_pt, float(out_ref.mean()))):
+        assert not check_close(bad, out_ref, out_pt=out_pt, rule="quant-matmul").ok
+    assert check_close(ref.matmul(x, qw), out_ref, out_pt=out_pt, rule="quant-matmul").ok
+
+
+# ------------------------------------------------------------------------------- bad input
+def _bad_calls(w, x, qw):
+    return {
+        "bits 1": lambda impl: impl.quantize(w, bits=1, granularity="channel"),
+        "bits 9": lambda impl: impl.quantize(w, bits=9, granularity="channel"),
+        "bits as a string": lambda impl: impl.quantize(w, bits="4", granularity="channel"),
+        "bits True": lambda impl: impl.quantize(w, bits=True, granularity="channel"),
+        "group size not dividing K": lambda impl: impl.quantize(w, bits=4, granularity=5),
+        "group size 0": lambda impl: impl.quantize(w, bits=4, granularity=0),
+        "unknown granularity": lambda impl: impl.quantize(w, bits=4, granularity="row"),
+        "float granularity": lambda impl: impl.quantize(w, bits=4, granularity=4.0),
+        "w 1-D": lambda impl: impl.quantize(w[0], bits=4, granularity="channel"),
+        "w integer": lambda impl: impl.quantize(w.to(torch.int32), bits=4, granularity="channel"),
+        "w not a tensor": lambda impl: impl.quantize(w.tolist(), bits=4, granularity="channel"),
+        "w with NaN": lambda impl: impl.quantize(torch.where(w > 0, w, float("nan")), bits=4, granularity="channel"),
+        "x with the wrong K": lambda impl: impl.matmul(x[:, :-1], qw(impl)),
+        "x of another dtype": lambda impl: impl.matmul(x.double(), qw(impl)),
+        "x 1-D": lambda impl: impl.matmul(x[0], qw(impl)),
+        "qw not a quantized weight": lambda impl: impl.dequantize(w),
+        "matmul of a raw weight": lambda impl: impl.matmul(x, w),
+    }
+
+
+@pytest.mark.technique(TECH)
+def test_invalid_calls_raise(impl, device):
+    """Every invalid call raises ValueError or TypeError (never NotImplementedError, never a
+    result): bits outside 2..8, a group size that does not divide K, an unknown granularity, w of
+    the wrong rank or dtype, x of the wrong K or dtype, a qw that is not a quantized weight."""
+    w = S.randn((4, 8), 1, dtype=torch.float32, device=device)
+    x = S.randn((3, 8), 2, dtype=torch.float32, device=device)
+    cache = {}
+
+    def qw(impl):
+        if "qw" not in cache:
+            cache["qw"] = impl.quantize(w, bits=4, granularity=4)
+        return cache["qw"]
+
+    for what, call in _bad_calls(w, x, qw).items():
+        with pytest.raises((ValueError, TypeError)):
+            call(impl)
+            pytest.fail(f"{impl.name} accepted an invalid call ({what})")
