@@ -1,6 +1,6 @@
 """Weight-only quantized matmul in Triton: out = x @ dequantize(W).T with W dequantized in
 registers, tile by tile, never written to memory (the ``triton`` implementation of the
-``quantization`` contract; claim QT-9, and QT-10's kernel; lecture 002 §3).
+``quantization`` contract; claim QT-9, and QT-10's kernel; lecture 001 §5.1–5.2).
 
 The weight is the packed layout of ``optimized/quant_torch.py`` (:class:`PackedWeight`): codes
 (N, ceil(K / per)) uint8, two 4-bit codes per byte (low nibble = the even k), four 2-bit codes,

@@ -2,7 +2,7 @@
 ``quantization`` contract) and the packed layout the Triton kernel reads
 (``optimized/quant_matmul.py``). Same arithmetic as the reference (``reference/quantization.py``:
 w_hat = (u - z) * s, scale rounded up to 16 significant bits, codes packed along K low bits
-first), computed on whole tensors at once; claims QT-1, QT-2, QT-9 (lecture 002 §3).
+first), computed on whole tensors at once; claims QT-1, QT-2, QT-9 (lecture 001 §5.1–5.2).
 
 Layout of :class:`PackedWeight`: ``codes`` (N, ceil(K / per)) uint8, per = 2 for 4 bits, 4 for
 2 bits, else 1, element k of a row in byte k // per at bit offset (k % per) * bits;

@@ -1,4 +1,4 @@
-"""Laws of weight quantization (claims QT-1, QT-2, QT-9; lecture 002 §3), written against the
+"""Laws of weight quantization (claims QT-1, QT-2, QT-9; lecture 001 §5.1–5.2), written against the
 ``quantization`` contract (``conformance/contracts/quantization.py``) and run over every
 registered implementation.
 
@@ -298,3 +298,68 @@ def test_invalid_calls_raise(impl, device):
         with pytest.raises((ValueError, TypeError)):
             call(impl)
             pytest.fail(f"{impl.name} accepted an invalid call ({what})")
+
+
+# -------------------------------------------------------------------------------------- QT-7
+def _smooth_product_law(migrate, x, w, alpha):
+    """(x / s) @ (w * s).T equals x @ w.T by the float64 rule (exact class)."""
+    xs, ws, _ = migrate(x, w, alpha)
+    return check_close(xs @ ws.T, x @ w.T, what=f"smoothed product (alpha={alpha:g})").check()
+
+
+def _migrate_wrong_axis(x, w, alpha):
+    """A known-bad migration: the weight scaled along its output rows instead of its input columns."""
+    from reference.quantization import smoothquant_scales
+
+    s = smoothquant_scales(x, w, alpha)
+    ws = w.clone()
+    n = min(w.shape[0], s.shape[0])
+    ws[:n] = w[:n] * s[:n, None]
+    return x / s, ws, s
+
+
+@pytest.mark.claim("QT-7")
+@settings(max_examples=10)
+@given(M=st.integers(1, 12), N=st.integers(1, 12), K=st.integers(2, 40), alpha=st.floats(0.0, 1.0),
+       outlier=st.sampled_from([1.0, 100.0]), seed=S.seeds)
+@example(M=8, N=6, K=16, alpha=0.5, outlier=100.0, seed=3)
+def test_qt7_smoothquant_migration_keeps_the_product(M, N, K, alpha, outlier, seed):
+    """QT-7: SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), x diag(s)^-1 · diag(s) w^T,
+    leaves the float64 product unchanged (float64 rule, 1e-12 relative), with an outlier
+    activation channel (x100, as QT-5 builds it); a wrong-axis migration is rejected."""
+    from reference.quantization import smoothquant_migrate
+
+    x = S.randn((M, K), seed)
+    x[:, seed % K] *= outlier
+    w = S.randn((N, K), seed + 1) * 0.07
+    _smooth_product_law(smoothquant_migrate, x, w, alpha)
+    if alpha > 0.05 and outlier > 1 and N > 1:
+        with pytest.raises(AssertionError):
+            _smooth_product_law(_migrate_wrong_axis, x, w, alpha)
+        results.current.reset()
+
+
+@pytest.mark.claim("QT-7")
+def test_qt7_smoothing_flattens_the_outlier_channel():
+    """At alpha = 0.5 the outlier channel's activation range shrinks to the geometric mean of
+    the activation and weight ranges: the max / median channel ratio drops (the point of
+    migrating), while the product stays equal (recorded)."""
+    from reference.quantization import smoothquant_migrate
+
+    x = S.randn((64, 32), 5)
+    x[:, 5] *= 100.0
+    w = S.randn((48, 32), 6) * 0.07
+    xs, ws, s = smoothquant_migrate(x, w, 0.5)
+    v = _smooth_product_law(smoothquant_migrate, x, w, 0.5)
+
+    def ratio(t):
+        m = t.abs().amax(dim=0)
+        return float(m.max() / m.median())
+
+    before, after = ratio(x), ratio(xs)
+    assert after < before / 5, f"max/median activation channel ratio {before:.1f} -> {after:.1f}"
+    rel = v.error / float((x @ w.T).abs().max())
+    results.record("QT-7", measured=rel, bound=1e-12,
+                   unit="max |(x/s)(w s)^T - x w^T| / max|x w^T|",
+                   rule="float64 rule: product unchanged by the migration (the W8A8 NLL half of QT-7 is not measured)",
+                   what=f"activation max/median channel ratio {before:.1f} -> {after:.1f} at alpha 0.5")

@@ -1,7 +1,7 @@
 """Reference weight quantization: symmetric absmax and asymmetric zero point, 2..8 bits, per
 tensor, per channel or per group along K; the packed storage and its probes. Naive and readable:
 one group at a time, float64 throughout. The oracle of the ``quantization`` contract
-(``conformance/contracts/quantization.py``; claims QT-1, QT-2, QT-9; lecture 002 §3).
+(``conformance/contracts/quantization.py``; claims QT-1, QT-2, QT-9; lecture 001 §5.1–5.2).
 
 Storage (:class:`QuantizedWeight`), one convention for both schemes:
 
@@ -236,3 +236,26 @@ def probe_zero_point() -> float:
                          zeros=pack(torch.tensor([[8]]), 4), bits=4, group_size=2, granularity=2, N=1, K=2,
                          dtype=torch.float64, symmetric=True)
     return float(dequantize(qw)[0, 0])
+
+
+# ------------------------------------------------------------------ SmoothQuant (QT-7, §5.3)
+def smoothquant_scales(x: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input-channel migration scales (Xiao et al. 2023; lecture 001 §5.3):
+    s_j = max_m |x[m, j]|^alpha / max_n |w[n, j]|^(1 - alpha), (K,) float64, for activations
+    x (M, K) and a Linear weight w (N, K). A channel that is zero in x or in w gets s_j = 1.
+    Raises ValueError for alpha outside [0, 1] or shapes whose K differ."""
+    if not 0.0 <= float(alpha) <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x (M, K) and w (N, K) must share K, got x {tuple(x.shape)} and w {tuple(w.shape)}")
+    ax = x.detach().to(torch.float64).abs().amax(dim=0)
+    aw = w.detach().to(torch.float64).abs().amax(dim=0)
+    s = ax ** alpha / aw ** (1 - alpha)
+    return torch.where((ax > 0) & (aw > 0) & torch.isfinite(s), s, torch.ones_like(s))
+
+
+def smoothquant_migrate(x: torch.Tensor, w: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x diag(s)^-1, w diag(s), s) in float64: the activations' channel j divided by s_j, the
+    weight's input column j multiplied by it, so (x / s) @ (w * s).T = x @ w.T (QT-7)."""
+    s = smoothquant_scales(x, w, alpha)
+    return x.to(torch.float64) / s, w.to(torch.float64) * s, s

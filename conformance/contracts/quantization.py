@@ -44,7 +44,7 @@ invalid argument.
 
 Claims checked against this contract: QT-1 (half-step bound), QT-2 (idempotence; the
 reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply).
-Sources: lecture 002 §3 (quantization: absmax, zero point, granularity, packing), Dettmers et al.
+Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing), Dettmers et al.
 2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin et al. 2024 (AWQ).
 """
 from __future__ import annotations
