@@ -126,7 +126,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     if scales.dim() != 2 or scales.shape[0] not in (1, N) or scales.shape[1] != groups:
         raise ValueError(f"scales must have shape (N, K // group_size) = ({N}, {groups}) or (1, 1) for one "
                          f"tensor-wide scale, got {tuple(scales.shape)}")
-    if scales.shape[0] == 1 and groups != 1:
+    if scales.shape[0] == 1 and N != 1 and groups != 1:
         raise ValueError(f"scales of one row (shape {tuple(scales.shape)}) need one group per row (group_size = K)")
     if tuple(zeros.shape) != tuple(scales.shape):
         raise ValueError(f"zeros must have the scales' shape {tuple(scales.shape)}, got {tuple(zeros.shape)}")

@@ -6,7 +6,8 @@ first), computed on whole tensors at once; claims QT-1, QT-2, QT-9 (lecture 001 
 
 Layout of :class:`PackedWeight`: ``codes`` (N, ceil(K / per)) uint8, per = 2 for 4 bits, 4 for
 2 bits, else 1, element k of a row in byte k // per at bit offset (k % per) * bits;
-``scales`` (N, groups) float32 (float64 for float64 weights), (1, 1) for "tensor";
+``scales`` (N, groups) float32 (float64 for float64 weights), (1, 1) for "tensor" (a step
+below float32's normal range is stored rounded up, and the codes use the stored scale);
 ``zeros`` (N, groups) uint8, unpacked (one zero point per group, the stored value is z).
 """
 from __future__ import annotations
@@ -67,6 +68,15 @@ def round_scale(s: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ceil(m * 2 ** SCALE_BITS) / 2 ** SCALE_BITS, e.to(torch.float64))
 
 
+def storable(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 scales as they will be stored in ``dtype``, rounded UP where the cast rounds down
+    (only a step below float32's normal range, from a group made of subnormals, is not exact), so
+    codes are computed with the stored scale and never clip; returned in float64."""
+    st = s.to(dtype)
+    st = torch.where(st.to(torch.float64) < s, torch.nextafter(st, torch.full_like(st, float("inf"))), st)
+    return st.to(torch.float64)
+
+
 def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True) -> PackedWeight:
     """Quantize w (N, K) at once: groups reshaped to (rows, groups, group size), scales and
     zero points per group. Raises TypeError/ValueError as the contract's validate_quantize."""
@@ -74,19 +84,19 @@ def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True)
     N, K, b = shape.N, shape.K, shape.bits
     w64 = w.detach().to(torch.float64)
     grp = w64.reshape(1, 1, N * K) if granularity == "tensor" else w64.reshape(N, K // shape.group_size, shape.group_size)
+    sdt = torch.float64 if w.dtype == torch.float64 else torch.float32
     if symmetric:
-        s = round_scale(grp.abs().amax(dim=-1) / levels(b, True))
+        s = storable(round_scale(grp.abs().amax(dim=-1) / levels(b, True)), sdt)
         z = torch.full_like(s, 2 ** (b - 1))
         lo, hi = 1, 2 ** b - 1
     else:
         lo_w, hi_w = grp.amin(dim=-1).clamp(max=0), grp.amax(dim=-1).clamp(min=0)
-        s = round_scale((hi_w - lo_w) / levels(b, False))
+        s = storable(round_scale((hi_w - lo_w) / levels(b, False)), sdt)
         z = torch.where(s > 0, torch.round(-lo_w / torch.where(s > 0, s, 1.0)), 0.0).clamp(0, 2 ** b - 1)
         lo, hi = 0, 2 ** b - 1
     safe = torch.where(s > 0, s, 1.0)[..., None]
     u = torch.where(s[..., None] > 0, (torch.round(grp / safe) + z[..., None]).clamp(lo, hi), z[..., None])
     u = u.reshape(N, K).to(torch.int32)
-    sdt = torch.float64 if w.dtype == torch.float64 else torch.float32
     return PackedWeight(pack(u, b), s.to(sdt), z.to(torch.uint8), b, shape.group_size, granularity, N, K,
                         w.dtype, symmetric)
 

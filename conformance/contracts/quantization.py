@@ -29,7 +29,8 @@ The step of a group (what "within half a step" means, :func:`step`):
   / (2^b - 1), with 0 kept exactly representable (as min/max observers do).
 
 Every reconstructed element lies within s/2 of w (QT-1), up to the stored scale's own rounding
-(2^-12 of s/2) and the output dtype's rounding (half an ulp at |w| + s/2). An all-zero group has
+(2^-12 of s/2) and the output dtype's rounding (half an ulp at |w| + s/2, and half the dtype's
+subnormal spacing). An all-zero group has
 s = 0 and must come back as zeros.
 
 Unsupported inputs: an implementation may raise ``NotImplementedError`` for a (bits,
@@ -184,10 +185,13 @@ def step(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> tor
 
 def half_step_bound(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> torch.Tensor:
     """QT-1's bound per element, (N, K) float64: s/2 (1 + 2^-12) plus the output dtype's own
-    rounding, half an ulp at |w| + s/2 (zero for float64 outputs' purposes: 2^-53)."""
+    rounding: half an ulp at |w| + s/2, plus half its subnormal spacing (a group made of
+    subnormals comes back on the dtype's subnormal grid; a float32 scale of such a group is
+    itself subnormal)."""
     s = step(w, bits, granularity, symmetric)
-    eps = torch.finfo(w.dtype).eps
-    return s / 2 * (1 + SCALE_SLACK) + eps / 2 * (w.detach().abs().to(torch.float64) + s / 2)
+    fin = torch.finfo(w.dtype)
+    spacing = fin.tiny * fin.eps                 # the dtype's subnormal spacing (its smallest step)
+    return s / 2 * (1 + SCALE_SLACK) + fin.eps / 2 * (w.detach().abs().to(torch.float64) + s / 2) + spacing / 2
 
 
 #: QT-9's tolerance rule: the fused product against the float64 x @ dequantize(qw).T, bounded
