@@ -387,3 +387,50 @@ def test_qt7_smoothing_flattens_the_outlier_channel():
                    unit="max |(x/s)(w s)^T - x w^T| / max|x w^T|",
                    rule="float64 rule: product unchanged by the migration (the W8A8 NLL half of QT-7 is not measured)",
                    what=f"activation max/median channel ratio {before:.1f} -> {after:.1f} at alpha 0.5")
+
+
+# -------------------------------------------------------------------------------------- QT-4
+@pytest.mark.claim("QT-4")
+def test_qt4_exercise6_step_and_snr():
+    """Exercise 6 (lecture 001 §5.2): max|w| = 0.323, std 0.067, per-tensor 4 bits: s = 0.323 / 7
+    ≈ 0.046 and, with rounding noise uniform on [-s/2, s/2] (variance s²/12), SNR = std² / (s²/12)
+    ≈ 25 (14 dB); one outlier of 3.0 makes s = 3 / 7 ≈ 0.43 and SNR ≈ 0.3. Then the same on a
+    weight drawn to those figures (65,536 N(0, 0.067²) values, the largest set to 0.323), quantized
+    by the reference: the measured SNR matches the formula without the outlier; with it nearly
+    every weight rounds to 0, so the noise is the weight itself and the measured SNR is about 1
+    (0 dB), not 0.3: the uniform-noise model stops holding once s is several standard deviations."""
+    import math
+
+    from conformance.tolerance import assert_scalar
+    from reference import quantization as ref
+
+    std, wmax = 0.067, 0.323
+    s = wmax / 7
+    snr = std ** 2 / (s ** 2 / 12)
+    s_out = 3.0 / 7
+    snr_out = std ** 2 / (s_out ** 2 / 12)
+    assert_scalar(s, 0.046, rel=0.01, what="step at 4 bits, per tensor")
+    assert_scalar(snr, 25, rel=0.03, what="SNR (uniform rounding noise)")
+    assert_scalar(10 * math.log10(snr), 14, rel=0.03, what="SNR in dB")
+    assert_scalar(s_out, 0.43, rel=0.01, what="step with an outlier of 3.0")
+    assert_scalar(snr_out, 0.3, rel=0.03, what="SNR with the outlier (formula)")
+
+    w = S.randn((512, 128), 11) * std
+    w.view(-1)[w.abs().argmax()] = wmax
+
+    def measured_snr(w):
+        d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
+        return float(w.var() / ((w - d) ** 2).mean())
+
+    snr_w = measured_snr(w)
+    w_out = w.clone()
+    w_out[0, 0] = 3.0
+    snr_w_out = measured_snr(w_out)
+    assert abs(snr_w / snr - 1) < 0.1, f"measured SNR {snr_w:.2f} vs the formula's {snr:.2f}"
+    assert 0.8 < snr_w_out < 1.3, f"with the outlier the measured SNR is {snr_w_out:.2f}"
+    results.current.reset()
+    results.record("QT-4", measured=round(snr, 2), lecture="s ≈ 0.046, SNR ≈ 25 (14 dB); outlier: s ≈ 0.43, SNR ≈ 0.3",
+                   unit="SNR (formula std² / (s²/12))",
+                   rule="exercise 6 recomputed: s = 0.0461, SNR 25.3 (14.0 dB); outlier: s = 0.429, SNR 0.29",
+                   what=(f"measured on a drawn weight by the reference quantizer: SNR {snr_w:.1f}; with the "
+                         f"outlier {snr_w_out:.2f} (the uniform-noise formula's 0.29 does not hold there)"))
