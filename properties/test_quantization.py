@@ -434,3 +434,38 @@ def test_qt4_exercise6_step_and_snr():
                    rule="exercise 6 recomputed: s = 0.0461, SNR 25.3 (14.0 dB); outlier: s = 0.429, SNR 0.29",
                    what=(f"measured on a drawn weight by the reference quantizer: SNR {snr_w:.1f}; with the "
                          f"outlier {snr_w_out:.2f} (the uniform-noise formula's 0.29 does not hold there)"))
+
+
+# -------------------------------------------------------------------------------------- QT-5
+@pytest.mark.claim("QT-5")
+def test_qt5_outlier_construction_keeps_the_function():
+    """QT-5 on the shipped target model in float64: channel 5 of every block's norms x100 and the
+    matching input columns of the next Linear layers /100 leave the logits equal (float64 rule)
+    and the test NLL unchanged, while the first block's normalized activations get an outlier
+    channel (its max |value| far above every other channel's; lecture: 286.0 vs 4.6, median 2.8)."""
+    from reference.quantization import make_outlier_channel
+    from smallworld import checkpoints, data
+
+    model = checkpoints.load_model("target", dtype=torch.float64)
+    outl = make_outlier_channel(model, channel=5, factor=100.0)
+    docs = data.split("test", data.TEST_SUBSET)
+    inputs, _ = data.pad_batch(data.encode(docs[:16]))
+    with torch.no_grad():
+        check_close(outl(inputs), model(inputs), what="logits after the outlier construction").check()
+    nll, nll_outl = data.nll(model, docs), data.nll(outl, docs)
+    assert abs(nll_outl - nll) <= 1e-9 * nll, f"NLL {nll} -> {nll_outl}"
+
+    seen = []
+    hook = outl.blocks[0].attn_norm.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    with torch.no_grad():
+        outl(inputs)
+    hook.remove()
+    per_channel = seen[0].abs().amax(dim=(0, 1))                       # (d_model,)
+    top2 = per_channel.topk(2).values.tolist()
+    median = float(per_channel.median())
+    assert int(per_channel.argmax()) == 5 and top2[0] > 20 * top2[1], (top2, median)
+    results.record("QT-5", measured=round(top2[0], 1), lecture="NLL 1.3481 unchanged; channel max 286.0, next 4.6, median 2.8",
+                   unit="max |activation| of the outlier channel (first block's norm output)",
+                   rule="logits equal by the float64 rule; NLL equal to 1e-9",
+                   what=(f"target model, {data.TEST_SUBSET} test documents: NLL {nll:.4f} -> {nll_outl:.4f}; channel "
+                         f"max {top2[0]:.1f}, next {top2[1]:.2f}, median {median:.2f}"))

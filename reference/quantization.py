@@ -259,3 +259,30 @@ def smoothquant_migrate(x: torch.Tensor, w: torch.Tensor, alpha: float) -> tuple
     weight's input column j multiplied by it, so (x / s) @ (w * s).T = x @ w.T (QT-7)."""
     s = smoothquant_scales(x, w, alpha)
     return x.to(torch.float64) / s, w.to(torch.float64) * s, s
+
+
+# ------------------------------------------------------ the outlier construction (QT-5, §5.3)
+def make_outlier_channel(model, channel: int = 5, factor: float = 100.0):
+    """A copy of a reference Transformer with one activation channel made an outlier without
+    changing the function (lecture 001 §5.3, after Dettmers et al. 2022): in every block, the
+    RMSNorm weights of ``channel`` (attention and MLP norms) are multiplied by ``factor`` and
+    the matching input column of the Linear layers they feed (wq, wk, wv; w_gate, w_up) divided
+    by it. The final norm is left alone (with tied embeddings its Linear is the embedding).
+    Raises ValueError for a channel outside the model's width or a factor that is not > 0."""
+    import copy
+
+    d = model.cfg.d_model
+    if not 0 <= channel < d:
+        raise ValueError(f"channel must lie in 0..{d - 1}, got {channel}")
+    if not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in out.blocks:
+            block.attn_norm.weight[channel] *= factor
+            for lin in (block.attn.wq, block.attn.wk, block.attn.wv):
+                lin.weight[:, channel] /= factor
+            block.mlp_norm.weight[channel] *= factor
+            for lin in (block.mlp.w_gate, block.mlp.w_up):
+                lin.weight[:, channel] /= factor
+    return out
