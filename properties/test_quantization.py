@@ -469,3 +469,48 @@ def test_qt5_outlier_construction_keeps_the_function():
                    rule="logits equal by the float64 rule; NLL equal to 1e-9",
                    what=(f"target model, {data.TEST_SUBSET} test documents: NLL {nll:.4f} -> {nll_outl:.4f}; channel "
                          f"max {top2[0]:.1f}, next {top2[1]:.2f}, median {median:.2f}"))
+
+
+# -------------------------------------------------------------------------------------- QT-3
+QT3_BITS = (8, 6, 4, 3, 2)
+QT3_GRANULARITIES = ("tensor", "channel", 128, 32)
+
+
+@pytest.mark.claim("QT-3")
+def test_qt3_nll_vs_bits_and_granularity():
+    """QT-3 on the shipped target model (float32, the first 64 test documents), weight-only
+    round-to-nearest absmax on every block Linear (groups padded with zero columns where they do
+    not divide K = 328), bits {8, 6, 4, 3, 2} x granularity {tensor, channel, group 128, group 32}.
+    The lecture's statements, as rules on the relative NLL increase: 8 and 4 bits almost lossless
+    (<= 1% at every granularity), 3 bits lose a little (the worst granularity loses more than 1%,
+    at most 10%), 2 bits per tensor collapse (>= +50%) while groups of 32 stay usable (<= +5%);
+    a 16-bit scale per group of 32 costs 0.5 extra bits per value. Every (bits, granularity) NLL
+    is recorded for the report's plot."""
+    from optimized import quant_torch
+    from reference.quantization import bits_per_value, quantize_model_weights
+    from smallworld import checkpoints, data
+
+    model = checkpoints.load_model("target", dtype=torch.float32)
+    docs = data.split("test", data.TEST_SUBSET)
+    base = data.nll(model, docs)
+
+    def qd(w, bits, granularity):
+        return quant_torch.dequantize(quant_torch.quantize(w, bits=bits, granularity=granularity))
+
+    loss = {}
+    for bits in QT3_BITS:
+        for gran in QT3_GRANULARITIES:
+            nll = data.nll(quantize_model_weights(model, qd, bits=bits, granularity=gran), docs)
+            loss[bits, gran] = nll / base - 1
+            results.record("QT-3", measured=round(nll, 4), lecture="8/4 bits almost lossless; 3 bits lose a little; "
+                           "2 bits per tensor collapse, small groups usable", unit="test NLL (nats/token)",
+                           rule=f"weight-only RTN absmax, {bits} bits, granularity {gran}; unquantized {base:.4f}",
+                           bits=bits, nll=nll, granularity=gran, implementation="torch",
+                           bits_per_value=bits_per_value(bits, gran, 328, 128))
+    table = {f"{b}/{g}": f"{100 * v:+.2f}%" for (b, g), v in loss.items()}
+
+    assert max(loss[8, g] for g in QT3_GRANULARITIES) <= 0.01, table
+    assert max(loss[4, g] for g in QT3_GRANULARITIES) <= 0.01, table
+    assert 0.01 < max(loss[3, g] for g in QT3_GRANULARITIES) <= 0.10, table
+    assert loss[2, "tensor"] >= 0.5 and loss[2, 32] <= 0.05, table
+    assert bits_per_value(4, 32, 328, 128) - 4 == 0.5

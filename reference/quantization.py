@@ -286,3 +286,32 @@ def make_outlier_channel(model, channel: int = 5, factor: float = 100.0):
             for lin in (block.mlp.w_gate, block.mlp.w_up):
                 lin.weight[:, channel] /= factor
     return out
+
+
+# ------------------------------------------------------- weight-only quantized model (QT-3, §5.2)
+def quantize_model_weights(model, quantize_dequantize, *, bits: int, granularity):
+    """A copy of a reference Transformer whose block Linear weights (wq, wk, wv, wo, w_gate,
+    w_up, w_down) are replaced by ``quantize_dequantize(w, bits, granularity)`` (weight-only
+    quantization; embeddings, norms and the tied head stay as they are). A group size that does
+    not divide a weight's K is applied to the weight padded with zero columns (zeros change no
+    group's absmax), then the padding is cropped."""
+    import copy
+
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in out.blocks:
+            for lin in (block.attn.wq, block.attn.wk, block.attn.wv, block.attn.wo,
+                        block.mlp.w_gate, block.mlp.w_up, block.mlp.w_down):
+                w = lin.weight
+                K = w.shape[1]
+                pad = (-K) % granularity if isinstance(granularity, int) else 0
+                wp = torch.nn.functional.pad(w, (0, pad))
+                lin.weight.copy_(quantize_dequantize(wp, bits, granularity)[:, :K])
+    return out
+
+
+def bits_per_value(bits: int, granularity, N: int, K: int, scale_bits: int = 16) -> float:
+    """Storage per weight including one ``scale_bits`` scale per group: b + 16/g (groups of g),
+    b + 16/K (per channel), b + 16/(N·K) (per tensor). A group of 32 costs 0.5 extra bits."""
+    per = N * K if granularity == "tensor" else K if granularity == "channel" else int(granularity)
+    return bits + scale_bits / per
