@@ -9,8 +9,9 @@ scales (N, groups) float32 and zero points (N, groups) uint8 per group along K (
 broadcast for "tensor"). Each program computes a (BLOCK_M, BLOCK_N) tile of out: for each
 BLOCK_K slice of K it loads x's tile, the packed bytes of W's tile, shifts and masks out the
 codes, subtracts the zero points and multiplies by the scales of each element's group (float32,
-exact: code x scale has at most 24 significant bits), casts to x's dtype and accumulates
-``tl.dot`` in float32. M <= 16 (decode) runs one 16-row tile per column block (a GEMV-shaped
+exact: code x scale has at most 24 significant bits), rounds to x's dtype (to nearest, as
+``dequantize`` does; Triton's interpreter truncates float32 -> bfloat16 casts, so there the
+rounding is done by hand) and accumulates ``tl.dot`` in float32. M <= 16 (decode) runs one 16-row tile per column block (a GEMV-shaped
 grid); larger M tiles by 32 or 64 rows.
 
 Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
@@ -48,12 +49,26 @@ def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m
     g = offs_k // group_size
     s = tl.load(scales_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=nk, other=0.0)
     z = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + g[None, :] * stride_zg, mask=nk, other=0).to(tl.int32)
-    w = ((u - z).to(tl.float32) * s).to(x.dtype)                              # (BLOCK_N, BLOCK_K)
-    if DOT_MODE == 0:      # DOT_NATIVE: 16-bit tiles, float32 accumulation
-        acc = tl.dot(x, tl.trans(w), acc)
-    else:                  # DOT_IEEE (float32) and DOT_UPCAST (16-bit under the interpreter)
-        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    w = (u - z).to(tl.float32) * s                                            # (BLOCK_N, BLOCK_K), exact
+    if DOT_MODE == 0:      # DOT_NATIVE: 16-bit tiles (rounded to nearest), float32 accumulation
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    elif DOT_MODE == 1:    # DOT_UPCAST: 16-bit under the interpreter, whose float32 -> bfloat16
+        if x.dtype == tl.bfloat16:    # cast truncates: round to nearest even by hand instead
+            w = _round_to_bf16(w)
+        else:
+            w = w.to(x.dtype).to(tl.float32)
+        acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    else:                  # DOT_IEEE: float32
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     return acc
+
+
+@triton.jit
+def _round_to_bf16(w):
+    """float32 -> the nearest bfloat16 value (ties to even), kept in float32 (finite inputs)."""
+    bits = w.to(tl.uint32, bitcast=True)
+    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -60,15 +60,19 @@ EXAMPLES = (
     QCase(3, 24, 5, 12, ("zero", "pos"), M=3),
     QCase(3, 4, 7, 2, ("subnormal", "outlier"), M=2),                                  # subnormal-only groups
     QCase(1, 2, 2, 1, ("normal",), M=1),                             # one row, a scale per element
+    QCase(1, 43, 4, "tensor", ("pos",), M=1),       # one-sign weights: a product with heavy cancellation
 )
+#: The seed of each pinned example (the last one's seed 52 cancels heavily: bfloat16
+#: tiles truncated instead of rounded, as Triton's interpreter casts, fail QT-9 there).
+EXAMPLE_SEEDS = tuple(range(1, len(EXAMPLES))) + (52,)
 
 #: Fewer drawn examples where a Triton kernel runs interpreted (the pinned ones always run).
 FEW = settings(max_examples=max(5, settings.default.max_examples // 2)) if triton_interpreted() else settings()
 
 
 def _examples(law):
-    for i, case in enumerate(EXAMPLES):
-        law = example(case=case, seed=i + 1)(law)
+    for case, seed in zip(EXAMPLES, EXAMPLE_SEEDS):
+        law = example(case=case, seed=seed)(law)
     return law
 
 

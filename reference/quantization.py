@@ -179,10 +179,12 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """x (M, K) @ dequantize(qw).T -> (M, N) in x's dtype, computed in float64 and rounded once.
+    The weight is dequantize(qw), i.e. rounded to w's dtype first: in 16-bit dtypes the float64
+    (u - z) * s differs from it by that rounding, which a product with heavy cancellation shows.
     Raises TypeError/ValueError for an x of the wrong K, dtype or device (``validate_matmul``)."""
     qw = _check_qw(qw)
     validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
-    d = dequantize64(qw).to(torch.float64)
+    d = dequantize(qw).to(torch.float64)
     return (x.to(torch.float64) @ d.to(x.device).T).to(x.dtype)
 
 
@@ -315,3 +317,95 @@ def bits_per_value(bits: int, granularity, N: int, K: int, scale_bits: int = 16)
     b + 16/K (per channel), b + 16/(N·K) (per tensor). A group of 32 costs 0.5 extra bits."""
     per = N * K if granularity == "tensor" else K if granularity == "channel" else int(granularity)
     return bits + scale_bits / per
+
+
+# ------------------------------------------- activation quantization, W8A8, LLM.int8() (QT-6, §5.3)
+def fake_quantize_activations(x: torch.Tensor, bits: int, granularity: str) -> torch.Tensor:
+    """Dynamic symmetric absmax quantization of activations x (..., K), returned dequantized in
+    x's dtype: one scale for the whole tensor (``"tensor"``) or one per token, i.e. per row of
+    the last dimension (``"token"``). Raises ValueError for another granularity."""
+    if granularity not in ("tensor", "token"):
+        raise ValueError(f"granularity must be 'tensor' or 'token', got {granularity!r}")
+    qmax = levels(bits, True)
+    x64 = x.to(torch.float64)
+    amax = x64.abs().amax() if granularity == "tensor" else x64.abs().amax(dim=-1, keepdim=True)
+    s = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    return (torch.round(x64 / s).clamp(-qmax, qmax) * s).to(x.dtype)
+
+
+def fake_quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per-output-channel symmetric absmax of a weight (N, K) (s = max|w_n| / (2^(b-1) - 1), the
+    scale not rounded), dequantized in w's dtype."""
+    return fake_quantize_activations(w, bits, "token")
+
+
+def llm_int8_linear(x: torch.Tensor, w: torch.Tensor, threshold: float = 6.0, bits: int = 8) -> torch.Tensor:
+    """LLM.int8()'s mixed-precision decomposition (Dettmers et al. 2022): the input columns whose
+    max |x| exceeds ``threshold`` (outlier features) are multiplied in x's precision, the rest
+    with per-token activations and per-channel weights quantized to ``bits``; the two products
+    are summed. x (..., K), w (N, K) -> (..., N)."""
+    outlier = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0) > threshold          # (K,)
+    regular = ~outlier
+    out = fake_quantize_activations(x[..., regular], bits, "token") @ fake_quantize_weight(w[:, regular], bits).T
+    if bool(outlier.any()):
+        out = out + x[..., outlier] @ w[:, outlier].T
+    return out
+
+
+def block_linears(model):
+    """Every block's Linear layers of a reference Transformer, in order."""
+    return [lin for b in model.blocks for lin in (b.attn.wq, b.attn.wk, b.attn.wv, b.attn.wo,
+                                                    b.mlp.w_gate, b.mlp.w_up, b.mlp.w_down)]
+
+
+def w8a8_model(model, *, act_bits: int = 8, act_granularity: str = "token", weight_bits: int = 8,
+               int8_decomposition: bool = False, threshold: float = 6.0):
+    """A copy of a reference Transformer whose block Linear layers run quantized: weights per
+    output channel at ``weight_bits``, input activations quantized dynamically per tensor or per
+    token at ``act_bits`` (W8A8 when both are 8); with ``int8_decomposition`` the LLM.int8()
+    decomposition instead (outlier columns above ``threshold`` kept in full precision)."""
+    import copy
+
+    out = copy.deepcopy(model)
+    for lin in block_linears(out):
+        w = lin.weight.detach().clone()
+        if int8_decomposition:
+            lin.forward = (lambda x, w=w: llm_int8_linear(x, w, threshold, act_bits))
+        else:
+            wq = fake_quantize_weight(w, weight_bits)
+            lin.forward = (lambda x, wq=wq: fake_quantize_activations(x, act_bits, act_granularity) @ wq.T)
+    return out
+
+
+def smoothquant_model(model, calibration_tokens: torch.Tensor, alpha: float = 0.5):
+    """A copy of a reference Transformer smoothed by SmoothQuant (Xiao et al. 2023; QT-7): for
+    every norm that feeds Linear layers (attention norm -> wq, wk, wv; MLP norm -> w_gate, w_up),
+    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) over the norm's output on ``calibration_tokens``
+    (B, T) and the concatenated weights, folded into the norm (weight / s) and the Linear layers
+    (columns * s): the function is unchanged up to rounding; the activations lose their
+    outlier channels."""
+    import copy
+
+    out = copy.deepcopy(model)
+    seen = {}
+    hooks = []
+    for i, b in enumerate(out.blocks):
+        for name in ("attn_norm", "mlp_norm"):
+            norm = getattr(b, name)
+            hooks.append(norm.register_forward_hook(
+                lambda m, a, o, key=(i, name): seen.__setitem__(key, torch.maximum(
+                    seen.get(key, torch.zeros(o.shape[-1], dtype=o.dtype)), o.detach().abs().reshape(-1, o.shape[-1]).amax(0)))))
+    with torch.no_grad():
+        out(calibration_tokens)
+    for h in hooks:
+        h.remove()
+    with torch.no_grad():
+        for i, b in enumerate(out.blocks):
+            for name, lins in (("attn_norm", (b.attn.wq, b.attn.wk, b.attn.wv)), ("mlp_norm", (b.mlp.w_gate, b.mlp.w_up))):
+                ax = seen[(i, name)].to(torch.float64)
+                aw = torch.cat([lin.weight for lin in lins]).detach().abs().amax(dim=0).to(torch.float64)
+                s = torch.where((ax > 0) & (aw > 0), ax ** alpha / aw ** (1 - alpha), torch.ones_like(ax))
+                getattr(b, name).weight.div_(s.to(ax.dtype if False else getattr(b, name).weight.dtype))
+                for lin in lins:
+                    lin.weight.mul_(s.to(lin.weight.dtype))
+    return out
