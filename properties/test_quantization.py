@@ -518,3 +518,43 @@ def test_qt3_nll_vs_bits_and_granularity():
     assert 0.01 < max(loss[3, g] for g in QT3_GRANULARITIES) <= 0.10, table
     assert loss[2, "tensor"] >= 0.5 and loss[2, 32] <= 0.05, table
     assert bits_per_value(4, 32, 328, 128) - 4 == 0.5
+
+
+# ------------------------------------------------------------------------------ QT-6, QT-7
+@pytest.mark.claim("QT-6", "QT-7")
+def test_qt6_qt7_activation_quantization_with_an_outlier_channel():
+    """QT-6 and QT-7's second half on the target model with QT-5's outlier channel (float32, the
+    first 32 test documents): W8A8 (weights per channel at 8 bits, activations dynamic per tensor
+    or per token) at 8 and 6 activation bits; the lecture's statements as rules: per-tensor and
+    per-token activation quantization collapse at 6 bits (NLL >= +20%); LLM.int8()'s
+    decomposition (input columns above 6.0 kept in float) recovers fully (<= +0.5%); after
+    SmoothQuant (alpha 0.5, 16 validation documents for calibration) W8A8 per token at 8 bits
+    keeps the NLL (<= +0.5%), and so does 6 bits per tensor, which collapsed without it."""
+    from reference.quantization import make_outlier_channel, smoothquant_model, w8a8_model
+    from smallworld import checkpoints, data
+
+    model = checkpoints.load_model("target", dtype=torch.float32)
+    outl = make_outlier_channel(model)
+    docs = data.split("test", 32)
+    cal, _ = data.pad_batch(data.encode(data.split("val", 16)))
+    smooth = smoothquant_model(outl, cal, alpha=0.5)
+    base = data.nll(model, docs)
+    nll = {}
+    with torch.no_grad():
+        for bits in (8, 6):
+            for g in ("tensor", "token"):
+                nll[f"W8A{bits} per {g}"] = data.nll(w8a8_model(outl, act_bits=bits, act_granularity=g), docs)
+        nll["LLM.int8()"] = data.nll(w8a8_model(outl, int8_decomposition=True), docs)
+        nll["SmoothQuant W8A8 per token"] = data.nll(w8a8_model(smooth, act_bits=8, act_granularity="token"), docs)
+        nll["SmoothQuant W8A6 per tensor"] = data.nll(w8a8_model(smooth, act_bits=6, act_granularity="tensor"), docs)
+    rel = {k: v / base - 1 for k, v in nll.items()}
+    for k, v in nll.items():
+        claim = "QT-7" if k.startswith("SmoothQuant") else "QT-6"
+        results.record(claim, measured=round(v, 4), unit="test NLL (nats/token), outlier model",
+                       lecture="collapse at 6 bits; LLM.int8() recovers fully" if claim == "QT-6" else "W8A8 after smoothing keeps NLL",
+                       rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.2f}%)", nll=v)
+    table = {k: f"{100 * v:+.2f}%" for k, v in rel.items()}
+    assert rel["W8A6 per tensor"] >= 0.2 and rel["W8A6 per token"] >= 0.2, table
+    assert abs(rel["LLM.int8()"]) <= 0.005, table
+    assert abs(rel["SmoothQuant W8A8 per token"]) <= 0.005, table
+    assert abs(rel["SmoothQuant W8A6 per tensor"]) <= 0.005, table
