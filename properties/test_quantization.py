@@ -558,3 +558,46 @@ def test_qt6_qt7_activation_quantization_with_an_outlier_channel():
     assert abs(rel["LLM.int8()"]) <= 0.005, table
     assert abs(rel["SmoothQuant W8A8 per token"]) <= 0.005, table
     assert abs(rel["SmoothQuant W8A6 per tensor"]) <= 0.005, table
+
+
+# -------------------------------------------------------------------------------------- QT-8
+@pytest.mark.claim("QT-8")
+def test_qt8_gptq_and_awq_no_worse_than_rtn_on_calibration():
+    """QT-8 on the target model's layers (float64): for wq and w_up (groups of 32) and w_down
+    (per channel, K = 328) of every block, at 4 and 3 bits, with calibration inputs from 16
+    validation documents (each layer's own inputs), GPTQ's error-compensated rounding and AWQ's
+    activation-aware scaling reconstruct the layer's output X W^T on the calibration set with
+    a squared error no larger than round-to-nearest's at the same bits and groups."""
+    from reference.quantization import awq, gptq, rtn_absmax
+    from smallworld import checkpoints, data
+
+    model = checkpoints.load_model("target", dtype=torch.float64)
+    cal, _ = data.pad_batch(data.encode(data.split("val", 16)))
+    layers, seen, hooks = {}, {}, []
+    for i, b in enumerate(model.blocks):
+        for name, lin in (("wq", b.attn.wq), ("w_up", b.mlp.w_up), ("w_down", b.mlp.w_down)):
+            layers[i, name] = lin
+            hooks.append(lin.register_forward_pre_hook(
+                lambda m, a, key=(i, name): seen.__setitem__(key, a[0].detach().reshape(-1, a[0].shape[-1]))))
+    with torch.no_grad():
+        model(cal)
+    for h in hooks:
+        h.remove()
+    ratios = {}
+    for key, lin in layers.items():
+        X, w = seen[key], lin.weight.detach()
+        ref_out = X @ w.T
+        g = 32 if w.shape[1] % 32 == 0 else w.shape[1]
+        for bits in (4, 3):
+            def err(wq):
+                return float(((X @ wq.T - ref_out) ** 2).sum())
+            e_rtn = err(rtn_absmax(w, bits, g))
+            ratios[f"block{key[0]}.{key[1]} {bits}b"] = (err(gptq(w, X, bits, g)) / e_rtn, err(awq(w, X, bits, g)) / e_rtn)
+    worst_gptq = max(r[0] for r in ratios.values())
+    worst_awq = max(r[1] for r in ratios.values())
+    for method, worst, median in (("GPTQ", worst_gptq, sorted(r[0] for r in ratios.values())[len(ratios) // 2]),
+                                  ("AWQ", worst_awq, sorted(r[1] for r in ratios.values())[len(ratios) // 2])):
+        results.record("QT-8", measured=round(worst, 3), bound=1.0, lecture=f"{method} no worse than round-to-nearest",
+                       unit=f"{method} / RTN squared output error on the calibration set (worst of {len(ratios)} layers x bits)",
+                       rule="<= 1 for every layer and bit width", what=f"{method} median ratio {median:.3f}")
+    assert worst_gptq <= 1.0 and worst_awq <= 1.0, ratios

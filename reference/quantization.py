@@ -409,3 +409,64 @@ def smoothquant_model(model, calibration_tokens: torch.Tensor, alpha: float = 0.
                 for lin in lins:
                     lin.weight.mul_(s.to(lin.weight.dtype))
     return out
+
+
+# ------------------------------------------------------------------------ GPTQ and AWQ (QT-8)
+def rtn_absmax(w: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+    """Round-to-nearest symmetric absmax of w (N, K) with one scale per row and group of
+    ``group_size`` columns (K for per channel), dequantized, float64 (scales not rounded)."""
+    N, K = w.shape
+    g = w.to(torch.float64).reshape(N, K // group_size, group_size)
+    qmax = levels(bits, True)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    s = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    return (torch.round(g / s).clamp(-qmax, qmax) * s).reshape(N, K)
+
+
+def gptq(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, damp: float = 0.01) -> torch.Tensor:
+    """GPTQ (Frantar et al. 2023), naive: quantize w (N, K) column by column in order, each
+    column's rounding error spread over the columns not yet quantized through the inverse
+    Hessian H = X^T X (+ damp x mean diag) of the calibration inputs x (n, K); the scale of a
+    group is taken from the (already updated) weights when the group starts. Returns the
+    dequantized weight (N, K) float64."""
+    W = w.detach().to(torch.float64).clone()
+    X = x.detach().to(torch.float64).reshape(-1, W.shape[1])
+    N, K = W.shape
+    H = X.T @ X
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H += damp * torch.diag(H).mean() * torch.eye(K, dtype=torch.float64)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    qmax = levels(bits, True)
+    Q = torch.zeros_like(W)
+    s = None
+    for i in range(K):
+        if i % group_size == 0:
+            amax = W[:, i:i + group_size].abs().amax(dim=1)
+            s = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        Q[:, i] = torch.round(W[:, i] / s).clamp(-qmax, qmax) * s
+        err = (W[:, i] - Q[:, i]) / Hinv[i, i]
+        W[:, i + 1:] -= err[:, None] * Hinv[i, i + 1:][None, :]
+    return Q
+
+
+def awq(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, grid: int = 20) -> torch.Tensor:
+    """AWQ (Lin et al. 2024), naive: per-input-channel scales s_j = mean|x_j|^alpha, searched over
+    alpha in {0, 1/grid, ..., 1}; w diag(s) is rounded to nearest and divided back by s; the
+    alpha whose output X w_hat^T is closest to X w^T on the calibration inputs x (n, K) wins.
+    alpha = 0 is plain round-to-nearest, so AWQ is never worse than it on x. Returns the
+    dequantized weight (N, K) float64."""
+    W = w.detach().to(torch.float64)
+    X = x.detach().to(torch.float64).reshape(-1, W.shape[1])
+    mag = X.abs().mean(dim=0).clamp(min=1e-12)
+    ref_out = X @ W.T
+    best, best_err = None, math.inf
+    for a in range(grid + 1):
+        s = mag ** (a / grid)
+        s = s / (s.max() * s.min()).sqrt()
+        Wq = rtn_absmax(W * s, bits, group_size) / s
+        err = float(((X @ Wq.T - ref_out) ** 2).sum())
+        if err < best_err:
+            best, best_err = Wq, err
+    return best
