@@ -19,7 +19,9 @@ reads inside it, it only hands it back to ``dequantize`` and ``matmul``.
 in w's dtype on w's device (M >= 1) and returns (M, N) in that dtype, equal to
 ``x @ dequantize(qw).T`` up to accumulation rounding (QT-9; judged by the tolerance rule
 ``quant-matmul``, a multiple of the naive dequantize-then-multiply error in that dtype plus a
-floor, never a bare atol).
+floor, never a bare atol). In 16-bit dtypes the weight is the one ``dequantize`` returns, rounded
+to the dtype (to nearest): a kernel that multiplies by the unrounded float32 (u - z) * s differs by
+that rounding, which a product with heavy cancellation shows.
 
 The step of a group (what "within half a step" means, :func:`step`):
 
