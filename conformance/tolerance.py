@@ -385,6 +385,31 @@ def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -
     return _report(r.judge(out, out_ref, out_pt, what))
 
 
+def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-element bound") -> Verdict:
+    """Every element within its own bound: |out - out_ref| <= bound elementwise (``bound`` a
+    tensor of out's shape, >= 0; where it is 0 the element must be equal). The verdict's error
+    is max |out - out_ref| / bound (a ratio), its bound 1. Used by bound claims whose limit varies
+    per element, such as quantization's half step of each group (QT-1); a NaN is an error of
+    +inf. Raises ValueError on a shape mismatch."""
+    out, out_ref, bound = _as_tensor(out), _as_tensor(out_ref), _as_tensor(bound)
+    if tuple(bound.shape) != tuple(out_ref.shape):
+        raise ValueError(f"shape mismatch: bound {tuple(bound.shape)} vs out_ref {tuple(out_ref.shape)}")
+    max_abs_error(out, out_ref)  # shape check
+    if out.numel() == 0:
+        return _report(Verdict(True, rule, 0.0, 1.0, what))
+    a = out.detach().to("cpu", torch.float64)
+    b = out_ref.detach().to("cpu", torch.float64)
+    lim = bound.detach().to("cpu", torch.float64)
+    diff = torch.nan_to_num((a - b).abs(), nan=math.inf)
+    ratio = torch.where(lim > 0, diff / torch.where(lim > 0, lim, 1.0),
+                        torch.where(diff > 0, math.inf, 0.0))
+    worst = float(ratio.max())
+    idx = tuple(int(i) for i in (ratio == ratio.max()).nonzero()[0])
+    detail = (f"worst element {idx}: out {a[idx].item():.6g}, out_ref {b[idx].item():.6g}, "
+              f"bound {lim[idx].item():.3g}")
+    return _report(Verdict(worst <= 1.0, f"{rule}: |out-out_ref| <= bound, elementwise", worst, 1.0, what, detail))
+
+
 def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
     """|measured - expected| <= rel * |expected| (analytic figures and worked answers)."""
     err = abs(float(measured) - float(expected))

@@ -56,6 +56,19 @@ def _calls(device: str):
         return tolerance.check_exact(torch.nan_to_num(torch.stack([k_cache, v_cache]), nan=7.0),
                                      torch.nan_to_num(torch.stack([k2, v2]), nan=7.0))
 
+    def quant(bits, granularity, dtype, M):
+        def run():
+            from optimized import quant_matmul, quant_torch
+
+            g = torch.Generator().manual_seed(0)
+            w = torch.randn(40, 96, generator=g).to(device, dtype)
+            x = torch.randn(M, 96, generator=g).to(device, dtype)
+            qw = quant_torch.quantize(w, bits=bits, granularity=granularity)
+            d = quant_torch.dequantize(qw)
+            out = quant_matmul.SYMMETRIC.matmul(x, qw)
+            return tolerance.check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul")
+        return run
+
     return [
         ("flash_attention float16 causal Tq=Tk=50", attn(flash_attention, torch.float16, 50, 50, True)),
         ("flash_attention float32 Tq=7 Tk=33", attn(flash_attention, torch.float32, 7, 33, False)),
@@ -63,6 +76,8 @@ def _calls(device: str):
         ("flash_decoding bfloat16 causal Tq=1 Tk=70 num_splits=3",
          attn(flash_decoding, torch.bfloat16, 1, 70, True, num_splits=3)),
         ("kv_append float32 B=2 T=3", append),
+        ("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
+        ("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20)),
     ]
 
 

@@ -101,4 +101,4 @@ def test_contracts_use_the_glossary_names():
     for technique, c in registry.contracts().items():
         unknown = _shape_names(c.doc) - set(SIZES)
         assert not unknown, f"contract {technique!r} uses size names outside the glossary: {sorted(unknown)}"
-    assert _shape_names("q (B, N, T, H)") - set(SIZES) == {"N", "H"}  # the check sees a stray name
+    assert _shape_names("q (B, Z, T, H)") - set(SIZES) == {"Z", "H"}  # the check sees a stray name

@@ -28,6 +28,7 @@ def _variants():
     import optimized.flash_decoding as fd
     import optimized.kv_cache as kc
     import optimized.paged_attention as pa
+    import optimized.quant_matmul as qm
 
     attn = fa._flash_attn_fwd_kernel
     # (each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run)
@@ -59,6 +60,11 @@ def _variants():
     yield ("paged write fp16", pa._write_kv_kernel,
            {"K_ptr": F16, "V_ptr": F16, "KC_ptr": F16, "VC_ptr": F16, "SLOT_ptr": "*i64"},
            dict(PAGE=16, BLOCK_HKV=8, BLOCK_D=64))
+    for dt, bits, per, bm, mode in ((F16, 4, 2, 16, tiles.DOT_NATIVE), ("*bf16", 8, 1, 64, tiles.DOT_NATIVE),
+                                    (F32, 4, 2, 32, tiles.DOT_IEEE)):
+        yield (f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}", qm.quant_matmul_kernel,
+               {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "out_ptr": dt},
+               dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode))
 
 
 def compile_all() -> dict[str, dict]:
@@ -98,7 +104,7 @@ def test_triton_kernels_compile_for_sm90_with_pipelined_tile_loops(tmp_path):
     for name, v in results.items():
         if name.startswith(("flash_attn", "split_kv")):
             assert v["for"] >= 2 and v["while"] == 0, (name, v)  # two-stage: two key-tile loops
-        if name.startswith("paged_decode"):
+        if name.startswith(("paged_decode", "quant_matmul")):
             assert v["for"] >= 1 and v["while"] == 0, (name, v)
 
 

@@ -61,4 +61,7 @@ SIZES = {
     "d_model": "model width",
     "d_ff": "MLP hidden width",
     "V": "vocabulary size",
+    "M": "rows of a matmul's activations x (M, K)",
+    "N": "output features of a matmul: rows of a Linear weight W (N, K)",
+    "K": "the reduction dimension of a matmul (input features of W)",
 }

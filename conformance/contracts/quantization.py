@@ -1,0 +1,231 @@
+"""The ``quantization`` contract: weight quantization of a Linear layer and its matrix product.
+
+An implementation is an object (or module) providing
+
+    quantize(w, *, bits: int, granularity) -> QW
+    dequantize(qw) -> Tensor
+    matmul(x, qw) -> Tensor
+
+and, optionally, an attribute ``symmetric: bool`` (default True) that names its scheme.
+
+``w`` is a Linear weight (N, K), float64 / float32 / float16 / bfloat16, finite. ``bits`` is an
+int in 2..8. ``granularity`` is ``"tensor"`` (one scale for all of w), ``"channel"`` (one scale
+per output row n) or an int group size g >= 1 that divides K (one scale per g consecutive
+weights of a row along K; groups of one row never span two rows). ``QW`` is the
+implementation's own opaque packed form (codes, scales, zero points, layout): the suite never
+reads inside it, it only hands it back to ``dequantize`` and ``matmul``.
+
+``dequantize(qw)`` returns (N, K) in w's dtype on w's device. ``matmul(x, qw)`` takes x (M, K)
+in w's dtype on w's device (M >= 1) and returns (M, N) in that dtype, equal to
+``x @ dequantize(qw).T`` up to accumulation rounding (QT-9; judged by the tolerance rule
+``quant-matmul``, a multiple of the naive dequantize-then-multiply error in that dtype plus a
+floor, never a bare atol). In 16-bit dtypes the weight is the one ``dequantize`` returns, rounded
+to the dtype (to nearest): a kernel that multiplies by the unrounded float32 (u - z) * s differs by
+that rounding, which a product with heavy cancellation shows.
+
+The step of a group (what "within half a step" means, :func:`step`):
+
+- symmetric (absmax, the default): s = max|w_group| / (2^(b-1) - 1), q = round(w / s) in
+  [-(2^(b-1) - 1), 2^(b-1) - 1];
+- asymmetric (zero point, ``symmetric = False``): s = (max(max w_group, 0) - min(min w_group, 0))
+  / (2^b - 1), with 0 kept exactly representable (as min/max observers do).
+
+Every reconstructed element lies within s/2 of w (QT-1), up to the stored scale's own rounding
+(2^-12 of s/2) and the output dtype's rounding (half an ulp at |w| + s/2, and half the dtype's
+subnormal spacing). An all-zero group has
+s = 0 and must come back as zeros.
+
+Unsupported inputs: an implementation may raise ``NotImplementedError`` for a (bits,
+granularity, dtype) it does not support (the suite reports "unsupported", never a pass); at least
+one combination must be supported. Invalid arguments raise ``TypeError`` (not a tensor, a dtype
+outside the contract, bits or granularity of the wrong type, a ``qw`` that is not the
+implementation's own) or ``ValueError`` (bits outside 2..8, a group size < 1 or not dividing K,
+a granularity string other than "tensor"/"channel", w not 2-D or empty or not finite, x of the
+wrong shape, K, dtype or device) naming the argument, before any kernel launch
+(:func:`validate_quantize`, :func:`validate_matmul`). A NotImplementedError is never raised for an
+invalid argument.
+
+Claims checked against this contract: QT-1 (half-step bound), QT-2 (idempotence; the
+reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply).
+Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing), Dettmers et al.
+2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin et al. 2024 (AWQ).
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from conformance import tolerance
+from conformance.registry import Contract
+
+#: Dtypes of w (and x) in the contract.
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+#: Bit widths of the contract.
+MIN_BITS, MAX_BITS = 2, 8
+#: The named granularities (an int group size is the third kind).
+NAMED_GRANULARITIES = ("tensor", "channel")
+#: Relative slack on s/2 for the stored scale's rounding (implementations may store the scale
+#: with 16 significant bits, so that code x scale is exact in float32).
+SCALE_SLACK = 2.0 ** -12
+
+
+@dataclass(frozen=True)
+class QuantShape:
+    """One quantize call: the weight's N (rows) and K (columns), the bits, the granularity as
+    given, and the group size along K it means (K for "channel"; K for "tensor" too, where all
+    rows share one scale)."""
+
+    N: int
+    K: int
+    bits: int
+    granularity: object
+    group_size: int
+
+    @property
+    def groups_per_row(self) -> int:
+        """K // group_size."""
+        return self.K // self.group_size
+
+
+def validate_bits(bits) -> int:
+    """bits must be an int (not a bool) in 2..8: TypeError / ValueError naming ``bits``."""
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral):
+        raise TypeError(f"bits must be an int in {MIN_BITS}..{MAX_BITS}, got {type(bits).__name__} {bits!r}")
+    if not MIN_BITS <= int(bits) <= MAX_BITS:
+        raise ValueError(f"bits must be in {MIN_BITS}..{MAX_BITS}, got {bits}")
+    return int(bits)
+
+
+def validate_granularity(granularity, K: int) -> int:
+    """"tensor", "channel" or an int group size dividing K; returns the group size along K.
+    TypeError / ValueError naming ``granularity``."""
+    if isinstance(granularity, str):
+        if granularity not in NAMED_GRANULARITIES:
+            raise ValueError(f"granularity must be 'tensor', 'channel' or an int group size, got {granularity!r}")
+        return K
+    if isinstance(granularity, bool) or not isinstance(granularity, numbers.Integral):
+        raise TypeError(f"granularity must be 'tensor', 'channel' or an int group size, "
+                        f"got {type(granularity).__name__} {granularity!r}")
+    g = int(granularity)
+    if g < 1:
+        raise ValueError(f"granularity (group size) must be >= 1, got {g}")
+    if K % g:
+        raise ValueError(f"granularity (group size) {g} must divide K = {K} (the weight's columns)")
+    return g
+
+
+def validate_quantize(w, bits, granularity) -> QuantShape:
+    """Check a quantize call; return its sizes. Raises TypeError (w not a tensor or of a dtype
+    outside the contract, bits / granularity of the wrong type) or ValueError (w not 2-D (N, K),
+    empty, not finite or on an unsupported device; bits outside 2..8; group size < 1 or not
+    dividing K; an unknown granularity name), each naming the argument."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"w must be a torch.Tensor (N, K), got {type(w).__name__}")
+    if w.dtype not in DTYPES:
+        raise TypeError(f"w has dtype {w.dtype}; the quantization contract takes "
+                        f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+    if w.dim() != 2:
+        raise ValueError(f"w must have 2 dimensions (N, K), got shape {tuple(w.shape)}")
+    if w.shape[0] < 1 or w.shape[1] < 1:
+        raise ValueError(f"w must not be empty, got shape {tuple(w.shape)}")
+    if w.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"w must be on a cpu or cuda device, got {w.device}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("w must be finite (no NaN or inf)")
+    b = validate_bits(bits)
+    N, K = (int(s) for s in w.shape)
+    g = validate_granularity(granularity, K)
+    return QuantShape(N, K, b, granularity, g)
+
+
+def validate_matmul(x, *, K: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Check matmul's x against the quantized weight's K, dtype and device; return M. Raises
+    TypeError (x not a tensor, x's dtype not the weight's) or ValueError (x not 2-D (M, K), M = 0,
+    K differs, another device), naming ``x``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (M, K), got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"x has dtype {x.dtype}; the quantized weight dequantizes to {dtype} and x must match it")
+    if x.dim() != 2:
+        raise ValueError(f"x must have 2 dimensions (M, K), got shape {tuple(x.shape)}")
+    if x.shape[0] < 1:
+        raise ValueError(f"x must have at least one row, got shape {tuple(x.shape)}")
+    if x.shape[1] != K:
+        raise ValueError(f"x has K = {x.shape[1]} columns; the quantized weight has K = {K}")
+    if torch.device(x.device) != torch.device(device):
+        raise ValueError(f"x is on {x.device}, the quantized weight on {device}")
+    return int(x.shape[0])
+
+
+def levels(bits: int, symmetric: bool) -> int:
+    """Steps between the extreme codes: 2^(b-1) - 1 (symmetric, one side) or 2^b - 1 (asymmetric,
+    the whole range)."""
+    return 2 ** (bits - 1) - 1 if symmetric else 2 ** bits - 1
+
+
+def step(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> torch.Tensor:
+    """The contract's step s of each element's group, (N, K) float64 (see the module docstring):
+    symmetric s = max|w_group| / (2^(b-1) - 1); asymmetric s = (max(max w_group, 0) -
+    min(min w_group, 0)) / (2^b - 1). Raises as :func:`validate_quantize`."""
+    shape = validate_quantize(w, bits, granularity)
+    w64 = w.detach().to(torch.float64)
+    if granularity == "tensor":
+        groups = w64.reshape(1, 1, -1)
+    else:
+        groups = w64.reshape(shape.N, shape.groups_per_row, shape.group_size)
+    if symmetric:
+        span = groups.abs().amax(dim=-1)
+    else:
+        span = groups.amax(dim=-1).clamp(min=0) - groups.amin(dim=-1).clamp(max=0)
+    s = span / levels(shape.bits, symmetric)                      # (N, groups per row), or (1, 1)
+    if granularity == "tensor":
+        return s.reshape(1, 1).expand(shape.N, shape.K)
+    return s.repeat_interleave(shape.group_size, dim=-1)          # (N, K)
+
+
+def half_step_bound(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> torch.Tensor:
+    """QT-1's bound per element, (N, K) float64: s/2 (1 + 2^-12) plus the output dtype's own
+    rounding: half an ulp at |w| + s/2, plus half its subnormal spacing (a group made of
+    subnormals comes back on the dtype's subnormal grid; a float32 scale of such a group is
+    itself subnormal)."""
+    s = step(w, bits, granularity, symmetric)
+    fin = torch.finfo(w.dtype)
+    spacing = fin.tiny * fin.eps                 # the dtype's subnormal spacing (its smallest step)
+    return s / 2 * (1 + SCALE_SLACK) + fin.eps / 2 * (w.detach().abs().to(torch.float64) + s / 2) + spacing / 2
+
+
+#: QT-9's tolerance rule: the fused product against the float64 x @ dequantize(qw).T, bounded
+#: by a multiple of the naive dequantize-then-multiply error in x's dtype plus a floor.
+QUANT_MATMUL_RULE = tolerance.NaiveMultipleRule(
+    "quant-matmul", factor=4.0, floor_ulps=8.0, cap_fraction=1.0 / 16,
+    sees="a fused dequantize-matmul that differs from dequantize-then-multiply by more than 4x the "
+         "naive product's own rounding + 8 ulp of the output's scale: wrong codes, scales, zero "
+         "points, nibble order or groups anywhere in a row; all-zero or constant outputs",
+    blind_to="errors below the naive product's rounding (a few ulps of the output's maximum); "
+             "quantization error itself (QT-1 judges dequantize)")
+tolerance.register_rule("quant-matmul", QUANT_MATMUL_RULE)
+
+
+CONTRACT = Contract(
+    technique="quantization",
+    functions=("quantize", "dequantize", "matmul"),
+    doc=__doc__,
+    builtins={
+        "reference": "reference.quantization:SYMMETRIC",
+        "reference_asym": "reference.quantization:ASYMMETRIC",
+        "torch": "optimized.quant_torch:SYMMETRIC",
+        "torch_asym": "optimized.quant_torch:ASYMMETRIC",
+        "triton": "optimized.quant_matmul:SYMMETRIC",
+        "triton_asym": "optimized.quant_matmul:ASYMMETRIC",
+    },
+    zoo={
+        "floor_not_round": "properties.zoo_quantization:floor_not_round",
+        "scale_pow2_clamped": "properties.zoo_quantization:scale_pow2_clamped",
+        "scales_wrong_groups": "properties.zoo_quantization:scales_wrong_groups",
+        "nibbles_swapped_in_matmul": "properties.zoo_quantization:nibbles_swapped_in_matmul",
+        "zero_point_off_by_one": "properties.zoo_quantization:zero_point_off_by_one",
+        "zero_points_wrong_interleave": "properties.zoo_quantization:zero_points_wrong_interleave",
+    },
+)

@@ -1,0 +1,195 @@
+"""Weight-only quantized matmul in Triton: out = x @ dequantize(W).T with W dequantized in
+registers, tile by tile, never written to memory (the ``triton`` implementation of the
+``quantization`` contract; claim QT-9, and QT-10's kernel; lecture 001 §5.1–5.2).
+
+The weight is the packed layout of ``optimized/quant_torch.py`` (:class:`PackedWeight`): codes
+(N, ceil(K / per)) uint8, two 4-bit codes per byte (low nibble = the even k), four 2-bit codes,
+or one code per byte for the other widths (int8 per channel is bits=8, granularity "channel");
+scales (N, groups) float32 and zero points (N, groups) uint8 per group along K (one row (1, 1)
+broadcast for "tensor"). Each program computes a (BLOCK_M, BLOCK_N) tile of out: for each
+BLOCK_K slice of K it loads x's tile, the packed bytes of W's tile, shifts and masks out the
+codes, subtracts the zero points and multiplies by the scales of each element's group (float32,
+exact: code x scale has at most 24 significant bits), rounds to x's dtype (to nearest, as
+``dequantize`` does; Triton's interpreter truncates float32 -> bfloat16 casts, so there the
+rounding is done by hand) and accumulates ``tl.dot`` in float32. M <= 16 (decode) runs one 16-row tile per column block (a GEMV-shaped
+grid); larger M tiles by 32 or 64 rows.
+
+Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
+``tl.dot``), bits 2..8, every granularity, symmetric (``SYMMETRIC``) or zero point
+(``ASYMMETRIC``). The host wrapper :func:`quant_matmul` validates x, the packed tensors' dtypes
+and shapes, the scales against the groups, bits and the group size before any launch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from conformance.contracts.quantization import validate_bits, validate_matmul
+from optimized import quant_torch
+from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode
+
+#: Dtypes the kernel takes for x (and w).
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K, group_size,
+             stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn, stride_zg,
+             BITS: tl.constexpr, PER: tl.constexpr, BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr):
+    """One BLOCK_K slice: dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_mask = offs_k < K
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    nk = n_mask[:, None] & k_mask[None, :]
+    byte = tl.load(codes_ptr + offs_n[:, None] * stride_cn + (offs_k // PER)[None, :] * stride_ck,
+                   mask=nk, other=0).to(tl.int32)
+    u = (byte >> ((offs_k % PER) * BITS)[None, :]) & ((1 << BITS) - 1)       # low bits = first code
+    g = offs_k // group_size
+    s = tl.load(scales_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=nk, other=0.0)
+    z = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + g[None, :] * stride_zg, mask=nk, other=0).to(tl.int32)
+    w = (u - z).to(tl.float32) * s                                            # (BLOCK_N, BLOCK_K), exact
+    if DOT_MODE == 0:      # DOT_NATIVE: 16-bit tiles (rounded to nearest), float32 accumulation
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    elif DOT_MODE == 1:    # DOT_UPCAST: 16-bit under the interpreter, whose float32 -> bfloat16
+        if x.dtype == tl.bfloat16:    # cast truncates: round to nearest even by hand instead
+            w = _round_to_bf16(w)
+        else:
+            w = w.to(x.dtype).to(tl.float32)
+        acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    else:                  # DOT_IEEE: float32
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _round_to_bf16(w):
+    """float32 -> the nearest bfloat16 value (ties to even), kept in float32 (finite inputs)."""
+    bits = w.to(tl.uint32, bitcast=True)
+    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, group_size,
+                        stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                        stride_zn, stride_zg, stride_om, stride_on,
+                        BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr):
+    """out[m, n] = sum_k x[m, k] * (u[n, k] - z[n, k // group_size]) * s[n, k // group_size]."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if RANGE_LOOP:   # compiled code and interpreters that take run-time loop bounds
+        for k0 in range(0, K, BLOCK_K):
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
+                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
+        k0 = 0
+        while k0 < K:
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
+                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+            k0 += BLOCK_K
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
+             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _blocks(M: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): 16 rows for decode (M <= 16), 32 up to M = 32, else 64."""
+    bm = 16 if M <= 16 else 32 if M <= 32 else 64
+    return bm, 64 if M <= 16 else 32, 64
+
+
+def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, *,
+                 bits: int, group_size: int, N: int, K: int) -> torch.Tensor:
+    """x (M, K) @ W.T for the packed W (N, K): codes (N, ceil(K / per)) uint8, scales (N or 1,
+    K // group_size) float32, zeros the same shape uint8. Returns (M, N) in x's dtype.
+
+    Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
+    codes or zeros not uint8, scales not float32) or ValueError (bits outside 2..8, group_size
+    not dividing K, codes of the wrong shape, scales or zeros not matching the groups, x of the
+    wrong shape or K, tensors on different devices), naming the argument, before any launch."""
+    b = validate_bits(bits)
+    if not isinstance(group_size, int) or group_size < 1 or K % group_size:
+        raise ValueError(f"group_size must be an int >= 1 dividing K = {K}, got {group_size!r}")
+    for name, t in (("codes", codes), ("scales", scales), ("zeros", zeros)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        raise NotImplementedError("the Triton quantized matmul has no float64 path")
+    if isinstance(x, torch.Tensor) and x.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; the kernel takes float32, float16, bfloat16")
+    validate_matmul(x, K=K, dtype=x.dtype if isinstance(x, torch.Tensor) else None, device=codes.device)
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"codes must be uint8 (packed), got {codes.dtype}")
+    if zeros.dtype != torch.uint8:
+        raise TypeError(f"zeros must be uint8, got {zeros.dtype}")
+    if scales.dtype != torch.float32:
+        raise TypeError(f"scales must be float32, got {scales.dtype}")
+    per = quant_torch.codes_per_byte(b)
+    if tuple(codes.shape) != (N, -(-K // per)):
+        raise ValueError(f"codes must have shape (N, ceil(K / {per})) = ({N}, {-(-K // per)}) for {b} bits, "
+                         f"got {tuple(codes.shape)}")
+    groups = K // group_size
+    if scales.dim() != 2 or scales.shape[0] not in (1, N) or scales.shape[1] != groups:
+        raise ValueError(f"scales must have shape (N, K // group_size) = ({N}, {groups}) or (1, 1) for one "
+                         f"tensor-wide scale, got {tuple(scales.shape)}")
+    if scales.shape[0] == 1 and N != 1 and groups != 1:
+        raise ValueError(f"scales of one row (shape {tuple(scales.shape)}) need one group per row (group_size = K)")
+    if tuple(zeros.shape) != tuple(scales.shape):
+        raise ValueError(f"zeros must have the scales' shape {tuple(scales.shape)}, got {tuple(zeros.shape)}")
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t.device != codes.device:
+            raise ValueError(f"{name} is on {t.device}, codes on {codes.device}")
+    M = x.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    bm, bn, bk = _blocks(M)
+    mode = dot_mode(x.dtype)
+    assert mode in (DOT_NATIVE, DOT_UPCAST, DOT_IEEE)
+    row = 0 if scales.shape[0] == 1 else 1
+    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
+    quant_matmul_kernel[grid](
+        x, codes, scales, zeros, out, M, N, K, group_size,
+        x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
+        scales.stride(0) * row, scales.stride(1), zeros.stride(0) * row, zeros.stride(1),
+        out.stride(0), out.stride(1),
+        BITS=b, PER=per, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_MODE=mode)
+    return out
+
+
+class Scheme:
+    """The ``triton`` implementation: quantize and dequantize as ``optimized.quant_torch``
+    (float32 scales), matmul by :func:`quant_matmul`. Refuses float64 weights
+    (NotImplementedError) after validating the call."""
+
+    def __init__(self, symmetric: bool):
+        self.symmetric = symmetric
+
+    def quantize(self, w, *, bits, granularity):
+        qw = quant_torch.quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric)
+        if qw.dtype == torch.float64:
+            raise NotImplementedError("the Triton quantized matmul has no float64 path (float32 scales)")
+        return qw
+
+    def dequantize(self, qw):
+        return quant_torch.dequantize(qw)
+
+    def matmul(self, x, qw):
+        qw = quant_torch.check_packed(qw)
+        validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
+        return quant_matmul(x, qw.codes, qw.scales, qw.zeros, bits=qw.bits, group_size=qw.group_size,
+                            N=qw.N, K=qw.K)
+
+    def __repr__(self) -> str:
+        return f"optimized.quant_matmul.Scheme(symmetric={self.symmetric})"
+
+
+SYMMETRIC = Scheme(True)
+ASYMMETRIC = Scheme(False)

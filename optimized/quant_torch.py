@@ -1,0 +1,152 @@
+"""Vectorized PyTorch weight quantization (the ``torch`` and ``torch_asym`` implementations of the
+``quantization`` contract) and the packed layout the Triton kernel reads
+(``optimized/quant_matmul.py``). Same arithmetic as the reference (``reference/quantization.py``:
+w_hat = (u - z) * s, scale rounded up to 16 significant bits, codes packed along K low bits
+first), computed on whole tensors at once; claims QT-1, QT-2, QT-9 (lecture 001 §5.1–5.2).
+
+Layout of :class:`PackedWeight`: ``codes`` (N, ceil(K / per)) uint8, per = 2 for 4 bits, 4 for
+2 bits, else 1, element k of a row in byte k // per at bit offset (k % per) * bits;
+``scales`` (N, groups) float32 (float64 for float64 weights), (1, 1) for "tensor" (a step
+below float32's normal range is stored rounded up, and the codes use the stored scale);
+``zeros`` (N, groups) uint8, unpacked (one zero point per group, the stored value is z).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conformance.contracts.quantization import levels, validate_matmul, validate_quantize
+
+#: Significant bits kept in a stored scale (as the reference).
+SCALE_BITS = 16
+
+
+def codes_per_byte(bits: int) -> int:
+    """2 for 4 bits, 4 for 2 bits, else 1."""
+    return 8 // bits if bits in (2, 4) else 1
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """The packed weight (see the module docstring); ``dtype`` is w's, ``group_size`` K for
+    "channel" and "tensor"."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    bits: int
+    group_size: int
+    granularity: object
+    N: int
+    K: int
+    dtype: torch.dtype
+    symmetric: bool
+
+
+def pack(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """(R, L) codes -> (R, ceil(L / per)) uint8, first element in the low bits."""
+    per = codes_per_byte(bits)
+    R, L = u.shape
+    pad = (-L) % per
+    u = torch.nn.functional.pad(u.to(torch.int32), (0, pad)).reshape(R, -1, per)
+    shifts = torch.arange(per, device=u.device, dtype=torch.int32) * bits
+    return (u << shifts).sum(dim=-1).to(torch.uint8)
+
+
+def unpack(codes: torch.Tensor, bits: int, L: int) -> torch.Tensor:
+    """(R, ceil(L / per)) uint8 -> (R, L) int32."""
+    per = codes_per_byte(bits)
+    shifts = torch.arange(per, device=codes.device, dtype=torch.int32) * bits
+    u = (codes.to(torch.int32)[..., None] >> shifts) & (2 ** bits - 1)
+    return u.reshape(codes.shape[0], -1)[:, :L]
+
+
+def round_scale(s: torch.Tensor) -> torch.Tensor:
+    """float64 scales rounded up to 16 significant bits (0 stays 0)."""
+    m, e = torch.frexp(s)
+    return torch.ldexp(torch.ceil(m * 2 ** SCALE_BITS) / 2 ** SCALE_BITS, e.to(torch.float64))
+
+
+def storable(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 scales as they will be stored in ``dtype``, rounded UP where the cast rounds down
+    (only a step below float32's normal range, from a group made of subnormals, is not exact), so
+    codes are computed with the stored scale and never clip; returned in float64."""
+    st = s.to(dtype)
+    st = torch.where(st.to(torch.float64) < s, torch.nextafter(st, torch.full_like(st, float("inf"))), st)
+    return st.to(torch.float64)
+
+
+def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True) -> PackedWeight:
+    """Quantize w (N, K) at once: groups reshaped to (rows, groups, group size), scales and
+    zero points per group. Raises TypeError/ValueError as the contract's validate_quantize."""
+    shape = validate_quantize(w, bits, granularity)
+    N, K, b = shape.N, shape.K, shape.bits
+    w64 = w.detach().to(torch.float64)
+    grp = w64.reshape(1, 1, N * K) if granularity == "tensor" else w64.reshape(N, K // shape.group_size, shape.group_size)
+    sdt = torch.float64 if w.dtype == torch.float64 else torch.float32
+    if symmetric:
+        s = storable(round_scale(grp.abs().amax(dim=-1) / levels(b, True)), sdt)
+        z = torch.full_like(s, 2 ** (b - 1))
+        lo, hi = 1, 2 ** b - 1
+    else:
+        lo_w, hi_w = grp.amin(dim=-1).clamp(max=0), grp.amax(dim=-1).clamp(min=0)
+        s = storable(round_scale((hi_w - lo_w) / levels(b, False)), sdt)
+        z = torch.where(s > 0, torch.round(-lo_w / torch.where(s > 0, s, 1.0)), 0.0).clamp(0, 2 ** b - 1)
+        lo, hi = 0, 2 ** b - 1
+    safe = torch.where(s > 0, s, 1.0)[..., None]
+    u = torch.where(s[..., None] > 0, (torch.round(grp / safe) + z[..., None]).clamp(lo, hi), z[..., None])
+    u = u.reshape(N, K).to(torch.int32)
+    return PackedWeight(pack(u, b), s.to(sdt), z.to(torch.uint8), b, shape.group_size, granularity, N, K,
+                        w.dtype, symmetric)
+
+
+def check_packed(qw) -> PackedWeight:
+    """TypeError unless ``qw`` is a :class:`PackedWeight`."""
+    if not isinstance(qw, PackedWeight):
+        raise TypeError(f"qw must be an optimized.quant_torch.PackedWeight (what quantize returned), "
+                        f"got {type(qw).__name__}")
+    return qw
+
+
+def dequantize(qw: PackedWeight) -> torch.Tensor:
+    """(N, K) in w's dtype: (u - z) * s in the scales' dtype (exact: 8 + 16 bits), rounded once."""
+    qw = check_packed(qw)
+    u = unpack(qw.codes, qw.bits, qw.K)
+    if qw.granularity == "tensor":
+        z, s = qw.zeros.expand(qw.N, qw.K), qw.scales.expand(qw.N, qw.K)
+    else:
+        z = qw.zeros.repeat_interleave(qw.group_size, dim=1)
+        s = qw.scales.repeat_interleave(qw.group_size, dim=1)
+    return ((u - z.to(torch.int32)).to(s.dtype) * s).to(qw.dtype)
+
+
+def matmul(x: torch.Tensor, qw: PackedWeight) -> torch.Tensor:
+    """x (M, K) @ dequantize(qw).T in x's dtype (torch.matmul). Raises TypeError/ValueError for
+    an x of the wrong K, dtype or device."""
+    qw = check_packed(qw)
+    validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
+    return x @ dequantize(qw).T
+
+
+class Scheme:
+    """The vectorized scheme (``symmetric`` True: absmax; False: zero point)."""
+
+    def __init__(self, symmetric: bool):
+        self.symmetric = symmetric
+
+    def quantize(self, w, *, bits, granularity):
+        return quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric)
+
+    def dequantize(self, qw):
+        return dequantize(qw)
+
+    def matmul(self, x, qw):
+        return matmul(x, qw)
+
+    def __repr__(self) -> str:
+        return f"optimized.quant_torch.Scheme(symmetric={self.symmetric})"
+
+
+SYMMETRIC = Scheme(True)
+ASYMMETRIC = Scheme(False)

@@ -1,0 +1,115 @@
+"""Bad input to quantization and to the Triton quantized matmul's host wrapper: a clear
+TypeError / ValueError that names the argument, raised before any kernel launch; and an
+outside implementation checked with ``--impl quantization=module:attr``."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conformance import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+IMPLS = {i.name: i for i in registry.builtins("quantization") if i.unavailable is None}
+
+
+def _w(device, dtype=torch.float32):
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+
+
+QUANTIZE_CASES = {
+    "bits 1": (dict(bits=1, granularity="channel"), ValueError, r"bits must be in 2\.\.8, got 1"),
+    "bits 9": (dict(bits=9, granularity="channel"), ValueError, r"bits must be in 2\.\.8, got 9"),
+    "bits float": (dict(bits=4.0, granularity="channel"), TypeError, "bits must be an int"),
+    "group not dividing K": (dict(bits=4, granularity=3), ValueError, r"granularity \(group size\) 3 must divide K = 8"),
+    "group 0": (dict(bits=4, granularity=0), ValueError, r"group size\) must be >= 1"),
+    "unknown granularity": (dict(bits=4, granularity="row"), ValueError, "granularity must be 'tensor', 'channel'"),
+    "bool granularity": (dict(bits=4, granularity=True), TypeError, "granularity must be"),
+}
+
+
+@pytest.mark.parametrize("which", list(IMPLS))
+@pytest.mark.parametrize("what", list(QUANTIZE_CASES))
+def test_quantize_rejects_bad_arguments(which, what, device):
+    kwargs, error, match = QUANTIZE_CASES[what]
+    with pytest.raises(error, match=match):
+        IMPLS[which].quantize(_w(device), **kwargs)
+
+
+@pytest.mark.parametrize("which", list(IMPLS))
+def test_bad_weights_and_activations_name_the_argument(which, device):
+    impl = IMPLS[which]
+    w = _w(device)
+    with pytest.raises(ValueError, match=r"w must have 2 dimensions \(N, K\)"):
+        impl.quantize(w[0], bits=4, granularity="channel")
+    with pytest.raises(TypeError, match="w has dtype torch.int32"):
+        impl.quantize(w.int(), bits=4, granularity="channel")
+    with pytest.raises(ValueError, match="w must be finite"):
+        impl.quantize(w / 0, bits=4, granularity="channel")
+    with pytest.raises(ValueError, match="w must not be empty"):
+        impl.quantize(w[:, :0], bits=4, granularity="channel")
+    qw = impl.quantize(w, bits=4, granularity=4)
+    x = torch.randn(3, 8).to(device)
+    with pytest.raises(ValueError, match="x has K = 7 columns; the quantized weight has K = 8"):
+        impl.matmul(x[:, :7], qw)
+    with pytest.raises(TypeError, match="x has dtype torch.float16"):
+        impl.matmul(x.half(), qw)
+    with pytest.raises(ValueError, match=r"x must have 2 dimensions \(M, K\)"):
+        impl.matmul(x[0], qw)
+    with pytest.raises(TypeError, match="qw must be"):
+        impl.dequantize((qw,))
+
+
+def test_kernel_wrapper_checks_the_packed_tensors(device):
+    """The host wrapper of the Triton kernel: packed codes of the wrong dtype or shape, scales
+    that do not match the groups, zero points of another shape, bits outside 2..8."""
+    qm = pytest.importorskip("optimized.quant_matmul")
+    from optimized import quant_torch
+
+    w = torch.randn(6, 32).to(device)
+    qw = quant_torch.quantize(w, bits=4, granularity=8)
+    x = torch.randn(2, 32).to(device)
+    kw = dict(bits=4, group_size=8, N=6, K=32)
+    good = (x, qw.codes, qw.scales, qw.zeros)
+    torch.testing.assert_close(qm.quant_matmul(*good, **kw), x @ quant_torch.dequantize(qw).T)
+    bad = {
+        "codes int32": ((x, qw.codes.int(), qw.scales, qw.zeros), kw, TypeError, "codes must be uint8"),
+        "codes unpacked": ((x, quant_torch.unpack(qw.codes, 4, 32).to(torch.uint8), qw.scales, qw.zeros), kw,
+                           ValueError, r"codes must have shape \(N, ceil\(K / 2\)\) = \(6, 16\)"),
+        "scales of another grouping": ((x, qw.codes, qw.scales[:, :2], qw.zeros), kw, ValueError,
+                                       r"scales must have shape \(N, K // group_size\) = \(6, 4\)"),
+        "scales float64": ((x, qw.codes, qw.scales.double(), qw.zeros), kw, TypeError, "scales must be float32"),
+        "zeros of another shape": ((x, qw.codes, qw.scales, qw.zeros[:3]), kw, ValueError, "zeros must have the scales' shape"),
+        "zeros int64": ((x, qw.codes, qw.scales, qw.zeros.long()), kw, TypeError, "zeros must be uint8"),
+        "bits 9": (good, dict(kw, bits=9), ValueError, r"bits must be in 2\.\.8"),
+        "group size not dividing K": (good, dict(kw, group_size=5), ValueError, "group_size must be an int >= 1 dividing K"),
+        "x wrong K": ((x[:, :31],) + good[1:], kw, ValueError, "x has K = 31"),
+        "x int": ((x.int(),) + good[1:], kw, TypeError, "x has dtype torch.int32"),
+    }
+    for what, (args, kwargs, error, match) in bad.items():
+        with pytest.raises(error, match=match):
+            qm.quant_matmul(*args, **kwargs)
+    with pytest.raises(NotImplementedError, match="float64"):
+        qm.quant_matmul(x.double(), qw.codes, qw.scales, qw.zeros, **kw)
+
+
+def test_outside_implementation_via_impl_option(tmp_path):
+    """``--impl quantization=my_quantization:...`` from another directory: the conforming
+    example passes QT-1 and the floor-rounding one fails it."""
+    env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), str(ROOT)]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "properties", "-p", "no:cacheprovider", "-q", "--device=cpu",
+           "--impl", "quantization=my_quantization:quantization",
+           "--impl", "quantization=my_quantization:wrong_quantization",
+           "-k", "test_qt1_within_half_step and float32"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "1 failed, 1 passed" in r.stdout, r.stdout[-3000:]
+    assert "my_quantization:wrong_quantization" in r.stdout.split("short test summary")[-1]
