@@ -137,7 +137,20 @@ def law_prefill_then_decode_equals_full_forward(impl, dtype, device, case):
     out_ref = torch.cat(full_forward(model_for(cfg, case.seed, torch.float64, device), case, device))
     out_pt = torch.cat(full_forward(model, case, device)) if dtype in HALF_DTYPES else None
     assert_close(out, out_ref, out_pt=out_pt, rule=model_rule(dtype),
-                 what="prefill + decode logits vs full forward")
+                 what=f"prefill + decode logits vs full forward ({where_worst(out, out_ref, case)})")
+
+
+def where_worst(out: torch.Tensor, out_ref: torch.Tensor, case: Case) -> str:
+    """Which sequence and position the row of the largest error is, in logits concatenated as
+    (Σ(S_b + T), V): "sequence b, prompt position t" or "sequence b, decode step s"."""
+    err = torch.nan_to_num((out.double().cpu() - out_ref.double().cpu()).abs(), nan=float("inf"))
+    row = int(err.amax(dim=1).argmax())
+    for b, n in enumerate(case.prompt_lens):
+        if row < n + case.steps:
+            return (f"worst row: sequence {b}, prompt position {row}" if row < n
+                    else f"worst row: sequence {b}, decode step {row - n + 1} of {case.steps}")
+        row -= n + case.steps
+    return "worst row: none"
 
 
 KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached")
@@ -449,6 +462,31 @@ def check_long_sequences(impl, dtype, device):
 @pytest.mark.kills("rope_off_after_64", "drop_oldest", "no_rope_offset")
 def test_long_sequences_rejects(bad_impl, device):
     expect_rejected(check_long_sequences, bad_impl, torch.float64, device)
+
+
+#: Positions past 256: bfloat16 holds integers exactly only up to 256 (257 rounds to 256), so a
+#: position or RoPE angle that passes through the model's 16-bit dtype shows only here.
+PAST_256 = Case(n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, seed=19, prompt_lens=(257, 3), steps=3,
+                max_seq_len=272)
+
+
+def check_past_256(impl, device):
+    law_cache_holds_exactly_the_tokens.hypothesis.inner_test(impl, torch.bfloat16, device, PAST_256)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-4")
+def test_bfloat16_cache_past_256_positions(impl, device):
+    """KV-4 in bfloat16 with a 257-token prompt decoded to position 259: the cached K and V
+    equal the model's (positions are integers, never rounded to the model's dtype)."""
+    check_past_256(impl, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("KV-4")
+@pytest.mark.kills("positions_in_model_dtype")
+def test_bfloat16_cache_past_256_positions_rejects(bad_impl, device):
+    expect_rejected(check_past_256, bad_impl, device)
 
 
 @pytest.mark.technique(TECH)

@@ -17,6 +17,8 @@ Each is the PyTorch engine with one classic mistake; the laws in
   instead of ``j * BLOCK_T + arange(BLOCK_T)``: invisible while one block covers the prompt
   (small heads), at Llama shapes (8 KV heads × 128, blocks of 4) every prefill longer than 4
   tokens keeps unwritten slots.
+- ``positions_in_model_dtype``: decode positions pass through the model's dtype before RoPE;
+  bfloat16 holds integers exactly only up to 256, so position 257 is rotated as 256.
 """
 from __future__ import annotations
 
@@ -105,6 +107,11 @@ class _StaleAfterReprefill(KVCacheEngine):
         return lengths + 1 if self._prefills > 1 else lengths
 
 
+class _PositionsInModelDtype(KVCacheEngine):
+    def _decode_positions(self, lengths):
+        return lengths.to(self.dtype).to(lengths.dtype)
+
+
 def _append_no_block_offset(k_cache, v_cache, k_new, v_new, start, count, host_start=None, host_count=None):
     """``optimized.kv_cache.kv_append``'s tiling with the block offset forgotten: program j of
     sequence b copies tokens [0, BLOCK_T) instead of [j·BLOCK_T, (j+1)·BLOCK_T)."""
@@ -136,3 +143,4 @@ PADS_CACHED = _ns(_PadsCached)
 ROPE_OFF_AFTER_64 = _ns(_RopeOffAfter64)
 STALE_AFTER_REPREFILL = _ns(_StaleAfterReprefill)
 APPEND_NO_BLOCK_OFFSET = _ns(_AppendNoBlockOffset)
+POSITIONS_IN_MODEL_DTYPE = _ns(_PositionsInModelDtype)

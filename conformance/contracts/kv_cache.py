@@ -74,5 +74,6 @@ CONTRACT = Contract(
         "rope_off_after_64": "properties.zoo_kv_cache:ROPE_OFF_AFTER_64",
         "stale_after_reprefill": "properties.zoo_kv_cache:STALE_AFTER_REPREFILL",
         "append_no_block_offset": "properties.zoo_kv_cache:APPEND_NO_BLOCK_OFFSET",
+        "positions_in_model_dtype": "properties.zoo_kv_cache:POSITIONS_IN_MODEL_DTYPE",
     },
 )
