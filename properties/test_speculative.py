@@ -120,8 +120,10 @@ def law_sd1_statistical(impl, device, trials: int = STAT_TRIALS, seed: int = 7):
     for name, pq in STAT_CONFIGS.items():
         for v in check_statistically(impl, pq, trials, seed, device):
             if not v.ok:
-                failed.append(v.message())
-    assert not failed, "; ".join(failed)
+                failed.append(v)
+    failed.sort(key=lambda v: -(v.error / v.bound if v.bound > 0 else float("inf")))
+    more = f" (+{len(failed) - 3} more)" if len(failed) > 3 else ""
+    assert not failed, "; ".join(f"{v.what}: {v.detail}" for v in failed[:3]) + more
 
 
 @pytest.mark.technique(TECH)
