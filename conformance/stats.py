@@ -91,10 +91,15 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
         raise ValueError(f"need at least 20 observations for a goodness-of-fit test, got {n:g}")
     impossible = obs_all[p == 0].sum()
     if impossible:
+        k = int(np.flatnonzero((p == 0) & (obs_all > 0))[0])
         return _report(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
-                               0.0, what, f"{int(impossible)} observations in zero-probability categories"))
+                               0.0, what, f"{int(impossible)} observations in zero-probability categories "
+                               f"(e.g. outcome {k}: observed {int(obs_all[k])} vs expected 0)"))
     support = p > 0
     obs, exp = _merge_small_bins(obs_all[support], p[support] / p[support].sum() * n)
+    exp_all = np.where(support, p / p[support].sum() * n, 0.0)
+    z = np.where(support, np.abs(obs_all - exp_all) / np.sqrt(np.maximum(exp_all, 1e-300)), 0.0)
+    worst = int(np.argmax(z))
     if obs.size < 2:
         return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
     stat = float(sps.power_divergence(obs, exp, lambda_="log-likelihood").statistic)
@@ -103,4 +108,7 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     pvalue = float(sps.chi2.sf(stat, dof))
     rule = (f"statistical: G-test({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:g}, "
             f"n={int(n)}, p-value {pvalue:.3g})")
-    return _report(Verdict(stat <= critical, rule, stat, critical, what))
+    detail = (f"G = {stat:.4g} {'<=' if stat <= critical else '>'} critical value {critical:.4g} "
+              f"(dof {dof}, alpha {alpha:g}); most discrepant outcome {worst}: observed "
+              f"{int(obs_all[worst])} vs expected {exp_all[worst]:.1f}")
+    return _report(Verdict(stat <= critical, rule, stat, critical, what, detail))

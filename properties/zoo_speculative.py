@@ -13,7 +13,8 @@ from conformance.contracts.speculative import PAD, validate
 
 
 def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0, q_over_p=False,
-            late=False, resample_p=False, continue_after=False, drop_bonus=False, unnormalised=False):
+            late=False, resample_p=False, continue_after=False, drop_bonus=False, unnormalised=False,
+            fp16=False):
     validate(draft_tokens, draft_probs, target_probs, generator)
     B, gamma = draft_tokens.shape
     V = draft_probs.shape[-1]
@@ -28,6 +29,9 @@ def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=
         ratio = torch.where(p_x > 0, q_x / p_x.clamp_min(1e-300), torch.zeros_like(p_x)).clamp(max=1.0)
     else:
         ratio = (p_x / q_x).clamp(max=1.0)
+    if fp16:
+        p16, q16 = p_x.to(torch.float16), q_x.to(torch.float16).clamp_min(6e-8)
+        ratio = (p16 / q16).clamp(max=1.0).to(torch.float64)
     ok = u < accept_scale * ratio
     q_pad = torch.cat([q, q.new_zeros(B, 1, V)], dim=1)
     v = torch.rand((B, gamma + 1), generator=generator, dtype=torch.float64, device=dev)
@@ -152,3 +156,35 @@ class Bfloat16DraftQ(SpeculativeEngine):
 #: The known-bad engines, each shown rejected in ``properties/test_speculative_engine.py``.
 ENGINE_ZOO = {"forgets_rollback": ForgetsRollback, "forgets_draft_rollback": ForgetsDraftRollback,
               "bfloat16_draft_sampling": Bfloat16DraftSampling, "bfloat16_draft_q": Bfloat16DraftQ}
+
+
+# ------------------------------------------------ verifiers seen only by the deterministic laws
+def accept_fp16(draft_tokens, draft_probs, target_probs, *, generator):
+    """Computes the acceptance ratio min(1, p/q) in float16: probabilities below float16's
+    smallest subnormal flush to zero, so p/q = 1 at tiny magnitudes is always rejected."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, fp16=True)
+
+
+def row0_probs(draft_tokens, draft_probs, target_probs, *, generator):
+    """Indexes the probabilities without the row stride: every row is judged with row 0's q and
+    p (and its own draft tokens)."""
+    validate(draft_tokens, draft_probs, target_probs, generator)
+    return _verify(draft_tokens, draft_probs[:1].expand_as(draft_probs).contiguous(),
+                   target_probs[:1].expand_as(target_probs).contiguous(), generator)
+
+
+def long_gamma_bonus(draft_tokens, draft_probs, target_probs, *, generator):
+    """For γ >= 4 draws the bonus token from p at the last draft position instead of p[γ]."""
+    p = target_probs
+    if draft_tokens.shape[1] >= 4:
+        p = target_probs.clone()
+        p[:, -1] = target_probs[:, -2]
+    validate(draft_tokens, draft_probs, target_probs, generator)
+    return _verify(draft_tokens, draft_probs, p, generator)
+
+
+def small_batch_from_p(draft_tokens, draft_probs, target_probs, *, generator):
+    """A small-batch fast path (B <= 8) that resamples a rejection from p instead of the
+    residual norm(max(0, p − q))."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator,
+                   resample_p=draft_tokens.shape[0] <= 8)

@@ -197,5 +197,9 @@ CONTRACT = Contract(
         "drops_bonus_token": "properties.zoo_speculative:drops_bonus_token",
         "unnormalised_residual": "properties.zoo_speculative:unnormalised_residual",
         "acceptance_times_097": "properties.zoo_speculative:acceptance_times_097",
+        "accept_fp16": "properties.zoo_speculative:accept_fp16",
+        "row0_probs": "properties.zoo_speculative:row0_probs",
+        "long_gamma_bonus": "properties.zoo_speculative:long_gamma_bonus",
+        "small_batch_from_p": "properties.zoo_speculative:small_batch_from_p",
     },
 )
