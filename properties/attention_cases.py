@@ -42,9 +42,11 @@ DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in S.FLOAT_DTYP
 class Case:
     """One attention call: sizes, mask, scale and how the inputs are drawn.
 
-    ``magnitude``: "normal" (q, k, v ~ N(0, 1), scale = c/sqrt(D)) or "large" (q, k integers in
+    ``magnitude``: "normal" (q, k, v ~ N(0, 1), scale = c/sqrt(D)), "large" (q, k integers in
     [-64, 64] drawn with std ``amp``, scale a power of four: logits up to ~1e4-1e5, computed
-    exactly by every correct implementation in every dtype)."""
+    exactly by every correct implementation in every dtype; a pinned 16-bit case may take
+    another scale) or "late" (as "large", with the keys before :func:`late_from` divided by 16:
+    each row's maximum arrives in the last tile of 64 keys)."""
 
     B: int
     Hq: int
@@ -121,14 +123,24 @@ def cases(draw, max_len: int = 239, bounded: bool | None = None):
     return fit_budget(case) if bounded else case
 
 
+def late_from(Tk: int) -> int:
+    """First key of the "late" keys of a ``magnitude="late"`` case: the last tile of 64 keys
+    (keys 64.. at Tk = 65, 128.. at Tk = 130, 192.. at Tk = 200): every key before it has its
+    components divided by 16, so each row's largest logits arrive after the first 64 (and, past
+    Tk = 128, the first 128) keys, far above the earlier tiles' maximum."""
+    return 64 * ((Tk - 1) // 64)
+
+
 def make_inputs(case: Case, seed: int, dtype: torch.dtype, device: str):
     """(q, k, v) for ``case`` from ``seed`` (drawn in float64, then cast: every dtype sees the
     same values up to rounding); distinct values per KV head."""
     qs = (case.B, case.Hq, case.Tq, case.D)
     ks = (case.B, case.Hkv, case.Tk, case.D)
-    if case.magnitude == "large":
+    if case.magnitude in ("large", "late"):
         q = S.randn(qs, seed, scale=case.amp).round().clamp(-64, 64)
         k = S.randn(ks, seed + 1, scale=case.amp).round().clamp(-64, 64)
+        if case.magnitude == "late":
+            k[:, :, :late_from(case.Tk)] = (k[:, :, :late_from(case.Tk)] / 16).round()
     else:
         q = S.randn(qs, seed)
         k = S.randn(ks, seed + 1)
