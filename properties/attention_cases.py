@@ -4,7 +4,9 @@ reference. Shared by ``properties/test_attention*.py``.
 
 Inputs are drawn to find the field's bugs: logits of real size and very large ones (up to
 about ±5e4, integer-valued q, k with a power-of-four scale so that every correct implementation
-computes them exactly and only the softmax is judged), Tq < Tk with causal masks and Tq > 1
+computes them exactly and only the softmax is judged; pinned: large logits whose maximum arrives
+after the first 64 and 128 keys, and, judged in 16 bits, large logits with scales that are not
+powers of two), Tq < Tk with causal masks and Tq > 1
 (bottom-right alignment), grouped-query heads with small ratios (1..3, not only powers of two)
 and production ones (8 KV heads, groups of 4 and 8), distinct values per KV head, odd head dims
 (1, 59, 72, 80, 111, 136) and 160..256, lengths one off a tile, negative, zero and other scales

@@ -9,7 +9,9 @@ than needed, unused table entries are out of range and unused slots NaN
 are each shown rejected, and the ``ci`` profile is shown to reach the contract's boundary
 classes (block sizes 1, odd, 16, 32, 256; lengths at block multiples and one off; more than 64
 and 128 blocks; different lengths in a batch; groups above 16 that are not multiples of 16;
-head dims 64..256).
+head dims 64..256; large logits with a scale that is not a power of two). Strided inputs (a
+column slice of a wider block table, K/V caches as views of one (num_blocks, 2, block_size,
+Hkv, D) tensor) are checked for every implementation too.
 """
 from __future__ import annotations
 
