@@ -66,7 +66,7 @@ def _paged_decode_kernel(
         stride_qb, stride_qh, stride_qd,
         stride_kn, stride_ks, stride_kh, stride_kd,
         stride_vn, stride_vs, stride_vh, stride_vd,
-        stride_btb, stride_btm,
+        stride_btb, stride_btm, stride_sl,
         stride_ob, stride_oh, stride_od,
         stride_pb, stride_ph, stride_ps, stride_pd,
         stride_lb, stride_lh, stride_ls,
@@ -99,7 +99,7 @@ def _paged_decode_kernel(
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    seq_len = tl.load(LENS_ptr + b).to(tl.int64)
+    seq_len = tl.load(LENS_ptr + b * stride_sl).to(tl.int64)
     start = split * TOKENS_PER_SPLIT
     end = tl.minimum(start + TOKENS_PER_SPLIT, seq_len)
     bt_row = BT_ptr + b * stride_btb
@@ -253,8 +253,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
     _paged_decode_kernel[(shape.B * shape.Hkv, S)](
         q, k_cache, v_cache, block_table, seq_lens, out, o_part, lse,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
-        *o_part.stride(), *lse.stride(),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
+        *out.stride(), *o_part.stride(), *lse.stride(),
         shape.Hkv, shape.D, shape.group, per, scale,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)

@@ -4,7 +4,9 @@ reference. Shared by ``properties/test_attention*.py``.
 
 Inputs are drawn to find the field's bugs: logits of real size and very large ones (up to
 about ±5e4, integer-valued q, k with a power-of-four scale so that every correct implementation
-computes them exactly and only the softmax is judged), Tq < Tk with causal masks and Tq > 1
+computes them exactly and only the softmax is judged; pinned: large logits whose maximum arrives
+after the first 64 and 128 keys, and, judged in 16 bits, large logits with scales that are not
+powers of two), Tq < Tk with causal masks and Tq > 1
 (bottom-right alignment), grouped-query heads with small ratios (1..3, not only powers of two)
 and production ones (8 KV heads, groups of 4 and 8), distinct values per KV head, odd head dims
 (1, 59, 72, 80, 111, 136) and 160..256, lengths one off a tile, negative, zero and other scales
@@ -42,9 +44,11 @@ DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in S.FLOAT_DTYP
 class Case:
     """One attention call: sizes, mask, scale and how the inputs are drawn.
 
-    ``magnitude``: "normal" (q, k, v ~ N(0, 1), scale = c/sqrt(D)) or "large" (q, k integers in
+    ``magnitude``: "normal" (q, k, v ~ N(0, 1), scale = c/sqrt(D)), "large" (q, k integers in
     [-64, 64] drawn with std ``amp``, scale a power of four: logits up to ~1e4-1e5, computed
-    exactly by every correct implementation in every dtype)."""
+    exactly by every correct implementation in every dtype; a pinned 16-bit case may take
+    another scale) or "late" (as "large", with the keys before :func:`late_from` divided by 16:
+    each row's maximum arrives in the last tile of 64 keys)."""
 
     B: int
     Hq: int
@@ -121,14 +125,24 @@ def cases(draw, max_len: int = 239, bounded: bool | None = None):
     return fit_budget(case) if bounded else case
 
 
+def late_from(Tk: int) -> int:
+    """First key of the "late" keys of a ``magnitude="late"`` case: the last tile of 64 keys
+    (keys 64.. at Tk = 65, 128.. at Tk = 130, 192.. at Tk = 200): every key before it has its
+    components divided by 16, so each row's largest logits arrive after the first 64 (and, past
+    Tk = 128, the first 128) keys, far above the earlier tiles' maximum."""
+    return 64 * ((Tk - 1) // 64)
+
+
 def make_inputs(case: Case, seed: int, dtype: torch.dtype, device: str):
     """(q, k, v) for ``case`` from ``seed`` (drawn in float64, then cast: every dtype sees the
     same values up to rounding); distinct values per KV head."""
     qs = (case.B, case.Hq, case.Tq, case.D)
     ks = (case.B, case.Hkv, case.Tk, case.D)
-    if case.magnitude == "large":
+    if case.magnitude in ("large", "late"):
         q = S.randn(qs, seed, scale=case.amp).round().clamp(-64, 64)
         k = S.randn(ks, seed + 1, scale=case.amp).round().clamp(-64, 64)
+        if case.magnitude == "late":
+            k[:, :, :late_from(case.Tk)] = (k[:, :, :late_from(case.Tk)] / 16).round()
     else:
         q = S.randn(qs, seed)
         k = S.randn(ks, seed + 1)

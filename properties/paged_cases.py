@@ -86,6 +86,8 @@ def boundary_classes(case: PagedCase) -> set[str]:
         out.add("group > 16, not a multiple of 16")
     if case.group > 1 and case.group & (case.group - 1):
         out.add("group not a power of two")
+    if case.magnitude == "large" and case.scale != 0 and math.frexp(abs(case.scale))[0] != 0.5:
+        out.add("large logits, scale not a power of two")
     if case.D in (64, 72, 80, 96, 128, 192, 256):
         out.add(f"head dim {case.D}")
     return out
@@ -97,7 +99,8 @@ REQUIRED_CLASSES = frozenset(
                                                       "length block multiple - 1", "length block multiple + 1",
                                                       "more than 64 blocks", "more than 128 blocks",
                                                       "B > 1, different lengths", "group > 16, not a multiple of 16",
-                                                      "group not a power of two"}
+                                                      "group not a power of two",
+                                                      "large logits, scale not a power of two"}
     | {f"head dim {d}" for d in (64, 72, 80, 96, 128, 192, 256)})
 
 

@@ -44,14 +44,30 @@ from reference import attention as ref
 
 ZOO_ALL = ("no_max_subtract", "top_left_causal", "gqa_modulo", "drops_last_key", "ignores_scale",
            "split_no_rescale", "diagonal_tile_unmasked", "sdpa_is_causal_always", "split_batch_stride_zero",
-           "scale_rounded_to_float32")
+           "scale_rounded_to_float32", "stale_running_max")
 #: Bugs whose error stays within a few 16-bit ulps (or vanishes in float64): rejected in bfloat16.
-ZOO_16BIT = ("scaled_two_percent", "accumulates_in_16bit", "drops_last_key")
+ZOO_16BIT = ("scaled_two_percent", "accumulates_in_16bit", "drops_last_key", "scale_folded_in_16bit")
 
 EXAMPLE_GQA_CAUSAL = Case(B=1, Hq=6, Hkv=2, Tq=5, Tk=37, D=59, causal=True, scale=0.3 / math.sqrt(59))
 EXAMPLE_GQA_CAUSAL_POW2 = Case(B=1, Hq=6, Hkv=2, Tq=5, Tk=37, D=64, causal=True, scale=0.3 / 8)
 EXAMPLE_LARGE_LOGITS = Case(B=1, Hq=3, Hkv=1, Tq=17, Tk=33, D=16, causal=False, scale=0.25,
                             magnitude="large", amp=40.0)
+#: Large logits whose maximum arrives late (magnitude "late": the last tile of 64 keys holds each
+#: row's largest logits, above the earlier keys' maximum by far more than 709): after the first
+#: 64 keys (Tk = 65), after the first 128 (Tk = 129, one key; Tk = 200, causal). A running max
+#: not updated after the first tile overflows to inf there, in float64 too.
+LATE_MAX_CASES = (
+    Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=65, D=16, causal=False, scale=0.25, magnitude="late", amp=40.0),
+    Case(B=1, Hq=2, Hkv=1, Tq=2, Tk=129, D=16, causal=True, scale=0.25, magnitude="late", amp=40.0),
+    Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=200, D=16, causal=True, scale=0.25, magnitude="late", amp=40.0),
+)
+#: Large integer logits (~1e2) with scales that are not powers of two: a correct kernel scales
+#: the exact float32 q·k in float32; one that folds the scale into q in 16 bits (q * scale
+#: rounded to bfloat16 / float16) moves the logits by ~2^-9 |q||k| and fails in 16 bits.
+LARGE_NONPOW2_CASES = (
+    Case(B=1, Hq=3, Hkv=1, Tq=17, Tk=33, D=16, causal=False, scale=0.3, magnitude="large", amp=12.0),
+    Case(B=1, Hq=2, Hkv=1, Tq=5, Tk=40, D=64, causal=True, scale=0.1, magnitude="large", amp=12.0),
+)
 #: ~1100 keys in 17 tiles of 64: a 16-bit accumulator and one dropped key show in bfloat16 here
 #: (at most 0.71 of the 16-bit bound for the built-ins, >= 1.5 for the zoo's 16-bit bugs).
 EXAMPLE_LONG_KEYS = Case(B=2, Hq=2, Hkv=1, Tq=1, Tk=1100, D=256, causal=False, scale=1 / 16)
@@ -101,6 +117,8 @@ def _pinned(pairs):
 @example(case=EXAMPLE_DIAGONAL_TILE, seed=3)
 @_pinned([(c, 20 + i) for i, c in enumerate(SCALE_MASK_CASES)])
 @_pinned([(c, 40 + i) for i, c in enumerate(BOUNDARY_CASES)])
+@_pinned([(c, 60 + i) for i, c in enumerate(LATE_MAX_CASES)])
+@_pinned([(c, 70 + i) for i, c in enumerate(LARGE_NONPOW2_CASES)])
 def law_matches_reference(impl, device, dtype, case, seed):
     """FA-3: attention(q, k, v) equals the float64 reference by the tolerance policy."""
     if runs_interpreted(impl):
@@ -375,6 +393,13 @@ PRODUCTION_CASES = {
     "decode-B5-Tk2049": Case(B=5, Hq=2, Hkv=1, Tq=1, Tk=2049, D=8, causal=False, scale=0.3),
     "group9-Hkv2-causal": Case(B=1, Hq=18, Hkv=2, Tq=3, Tk=40, D=16, causal=True, scale=0.25),
     "group9-Hkv1": Case(B=2, Hq=9, Hkv=1, Tq=2, Tk=33, D=8, causal=False, scale=0.3),
+    # large logits whose maximum arrives in the last tile, past the first 128 keys (a running
+    # max frozen after the first tile overflows), and large logits with a scale that is not a
+    # power of two (a scale folded into q in 16 bits moves them)
+    "late-max-Tk300-causal": Case(B=2, Hq=4, Hkv=2, Tq=2, Tk=300, D=64, causal=True, scale=0.125,
+                                  magnitude="late", amp=40.0),
+    "large-scale0.09-group4": Case(B=2, Hq=8, Hkv=2, Tq=4, Tk=70, D=64, causal=False, scale=0.09,
+                                   magnitude="large", amp=12.0),
 }
 
 

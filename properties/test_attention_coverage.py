@@ -9,12 +9,13 @@ float64 tiles, the two-stage loop) are forced on the Triton kernel and checked f
 """
 from __future__ import annotations
 
+import math
 import types
 
 import pytest
 import torch
 
-from conformance.contracts.attention import COVERAGE, validate
+from conformance.contracts.attention import COVERAGE, causal_mask, validate
 from conformance.registry import Implementation
 from properties import test_attention as TA
 from properties.attention_cases import Case, check_against_reference, make_inputs
@@ -32,8 +33,28 @@ class _Recorder:
         s = validate(q, k, v, causal, scale)
         self.calls.setdefault(self.law, []).append(
             dict(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Tq=s.Tq, Tk=s.Tk, D=s.D, causal=causal, scale=float(scale),
-                 dtype=q.dtype, num_splits=num_splits))
+                 dtype=q.dtype, num_splits=num_splits, **logit_profile(q, k, causal, scale)))
         return torch.zeros_like(q)
+
+
+def logit_profile(q, k, causal, scale) -> dict:
+    """The logits' size and where their maximum arrives: ``max_logit`` (max |scale·q·k| over
+    visible keys) and ``rise64`` / ``rise128`` (the largest, over rows, of the row's max logit
+    after the first 64 / 128 keys minus its max over those keys; -inf if Tk is not larger)."""
+    group = q.shape[1] // k.shape[1]
+    kf = k.to(torch.float64).repeat_interleave(group, dim=1)
+    s = (q.to(torch.float64) @ kf.transpose(-1, -2)) * float(scale)          # (B, Hq, Tq, Tk)
+    Tq, Tk = s.shape[-2], s.shape[-1]
+    if causal:
+        s = s.masked_fill(~causal_mask(Tq, Tk, q.device), -math.inf)
+    out = {"max_logit": float(torch.where(torch.isinf(s), 0.0, s.abs()).max())}
+    for t in (64, 128):
+        rise = -math.inf
+        if Tk > t:
+            d = s[..., t:].max(dim=-1).values - s[..., :t].max(dim=-1).values
+            rise = float(torch.nan_to_num(d, nan=-math.inf).max())
+        out[f"rise{t}"] = rise
+    return out
 
 
 def record_laws() -> dict[str, list[dict]]:

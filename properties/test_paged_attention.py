@@ -9,7 +9,9 @@ than needed, unused table entries are out of range and unused slots NaN
 are each shown rejected, and the ``ci`` profile is shown to reach the contract's boundary
 classes (block sizes 1, odd, 16, 32, 256; lengths at block multiples and one off; more than 64
 and 128 blocks; different lengths in a batch; groups above 16 that are not multiples of 16;
-head dims 64..256).
+head dims 64..256; large logits with a scale that is not a power of two). Strided inputs (a
+column slice of a wider block table, K/V caches as views of one (num_blocks, 2, block_size,
+Hkv, D) tensor) are checked for every implementation too.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ from properties.paged_cases import (
 TECH = "paged_attention"
 ZOO_ALL = ("ignores_partial_block", "reads_nan_slots", "identity_table", "off_by_one_length", "gqa_modulo",
            "walk_capped_64_blocks")
+#: Bugs only 16-bit inputs show: rejected in bfloat16.
+ZOO_16BIT = ("scale_folded_in_16bit",)
 
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -64,6 +68,9 @@ EXAMPLES = (
     _c((10, 7, 1), 40, 2, 80, 5),                    # odd block, group 20
     _c((49, 2), 9, 3, 96, 7),
     _c((3, 193), 3, 1, 128, 3),                      # 65 blocks of 3
+    # large logits (~1e2) with a scale that is not a power of two: a scale folded into q in 16
+    # bits (q * scale rounded to bfloat16 / float16) moves them; the contract scales in float32
+    _c((40, 23), 6, 2, 16, 5, magnitude="large", amp=12.0, c=0.3 * math.sqrt(16)),
 )
 
 
@@ -81,6 +88,7 @@ FEW = settings(max_examples=max(5, settings.default.max_examples // 2)) if trito
 @example(case=EXAMPLES[5], seed=6)
 @example(case=EXAMPLES[6], seed=7)
 @example(case=EXAMPLES[7], seed=8)
+@example(case=EXAMPLES[8], seed=9)
 def law_paged_equals_contiguous(impl, device, dtype, case, seed):
     """PA-1: paged_attention over randomly placed blocks equals dense attention over the
     contiguous K/V (float64 reference), by the tolerance policy."""
@@ -115,6 +123,13 @@ def test_pa1_zoo_rejected(bad_impl, device):
     expect_rejected(law_paged_equals_contiguous, bad_impl, device, torch.float64)
 
 
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+@pytest.mark.kills(*ZOO_16BIT)
+def test_pa1_zoo_rejected_bfloat16(bad_impl, device):
+    expect_rejected(law_paged_equals_contiguous, bad_impl, device, torch.bfloat16)
+
+
 @pytest.mark.claim("PA-1")
 def test_pa1_coverage_table():
     """The boundary classes each pinned example and the ``ci`` draws reach (reported)."""
@@ -145,6 +160,8 @@ PRODUCTION_CASES = {
     "bs16-1025-tokens": _c((1025,), 1, 1, 1, 16),
     "B5-bs4-group2": _c((3, 7, 2, 9, 5), 4, 2, 16, 4),
     "bs16-513-and-1": _c((513, 1), 2, 1, 8, 16),
+    # large logits with a scale that is not a power of two (0.09)
+    "bs16-large-scale0.09-group4": _c((70, 33), 8, 2, 64, 16, magnitude="large", amp=12.0, c=0.09 * 8),
 }
 
 
@@ -182,6 +199,52 @@ def test_invalid_calls_raise(impl, device):
         with pytest.raises((ValueError, TypeError)):
             impl(*args, scale=0.25)
             pytest.fail(f"{impl.name} accepted an invalid call ({what})")
+
+
+# ------------------------------------------------------------------ strided (non-contiguous) inputs
+def strided_inputs(inp, extra_cols: int = 3):
+    """The same call with every input a strided view: the block table a column slice
+    ``wide[:, :n]`` of a wider table (whose extra columns hold valid block ids, so a wrong row
+    stride reads wrong blocks rather than out-of-range ones), k_cache / v_cache ``kv[:, 0]`` /
+    ``kv[:, 1]`` of one (num_blocks, 2, block_size, Hkv, D) tensor (vLLM's layout), q a
+    transposed view of (Hq, B, D) storage and seq_lens every other element of a longer tensor."""
+    bt, kc = inp.block_table, inp.k_cache
+    B, n = bt.shape
+    ids = torch.arange(B * extra_cols, dtype=bt.dtype, device=bt.device).reshape(B, extra_cols)
+    wide = torch.cat([bt, (kc.shape[0] - 1 - ids) % kc.shape[0]], dim=1)
+    table = wide[:, :n]
+    kv = torch.stack([kc, inp.v_cache], dim=1)                       # (num_blocks, 2, bs, Hkv, D)
+    q = inp.q.transpose(0, 1).contiguous().transpose(0, 1)
+    lens = torch.stack([inp.seq_lens, torch.full_like(inp.seq_lens, -5)], dim=1).reshape(-1)[::2]
+    out = dataclasses.replace(inp, q=q, k_cache=kv[:, 0], v_cache=kv[:, 1], block_table=table, seq_lens=lens)
+    assert not any(t.is_contiguous() for t in (out.k_cache, out.v_cache, out.block_table, out.seq_lens))
+    assert not q.is_contiguous() or B == 1
+    return out
+
+
+#: Three sequences (one over a partial block), GQA group 2, blocks of 4 in a pool with spares.
+STRIDED_CASE = _c((37, 20, 9), 4, 2, 16, 4, spare_blocks=2, spare_cols=1)
+
+
+def law_strided_inputs(impl, device, dtype=torch.float32):
+    """PA-1 with strided inputs (:func:`strided_inputs`): the same result as the contiguous
+    tensors (kernels must use the strides they are given, not ones computed from the shape)."""
+    inp = strided_inputs(make_inputs(STRIDED_CASE, 31, dtype, device))
+    check_against_contiguous(call(impl, inp, STRIDED_CASE), inp, STRIDED_CASE,
+                             what="paged attention, strided block table, caches, q and seq_lens")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+def test_pa1_noncontiguous_inputs(impl, device):
+    law_strided_inputs(impl, device)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-1")
+@pytest.mark.kills("table_stride_from_shape", "cache_strides_from_shape")
+def test_pa1_noncontiguous_zoo_rejected(bad_impl, device):
+    expect_rejected(law_strided_inputs, bad_impl, device)
 
 
 # ------------------------------------------------ the Triton kernel's own paths (split, write)

@@ -176,3 +176,43 @@ def scale_rounded_to_float32(q, k, v, *, causal, scale):
     """The scale rounded to float32 before use, as a compiled Triton kernel does with a Python
     float argument: invisible in 16-bit and float32, ~1e-8 relative in float64."""
     return _attend(q, k, v, causal=causal, scale=float(torch.tensor(float(scale), dtype=torch.float32)))
+
+
+#: Keys per tile of :func:`stale_running_max`.
+STALE_BLOCK_N = 64
+
+
+def stale_running_max(q, k, v, *, causal, scale):
+    """An online softmax whose running max m is set by the first key tile (64 keys) and never
+    updated after it: right while every later tile's logits stay within ~88 (float32) or ~709
+    (float64) of the first tile's max; exp overflows to inf (and the output to nan) when a
+    large logit arrives after the first 64 keys."""
+    shape = validate(q, k, v, causal, scale)
+    acc_dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kf = k.to(acc_dt).repeat_interleave(shape.group, dim=1)
+    vf = v.to(acc_dt).repeat_interleave(shape.group, dim=1)
+    s_all = (q.to(acc_dt) @ kf.transpose(-1, -2)) * scale                   # (B, Hq, Tq, Tk)
+    if causal:
+        s_all = s_all.masked_fill(~causal_mask(shape.Tq, shape.Tk, q.device), -math.inf)
+    m = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=acc_dt, device=q.device)
+    l = torch.zeros(q.shape[:-1] + (1,), dtype=acc_dt, device=q.device)
+    acc = torch.zeros(q.shape, dtype=acc_dt, device=q.device)
+    for j in range(0, shape.Tk, STALE_BLOCK_N):
+        s = s_all[..., j:j + STALE_BLOCK_N]
+        m_new = torch.maximum(m, s.max(dim=-1, keepdim=True).values) if j == 0 else m   # BUG
+        m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        alpha, p = torch.exp(m - m_safe), torch.exp(s - m_safe)
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + p @ vf[:, :, j:j + STALE_BLOCK_N]
+        m = m_new
+    return (acc / l).to(q.dtype)
+
+
+def scale_folded_in_16bit(q, k, v, *, causal, scale):
+    """For 16-bit inputs the scale is folded into q in q's dtype (q * scale rounded to bfloat16
+    or float16) and the scores computed with scale 1: exact for a power-of-two scale, but
+    otherwise each q element is off by up to half a 16-bit ulp, which moves the logits by
+    ~2^-9 |q||k| (bfloat16) where the contract scales them in float32."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return _attend(q * scale, k, v, causal=causal, scale=1.0)
+    return _attend(q, k, v, causal=causal, scale=scale)

@@ -70,6 +70,41 @@ def walk_capped_64_blocks(q, k_cache, v_cache, block_table, seq_lens, *, scale):
                   read_len=lambda n, bs: min(n, CAPPED_BLOCKS * bs))
 
 
+def _read_with_shape_strides(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel that computes offsets from the shape (ignoring ``.stride()``) reads: ``t``'s
+    storage from its offset, as if ``t`` were contiguous."""
+    strides, acc = [], 1
+    for n in reversed(t.shape):
+        strides.append(acc)
+        acc *= n
+    return torch.as_strided(t, t.shape, tuple(reversed(strides)), t.storage_offset())
+
+
+def table_stride_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Indexes block_table[b, i] as ptr + b * max_blocks + i (the row stride taken from the
+    shape): wrong when the table is a column slice of a wider one (table[:, :n])."""
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    table = _read_with_shape_strides(block_table)
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, table=lambda b, nb, row, shape: table[b, :nb])
+
+
+def cache_strides_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Computes cache offsets from the shape (assumes contiguous caches): wrong when k_cache and
+    v_cache are kv[:, 0] and kv[:, 1] of one (num_blocks, 2, block_size, Hkv, D) tensor (vLLM's
+    layout)."""
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    return _paged(q, _read_with_shape_strides(k_cache), _read_with_shape_strides(v_cache), block_table,
+                  seq_lens, scale)
+
+
+def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """For 16-bit inputs the scale is folded into q in q's dtype (q * scale rounded to bfloat16
+    or float16) and the scores computed with scale 1; the contract scales them in float32."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return _paged(q * scale, k_cache, v_cache, block_table, seq_lens, 1.0)
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
 def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
     """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
     failure's first line, recorded as the test's rejection (the failing comparison inside is the

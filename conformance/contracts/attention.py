@@ -191,6 +191,8 @@ CONTRACT = Contract(
         "diagonal_tile_unmasked": "properties.zoo_attention:diagonal_tile_unmasked",
         "sdpa_is_causal_always": "properties.zoo_attention:sdpa_is_causal_always",
         "scale_rounded_to_float32": "properties.zoo_attention:scale_rounded_to_float32",
+        "stale_running_max": "properties.zoo_attention:stale_running_max",
+        "scale_folded_in_16bit": "properties.zoo_attention:scale_folded_in_16bit",
     },
 )
 
@@ -202,8 +204,9 @@ CONTRACT = Contract(
 class CoverageClass:
     """One boundary class of the attention kernels: ``laws`` (law function names) must hand an
     implementation at least one call (a dict with B, Hq, Hkv, Tq, Tk, D, causal, scale, dtype,
-    num_splits) for which ``test`` is true. ``properties/test_attention_coverage.py`` records
-    the calls under the ``ci`` profile with a recording implementation and fails on a miss."""
+    num_splits; the recorder adds the logits' max_logit, rise64, rise128) for which ``test`` is
+    true. ``properties/test_attention_coverage.py`` records the calls under the ``ci`` profile
+    with a recording implementation and fails on a miss."""
 
     name: str
     laws: tuple
@@ -244,6 +247,15 @@ def _coverage() -> tuple:
                       lambda c: c["B"] > 1 and (c["num_splits"] or 1) > 1),
         CoverageClass("split-KV: Tk >= 1024 with more than one split", _FA7,
                       lambda c: c["Tk"] >= 1024 and (c["num_splits"] or 1) > 1),
+        # a running max frozen after the first key tile overflows exp (float64: past 709)
+        CoverageClass("large logits whose max arrives after the first 64 keys (by > 709)", _FA3,
+                      lambda c: c.get("rise64", -math.inf) > 709),
+        CoverageClass("large logits whose max arrives after the first 128 keys (by > 709)", _FA3,
+                      lambda c: c.get("rise128", -math.inf) > 709),
+        # a scale folded into q in 16 bits moves logits of ~1e2 by ~2^-9 |q||k|
+        CoverageClass("16-bit, large logits (> 50), scale not a power of two", _FA3,
+                      lambda c: c["dtype"] in (torch.float16, torch.bfloat16) and c.get("max_logit", 0) > 50
+                      and c["scale"] != 0 and math.frexp(abs(c["scale"]))[0] != 0.5),
         CoverageClass("16-bit with max(Tq, Tk) >= 1024 (autotuned configurations)", _FA3,
                       lambda c: c["dtype"] in (torch.float16, torch.bfloat16) and max(c["Tq"], c["Tk"]) >= 1024),
     ]

@@ -217,5 +217,8 @@ CONTRACT = Contract(
         "off_by_one_length": "properties.zoo_paged:off_by_one_length",
         "gqa_modulo": "properties.zoo_paged:gqa_modulo",
         "walk_capped_64_blocks": "properties.zoo_paged:walk_capped_64_blocks",
+        "table_stride_from_shape": "properties.zoo_paged:table_stride_from_shape",
+        "cache_strides_from_shape": "properties.zoo_paged:cache_strides_from_shape",
+        "scale_folded_in_16bit": "properties.zoo_paged:scale_folded_in_16bit",
     },
 )
