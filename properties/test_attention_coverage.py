@@ -18,7 +18,7 @@ import torch
 from conformance.contracts.attention import COVERAGE, causal_mask, validate
 from conformance.registry import Implementation
 from properties import test_attention as TA
-from properties.attention_cases import Case, check_against_reference, make_inputs
+from properties.attention_cases import Case, KernelLaunchCapture, check_against_reference, make_inputs
 
 
 class _Recorder:
@@ -140,19 +140,6 @@ def test_fa3_every_dispatch_configuration(device, dtype):
 
 
 # ------------------------------------------------- float64 on a GPU: no scale rounded to float32
-class _Capture:
-    """Stands in for a Triton kernel: records the arguments of every launch, then launches."""
-
-    def __init__(self, kernel, seen):
-        self.kernel, self.seen = kernel, seen
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.seen.extend(list(args) + list(kwargs.values()))
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 @pytest.mark.technique("attention")
 @pytest.mark.claim("FA-3")
 def test_float64_kernels_hand_no_float_argument_that_float32_would_round(device, monkeypatch):
@@ -163,7 +150,7 @@ def test_float64_kernels_hand_no_float_argument_that_float32_would_round(device,
     fd = pytest.importorskip("optimized.flash_decoding")
     seen = []
     for mod, name in ((fa, "_flash_attn_fwd_kernel"), (fd, "_split_kv_kernel"), (fd, "_merge_kernel")):
-        monkeypatch.setattr(mod, name, _Capture(getattr(mod, name), seen))
+        monkeypatch.setattr(mod, name, KernelLaunchCapture(getattr(mod, name), seen))
     case = Case(B=2, Hq=2, Hkv=1, Tq=5, Tk=40, D=59, causal=True, scale=0.3 / 59 ** 0.5)
     q, k, v = make_inputs(case, 9, torch.float64, device)
     for out in (fa.flash_attention(q, k, v, causal=True, scale=case.scale),

@@ -28,7 +28,7 @@ from conformance.device import triton_interpreted
 from conformance.tolerance import assert_exact
 from conformance.zoo import expect_rejected
 from properties import strategies as S
-from properties.attention_cases import DTYPES, _Support, run_law
+from properties.attention_cases import DTYPES, KernelLaunchCapture, _Support, run_law
 from properties.paged_cases import (
     REQUIRED_CLASSES,
     PagedCase,
@@ -371,19 +371,8 @@ def test_float64_paged_kernel_hands_no_float_that_float32_rounds(device, monkeyp
     the Python float, so only the launch arguments show it. The output is exact too."""
     pa = pytest.importorskip("optimized.paged_attention")
     seen = []
-
-    class Capture:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.extend(list(args) + list(kwargs.values()))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
     for name in ("_paged_decode_kernel", "_paged_merge_kernel"):
-        monkeypatch.setattr(pa, name, Capture(getattr(pa, name)))
+        monkeypatch.setattr(pa, name, KernelLaunchCapture(getattr(pa, name), seen))
     case = _c((40, 9), 4, 2, 16, 4, c=0.3)
     inp = make_inputs(case, 29, torch.float64, device)
     check_against_contiguous(pa.paged_attention(*inp.args(), scale=case.scale, num_splits=2), inp, case,
