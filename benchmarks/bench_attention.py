@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds
+from benchmarks.timing import median_seconds, rounds
 from conformance import registry, results
 from conformance.contracts.attention import flops
 from properties.strategies import randn
@@ -100,7 +100,7 @@ def test_bench_prefill(benchmark, device, backend, T, D, causal):
     if backend == "triton" and device == "cuda":
         info["goal"] = "bf16, D=128, T>=1k: speed_vs_sdpa >= 1.0" if D == 128 and T >= 1024 else ""
     results.bench_info(benchmark, **info)
-    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
     if backend == "triton":
         # the lecture compares with standard attention: time the naive backend in the same run
         if B * Hq * T * T * dtype.itemsize > NAIVE_MAX_SCORE_BYTES:
@@ -151,4 +151,4 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
                        unit="unsplit / split-KV latency (same run)", rule=f"decode {dtype}, B={B}, Hq={Hq}, Tk={Tk}, D={D}",
                        split_ms=1e3 * t, unsplit_ms=1e3 * t_unsplit, sdpa_ms=1e3 * t_sdpa)
     results.bench_info(benchmark, **info)
-    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds
+from benchmarks.timing import median_seconds, rounds
 from conformance import results
 from reference.transformer import TransformerConfig, build, generate
 
@@ -102,7 +102,7 @@ def test_ai8_prefill_vs_decode(benchmark, impl, device):
     figures = dict(tokens=n, prefill_ms=1e3 * t_prefill, decode_ms=1e3 * t_decode,
                    prefill_tokens_per_s=n / t_prefill, decode_tokens_per_s=n / t_decode, ratio=ratio)
     _info(benchmark, impl, device, claim="AI-8", **figures)
-    benchmark.pedantic(one_by_one, rounds=repeats, warmup_rounds=0)
+    benchmark.pedantic(one_by_one, rounds=rounds(benchmark, t_decode, repeats), warmup_rounds=0)
     results.record("AI-8", measured=ratio, lecture="3.5 ms vs 95.2 ms, ≈27× (CPU)",
                    unit="time of 256 one-token decode steps / one 256-token prefill",
                    holds=bool(ratio >= 5), trend_rule="far faster: ratio >= 5", **figures)
@@ -184,7 +184,7 @@ def test_ai9_decode_step(benchmark, impl, device, batch):
     setup, step = _batched_step(impl, _model(device), batch, device)
     t = median_seconds(step, device, 3 if benchmark.disabled else 9, setup=setup)
     _info(benchmark, impl, device, claim="AI-9", batch=batch, context=CONTEXT, step_ms=1e3 * t, tokens_per_s=batch / t)
-    benchmark.pedantic(step, setup=setup, rounds=3 if benchmark.disabled else 9, warmup_rounds=0)
+    benchmark.pedantic(step, setup=setup, rounds=rounds(benchmark, t, 3 if benchmark.disabled else 9), warmup_rounds=0)
 
 
 @pytest.mark.technique(TECH)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds
+from benchmarks.timing import median_seconds, rounds
 from conformance import results
 from conformance.contracts.paged_attention import kv_bytes
 from properties.strategies import randn
@@ -117,7 +117,7 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
             goals.append("paged_over_contiguous <= 1.10")
         info["goal"] = "; ".join(goals)
     results.bench_info(benchmark, **info)
-    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
 
 
 # ------------------------------------------------------------------ engine throughput vs batch
@@ -160,4 +160,4 @@ def test_bench_engine_throughput(benchmark, device, batch):
     results.bench_info(benchmark, technique="paged_attention", implementation="paged_engine", device=device,
                        dtype=str(dtype).replace("torch.", ""), batch=batch, new_tokens=n_new,
                        prompt_len=prompt_len, block_size=bs, median_s=t, tokens_per_s=batch * n_new / t)
-    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)

@@ -6,6 +6,7 @@ decode, split vs unsplit, with vs without the cache) also times its comparison p
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -36,3 +37,21 @@ def median_seconds(fn, device: str, repeats: int, setup=None, warmup: bool = Tru
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+#: Most timed rounds a benchmark takes, however short its call.
+MAX_ROUNDS = 2000
+
+
+def rounds(benchmark, seconds_per_call: float, minimum: int) -> int:
+    """Timed rounds for ``benchmark.pedantic``: enough calls of ``seconds_per_call`` to fill
+    pytest-benchmark's ``--benchmark-max-time`` (as its own non-pedantic mode does), at least
+    ``minimum``, at most :data:`MAX_ROUNDS`; ``minimum`` when the benchmark is disabled.
+
+    A fixed small count (10 rounds of a 0.3 ms call) leaves the median at the mercy of a few
+    disturbed rounds: on a shared CPU its run-to-run spread was 8-10% (the gate's calibration,
+    ``reports/calibrate.py``); filling the time budget brings hundreds of rounds."""
+    if benchmark.disabled or not seconds_per_call > 0:
+        return minimum
+    budget = float(getattr(benchmark, "_max_time", 0.0) or 0.0)
+    return int(min(MAX_ROUNDS, max(minimum, math.ceil(budget / seconds_per_call))))

@@ -5,7 +5,9 @@ Steps (each prints its progress; a failing property never stops the report):
 1. the properties and the suite's analytic tests, in parallel (``pytest -n 2``, ci profile),
    writing result rows (one JSON-lines file per pytest process) into ``reports/out/rows/``;
 2. the benchmarks, serially (pytest-benchmark disables itself under xdist), with
-   ``--benchmark-enable --benchmark-json`` (raw per-round samples included);
+   ``--benchmark-enable --benchmark-json`` (raw per-round samples included), in the pinned
+   benchmark environment (:func:`reports.bench.bench_settings`: on the CPU, process CPU time,
+   one intra-op thread, glibc's allocator pinned), the same the A/B mode and the calibration use;
 3. the device's ceilings (copy bandwidth, matmul peak) from ``conformance/ceilings.py``;
 4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
    fingerprint), which ``python -m reports.gate`` compares later runs with;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -107,14 +110,17 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.call(cmd, cwd=ROOT)
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
+            settings = bench.bench_settings(device)
             cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
                    f"--benchmark-json={bench_json}", f"--benchmark-max-time={max_time}",
-                   "--benchmark-min-rounds=5", f"--results={bench_rows}", "--durations=10", *common]
+                   "--benchmark-min-rounds=5", f"--results={bench_rows}", "--durations=10",
+                   *settings["pytest_args"], *common]
             if args.bench_k:
                 cmd += ["-k", args.bench_k]
             cmd += args.pytest_args
-            _stage(2, n_stages, "benchmarks: " + " ".join(cmd[2:]))
-            subprocess.call(cmd, cwd=ROOT)
+            _stage(2, n_stages, "benchmarks: " + " ".join(f"{k}={v}" for k, v in settings["env"].items())
+                   + " " + " ".join(cmd[2:]))
+            subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, **settings["env"]))
             _stage(3, n_stages, f"device ceilings ({device})")
             ceilings = measure_ceilings(device, quick=False)
             print(f"ceilings: {ceilings}", flush=True)
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     records = bench.records(bench_json)
     if not args.no_run and not args.no_bench and not args.no_history and records:
         _stage(4, n_stages, "history")
-        path = hist.append(hist.make_entry(fp, records, ceilings), history_dir)
+        path = hist.append(hist.make_entry(fp, records, ceilings, settings=bench.bench_settings(device)), history_dir)
         print(f"appended {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", flush=True)
     _stage(5, n_stages, "report")
     paths = build.write_report(rows_dir, out, bench_json=bench_json, ceilings=ceilings, fp=fp,

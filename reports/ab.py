@@ -1,11 +1,15 @@
-"""``python -m reports.ab --a REV_OR_DIR --b REV_OR_DIR [--pairs 5] [-k EXPR]``: interleaved A/B runs.
+"""``python -m reports.ab --a REV_OR_DIR --b REV_OR_DIR [--pairs 10] [-k EXPR]``: interleaved A/B runs.
 
 The strongest design for a change under review: the benchmarks of two revisions (git revisions,
-checked out with ``git worktree``, or two checkout folders) run alternately in one session,
-A B B A A B B A ... (each pair's order alternates, so a drift within the session does not favour
-one side), so both sides see the same machine state (load, clocks, neighbours). Each pass is one
+checked out with ``git worktree``, or two checkout folders) run interleaved in one session, so
+both sides see the same machine state (load, clocks, neighbours). Each pass is one
 ``pytest benchmarks --benchmark-enable`` process of one side; a pair of passes gives, per
-benchmark, one paired log ratio d_i = ln(median_B,i / median_A,i).
+benchmark, one paired log ratio d_i = ln(median_B,i / median_A,i). By default the two passes of
+a pair run at once in **lockstep** (:mod:`reports.lockstep`): they take turns benchmark by
+benchmark, A B | B A | A B ..., never timing at the same time, so the two runs of a benchmark
+are seconds apart instead of a whole pass; ``--sequential`` runs the passes one after the
+other instead (A B, B A, ...). Several pairs are needed because a process has its own state
+(memory layout, allocator) that the rounds inside it share.
 
 The decision, per benchmark, from the k pairs (same rule as the history gate,
 :func:`reports.gate.judge_family`):
@@ -21,8 +25,9 @@ The decision, per benchmark, from the k pairs (same rule as the history gate,
   **noisy**, **ok** as in the history gate.
 
 On ``--device cpu`` the passes time CPU time (``--benchmark-timer=time.process_time``) with one
-intra-op thread (``OMP_NUM_THREADS=1``) by default: on a shared CPU runner, wall time mostly
-measures the neighbours (time slicing); on CUDA they time wall time (``--timer``, ``--threads``).
+intra-op thread (``OMP_NUM_THREADS=1``) and the allocator pinned (:func:`reports.bench.pinned_env`)
+by default: on a shared CPU runner, wall time mostly measures the neighbours (time slicing); on
+CUDA they time wall time (``--timer``, ``--threads``).
 
 Its measured error rates on this suite (false alarms on unchanged code, power against an
 injected 15% slowdown) are in ``reports/calibration/gate_calibration.json`` and the report.
@@ -46,16 +51,12 @@ from reports import bench
 from reports.env import ROOT
 
 DEFAULT_PAIRS = 5
-#: pytest-benchmark timers: CPU time of the process (insensitive to time slicing by neighbours on
-#: a shared CPU runner; for CPU benchmarks with one intra-op thread) or wall time (GPUs).
-TIMERS = {"cpu": "time.process_time", "wall": "time.perf_counter"}
+TIMERS = bench.TIMERS
 
 
 def timer_args(timer: str) -> list[str]:
     """pytest arguments selecting ``timer`` ("cpu" or "wall"); ValueError otherwise."""
-    if timer not in TIMERS:
-        raise ValueError(f"timer must be one of {sorted(TIMERS)}, got {timer!r}")
-    return [f"--benchmark-timer={TIMERS[timer]}"]
+    return bench.bench_settings("cpu", timer)["pytest_args"]
 
 
 def resolve_checkout(spec: str, tmp: Path, label: str, repo: Path = ROOT) -> tuple[Path, bool]:
@@ -81,13 +82,13 @@ def remove_checkout(path: Path, repo: Path = ROOT) -> None:
     subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
 
 
-def run_pass(checkout: Path, out_json: Path, *, k: str | None = None, device: str = "cpu",
-             max_time: float = 0.2, min_rounds: int = 5, env: dict | None = None,
-             pytest_args: list[str] | None = None, quiet: bool = True, ceilings: bool = False) -> list[dict]:
-    """One pass: ``pytest benchmarks --benchmark-enable`` in ``checkout`` (its code first on
-    PYTHONPATH), in a fresh process; returns the benchmark records (:func:`reports.bench.records`),
-    [] when none ran. ``ceilings``: the pass also writes its quick ceilings next to ``out_json``
-    (needs ``-p reports.inject`` in ``pytest_args``; see :mod:`reports.inject`)."""
+def pass_command(checkout: Path, out_json: Path, *, k: str | None = None, device: str = "cpu",
+                 max_time: float = 0.2, min_rounds: int = 5, env: dict | None = None,
+                 pytest_args: list[str] | None = None, ceilings: bool = False) -> tuple[list[str], dict]:
+    """The command line and environment of one pass: ``pytest benchmarks --benchmark-enable`` in
+    ``checkout`` (its code first on PYTHONPATH). ``ceilings``: the pass also writes its quick
+    ceilings next to ``out_json`` (needs ``-p reports.inject`` in ``pytest_args``; see
+    :mod:`reports.inject`)."""
     cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
            f"--benchmark-json={out_json}", f"--benchmark-max-time={max_time}",
            f"--benchmark-min-rounds={min_rounds}", f"--device={device}"]
@@ -99,9 +100,42 @@ def run_pass(checkout: Path, out_json: Path, *, k: str | None = None, device: st
     e.update(env or {})
     if ceilings:
         e["BENCH_CEILINGS_OUT"] = str(Path(out_json).with_suffix(".ceilings.json"))
-    subprocess.run(cmd, cwd=checkout, env=e, stdout=subprocess.DEVNULL if quiet else None,
-                   stderr=subprocess.DEVNULL if quiet else None)
+    return cmd, e
+
+
+def run_pass(checkout: Path, out_json: Path, *, quiet: bool = True, **kw) -> list[dict]:
+    """One pass (:func:`pass_command`) in a fresh process; returns the benchmark records
+    (:func:`reports.bench.records`), [] when none ran."""
+    cmd, e = pass_command(checkout, out_json, **kw)
+    out = subprocess.DEVNULL if quiet else None
+    subprocess.run(cmd, cwd=checkout, env=e, stdout=out, stderr=out)
     return bench.records(out_json)
+
+
+def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str = "a", env_a: dict | None = None,
+                      env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
+                      quiet: bool = True, **pass_kw) -> dict[str, tuple[list[dict], float]]:
+    """Both passes of a pair at once, taking turns benchmark by benchmark (:mod:`reports.lockstep`,
+    ``first`` runs first on the first common benchmark). Returns side -> (records, seconds)."""
+    from reports import lockstep
+
+    folder = workdir / f"lockstep{pair}"
+    folder.mkdir(parents=True, exist_ok=True)
+    procs, t0 = {}, time.time()
+    out = subprocess.DEVNULL if quiet else None
+    for side, ck, env, args in (("a", a, env_a, args_a), ("b", b, env_b, args_b)):
+        env = dict(env or {}, **{lockstep.DIR_ENV: str(folder), lockstep.SIDE_ENV: side, lockstep.FIRST_ENV: first})
+        cmd, e = pass_command(ck, workdir / f"pass{pair}{side}.json", env=env,
+                              pytest_args=["-p", "reports.lockstep"] + (args or []), **pass_kw)
+        procs[side] = subprocess.Popen(cmd, cwd=ck, env=e, stdout=out, stderr=out)
+    seconds = {}
+    while len(seconds) < 2:
+        for side, pr in procs.items():
+            if side not in seconds and pr.poll() is not None:
+                seconds[side] = time.time() - t0
+                (folder / f"exit-{side}").touch()  # a side that crashed never hangs its partner
+        time.sleep(0.05)
+    return {s: (bench.records(workdir / f"pass{pair}{s}.json"), seconds[s]) for s in procs}
 
 
 def medians(records: list[dict]) -> dict[str, float]:
@@ -111,21 +145,36 @@ def medians(records: list[dict]) -> dict[str, float]:
 
 def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_a: dict | None = None,
             env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
-            log=print, **pass_kw) -> list[dict]:
-    """Run ``pairs`` pairs of passes, A B, B A, A B, ...; returns one dict per pass:
-    {"side", "pair", "start", "seconds", "records", "ceilings"}."""
+            lockstep: bool = True, log=print, **pass_kw) -> list[dict]:
+    """Run ``pairs`` pairs of passes; returns one dict per pass:
+    {"side", "pair", "start", "seconds", "records", "ceilings"}.
+
+    ``lockstep`` (default): both passes of a pair run at once and take turns benchmark by
+    benchmark (:mod:`reports.lockstep`), who goes first alternating between pairs. Otherwise
+    the passes run one after the other, A B, B A, A B, ..."""
     passes = []
+
+    def add(side, i, t0, seconds, recs):
+        ceil = workdir / f"pass{i}{side}.ceilings.json"
+        passes.append({"side": side, "pair": i, "start": t0, "seconds": seconds, "records": recs,
+                       "ceilings": json.loads(ceil.read_text()) if ceil.exists() else None})
+        log(f"ab: pair {i + 1}/{pairs} side {side.upper()}: {len(recs)} benchmarks in {seconds:.0f} s")
+
     for i in range(pairs):
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
+        if lockstep:
+            t0 = time.time()
+            got = run_lockstep_pair(a, b, workdir, i, first=order[0], env_a=env_a, env_b=env_b,
+                                    args_a=args_a, args_b=args_b, **pass_kw)
+            for side in order:
+                add(side, i, t0, got[side][1], got[side][0])
+            continue
         for side in order:
             t0 = time.time()
             recs = run_pass(a if side == "a" else b, workdir / f"pass{i}{side}.json",
                             env=env_a if side == "a" else env_b, pytest_args=args_a if side == "a" else args_b,
                             **pass_kw)
-            ceil = workdir / f"pass{i}{side}.ceilings.json"
-            passes.append({"side": side, "pair": i, "start": t0, "seconds": time.time() - t0, "records": recs,
-                           "ceilings": json.loads(ceil.read_text()) if ceil.exists() else None})
-            log(f"ab: pair {i + 1}/{pairs} side {side.upper()}: {len(recs)} benchmarks in {time.time() - t0:.0f} s")
+            add(side, i, t0, time.time() - t0, recs)
     return passes
 
 
@@ -168,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="pytest-benchmark's timer (default: cpu = process CPU time on --device cpu, wall on cuda)")
     ap.add_argument("--threads", type=int, default=None,
                     help="OMP_NUM_THREADS of every pass (default 1 on --device cpu, unset on cuda; 0: unset)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the two passes of a pair one after the other (default: lockstep, both at once taking "
+                         "turns benchmark by benchmark, see reports.lockstep)")
     ap.add_argument("--json", default=None, help="write the passes' medians and the decisions as JSON here")
     a = ap.parse_args(argv)
     if a.pairs < 3:
@@ -180,10 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         cb, new_b = resolve_checkout(a.b, tmp, "b")
         created += [cb] if new_b else []
         timer = a.timer or ("wall" if a.device == "cuda" else "cpu")
-        threads = a.threads if a.threads is not None else (0 if a.device == "cuda" else 1)
-        env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+        env = bench.pinned_env(a.device, a.threads)
         passes = session(ca, cb, a.pairs, workdir=tmp, k=a.k, device=a.device, env_a=env, env_b=env,
-                         args_a=timer_args(timer), args_b=timer_args(timer),
+                         args_a=timer_args(timer), args_b=timer_args(timer), lockstep=not a.sequential,
                          max_time=a.max_time or (1.0 if a.device == "cuda" else 0.2))
     except ValueError as exc:
         print(f"ab: {exc}", file=sys.stderr)

@@ -40,13 +40,14 @@ from pathlib import Path
 
 import numpy as np
 
-from reports import ab, gate, inject
+from reports import ab, bench, gate, inject
 from reports.env import ROOT
 
 CAL_DIR = ROOT / "reports" / "calibration"
 RESULT = CAL_DIR / "gate_calibration.json"
-#: The committed raw passes, one file per timer.
-RAWS = (CAL_DIR / "passes_cpu.jsonl", CAL_DIR / "passes_wall.jsonl")
+#: The committed raw passes, one file per design: lockstep pairs (the default), and sequential
+#: passes with the CPU and the wall timer.
+RAWS = (CAL_DIR / "passes_cpu_lockstep.jsonl", CAL_DIR / "passes_cpu.jsonl", CAL_DIR / "passes_wall.jsonl")
 #: The subset of benchmarks the calibration runs (well under a minute per pass on 2 CPU cores).
 DEFAULT_K = "bench_decode or prefill[128-naive-64 or prefill[128-torch-64"
 #: The benchmarks slowed down in the injected sessions: one of the quieter ones and the noisiest
@@ -71,20 +72,21 @@ def _compact(records: list[dict]) -> dict[str, dict]:
 
 
 def collect(sessions: int, pairs: int, k: str, targets: list[str], fraction: float, out: Path,
-            device: str = "cpu", threads: int | None = 1, timer: str = "cpu", log=print) -> None:
+            device: str = "cpu", threads: int | None = 1, timer: str = "cpu", lockstep: bool = True,
+            max_time: float = 0.2, log=print) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ["-p", "reports.inject"] + ab.timer_args(timer)
     for s in range(sessions):
         kind = "aa" if s % 2 == 0 else "injected"
-        env_a = {inject.ENV: ""}
-        env_b = {inject.ENV: ",".join(f"{t}={fraction}" for t in targets) if kind == "injected" else ""}
-        if threads:
-            env_a["OMP_NUM_THREADS"] = env_b["OMP_NUM_THREADS"] = str(threads)
+        env_a = dict(bench.pinned_env(device, threads or 0), **{inject.ENV: ""})
+        env_b = dict(env_a, **{inject.ENV: ",".join(f"{t}={fraction}" for t in targets) if kind == "injected" else ""})
         t0 = time.time()
         with tempfile.TemporaryDirectory(prefix="calib-") as tmp:
             passes = ab.session(ROOT, ROOT, pairs, workdir=Path(tmp), env_a=env_a, env_b=env_b,
-                                args_a=args, args_b=args, k=k, device=device, ceilings=True, log=log)
-        doc = {"session": s, "kind": kind, "pairs": pairs, "k": k, "targets": list(targets), "threads": threads, "timer": timer,
+                                args_a=args, args_b=args, k=k, device=device, ceilings=True, log=log,
+                                lockstep=lockstep, max_time=max_time)
+        doc = {"session": s, "kind": kind, "pairs": pairs, "k": k, "targets": list(targets), "threads": threads,
+               "timer": timer, "lockstep": lockstep, "max_time": max_time, "pinned": {k: v for k, v in env_a.items() if k != inject.ENV},
                "fraction": fraction if kind == "injected" else 0.0, "start": t0, "seconds": time.time() - t0,
                "loadavg": os.getloadavg(), "passes": [
                    {"side": p["side"], "pair": p["pair"], "start": p["start"], "seconds": p["seconds"],
@@ -276,7 +278,8 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python -m reports.calibrate collect; python -m reports.calibrate analyse",
         "subset_k": sessions[0]["k"], "benchmarks": sorted({n for p in passes for n in p["benchmarks"]}),
-        "timer": sessions[0].get("timer", "wall"), "targets": targets, "fraction": max(s["fraction"] for s in sessions), "threads": sessions[0].get("threads"),
+        "timer": sessions[0].get("timer", "wall"), "lockstep": bool(sessions[0].get("lockstep", False)),
+        "max_time": sessions[0].get("max_time", 0.2), "targets": targets, "fraction": max(s["fraction"] for s in sessions), "threads": sessions[0].get("threads"),
         "sessions": {"aa": sum(s["kind"] == "aa" for s in sessions),
                      "injected": sum(s["kind"] == "injected" for s in sessions)},
         "pairs": pairs, "passes": len(passes),
@@ -355,6 +358,12 @@ MODE_LABELS = {"history": "history (between-run model)", "ab": "interleaved A/B"
                "rounds_only": "rounds only (former rule)"}
 
 
+def _design(res: dict) -> str:
+    """How a calibration's pairs ran: lockstep (with the pinned allocator and rounds filling the
+    time budget) or the former sequential passes."""
+    return "lockstep pairs" if res.get("lockstep") else "sequential passes"
+
+
 def report_table(path: Path = RESULT) -> dict | None:
     """The committed calibration as the report shows it: one row per (timer, mode) with the
     run-level false-alarm rate and the power per injected benchmark, as text with 95%
@@ -365,14 +374,14 @@ def report_table(path: Path = RESULT) -> dict | None:
         return None
     rows, runs = [], []
     for res in doc.get("calibrations", []):
-        runs.append({"timer": res["timer"], "subset": res["subset_k"], "benchmarks": len(res["benchmarks"]),
+        runs.append({"timer": res["timer"], "design": _design(res), "subset": res["subset_k"], "benchmarks": len(res["benchmarks"]),
                      "sessions": res["sessions"], "pairs": res["pairs"], "passes": res["passes"],
                      "seconds_per_pass": round(res["seconds_per_pass"], 1),
                      "seconds_per_session": round(res["seconds_per_session"]),
                      "loadavg": [round(x, 1) for x in res["loadavg_1min"]], "threads": res.get("threads"), "date": res["date"],
                      "fraction": res["fraction"], "settings": res["settings"]})
         for mode, m in res["modes"].items():
-            rows.append({"timer": res["timer"], "mode": MODE_LABELS.get(mode, mode),
+            rows.append({"timer": res["timer"], "design": _design(res), "mode": MODE_LABELS.get(mode, mode),
                          "false_alarm": _fmt(m["false_alarm"]),
                          "power": {t.split("::")[-1]: _fmt(r) for t, r in m["power"].items()}})
     targets = sorted({t for r in rows for t in r["power"]})
@@ -394,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     c.add_argument("--timer", default="cpu", choices=["cpu", "wall"],
                    help="pytest-benchmark's timer: process CPU time (time.process_time) or wall time")
-    c.add_argument("--raw", default=None, help="JSON lines file to append to (default: passes_<timer>.jsonl)")
+    c.add_argument("--sequential", action="store_true",
+                   help="run the passes of a pair one after the other (default: lockstep, see reports.lockstep)")
+    c.add_argument("--max-time", type=float, default=0.2, help="--benchmark-max-time of every pass")
+    c.add_argument("--raw", default=None,
+                   help="JSON lines file to append to (default: passes_<timer>[_lockstep].jsonl)")
     a_ = sub.add_parser("analyse", help="measure false alarms and power from the raw files, write the result JSON")
     a_.add_argument("--raw", action="append", default=None, help="raw JSON lines file (repeatable; default: RAWS)")
     a_.add_argument("--out", default=str(RESULT))
@@ -403,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     a_.add_argument("--window", type=int, default=gate.DEFAULT_WINDOW)
     a = ap.parse_args(argv)
     if a.cmd == "collect":
-        collect(a.sessions, a.pairs, a.k, a.target or list(DEFAULT_TARGETS), a.fraction,
-                Path(a.raw or CAL_DIR / f"passes_{a.timer}.jsonl"), a.device, a.threads or None, a.timer)
+        raw = a.raw or CAL_DIR / f"passes_{a.timer}{'' if a.sequential else '_lockstep'}.jsonl"
+        collect(a.sessions, a.pairs, a.k, a.target or list(DEFAULT_TARGETS), a.fraction, Path(raw), a.device,
+                a.threads or None, a.timer, lockstep=not a.sequential, max_time=a.max_time)
         return 0
     results = []
     for raw in a.raw or [str(p) for p in RAWS if p.exists()]:

@@ -395,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
               + "): the machine may be busier or different; read the verdicts with care"
               + (" (the two were measured with different sizes: quick vs full)"
                  if (run.get("ceilings") or {}).get("quick") != (base.get("ceilings") or {}).get("quick") else ""))
+    if (run.get("settings") or {}) != (base.get("settings") or {}):
+        print(f"gate: WARNING: the run and the baseline were measured differently (timer, threads, allocator: "
+              f"{run.get('settings') or 'not recorded'} vs {base.get('settings') or 'not recorded'}): "
+              f"their times are not comparable; start a new baseline")
     if counts["improvement"]:
         print(f"gate: improvements beyond {a.threshold:.0%}: update the baseline "
               f"(commit this run into history/{run['series']}/)")

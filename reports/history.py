@@ -16,15 +16,18 @@ HISTORY = ROOT / "history"
 FORMAT = 1
 
 
-def make_entry(fp: dict, records: list[dict], ceilings: dict | None = None, note: str = "") -> dict:
+def make_entry(fp: dict, records: list[dict], ceilings: dict | None = None, note: str = "",
+               settings: dict | None = None) -> dict:
     """A history entry; each benchmark record gains ``fractions`` of the measured ceilings
     (achieved FLOP/s and bytes/s over matmul peak and copy bandwidth) when it states its
-    ``flops`` / ``bytes`` per call."""
+    ``flops`` / ``bytes`` per call; ``settings`` (:func:`reports.bench.bench_settings`: timer
+    and pinned environment) says how the benchmarks were measured."""
     from reports import bench
 
     records = [dict(r, fractions=bench.fractions(r, ceilings)) for r in records]
     return {"format": FORMAT, "fingerprint": fp, "series": device_slug(fp), "ceilings": ceilings or {},
-            "note": note, "benchmarks": records}
+            "note": note, "settings": {k: v for k, v in (settings or {}).items() if k != "pytest_args"},
+            "benchmarks": records}
 
 
 def entry_name(entry: dict) -> str:

@@ -168,7 +168,7 @@ def test_report_shows_the_committed_calibration(tmp_path):
     build.render(ctx, tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     html = (tmp_path / "out" / "index.html").read_text()
-    assert "| cpu | interleaved A/B | 0/2 = 0%" in md
+    assert "| cpu | sequential passes | interleaved A/B | 0/2 = 0%" in md
     assert "gate-calibration" in html and "Test CPU" in html
     assert calibrate.report_table(tmp_path / "absent.json") is None
 

@@ -208,3 +208,22 @@ def test_rounds_fallback_warns_in_the_command_output(tmp_path, capsys):
     run = history.append(_entry("2026-01-02T00:00:00Z", "b" * 40, {"t1": 1e-3}), h)
     gate.main([str(run), "--history", str(h)])
     assert "judged from the rounds of one run" in capsys.readouterr().out
+
+
+def test_runs_measured_differently_are_flagged(tmp_path, capsys):
+    """A history entry records how its benchmarks were measured; a run timed with another timer
+    or thread count than its baseline gets a warning (its times are not comparable)."""
+    from reports import bench
+
+    h = tmp_path / "history"
+    e = _entry("2026-01-01T00:00:00Z", "a" * 40, {"t1": 1e-3})
+    e["settings"] = {k: v for k, v in bench.bench_settings("cpu").items() if k != "pytest_args"}
+    history.append(e, h)
+    same = dict(e, fingerprint=dict(e["fingerprint"], date="2026-01-02T00:00:00Z", commit="b" * 40))
+    p = history.append(same, h)
+    gate.main([str(p), "--history", str(h)])
+    assert "measured differently" not in capsys.readouterr().out
+    other = dict(same, fingerprint=dict(same["fingerprint"], date="2026-01-03T00:00:00Z", commit="c" * 40),
+                 settings={k: v for k, v in bench.bench_settings("cpu", "wall", 0).items() if k != "pytest_args"})
+    gate.main([str(history.append(other, h)), "--history", str(h)])
+    assert "measured differently" in capsys.readouterr().out

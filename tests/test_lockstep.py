@@ -1,0 +1,133 @@
+"""Lockstep A/B (reports.lockstep) and the benchmark process's settings: the two sides run
+every common benchmark one after the other, A B | B A | A B ..., never at the same time; a side
+alone does not hang; the pytest plugin keeps the order through real pytest processes; the pinned
+benchmark environment; pedantic rounds that fill the time budget."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from reports import bench, lockstep
+from reports.env import ROOT
+
+
+def test_turn_rule_alternates_who_goes_first():
+    assert [lockstep.first_side(i) for i in range(4)] == ["a", "b", "a", "b"]
+    assert [lockstep.first_side(i, "b") for i in range(4)] == ["b", "a", "b", "a"]
+    # side A goes first on test 0 (waits for nothing), second on test 1 (waits for B's test 1)
+    assert [lockstep.runs_needed("a", i) for i in range(3)] == [0, 2, 2]
+    assert [lockstep.runs_needed("b", i) for i in range(3)] == [1, 1, 3]
+
+
+def test_common_order_is_side_a_order_of_the_shared_ids():
+    assert lockstep.common_order(["x", "y", "z", "w"], ["w", "q", "y", "x"]) == ["x", "y", "w"]
+
+
+def test_bad_side_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="BENCH_LOCKSTEP_SIDE"):
+        lockstep.Lockstep(tmp_path, "c")
+
+
+def _side(folder, side, items, log, lock, first="a"):
+    ls = lockstep.Lockstep(folder, side, first=first, timeout=20)
+    ls.exchange(items)
+    for n in items:
+        ls.before(n)
+        with lock:
+            log.append((side, n, "start"))
+        time.sleep(0.01)
+        with lock:
+            log.append((side, n, "end"))
+        ls.after(n)
+    ls.exit()
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_two_sides_take_turns_and_never_overlap(tmp_path, first):
+    items = [f"t{i}" for i in range(5)]
+    log, lock = [], threading.Lock()
+    threads = [threading.Thread(target=_side, args=(tmp_path, s, items, log, lock, first)) for s in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    starts = [(s, n) for s, n, what in log if what == "start"]
+    ends = [(s, n) for s, n, what in log if what == "end"]
+    assert [s for s, _ in starts] == [lockstep.first_side(i // 2, first) if i % 2 == 0
+                                      else lockstep.other(lockstep.first_side(i // 2, first)) for i in range(10)]
+    assert [n for _, n in starts] == [n for n in items for _ in range(2)]
+    # no overlap: every start is followed by its own end before the next start
+    assert [log[i][:2] for i in range(0, len(log), 2)] == starts and [log[i][:2] for i in range(1, len(log), 2)] == ends
+
+
+def test_a_side_alone_does_not_hang(tmp_path):
+    (tmp_path / "exit-b").touch()
+    ls = lockstep.Lockstep(tmp_path, "a", timeout=20)
+    t0 = time.monotonic()
+    assert ls.exchange(["t0", "t1"]) == []
+    ls.before("t0")
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_side_whose_partner_stops_answering_goes_on_after_the_timeout(tmp_path):
+    ls = lockstep.Lockstep(tmp_path, "b", timeout=0.05)
+    (tmp_path / "items-a.json").write_text(json.dumps(["t0"]))
+    assert ls.exchange(["t0"]) == ["t0"]
+    ls.before("t0")  # B goes second on t0; A never finishes it
+    assert ls.unpaired == 1
+
+
+def test_plugin_orders_real_pytest_processes(tmp_path):
+    """Two pytest processes with ``-p reports.lockstep``, one test only side B has."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    body = "import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.02)\n" for i in range(3))
+    (tests / "test_a.py").write_text(body)
+    (tests / "test_b.py").write_text(body)  # same ids
+    (tmp_path / "test_only_b.py").write_text("def test_b_only():\n    pass\n")
+    procs = []
+    for side in "ab":
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **{lockstep.DIR_ENV: str(tmp_path), lockstep.SIDE_ENV: side})
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "reports.lockstep",
+                tests.name] + (["test_only_b.py"] if side == "b" else [])
+        procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out.decode()[-2000:]
+    rows = []
+    for side in "ab":
+        for line in (tmp_path / f"timeline-{side}.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            rows.append((r["start"], r["end"], side, r["nodeid"]))
+    rows.sort()
+    assert [s for _, _, s, _ in rows] == ["a", "b", "b", "a"] * 3
+    assert all(rows[i][1] <= rows[i + 1][0] for i in range(len(rows) - 1)), "two sides overlapped"
+    assert (tmp_path / "exit-a").exists() and (tmp_path / "exit-b").exists()
+
+
+def test_pinned_env_pins_threads_and_allocator_on_cpu_only():
+    cpu = bench.pinned_env("cpu")
+    assert cpu["OMP_NUM_THREADS"] == "1" and "MALLOC_MMAP_THRESHOLD_" in cpu and "MALLOC_TRIM_THRESHOLD_" in cpu
+    assert "OMP_NUM_THREADS" not in bench.pinned_env("cpu", 0)
+    assert bench.pinned_env("cuda") == {} and bench.pinned_env("cuda", 4) == {"OMP_NUM_THREADS": "4"}
+
+
+class _FakeBenchmark:
+    def __init__(self, disabled=False, max_time=0.2):
+        self.disabled, self._max_time = disabled, max_time
+
+
+def test_pedantic_rounds_fill_the_time_budget():
+    from benchmarks.timing import MAX_ROUNDS, rounds
+
+    assert rounds(_FakeBenchmark(), 0.001, 10) == 200           # 0.2 s of 1 ms calls
+    assert rounds(_FakeBenchmark(), 0.5, 10) == 10              # a slow call keeps the minimum
+    assert rounds(_FakeBenchmark(), 1e-7, 10) == MAX_ROUNDS     # capped
+    assert rounds(_FakeBenchmark(disabled=True), 0.001, 3) == 3  # smoke runs stay short
+    assert rounds(_FakeBenchmark(), 0.0, 7) == 7
