@@ -64,6 +64,23 @@ def fraction_for(nodeid: str, spec: list[tuple[str, float]]) -> float:
     return 0.0
 
 
+#: Longest stretch of the busy wait between two readings of the benchmark's clock (seconds).
+SPIN_STEP_S = 5e-5
+
+
+def busy_until(clock, end: float) -> None:
+    """Keep the core busy until ``clock() >= end``. The clock is read every :data:`SPIN_STEP_S`
+    of wall time, not in a tight loop: a CPU-time clock is a system call, and thousands of them
+    disturb the caches the next call of the benchmark finds (the injected slowdown then
+    overshoots its fraction)."""
+    now = clock()
+    while now < end:
+        stop = time.perf_counter() + min(SPIN_STEP_S, end - now)
+        while time.perf_counter() < stop:
+            pass
+        now = clock()
+
+
 def slowed(fn, fraction: float, clock=time.perf_counter):
     """``fn`` followed by a busy wait of ``fraction`` x its own duration on ``clock``."""
     @functools.wraps(fn)
@@ -71,9 +88,7 @@ def slowed(fn, fraction: float, clock=time.perf_counter):
         t0 = clock()
         out = fn(*args, **kwargs)
         t1 = clock()
-        end = t1 + fraction * (t1 - t0)
-        while clock() < end:
-            pass
+        busy_until(clock, t1 + fraction * (t1 - t0))
         return out
 
     return wrapper
