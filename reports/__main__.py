@@ -8,6 +8,7 @@ Steps (each prints its progress; a failing property never stops the report):
    ``--benchmark-enable --benchmark-json`` (raw per-round samples included), in the pinned
    benchmark environment (:func:`reports.bench.bench_settings`: on the CPU, process CPU time,
    one intra-op thread, glibc's allocator pinned), the same the A/B mode and the calibration use;
+   ``--bench-passes M`` repeats them in M processes (:func:`reports.bench.merge_passes`);
 3. the device's ceilings (copy bandwidth, matmul peak) from ``conformance/ceilings.py``;
 4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
    fingerprint), which ``python -m reports.gate`` compares later runs with;
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the properties (keep the rows of the last run): benchmarks, ceilings, history, report")
     ap.add_argument("--bench-k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
     ap.add_argument("--no-history", action="store_true", help="do not append this run to history/")
+    ap.add_argument("--bench-passes", type=int, default=1, metavar="M",
+                    help="run the benchmarks in M separate processes and store the geometric mean of their "
+                         "medians: each process has its own memory layout, so M > 1 narrows the run-to-run "
+                         "spread the history gate sees (see README, 'Which mode in CI')")
     ap.add_argument("--history", default=str(hist.HISTORY), help="history folder")
     ap.add_argument("--bench-max-time", type=float, default=None,
                     help="pytest-benchmark --benchmark-max-time (default 0.2 s on cpu, 1 s on cuda)")
@@ -77,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 when a claim fails or a kill rate < 100%%")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     args = ap.parse_args(argv)
+    if args.bench_passes < 1:
+        ap.error("--bench-passes must be >= 1")
     from conformance.device import select_device
 
     device = select_device(args.device)
@@ -110,17 +117,23 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.call(cmd, cwd=ROOT)
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
-            settings = bench.bench_settings(device)
-            cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
-                   f"--benchmark-json={bench_json}", f"--benchmark-max-time={max_time}",
-                   "--benchmark-min-rounds=5", f"--results={bench_rows}", "--durations=10",
-                   *settings["pytest_args"], *common]
-            if args.bench_k:
-                cmd += ["-k", args.bench_k]
-            cmd += args.pytest_args
-            _stage(2, n_stages, "benchmarks: " + " ".join(f"{k}={v}" for k, v in settings["env"].items())
-                   + " " + " ".join(cmd[2:]))
-            subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, **settings["env"]))
+            settings = dict(bench.bench_settings(device), passes=args.bench_passes)
+            jsons = ([bench_json] if args.bench_passes == 1 else
+                     [out / f"benchmarks-pass{i}.json" for i in range(args.bench_passes)])
+            for i, one_json in enumerate(jsons):
+                cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
+                       f"--benchmark-json={one_json}", f"--benchmark-max-time={max_time}",
+                       "--benchmark-min-rounds=5", "--durations=10", *settings["pytest_args"], *common]
+                cmd += [f"--results={bench_rows}"] if i == 0 else []  # the claims' rows: first pass only
+                if args.bench_k:
+                    cmd += ["-k", args.bench_k]
+                cmd += args.pytest_args
+                _stage(2, n_stages, f"benchmarks, pass {i + 1}/{len(jsons)}: "
+                       + " ".join(f"{k}={v}" for k, v in settings["env"].items()) + " " + " ".join(cmd[2:]))
+                subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, **settings["env"]))
+            if len(jsons) > 1:
+                merged = bench.merge_passes([bench.records(j) for j in jsons])
+                bench_json.write_text(json.dumps({"benchmarks": merged, "passes": len(jsons)}))
             _stage(3, n_stages, f"device ceilings ({device})")
             ceilings = measure_ceilings(device, quick=False)
             print(f"ceilings: {ceilings}", flush=True)
@@ -133,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     records = bench.records(bench_json)
     if not args.no_run and not args.no_bench and not args.no_history and records:
         _stage(4, n_stages, "history")
-        path = hist.append(hist.make_entry(fp, records, ceilings, settings=bench.bench_settings(device)), history_dir)
+        path = hist.append(hist.make_entry(fp, records, ceilings, settings=settings), history_dir)
         print(f"appended {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", flush=True)
     _stage(5, n_stages, "report")
     paths = build.write_report(rows_dir, out, bench_json=bench_json, ceilings=ceilings, fp=fp,

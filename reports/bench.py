@@ -163,3 +163,28 @@ def fractions(rec: dict, ceilings: dict | None) -> dict[str, float]:
     a = achieved(rec)
     c = ceiling_values(ceilings, (rec.get("extra_info") or {}).get("dtype") or (rec.get("params") or {}).get("dtype"))
     return {f"{k}_fraction": a[k] / c[k] for k in ("flop_per_s", "bytes_per_s") if k in a and k in c}
+
+
+def merge_passes(passes: list[list[dict]]) -> list[dict]:
+    """The records of several passes of the same benchmarks (one run that repeated its benchmark
+    process) as one record per benchmark, in the first pass's order: ``stats.median`` the
+    geometric mean of the passes' medians (each process has its own memory layout and allocator
+    state, which its rounds share, so the passes, not the rounds, are the independent samples),
+    ``data`` every pass's rounds (thinned), ``passes`` the per-pass medians; other fields from the
+    first pass. A benchmark missing from some pass is merged over the passes that have it."""
+    by_name: dict[str, list[dict]] = {}
+    order: list[str] = []
+    for recs in passes:
+        for r in recs:
+            if (r.get("stats") or {}).get("median"):
+                if r["fullname"] not in by_name:
+                    order.append(r["fullname"])
+                by_name.setdefault(r["fullname"], []).append(r)
+    out = []
+    for name in order:
+        rs = by_name[name]
+        meds = [float(r["stats"]["median"]) for r in rs]
+        stats = dict(rs[0].get("stats") or {}, median=float(math.exp(sum(map(math.log, meds)) / len(meds))))
+        data = [x for r in rs for x in (r.get("data") or [])]
+        out.append(dict(rs[0], stats=stats, data=_thin(data), passes=meds))
+    return out

@@ -129,6 +129,30 @@ def passes_in_order(sessions: list[dict]) -> list[dict]:
     return sorted(out, key=lambda p: p["start"])
 
 
+def runs_of(passes: list[dict], m: int) -> list[dict]:
+    """The passes merged into history runs of ``m`` passes each (a run that repeats its benchmark
+    process ``m`` times, ``python -m reports --bench-passes m``): per benchmark the geometric mean
+    of the ``m`` medians (:func:`reports.bench.merge_passes`). Unchanged passes are grouped in
+    time order, injected passes within their session; a run's time is its last pass's."""
+    if m == 1:
+        return passes
+    clean = [p for p in passes if not p["injected"]]
+    groups = [clean[i:i + m] for i in range(0, len(clean) - m + 1, m)]
+    by_session: dict[int, list[dict]] = {}
+    for p in passes:
+        if p["injected"]:
+            by_session.setdefault(p["session"], []).append(p)
+    for ps in by_session.values():
+        groups += [ps[i:i + m] for i in range(0, len(ps) - m + 1, m)]
+    out = []
+    for g in groups:
+        merged = bench.merge_passes([[{"fullname": n, "stats": {"median": b["median"]}, "data": b["data"]}
+                                      for n, b in p["benchmarks"].items()] for p in g])
+        out.append({"start": g[-1]["start"], "injected": g[0]["injected"], "session": g[0]["session"],
+                    "benchmarks": {r["fullname"]: {"median": r["stats"]["median"], "data": r["data"]} for r in merged}})
+    return sorted(out, key=lambda r: r["start"])
+
+
 def history_mode(passes: list[dict], targets: list[str], *, threshold: float, alpha: float, window: int,
                  rounds_only: bool = False) -> dict:
     """Each pass judged against the ``window`` unchanged passes before it (between-run model),
@@ -290,6 +314,8 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
                      "family": "Holm over the run's benchmarks; alpha = run-level family-wise level"},
         "modes": {
             "history": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window),
+            **{f"history_{m}_passes": history_mode(runs_of(passes, m), targets, threshold=threshold, alpha=alpha,
+                                                   window=window) for m in HISTORY_PASSES},
             "ab": ab_mode(sessions, targets, threshold=threshold, alpha=alpha),
             "rounds_only": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window,
                                         rounds_only=True),
@@ -354,7 +380,10 @@ def summary_text(res: dict) -> str:
     return "\n".join(lines)
 
 
+#: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
+HISTORY_PASSES = (3, 5)
 MODE_LABELS = {"history": "history (between-run model)", "ab": "interleaved A/B",
+               **{f"history_{m}_passes": f"history, {m} passes per run" for m in HISTORY_PASSES},
                "rounds_only": "rounds only (former rule)"}
 
 

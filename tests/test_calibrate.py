@@ -178,3 +178,26 @@ def test_ab_command_rejects_too_few_pairs_and_unknown_revisions(capsys):
         ab.main(["--a", ".", "--b", ".", "--pairs", "2"])
     assert ab.main(["--a", "no-such-revision-xyz", "--b", "."]) == 2
     assert "neither a folder nor a git revision" in capsys.readouterr().err
+
+
+def test_merge_passes_takes_the_geometric_mean_of_the_pass_medians():
+    from reports import bench
+
+    p1 = [{"fullname": "x", "stats": {"median": 1.0, "rounds": 3}, "data": [1.0, 1.0, 1.0]},
+          {"fullname": "only_first", "stats": {"median": 5.0}, "data": [5.0]}]
+    p2 = [{"fullname": "x", "stats": {"median": 4.0, "rounds": 2}, "data": [4.0, 4.0]}]
+    merged = {r["fullname"]: r for r in bench.merge_passes([p1, p2])}
+    assert merged["x"]["stats"]["median"] == pytest.approx(2.0) and merged["x"]["passes"] == [1.0, 4.0]
+    assert merged["x"]["data"] == [1.0, 1.0, 1.0, 4.0, 4.0] and merged["only_first"]["stats"]["median"] == pytest.approx(5.0)
+
+
+def test_runs_of_groups_clean_passes_in_time_and_injected_passes_by_session():
+    def p(t, injected, session, med):
+        return {"start": t, "injected": injected, "session": session, "benchmarks": {"x": {"median": med, "data": [med]}}}
+
+    passes = [p(0, False, 0, 1.0), p(1, False, 0, 4.0), p(2, False, 1, 1.0), p(2, True, 1, 2.0),
+              p(3, False, 1, 1.0), p(3, True, 1, 8.0)]
+    runs = calibrate.runs_of(passes, 2)
+    assert [(r["injected"], r["benchmarks"]["x"]["median"]) for r in runs] == \
+        [(False, pytest.approx(2.0)), (False, pytest.approx(1.0)), (True, pytest.approx(4.0))]
+    assert calibrate.runs_of(passes, 1) is passes
