@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from conformance.outcomes import unsupported
+from conformance.tolerance import check_close
 from properties.attention_cases import _Support
 
 KINDS = ("normal", "zero", "pos", "neg", "outlier", "subnormal")
@@ -177,3 +178,13 @@ def quantize(impl, w: torch.Tensor, case: QCase, g_idx: torch.Tensor | None = No
         unsupported(reason)
     _Support.ran += 1
     return qw
+
+
+def check_matmul(out, x, d, case, what="matmul(x, qw)"):
+    """The tolerance policy's ``quant-matmul`` rule: out vs x @ d.T in float64 (out_ref), with the
+    naive dequantize-then-multiply in x's dtype (out_pt)."""
+    assert tuple(out.shape) == (case.M, case.N), f"matmul returned {tuple(out.shape)}, expected {(case.M, case.N)}"
+    assert out.dtype == x.dtype, f"matmul returned {out.dtype}, x is {x.dtype}"
+    out_ref = x.double() @ d.double().T
+    out_pt = x @ d.T
+    return check_close(out, out_ref, out_pt=out_pt, rule="quant-matmul", what=f"{what} ({case})").check()

@@ -37,6 +37,7 @@ from properties.quantization_cases import (
     QCase,
     act_order_cases,
     boundary_classes,
+    check_matmul,
     make_g_idx,
     make_weight,
     make_x,
@@ -236,16 +237,6 @@ def test_qt2_packing_order_and_zero_point_probes():
 
 
 # -------------------------------------------------------------------------------------- QT-9
-def check_matmul(out, x, d, case, what="matmul(x, qw)"):
-    """The tolerance policy's ``quant-matmul`` rule: out vs x @ d.T in float64 (out_ref), with the
-    naive dequantize-then-multiply in x's dtype (out_pt)."""
-    assert tuple(out.shape) == (case.M, case.N), f"matmul returned {tuple(out.shape)}, expected {(case.M, case.N)}"
-    assert out.dtype == x.dtype, f"matmul returned {out.dtype}, x is {x.dtype}"
-    out_ref = x.double() @ d.double().T
-    out_pt = x @ d.T
-    return check_close(out, out_ref, out_pt=out_pt, rule="quant-matmul", what=f"{what} ({case})").check()
-
-
 @FEW
 @given(case=quant_cases(), seed=S.seeds)
 @_examples

@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance import results
-from conformance.tolerance import check_close
+from conformance.tolerance import assert_exact, check_close
 from properties import strategies as S
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -260,43 +260,101 @@ def test_qt6_qt7_activation_quantization_with_an_outlier_channel():
 
 
 # -------------------------------------------------------------------------------------- QT-8
+QT8_BITS = (4, 3)
+
+
+def qt8_group(K: int) -> int:
+    """QT-8's granularity: groups of 32 where they divide K, else per channel (w_down, K = 328)."""
+    return 32 if K % 32 == 0 else K
+
+
 @pytest.mark.claim("QT-8")
-def test_qt8_gptq_and_awq_no_worse_than_rtn_on_calibration():
-    """QT-8 on the target model's layers (float64): for wq and w_up (groups of 32) and w_down
-    (per channel, K = 328) of every block, at 4 and 3 bits, with calibration inputs from 16
-    validation documents (each layer's own inputs), GPTQ's error-compensated rounding and AWQ's
-    activation-aware scaling reconstruct the layer's output X W^T on the calibration set with
-    a squared error no larger than round-to-nearest's at the same bits and groups."""
-    from reference.quant_methods import awq, gptq, rtn_absmax
+def test_qt8_gptq_and_awq_against_rtn():
+    """QT-8 on the target model: every block Linear (wq, wk, wv, wo, w_gate, w_up in groups of
+    32; w_down per channel, K = 328) quantized at 4 and 3 bits by round-to-nearest absmax, GPTQ
+    (column order and act-order) and AWQ, calibrated in float64 on each layer's inputs from 16
+    validation documents through the unquantized model. The bound: GPTQ's and AWQ's squared
+    output error X W_hat^T - X W^T on the calibration set is no larger than round-to-nearest's
+    for every layer and bit width. The experiment: the float32 model's test NLL (64 documents,
+    QT-3's subset and evaluation) with those weights, recorded next to the ratios; the rule on
+    it: every method within 3% of the unquantized NLL (none collapses at 3 bits in groups of 32),
+    and GPTQ (either order) no worse than round-to-nearest at the same bits. AWQ is recorded, not
+    ruled: its per-layer calibration gain (median ratio 0.92) does not carry to the NLL here."""
+    from functools import partial
+
+    from reference.quant_methods import (
+        awq,
+        gptq,
+        linear_inputs,
+        named_block_linears,
+        quantize_model_layers,
+        rtn_absmax,
+    )
     from smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     cal, _ = data.pad_batch(data.encode(data.split("val", 16)))
-    layers, seen, hooks = {}, {}, []
-    for i, b in enumerate(model.blocks):
-        for name, lin in (("wq", b.attn.wq), ("w_up", b.mlp.w_up), ("w_down", b.mlp.w_down)):
-            layers[i, name] = lin
-            hooks.append(lin.register_forward_pre_hook(
-                lambda m, a, key=(i, name): seen.__setitem__(key, a[0].detach().reshape(-1, a[0].shape[-1]))))
-    with torch.no_grad():
-        model(cal)
-    for h in hooks:
-        h.remove()
-    ratios = {}
-    for key, lin in layers.items():
-        X, w = seen[key], lin.weight.detach()
-        ref_out = X @ w.T
-        g = 32 if w.shape[1] % 32 == 0 else w.shape[1]
-        for bits in (4, 3):
-            def err(wq):
-                return float(((X @ wq.T - ref_out) ** 2).sum())
-            e_rtn = err(rtn_absmax(w, bits, g))
-            ratios[f"block{key[0]}.{key[1]} {bits}b"] = (err(gptq(w, X, bits, g)) / e_rtn, err(awq(w, X, bits, g)) / e_rtn)
-    worst_gptq = max(r[0] for r in ratios.values())
-    worst_awq = max(r[1] for r in ratios.values())
-    for method, worst, median in (("GPTQ", worst_gptq, sorted(r[0] for r in ratios.values())[len(ratios) // 2]),
-                                  ("AWQ", worst_awq, sorted(r[1] for r in ratios.values())[len(ratios) // 2])):
-        results.record("QT-8", measured=round(worst, 3), bound=1.0, lecture=f"{method} no worse than round-to-nearest",
-                       unit=f"{method} / RTN squared output error on the calibration set (worst of {len(ratios)} layers x bits)",
-                       rule="<= 1 for every layer and bit width", what=f"{method} median ratio {median:.3f}")
-    assert worst_gptq <= 1.0 and worst_awq <= 1.0, ratios
+    X = linear_inputs(model, cal)
+    weights = {key: lin.weight.detach() for key, lin in named_block_linears(model)}
+    methods = {"RTN": lambda w, x, b, g: rtn_absmax(w, b, g), "GPTQ": gptq,
+               "GPTQ act-order": partial(gptq, act_order=True), "AWQ": awq}
+    quantized = {(m, bits): {key: fn(w, X[key], bits, qt8_group(w.shape[1])) for key, w in weights.items()}
+                 for m, fn in methods.items() for bits in QT8_BITS}
+
+    def err(key, wq):
+        return float(((X[key] @ wq.T - X[key] @ weights[key].T) ** 2).sum())
+
+    ratios = {m: [err(key, quantized[m, bits][key]) / err(key, quantized["RTN", bits][key])
+                  for key in weights for bits in QT8_BITS] for m in methods if m != "RTN"}
+    for m, r in ratios.items():
+        r = sorted(r)
+        results.record("QT-8", measured=round(r[-1], 3), bound=1.0, lecture=f"{m} no worse than round-to-nearest",
+                       unit=f"{m} / RTN squared output error on the calibration set (worst of {len(r)} layers x bits)",
+                       rule="<= 1 for every layer and bit width", what=f"{m} median ratio {r[len(r) // 2]:.3f}")
+
+    model32 = checkpoints.load_model("target", dtype=torch.float32)
+    docs = data.split("test", data.TEST_SUBSET)
+    base = data.nll(model32, docs)
+    nll = {}
+    for (m, bits), ws in quantized.items():
+        nll[m, bits] = data.nll(quantize_model_layers(model32, lambda key, w, ws=ws: ws[key]), docs)
+        results.record("QT-8", measured=round(nll[m, bits], 4), unit="test NLL (nats/token)",
+                       lecture="GPTQ and AWQ at least as good as round-to-nearest at 4 and 3 bits",
+                       rule=f"{m}, {bits} bits, groups of 32 (w_down per channel); unquantized {base:.4f} "
+                            f"({100 * (nll[m, bits] / base - 1):+.2f}%)", nll=nll[m, bits], backend=m)
+    worst = {m: max(r) for m, r in ratios.items()}
+    assert all(v <= 1.0 for v in worst.values()), worst
+    table = {f"{m} {b}b": f"{100 * (v / base - 1):+.2f}%" for (m, b), v in nll.items()}
+    assert all(v / base - 1 <= 0.03 for v in nll.values()), table
+    assert all(nll[m, b] <= nll["RTN", b] for m in ("GPTQ", "GPTQ act-order") for b in QT8_BITS), table
+
+
+@pytest.mark.claim("QT-8")
+def test_gptq_act_order_groups_and_dequantize():
+    """GPTQ with act-order (reference): the columns are processed in decreasing order of the
+    Hessian's diagonal and the groups formed in that order, g_idx[order[i]] = i // g; every
+    column dequantizes with its g_idx group's scale ((u - z) * s[g_idx[k]]); the torch path
+    takes the same codes, scales and g_idx as a checkpoint and dequantizes bit for bit alike,
+    and its matmul equals x @ dequantize(qw).T (the oracle: dequantize, then multiply)."""
+    from conformance.contracts.quantization import act_order_g_idx
+    from optimized import quant_torch
+    from properties.quantization_cases import QCase, check_matmul
+    from reference import quantization as ref
+    from reference.quant_methods import gptq_quantize
+
+    K, g = 64, 16
+    x = S.randn((256, K), 3) * torch.linspace(0.1, 3.0, K)[torch.randperm(K, generator=torch.Generator().manual_seed(4))]
+    w = S.randn((12, K), 5) * 0.1
+    qw = gptq_quantize(w, x, bits=4, group_size=g, act_order=True)
+    order = torch.argsort(torch.diag(x.T @ x), descending=True, stable=True)
+    assert_exact(qw.g_idx, act_order_g_idx(order, g), what="g_idx of act-order GPTQ")
+    assert not torch.equal(qw.g_idx, torch.arange(K) // g)
+    u = ref.unpack(qw.codes, 4, K).double()
+    by_hand = (u - 8) * qw.scales[:, qw.g_idx]
+    assert_exact(ref.dequantize(qw), by_hand, what="dequantize by g_idx")
+    packed = quant_torch.PackedWeight(qw.codes, qw.scales, ref.unpack(qw.zeros, 4, K // g).to(torch.uint8), 4, g, g,
+                                      12, K, torch.float64, True, qw.g_idx.to(torch.int32))
+    assert_exact(quant_torch.dequantize(packed), ref.dequantize(qw), what="torch dequantize of the GPTQ checkpoint")
+    xs = x[:5]
+    check_matmul(quant_torch.matmul(xs, packed), xs, ref.dequantize(qw), QCase(12, K, 4, g, M=5),
+                 what="torch matmul of the act-order checkpoint")

@@ -65,25 +65,55 @@ def make_outlier_channel(model, channel: int = 5, factor: float = 100.0):
 
 
 # ------------------------------------------------------- weight-only quantized model (QT-3, §5.2)
-def quantize_model_weights(model, quantize_dequantize, *, bits: int, granularity):
-    """A copy of a reference Transformer whose block Linear weights (wq, wk, wv, wo, w_gate,
-    w_up, w_down) are replaced by ``quantize_dequantize(w, bits, granularity)`` (weight-only
-    quantization; embeddings, norms and the tied head stay as they are). A group size that does
-    not divide a weight's K is applied to the weight padded with zero columns (zeros change no
-    group's absmax), then the padding is cropped."""
+def named_block_linears(model) -> list:
+    """((block index, name), Linear) for every block Linear layer of a reference Transformer (wq,
+    wk, wv, wo, w_gate, w_up, w_down), in order."""
+    return [((i, name), lin) for i, b in enumerate(model.blocks)
+            for name, lin in (("wq", b.attn.wq), ("wk", b.attn.wk), ("wv", b.attn.wv), ("wo", b.attn.wo),
+                              ("w_gate", b.mlp.w_gate), ("w_up", b.mlp.w_up), ("w_down", b.mlp.w_down))]
+
+
+def linear_inputs(model, tokens: torch.Tensor) -> dict:
+    """The inputs of every block Linear layer on ``tokens`` (B, T): (block index, name) -> (B*T,
+    K) in the model's dtype (the calibration set of GPTQ and AWQ)."""
+    seen, hooks = {}, []
+    for key, lin in named_block_linears(model):
+        hooks.append(lin.register_forward_pre_hook(
+            lambda m, a, key=key: seen.__setitem__(key, a[0].detach().reshape(-1, a[0].shape[-1]))))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def quantize_model_layers(model, quantize_weight):
+    """A copy of a reference Transformer whose block Linear weights w (N, K) are replaced by
+    ``quantize_weight(key, w)`` (key = (block index, name); the result is cast to the weight's
+    dtype). Embeddings, norms and the tied head stay as they are."""
     import copy
 
     out = copy.deepcopy(model)
     with torch.no_grad():
-        for block in out.blocks:
-            for lin in (block.attn.wq, block.attn.wk, block.attn.wv, block.attn.wo,
-                        block.mlp.w_gate, block.mlp.w_up, block.mlp.w_down):
-                w = lin.weight
-                K = w.shape[1]
-                pad = (-K) % granularity if isinstance(granularity, int) else 0
-                wp = torch.nn.functional.pad(w, (0, pad))
-                lin.weight.copy_(quantize_dequantize(wp, bits, granularity)[:, :K])
+        for key, lin in named_block_linears(out):
+            lin.weight.copy_(quantize_weight(key, lin.weight.detach()).to(lin.weight.dtype))
     return out
+
+
+def quantize_model_weights(model, quantize_dequantize, *, bits: int, granularity):
+    """A copy of a reference Transformer whose block Linear weights are replaced by
+    ``quantize_dequantize(w, bits, granularity)`` (weight-only quantization; embeddings, norms
+    and the tied head stay as they are). A group size that does not divide a weight's K is
+    applied to the weight padded with zero columns (zeros change no group's absmax), then the
+    padding is cropped."""
+    def one(key, w):
+        K = w.shape[1]
+        pad = (-K) % granularity if isinstance(granularity, int) else 0
+        return quantize_dequantize(torch.nn.functional.pad(w, (0, pad)), bits, granularity)[:, :K]
+
+    return quantize_model_layers(model, one)
 
 
 def bits_per_value(bits: int, granularity, N: int, K: int, scale_bits: int = 16) -> float:
@@ -128,8 +158,7 @@ def llm_int8_linear(x: torch.Tensor, w: torch.Tensor, threshold: float = 6.0, bi
 
 def block_linears(model):
     """Every block's Linear layers of a reference Transformer, in order."""
-    return [lin for b in model.blocks for lin in (b.attn.wq, b.attn.wk, b.attn.wv, b.attn.wo,
-                                                    b.mlp.w_gate, b.mlp.w_up, b.mlp.w_down)]
+    return [lin for _, lin in named_block_linears(model)]
 
 
 def w8a8_model(model, *, act_bits: int = 8, act_granularity: str = "token", weight_bits: int = 8,
