@@ -260,6 +260,21 @@ QUANT_MATMUL_RULE = tolerance.NaiveMultipleRule(
 tolerance.register_rule("quant-matmul", QUANT_MATMUL_RULE)
 
 
+def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
+    """Small valid quantize calls for the checks every contract gets (w not mutated, every
+    output element finite, identical repeats): 4 bits in groups of 8 (float32), int8 per channel
+    with odd K (bfloat16), 3 bits in groups of 16 (float16), 2 bits per tensor (float64), weights
+    of real magnitude (std 0.05, one outlier of 1.0)."""
+    out = []
+    for i, (N, K, bits, gran, dt) in enumerate([(8, 32, 4, 8, torch.float32), (5, 33, 8, "channel", torch.bfloat16),
+                                                (4, 64, 3, 16, torch.float16), (6, 7, 2, "tensor", torch.float64)]):
+        g = torch.Generator().manual_seed(1000 * seed + i)
+        w = 0.05 * torch.randn(N, K, generator=g, dtype=torch.float64)
+        w[0, K // 2] = 1.0
+        out.append(((w.to(device=device, dtype=dt),), {"bits": bits, "granularity": gran}))
+    return out
+
+
 CONTRACT = Contract(
     technique="quantization",
     functions=("quantize", "dequantize", "matmul"),
@@ -271,7 +286,13 @@ CONTRACT = Contract(
         "torch_asym": "optimized.quant_torch:ASYMMETRIC",
         "triton": "optimized.quant_matmul:SYMMETRIC",
         "triton_asym": "optimized.quant_matmul:ASYMMETRIC",
+        # torchao's weight-only quantization (optimized/outside_adapters.py), CPU and CUDA;
+        # listed as unavailable where torchao is not installed
+        "torchao_int8": "optimized.outside_adapters:torchao_int8",
+        "torchao_intx": "optimized.outside_adapters:torchao_intx",
     },
+    needs={"torchao_int8": "torchao", "torchao_intx": "torchao"},
+    cases="conformance.contracts.quantization:cases",
     zoo={
         # act-order
         "g_idx_ignored": "properties.zoo_quantization:g_idx_ignored",
