@@ -8,15 +8,19 @@ Layout of :class:`PackedWeight`: ``codes`` (N, ceil(K / per)) uint8, per = 2 for
 2 bits, else 1, element k of a row in byte k // per at bit offset (k % per) * bits;
 ``scales`` (N, groups) float32 (float64 for float64 weights), (1, 1) for "tensor" (a step
 below float32's normal range is stored rounded up, and the codes use the stored scale);
-``zeros`` (N, groups) uint8, unpacked (one zero point per group, the stored value is z).
+``zeros`` (N, groups) uint8, unpacked (one zero point per group, the stored value is z);
+``g_idx`` (K,) int32, the group of every column under GPTQ's act-order (None: k // group_size).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sys
+
 import torch
 
-from conformance.contracts.quantization import levels, validate_matmul, validate_quantize
+from conformance.contracts.quantization import levels, validate_g_idx, validate_matmul, validate_quantize
+from reference.quantization import Scheme
 
 #: Significant bits kept in a stored scale (as the reference).
 SCALE_BITS = 16
@@ -42,6 +46,7 @@ class PackedWeight:
     K: int
     dtype: torch.dtype
     symmetric: bool
+    g_idx: torch.Tensor | None = None
 
 
 def pack(u: torch.Tensor, bits: int) -> torch.Tensor:
@@ -77,10 +82,21 @@ def storable(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return st.to(torch.float64)
 
 
-def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True) -> PackedWeight:
+def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True,
+             g_idx: torch.Tensor | None = None) -> PackedWeight:
     """Quantize w (N, K) at once: groups reshaped to (rows, groups, group size), scales and
-    zero points per group. Raises TypeError/ValueError as the contract's validate_quantize."""
+    zero points per group; with ``g_idx`` (act-order, an int granularity) the columns are first
+    sorted by group, quantized, and the codes put back in column order. Raises
+    TypeError/ValueError as the contract's validate_quantize and validate_g_idx."""
     shape = validate_quantize(w, bits, granularity)
+    if g_idx is not None:
+        idx = validate_g_idx(g_idx, shape.K, granularity).to(w.device)
+        order = torch.argsort(idx, stable=True)
+        qw = quantize(w[:, order], bits=bits, granularity=granularity, symmetric=symmetric)
+        u = torch.empty(shape.N, shape.K, dtype=torch.int32, device=w.device)
+        u[:, order] = unpack(qw.codes, qw.bits, qw.K)
+        return PackedWeight(pack(u, qw.bits), qw.scales, qw.zeros, qw.bits, qw.group_size, granularity,
+                            qw.N, qw.K, qw.dtype, symmetric, idx.to(torch.int32))
     N, K, b = shape.N, shape.K, shape.bits
     w64 = w.detach().to(torch.float64)
     grp = w64.reshape(1, 1, N * K) if granularity == "tensor" else w64.reshape(N, K // shape.group_size, shape.group_size)
@@ -115,6 +131,9 @@ def dequantize(qw: PackedWeight) -> torch.Tensor:
     u = unpack(qw.codes, qw.bits, qw.K)
     if qw.granularity == "tensor":
         z, s = qw.zeros.expand(qw.N, qw.K), qw.scales.expand(qw.N, qw.K)
+    elif qw.g_idx is not None:                    # act-order: column k reads group g_idx[k]
+        idx = qw.g_idx.to(torch.int64)
+        z, s = qw.zeros[:, idx], qw.scales[:, idx]
     else:
         z = qw.zeros.repeat_interleave(qw.group_size, dim=1)
         s = qw.scales.repeat_interleave(qw.group_size, dim=1)
@@ -129,24 +148,5 @@ def matmul(x: torch.Tensor, qw: PackedWeight) -> torch.Tensor:
     return x @ dequantize(qw).T
 
 
-class Scheme:
-    """The vectorized scheme (``symmetric`` True: absmax; False: zero point)."""
-
-    def __init__(self, symmetric: bool):
-        self.symmetric = symmetric
-
-    def quantize(self, w, *, bits, granularity):
-        return quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric)
-
-    def dequantize(self, qw):
-        return dequantize(qw)
-
-    def matmul(self, x, qw):
-        return matmul(x, qw)
-
-    def __repr__(self) -> str:
-        return f"optimized.quant_torch.Scheme(symmetric={self.symmetric})"
-
-
-SYMMETRIC = Scheme(True)
-ASYMMETRIC = Scheme(False)
+SYMMETRIC = Scheme(True, sys.modules[__name__])
+ASYMMETRIC = Scheme(False, sys.modules[__name__])

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from conformance.outcomes import unsupported
+from conformance.tolerance import check_close
 from properties.attention_cases import _Support
 
 KINDS = ("normal", "zero", "pos", "neg", "outlier", "subnormal")
@@ -142,12 +143,32 @@ def symmetric(impl) -> bool:
     return bool(getattr(getattr(impl, "namespace", impl), "symmetric", True))
 
 
-def quantize(impl, w: torch.Tensor, case: QCase):
-    """impl.quantize(w, bits=, granularity=); a NotImplementedError discards the example inside a
-    law (``run_law`` turns "every example refused" into "unsupported") and skips the test as
-    "unsupported" outside one; never a pass."""
+def act_order_cases() -> st.SearchStrategy[QCase]:
+    """Drawn cases for the act-order laws: an int group size with at least two groups per row."""
+    return quant_cases().filter(lambda c: isinstance(c.granularity, int) and c.K // c.granularity >= 2)
+
+
+def make_g_idx(case: QCase, seed: int, device: str) -> torch.Tensor:
+    """An act-order g_idx (K,) for the case: the columns in a drawn processing order, group
+    i // g for the i-th (``act_order_g_idx``). Never the identity grouping k // g: where the
+    drawn order keeps every column in its group, the groups are rotated by one."""
+    from conformance.contracts.quantization import act_order_g_idx
+
+    g = torch.Generator().manual_seed(seed + 104729)
+    g_idx = act_order_g_idx(torch.randperm(case.K, generator=g), case.group_size)
+    plain = torch.arange(case.K) // case.group_size
+    if torch.equal(g_idx, plain):
+        g_idx = (plain + 1) % (case.K // case.group_size)
+    return g_idx.to(device)
+
+
+def quantize(impl, w: torch.Tensor, case: QCase, g_idx: torch.Tensor | None = None):
+    """impl.quantize(w, bits=, granularity=) (and g_idx= when given); a NotImplementedError
+    discards the example inside a law (``run_law`` turns "every example refused" into
+    "unsupported") and skips the test as "unsupported" outside one; never a pass."""
+    extra = {} if g_idx is None else {"g_idx": g_idx}
     try:
-        qw = impl.quantize(w, bits=case.bits, granularity=case.granularity)
+        qw = impl.quantize(w, bits=case.bits, granularity=case.granularity, **extra)
     except NotImplementedError as exc:
         reason = f"{getattr(impl, 'name', impl)} refuses {w.dtype}, bits={case.bits}, granularity={case.granularity!r}: {exc}"
         if currently_in_test_context():
@@ -157,3 +178,13 @@ def quantize(impl, w: torch.Tensor, case: QCase):
         unsupported(reason)
     _Support.ran += 1
     return qw
+
+
+def check_matmul(out, x, d, case, what="matmul(x, qw)"):
+    """The tolerance policy's ``quant-matmul`` rule: out vs x @ d.T in float64 (out_ref), with the
+    naive dequantize-then-multiply in x's dtype (out_pt)."""
+    assert tuple(out.shape) == (case.M, case.N), f"matmul returned {tuple(out.shape)}, expected {(case.M, case.N)}"
+    assert out.dtype == x.dtype, f"matmul returned {out.dtype}, x is {x.dtype}"
+    out_ref = x.double() @ d.double().T
+    out_pt = x @ d.T
+    return check_close(out, out_ref, out_pt=out_pt, rule="quant-matmul", what=f"{what} ({case})").check()

@@ -30,11 +30,14 @@ from conformance.outcomes import unsupported
 
 def _tensors(x: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
     """Every tensor inside ``x`` (tensors, modules' parameters and buffers, tuples, lists, dicts,
-    dataclasses), with its path."""
+    dataclasses; a traceable tensor subclass by its inner tensors), with its path."""
     if isinstance(x, torch.Tensor):
+        if hasattr(x, "__tensor_flatten__"):      # a tensor subclass (torchao's quantized weights)
+            names, _ = x.__tensor_flatten__()
+            return [t for n in names for t in _tensors(getattr(x, n), f"{path}.{n}")]
         return [(path, x)]
     if isinstance(x, torch.nn.Module):
-        return [(f"{path}.{k}", v) for k, v in x.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)]
+        return [t for k, v in x.state_dict(keep_vars=True).items() for t in _tensors(v, f"{path}.{k}")]
     if isinstance(x, (tuple, list)):
         return [t for i, v in enumerate(x) for t in _tensors(v, f"{path}[{i}]")]
     if isinstance(x, dict):

@@ -9,6 +9,10 @@ registered implementation.
 - QT-2: quantize(dequantize(.)) is idempotent, exactly (float32 and float64 outputs: the only
   formats that hold code x scale exactly), and packing round trips exactly.
 - QT-9: matmul(x, qw) equals x @ dequantize(qw).T by the tolerance rule ``quant-matmul``.
+- Act-order (GPTQ's ``g_idx``, for implementations whose quantize accepts it): QT-1 per g_idx
+  group and QT-9, on drawn column-to-group assignments that are never the identity.
+
+The methods and the model experiments (QT-3..QT-8) are in ``properties/test_quantization_methods.py``.
 
 The known-bad implementations (``properties/zoo_quantization.py``) are each shown rejected, and
 the pinned examples are shown to reach the boundary classes in every Hypothesis profile.
@@ -31,7 +35,10 @@ from properties.quantization_cases import (
     DTYPES,
     REQUIRED_CLASSES,
     QCase,
+    act_order_cases,
     boundary_classes,
+    check_matmul,
+    make_g_idx,
     make_weight,
     make_x,
     quant_cases,
@@ -43,6 +50,7 @@ TECH = "quantization"
 QT1_ZOO = ("floor_not_round", "scale_pow2_clamped", "scales_wrong_groups", "zero_point_off_by_one",
            "zero_points_wrong_interleave")
 QT9_ZOO = ("nibbles_swapped_in_matmul",)
+ACT_ORDER_ZOO = ("g_idx_ignored",)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -229,16 +237,6 @@ def test_qt2_packing_order_and_zero_point_probes():
 
 
 # -------------------------------------------------------------------------------------- QT-9
-def check_matmul(out, x, d, case, what="matmul(x, qw)"):
-    """The tolerance policy's ``quant-matmul`` rule: out vs x @ d.T in float64 (out_ref), with the
-    naive dequantize-then-multiply in x's dtype (out_pt)."""
-    assert tuple(out.shape) == (case.M, case.N), f"matmul returned {tuple(out.shape)}, expected {(case.M, case.N)}"
-    assert out.dtype == x.dtype, f"matmul returned {out.dtype}, x is {x.dtype}"
-    out_ref = x.double() @ d.double().T
-    out_pt = x @ d.T
-    return check_close(out, out_ref, out_pt=out_pt, rule="quant-matmul", what=f"{what} ({case})").check()
-
-
 @FEW
 @given(case=quant_cases(), seed=S.seeds)
 @_examples
@@ -318,8 +316,17 @@ def test_invalid_calls_raise(impl, device):
     cache = {}
 
     def qw(impl):
+        """A valid qw: 4 bits in groups of 4, else 8 bits per channel (an implementation that
+        refuses both has its matmul calls skipped)."""
         if "qw" not in cache:
-            cache["qw"] = impl.quantize(w, bits=4, granularity=4)
+            for bits, gran in ((4, 4), (8, "channel")):
+                try:
+                    cache["qw"] = impl.quantize(w, bits=bits, granularity=gran)
+                    break
+                except NotImplementedError:
+                    continue
+            else:
+                pytest.skip(f"{impl.name} refuses 4 bits in groups of 4 and 8 bits per channel")
         return cache["qw"]
 
     for what, call in _bad_calls(w, x, qw).items():
@@ -328,276 +335,102 @@ def test_invalid_calls_raise(impl, device):
             pytest.fail(f"{impl.name} accepted an invalid call ({what})")
 
 
-# -------------------------------------------------------------------------------------- QT-7
-def _smooth_product_law(migrate, x, w, alpha):
-    """(x / s) @ (w * s).T equals x @ w.T by the float64 rule (exact class)."""
-    xs, ws, _ = migrate(x, w, alpha)
-    return check_close(xs @ ws.T, x @ w.T, what=f"smoothed product (alpha={alpha:g})").check()
+# ------------------------------------------------------------------- act-order (g_idx), QT-1/QT-9
+#: Pinned act-order cases: groups of different magnitudes (and an all-zero one), so a column
+#: dequantized with another group's scale shows; K // g = 4 and 3 groups, decode and tiled M.
+ACT_ORDER_EXAMPLES = (QCase(3, 32, 4, 8, ("normal", "zero", "pos", "outlier"), M=5),
+                      QCase(2, 48, 3, 16, ("normal", "neg", "normal"), M=17))
 
 
-def _migrate_wrong_axis(x, w, alpha):
-    """A known-bad migration: the weight scaled along its output rows instead of its input columns."""
-    from reference.quantization import smoothquant_scales
-
-    s = smoothquant_scales(x, w, alpha)
-    ws = w.clone()
-    n = min(w.shape[0], s.shape[0])
-    ws[:n] = w[:n] * s[:n, None]
-    return x / s, ws, s
+def _act_order_examples(law):
+    for i, case in enumerate(ACT_ORDER_EXAMPLES):
+        law = example(case=case, seed=i + 1)(law)
+    return law
 
 
-@pytest.mark.claim("QT-7")
-@settings(max_examples=10)
-@given(M=st.integers(1, 12), N=st.integers(1, 12), K=st.integers(2, 40), alpha=st.floats(0.0, 1.0),
-       outlier=st.sampled_from([1.0, 100.0]), seed=S.seeds)
-@example(M=8, N=6, K=16, alpha=0.5, outlier=100.0, seed=3)
-def test_qt7_smoothquant_migration_keeps_the_product(M, N, K, alpha, outlier, seed):
-    """QT-7: SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), x diag(s)^-1 · diag(s) w^T,
-    leaves the float64 product unchanged (float64 rule, 1e-12 relative), with an outlier
-    activation channel (x100, as QT-5 builds it); a wrong-axis migration is rejected."""
-    from reference.quantization import smoothquant_migrate
+def accepts_g_idx(impl) -> bool:
+    """True when the implementation's quantize takes the optional ``g_idx`` keyword."""
+    import inspect
 
-    x = S.randn((M, K), seed)
-    x[:, seed % K] *= outlier
-    w = S.randn((N, K), seed + 1) * 0.07
-    _smooth_product_law(smoothquant_migrate, x, w, alpha)
-    if alpha > 0.05 and outlier > 1 and N > 1:
-        with pytest.raises(AssertionError):
-            _smooth_product_law(_migrate_wrong_axis, x, w, alpha)
-        results.current.reset()
+    try:
+        params = inspect.signature(impl.quantize).parameters
+    except (TypeError, ValueError):
+        return False
+    return "g_idx" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-@pytest.mark.claim("QT-7")
-def test_qt7_smoothing_flattens_the_outlier_channel():
-    """At alpha = 0.5 the outlier channel's activation range shrinks to the geometric mean of
-    the activation and weight ranges: the max / median channel ratio drops (the point of
-    migrating), while the product stays equal (recorded)."""
-    from reference.quantization import smoothquant_migrate
-
-    x = S.randn((64, 32), 5)
-    x[:, 5] *= 100.0
-    w = S.randn((48, 32), 6) * 0.07
-    xs, ws, s = smoothquant_migrate(x, w, 0.5)
-    v = _smooth_product_law(smoothquant_migrate, x, w, 0.5)
-
-    def ratio(t):
-        m = t.abs().amax(dim=0)
-        return float(m.max() / m.median())
-
-    before, after = ratio(x), ratio(xs)
-    assert after < before / 5, f"max/median activation channel ratio {before:.1f} -> {after:.1f}"
-    rel = v.error / float((x @ w.T).abs().max())
-    results.record("QT-7", measured=rel, bound=1e-12,
-                   unit="max |(x/s)(w s)^T - x w^T| / max|x w^T|",
-                   rule="float64 rule: product unchanged by the migration (the W8A8 NLL half of QT-7 is not measured)",
-                   what=f"activation max/median channel ratio {before:.1f} -> {after:.1f} at alpha 0.5")
+@given(case=act_order_cases(), seed=S.seeds)
+@_act_order_examples
+def law_act_order_half_step(impl, device, dtype, case, seed):
+    """QT-1 under act-order: every element within half a step of its g_idx group."""
+    g_idx = make_g_idx(case, seed, device)
+    note(f"{case}, g_idx={g_idx.tolist()}")
+    w = make_weight(case, seed, dtype, device)
+    d = impl.dequantize(quantize(impl, w, case, g_idx))
+    assert tuple(d.shape) == tuple(w.shape) and d.dtype == w.dtype, (tuple(d.shape), d.dtype)
+    bound = contract.half_step_bound(w, case.bits, case.granularity, symmetric(impl), g_idx=g_idx)
+    check_within(d, w, bound, what=f"reconstruction of w under g_idx ({case})", rule="QT-1 half step per g_idx group").check()
 
 
-# -------------------------------------------------------------------------------------- QT-4
-@pytest.mark.claim("QT-4")
-def test_qt4_exercise6_step_and_snr():
-    """Exercise 6 (lecture 001 §5.2): max|w| = 0.323, std 0.067, per-tensor 4 bits: s = 0.323 / 7
-    ≈ 0.046 and, with rounding noise uniform on [-s/2, s/2] (variance s²/12), SNR = std² / (s²/12)
-    ≈ 25 (14 dB); one outlier of 3.0 makes s = 3 / 7 ≈ 0.43 and SNR ≈ 0.3. Then the same on a
-    weight drawn to those figures (65,536 N(0, 0.067²) values, the largest set to 0.323), quantized
-    by the reference: the measured SNR matches the formula without the outlier; with it nearly
-    every weight rounds to 0, so the noise is the weight itself and the measured SNR is about 1
-    (0 dB), not 0.3: the uniform-noise model stops holding once s is several standard deviations."""
-    import math
-
-    from conformance.tolerance import assert_scalar
-    from reference import quantization as ref
-
-    std, wmax = 0.067, 0.323
-    s = wmax / 7
-    snr = std ** 2 / (s ** 2 / 12)
-    s_out = 3.0 / 7
-    snr_out = std ** 2 / (s_out ** 2 / 12)
-    assert_scalar(s, 0.046, rel=0.01, what="step at 4 bits, per tensor")
-    assert_scalar(snr, 25, rel=0.03, what="SNR (uniform rounding noise)")
-    assert_scalar(10 * math.log10(snr), 14, rel=0.03, what="SNR in dB")
-    assert_scalar(s_out, 0.43, rel=0.01, what="step with an outlier of 3.0")
-    assert_scalar(snr_out, 0.3, rel=0.03, what="SNR with the outlier (formula)")
-
-    w = S.randn((512, 128), 11) * std
-    w.view(-1)[w.abs().argmax()] = wmax
-
-    def measured_snr(w):
-        d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
-        return float(w.var() / ((w - d) ** 2).mean())
-
-    snr_w = measured_snr(w)
-    w_out = w.clone()
-    w_out[0, 0] = 3.0
-    snr_w_out = measured_snr(w_out)
-    assert abs(snr_w / snr - 1) < 0.1, f"measured SNR {snr_w:.2f} vs the formula's {snr:.2f}"
-    assert 0.8 < snr_w_out < 1.3, f"with the outlier the measured SNR is {snr_w_out:.2f}"
-    results.current.reset()
-    results.record("QT-4", measured=round(snr, 2), lecture="s ≈ 0.046, SNR ≈ 25 (14 dB); outlier: s ≈ 0.43, SNR ≈ 0.3",
-                   unit="SNR (formula std² / (s²/12))",
-                   rule="exercise 6 recomputed: s = 0.0461, SNR 25.3 (14.0 dB); outlier: s = 0.429, SNR 0.29",
-                   what=(f"measured on a drawn weight by the reference quantizer: SNR {snr_w:.1f}; with the "
-                         f"outlier {snr_w_out:.2f} (the uniform-noise formula's 0.29 does not hold there)"))
+@FEW
+@given(case=act_order_cases(), seed=S.seeds)
+@_act_order_examples
+def law_act_order_matmul(impl, device, dtype, case, seed):
+    """QT-9 under act-order: matmul(x, qw) equals x @ dequantize(qw).T."""
+    g_idx = make_g_idx(case, seed, device)
+    note(f"{case}, g_idx={g_idx.tolist()}")
+    w = make_weight(case, seed, dtype, device, extreme=False)
+    qw = quantize(impl, w, case, g_idx)
+    x = make_x(case, seed, dtype, device)
+    check_matmul(impl.matmul(x, qw), x, impl.dequantize(qw), case, what="matmul(x, qw) under g_idx")
 
 
-# -------------------------------------------------------------------------------------- QT-5
-@pytest.mark.claim("QT-5")
-def test_qt5_outlier_construction_keeps_the_function():
-    """QT-5 on the shipped target model in float64: channel 5 of every block's norms x100 and the
-    matching input columns of the next Linear layers /100 leave the logits equal (float64 rule)
-    and the test NLL unchanged, while the first block's normalized activations get an outlier
-    channel (its max |value| far above every other channel's; lecture: 286.0 vs 4.6, median 2.8)."""
-    from reference.quantization import make_outlier_channel
-    from smallworld import checkpoints, data
-
-    model = checkpoints.load_model("target", dtype=torch.float64)
-    outl = make_outlier_channel(model, channel=5, factor=100.0)
-    docs = data.split("test", data.TEST_SUBSET)
-    inputs, _ = data.pad_batch(data.encode(docs[:16]))
-    with torch.no_grad():
-        check_close(outl(inputs), model(inputs), what="logits after the outlier construction").check()
-    nll, nll_outl = data.nll(model, docs), data.nll(outl, docs)
-    assert abs(nll_outl - nll) <= 1e-9 * nll, f"NLL {nll} -> {nll_outl}"
-
-    seen = []
-    hook = outl.blocks[0].attn_norm.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
-    with torch.no_grad():
-        outl(inputs)
-    hook.remove()
-    per_channel = seen[0].abs().amax(dim=(0, 1))                       # (d_model,)
-    top2 = per_channel.topk(2).values.tolist()
-    median = float(per_channel.median())
-    assert int(per_channel.argmax()) == 5 and top2[0] > 20 * top2[1], (top2, median)
-    results.record("QT-5", measured=round(top2[0], 1), lecture="NLL 1.3481 unchanged; channel max 286.0, next 4.6, median 2.8",
-                   unit="max |activation| of the outlier channel (first block's norm output)",
-                   rule="logits equal by the float64 rule; NLL equal to 1e-9",
-                   what=(f"target model, {data.TEST_SUBSET} test documents: NLL {nll:.4f} -> {nll_outl:.4f}; channel "
-                         f"max {top2[0]:.1f}, next {top2[1]:.2f}, median {median:.2f}"))
+def _need_g_idx(impl):
+    if not accepts_g_idx(impl):
+        pytest.skip(f"{impl.name}'s quantize does not take the optional g_idx keyword (act-order)")
 
 
-# -------------------------------------------------------------------------------------- QT-3
-QT3_BITS = (8, 6, 4, 3, 2)
-QT3_GRANULARITIES = ("tensor", "channel", 128, 32)
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-1")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
+def test_act_order_within_half_step(impl, device, dtype):
+    _need_g_idx(impl)
+    run_law(law_act_order_half_step, impl, device, dtype)
 
 
-@pytest.mark.claim("QT-3")
-def test_qt3_nll_vs_bits_and_granularity():
-    """QT-3 on the shipped target model (float32, the first 64 test documents), weight-only
-    round-to-nearest absmax on every block Linear (groups padded with zero columns where they do
-    not divide K = 328), bits {8, 6, 4, 3, 2} x granularity {tensor, channel, group 128, group 32}.
-    The lecture's statements, as rules on the relative NLL increase: 8 and 4 bits almost lossless
-    (<= 1% at every granularity), 3 bits lose a little (the worst granularity loses more than 1%,
-    at most 10%), 2 bits per tensor collapse (>= +50%) while groups of 32 stay usable (<= +5%);
-    a 16-bit scale per group of 32 costs 0.5 extra bits per value. Every (bits, granularity) NLL
-    is recorded for the report's plot."""
-    from optimized import quant_torch
-    from reference.quantization import bits_per_value, quantize_model_weights
-    from smallworld import checkpoints, data
-
-    model = checkpoints.load_model("target", dtype=torch.float32)
-    docs = data.split("test", data.TEST_SUBSET)
-    base = data.nll(model, docs)
-
-    def qd(w, bits, granularity):
-        return quant_torch.dequantize(quant_torch.quantize(w, bits=bits, granularity=granularity))
-
-    loss = {}
-    for bits in QT3_BITS:
-        for gran in QT3_GRANULARITIES:
-            nll = data.nll(quantize_model_weights(model, qd, bits=bits, granularity=gran), docs)
-            loss[bits, gran] = nll / base - 1
-            results.record("QT-3", measured=round(nll, 4), lecture="8/4 bits almost lossless; 3 bits lose a little; "
-                           "2 bits per tensor collapse, small groups usable", unit="test NLL (nats/token)",
-                           rule=f"weight-only RTN absmax, {bits} bits, granularity {gran}; unquantized {base:.4f}",
-                           bits=bits, nll=nll, granularity=gran, implementation="torch",
-                           bits_per_value=bits_per_value(bits, gran, 328, 128))
-    table = {f"{b}/{g}": f"{100 * v:+.2f}%" for (b, g), v in loss.items()}
-
-    assert max(loss[8, g] for g in QT3_GRANULARITIES) <= 0.01, table
-    assert max(loss[4, g] for g in QT3_GRANULARITIES) <= 0.01, table
-    assert 0.01 < max(loss[3, g] for g in QT3_GRANULARITIES) <= 0.10, table
-    assert loss[2, "tensor"] >= 0.5 and loss[2, 32] <= 0.05, table
-    assert bits_per_value(4, 32, 328, 128) - 4 == 0.5
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-9")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_act_order_matmul(impl, device, dtype):
+    _need_g_idx(impl)
+    run_law(law_act_order_matmul, impl, device, dtype)
 
 
-# ------------------------------------------------------------------------------ QT-6, QT-7
-@pytest.mark.claim("QT-6", "QT-7")
-def test_qt6_qt7_activation_quantization_with_an_outlier_channel():
-    """QT-6 and QT-7's second half on the target model with QT-5's outlier channel (float32, the
-    first 32 test documents): W8A8 (weights per channel at 8 bits, activations dynamic per tensor
-    or per token) at 8 and 6 activation bits; the lecture's statements as rules: per-tensor and
-    per-token activation quantization collapse at 6 bits (NLL >= +20%); LLM.int8()'s
-    decomposition (input columns above 6.0 kept in float) recovers fully (<= +0.5%); after
-    SmoothQuant (alpha 0.5, 16 validation documents for calibration) W8A8 per token at 8 bits
-    keeps the NLL (<= +0.5%), and so does 6 bits per tensor, which collapsed without it."""
-    from reference.quantization import make_outlier_channel, smoothquant_model, w8a8_model
-    from smallworld import checkpoints, data
-
-    model = checkpoints.load_model("target", dtype=torch.float32)
-    outl = make_outlier_channel(model)
-    docs = data.split("test", 32)
-    cal, _ = data.pad_batch(data.encode(data.split("val", 16)))
-    smooth = smoothquant_model(outl, cal, alpha=0.5)
-    base = data.nll(model, docs)
-    nll = {}
-    with torch.no_grad():
-        for bits in (8, 6):
-            for g in ("tensor", "token"):
-                nll[f"W8A{bits} per {g}"] = data.nll(w8a8_model(outl, act_bits=bits, act_granularity=g), docs)
-        nll["LLM.int8()"] = data.nll(w8a8_model(outl, int8_decomposition=True), docs)
-        nll["SmoothQuant W8A8 per token"] = data.nll(w8a8_model(smooth, act_bits=8, act_granularity="token"), docs)
-        nll["SmoothQuant W8A6 per tensor"] = data.nll(w8a8_model(smooth, act_bits=6, act_granularity="tensor"), docs)
-    rel = {k: v / base - 1 for k, v in nll.items()}
-    for k, v in nll.items():
-        claim = "QT-7" if k.startswith("SmoothQuant") else "QT-6"
-        results.record(claim, measured=round(v, 4), unit="test NLL (nats/token), outlier model",
-                       lecture="collapse at 6 bits; LLM.int8() recovers fully" if claim == "QT-6" else "W8A8 after smoothing keeps NLL",
-                       rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.2f}%)", nll=v)
-    table = {k: f"{100 * v:+.2f}%" for k, v in rel.items()}
-    assert rel["W8A6 per tensor"] >= 0.2 and rel["W8A6 per token"] >= 0.2, table
-    assert abs(rel["LLM.int8()"]) <= 0.005, table
-    assert abs(rel["SmoothQuant W8A8 per token"]) <= 0.005, table
-    assert abs(rel["SmoothQuant W8A6 per tensor"]) <= 0.005, table
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-1")
+@pytest.mark.kills(*ACT_ORDER_ZOO)
+def test_act_order_zoo_rejected(bad_impl, device):
+    expect_rejected(law_act_order_half_step, bad_impl, device, torch.float64)
 
 
-# -------------------------------------------------------------------------------------- QT-8
-@pytest.mark.claim("QT-8")
-def test_qt8_gptq_and_awq_no_worse_than_rtn_on_calibration():
-    """QT-8 on the target model's layers (float64): for wq and w_up (groups of 32) and w_down
-    (per channel, K = 328) of every block, at 4 and 3 bits, with calibration inputs from 16
-    validation documents (each layer's own inputs), GPTQ's error-compensated rounding and AWQ's
-    activation-aware scaling reconstruct the layer's output X W^T on the calibration set with
-    a squared error no larger than round-to-nearest's at the same bits and groups."""
-    from reference.quantization import awq, gptq, rtn_absmax
-    from smallworld import checkpoints, data
+def test_act_order_examples_are_not_the_identity():
+    """The pinned act-order examples move columns between groups (else g_idx would test nothing)."""
+    for i, case in enumerate(ACT_ORDER_EXAMPLES):
+        g_idx = make_g_idx(case, i + 1, "cpu")
+        assert not torch.equal(g_idx, torch.arange(case.K) // case.group_size), case
 
-    model = checkpoints.load_model("target", dtype=torch.float64)
-    cal, _ = data.pad_batch(data.encode(data.split("val", 16)))
-    layers, seen, hooks = {}, {}, []
-    for i, b in enumerate(model.blocks):
-        for name, lin in (("wq", b.attn.wq), ("w_up", b.mlp.w_up), ("w_down", b.mlp.w_down)):
-            layers[i, name] = lin
-            hooks.append(lin.register_forward_pre_hook(
-                lambda m, a, key=(i, name): seen.__setitem__(key, a[0].detach().reshape(-1, a[0].shape[-1]))))
-    with torch.no_grad():
-        model(cal)
-    for h in hooks:
-        h.remove()
-    ratios = {}
-    for key, lin in layers.items():
-        X, w = seen[key], lin.weight.detach()
-        ref_out = X @ w.T
-        g = 32 if w.shape[1] % 32 == 0 else w.shape[1]
-        for bits in (4, 3):
-            def err(wq):
-                return float(((X @ wq.T - ref_out) ** 2).sum())
-            e_rtn = err(rtn_absmax(w, bits, g))
-            ratios[f"block{key[0]}.{key[1]} {bits}b"] = (err(gptq(w, X, bits, g)) / e_rtn, err(awq(w, X, bits, g)) / e_rtn)
-    worst_gptq = max(r[0] for r in ratios.values())
-    worst_awq = max(r[1] for r in ratios.values())
-    for method, worst, median in (("GPTQ", worst_gptq, sorted(r[0] for r in ratios.values())[len(ratios) // 2]),
-                                  ("AWQ", worst_awq, sorted(r[1] for r in ratios.values())[len(ratios) // 2])):
-        results.record("QT-8", measured=round(worst, 3), bound=1.0, lecture=f"{method} no worse than round-to-nearest",
-                       unit=f"{method} / RTN squared output error on the calibration set (worst of {len(ratios)} layers x bits)",
-                       rule="<= 1 for every layer and bit width", what=f"{method} median ratio {median:.3f}")
-    assert worst_gptq <= 1.0 and worst_awq <= 1.0, ratios
+
+@pytest.mark.technique(TECH)
+def test_act_order_invalid_g_idx_raises(impl, device):
+    """A bad g_idx raises ValueError/TypeError naming it: wrong length, a group index out of
+    range, groups of unequal size, a float tensor, with a named granularity."""
+    _need_g_idx(impl)
+    w = S.randn((4, 8), 1, dtype=torch.float32, device=device)
+    good = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0], device=device)
+    bad = {"wrong length": (good[:-1], 4), "index out of range": (good + 1, 4),
+           "unequal groups": (torch.tensor([0, 0, 0, 0, 0, 1, 1, 1], device=device), 4),
+           "float": (good.float(), 4), "named granularity": (good, "channel")}
+    for what, (g_idx, gran) in bad.items():
+        with pytest.raises((ValueError, TypeError), match="g_idx"):
+            impl.quantize(w, bits=4, granularity=gran, g_idx=g_idx)
+            pytest.fail(f"{impl.name} accepted a bad g_idx ({what})")

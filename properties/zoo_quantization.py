@@ -1,11 +1,14 @@
 """Known-bad quantization implementations (the bug zoo): each is a classic weight-quantization bug,
 and a law of ``properties/test_quantization.py`` must reject every one (QT-1 for the
-quantize/dequantize bugs, QT-9 for the one that only the fused product gets wrong).
+quantize/dequantize bugs, QT-9 for the one that only the fused product gets wrong; the act-order
+law for the one that ignores ``g_idx``).
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
 rounding) makes them wrong. The packed layout is the one of ``optimized/quant_torch.py``.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -21,6 +24,30 @@ def _swap_order(u: torch.Tensor, bits: int, L: int) -> torch.Tensor:
     return full[:, :L]
 
 
+# ------------------------------------------------------------------ act-order (g_idx) entries
+class _IgnoresGIdx:
+    """Quantizes by the act-order groups of ``g_idx`` (as a GPTQ checkpoint stores them), but
+    dequantize and matmul read column k's scale and zero point from group k // group_size, as
+    a kernel written for plain groups does."""
+
+    name = "g_idx_ignored"
+    symmetric = True
+
+    def quantize(self, w, *, bits, granularity, g_idx=None):
+        return quant_torch.quantize(w, bits=bits, granularity=granularity, g_idx=g_idx)
+
+    def dequantize(self, qw):
+        qw = quant_torch.check_packed(qw)
+        return quant_torch.dequantize(dataclasses.replace(qw, g_idx=None))
+
+    def matmul(self, x, qw):
+        return quant_torch.matmul(x, dataclasses.replace(quant_torch.check_packed(qw), g_idx=None))
+
+
+g_idx_ignored = _IgnoresGIdx()
+
+
+# -------------------------------------------------------------------------- scheme entries
 class _Bad:
     """A quantizer with one bug switched on (see each instance's docstring below)."""
 

@@ -6,7 +6,8 @@ An implementation is an object (or module) providing
     dequantize(qw) -> Tensor
     matmul(x, qw) -> Tensor
 
-and, optionally, an attribute ``symmetric: bool`` (default True) that names its scheme.
+and, optionally, an attribute ``symmetric: bool`` (default True) that names its scheme, and a
+keyword ``quantize(..., g_idx=None)`` for GPTQ's act-order (below).
 
 ``w`` is a Linear weight (N, K), float64 / float32 / float16 / bfloat16, finite. ``bits`` is an
 int in 2..8. ``granularity`` is ``"tensor"`` (one scale for all of w), ``"channel"`` (one scale
@@ -34,6 +35,16 @@ Every reconstructed element lies within s/2 of w (QT-1), up to the stored scale'
 (2^-12 of s/2) and the output dtype's rounding (half an ulp at |w| + s/2, and half the dtype's
 subnormal spacing). An all-zero group has
 s = 0 and must come back as zeros.
+
+Act-order (optional keyword ``g_idx``, as GPTQ checkpoints store it): with an int group size g,
+``g_idx`` is a (K,) integer tensor giving the group of every input column; each group
+0..K/g - 1 holds exactly g columns, not necessarily consecutive ones. GPTQ with act-order
+processes the columns in decreasing order of the Hessian's diagonal and forms the groups in that
+order: ``g_idx[order[i]] = i // g`` (:func:`act_order_g_idx`). The codes stay in column order;
+column k is dequantized with the scale and zero point of group ``g_idx[k]``. The step of a
+column is its g_idx group's (``step(..., g_idx=)``), and QT-1, QT-9 hold as without it. An
+implementation that accepts the keyword gets the act-order laws; ``g_idx=None`` means
+``k // g``.
 
 Unsupported inputs: an implementation may raise ``NotImplementedError`` for a (bits,
 granularity, dtype) it does not support (the suite reports "unsupported", never a pass); at least
@@ -140,6 +151,41 @@ def validate_quantize(w, bits, granularity) -> QuantShape:
     return QuantShape(N, K, b, granularity, g)
 
 
+def validate_g_idx(g_idx, K: int, granularity) -> torch.Tensor:
+    """Check an act-order ``g_idx`` for a weight of K columns; return it as int64 on its device.
+    Raises TypeError (not a tensor, not an integer dtype) or ValueError (a named granularity:
+    g_idx needs an int group size; not of shape (K,); a group index outside 0..K/g - 1; a group
+    that does not hold exactly g columns), naming ``g_idx``."""
+    if not isinstance(g_idx, torch.Tensor):
+        raise TypeError(f"g_idx must be a torch.Tensor (K,) of group indices, got {type(g_idx).__name__}")
+    if g_idx.dtype.is_floating_point or g_idx.dtype.is_complex or g_idx.dtype == torch.bool:
+        raise TypeError(f"g_idx must have an integer dtype, got {g_idx.dtype}")
+    if isinstance(granularity, str):
+        raise ValueError(f"g_idx needs an int group size as granularity, got {granularity!r}")
+    g = validate_granularity(granularity, K)
+    if tuple(g_idx.shape) != (K,):
+        raise ValueError(f"g_idx must have shape (K,) = ({K},), got {tuple(g_idx.shape)}")
+    idx = g_idx.to(torch.int64)
+    groups = K // g
+    if int(idx.min()) < 0 or int(idx.max()) >= groups:
+        raise ValueError(f"g_idx values must lie in 0..{groups - 1} (K // group size), "
+                         f"got {int(idx.min())}..{int(idx.max())}")
+    counts = torch.bincount(idx.cpu(), minlength=groups)
+    if not bool((counts == g).all()):
+        raise ValueError(f"every group must hold exactly {g} columns in g_idx, got counts {counts.tolist()}")
+    return idx
+
+
+def act_order_g_idx(order: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GPTQ's act-order group index: ``order`` (K,) is the permutation in which the columns are
+    processed (decreasing Hessian diagonal); the i-th processed column joins group i // g, so
+    ``g_idx[order[i]] = i // group_size``. Returns (K,) int64 on order's device."""
+    order = order.to(torch.int64)
+    g_idx = torch.empty_like(order)
+    g_idx[order] = torch.arange(order.numel(), device=order.device) // group_size
+    return g_idx
+
+
 def validate_matmul(x, *, K: int, dtype: torch.dtype, device: torch.device) -> int:
     """Check matmul's x against the quantized weight's K, dtype and device; return M. Raises
     TypeError (x not a tensor, x's dtype not the weight's) or ValueError (x not 2-D (M, K), M = 0,
@@ -165,11 +211,17 @@ def levels(bits: int, symmetric: bool) -> int:
     return 2 ** (bits - 1) - 1 if symmetric else 2 ** bits - 1
 
 
-def step(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> torch.Tensor:
+def step(w: torch.Tensor, bits: int, granularity, symmetric: bool = True, g_idx=None) -> torch.Tensor:
     """The contract's step s of each element's group, (N, K) float64 (see the module docstring):
     symmetric s = max|w_group| / (2^(b-1) - 1); asymmetric s = (max(max w_group, 0) -
-    min(min w_group, 0)) / (2^b - 1). Raises as :func:`validate_quantize`."""
+    min(min w_group, 0)) / (2^b - 1); with ``g_idx`` the groups are its (act-order). Raises as
+    :func:`validate_quantize` and :func:`validate_g_idx`."""
     shape = validate_quantize(w, bits, granularity)
+    if g_idx is not None:
+        order = torch.argsort(validate_g_idx(g_idx, shape.K, granularity).cpu(), stable=True).to(w.device)
+        s = torch.empty(shape.N, shape.K, dtype=torch.float64, device=w.device)
+        s[:, order] = step(w[:, order], bits, granularity, symmetric)      # groups made consecutive
+        return s
     w64 = w.detach().to(torch.float64)
     if granularity == "tensor":
         groups = w64.reshape(1, 1, -1)
@@ -185,12 +237,12 @@ def step(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> tor
     return s.repeat_interleave(shape.group_size, dim=-1)          # (N, K)
 
 
-def half_step_bound(w: torch.Tensor, bits: int, granularity, symmetric: bool = True) -> torch.Tensor:
+def half_step_bound(w: torch.Tensor, bits: int, granularity, symmetric: bool = True, g_idx=None) -> torch.Tensor:
     """QT-1's bound per element, (N, K) float64: s/2 (1 + 2^-12) plus the output dtype's own
     rounding: half an ulp at |w| + s/2, plus half its subnormal spacing (a group made of
     subnormals comes back on the dtype's subnormal grid; a float32 scale of such a group is
     itself subnormal)."""
-    s = step(w, bits, granularity, symmetric)
+    s = step(w, bits, granularity, symmetric, g_idx)
     fin = torch.finfo(w.dtype)
     spacing = fin.tiny * fin.eps                 # the dtype's subnormal spacing (its smallest step)
     return s / 2 * (1 + SCALE_SLACK) + fin.eps / 2 * (w.detach().abs().to(torch.float64) + s / 2) + spacing / 2
@@ -208,6 +260,21 @@ QUANT_MATMUL_RULE = tolerance.NaiveMultipleRule(
 tolerance.register_rule("quant-matmul", QUANT_MATMUL_RULE)
 
 
+def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
+    """Small valid quantize calls for the checks every contract gets (w not mutated, every
+    output element finite, identical repeats): 4 bits in groups of 8 (float32), int8 per channel
+    with odd K (bfloat16), 3 bits in groups of 16 (float16), 2 bits per tensor (float64), weights
+    of real magnitude (std 0.05, one outlier of 1.0)."""
+    out = []
+    for i, (N, K, bits, gran, dt) in enumerate([(8, 32, 4, 8, torch.float32), (5, 33, 8, "channel", torch.bfloat16),
+                                                (4, 64, 3, 16, torch.float16), (6, 7, 2, "tensor", torch.float64)]):
+        g = torch.Generator().manual_seed(1000 * seed + i)
+        w = 0.05 * torch.randn(N, K, generator=g, dtype=torch.float64)
+        w[0, K // 2] = 1.0
+        out.append(((w.to(device=device, dtype=dt),), {"bits": bits, "granularity": gran}))
+    return out
+
+
 CONTRACT = Contract(
     technique="quantization",
     functions=("quantize", "dequantize", "matmul"),
@@ -219,8 +286,17 @@ CONTRACT = Contract(
         "torch_asym": "optimized.quant_torch:ASYMMETRIC",
         "triton": "optimized.quant_matmul:SYMMETRIC",
         "triton_asym": "optimized.quant_matmul:ASYMMETRIC",
+        # torchao's weight-only quantization (optimized/outside_adapters.py), CPU and CUDA;
+        # listed as unavailable where torchao is not installed
+        "torchao_int8": "optimized.outside_adapters:torchao_int8",
+        "torchao_intx": "optimized.outside_adapters:torchao_intx",
     },
+    needs={"torchao_int8": "torchao", "torchao_intx": "torchao"},
+    cases="conformance.contracts.quantization:cases",
     zoo={
+        # act-order
+        "g_idx_ignored": "properties.zoo_quantization:g_idx_ignored",
+        # schemes and packing
         "floor_not_round": "properties.zoo_quantization:floor_not_round",
         "scale_pow2_clamped": "properties.zoo_quantization:scale_pow2_clamped",
         "scales_wrong_groups": "properties.zoo_quantization:scales_wrong_groups",
