@@ -1,4 +1,4 @@
-"""Lockstep A/B: two benchmark processes (sides A and B) that take turns benchmark by benchmark.
+"""Lockstep A/B: two benchmark processes (sides A and B) that take turns, never timing at once.
 
 A pytest plugin, active only when loaded explicitly (``pytest benchmarks -p reports.lockstep``)
 **and** when ``BENCH_LOCKSTEP_DIR`` names a folder shared by the two processes; each process
@@ -8,21 +8,22 @@ both sides together when ``lockstep=True``.
 Why: in sequential A/B passes, side A's run of a benchmark and side B's run of it are a whole
 pass apart (seconds to minutes), so a change of the machine's state in between (a neighbour
 starting on a shared runner, a clock change) lands in the paired ratio. In lockstep the two
-runs of every benchmark are adjacent in time and never overlap:
+sides hold one token between them and only its holder runs:
 
 - after collection each side writes its list of test ids and reads the other's; the tests both
-  sides have (the *common* tests) run in side A's order;
-- common test i runs on both sides, one after the other, never at the same time; the side that
-  goes first alternates, A B | B A | A B | ... (so a drift within the session favours neither
-  side), and a side waits, without working, while the other runs its turn (setup, call and
-  teardown of the test: the whole protocol);
-- each side appends (test id, start, end) of its common tests to ``timeline-SIDE.jsonl``, so
-  the alternation can be checked afterwards;
-- a test only one side has runs without waiting (unpaired); a side waits at most
-  ``BENCH_LOCKSTEP_TIMEOUT`` seconds (default 600) for the other, which also stops waiting
-  once the other side has exited, so a crashed side never hangs its partner.
+  sides have (the *common* tests) run first, in side A's order, so both sides meet the same
+  benchmark at the same time;
+- a side takes the token before each test (setup, call, teardown) and gives it back after it;
+- inside a benchmark's timed loop (``benchmark.pedantic``), the holder gives the token back
+  between two rounds every ``BENCH_LOCKSTEP_CHUNK`` seconds (default 0.05) of wall time, outside
+  the timed region, and waits for it to come back: the two sides' rounds of a benchmark then
+  alternate in slices of about 50 ms, so both see the same neighbours and clocks;
+- a side waits at most ``BENCH_LOCKSTEP_TIMEOUT`` seconds (default 600) for the token, and not
+  at all once the other side has exited, so a crashed side never hangs its partner;
+- each side appends (test id, first start, last end) of its tests to ``timeline-SIDE.jsonl`` and
+  every token hand-over to ``handovers-SIDE`` (a count), for checking afterwards.
 
-``BENCH_LOCKSTEP_FIRST`` (``a`` or ``b``, default ``a``) chooses who goes first on common test 0;
+``BENCH_LOCKSTEP_FIRST`` (``a`` or ``b``, default ``a``) chooses who holds the token first;
 :func:`reports.ab.session` alternates it between pairs.
 """
 from __future__ import annotations
@@ -34,26 +35,15 @@ from pathlib import Path
 
 import pytest
 
-DIR_ENV, SIDE_ENV, FIRST_ENV, TIMEOUT_ENV = ("BENCH_LOCKSTEP_DIR", "BENCH_LOCKSTEP_SIDE",
-                                             "BENCH_LOCKSTEP_FIRST", "BENCH_LOCKSTEP_TIMEOUT")
+DIR_ENV, SIDE_ENV, FIRST_ENV, TIMEOUT_ENV, CHUNK_ENV = (
+    "BENCH_LOCKSTEP_DIR", "BENCH_LOCKSTEP_SIDE", "BENCH_LOCKSTEP_FIRST", "BENCH_LOCKSTEP_TIMEOUT",
+    "BENCH_LOCKSTEP_CHUNK")
 SIDES = ("a", "b")
-POLL_S = 0.002
+POLL_S = 0.0005
 
 
 def other(side: str) -> str:
     return "b" if side == "a" else "a"
-
-
-def first_side(index: int, first: str = "a") -> str:
-    """Which side runs common test ``index`` first: ``first`` on even indices, the other on odd
-    ones (A B | B A | A B ...)."""
-    return first if index % 2 == 0 else other(first)
-
-
-def runs_needed(side: str, index: int, first: str = "a") -> int:
-    """How many common tests the other side must have finished before ``side`` may run common
-    test ``index``: ``index`` when ``side`` goes first on it, ``index + 1`` when it goes second."""
-    return index if first_side(index, first) == side else index + 1
 
 
 def common_order(items_a: list[str], items_b: list[str]) -> list[str]:
@@ -63,17 +53,23 @@ def common_order(items_a: list[str], items_b: list[str]) -> list[str]:
 
 
 class Lockstep:
-    """One side's view of the shared folder (see the module docstring)."""
+    """One side's end of the shared token (see the module docstring)."""
 
-    def __init__(self, folder: str | Path, side: str, first: str = "a", timeout: float = 600.0):
+    def __init__(self, folder: str | Path, side: str, first: str = "a", timeout: float = 600.0,
+                 chunk: float = 0.05):
         if side not in SIDES:
             raise ValueError(f"{SIDE_ENV} must be 'a' or 'b', got {side!r}")
         if first not in SIDES:
             raise ValueError(f"{FIRST_ENV} must be 'a' or 'b', got {first!r}")
-        self.dir, self.side, self.first, self.timeout = Path(folder), side, first, timeout
-        self.index: dict[str, int] = {}
-        self.done = 0
+        if not chunk > 0:
+            raise ValueError(f"{CHUNK_ENV} must be > 0 seconds, got {chunk!r}")
+        self.dir, self.side, self.first = Path(folder), side, first
+        self.timeout, self.chunk = timeout, chunk
+        self.holding = False
+        self.held_since = 0.0
+        self.handovers = 0
         self.unpaired = 0
+        self._started: float | None = None
 
     def _write(self, name: str, text: str) -> None:
         tmp = self.dir / f".{name}.{os.getpid()}"
@@ -89,9 +85,8 @@ class Lockstep:
     def other_exited(self) -> bool:
         return (self.dir / f"exit-{other(self.side)}").exists()
 
-    def other_progress(self) -> int:
-        text = self._read(f"progress-{other(self.side)}")
-        return int(text) if text else 0
+    def turn(self) -> str:
+        return self._read("turn") or self.first
 
     def wait(self, ready) -> bool:
         """Poll until ``ready()`` (True) or the other side exited or the timeout passed (False)."""
@@ -116,27 +111,38 @@ class Lockstep:
         if not self.wait(got):
             return []
         a, b = (my_items, theirs) if self.side == "a" else (theirs, my_items)
-        order = common_order(a, b)
-        self.index = {n: i for i, n in enumerate(order)}
-        return order
+        return common_order(a, b)
+
+    def acquire(self) -> None:
+        if not self.holding:
+            if not self.wait(lambda: self.turn() == self.side):
+                self.unpaired += 1
+            self.holding, self.held_since = True, time.perf_counter()
+
+    def release(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.handovers += 1
+            self._write("turn", other(self.side))
+
+    def maybe_hand_over(self) -> None:
+        """Between two timed rounds: after ``chunk`` seconds holding the token, let the other run."""
+        if self.holding and time.perf_counter() - self.held_since >= self.chunk:
+            self.release()
+            self.acquire()
 
     def before(self, nodeid: str) -> None:
-        i = self.index.get(nodeid)
-        if i is None:
-            return
-        need = runs_needed(self.side, i, self.first)
-        if not self.wait(lambda: self.other_progress() >= need):
-            self.unpaired += 1
+        self.acquire()
         self._started = time.time()
 
     def after(self, nodeid: str) -> None:
-        if nodeid in self.index:
-            with (self.dir / f"timeline-{self.side}.jsonl").open("a") as f:
-                f.write(json.dumps({"nodeid": nodeid, "start": self._started, "end": time.time()}) + "\n")
-            self.done = self.index[nodeid] + 1
-            self._write(f"progress-{self.side}", str(self.done))
+        with (self.dir / f"timeline-{self.side}.jsonl").open("a") as f:
+            f.write(json.dumps({"nodeid": nodeid, "start": self._started, "end": time.time()}) + "\n")
+        self.release()
 
     def exit(self) -> None:
+        self.release()
+        self._write(f"handovers-{self.side}", str(self.handovers))
         self._write(f"exit-{self.side}", str(self.unpaired))
 
 
@@ -148,7 +154,7 @@ def _from_env() -> Lockstep | None:
     if not folder:
         return None
     return Lockstep(folder, os.environ.get(SIDE_ENV, ""), os.environ.get(FIRST_ENV, "a"),
-                    float(os.environ.get(TIMEOUT_ENV, "600")))
+                    float(os.environ.get(TIMEOUT_ENV, "600")), float(os.environ.get(CHUNK_ENV, "0.05")))
 
 
 @pytest.hookimpl(trylast=True)
@@ -162,6 +168,16 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda it: order.get(it.nodeid, len(order)))
 
 
+def _handing_over_setup(setup):
+    """A pedantic ``setup`` (run before each round, outside the timed region) that first lets the
+    other side run when this side has held the token for a chunk."""
+    def wrapped():
+        _state.maybe_hand_over()
+        return setup() if setup is not None else None
+
+    return wrapped
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if _state is not None:
@@ -169,6 +185,21 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     if _state is not None:
         _state.after(item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    bench = getattr(item, "funcargs", {}).get("benchmark") if _state is not None else None
+    if bench is not None and not bench.disabled:
+        raw = bench._raw_pedantic
+
+        def pedantic(target, args=(), kwargs=None, setup=None, *a, iterations=1, **kw):
+            if iterations != 1:  # pytest-benchmark refuses a setup with iterations > 1
+                return raw(target, args, kwargs, setup, *a, iterations=iterations, **kw)
+            return raw(target, args, kwargs, _handing_over_setup(setup), *a, iterations=iterations, **kw)
+
+        bench._raw_pedantic = pedantic
+    yield
 
 
 def pytest_unconfigure(config):

@@ -1,5 +1,5 @@
 """Lockstep A/B (reports.lockstep) and the benchmark process's settings: the two sides run
-every common benchmark one after the other, A B | B A | A B ..., never at the same time; a side
+their tests and the timed rounds inside a benchmark in turns, never at the same time; a side
 alone does not hang; the pytest plugin keeps the order through real pytest processes; the pinned
 benchmark environment; pedantic rounds that fill the time budget."""
 from __future__ import annotations
@@ -17,21 +17,15 @@ from reports import bench, lockstep
 from reports.env import ROOT
 
 
-def test_turn_rule_alternates_who_goes_first():
-    assert [lockstep.first_side(i) for i in range(4)] == ["a", "b", "a", "b"]
-    assert [lockstep.first_side(i, "b") for i in range(4)] == ["b", "a", "b", "a"]
-    # side A goes first on test 0 (waits for nothing), second on test 1 (waits for B's test 1)
-    assert [lockstep.runs_needed("a", i) for i in range(3)] == [0, 2, 2]
-    assert [lockstep.runs_needed("b", i) for i in range(3)] == [1, 1, 3]
-
-
 def test_common_order_is_side_a_order_of_the_shared_ids():
     assert lockstep.common_order(["x", "y", "z", "w"], ["w", "q", "y", "x"]) == ["x", "y", "w"]
 
 
-def test_bad_side_is_refused(tmp_path):
+def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="BENCH_LOCKSTEP_SIDE"):
         lockstep.Lockstep(tmp_path, "c")
+    with pytest.raises(ValueError, match="BENCH_LOCKSTEP_CHUNK"):
+        lockstep.Lockstep(tmp_path, "a", chunk=0)
 
 
 def _side(folder, side, items, log, lock, first="a"):
@@ -58,29 +52,41 @@ def test_two_sides_take_turns_and_never_overlap(tmp_path, first):
     for t in threads:
         t.join(30)
     starts = [(s, n) for s, n, what in log if what == "start"]
-    ends = [(s, n) for s, n, what in log if what == "end"]
-    assert [s for s, _ in starts] == [lockstep.first_side(i // 2, first) if i % 2 == 0
-                                      else lockstep.other(lockstep.first_side(i // 2, first)) for i in range(10)]
+    assert [s for s, _ in starts] == [first, lockstep.other(first)] * 5
     assert [n for _, n in starts] == [n for n in items for _ in range(2)]
     # no overlap: every start is followed by its own end before the next start
-    assert [log[i][:2] for i in range(0, len(log), 2)] == starts and [log[i][:2] for i in range(1, len(log), 2)] == ends
+    assert all(log[i][:2] == log[i + 1][:2] and log[i][2] == "start" for i in range(0, len(log), 2))
 
 
 def test_a_side_alone_does_not_hang(tmp_path):
     (tmp_path / "exit-b").touch()
-    ls = lockstep.Lockstep(tmp_path, "a", timeout=20)
+    ls = lockstep.Lockstep(tmp_path, "a", first="b", timeout=20)
     t0 = time.monotonic()
     assert ls.exchange(["t0", "t1"]) == []
-    ls.before("t0")
-    assert time.monotonic() - t0 < 5
+    ls.before("t0")  # not its turn, but the other side is gone
+    assert time.monotonic() - t0 < 5 and ls.holding
 
 
 def test_a_side_whose_partner_stops_answering_goes_on_after_the_timeout(tmp_path):
     ls = lockstep.Lockstep(tmp_path, "b", timeout=0.05)
     (tmp_path / "items-a.json").write_text(json.dumps(["t0"]))
     assert ls.exchange(["t0"]) == ["t0"]
-    ls.before("t0")  # B goes second on t0; A never finishes it
+    ls.before("t0")  # A holds the token first and never gives it back
     assert ls.unpaired == 1
+
+
+def _run_sides(tmp_path, tests_dir: str, extra_b: list[str] | None = None, chunk: float = 0.05):
+    procs = []
+    for side in "ab":
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **{lockstep.DIR_ENV: str(tmp_path), lockstep.SIDE_ENV: side,
+                                                         lockstep.CHUNK_ENV: str(chunk)})
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "reports.lockstep",
+                tests_dir] + (extra_b or [] if side == "b" else [])
+        procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out.decode()[-2000:]
+    assert (tmp_path / "exit-a").exists() and (tmp_path / "exit-b").exists()
 
 
 def test_plugin_orders_real_pytest_processes(tmp_path):
@@ -89,26 +95,42 @@ def test_plugin_orders_real_pytest_processes(tmp_path):
     tests.mkdir()
     body = "import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.02)\n" for i in range(3))
     (tests / "test_a.py").write_text(body)
-    (tests / "test_b.py").write_text(body)  # same ids
+    (tests / "test_b.py").write_text(body)
     (tmp_path / "test_only_b.py").write_text("def test_b_only():\n    pass\n")
-    procs = []
-    for side in "ab":
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **{lockstep.DIR_ENV: str(tmp_path), lockstep.SIDE_ENV: side})
-        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "reports.lockstep",
-                tests.name] + (["test_only_b.py"] if side == "b" else [])
-        procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out.decode()[-2000:]
+    _run_sides(tmp_path, tests.name, ["test_only_b.py"])
     rows = []
     for side in "ab":
         for line in (tmp_path / f"timeline-{side}.jsonl").read_text().splitlines():
             r = json.loads(line)
             rows.append((r["start"], r["end"], side, r["nodeid"]))
     rows.sort()
-    assert [s for _, _, s, _ in rows] == ["a", "b", "b", "a"] * 3
+    common = [r for r in rows if "only_b" not in r[3]]
+    assert [s for _, _, s, _ in common] == ["a", "b"] * 6
     assert all(rows[i][1] <= rows[i + 1][0] for i in range(len(rows) - 1)), "two sides overlapped"
-    assert (tmp_path / "exit-a").exists() and (tmp_path / "exit-b").exists()
+
+
+def test_timed_rounds_of_the_two_sides_alternate_in_chunks(tmp_path):
+    """Inside ``benchmark.pedantic`` the sides hand the token over between rounds: their timed
+    rounds interleave (several switches within one benchmark) and never overlap."""
+    (tmp_path / "test_bench.py").write_text(
+        "import json, os, time\n"
+        "def test_rounds(benchmark):\n"
+        "    log = open(os.environ['ROUND_LOG'] + os.environ['BENCH_LOCKSTEP_SIDE'], 'a')\n"
+        "    def run():\n"
+        "        t0 = time.time(); time.sleep(0.004); log.write(json.dumps([t0, time.time()]) + '\\n')\n"
+        "    benchmark.pedantic(run, rounds=40, warmup_rounds=0)\n"
+        "    log.close()\n")
+    os.environ["ROUND_LOG"] = str(tmp_path / "rounds-")
+    try:
+        _run_sides(tmp_path, "test_bench.py", chunk=0.02)
+    finally:
+        del os.environ["ROUND_LOG"]
+    rounds = sorted((t0, t1, side) for side in "ab"
+                    for t0, t1 in map(json.loads, (tmp_path / f"rounds-{side}").read_text().splitlines()))
+    assert len(rounds) == 80
+    assert all(rounds[i][1] <= rounds[i + 1][0] for i in range(len(rounds) - 1)), "timed rounds overlapped"
+    switches = sum(rounds[i][2] != rounds[i + 1][2] for i in range(len(rounds) - 1))
+    assert switches >= 6, f"only {switches} switches between the sides' rounds"
 
 
 def test_pinned_env_pins_threads_and_allocator_on_cpu_only():
