@@ -27,7 +27,7 @@ import triton.language as tl
 
 from conformance.contracts.quantization import validate_bits, validate_matmul
 from optimized import quant_torch
-from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode
+from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode, round_to_bf16
 
 #: Dtypes the kernel takes for x (and w).
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -54,21 +54,13 @@ def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     elif DOT_MODE == 1:    # DOT_UPCAST: 16-bit under the interpreter, whose float32 -> bfloat16
         if x.dtype == tl.bfloat16:    # cast truncates: round to nearest even by hand instead
-            w = _round_to_bf16(w)
+            w = round_to_bf16(w)
         else:
             w = w.to(x.dtype).to(tl.float32)
         acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
     else:                  # DOT_IEEE: float32
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     return acc
-
-
-@triton.jit
-def _round_to_bf16(w):
-    """float32 -> the nearest bfloat16 value (ties to even), kept in float32 (finite inputs)."""
-    bits = w.to(tl.uint32, bitcast=True)
-    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
