@@ -201,3 +201,25 @@ def w8a8_matmul_torch(x_q, x_scales, w_q, w_scales, *, out_dtype=torch.float32) 
     if out_dtype == torch.int32:
         return acc
     return (acc.to(torch.float32) * x_scales[:, None] * w_scales[None, :]).to(out_dtype)
+
+
+class Product:
+    """A W8A8 product as the laws of ``properties/test_quant_kernels.py`` call it:
+    ``quantize_activations(x)``, ``quantize_weight(w)`` and ``w8a8_matmul(x_q, x_scales, w_q,
+    w_scales, *, out_dtype)``, the last one the Triton kernel or its PyTorch twin."""
+
+    def __init__(self, name: str, matmul):
+        self.name, self._matmul = name, matmul
+
+    quantize_activations = staticmethod(quantize_activations)
+    quantize_weight = staticmethod(quantize_weight)
+
+    def w8a8_matmul(self, x_q, x_scales, w_q, w_scales, *, out_dtype=torch.float32):
+        return self._matmul(x_q, x_scales, w_q, w_scales, out_dtype=out_dtype)
+
+    def __repr__(self) -> str:
+        return f"optimized.w8a8_matmul.Product({self.name!r})"
+
+
+TRITON = Product("triton", w8a8_matmul)
+TORCH = Product("torch", w8a8_matmul_torch)
