@@ -66,7 +66,7 @@ def _variants():
         yield (f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}", qm.quant_matmul_kernel,
                {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "out_ptr": dt},
                dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode))
-    for dt, bits, per, mode in ((F16, 4, 2, tiles.DOT_NATIVE), ("*bf16", 8, 1, tiles.DOT_NATIVE), (F32, 4, 2, tiles.DOT_IEEE)):
+    for dt, bits, per, mode in ((F16, 4, 2, tiles.DOT_NATIVE), ("*bf16", 8, 1, tiles.DOT_NATIVE)):
         yield (f"quant_gemv {dt[1:]} int{bits}", qm.quant_gemv_kernel,
                {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "part_ptr": F32},
                dict(BITS=bits, PER=per, BLOCK_M=qm.GEMV_MAX_M, BLOCK_N=qm.GEMV_BLOCKS[0], BLOCK_K=qm.GEMV_BLOCKS[1],
