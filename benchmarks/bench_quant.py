@@ -13,6 +13,12 @@ a smoke test; QT-10 stays "not measured" there.
 
 Goals (not asserted; GPU, shapes of >= 64 MB of bf16 weights): at M = 1 int8 >= 1.7x bf16 and
 int4 g128 >= 2.5x; int4 >= 2x up to M = 16; never below 0.9x bf16 up to M = 128.
+
+M runs 1..128 on a GPU: up to ``GEMV_MAX_M`` the kernel takes its decode launch (split-K), above
+it the tiled one; each row records which (``path``). W8A8 (``optimized/w8a8_matmul.py``): the
+whole W8A8 Linear (per-token activation quantization on the host, then the int8 x int8 -> int32
+kernel) and the kernel alone (``kernel_median_s``) against the same bf16 product; on the CPU
+its PyTorch twin runs the small shape as a smoke test.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from properties.strategies import randn
 #: (N, K) Linear shapes per device: Llama-2-7B q/o (4096²), up (11008 x 4096), down (4096 x 11008),
 #: Llama-3-8B up (14336 x 4096).
 SHAPES = {"cuda": ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)), "cpu": ((256, 256),)}
-MS = {"cuda": (1, 16, 128), "cpu": (1,)}
+MS = {"cuda": (1, 2, 4, 8, 16, 32, 64, 128), "cpu": (1,)}
 #: backend -> (bits, granularity)
 SCHEMES = {"int8_channel": (8, "channel"), "int4_g128": (4, 128)}
 
@@ -37,7 +43,7 @@ def pytest_generate_tests(metafunc):
     from conformance.device import current_device
 
     device = current_device()
-    if metafunc.definition.name == "test_bench_quant_matmul":
+    if metafunc.definition.name in ("test_bench_quant_matmul", "test_bench_w8a8"):
         metafunc.parametrize("N,K", SHAPES[device], ids=[f"N{n}-K{k}" for n, k in SHAPES[device]])
         metafunc.parametrize("M", MS[device], ids=[f"M{m}" for m in MS[device]])
 
@@ -83,7 +89,10 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
                 flops=2.0 * M * N * K, bytes=nbytes, median_s=t, gbytes_per_s=nbytes / t / 1e9,
                 dense_median_s=t_dense, speedup_vs_bf16=t_dense / t)
     if backend == "triton":
+        from optimized.quant_matmul import GEMV_MAX_M
+
         info["goal"] = _goal(scheme, M, N * K * 2)
+        info["path"] = "gemv" if M <= GEMV_MAX_M else "tiled"
     results.bench_info(benchmark, **info)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
     if backend == "triton" and device == "cuda" and M == 1:
@@ -92,3 +101,36 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
                        holds=bool(t_dense / t > 1), trend_rule="> 1",
                        unit="bf16 / quantized latency (same run)", rule=f"{scheme}, M={M}, N={N}, K={K}",
                        bits=bits, granularity=gran)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bench_w8a8(benchmark, device, backend, N, K, M):
+    """W8A8 Linear (activations per token, weights per channel, int32 accumulation) vs bf16."""
+    if backend == "triton" and device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
+    if backend == "torch" and device == "cuda":
+        pytest.skip("the PyTorch twin accumulates in float64: a CPU smoke test, not a GPU baseline")
+    from optimized import w8a8_matmul as w8
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
+    x = randn((M, K), 1, dtype=dtype, device=device)
+    w_q, w_s = w8.quantize_weight(w)
+    matmul = w8.w8a8_matmul if backend == "triton" else w8.w8a8_matmul_torch
+    x_q, x_s = w8.quantize_activations(x)
+    repeats = 5 if benchmark.disabled else 50
+
+    def run():
+        xq, xs = w8.quantize_activations(x)
+        return matmul(xq, xs, w_q, w_s, out_dtype=dtype)
+
+    t = median_seconds(run, device, repeats)
+    t_kernel = median_seconds(lambda: matmul(x_q, x_s, w_q, w_s, out_dtype=dtype), device, repeats)
+    t_dense = median_seconds(lambda: x @ w.T, device, repeats)
+    nbytes = N * K + 4 * N + (M * K + M * N) * dtype.itemsize + M * K + 4 * M
+    results.bench_info(benchmark, technique="quantization", backend=f"{backend}_w8a8", device=device,
+                       dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K, bits=8, granularity="channel",
+                       activations="int8 per token", flops=2.0 * M * N * K, bytes=nbytes, median_s=t,
+                       gbytes_per_s=nbytes / t / 1e9, kernel_median_s=t_kernel, dense_median_s=t_dense,
+                       speedup_vs_bf16=t_dense / t)
+    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)

@@ -60,6 +60,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("bits", (int,), "bits", "weight bits"),
     Field("nll", _NUM, "nats/token", "test negative log-likelihood"),
     Field("granularity", (str, int), "", "quantization granularity: tensor, channel or a group size"),
+    Field("path", (str,), "", "which launch of a kernel a row measures (quantized matmul: gemv or tiled)"),
     # SD-4/SD-5: tokens per call vs γ
     Field("gamma", (int,), "tokens", "draft tokens per round γ"),
     Field("tokens_per_call", _NUM, "tokens", "tokens emitted per target call"),

@@ -54,6 +54,15 @@ RANGE_LOOP = tl.constexpr(_range_takes_runtime_bounds())
 
 
 @triton.jit
+def round_to_bf16(w):
+    """float32 -> the nearest bfloat16 value (ties to even), kept in float32 (finite inputs).
+    Triton's interpreter truncates float32 -> bfloat16 casts; kernels round by hand there."""
+    bits = w.to(tl.uint32, bitcast=True)
+    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 row_lim, start, end, D, scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,

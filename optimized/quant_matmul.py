@@ -11,8 +11,17 @@ BLOCK_K slice of K it loads x's tile, the packed bytes of W's tile, shifts and m
 codes, subtracts the zero points and multiplies by the scales of each element's group (float32,
 exact: code x scale has at most 24 significant bits), rounds to x's dtype (to nearest, as
 ``dequantize`` does; Triton's interpreter truncates float32 -> bfloat16 casts, so there the
-rounding is done by hand) and accumulates ``tl.dot`` in float32. M <= 16 (decode) runs one 16-row tile per column block (a GEMV-shaped
-grid); larger M tiles by 32 or 64 rows.
+rounding is done by hand) and accumulates ``tl.dot`` in float32.
+
+Two launches, chosen by M in :func:`quant_matmul` (``path``):
+
+- ``"gemv"`` (decode, M <= :data:`GEMV_MAX_M`): :func:`quant_gemv_kernel`. Each program owns a
+  block of BLOCK_N outputs for all M rows (one 16-row tile) and streams one range of K (split-K:
+  a grid of (N / BLOCK_N, splits), so that a product with few column blocks still fills the
+  device: about four programs per SM on a GPU); it writes float32 partial sums (splits, M, N)
+  that the host adds and rounds once to x's dtype.
+- ``"tiled"`` (larger M): :func:`quant_matmul_kernel`, (BLOCK_M, BLOCK_N) tiles of 32 or 64 rows
+  over all of K.
 
 Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
 ``tl.dot``), bits 2..8, every granularity, symmetric (``SYMMETRIC``) or zero point
@@ -21,16 +30,26 @@ and shapes, the scales against the groups, bits and the group size before any la
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from conformance.contracts.quantization import validate_bits, validate_matmul
+from conformance.device import triton_interpreted
 from optimized import quant_torch
-from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode
+from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode, round_to_bf16
 
 #: Dtypes the kernel takes for x (and w).
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Rows up to which the decode launch (``path="gemv"``, split-K) runs; larger M is tiled.
+GEMV_MAX_M = 16
+#: (BLOCK_N, BLOCK_K) of the decode launch; its BLOCK_M is GEMV_MAX_M (the smallest tl.dot tile).
+GEMV_BLOCKS = (64, 64)
+#: Programs the decode launch aims for: per SM on a GPU, in all under the interpreter.
+GEMV_PROGRAMS_PER_SM = 4
+GEMV_PROGRAMS_INTERPRETED = 4
 
 
 @triton.jit
@@ -54,21 +73,13 @@ def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     elif DOT_MODE == 1:    # DOT_UPCAST: 16-bit under the interpreter, whose float32 -> bfloat16
         if x.dtype == tl.bfloat16:    # cast truncates: round to nearest even by hand instead
-            w = _round_to_bf16(w)
+            w = round_to_bf16(w)
         else:
             w = w.to(x.dtype).to(tl.float32)
         acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
     else:                  # DOT_IEEE: float32
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     return acc
-
-
-@triton.jit
-def _round_to_bf16(w):
-    """float32 -> the nearest bfloat16 value (ties to even), kept in float32 (finite inputs)."""
-    bits = w.to(tl.uint32, bitcast=True)
-    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -101,21 +112,79 @@ def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, 
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K, group_size, k_per_split,
+                      stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                      stride_zn, stride_zg, stride_ps, stride_pm, stride_pn,
+                      BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr):
+    """Decode (M <= BLOCK_M): program (pid_n, pid_s) writes part[pid_s, m, n] = sum over
+    k in [pid_s * k_per_split, (pid_s + 1) * k_per_split) of x[m, k] * w[n, k], for all M rows
+    and its BLOCK_N columns (k_per_split a multiple of BLOCK_K)."""
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = pid_s * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if RANGE_LOOP:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
+                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
+        k0 = k_lo
+        while k0 < k_hi:
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
+                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+            k0 += BLOCK_K
+    tl.store(part_ptr + pid_s * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn,
+             acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
 def _blocks(M: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): 16 rows for decode (M <= 16), 32 up to M = 32, else 64."""
-    bm = 16 if M <= 16 else 32 if M <= 32 else 64
-    return bm, 64 if M <= 16 else 32, 64
+    """(BLOCK_M, BLOCK_N, BLOCK_K) of the tiled launch: 32 rows up to M = 32, else 64."""
+    return (32 if M <= 32 else 64), 32, 64
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def gemv_splits(N: int, K: int, device: torch.device) -> tuple[int, int]:
+    """(splits, k_per_split) of the decode launch: enough K ranges that N / BLOCK_N column
+    blocks times the splits reach the target program count (GEMV_PROGRAMS_PER_SM per SM on a
+    GPU, GEMV_PROGRAMS_INTERPRETED under the interpreter), each range whole BLOCK_K tiles."""
+    bn, bk = GEMV_BLOCKS
+    k_tiles = triton.cdiv(K, bk)
+    if device.type == "cuda" and not triton_interpreted():
+        target = GEMV_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0)
+    else:
+        target = GEMV_PROGRAMS_INTERPRETED
+    want = max(1, min(k_tiles, triton.cdiv(target, triton.cdiv(N, bn))))
+    k_per_split = triton.cdiv(k_tiles, want) * bk
+    return triton.cdiv(K, k_per_split), k_per_split
 
 
 def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, *,
-                 bits: int, group_size: int, N: int, K: int) -> torch.Tensor:
+                 bits: int, group_size: int, N: int, K: int, path: str | None = None) -> torch.Tensor:
     """x (M, K) @ W.T for the packed W (N, K): codes (N, ceil(K / per)) uint8, scales (N or 1,
     K // group_size) float32, zeros the same shape uint8. Returns (M, N) in x's dtype.
+    ``path``: "gemv" (decode launch, M <= GEMV_MAX_M), "tiled", or None: "gemv" when
+    M <= GEMV_MAX_M, else "tiled".
 
     Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
     codes or zeros not uint8, scales not float32) or ValueError (bits outside 2..8, group_size
     not dividing K, codes of the wrong shape, scales or zeros not matching the groups, x of the
-    wrong shape or K, tensors on different devices), naming the argument, before any launch."""
+    wrong shape or K, tensors on different devices, an unknown path or "gemv" for
+    M > GEMV_MAX_M), naming the argument, before any launch."""
+    if path not in (None, "gemv", "tiled"):
+        raise ValueError(f"path must be None, 'gemv' or 'tiled', got {path!r}")
     b = validate_bits(bits)
     if not isinstance(group_size, int) or group_size < 1 or K % group_size:
         raise ValueError(f"group_size must be an int >= 1 dividing K = {K}, got {group_size!r}")
@@ -149,17 +218,27 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
         if t.device != codes.device:
             raise ValueError(f"{name} is on {t.device}, codes on {codes.device}")
     M = x.shape[0]
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    bm, bn, bk = _blocks(M)
+    path = path or ("gemv" if M <= GEMV_MAX_M else "tiled")
+    if path == "gemv" and M > GEMV_MAX_M:
+        raise ValueError(f"path 'gemv' takes M <= {GEMV_MAX_M} rows, x has M = {M}")
     mode = dot_mode(x.dtype)
     assert mode in (DOT_NATIVE, DOT_UPCAST, DOT_IEEE)
     row = 0 if scales.shape[0] == 1 else 1
-    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
-    quant_matmul_kernel[grid](
-        x, codes, scales, zeros, out, M, N, K, group_size,
-        x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
-        scales.stride(0) * row, scales.stride(1), zeros.stride(0) * row, zeros.stride(1),
-        out.stride(0), out.stride(1),
+    weight_args = (x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
+                   scales.stride(0) * row, scales.stride(1), zeros.stride(0) * row, zeros.stride(1))
+    if path == "gemv":
+        splits, k_per_split = gemv_splits(N, K, x.device)
+        bn, bk = GEMV_BLOCKS
+        part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+        quant_gemv_kernel[(triton.cdiv(N, bn), splits)](
+            x, codes, scales, zeros, part, M, N, K, group_size, k_per_split, *weight_args,
+            part.stride(0), part.stride(1), part.stride(2),
+            BITS=b, PER=per, BLOCK_M=GEMV_MAX_M, BLOCK_N=bn, BLOCK_K=bk, DOT_MODE=mode)
+        return (part[0] if splits == 1 else part.sum(dim=0)).to(x.dtype)
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    bm, bn, bk = _blocks(M)
+    quant_matmul_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
+        x, codes, scales, zeros, out, M, N, K, group_size, *weight_args, out.stride(0), out.stride(1),
         BITS=b, PER=per, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_MODE=mode)
     return out
 

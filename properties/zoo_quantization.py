@@ -1,7 +1,10 @@
 """Known-bad quantization implementations (the bug zoo): each is a classic weight-quantization bug,
 and a law of ``properties/test_quantization.py`` must reject every one (QT-1 for the
 quantize/dequantize bugs, QT-9 for the one that only the fused product gets wrong; the act-order
-law for the one that ignores ``g_idx``).
+law for the one that ignores ``g_idx``). At the end, the kernels' own bugs
+(``properties/test_quant_kernels.py``): the Triton decode launch reading every row as the first
+token (QT-9 at 1 < M <= 16), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
+per-token scales applied per column, or a truncating activation quantizer.
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
 rounding) makes them wrong. The packed layout is the one of ``optimized/quant_torch.py``.
@@ -119,3 +122,88 @@ zero_point_off_by_one = _Bad("zero_point_off_by_one", "zero points stored as z -
 zero_points_wrong_interleave = _Bad("zero_points_wrong_interleave", "zero points packed two per byte low "
                                     "first and unpacked high first: neighbouring groups swap zero points.",
                                     symmetric=False, zeros_interleave=True)
+
+
+# ----------------------------------------------------------- the kernels' bugs (test_quant_kernels.py)
+class _DecodeRowsReadFirstToken:
+    """The Triton scheme whose decode launch (M <= GEMV_MAX_M) reads x with row stride 0, as a
+    GEMV kernel written for one token does: every row gets the first row's product. M = 1 and
+    the tiled launch (M > GEMV_MAX_M) are right."""
+
+    symmetric = True
+
+    def quantize(self, w, *, bits, granularity):
+        from optimized import quant_matmul
+
+        return quant_matmul.SYMMETRIC.quantize(w, bits=bits, granularity=granularity)
+
+    def dequantize(self, qw):
+        return quant_torch.dequantize(qw)
+
+    def matmul(self, x, qw):
+        from optimized import quant_matmul
+
+        qw = quant_torch.check_packed(qw)
+        M = validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
+        if M <= quant_matmul.GEMV_MAX_M:
+            x = x[:1].expand(M, qw.K)
+        return quant_matmul.quant_matmul(x, qw.codes, qw.scales, qw.zeros, bits=qw.bits,
+                                         group_size=qw.group_size, N=qw.N, K=qw.K)
+
+
+decode_rows_read_first_token = _DecodeRowsReadFirstToken()
+
+
+class _BadW8A8:
+    """A W8A8 product (``quantize_activations``, ``quantize_weight``, ``w8a8_matmul`` as in
+    ``optimized/w8a8_matmul.py``, computed in PyTorch) with one bug switched on."""
+
+    def __init__(self, name: str, doc: str, *, fp16_accumulator: bool = False, scale_per_column: bool = False,
+                 truncate: bool = False):
+        self.name, self.__doc__ = name, doc
+        self.fp16_accumulator, self.scale_per_column, self.truncate = fp16_accumulator, scale_per_column, truncate
+
+    def quantize_activations(self, x):
+        from optimized import w8a8_matmul as w8
+
+        if not self.truncate:
+            return w8.quantize_activations(x)
+        x64 = x.double()
+        amax = x64.abs().amax(dim=-1, keepdim=True)
+        s = torch.where(amax > 0, amax / w8.QMAX, torch.ones_like(amax))
+        return torch.trunc(x64 / s).clamp(-w8.QMAX, w8.QMAX).to(torch.int8), s[:, 0].float()
+
+    def quantize_weight(self, w):
+        from optimized import w8a8_matmul as w8
+
+        return w8.quantize_weight(w)
+
+    def w8a8_matmul(self, x_q, x_scales, w_q, w_scales, *, out_dtype=torch.float32):
+        from optimized import w8a8_matmul as w8
+
+        M, N, K = w8.validate(x_q, x_scales, w_q, w_scales, out_dtype)
+        if self.fp16_accumulator:              # acc += (tile product) in float16, tile by tile
+            acc = torch.zeros(M, N, dtype=torch.float16, device=x_q.device)
+            for k0 in range(0, K, 64):
+                acc += (x_q[:, k0:k0 + 64].double() @ w_q[:, k0:k0 + 64].double().T).half()
+            acc = acc.double().nan_to_num(posinf=2.0 ** 31 - 1, neginf=-2.0 ** 31).clamp(-2.0 ** 31, 2.0 ** 31 - 1)
+        else:
+            acc = x_q.double() @ w_q.double().T
+        acc = acc.to(torch.int32)
+        if out_dtype == torch.int32:
+            return acc
+        xs = x_scales[:, None]
+        if self.scale_per_column:              # the kernel's epilogue loads x_scales at offs_n (masked < M)
+            xs = torch.zeros(1, N, dtype=torch.float32, device=x_q.device)
+            xs[0, :min(M, N)] = x_scales[:min(M, N)]
+        return (acc.float() * xs * w_scales[None, :]).to(out_dtype)
+
+
+W8A8_ZOO = {z.name: z for z in (
+    _BadW8A8("w8a8_fp16_accumulator", "accumulates the int8 products in float16: integers above 2048 "
+             "round, sums above 65504 overflow.", fp16_accumulator=True),
+    _BadW8A8("w8a8_token_scale_per_column", "the epilogue reads the per-token scales by column "
+             "(x_scales[n] instead of x_scales[m]).", scale_per_column=True),
+    _BadW8A8("w8a8_truncating_quantizer", "quantizes activations with trunc(x / s) instead of round: "
+             "codes off by up to one step, biased toward zero.", truncate=True),
+)}

@@ -69,6 +69,25 @@ def _calls(device: str):
             return tolerance.check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul")
         return run
 
+    def w8a8(out_dtype):
+        def run():
+            from optimized import w8a8_matmul as w8
+            from reference.quant_methods import fake_quantize_activations, fake_quantize_weight
+
+            g = torch.Generator().manual_seed(0)
+            if out_dtype == torch.int32:
+                x_q = torch.randint(-127, 128, (3, 300), generator=g, dtype=torch.int8).to(device)
+                w_q = torch.randint(-127, 128, (40, 300), generator=g, dtype=torch.int8).to(device)
+                ones = torch.ones(40, device=device)
+                acc = w8.w8a8_matmul(x_q, ones[:3], w_q, ones, out_dtype=torch.int32)
+                return tolerance.check_exact(acc.cpu().long(), x_q.cpu().long() @ w_q.cpu().long().T)
+            x = torch.randn(3, 96, generator=g).to(device, out_dtype)
+            w = torch.randn(40, 96, generator=g).to(device, out_dtype)
+            out = w8.w8a8_linear(x, *w8.quantize_weight(w))
+            return tolerance.check_close(out, fake_quantize_activations(x.double(), 8, "token")
+                                         @ fake_quantize_weight(w.double(), 8).T)
+        return run
+
     return [
         ("flash_attention float16 causal Tq=Tk=50", attn(flash_attention, torch.float16, 50, 50, True)),
         ("flash_attention float32 Tq=7 Tk=33", attn(flash_attention, torch.float32, 7, 33, False)),
@@ -78,6 +97,8 @@ def _calls(device: str):
         ("kv_append float32 B=2 T=3", append),
         ("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
         ("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20)),
+        ("w8a8_matmul int32 accumulator M=3 K=300", w8a8(torch.int32)),
+        ("w8a8_matmul bfloat16 M=3", w8a8(torch.bfloat16)),
     ]
 
 

@@ -29,6 +29,7 @@ def _variants():
     import optimized.kv_cache as kc
     import optimized.paged_attention as pa
     import optimized.quant_matmul as qm
+    import optimized.w8a8_matmul as w8
 
     attn = fa._flash_attn_fwd_kernel
     # (each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run)
@@ -65,6 +66,15 @@ def _variants():
         yield (f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}", qm.quant_matmul_kernel,
                {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "out_ptr": dt},
                dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode))
+    for dt, bits, per, mode in ((F16, 4, 2, tiles.DOT_NATIVE), ("*bf16", 8, 1, tiles.DOT_NATIVE)):
+        yield (f"quant_gemv {dt[1:]} int{bits}", qm.quant_gemv_kernel,
+               {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "part_ptr": F32},
+               dict(BITS=bits, PER=per, BLOCK_M=qm.GEMV_MAX_M, BLOCK_N=qm.GEMV_BLOCKS[0], BLOCK_K=qm.GEMV_BLOCKS[1],
+                    DOT_MODE=mode))
+    for out, bm in (("*i32", 16), ("*bf16", 64)):
+        yield (f"w8a8_matmul out {out[1:]} BLOCK_M={bm}", w8.w8a8_matmul_kernel,
+               {"xq_ptr": "*i8", "wq_ptr": "*i8", "xs_ptr": F32, "ws_ptr": F32, "out_ptr": out},
+               dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SCALED=out != "*i32", ROUND_BF16=False))
 
 
 def compile_all() -> dict[str, dict]:
@@ -104,7 +114,7 @@ def test_triton_kernels_compile_for_sm90_with_pipelined_tile_loops(tmp_path):
     for name, v in results.items():
         if name.startswith(("flash_attn", "split_kv")):
             assert v["for"] >= 2 and v["while"] == 0, (name, v)  # two-stage: two key-tile loops
-        if name.startswith(("paged_decode", "quant_matmul")):
+        if name.startswith(("paged_decode", "quant_matmul", "quant_gemv", "w8a8_matmul")):
             assert v["for"] >= 1 and v["while"] == 0, (name, v)
 
 

@@ -303,5 +303,6 @@ CONTRACT = Contract(
         "nibbles_swapped_in_matmul": "properties.zoo_quantization:nibbles_swapped_in_matmul",
         "zero_point_off_by_one": "properties.zoo_quantization:zero_point_off_by_one",
         "zero_points_wrong_interleave": "properties.zoo_quantization:zero_points_wrong_interleave",
+        "decode_rows_read_first_token": "properties.zoo_quantization:decode_rows_read_first_token",
     },
 )
