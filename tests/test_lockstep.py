@@ -78,10 +78,11 @@ def test_a_side_whose_partner_stops_answering_goes_on_after_the_timeout(tmp_path
 def _run_sides(tmp_path, tests_dir: str, extra_b: list[str] | None = None, chunk: float = 0.05):
     procs = []
     for side in "ab":
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **{lockstep.DIR_ENV: str(tmp_path), lockstep.SIDE_ENV: side,
-                                                         lockstep.CHUNK_ENV: str(chunk)})
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not an xdist worker
+        env.update(PYTHONPATH=str(ROOT), **{lockstep.DIR_ENV: str(tmp_path), lockstep.SIDE_ENV: side,
+                                            lockstep.CHUNK_ENV: str(chunk)})
         args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "reports.lockstep",
-                tests_dir] + (extra_b or [] if side == "b" else [])
+                "--benchmark-enable", tests_dir] + (extra_b or [] if side == "b" else [])
         procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for p in procs:
         out, _ = p.communicate(timeout=120)
