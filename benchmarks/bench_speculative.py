@@ -10,9 +10,11 @@ of the statistical SD-1 law (its false-alarm rate and its power).
   the zoo give the power at the sizes CI uses. It is slow (about 10 s on one core), so ``.ci/run`` (CI=true)
   skips it; ``python -m reports`` runs it and the report shows its row (claim SD-1).
 
-Goals (issue: H200 when lent; not asserted): verifying up to 8 tokens costs <= 1.15x a one-token
-target step when memory-bound; end-to-end speedup >= 0.85x the formula at the measured α and c
-(the engine's benchmark, not built yet).
+Goals (issue: H200 when lent; not asserted, and recorded as unmeasured on a CPU): verifying up
+to 8 tokens costs <= 1.15x a one-token target step when memory-bound; end-to-end speedup >=
+0.85x the formula at the measured α and c (``test_sd9_speculative_vs_target_only``, which also
+shows the formula with the verification at its measured cost, separating a compute-bound
+verification from the engine's overhead).
 """
 from __future__ import annotations
 
@@ -198,7 +200,7 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
     memory-bound; measured speedup >= 0.85x the formula. The trend holds when the good draft's best
     γ is faster than target-only and the poor draft's best γ is at most 4."""
     from optimized.speculative_engine import CachedModel, SpeculativeEngine
-    from reference.speculative import measured_alpha, speedup
+    from reference.speculative import measured_alpha, speedup, tokens_per_call
     from smallworld.checkpoints import load_model
     from smallworld.tokenizer import tokenizer
 
@@ -238,10 +240,12 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
 
     one_token = verify_cost(1)
     verify_ratio = {g + 1: verify_cost(g + 1) / one_token for g in gammas}
+    unmeasured = "" if device == "cuda" else " (a GPU goal: unmeasured without a GPU)"
     results.record("SD-9", measured=max(verify_ratio.values()), lecture="<= 1.15x (memory-bound, issue goal)",
                    unit=f"time of a {max(gammas) + 1}-token target forward / a one-token step",
                    what=f"by tokens scored: { {k: round(v, 2) for k, v in verify_ratio.items()} }",
-                   device=device, goal="verifying up to 8 tokens <= 1.15x a one-token step when memory-bound")
+                   device=device, goal="verifying up to 8 tokens <= 1.15x a one-token step when memory-bound"
+                                       + unmeasured)
     best = {}
     for name, draft in drafts.items():
         c = step[name] / target_step
@@ -256,14 +260,22 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
             t = median_seconds(run, device, repeats)
             alpha = measured_alpha(stats)
             formula = speedup(min(alpha, 1.0), gamma, c)
+            # the formula with verification at its measured cost r (a (γ+1)-token forward / a
+            # one-token step) instead of the lecture's 1: what is left between it and the
+            # measurement is the engine's overhead per round
+            r = verify_ratio[gamma + 1]
+            formula_v = tokens_per_call(min(alpha, 1.0), gamma) / (gamma * c + r)
             measured = t_target / t
             best[name] = max(best.get(name, (0.0, 0)), (measured, gamma))
             results.record("SD-9", measured=round(measured, 3), lecture=round(formula, 3),
                            unit="speedup over target-only decoding (wall clock, B = 1)",
                            rule="lecture column: (1 - a^(g+1)) / ((1 - a)(1 + g c)) at the measured alpha and c",
                            gamma=gamma, draft=f"{name} ({mode})", alpha=round(alpha, 3), device=device,
-                           tokens_per_s=n_tokens / t, what=f"c = {c:.3f} (measured draft step / target step)",
-                           goal="measured >= 0.85x the formula")
+                           tokens_per_s=n_tokens / t, verify_cost=round(r, 3), formula_at_verify_cost=round(formula_v, 3),
+                           what=(f"c = {c:.3f} (measured draft step / target step); verification {r:.2f}x a step; "
+                                 f"formula at that cost {formula_v:.2f}x (measured / it: {measured / formula_v:.2f}, "
+                                 f"the engine's overhead per round)"),
+                           goal="measured >= 0.85x the formula" + unmeasured)
     good, poor = best["draft_good"], best["draft_poor"]
     # the verdict only from a real benchmark run (the CI smoke run times one repeat of 24 tokens)
     verdict = {} if benchmark.disabled else dict(
