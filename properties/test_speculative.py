@@ -398,11 +398,14 @@ SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
 def test_sd5_tokens_per_call_on_small_world(draft):
     """SD-5: speculative sampling on the small world (reference verifier, no cache) for γ = 1..10:
     measured α (mean Σ min(p, q) over verified positions) and tokens per target call, recorded
-    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α. The measured tokens per call
+    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α, and the estimated speedup
+    tokens per call / (1 + γc), c from the parameter counts (draft / target). The measured tokens per call
     must agree with the formula within sampling noise (mean ratio in [0.8, 1.2]) -- a verifier
     or a round loop that lost tokens would not."""
 
     models = _world(torch.float32)
+    c = (sum(p.numel() for p in models[draft].parameters())
+         / sum(p.numel() for p in models["target"].parameters()))
     ratios, by_gamma = [], {}
     for gamma in SD5_GAMMAS:
         gen = torch.Generator().manual_seed(gamma)
@@ -415,10 +418,14 @@ def test_sd5_tokens_per_call_on_small_world(draft):
         by_gamma[gamma] = (alpha, tpc, formula)
         results.record("SD-5", measured=tpc, lecture=formula, unit="tokens per target call",
                        rule="measured on the small world; lecture column: the formula at the measured alpha",
-                       gamma=gamma, tokens_per_call=tpc, alpha=round(alpha, 3), draft=draft)
+                       gamma=gamma, tokens_per_call=tpc, alpha=round(alpha, 3), draft=draft,
+                       estimated_speedup=round(tpc / (1 + gamma * c), 3), c_params=round(c, 4),
+                       what=f"gamma {gamma}, estimated speedup {tpc / (1 + gamma * c):.2f}x at c = {c:.3f} "
+                            f"(parameter counts); tokens per call")
         results.record("SD-5", measured=formula, unit="tokens per target call (formula)",
                        rule="(1 - a^(g+1)) / (1 - a) at the measured alpha",
-                       gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)")
+                       gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)",
+                       estimated_speedup=round(ref.speedup(min(alpha, 1.0), gamma, c), 3), c_params=round(c, 4))
     mean_alpha = float(np.mean([a for a, _, _ in by_gamma.values()]))
     results.record("SD-5", measured=round(mean_alpha, 3), unit="alpha (mean over gamma = 1..10)",
                    lecture="good draft 0.92, poor 0.69", draft=draft, alpha=mean_alpha,
