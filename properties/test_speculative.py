@@ -289,10 +289,7 @@ def _extreme_inputs(B, dtype, device):
             p.to(dtype)[None].expand(B, -1, -1).contiguous().to(device), q, p)
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_sd1_extreme_ratios(impl, device, dtype):
+def law_sd1_extreme_ratios(impl, device, dtype):
     """q(x) = 1e-12 with p(x) ~ 1 is accepted in every round; p(x) = 0 with q(x) > 0 is rejected
     in every round, and the corrections follow norm(max(0, p − q)) (G-test, α = 1e-3)."""
     from conformance.stats import check_counts
@@ -305,6 +302,20 @@ def test_sd1_extreme_ratios(impl, device, dtype):
     resid = (resid / resid.sum()).numpy()
     counts = np.bincount(tokens[:, 1].cpu().numpy(), minlength=4)
     check_counts(counts, resid, alpha=ALPHA, what="corrections after rejecting a p = 0 token").check()
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("SD-1")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_sd1_extreme_ratios(impl, device, dtype):
+    law_sd1_extreme_ratios(impl, device, dtype)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("SD-1")
+@pytest.mark.kills("guarded_division")
+def test_sd1_extreme_ratios_zoo_rejected(bad_impl, device):
+    expect_rejected(law_sd1_extreme_ratios, bad_impl, device, torch.float64)
 
 
 @pytest.mark.technique(TECH)
