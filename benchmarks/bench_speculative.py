@@ -7,8 +7,9 @@ of the statistical SD-1 law (its false-alarm rate and its power).
 - ``test_sd1_law_calibration``: 200 reseeded runs of the SD-1 statistical check on the batched
   verifier (a correct one) give the measured false-alarm rate, which must not exceed the stated
   α beyond sampling error (binomial tail at 1e-3), and 50 runs on the 0.97-acceptance verifier of
-  the zoo give the power at the sizes CI uses. It is slow (about 10 s on one core), so ``.ci/run`` (CI=true)
-  skips it; ``python -m reports`` runs it and the report shows its row (claim SD-1).
+  the zoo give the power at the sizes CI uses. It is slow (about a minute on one core), so
+  ``.ci/run`` (CI=true) skips it; ``python -m reports`` runs it and the report shows its row
+  (claim SD-1).
 
 Goals (issue: H200 when lent; not asserted, and recorded as unmeasured on a CPU): verifying up
 to 8 tokens costs <= 1.15x a one-token target step when memory-bound; end-to-end speedup >=
@@ -74,7 +75,7 @@ CALIBRATION_RUNS, POWER_RUNS = 200, 50
 
 @pytest.mark.claim("SD-1")
 @pytest.mark.skipif(os.environ.get("CI", "").lower() in ("1", "true", "yes"),
-                    reason="slow calibration run (about 10 s on one core): run by python -m reports, not by CI")
+                    reason="slow calibration run (about a minute on one core): run by python -m reports, not by CI")
 def test_sd1_law_calibration(device):
     """The statistical SD-1 law's error rates at the sizes CI uses: false alarms of the batched
     (correct) verifier over 200 reseeded runs, power against acceptance x 0.97 over 50."""
