@@ -8,6 +8,7 @@
   three pinned boundary pairs of :data:`BOUNDARY_TRIALS` (disjoint supports, q = 0 where p > 0,
   tiny probabilities); :data:`STAT_SIZES` maps each to its rounds. Power and false-alarm rate
   are measured by ``benchmarks/bench_speculative.py::test_sd1_law_calibration``.
+- :func:`certain_cases`: inputs whose every accept decision and emitted token is certain.
 - :func:`run_trials` / :func:`outcome_counts` / :func:`check_statistically`: one large batch of
   independent rounds through ``verify``, counted into the categories of
   :func:`reference.speculative.outcome_probabilities`, each compared with a G-test;
@@ -212,6 +213,48 @@ def check_statistically(impl, pq: PQ, B: int, seed: int, device: str, alpha: flo
     counts = outcome_counts(tokens.cpu(), n.cpu(), pq.V, pq.gamma)
     return [check_counts(counts[k], exact[k], alpha=alpha / len(OUTCOMES),
                          what=f"{what or pq.label}: {k} over {B} rounds") for k in OUTCOMES]
+
+
+def _onehot(V, i):
+    r = [0.0] * V
+    r[i] = 1.0
+    return r
+
+
+def certain_cases():
+    """(label, draft_tokens (B, γ), q (B, γ, V), p (B, γ+1, V), expected tokens, expected n):
+    inputs whose every accept decision and every correction or bonus token is certain."""
+    cases = []
+    # p/q = 1 at magnitudes below float16's subnormals: always accepted (bonus from p[1])
+    for tiny in (1e-8, 1e-30, 1e-300):
+        row = [tiny, 1 - tiny]
+        cases.append((f"p/q = 1 at p(x) = q(x) = {tiny:g}", [[0]], [[row]], [[row, _onehot(2, 1)]],
+                      [[0, 1]], [1]))
+    # row-distinct one-hot p: rows differ in which draft is accepted and which token follows
+    B, V = 12, 4
+    d, q, p, tok, n = [], [], [], [], []
+    for b in range(B):
+        x0, x1 = b % V, (b + 1) % V
+        d.append([x0, x1])
+        q.append([[1 / V] * V, [1 / V] * V])
+        if b % 2 == 0:   # both accepted, bonus certain
+            p.append([_onehot(V, x0), _onehot(V, x1), _onehot(V, (b + 3) % V)])
+            tok.append([x0, x1, (b + 3) % V])
+            n.append(2)
+        else:            # second rejected (p(x1) = 0), the residual is one-hot on (b+2) % V
+            p.append([_onehot(V, x0), _onehot(V, (b + 2) % V), _onehot(V, (b + 3) % V)])
+            tok.append([x0, (b + 2) % V, PAD])
+            n.append(1)
+    cases.append(("row-distinct one-hot p (B = 12, γ = 2)", d, q, p, tok, n))
+    # γ = 1..8, q = p one-hot per position (all accepted), p[γ] one-hot elsewhere: the bonus
+    V = 10
+    for gamma in range(1, 9):
+        xs = [(3 * i + 1) % V for i in range(gamma)]
+        bonus = (xs[-1] + 5) % V
+        rows = [_onehot(V, x) for x in xs]
+        cases.append((f"all accepted, bonus from p[γ] (γ = {gamma})", [xs] * 2, [rows] * 2,
+                      [rows + [_onehot(V, bonus)]] * 2, [xs + [bonus]] * 2, [gamma] * 2))
+    return cases
 
 
 def sd1_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA):

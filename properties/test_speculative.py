@@ -26,6 +26,7 @@ from properties.speculative_cases import (
     ALPHA,
     PINNED,
     STAT_CONFIGS,
+    certain_cases,
     extend,
     pq_pairs,
     sd1_law_verdicts,
@@ -138,53 +139,11 @@ def test_sd1_zoo_rejected(bad_impl, device):
 
 
 # ------------------------------------------------ SD-1 structure: decisions that are certain
-def _onehot(V, i):
-    r = [0.0] * V
-    r[i] = 1.0
-    return r
-
-
-def _certain_cases():
-    """(label, draft_tokens (B, γ), q (B, γ, V), p (B, γ+1, V), expected tokens, expected n):
-    inputs whose every accept decision and every correction or bonus token is certain."""
-    cases = []
-    # p/q = 1 at magnitudes below float16's subnormals: always accepted (bonus from p[1])
-    for tiny in (1e-8, 1e-30, 1e-300):
-        row = [tiny, 1 - tiny]
-        cases.append((f"p/q = 1 at p(x) = q(x) = {tiny:g}", [[0]], [[row]], [[row, _onehot(2, 1)]],
-                      [[0, 1]], [1]))
-    # row-distinct one-hot p: rows differ in which draft is accepted and which token follows
-    B, V = 12, 4
-    d, q, p, tok, n = [], [], [], [], []
-    for b in range(B):
-        x0, x1 = b % V, (b + 1) % V
-        d.append([x0, x1])
-        q.append([[1 / V] * V, [1 / V] * V])
-        if b % 2 == 0:   # both accepted, bonus certain
-            p.append([_onehot(V, x0), _onehot(V, x1), _onehot(V, (b + 3) % V)])
-            tok.append([x0, x1, (b + 3) % V])
-            n.append(2)
-        else:            # second rejected (p(x1) = 0), the residual is one-hot on (b+2) % V
-            p.append([_onehot(V, x0), _onehot(V, (b + 2) % V), _onehot(V, (b + 3) % V)])
-            tok.append([x0, (b + 2) % V, PAD])
-            n.append(1)
-    cases.append(("row-distinct one-hot p (B = 12, γ = 2)", d, q, p, tok, n))
-    # γ = 1..8, q = p one-hot per position (all accepted), p[γ] one-hot elsewhere: the bonus
-    V = 10
-    for gamma in range(1, 9):
-        xs = [(3 * i + 1) % V for i in range(gamma)]
-        bonus = (xs[-1] + 5) % V
-        rows = [_onehot(V, x) for x in xs]
-        cases.append((f"all accepted, bonus from p[γ] (γ = {gamma})", [xs] * 2, [rows] * 2,
-                      [rows + [_onehot(V, bonus)]] * 2, [xs + [bonus]] * 2, [gamma] * 2))
-    return cases
-
-
 def law_sd1_certain(impl, device):
     """Every certain decision (accept when p(x) >= q(x) > 0, reject when p(x) = 0, the only token
     of a one-hot residual or bonus) made in every row, for several rows and γ up to 8."""
     failed = []
-    for label, d, q, p, tok, n in _certain_cases():
+    for label, d, q, p, tok, n in certain_cases():
         d_t = torch.tensor(d, dtype=torch.int64, device=device)
         q_t = torch.tensor(q, dtype=torch.float64, device=device)
         p_t = torch.tensor(p, dtype=torch.float64, device=device)
