@@ -55,3 +55,29 @@ def rounds(benchmark, seconds_per_call: float, minimum: int) -> int:
         return minimum
     budget = float(getattr(benchmark, "_max_time", 0.0) or 0.0)
     return int(min(MAX_ROUNDS, max(minimum, math.ceil(budget / seconds_per_call))))
+
+
+def paired_ratio(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> float:
+    """Median over ``repeats`` of time(fn_a) / time(fn_b), the two timed back to back in
+    alternating order (a, b, b, a, ...), so that a change of load on a shared machine moves both
+    sides of a ratio alike; ``setup_a``/``setup_b`` run untimed before each; one untimed warm-up
+    call of each first."""
+    def once(fn, setup):
+        if setup:
+            setup()
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        return time.perf_counter() - t0
+
+    once(fn_a, setup_a)
+    once(fn_b, setup_b)
+    ratios = []
+    for i in range(repeats):
+        if i % 2:
+            tb, ta = once(fn_b, setup_b), once(fn_a, setup_a)
+        else:
+            ta, tb = once(fn_a, setup_a), once(fn_b, setup_b)
+        ratios.append(ta / tb)
+    return statistics.median(ratios)

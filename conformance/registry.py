@@ -72,7 +72,9 @@ class Implementation:
         raise AttributeError(f"implementation {self.name!r} of {self.technique!r} has no {item!r}")
 
     def __repr__(self) -> str:
-        return f"<{self.technique}:{self.name} ({self.origin}, {self.target})>"
+        # short, as Hypothesis prints it in every falsifying example; ``target`` and ``origin``
+        # are attributes for whoever needs them
+        return f"Implementation({self.technique!r}, {self.name!r})"
 
 
 def contracts() -> dict[str, Contract]:

@@ -14,8 +14,15 @@ whose keys and values the next forward writes). One round:
 3. ``verify`` keeps a prefix (float64 accept/reject of :mod:`optimized.speculative`, or the
    greedy rule) and emits one more token;
 4. both caches are rolled back to the accepted prefix: the target to the committed tokens but
-   the new pending one, the draft to at most that. Rolled-back slots are refilled with NaN, so
-   the caches equal, length and content, those of decoding only the accepted tokens (SD-8).
+   the new pending one, the draft to at most that: the caches then equal, length and visible
+   content, those of decoding only the accepted tokens (SD-8). With ``nan_fill=True`` (a
+   checking mode, what SD-8's law runs) the rolled-back slots are also refilled with NaN, so a
+   stale slot that were ever read would poison the output; by default they are left as they are
+   (every read masks slots past a row's length), which saves a write over the caches per round.
+
+Per forward the host does no device round trip: lengths live on the host too, the RoPE tables
+are computed once for every layer, the token ids the engine produced itself are not re-checked,
+and the K/V masking copy is skipped when every row's chunk ends at the same slot (B = 1 always).
 
 Temperature, top-k and top-p (:func:`reference.speculative.process_logits`) are applied to the
 target's and the draft's logits alike before verification; temperature 0 is greedy. The draft
@@ -30,13 +37,16 @@ from optimized import speculative as batched
 from optimized.engine import KVCacheEngine
 from optimized.kv_cache import INDEX_DTYPE
 from reference.speculative import best_gamma, process_logits
-from reference.transformer import Transformer, naive_attention
+from reference.transformer import Transformer, naive_attention, rope_tables
 
 
 class CachedModel(KVCacheEngine):
     """A :class:`KVCacheEngine` whose sequences grow by several tokens per forward and shrink
     back: :meth:`start` (empty sequences), :meth:`extend` (right-padded chunks of per-row
-    lengths, causal within the chunk), :meth:`rollback` (forget the slots past new lengths)."""
+    lengths, causal within the chunk), :meth:`rollback` (forget the slots past new lengths).
+    ``nan_fill``: rollback refills the forgotten slots with NaN (checking mode)."""
+
+    nan_fill = True
 
     def start(self, batch: int) -> None:
         """Forget every sequence and start ``batch`` empty ones."""
@@ -46,10 +56,12 @@ class CachedModel(KVCacheEngine):
         self.batch = batch
 
     @torch.no_grad()
-    def extend(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def extend(self, tokens: torch.Tensor, counts: torch.Tensor, *, check_ids: bool = True) -> torch.Tensor:
         """Append ``tokens[b, :counts[b]]`` to sequence b in one forward; returns logits
         (B, T, V), logits[b, t] after sequence b's tokens and tokens[b, :t+1] (t < counts[b];
-        the rest unspecified). tokens (B, T) int64; counts (B,) int64 on the CPU, 0..T."""
+        the rest unspecified). tokens (B, T) int64; counts (B,) int64 on the CPU, 0..T.
+        ``check_ids=False`` skips the range check of the ids (a device round trip) for ids the
+        caller produced itself (sampled from the logits or already checked)."""
         self._check_ids(tokens, "tokens", 2)
         B, T = tokens.shape
         if B != self.batch:
@@ -58,23 +70,29 @@ class CachedModel(KVCacheEngine):
         host_len = self.cache.host_lengths[:B].clone()
         if int((host_len + host_counts).max()) > self.cache.max_seq_len:
             raise ValueError(f"extend would grow a sequence past max_seq_len={self.cache.max_seq_len}")
-        self._check_vocab(tokens, "tokens")
+        if check_ids:
+            self._check_vocab(tokens, "tokens")
         cache, cfg, dev = self.cache, self.cfg, self.device
         counts_d = host_counts.to(dev)
         lengths = cache.lengths[:B]
         positions = lengths[:, None] + torch.arange(T, device=dev)                  # (B, T)
-        span = int((host_len + host_counts).max())
+        ends = host_len + host_counts
+        span = int(ends.max())
+        # every slot below span written (all rows end there): nothing to zero before attention
+        ragged = bool((ends < span).any())
         slot = torch.arange(span, device=dev)
         written = slot[None, :] < (lengths + counts_d)[:, None]                      # (B, span)
         keep = written[:, None, :, None]                                             # (B, 1, span, 1)
         score_mask = (slot[None, None, :] <= positions[:, :, None])[:, None]        # (B, 1, T, span)
+        zero = torch.zeros((), dtype=cache.k.dtype, device=dev)
         x = self.model.embed(tokens)                                                 # (B, T, d)
+        rope = rope_tables(cfg.hd, positions, cfg.rope_theta, x.dtype)               # once for every layer
         for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)
+            q, k, v = block.attn.qkv(block.attn_norm(x), positions, rope)
             cache.append(layer, k, v, lengths, counts_d, host_len, host_counts)
-            zero = torch.zeros((), dtype=cache.k.dtype, device=dev)
-            kc = torch.where(keep, cache.k[layer, :B, :, :span], zero)               # (B, Hkv, span, D)
-            vc = torch.where(keep, cache.v[layer, :B, :, :span], zero)
+            kc, vc = cache.k[layer, :B, :, :span], cache.v[layer, :B, :, :span]      # (B, Hkv, span, D)
+            if ragged:                                                               # NaN past a length -> 0
+                kc, vc = torch.where(keep, kc, zero), torch.where(keep, vc, zero)
             att = naive_attention(q, kc, vc, score_mask)                             # (B, Hq, T, D)
             x = x + block.attn.wo(att.transpose(1, 2).reshape(B, T, cfg.n_heads * cfg.hd))
             x = x + block.mlp(block.mlp_norm(x))
@@ -83,17 +101,18 @@ class CachedModel(KVCacheEngine):
 
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Shrink sequence b to ``new_lengths[b]`` tokens (CPU int64, <= its length): the
-        slots past it are refilled with NaN, as if they had never been written."""
+        slots past it are forgotten (refilled with NaN, as if never written, when ``nan_fill``)."""
         B = self.batch
         new = new_lengths.to("cpu", INDEX_DTYPE)
         old = self.cache.host_lengths[:B]
         if bool((new > old).any()) or bool((new < 0).any()):
             raise ValueError(f"rollback to {new.tolist()} from lengths {old.tolist()}")
-        top = int(old.max()) if B else 0
-        dead = torch.arange(top)[None, :] >= new[:, None]                           # (B, top) CPU
-        dead = dead.to(self.device)[None, :, None, :, None]
-        for t in (self.cache.k, self.cache.v):
-            t[:, :B, :, :top].masked_fill_(dead, float("nan"))
+        if self.nan_fill:
+            top = int(old.max()) if B else 0
+            dead = torch.arange(top)[None, :] >= new[:, None]                       # (B, top) CPU
+            dead = dead.to(self.device)[None, :, None, :, None]
+            for t in (self.cache.k, self.cache.v):
+                t[:, :B, :, :top].masked_fill_(dead, float("nan"))
         self.cache.lengths[:B] = new.to(self.device)
         self.cache.host_lengths[:B] = new
 
@@ -110,11 +129,14 @@ class SpeculativeEngine:
     draft's parameters / the target's); ``last_gamma`` is the γ of the last round.
     ``max_seq_len`` must hold prompt + max_new_tokens + 2γ + 1 tokens (a row that has finished
     keeps scoring, and rolling back, γ + 1 tokens past its end while the others finish).
+    ``nan_fill``: refill rolled-back cache slots with NaN (a checking mode for SD-8's law; off,
+    they are only masked, which is all the output depends on).
     """
 
     def __init__(self, target: Transformer, draft: Transformer, *, gamma: int, max_batch: int,
                  max_seq_len: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 verify=None, append: str = "torch", adaptive: bool = False, draft_cost: float | None = None):
+                 verify=None, append: str = "torch", adaptive: bool = False, draft_cost: float | None = None,
+                 nan_fill: bool = False):
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
         if target.cfg.vocab_size != draft.cfg.vocab_size:
@@ -125,6 +147,7 @@ class SpeculativeEngine:
             process_logits(torch.zeros(2), temperature, top_k, top_p)             # validates the settings
         self.target = CachedModel(target, max_batch, max_seq_len, append)
         self.draft = CachedModel(draft, max_batch, max_seq_len, append)
+        self.target.nan_fill = self.draft.nan_fill = bool(nan_fill)
         self.gamma, self.temperature, self.top_k, self.top_p = gamma, temperature, top_k, top_p
         self.adaptive = adaptive
         if draft_cost is None:
@@ -160,6 +183,8 @@ class SpeculativeEngine:
         Returns (tokens (B, S + max_new_tokens), stats: rounds, accepted, drafted, emitted and
         rejections (rounds that stopped before γ) per row while generating, summed;
         :func:`reference.speculative.measured_alpha` reads them)."""
+        self.target._check_ids(prompt, "prompt", 2)
+        self.target._check_vocab(prompt, "prompt")                                   # the only ids checked
         greedy = self.temperature == 0
         B, S = prompt.shape
         g_max = g = self.gamma
@@ -177,6 +202,7 @@ class SpeculativeEngine:
             if S > 1:
                 m.extend(prompt[:, :S - 1], torch.full((B,), S - 1, dtype=torch.int64))
         rows = torch.arange(B, device=dev)
+        ones = torch.ones(B, dtype=torch.int64)
         stats = {"rounds": 0, "accepted": 0, "drafted": 0, "emitted": 0, "rejections": 0}
         while bool((L < S + max_new_tokens).any()):
             active = L < S + max_new_tokens                                          # (B,) CPU
@@ -187,7 +213,7 @@ class SpeculativeEngine:
             lag = L - Ld                                                              # 1 or 2
             T = int(lag.max())
             idx = (Ld[:, None] + torch.arange(T)).clamp(max=total - 1).to(dev)
-            logits = self.draft.extend(buf.gather(1, idx), lag)
+            logits = self.draft.extend(buf.gather(1, idx), lag, check_ids=False)
             logits = logits[rows, (lag - 1).to(dev)]                                  # (B, V)
             xs, qs = [], []
             for i in range(g):
@@ -199,12 +225,12 @@ class SpeculativeEngine:
                     qs.append(self._q_for_verify(logits, q))
                 xs.append(x)
                 if i < g - 1:
-                    logits = self.draft.extend(x[:, None], torch.ones(B, dtype=torch.int64))[:, 0]
+                    logits = self.draft.extend(x[:, None], ones, check_ids=False)[:, 0]
             draft_tokens = torch.stack(xs, 1)                                         # (B, γ)
             # 2. the target scores the pending token and the γ draft tokens in one forward
             pending = buf[rows, (L - 1).to(dev)]
             chunk = torch.cat([pending[:, None], draft_tokens], 1)                    # (B, γ+1)
-            t_logits = self.target.extend(chunk, torch.full((B,), g + 1, dtype=torch.int64))
+            t_logits = self.target.extend(chunk, torch.full((B,), g + 1, dtype=torch.int64), check_ids=False)
             # 3. verify
             if greedy:
                 best = t_logits.argmax(-1)                                            # (B, γ+1)

@@ -3,13 +3,17 @@
 - :func:`pq_pairs`: the Hypothesis strategy of (q, p) pairs for the exact SD-1 law, with the
   boundary classes the issue names pinned (:data:`PINNED`): disjoint supports, q = 0 where p > 0,
   p = q, one-hot p or q, tiny probabilities.
-- :data:`STAT_CONFIGS`: the fixed (q, p) of the statistical law, and :data:`STAT_TRIALS`, the batch
-  it runs: sized so that the 0.97-acceptance verifier is rejected (power measured by
-  ``scripts/calibrate_speculative.py``).
+- :data:`STAT_CONFIGS`: the fixed (q, p) of the statistical law: two dense pairs of
+  :data:`STAT_TRIALS` rounds each, sized so that the 0.97-acceptance verifier is rejected, and
+  three pinned boundary pairs of :data:`BOUNDARY_TRIALS` (disjoint supports, q = 0 where p > 0,
+  tiny probabilities); :data:`STAT_SIZES` maps each to its rounds. Power and false-alarm rate
+  are measured by ``benchmarks/bench_speculative.py::test_sd1_law_calibration``.
+- :func:`certain_cases`: inputs whose every accept decision and emitted token is certain.
 - :func:`run_trials` / :func:`outcome_counts` / :func:`check_statistically`: one large batch of
   independent rounds through ``verify``, counted into the categories of
-  :func:`reference.speculative.outcome_probabilities`, each compared with a G-test; the four
-  tests share the family-wise false-alarm rate :data:`ALPHA` (Bonferroni, α/4 each).
+  :func:`reference.speculative.outcome_probabilities`, each compared with a G-test;
+  :func:`sd1_law_verdicts`: every pair, the whole law's tests sharing the family-wise
+  false-alarm rate :data:`ALPHA` (Bonferroni: α / (4 tests × pairs) each).
 """
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ from conformance.contracts.speculative import PAD
 from conformance.stats import check_counts
 from reference.speculative import outcome_probabilities
 
-#: Family-wise false-alarm rate of one statistical check of a correct verifier (all four G-tests).
+#: Family-wise false-alarm rate of the whole statistical law on a correct verifier (every pair,
+#: all four G-tests per pair).
 ALPHA = 1e-3
-#: Independent rounds per statistical check (the batch B of one ``verify`` call).
-STAT_TRIALS = 20_000
+#: Independent rounds per dense pair (the batch B of one ``verify`` call), and per boundary pair.
+STAT_TRIALS, BOUNDARY_TRIALS = 20_000, 8_000
 #: Outcome categories compared per check.
 OUTCOMES = ("first", "first_two", "num_accepted", "accepted_last")
 
@@ -118,14 +123,20 @@ def extend(pq: PQ, n: int) -> tuple[np.ndarray, np.ndarray]:
     return q, p
 
 
-#: The statistical law's fixed pairs: α about 0.6-0.8 (so acceptance matters at every position),
-#: a zero in q where p > 0 and a zero in p where q > 0.
+#: The statistical law's fixed pairs: two dense ones with α about 0.6-0.8 (so acceptance matters
+#: at every position; a zero in q where p > 0 and a zero in p where q > 0), which carry the power
+#: against a slightly wrong acceptance, and three of the pinned boundary classes, where a verifier
+#: that divides by q, takes a log or drops a tiny mass goes wrong.
 STAT_CONFIGS = {
     "gamma3-V5": _pq([[.30, .25, .20, .15, .10], [.05, .10, .15, .30, .40], [.20, .20, .20, .20, .20]],
                      [[.15, .30, .30, .25, 0], [.10, .05, .25, .25, .35], [.40, .15, .15, .10, .20],
                       [.30, .20, .20, .20, .10]], "gamma3-V5"),
     "gamma1-V4": _pq([[.4, .4, .2, 0]], [[.2, .3, .2, .3], [.1, .2, .3, .4]], "gamma1-V4"),
+    **{pq.label: pq for pq in PINNED if pq.label in ("disjoint supports", "q = 0 where p > 0",
+                                                     "tiny probabilities")},
 }
+#: Rounds per pair of :data:`STAT_CONFIGS`.
+STAT_SIZES = {name: STAT_TRIALS if name.startswith("gamma") else BOUNDARY_TRIALS for name in STAT_CONFIGS}
 
 
 def tensors(pq: PQ, B: int, dtype, device, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -202,3 +213,54 @@ def check_statistically(impl, pq: PQ, B: int, seed: int, device: str, alpha: flo
     counts = outcome_counts(tokens.cpu(), n.cpu(), pq.V, pq.gamma)
     return [check_counts(counts[k], exact[k], alpha=alpha / len(OUTCOMES),
                          what=f"{what or pq.label}: {k} over {B} rounds") for k in OUTCOMES]
+
+
+def _onehot(V, i):
+    r = [0.0] * V
+    r[i] = 1.0
+    return r
+
+
+def certain_cases():
+    """(label, draft_tokens (B, γ), q (B, γ, V), p (B, γ+1, V), expected tokens, expected n):
+    inputs whose every accept decision and every correction or bonus token is certain."""
+    cases = []
+    # p/q = 1 at magnitudes below float16's subnormals: always accepted (bonus from p[1])
+    for tiny in (1e-8, 1e-30, 1e-300):
+        row = [tiny, 1 - tiny]
+        cases.append((f"p/q = 1 at p(x) = q(x) = {tiny:g}", [[0]], [[row]], [[row, _onehot(2, 1)]],
+                      [[0, 1]], [1]))
+    # row-distinct one-hot p: rows differ in which draft is accepted and which token follows
+    B, V = 12, 4
+    d, q, p, tok, n = [], [], [], [], []
+    for b in range(B):
+        x0, x1 = b % V, (b + 1) % V
+        d.append([x0, x1])
+        q.append([[1 / V] * V, [1 / V] * V])
+        if b % 2 == 0:   # both accepted, bonus certain
+            p.append([_onehot(V, x0), _onehot(V, x1), _onehot(V, (b + 3) % V)])
+            tok.append([x0, x1, (b + 3) % V])
+            n.append(2)
+        else:            # second rejected (p(x1) = 0), the residual is one-hot on (b+2) % V
+            p.append([_onehot(V, x0), _onehot(V, (b + 2) % V), _onehot(V, (b + 3) % V)])
+            tok.append([x0, (b + 2) % V, PAD])
+            n.append(1)
+    cases.append(("row-distinct one-hot p (B = 12, γ = 2)", d, q, p, tok, n))
+    # γ = 1..8, q = p one-hot per position (all accepted), p[γ] one-hot elsewhere: the bonus
+    V = 10
+    for gamma in range(1, 9):
+        xs = [(3 * i + 1) % V for i in range(gamma)]
+        bonus = (xs[-1] + 5) % V
+        rows = [_onehot(V, x) for x in xs]
+        cases.append((f"all accepted, bonus from p[γ] (γ = {gamma})", [xs] * 2, [rows] * 2,
+                      [rows + [_onehot(V, bonus)]] * 2, [xs + [bonus]] * 2, [gamma] * 2))
+    return cases
+
+
+def sd1_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA):
+    """SD-1 on samples over every pair of :data:`STAT_CONFIGS` (rounds :data:`STAT_SIZES`): the
+    verdicts of all the G-tests, whose family-wise false-alarm rate on a correct verifier is at
+    most ``alpha`` (Bonferroni over pairs and tests)."""
+    return [v for i, (name, pq) in enumerate(STAT_CONFIGS.items())
+            for v in check_statistically(impl, pq, STAT_SIZES[name], seed + 100 * i, device,
+                                         alpha / len(STAT_CONFIGS))]

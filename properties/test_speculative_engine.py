@@ -124,7 +124,7 @@ def law_sd8_caches_rolled_back(impl, draft, gamma, greedy, batch, prompt_len, se
     prompt = torch.cat([torch.full((batch, 1), _tok().bos_id),
                         torch.randint(4, target.cfg.vocab_size, (batch, prompt_len - 1), generator=gen)], 1)
     engine = impl.cls(target, dr, gamma=gamma, max_batch=batch, max_seq_len=target.cfg.max_seq_len,
-                      temperature=0.0 if greedy else 1.0, adaptive=adaptive)
+                      temperature=0.0 if greedy else 1.0, adaptive=adaptive, nan_fill=True)
     prev = {"L": torch.full((batch,), prompt_len, dtype=torch.int64)}
     rounds = []
 

@@ -14,7 +14,7 @@ from conformance.contracts.speculative import PAD, validate
 
 def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0, q_over_p=False,
             late=False, resample_p=False, continue_after=False, drop_bonus=False, unnormalised=False,
-            fp16=False):
+            fp16=False, guard_q=0.0):
     validate(draft_tokens, draft_probs, target_probs, generator)
     B, gamma = draft_tokens.shape
     V = draft_probs.shape[-1]
@@ -29,6 +29,8 @@ def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=
         ratio = torch.where(p_x > 0, q_x / p_x.clamp_min(1e-300), torch.zeros_like(p_x)).clamp(max=1.0)
     else:
         ratio = (p_x / q_x).clamp(max=1.0)
+    if guard_q:                     # "avoid dividing by zero": a tiny q(x) counts as no acceptance
+        ratio = torch.where(q_x > guard_q, ratio, torch.zeros_like(ratio))
     if fp16:
         p16, q16 = p_x.to(torch.float16), q_x.to(torch.float16).clamp_min(6e-8)
         ratio = (p16 / q16).clamp(max=1.0).to(torch.float64)
@@ -159,6 +161,13 @@ ENGINE_ZOO = {"forgets_rollback": ForgetsRollback, "forgets_draft_rollback": For
 
 
 # ------------------------------------------------ verifiers seen only by the deterministic laws
+def guarded_division(draft_tokens, draft_probs, target_probs, *, generator):
+    """Guards the division p/q against q(x) near 0 by accepting with probability 0 where
+    q(x) <= 1e-9: a draft token of q(x) = 1e-12 against p(x) ~ 1, which must always be accepted,
+    is always rejected."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, guard_q=1e-9)
+
+
 def accept_fp16(draft_tokens, draft_probs, target_probs, *, generator):
     """Computes the acceptance ratio min(1, p/q) in float16: probabilities below float16's
     smallest subnormal flush to zero, so p/q = 1 at tiny magnitudes is always rejected."""

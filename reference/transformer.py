@@ -128,14 +128,16 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * H, bias=False)
         self.wo = nn.Linear(cfg.n_heads * H, cfg.d_model, bias=False)
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """Project and rotate: x (B, T, d_model), positions (B, T) -> q (B, Hq, T, D), k, v (B, Hkv, T, D)."""
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope=None):
+        """Project and rotate: x (B, T, d_model), positions (B, T) -> q (B, Hq, T, D), k, v (B, Hkv, T, D).
+        ``rope``: optional (cos, sin) of :func:`rope_tables` for these positions (an engine computes
+        them once per forward for every layer)."""
         B, T, _ = x.shape
         c = self.cfg
         q = self.wq(x).view(B, T, c.n_heads, c.hd).transpose(1, 2)     # (B, Hq, T, D)
         k = self.wk(x).view(B, T, c.n_kv_heads, c.hd).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, c.n_kv_heads, c.hd).transpose(1, 2)  # (B, Hkv, T, D)
-        cos, sin = rope_tables(c.hd, positions, c.rope_theta, x.dtype)
+        cos, sin = rope if rope is not None else rope_tables(c.hd, positions, c.rope_theta, x.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

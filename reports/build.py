@@ -147,6 +147,11 @@ def summary(ledger: list[dict]) -> dict:
             "failing": n["fails"], "not_measured": n["not measured"], "not_checked": n["not checked"]}
 
 
+#: The column of laws that are not parametrized over implementations (one fixed setup: an
+#: exact enumeration, a formula, an experiment on the small world).
+NOT_PER_IMPL = "not per implementation"
+
+
 def property_tables(rows: list[Row]) -> dict[str, dict]:
     """technique -> {impls: [...], properties: [{law, claim, dtype, cells: {impl: cell}}]}: the
     worst verdict (then the largest error/bound) per law, claim, dtype and implementation."""
@@ -155,7 +160,7 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
         if not r.technique or _is_zoo(r):
             continue
         t = tables.setdefault(r.technique, {"impls": [], "props": {}})
-        impl = r.implementation or "-"
+        impl = r.implementation or NOT_PER_IMPL
         if impl not in t["impls"]:
             t["impls"].append(impl)
         law = r.check.split("::")[-1].split("[")[0]

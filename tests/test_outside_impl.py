@@ -31,3 +31,24 @@ def test_wrong_outside_attention_exits_nonzero():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     assert "test_fa3_matches_float64_reference" in out and "failed" in out, out[-4000:]
+
+
+def test_outside_speculative_verifiers_checked(tmp_path):
+    """`--impl speculative=module:fn` (repeatable) checks outside verifiers with the SD-1 laws: in
+    one run, a conforming one passes the statistical law and one whose acceptance is scaled by
+    0.97 fails it (exit status 1)."""
+    from conformance.results import read_rows
+
+    good, bad = "optimized.speculative:verify", "properties.zoo_speculative:acceptance_times_097"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/test_speculative.py", "-k", "test_sd1_statistical",
+           "--impl", f"speculative={good}", "--impl", f"speculative={bad}", "--results", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    verdicts = {(r.check.split("::")[-1].split("[")[0], r.implementation): r.verdict for r in read_rows(tmp_path)
+                if r.implementation in (good, bad)}
+    assert verdicts == {("test_sd1_statistical", good): "pass", ("test_sd1_statistical", bad): "fail"}, \
+        (verdicts, out[-4000:])

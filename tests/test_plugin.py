@@ -84,6 +84,12 @@ def test_unknown_technique_is_a_usage_error():
         registry.parse_impl_option(["attention"])
 
 
+def test_implementation_repr_is_short():
+    """Hypothesis prints an implementation in every falsifying example: technique and name only."""
+    impl = registry.load("speculative", "torch", "optimized.speculative:verify", "builtin")
+    assert repr(impl) == "Implementation('speculative', 'torch')"
+
+
 # --- the generic contract checks on toy functions ------------------------------------------
 
 

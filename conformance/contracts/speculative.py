@@ -201,5 +201,6 @@ CONTRACT = Contract(
         "row0_probs": "properties.zoo_speculative:row0_probs",
         "long_gamma_bonus": "properties.zoo_speculative:long_gamma_bonus",
         "small_batch_from_p": "properties.zoo_speculative:small_batch_from_p",
+        "guarded_division": "properties.zoo_speculative:guarded_division",
     },
 )
