@@ -19,6 +19,18 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def seconds_once(fn, device: str, setup=None) -> float:
+    """Wall time in seconds of one ``fn()``, the device synchronized before and after;
+    ``setup()`` runs untimed first."""
+    if setup:
+        setup()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
 def median_seconds(fn, device: str, repeats: int, setup=None, warmup: bool = True) -> float:
     """Median wall time in seconds of ``fn()`` over ``repeats`` runs, the device synchronized
     before and after each run; ``setup()`` runs untimed before each; one untimed warm-up call
@@ -27,16 +39,7 @@ def median_seconds(fn, device: str, repeats: int, setup=None, warmup: bool = Tru
         if setup:
             setup()
         fn()
-    times = []
-    for _ in range(repeats):
-        if setup:
-            setup()
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median([seconds_once(fn, device, setup) for _ in range(repeats)])
 
 
 #: Most timed rounds a benchmark takes, however short its call.
@@ -63,13 +66,7 @@ def paired_ratio(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=No
     sides of a ratio alike; ``setup_a``/``setup_b`` run untimed before each; one untimed warm-up
     call of each first."""
     def once(fn, setup):
-        if setup:
-            setup()
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        return time.perf_counter() - t0
+        return seconds_once(fn, device, setup)
 
     once(fn_a, setup_a)
     once(fn_b, setup_b)
