@@ -248,9 +248,23 @@ def _extreme_inputs(B, dtype, device):
             p.to(dtype)[None].expand(B, -1, -1).contiguous().to(device), q, p)
 
 
+def _tiny_residual_inputs(B, dtype, device):
+    """γ = 1: the draft token has p = 0 and a tiny q (1e-12 in float64, 1e-6 in float32), so it is
+    rejected in every round and the residual max(0, p − q) has a single positive entry, of that
+    tiny size, at token 1: the correction is token 1 in every round."""
+    eps = 1e-12 if dtype == torch.float64 else 1e-6
+    q = torch.tensor([[eps, 1 - eps, 0.0, 0.0]], dtype=torch.float64)
+    p = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    tok = torch.zeros(B, 1, dtype=torch.int64)
+    return (tok.to(device), q.to(dtype)[None].expand(B, -1, -1).contiguous().to(device),
+            p.to(dtype)[None].expand(B, -1, -1).contiguous().to(device))
+
+
 def law_sd1_extreme_ratios(impl, device, dtype):
     """q(x) = 1e-12 with p(x) ~ 1 is accepted in every round; p(x) = 0 with q(x) > 0 is rejected
-    in every round, and the corrections follow norm(max(0, p − q)) (G-test, α = 1e-3)."""
+    in every round, and the corrections follow norm(max(0, p − q)) (G-test, α = 1e-3); when that
+    residual's whole mass is tiny (p(x) = 0 with q(x) = 1e-12 beside it), it is still normalised:
+    the correction is its one token in every round."""
     from conformance.stats import check_counts
 
     B = 4000
@@ -261,6 +275,11 @@ def law_sd1_extreme_ratios(impl, device, dtype):
     resid = (resid / resid.sum()).numpy()
     counts = np.bincount(tokens[:, 1].cpu().numpy(), minlength=4)
     check_counts(counts, resid, alpha=ALPHA, what="corrections after rejecting a p = 0 token").check()
+    tok, qb, pb = _tiny_residual_inputs(256, dtype, device)
+    tokens, n = impl(tok, qb, pb, generator=torch.Generator(device=device).manual_seed(4))
+    assert_exact(n.cpu(), torch.zeros(256, dtype=torch.int64), what="num_accepted (reject p = 0 beside a tiny q)")
+    assert_exact(tokens[:, 0].cpu(), torch.ones(256, dtype=torch.int64),
+                 what="correction drawn from a residual whose only mass is tiny (p − q at token 1)")
 
 
 @pytest.mark.technique(TECH)
@@ -272,7 +291,7 @@ def test_sd1_extreme_ratios(impl, device, dtype):
 
 @pytest.mark.technique(TECH)
 @pytest.mark.claim("SD-1")
-@pytest.mark.kills("guarded_division")
+@pytest.mark.kills("guarded_division", "tiny_residual_unnormalised")
 def test_sd1_extreme_ratios_zoo_rejected(bad_impl, device):
     expect_rejected(law_sd1_extreme_ratios, bad_impl, device, torch.float64)
 

@@ -14,7 +14,7 @@ from conformance.contracts.speculative import PAD, validate
 
 def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0, q_over_p=False,
             late=False, resample_p=False, continue_after=False, drop_bonus=False, unnormalised=False,
-            fp16=False, guard_q=0.0):
+            fp16=False, guard_q=0.0, unnormalised_below=0.0):
     validate(draft_tokens, draft_probs, target_probs, generator)
     B, gamma = draft_tokens.shape
     V = draft_probs.shape[-1]
@@ -44,10 +44,13 @@ def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=
         p_n = p.gather(1, idx)[:, 0]
         w = p_n if resample_p else (p_n - q_pad.gather(1, idx)[:, 0]).clamp_min(0.0)
         w = torch.where(w.sum(-1, keepdim=True) <= 0, p_n, w)
-        if unnormalised:            # inverse CDF against the raw residual: mass past its sum falls on V-1
+        if unnormalised or unnormalised_below:  # inverse CDF against the raw residual: mass past its sum falls on V-1
             uu = v[:, 0] if i is None else v[:, i]
             cum = w.cumsum(-1)
-            return torch.searchsorted(cum, uu[:, None].contiguous(), right=True)[:, 0].clamp(max=V - 1)
+            raw = torch.searchsorted(cum, uu[:, None].contiguous(), right=True)[:, 0].clamp(max=V - 1)
+            if unnormalised:
+                return raw
+            return torch.where(w.sum(-1) < unnormalised_below, raw, torch.multinomial(w, 1, generator=generator)[:, 0])
         return torch.multinomial(w, 1, generator=generator)[:, 0]
 
     pos = torch.arange(gamma + 1, device=dev)
@@ -166,6 +169,14 @@ def guarded_division(draft_tokens, draft_probs, target_probs, *, generator):
     q(x) <= 1e-9: a draft token of q(x) = 1e-12 against p(x) ~ 1, which must always be accepted,
     is always rejected."""
     return _verify(draft_tokens, draft_probs, target_probs, generator, guard_q=1e-9)
+
+
+def tiny_residual_unnormalised(draft_tokens, draft_probs, target_probs, *, generator):
+    """Skips normalising the residual max(0, p − q) when its sum is below 1e-6 ("it is about zero
+    anyway") and draws from it by inverse CDF: after rejecting a token with p(x) = 0 and a tiny
+    q(x), the whole mass of the residual is tiny and the draw lands on the last token, which p
+    never emits."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, unnormalised_below=1e-6)
 
 
 def accept_fp16(draft_tokens, draft_probs, target_probs, *, generator):

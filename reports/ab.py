@@ -80,6 +80,15 @@ def resolve_checkout(spec: str, tmp: Path, label: str, repo: Path = ROOT) -> tup
     return dest, True
 
 
+def describe(spec: str, repo: Path = ROOT) -> str:
+    """``spec`` with the commit it names (``HEAD~3 (6fa950c)``), or as is for a folder."""
+    if Path(spec).is_dir():
+        return spec
+    r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", f"{spec}^{{commit}}"],
+                       capture_output=True, text=True)
+    return f"{spec} ({r.stdout.strip()})" if r.returncode == 0 and r.stdout.strip() != spec else spec
+
+
 def remove_checkout(path: Path, repo: Path = ROOT) -> None:
     subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
 
@@ -160,7 +169,8 @@ def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_
         ceil = workdir / f"pass{i}{side}.ceilings.json"
         passes.append({"side": side, "pair": i, "start": t0, "seconds": seconds, "records": recs,
                        "ceilings": json.loads(ceil.read_text()) if ceil.exists() else None})
-        log(f"ab: pair {i + 1}/{pairs} side {side.upper()}: {len(recs)} benchmarks in {seconds:.0f} s")
+        log(f"ab: pair {i + 1}/{pairs} side {side.upper()}{' (lockstep, both sides at once)' if lockstep else ''}: "
+            f"{len(recs)} benchmarks in {seconds:.0f} s")
 
     for i in range(pairs):
         order = ("a", "b") if i % 2 == 0 else ("b", "a")
@@ -246,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             remove_checkout(c)
         shutil.rmtree(tmp, ignore_errors=True)
     decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
-    print(f"ab: A={a.a} B={a.b}, {a.pairs} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
+    print(f"ab: A={describe(a.a)} B={describe(a.b)}, {a.pairs} {'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
     code = gate.print_decisions(decisions)
     if a.json:
         Path(a.json).write_text(json.dumps({

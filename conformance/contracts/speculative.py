@@ -202,5 +202,6 @@ CONTRACT = Contract(
         "long_gamma_bonus": "properties.zoo_speculative:long_gamma_bonus",
         "small_batch_from_p": "properties.zoo_speculative:small_batch_from_p",
         "guarded_division": "properties.zoo_speculative:guarded_division",
+        "tiny_residual_unnormalised": "properties.zoo_speculative:tiny_residual_unnormalised",
     },
 )
