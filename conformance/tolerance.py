@@ -407,7 +407,8 @@ def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-
     idx = tuple(int(i) for i in (ratio == ratio.max()).nonzero()[0])
     detail = (f"worst element {idx}: out {a[idx].item():.6g}, out_ref {b[idx].item():.6g}, "
               f"bound {lim[idx].item():.3g}")
-    return _report(Verdict(worst <= 1.0, f"{rule}: |out-out_ref| <= bound, elementwise", worst, 1.0, what, detail))
+    return _report(Verdict(worst <= 1.0, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
+                           f"of each element's own bound", worst, 1.0, what, detail))
 
 
 def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
