@@ -205,6 +205,48 @@ def ab_mode(sessions: list[dict], targets: list[str], *, threshold: float, alpha
             "other_regressions_in_injected_runs": rate(false_in_injected, n_inj)}
 
 
+def _session_pairs(s: dict) -> list[dict[str, dict[str, float]]]:
+    """A session's pairs as [{"a": {name: median}, "b": {...}}, ...]."""
+    by_pair: dict[int, dict] = {}
+    for p in s["passes"]:
+        by_pair.setdefault(p["pair"], {})[p["side"]] = {n: b["median"] for n, b in p["benchmarks"].items()}
+    return [v for _, v in sorted(by_pair.items()) if len(v) == 2]
+
+
+def ab_resampled(sessions: list[dict], targets: list[str], *, threshold: float, alpha: float, pairs: int,
+                 draws: int = 2000, seed: int = 0) -> dict:
+    """The A/B rule on ``draws`` synthetic sessions of ``pairs`` pairs drawn with replacement from
+    all the A/A pairs (false alarms) and all the injected pairs (power) of the calibration:
+    many more decisions than there are sessions, at the price of a model (pairs independent of
+    their session). Rates only: the draws re-use the same pairs, so no binomial interval."""
+    rng = np.random.default_rng(seed)
+    pools = {k: [pr for s in sessions if s["kind"] == k for pr in _session_pairs(s)] for k in ("aa", "injected")}
+
+    def regressed(pool):
+        picks = rng.integers(0, len(pool), pairs)
+        ps = [{"side": side, "pair": i, "records": [{"fullname": n, "stats": {"median": m}}
+                                                      for n, m in pool[j][side].items()]}
+              for i, j in enumerate(picks) for side in ("a", "b")]
+        return {d.name for d in ab.decide(ps, threshold=threshold, alpha=alpha) if d.status == "regression"}
+
+    out = {"false_alarm": {"hits": 0, "n": 0, "rate": None, "ci95": None},
+           "power": {t: {"hits": 0, "n": 0, "rate": None, "ci95": None} for t in targets},
+           "other_regressions_in_injected_runs": {"hits": 0, "n": 0, "rate": None, "ci95": None}}
+    if len(pools["aa"]) >= pairs:
+        hits = sum(bool(regressed(pools["aa"])) for _ in range(draws))
+        out["false_alarm"] = {"hits": hits, "n": draws, "rate": hits / draws, "ci95": None}
+    if len(pools["injected"]) >= pairs:
+        caught, other = {t: 0 for t in targets}, 0
+        for _ in range(draws):
+            r = regressed(pools["injected"])
+            for t in targets:
+                caught[t] += any(t in name for name in r)
+            other += any(not any(t in name for t in targets) for name in r)
+        out["power"] = {t: {"hits": c, "n": draws, "rate": c / draws, "ci95": None} for t, c in caught.items()}
+        out["other_regressions_in_injected_runs"] = {"hits": other, "n": draws, "rate": other / draws, "ci95": None}
+    return out
+
+
 def noise(passes: list[dict], sessions: list[dict]) -> dict:
     """Per benchmark: sd of ln(median) over the unchanged passes, raw and normalised by the
     pass's own copy bandwidth and float32 matmul peak; sd of the paired log ratios of the A/A
@@ -291,7 +333,7 @@ def detectable(noise: dict, n_bench: int, *, threshold: float, alpha: float, win
 
 
 def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gate.DEFAULT_ALPHA,
-            window: int = gate.DEFAULT_WINDOW) -> dict:
+            window: int = gate.DEFAULT_WINDOW, resample_draws: int = 2000) -> dict:
     """Measured false-alarm rates and power per mode (see the module docstring)."""
     if not sessions:
         raise ValueError("no sessions to analyse")
@@ -317,6 +359,8 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
             **{f"history_{m}_passes": history_mode(runs_of(passes, m), targets, threshold=threshold, alpha=alpha,
                                                    window=window) for m in HISTORY_PASSES},
             "ab": ab_mode(sessions, targets, threshold=threshold, alpha=alpha),
+            "ab_resampled": ab_resampled(sessions, targets, threshold=threshold, alpha=alpha, pairs=pairs,
+                                         draws=resample_draws),
             "rounds_only": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window,
                                         rounds_only=True),
         },
@@ -352,6 +396,8 @@ def _cpu_name() -> str:
 def _fmt(r: dict) -> str:
     if r["rate"] is None:
         return "n/a (no runs)"
+    if r["ci95"] is None:
+        return f"{r['hits']}/{r['n']} = {r['rate']:.1%} (resampled)"
     return f"{r['hits']}/{r['n']} = {r['rate']:.0%} [95% CI {r['ci95'][0]:.0%}, {r['ci95'][1]:.0%}]"
 
 
@@ -383,6 +429,7 @@ def summary_text(res: dict) -> str:
 #: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
 HISTORY_PASSES = (3, 5)
 MODE_LABELS = {"history": "history (between-run model)", "ab": "interleaved A/B",
+               "ab_resampled": "interleaved A/B, sessions resampled from all pairs",
                **{f"history_{m}_passes": f"history, {m} passes per run" for m in HISTORY_PASSES},
                "rounds_only": "rounds only (former rule)"}
 

@@ -136,8 +136,10 @@ def _sessions(rng, n: int, pairs: int = 4, between: float = 0.02) -> list[dict]:
 
 def test_analyse_counts_false_alarms_and_detections_per_mode():
     rng = np.random.default_rng(5)
-    res = calibrate.analyse(_sessions(rng, 8), window=5)
+    res = calibrate.analyse(_sessions(rng, 8), window=5, resample_draws=200)
     ab_mode, hist = res["modes"]["ab"], res["modes"]["history"]
+    rs = res["modes"]["ab_resampled"]  # synthetic sessions drawn from all pairs: many more decisions
+    assert rs["false_alarm"]["n"] == 200 and rs["power"]["t1"]["rate"] >= 0.9 and rs["false_alarm"]["ci95"] is None
     assert ab_mode["false_alarm"]["n"] == 4 and ab_mode["power"]["t1"]["n"] == 4
     assert ab_mode["power"]["t1"]["hits"] == 4  # +30% with 2% noise in a pair: always caught
     assert hist["power"]["t1"]["n"] > 0 and hist["false_alarm"]["n"] > 0
