@@ -386,7 +386,7 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
 
 def _cpu_name() -> str:
     try:
-        from benchmarks.ceilings import _cpu_name as name
+        from conformance.ceilings import _cpu_name as name
 
         return name()
     except Exception:  # noqa: BLE001 - a name is only a label
