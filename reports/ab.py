@@ -96,12 +96,14 @@ def remove_checkout(path: Path, repo: Path = ROOT) -> None:
 
 def pass_command(checkout: Path, out_json: Path, *, k: str | None = None, device: str = "cpu",
                  max_time: float = 0.2, min_rounds: int = 5, env: dict | None = None,
-                 pytest_args: list[str] | None = None, ceilings: bool = False) -> tuple[list[str], dict]:
+                 pytest_args: list[str] | None = None, ceilings: bool = False,
+                 python: str | None = None) -> tuple[list[str], dict]:
     """The command line and environment of one pass: ``pytest benchmarks --benchmark-enable`` in
     ``checkout`` (its code first on PYTHONPATH). ``ceilings``: the pass also writes its quick
     ceilings next to ``out_json`` (needs ``-p reports.inject`` in ``pytest_args``; see
-    :mod:`reports.inject`)."""
-    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
+    :mod:`reports.inject`); ``python``: the interpreter (default this one), e.g. another virtual
+    environment's, to compare two installed versions of a package."""
+    cmd = [python or sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
            f"--benchmark-json={out_json}", f"--benchmark-max-time={max_time}",
            f"--benchmark-min-rounds={min_rounds}", f"--device={device}"]
     if k:
@@ -126,7 +128,7 @@ def run_pass(checkout: Path, out_json: Path, *, quiet: bool = True, **kw) -> lis
 
 def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str = "a", env_a: dict | None = None,
                       env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
-                      quiet: bool = True, **pass_kw) -> dict[str, tuple[list[dict], float]]:
+                      python_a: str | None = None, python_b: str | None = None, quiet: bool = True, **pass_kw) -> dict[str, tuple[list[dict], float]]:
     """Both passes of a pair at once, taking turns benchmark by benchmark (:mod:`reports.lockstep`,
     ``first`` runs first on the first common benchmark). Returns side -> (records, seconds)."""
     from reports import lockstep
@@ -135,9 +137,9 @@ def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str 
     folder.mkdir(parents=True, exist_ok=True)
     procs, t0 = {}, time.time()
     out = subprocess.DEVNULL if quiet else None
-    for side, ck, env, args in (("a", a, env_a, args_a), ("b", b, env_b, args_b)):
+    for side, ck, env, args, py in (("a", a, env_a, args_a, python_a), ("b", b, env_b, args_b, python_b)):
         env = dict(env or {}, **{lockstep.DIR_ENV: str(folder), lockstep.SIDE_ENV: side, lockstep.FIRST_ENV: first})
-        cmd, e = pass_command(ck, workdir / f"pass{pair}{side}.json", env=env,
+        cmd, e = pass_command(ck, workdir / f"pass{pair}{side}.json", env=env, python=py,
                               pytest_args=["-p", "reports.lockstep"] + (args or []), **pass_kw)
         procs[side] = subprocess.Popen(cmd, cwd=ck, env=e, stdout=out, stderr=out)
     seconds = {}
@@ -157,13 +159,15 @@ def medians(records: list[dict]) -> dict[str, float]:
 
 def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_a: dict | None = None,
             env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
-            lockstep: bool = True, log=print, **pass_kw) -> list[dict]:
+            python_a: str | None = None, python_b: str | None = None, lockstep: bool = True, log=print,
+            **pass_kw) -> list[dict]:
     """Run ``pairs`` pairs of passes; returns one dict per pass:
     {"side", "pair", "start", "seconds", "records", "ceilings"}.
 
     ``lockstep`` (default): both passes of a pair run at once and take turns benchmark by
     benchmark (:mod:`reports.lockstep`), who goes first alternating between pairs. Otherwise
-    the passes run one after the other, A B, B A, A B, ..."""
+    the passes run one after the other, A B, B A, A B, .... ``python_a``/``python_b``: each side's
+    interpreter (two virtual environments: two installed versions of a package, same checkout)."""
     passes = []
 
     def add(side, i, t0, seconds, recs):
@@ -178,7 +182,7 @@ def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_
         if lockstep:
             t0 = time.time()
             got = run_lockstep_pair(a, b, workdir, i, first=order[0], env_a=env_a, env_b=env_b,
-                                    args_a=args_a, args_b=args_b, **pass_kw)
+                                    args_a=args_a, args_b=args_b, python_a=python_a, python_b=python_b, **pass_kw)
             for side in order:
                 add(side, i, t0, got[side][1], got[side][0])
             continue
@@ -186,7 +190,7 @@ def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_
             t0 = time.time()
             recs = run_pass(a if side == "a" else b, workdir / f"pass{i}{side}.json",
                             env=env_a if side == "a" else env_b, pytest_args=args_a if side == "a" else args_b,
-                            **pass_kw)
+                            python=python_a if side == "a" else python_b, **pass_kw)
             add(side, i, t0, time.time() - t0, recs)
     return passes
 
@@ -230,11 +234,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="pytest-benchmark's timer (default: cpu = process CPU time on --device cpu, wall on cuda)")
     ap.add_argument("--threads", type=int, default=None,
                     help="OMP_NUM_THREADS of every pass (default 1 on --device cpu, unset on cuda; 0: unset)")
+    ap.add_argument("--python-a", default=None, metavar="PYTHON",
+                    help="side A's interpreter (default this one): with --python-b, compare two virtual environments "
+                         "(two installed versions of a package) on the same checkout")
+    ap.add_argument("--python-b", default=None, metavar="PYTHON", help="side B's interpreter (default this one)")
     ap.add_argument("--sequential", action="store_true",
                     help="run the two passes of a pair one after the other (default: lockstep, both at once taking "
                          "turns benchmark by benchmark, see reports.lockstep)")
     ap.add_argument("--json", default=None, help="write the passes' medians and the decisions as JSON here")
     a = ap.parse_args(argv)
+    for flag, py in (("--python-a", a.python_a), ("--python-b", a.python_b)):
+        if py and not (shutil.which(py) or (Path(py).is_file() and os.access(py, os.X_OK))):
+            ap.error(f"{flag}: {py!r} is not an executable interpreter")
     if a.pairs < 3:
         ap.error("--pairs must be >= 3 (the t-test on the paired ratios has pairs - 1 degrees of freedom)")
     tmp = Path(tempfile.mkdtemp(prefix="ab-"))
@@ -248,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         env = bench.pinned_env(a.device, a.threads)
         passes = session(ca, cb, a.pairs, workdir=tmp, k=a.k, device=a.device, env_a=env, env_b=env,
                          args_a=timer_args(timer), args_b=timer_args(timer), lockstep=not a.sequential,
+                         python_a=a.python_a, python_b=a.python_b,
                          max_time=a.max_time or (1.0 if a.device == "cuda" else 0.2))
     except ValueError as exc:
         print(f"ab: {exc}", file=sys.stderr)

@@ -4,7 +4,9 @@ false alarms and detections with exact binomial intervals, the injection slows a
 stated fraction and stays off unless asked for."""
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -180,6 +182,18 @@ def test_ab_command_rejects_too_few_pairs_and_unknown_revisions(capsys):
         ab.main(["--a", ".", "--b", ".", "--pairs", "2"])
     assert ab.main(["--a", "no-such-revision-xyz", "--b", "."]) == 2
     assert "neither a folder nor a git revision" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab.main(["--a", ".", "--b", ".", "--python-b", "/no/such/python"])
+    assert "--python-b" in capsys.readouterr().err
+
+
+def test_each_side_can_run_its_own_interpreter(tmp_path):
+    """Two virtual environments on one checkout (two installed versions of a package): each pass
+    runs its side's interpreter."""
+    cmd, env = ab.pass_command(tmp_path, tmp_path / "p.json", python="/venv-b/bin/python", k="decode")
+    assert cmd[0] == "/venv-b/bin/python" and cmd[1:3] == ["-m", "pytest"] and "decode" in cmd
+    assert ab.pass_command(tmp_path, tmp_path / "p.json")[0][0] == sys.executable
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
 
 
 def test_merge_passes_takes_the_geometric_mean_of_the_pass_medians():
