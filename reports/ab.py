@@ -268,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         for c in created:
             remove_checkout(c)
         shutil.rmtree(tmp, ignore_errors=True)
+    empty = sorted({f"{p['side'].upper()} (pair {p['pair'] + 1})" for p in passes if not p["records"]})
+    if empty:
+        print(f"ab: no benchmark results from side {', '.join(empty)}: its pytest process failed or selected "
+              f"nothing; run it alone to see why (python -m pytest benchmarks --benchmark-enable -k ... in that "
+              f"checkout, with that interpreter)", file=sys.stderr)
+        return 2
     decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
     print(f"ab: A={describe(a.a)} B={describe(a.b)}, {a.pairs} {'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
     code = gate.print_decisions(decisions)

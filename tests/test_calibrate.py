@@ -217,3 +217,13 @@ def test_runs_of_groups_clean_passes_in_time_and_injected_passes_by_session():
     assert [(r["injected"], r["benchmarks"]["x"]["median"]) for r in runs] == \
         [(False, pytest.approx(2.0)), (False, pytest.approx(1.0)), (True, pytest.approx(4.0))]
     assert calibrate.runs_of(passes, 1) is passes
+
+
+def test_ab_command_says_which_side_produced_nothing(monkeypatch, capsys):
+    """A side whose pytest fails (wrong interpreter, broken checkout) is an error naming the side,
+    not an empty verdict."""
+    rec = [{"fullname": "x", "stats": {"median": 1.0}}]
+    monkeypatch.setattr(ab, "session", lambda *a, **k: [
+        {"side": s, "pair": i, "records": rec if s == "a" else [], "seconds": 1.0} for i in range(3) for s in "ab"])
+    assert ab.main(["--a", ".", "--b", "."]) == 2
+    assert "no benchmark results from side B (pair 1)" in capsys.readouterr().err
