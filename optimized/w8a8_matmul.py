@@ -90,36 +90,42 @@ def _int8_tile(acc, xq_ptr, wq_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
 
 def _absmax_int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of t (R, K): codes round(t / s) in [-127, 127] int8 and s = max|row| / 127 (1 for
-    an all-zero row) float32 (R,), computed in float64 (the reference's codes exactly)."""
+    an all-zero row) float32 (R,), computed in float64 (the reference's codes exactly). A row
+    holding NaN or inf gets a NaN or inf scale, so its products come out non-finite, never as
+    finite garbage."""
     t64 = t.detach().to(torch.float64)
     amax = t64.abs().amax(dim=-1, keepdim=True)
-    s = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
+    s = torch.where(amax == 0, torch.ones_like(amax), amax / QMAX)
     q = torch.round(t64 / s).clamp(-QMAX, QMAX).to(torch.int8)
     return q, s[:, 0].to(torch.float32)
 
 
-def _check_float2d(name: str, t) -> None:
+def _check_float2d(name: str, t, *, finite: bool) -> None:
+    """Type, dtype and shape of ``t``; with ``finite``, also its values (a device round trip:
+    for weights, quantized once, not for the activations of every forward)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; expected float32, float16 or bfloat16")
     if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 1:
         raise ValueError(f"{name} must be a non-empty 2-D tensor, got shape {tuple(t.shape)}")
-    if not bool(torch.isfinite(t).all()):
+    if finite and not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} must be finite (no NaN or inf)")
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token int8 quantization of x (M, K) float32/float16/bfloat16: returns (x_q
-    (M, K) int8, x_scales (M,) float32). Raises TypeError / ValueError naming ``x``."""
-    _check_float2d("x", x)
+    (M, K) int8, x_scales (M,) float32). Raises TypeError / ValueError naming ``x``. Its values
+    are not checked (no device round trip per forward): a token row with NaN or inf gets a
+    non-finite scale, and its output row is non-finite, as a float matmul's would be."""
+    _check_float2d("x", x, finite=False)
     return _absmax_int8(x)
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel int8 quantization of a Linear weight w (N, K): returns (w_q (N, K)
     int8, w_scales (N,) float32). Raises TypeError / ValueError naming ``w``."""
-    _check_float2d("w", w)
+    _check_float2d("w", w, finite=True)
     return _absmax_int8(w)
 
 

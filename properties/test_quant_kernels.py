@@ -258,6 +258,23 @@ def test_w8a8_linear_is_the_composition(device):
     assert_exact(out, w8.w8a8_matmul(*w8.quantize_activations(x), w_q, w_s, out_dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("which", W8A8_IMPLS)
+def test_w8a8_non_finite_token_stays_in_its_row(which, device):
+    """Activations are not value-checked (no device round trip per forward): a token row with NaN
+    or inf must come out non-finite, never as finite garbage, and leave the other rows exact."""
+    impl = _product(which)
+    x, w = _floats(W8Case(4, 6, 40, "normal"), 2, torch.float32, device)
+    w_q, w_s = impl.quantize_weight(w)
+    clean = impl.w8a8_matmul(*impl.quantize_activations(x), w_q, w_s)
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[1, 7] = bad
+        out = impl.w8a8_matmul(*impl.quantize_activations(xb), w_q, w_s)
+        assert not bool(torch.isfinite(out[1]).any()), f"a token holding {bad} gave finite outputs {out[1].tolist()}"
+        rows = [0, 2, 3]
+        assert_exact(out[rows], clean[rows], what=f"the other tokens' rows beside a {bad} token")
+
+
 def test_w8a8_bad_input_raises(device):
     """Every invalid call raises TypeError / ValueError naming the argument, before a launch."""
     from optimized import w8a8_matmul as w8
