@@ -112,6 +112,14 @@ def rate(hits: int, n: int) -> dict:
     return {"hits": int(hits), "n": int(n), "rate": hits / n, "ci95": [float(ci.low), float(ci.high)]}
 
 
+def _ab_passes(passes: list[dict], pairs: int | None = None) -> list[dict]:
+    """A session's compact passes as :mod:`reports.ab` reads them (side, pair, records with the
+    medians); only the first ``pairs`` pairs when given."""
+    return [{"side": p["side"], "pair": p["pair"],
+             "records": [{"fullname": n, "stats": {"median": b["median"]}} for n, b in p["benchmarks"].items()]}
+            for p in passes if pairs is None or p["pair"] < pairs]
+
+
 def _entry(benchmarks: dict[str, dict]) -> dict:
     """A pass's compact benchmarks as a history-like entry the gate reads."""
     return {"benchmarks": [{"fullname": n, "stats": {"median": b["median"]}, "data": b["data"]}
@@ -189,10 +197,8 @@ def ab_mode(sessions: list[dict], targets: list[str], *, threshold: float, alpha
     fa = n_fa = n_inj = false_in_injected = 0
     caught = {t: 0 for t in targets}
     for s in sessions:
-        ps = [{"side": p["side"], "pair": p["pair"],
-               "records": [{"fullname": n, "stats": {"median": b["median"]}} for n, b in p["benchmarks"].items()]}
-              for p in s["passes"] if pairs is None or p["pair"] < pairs]
-        regressed = {d.name for d in ab.decide(ps, threshold=threshold, alpha=alpha) if d.status == "regression"}
+        regressed = {d.name for d in ab.decide(_ab_passes(s["passes"], pairs), threshold=threshold, alpha=alpha)
+                     if d.status == "regression"}
         if s["kind"] == "aa":
             n_fa += 1
             fa += bool(regressed)
@@ -267,9 +273,7 @@ def noise(passes: list[dict], sessions: list[dict]) -> dict:
         for s in sessions:
             if s["kind"] != "aa":
                 continue
-            d += ab.paired_log_ratios([{"side": p["side"], "pair": p["pair"],
-                                        "records": [{"fullname": k, "stats": {"median": b["median"]}}
-                                                    for k, b in p["benchmarks"].items()]} for p in s["passes"]]).get(n, [])
+            d += ab.paired_log_ratios(_ab_passes(s["passes"])).get(n, [])
         if len(d) >= 3:
             entry["sd_paired_log_ratio"] = float(np.std(d, ddof=1))
         out[n] = entry
@@ -286,9 +290,7 @@ def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
         for s in sessions:
             if s["kind"] != "injected":
                 continue
-            lr = ab.paired_log_ratios([{"side": p["side"], "pair": p["pair"],
-                                        "records": [{"fullname": k, "stats": {"median": b["median"]}}
-                                                    for k, b in p["benchmarks"].items()]} for p in s["passes"]])
+            lr = ab.paired_log_ratios(_ab_passes(s["passes"]))
             if t == "control":
                 d += [x for k, v in lr.items() if not any(q in k for q in targets) for x in v]
             else:
