@@ -54,6 +54,14 @@ DEFAULT_K = "bench_decode or prefill[128-naive-64 or prefill[128-torch-64"
 #: one of the subset (a pilot's between-pass spread: about 5% and 30% on the shared 2-core machine).
 DEFAULT_TARGETS = ("test_bench_prefill[128-naive-64-causal]", "test_bench_decode[2048-B1H8-torch]")
 KEEP_SAMPLES = 60
+#: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
+HISTORY_PASSES = (3, 5)
+
+
+def _history_key(m: int, normalize: bool) -> str:
+    """The result key of history mode at ``m`` passes per run, normalised by the run's speed
+    (the gate's default) or on raw medians."""
+    return "history" + (f"_{m}_passes" if m > 1 else "") + ("" if normalize else "_raw")
 
 
 def _compact(records: list[dict]) -> dict[str, dict]:
@@ -162,9 +170,10 @@ def runs_of(passes: list[dict], m: int) -> list[dict]:
 
 
 def history_mode(passes: list[dict], targets: list[str], *, threshold: float, alpha: float, window: int,
-                 rounds_only: bool = False) -> dict:
-    """Each pass judged against the ``window`` unchanged passes before it (between-run model),
-    or, ``rounds_only``, against the one unchanged pass before it by the rounds (former rule)."""
+                 rounds_only: bool = False, normalize: bool = True) -> dict:
+    """Each pass judged against the ``window`` unchanged passes before it (between-run model,
+    relative to each run's speed unless ``normalize`` is false), or, ``rounds_only``, against the
+    one unchanged pass before it by the rounds (former rule)."""
     clean: list[dict] = []
     fa, n_fa = 0, 0
     caught = {t: 0 for t in targets}
@@ -175,7 +184,7 @@ def history_mode(passes: list[dict], targets: list[str], *, threshold: float, al
         if len(clean) >= need:
             hist = [_entry(q["benchmarks"]) for q in clean[-window:]]
             decisions = gate.gate(_entry(p["benchmarks"]), hist[-1], threshold=threshold, alpha=alpha,
-                                  history=None if rounds_only else hist)
+                                  history=None if rounds_only else hist, normalize=normalize)
             regressed = {d.name for d in decisions if d.status == "regression"}
             if p["injected"]:
                 n_inj += 1
@@ -254,16 +263,21 @@ def ab_resampled(sessions: list[dict], targets: list[str], *, threshold: float, 
 
 
 def noise(passes: list[dict], sessions: list[dict]) -> dict:
-    """Per benchmark: sd of ln(median) over the unchanged passes, raw and normalised by the
+    """Per benchmark: sd of ln(median) over the unchanged passes, raw, relative to each pass's
+    speed (:func:`reports.gate.normalize_by_run_speed`, the gate's default) and normalised by the
     pass's own copy bandwidth and float32 matmul peak; sd of the paired log ratios of the A/A
     sessions (the noise the A/B mode sees, for one pair)."""
     clean = [p for p in passes if not p["injected"]]
     names = sorted(set().union(*(p["benchmarks"] for p in clean))) if clean else []
+    meds = [{n: b["median"] for n, b in p["benchmarks"].items()} for p in clean]
+    speed = gate.normalize_by_run_speed(meds[0], meds) if meds else None
     out = {}
     for n in names:
         rows = [(p["benchmarks"][n]["median"], p.get("ceilings") or {}) for p in clean if n in p["benchmarks"]]
         lm = np.log([m for m, _ in rows])
         entry = {"passes": len(rows), "sd_ln_median": float(np.std(lm, ddof=1))}
+        if speed and n in speed.history:
+            entry["sd_ln_median_run_speed"] = float(np.std(np.log(speed.history[n]), ddof=1))
         for key, get in (("copy", lambda c: c.get("copy_bytes_per_s")),
                          ("matmul_float32", lambda c: (c.get("matmul_flops_per_s") or {}).get("float32"))):
             v = [(m, get(c)) for m, c in rows if get(c)]
@@ -312,11 +326,11 @@ def detectable(noise: dict, n_bench: int, *, threshold: float, alpha: float, win
     out = {}
     for name, e in noise.items():
         row = {}
-        sd_h = e.get("sd_ln_median")
-        if sd_h:
-            se = sd_h * np.sqrt(1 + 1 / window)
-            crit = float(student.ppf(1 - alpha / n_bench, window - 1)) * se
-            row["history_90pct"] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
+        for key, sd_h in (("history_90pct", e.get("sd_ln_median_run_speed")), ("history_raw_90pct", e.get("sd_ln_median"))):
+            if sd_h:
+                se = sd_h * np.sqrt(1 + 1 / window)
+                crit = float(student.ppf(1 - alpha / n_bench, window - 1)) * se
+                row[key] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
         sd_d = e.get("sd_paired_log_ratio")
         if sd_d:
             se = sd_d / np.sqrt(pairs)
@@ -357,9 +371,9 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
         "settings": {"threshold": threshold, "alpha": alpha, "window": window, "min_history": gate.MIN_HISTORY,
                      "family": "Holm over the run's benchmarks; alpha = run-level family-wise level"},
         "modes": {
-            "history": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window),
-            **{f"history_{m}_passes": history_mode(runs_of(passes, m), targets, threshold=threshold, alpha=alpha,
-                                                   window=window) for m in HISTORY_PASSES},
+            **{_history_key(m, norm): history_mode(runs_of(passes, m), targets, threshold=threshold, alpha=alpha,
+                                                   window=window, normalize=norm)
+               for m in (1,) + HISTORY_PASSES for norm in (True, False)},
             "ab": ab_mode(sessions, targets, threshold=threshold, alpha=alpha),
             "ab_resampled": ab_resampled(sessions, targets, threshold=threshold, alpha=alpha, pairs=pairs,
                                          draws=resample_draws),
@@ -428,11 +442,11 @@ def summary_text(res: dict) -> str:
     return "\n".join(lines)
 
 
-#: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
-HISTORY_PASSES = (3, 5)
-MODE_LABELS = {"history": "history (between-run model)", "ab": "interleaved A/B",
-               "ab_resampled": "interleaved A/B, sessions resampled from all pairs",
-               **{f"history_{m}_passes": f"history, {m} passes per run" for m in HISTORY_PASSES},
+MODE_LABELS = {"ab": "interleaved A/B", "ab_resampled": "interleaved A/B, sessions resampled from all pairs",
+               **{_history_key(m, norm): "history, {}{}".format(
+                   "1 pass per run" if m == 1 else f"{m} passes per run",
+                   ", relative to the run's speed" if norm else ", raw medians")
+                  for m in (1,) + HISTORY_PASSES for norm in (True, False)},
                "rounds_only": "rounds only (former rule)"}
 
 

@@ -17,6 +17,16 @@ run's ln(median),
   from the history's distribution of run medians: a prediction interval), and r's (1 - alpha)
   interval exp(x - mu +- t_{1-alpha/2} s sqrt(1 + 1/n)).
 
+**Normalised by the run's speed** (default; ``--no-normalize`` to judge raw medians): the
+benchmarks of one run share much of their shift (the machine's speed in that run), so where at
+least ``MIN_NORMALIZE`` (4) benchmarks are in the run and in every entry of the window, each one
+is judged on its median divided by the run's speed estimated from the *other* benchmarks of the
+same run (the median of their shifts from the history's means; one regressed benchmark barely
+moves it), and the run's speed itself, exp(median shift of all benchmarks), is judged the same
+way as one more member of the family, ``(run speed: ...)``: a change that slows every benchmark
+alike fails there (with the wider spread of the machine's speed). See
+:func:`normalize_by_run_speed`; its measured effect is in the calibration.
+
 With fewer entries the benchmark falls back to the **rounds** of the run and of the baseline
 (the former rule, which fails unchanged code often on a shared machine: a warning says so):
 r = median(run) / median(baseline), a bootstrap interval and one-sided Mann-Whitney U p-values.
@@ -57,6 +67,10 @@ DEFAULT_WINDOW = 10
 MIN_HISTORY = 3
 #: Run-level (family-wise) significance level.
 DEFAULT_ALPHA = 0.05
+#: Fewest benchmarks common to the run and every entry of the window to normalise by the run's speed.
+MIN_NORMALIZE = 4
+#: The pseudo-benchmark that judges the run's speed itself (the median shift of its benchmarks).
+RUN_SPEED = "(run speed: the median shift of all benchmarks)"
 
 
 @dataclass
@@ -139,10 +153,12 @@ def rounds_test(base, run, *, alpha: float = 0.05, seed: int = 0) -> Test:
                 f"{r.size} vs {b.size} rounds")
 
 
-def history_test(run_median: float, history_medians, *, alpha: float = 0.05) -> Test:
+def history_test(run_median: float, history_medians, *, alpha: float = 0.05, relative: str = "") -> Test:
     """Evidence from the between-run model: the run's median against the medians of n >= 2
-    earlier runs of the series (seconds), on the log scale, Student's t prediction interval
-    with n - 1 degrees of freedom (see the module docstring).
+    earlier runs of the series (seconds, or any positive quantity such as a median relative to
+    the run's speed), on the log scale, Student's t prediction interval with n - 1 degrees of
+    freedom (see the module docstring); ``relative`` names what the medians are relative to,
+    for the message.
     Raises ValueError with fewer than 2 history medians or a non-positive time."""
     from scipy.stats import t as student
 
@@ -159,7 +175,50 @@ def history_test(run_median: float, history_medians, *, alpha: float = 0.05) -> 
     q = float(student.ppf(1 - alpha / 2, n - 1))
     return Test(float(np.exp(diff)), float(np.exp(diff - q * se)), float(np.exp(diff + q * se)),
                 float(student.sf(tstat, n - 1)), float(student.cdf(tstat, n - 1)), 1, n, "between-run",
-                f"vs the geometric mean of {n} earlier runs, between-run sd {sd:.1%}")
+                f"vs the geometric mean of {n} earlier runs{relative}, between-run sd {sd:.1%}")
+
+
+@dataclass
+class RunSpeed:
+    """Medians normalised by each run's speed (see :func:`normalize_by_run_speed`)."""
+    names: list[str]
+    run: dict[str, float]
+    history: dict[str, list[float]]
+    raw_sd: dict[str, float]
+    speed_run: float
+    speed_history: list[float]
+
+
+def normalize_by_run_speed(run_medians: dict[str, float], history_medians: list[dict[str, float]],
+                           min_benchmarks: int = MIN_NORMALIZE) -> RunSpeed | None:
+    """The run's and the history's medians divided by each run's speed, estimated from the other
+    benchmarks of the same run: None when fewer than ``min_benchmarks`` benchmarks are in the run
+    and in every history entry, or fewer than 2 entries.
+
+    With m_hk the ln(median) of benchmark k in history entry h, c_k = mean_h m_hk and e_hk =
+    m_hk - c_k (the run: x_k, e_k = x_k - c_k), benchmark j is judged on m_hj - median_{k != j}
+    e_hk (run: x_j - median_{k != j} e_k): the shift that all benchmarks of a run share (the
+    machine's speed in that run: clocks, load, memory layout) cancels, and one regressed
+    benchmark barely moves the median of the others. ``speed_run`` / ``speed_history`` are
+    exp(median_k e_k) per run: the run's speed itself, judged as one more member of the family
+    (:data:`RUN_SPEED`), so a change that slows every benchmark alike still fails the gate.
+    Measured on the calibration machine: it halves the between-run spread of the prefill
+    benchmarks at 3-5 passes per run (reports/calibration/gate_calibration.json)."""
+    names = [n for n in run_medians if all(n in h for h in history_medians)]
+    if len(names) < min_benchmarks or len(history_medians) < 2:
+        return None
+    hist = np.log([[h[n] for n in names] for h in history_medians])  # (entries, benchmarks)
+    x = np.log([run_medians[n] for n in names])  # (benchmarks,)
+    center = hist.mean(axis=0)
+    e_hist, e_run = hist - center, x - center
+    run, normed, raw_sd = {}, {}, {}
+    for j, n in enumerate(names):
+        others = [k for k in range(len(names)) if k != j]
+        run[n] = float(np.exp(x[j] - np.median(e_run[others])))
+        normed[n] = np.exp(hist[:, j] - np.median(e_hist[:, others], axis=1)).tolist()
+        raw_sd[n] = float(hist[:, j].std(ddof=1))
+    return RunSpeed(names, run, normed, raw_sd, float(np.exp(np.median(e_run))),
+                    np.exp(np.median(e_hist, axis=1)).tolist())
 
 
 def log_ratio_test(log_ratios, *, alpha: float = 0.05, label: str = "pairs") -> Test:
@@ -279,13 +338,27 @@ def history_medians(entries: list[dict]) -> dict[str, list[float]]:
 
 
 def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAULT_ALPHA,
-         history: list[dict] | None = None, min_history: int = MIN_HISTORY) -> list[Decision]:
+         history: list[dict] | None = None, min_history: int = MIN_HISTORY, normalize: bool = True) -> list[Decision]:
     """Decide every benchmark of ``run`` against ``base``; ``history`` (earlier entries of the
     series, the baseline included, oldest first): benchmarks with at least ``min_history`` of
     them are judged by the between-run model, the others by the rounds against ``base``.
-    Holm's method over all judged benchmarks makes ``alpha`` the run-level level."""
+    ``normalize`` (default): where at least :data:`MIN_NORMALIZE` benchmarks are in the run and
+    in every history entry, they are judged relative to each run's speed
+    (:func:`normalize_by_run_speed`) and the run's speed itself is one more decision
+    (:data:`RUN_SPEED`). Holm's method over all judged benchmarks makes ``alpha`` the run-level
+    level."""
     base_by = {b["fullname"]: b for b in base.get("benchmarks", [])}
     meds = history_medians(history or [])
+    run_meds = {}
+    for rec in run.get("benchmarks", []):
+        rs = _samples(rec)
+        med = (rec.get("stats") or {}).get("median") or (float(np.median(rs)) if rs else None)
+        if med:
+            run_meds[rec["fullname"]] = float(med)
+    speed = None
+    if normalize and history and len(history) >= max(2, min_history):
+        speed = normalize_by_run_speed(run_meds, [{n: v[0] for n, v in history_medians([e]).items()}
+                                                  for e in history])
     names, tests, out = [], [], []
     seen = set()
     for rec in run.get("benchmarks", []):
@@ -293,17 +366,25 @@ def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAU
         seen.add(name)
         rs, b = _samples(rec), base_by.get(name)
         h = meds.get(name, [])
-        run_med = (rec.get("stats") or {}).get("median") or (float(np.median(rs)) if rs else None)
-        if run_med and len(h) >= max(2, min_history):
-            tests.append(history_test(float(run_med), h, alpha=alpha))
+        if speed and name in speed.run:
+            tests.append(history_test(speed.run[name], speed.history[name], alpha=alpha, relative=(
+                f", relative to each run's speed (median of the other {len(speed.names) - 1} benchmarks; "
+                f"raw sd {speed.raw_sd[name]:.1%})")))
+        elif name in run_meds and len(h) >= max(2, min_history):
+            tests.append(history_test(run_meds[name], h, alpha=alpha))
         elif b is not None and _samples(b) and rs:
             tests.append(rounds_test(_samples(b), rs, alpha=alpha))
         else:
             out.append(Decision(name, "new", reason="no baseline samples for this benchmark"))
             continue
         names.append(name)
-    decided = {d.name: d for d in judge_family(names, tests, threshold=threshold, alpha=alpha)}
     order = [rec["fullname"] for rec in run.get("benchmarks", [])]
+    if speed:
+        names.append(RUN_SPEED)
+        order.append(RUN_SPEED)
+        tests.append(history_test(speed.speed_run, speed.speed_history, alpha=alpha, relative=(
+            f" (all {len(speed.names)} benchmarks shifted alike: the machine, or a change that slows them all)")))
+    decided = {d.name: d for d in judge_family(names, tests, threshold=threshold, alpha=alpha)}
     new = {d.name: d for d in out}
     result = [decided.get(n) or new[n] for n in order]
     for name in base_by:
@@ -361,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                     help=f"earlier entries of the series (up to the baseline) for the between-run model; "
                          f"fewer than {MIN_HISTORY}: the rounds only (0: never use the history)")
+    ap.add_argument("--no-normalize", action="store_true",
+                    help="judge raw medians (default: each benchmark relative to the run's speed, estimated from "
+                         f"its other benchmarks, when at least {MIN_NORMALIZE} are in every entry; the run's speed "
+                         "is then judged as one more row)")
     ap.add_argument("--json", default=None, help="also write the decisions as JSON here")
     a = ap.parse_args(argv)
     run_path = Path(a.run)
@@ -383,9 +468,10 @@ def main(argv: list[str] | None = None) -> int:
                 except (OSError, ValueError):
                     pass
         earlier = earlier[-a.window:]
-    decisions = gate(run, base, threshold=a.threshold, alpha=a.alpha, history=earlier)
+    decisions = gate(run, base, threshold=a.threshold, alpha=a.alpha, history=earlier, normalize=not a.no_normalize)
+    how = "" if a.no_normalize else f", relative to the run's speed where {MIN_NORMALIZE}+ benchmarks allow"
     print(f"gate: run {run_path} vs baseline {bpath} (threshold {a.threshold:.0%}, run-level alpha "
-          f"{a.alpha:g}, Holm; {len(earlier)} earlier entries for the between-run model)")
+          f"{a.alpha:g}, Holm; {len(earlier)} earlier entries for the between-run model{how})")
     code = print_decisions(decisions)
     counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement")}
     drift = {k: v for k, v in ceiling_drift(run, base).items() if abs(v) > a.threshold}

@@ -161,12 +161,14 @@ def test_history_test_is_a_prediction_interval_on_log_medians():
         gate.history_test(1.0, [1.0])
 
 
-def _simulated_runs(rng, n_runs: int, n_bench: int, between: float, within: float, slow: dict | None = None):
+def _simulated_runs(rng, n_runs: int, n_bench: int, between: float, within: float, slow: dict | None = None,
+                    common: float = 0.0):
     """n_runs runs of n_bench benchmarks: each run shifts every benchmark by its own between-run
-    factor (shared machine state within the run), and its 10 rounds add within-run noise."""
+    factor and all of them by one ``common`` factor (the machine's speed in that run), and its 10
+    rounds add within-run noise; ``slow``: benchmark index -> slowdown fraction."""
     runs = []
     for _ in range(n_runs):
-        shift = rng.normal(0, between, n_bench)
+        shift = rng.normal(0, between, n_bench) + rng.normal(0, common) if common else rng.normal(0, between, n_bench)
         recs = []
         for j in range(n_bench):
             m = 1e-3 * np.exp(shift[j]) * (1 + (slow or {}).get(j, 0.0))
@@ -227,3 +229,54 @@ def test_runs_measured_differently_are_flagged(tmp_path, capsys):
                  settings={k: v for k, v in bench.bench_settings("cpu", "wall", 0).items() if k != "pytest_args"})
     gate.main([str(history.append(other, h)), "--history", str(h)])
     assert "measured differently" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- relative to the run's speed
+def _caught(rng, trials: int, normalize: bool, slow: dict, **kw) -> tuple[float, float]:
+    """Share of runs where benchmark b2 is a regression, and share where any row is."""
+    caught = anything = 0
+    for _ in range(trials):
+        runs = _simulated_runs(rng, 10, 6, **kw)
+        run = _simulated_runs(rng, 1, 6, slow=slow, **kw)[0]
+        ds = {d.name: d.status for d in gate.gate(run, runs[-1], history=runs, normalize=normalize)}
+        caught += ds.get("b2") == "regression"
+        anything += "regression" in ds.values()
+    return caught / trials, anything / trials
+
+
+def test_run_speed_normalisation_cancels_the_shift_all_benchmarks_share():
+    """8% machine-speed noise shared by the run's 6 benchmarks, 1.5% their own: the raw model
+    misses most 15% slowdowns of one benchmark, the one relative to the run's speed catches them."""
+    kw = dict(between=0.015, within=0.01, common=0.08)
+    normed, _ = _caught(np.random.default_rng(3), 60, True, {2: 0.15}, **kw)
+    raw, _ = _caught(np.random.default_rng(3), 60, False, {2: 0.15}, **kw)
+    assert normed >= 0.9 and raw <= 0.5, (normed, raw)
+
+
+def test_run_speed_normalisation_keeps_the_false_alarm_rate():
+    _, fa = _caught(np.random.default_rng(4), 100, True, {}, between=0.015, within=0.01, common=0.08)
+    assert fa <= 0.10  # alpha 0.05 plus Monte-Carlo slack (100 trials)
+
+
+def test_a_change_that_slows_every_benchmark_fails_on_the_run_speed_row():
+    rng = np.random.default_rng(5)
+    runs = _simulated_runs(rng, 10, 6, between=0.01, within=0.01, common=0.01)
+    run = _simulated_runs(rng, 1, 6, between=0.01, within=0.01, common=0.01, slow=dict.fromkeys(range(6), 0.3))[0]
+    ds = {d.name: d for d in gate.gate(run, runs[-1], history=runs)}
+    assert ds[gate.RUN_SPEED].status == "regression" and ds[gate.RUN_SPEED].ratio == pytest.approx(1.3, rel=0.05)
+    assert "all 6 benchmarks shifted alike" in ds[gate.RUN_SPEED].reason
+    assert all(ds[f"b{j}"].status != "regression" for j in range(6))
+    raw = {d.name: d.status for d in gate.gate(run, runs[-1], history=runs, normalize=False)}
+    assert gate.RUN_SPEED not in raw and all(raw[f"b{j}"] == "regression" for j in range(6))
+
+
+def test_normalize_by_run_speed_divides_by_the_median_shift_of_the_other_benchmarks():
+    hist = [{"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}]
+    run = {"a": 2.0, "b": 4.0, "c": 6.0, "d": 12.0}  # twice as slow a machine; d three times
+    sp = gate.normalize_by_run_speed(run, hist)
+    assert sp.speed_run == pytest.approx(2.0) and sp.speed_history == pytest.approx([1.0, 1.0])
+    assert sp.run["d"] == pytest.approx(6.0) and sp.history["d"] == pytest.approx([4.0, 4.0])
+    assert sp.run["a"] == pytest.approx(1.0)
+    # too few benchmarks common to the run and every entry: no normalisation
+    assert gate.normalize_by_run_speed(run, hist + [{"a": 1.0, "b": 2.0, "c": 3.0}]) is None
+    assert gate.normalize_by_run_speed(run, hist[:1]) is None
