@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from reports import ab, calibrate, inject
+from reports import ab, calibrate, calibration_analysis, inject
 
 NAMES = [f"benchmarks/bench_x.py::t{j}" for j in range(4)]
 
@@ -115,11 +115,11 @@ def test_injected_slowdown_is_proportional_to_the_call():
 
 
 def test_rate_gives_clopper_pearson_intervals():
-    r = calibrate.rate(0, 10)
+    r = calibration_analysis.rate(0, 10)
     assert r["rate"] == 0 and r["ci95"][0] == 0 and r["ci95"][1] == pytest.approx(0.3085, abs=1e-3)
-    r = calibrate.rate(5, 10)
+    r = calibration_analysis.rate(5, 10)
     assert r["ci95"] == pytest.approx([0.187, 0.813], abs=1e-3)
-    assert calibrate.rate(0, 0)["rate"] is None
+    assert calibration_analysis.rate(0, 0)["rate"] is None
 
 
 def _sessions(rng, n: int, pairs: int = 4, between: float = 0.02) -> list[dict]:
@@ -213,10 +213,10 @@ def test_runs_of_groups_clean_passes_in_time_and_injected_passes_by_session():
 
     passes = [p(0, False, 0, 1.0), p(1, False, 0, 4.0), p(2, False, 1, 1.0), p(2, True, 1, 2.0),
               p(3, False, 1, 1.0), p(3, True, 1, 8.0)]
-    runs = calibrate.runs_of(passes, 2)
+    runs = calibration_analysis.runs_of(passes, 2)
     assert [(r["injected"], r["benchmarks"]["x"]["median"]) for r in runs] == \
         [(False, pytest.approx(2.0)), (False, pytest.approx(1.0)), (True, pytest.approx(4.0))]
-    assert calibrate.runs_of(passes, 1) is passes
+    assert calibration_analysis.runs_of(passes, 1) is passes
 
 
 def test_ab_command_says_which_side_produced_nothing(monkeypatch, capsys):
