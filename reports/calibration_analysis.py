@@ -47,11 +47,12 @@ def _entry(benchmarks: dict[str, dict]) -> dict:
 
 def passes_in_order(sessions: list[dict]) -> list[dict]:
     """Every pass of every session, oldest first, with ``injected`` (the B side of an injected
-    session) and the session's index and kind."""
+    session), the session's kind and its index in ``sessions`` (unique across collect runs,
+    whose own session numbers restart at 0)."""
     out = []
-    for s in sessions:
+    for i, s in enumerate(sessions):
         for p in s["passes"]:
-            out.append(dict(p, session=s["session"], kind=s["kind"],
+            out.append(dict(p, session=i, kind=s["kind"],
                             injected=s["kind"] == "injected" and p["side"] == "b"))
     return sorted(out, key=lambda p: p["start"])
 
@@ -82,9 +83,12 @@ def runs_of(passes: list[dict], m: int) -> list[dict]:
 
 def history_mode(passes: list[dict], targets: list[str], *, threshold: float, alpha: float, window: int,
                  rounds_only: bool = False, normalize: bool = True) -> dict:
-    """Each pass judged against the ``window`` unchanged passes before it (between-run model,
-    relative to each run's speed unless ``normalize`` is false), or, ``rounds_only``, against the
-    one unchanged pass before it by the rounds (former rule)."""
+    """Each pass (or run of passes, :func:`runs_of`) judged against the ``window`` unchanged ones
+    before it from *earlier sessions* (between-run model, relative to each run's speed unless
+    ``normalize`` is false), or, ``rounds_only``, against the one unchanged pass before it from an
+    earlier session by the rounds (former rule). Earlier sessions only: a CI series' entries come
+    from other jobs, minutes to days apart, not from the minute of the run (the passes of one
+    session, and the two lockstep sides of a pair, share the machine's state of that minute)."""
     clean: list[dict] = []
     fa, n_fa = 0, 0
     caught = {t: 0 for t in targets}
@@ -92,8 +96,9 @@ def history_mode(passes: list[dict], targets: list[str], *, threshold: float, al
     false_in_injected = 0
     need = 1 if rounds_only else window
     for p in passes:
-        if len(clean) >= need:
-            hist = [_entry(q["benchmarks"]) for q in clean[-window:]]
+        pool = [q for q in clean if q["session"] != p["session"]]
+        if len(pool) >= need:
+            hist = [_entry(q["benchmarks"]) for q in pool[-window:]]
             decisions = gate.gate(_entry(p["benchmarks"]), hist[-1], threshold=threshold, alpha=alpha,
                                   history=None if rounds_only else hist, normalize=normalize)
             regressed = {d.name for d in decisions if d.status == "regression"}

@@ -227,3 +227,15 @@ def test_ab_command_says_which_side_produced_nothing(monkeypatch, capsys):
         {"side": s, "pair": i, "records": rec if s == "a" else [], "seconds": 1.0} for i in range(3) for s in "ab"])
     assert ab.main(["--a", ".", "--b", "."]) == 2
     assert "no benchmark results from side B (pair 1)" in capsys.readouterr().err
+
+
+def test_history_mode_judges_a_run_only_against_earlier_sessions():
+    """A CI series' entries come from other jobs: the passes of the run's own session (the same
+    minute of the machine) are not its history."""
+    def p(t, session, med):
+        return {"start": t, "injected": False, "session": session,
+                "benchmarks": {"x": {"median": med, "data": [med]}}}
+
+    passes = [p(t, 0, 1.0 + 0.01 * t) for t in range(4)] + [p(4 + t, 1, 1.0 + 0.01 * t) for t in range(4)]
+    res = calibration_analysis.history_mode(passes, ["x"], threshold=0.1, alpha=0.05, window=3)
+    assert res["false_alarm"]["n"] == 4  # only session 1's passes, each against session 0's last 3
