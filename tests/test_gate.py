@@ -280,3 +280,23 @@ def test_normalize_by_run_speed_divides_by_the_median_shift_of_the_other_benchma
     # too few benchmarks common to the run and every entry: no normalisation
     assert gate.normalize_by_run_speed(run, hist + [{"a": 1.0, "b": 2.0, "c": 3.0}]) is None
     assert gate.normalize_by_run_speed(run, hist[:1]) is None
+
+
+def test_command_judges_relative_to_the_run_speed_unless_told_not_to(tmp_path, capsys):
+    """Four benchmarks in every entry: the command judges each relative to the run's speed and
+    prints the run-speed row; a run on a 25% slower machine fails there, not on each benchmark."""
+    h = tmp_path / "history"
+    names = {f"t{j}": 1e-3 * (j + 1) for j in range(4)}
+    for day in range(1, 5):
+        history.append(_entry(f"2026-01-0{day}T00:00:00Z", f"{day}" * 40,
+                              {n: m * (1 + 0.01 * ((day * (j + 2)) % 3)) for j, (n, m) in enumerate(names.items())}), h)
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(_entry("2026-01-09T00:00:00Z", "e" * 40, {n: m * 1.25 for n, m in names.items()})))
+    assert gate.main([str(slow), "--history", str(h), "--json", str(tmp_path / "d.json")]) == 1
+    out = capsys.readouterr().out
+    assert "relative to the run's speed" in out and gate.RUN_SPEED in out
+    decisions = {d["name"].split("::")[-1]: d["status"] for d in json.loads((tmp_path / "d.json").read_text())}
+    assert decisions[gate.RUN_SPEED] == "regression" and all(decisions[n] == "ok" for n in names)
+    assert gate.main([str(slow), "--history", str(h), "--no-normalize", "--json", str(tmp_path / "r.json")]) == 1
+    raw = {d["name"].split("::")[-1]: d["status"] for d in json.loads((tmp_path / "r.json").read_text())}
+    assert gate.RUN_SPEED not in raw and all(raw[n] == "regression" for n in names)
