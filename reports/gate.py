@@ -24,7 +24,8 @@ is judged on its median divided by the run's speed estimated from the *other* be
 same run (the median of their shifts from the history's means; one regressed benchmark barely
 moves it), and the run's speed itself, exp(median shift of all benchmarks), is judged the same
 way as one more member of the family, ``(run speed: ...)``: a change that slows every benchmark
-alike fails there (with the wider spread of the machine's speed). See
+alike fails there (with the wider spread of the machine's speed; when most benchmarks slow
+down, the unchanged rest look faster relative to the run's speed and show as improvements). See
 :func:`normalize_by_run_speed`; its measured effect is in the calibration.
 
 With fewer entries the benchmark falls back to the **rounds** of the run and of the baseline

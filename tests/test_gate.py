@@ -300,3 +300,14 @@ def test_command_judges_relative_to_the_run_speed_unless_told_not_to(tmp_path, c
     assert gate.main([str(slow), "--history", str(h), "--no-normalize", "--json", str(tmp_path / "r.json")]) == 1
     raw = {d["name"].split("::")[-1]: d["status"] for d in json.loads((tmp_path / "r.json").read_text())}
     assert gate.RUN_SPEED not in raw and all(raw[n] == "regression" for n in names)
+
+
+def test_a_change_that_slows_most_benchmarks_still_fails_the_gate():
+    """4 of 6 benchmarks 30% slower: relative to the run's speed (the median of the others, now
+    mostly slowed too) they look unchanged, but the run-speed row fails the run."""
+    rng = np.random.default_rng(6)
+    runs = _simulated_runs(rng, 10, 6, between=0.01, within=0.01, common=0.01)
+    run = _simulated_runs(rng, 1, 6, between=0.01, within=0.01, common=0.01, slow=dict.fromkeys(range(4), 0.3))[0]
+    ds = gate.gate(run, runs[-1], history=runs)
+    assert gate.print_decisions(ds) == 1
+    assert {d.name: d.status for d in ds}[gate.RUN_SPEED] == "regression"
