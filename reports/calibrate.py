@@ -137,6 +137,9 @@ def summary_text(res: dict) -> str:
     for n, e in res["detectable"].items():
         lines.append(f"detectable with 90% power {n}: " + ", ".join(
             f"{k} {v:.0%}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()))
+    if res.get("ceilings_missing"):
+        lines.append(f"WARNING: {res['ceilings_missing']} of {res['passes']} passes have no ceilings "
+                     f"({'; '.join(res['ceilings_errors']) or 'not measured'}): no normalisation by them")
     for n, e in res["noise"].items():
         lines.append(f"noise {n}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in e.items()))

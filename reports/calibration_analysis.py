@@ -297,6 +297,9 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
                                         rounds_only=True),
         },
         "noise": noise(passes, sessions),
+        # passes whose ceilings probe failed (recorded, never fatal): no ceilings normalisation from them
+        "ceilings_errors": sorted({(p.get("ceilings") or {}).get("error") for p in passes} - {None}),
+        "ceilings_missing": sum(not (p.get("ceilings") or {}).get("copy_bytes_per_s") for p in passes),
         "injected_effect": injected_effect(sessions, targets),
         "sensitivity": [],
     }

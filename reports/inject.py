@@ -15,7 +15,8 @@ machine's speed at that moment, as a slower kernel would (a busy wait keeps the 
 as work does; ``time.sleep`` would free it).
 
 When ``BENCH_CEILINGS_OUT`` names a file, the plugin also measures the device's quick ceilings
-(:func:`benchmarks.ceilings.measure_ceilings` with ``quick=True``) at the end of the session and
+(:func:`conformance.ceilings.measure_ceilings` with ``quick=True``) at the end of the session (holding
+the lockstep token, :func:`reports.lockstep.exclusive`, when the pass runs in lockstep) and
 writes them there as JSON: the calibration (:mod:`reports.calibrate`) uses them to test whether
 normalising by the run's machine speed reduces the between-run noise.
 """
@@ -113,10 +114,12 @@ def pytest_sessionfinish(session):
     if not path:
         return
     try:
-        from benchmarks.ceilings import measure_ceilings
+        from conformance.ceilings import measure_ceilings
         from conformance.device import current_device
+        from reports.lockstep import exclusive
 
-        c = measure_ceilings(current_device(), quick=True)
+        with exclusive():
+            c = measure_ceilings(current_device(), quick=True)
         doc = {"copy_bytes_per_s": c["copy_bytes_per_s"], "matmul_flops_per_s": c["matmul_flops_per_s"]}
     except Exception as exc:  # noqa: BLE001 - a failed probe is recorded, never fatal
         doc = {"error": f"{type(exc).__name__}: {exc}"}

@@ -28,6 +28,7 @@ sides hold one token between them and only its holder runs:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -200,6 +201,20 @@ def pytest_runtest_call(item):
 
         bench._raw_pedantic = pedantic
     yield
+
+
+@contextlib.contextmanager
+def exclusive():
+    """Hold the token for a block of work outside the tests (a probe at the end of the session),
+    so that it never runs while the other side is timing; a no-op without lockstep."""
+    if _state is None:
+        yield
+        return
+    _state.acquire()
+    try:
+        yield
+    finally:
+        _state.release()
 
 
 def pytest_unconfigure(config):

@@ -152,6 +152,12 @@ def test_analyse_counts_false_alarms_and_detections_per_mode():
     assert eff["t1"]["mean_ln_ratio"] == pytest.approx(np.log(1.3), abs=0.03)
     assert abs(eff["control"]["mean_ln_ratio"]) < 0.03 and eff["control"]["pairs"] == 3 * eff["t1"]["pairs"]
     assert res["detectable"][NAMES[0]]["ab_90pct"] > 0.10
+    assert res["ceilings_missing"] == 0 and "WARNING" not in calibrate.summary_text(res)
+    broken = _sessions(rng, 2)
+    broken[0]["passes"][0]["ceilings"] = {"error": "ModuleNotFoundError: x"}
+    res = calibrate.analyse(broken, window=2, resample_draws=10)
+    assert res["ceilings_missing"] == 1 and "1 of 16 passes have no ceilings (ModuleNotFoundError: x)" in \
+        calibrate.summary_text(res)
     with pytest.raises(ValueError, match="no sessions"):
         calibrate.analyse([])
 

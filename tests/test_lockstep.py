@@ -154,3 +154,37 @@ def test_pedantic_rounds_fill_the_time_budget():
     assert rounds(_FakeBenchmark(), 1e-7, 10) == MAX_ROUNDS     # capped
     assert rounds(_FakeBenchmark(disabled=True), 0.001, 3) == 3  # smoke runs stay short
     assert rounds(_FakeBenchmark(), 0.0, 7) == 7
+
+
+def test_exclusive_holds_the_token_for_work_outside_the_tests(tmp_path, monkeypatch):
+    """A probe at the end of a pass (the ceilings) waits for its turn and hands the token back;
+    without lockstep it just runs."""
+    with lockstep.exclusive():
+        pass  # no lockstep state: a no-op
+    ls = lockstep.Lockstep(tmp_path, "b", first="a", timeout=20)
+    monkeypatch.setattr(lockstep, "_state", ls)
+    turned = threading.Event()
+
+    def side_a():
+        time.sleep(0.2)
+        turned.set()
+        (tmp_path / "turn").write_text("b")
+
+    threading.Thread(target=side_a).start()
+    with lockstep.exclusive():
+        assert turned.is_set() and ls.holding  # waited for A to hand over
+    assert not ls.holding and (tmp_path / "turn").read_text() == "a"
+
+
+def test_injection_plugin_writes_the_pass_ceilings(tmp_path):
+    """``BENCH_CEILINGS_OUT``: the pass's quick ceilings, measured at the end of its session (the
+    calibration compares normalising by them with the raw between-run noise)."""
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    out = tmp_path / "c.json"
+    env = dict(os.environ, BENCH_CEILINGS_OUT=str(out), PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "reports.inject", "-p", "no:cacheprovider",
+                    "--rootdir", str(tmp_path), str(tmp_path / "test_x.py")], env=env, cwd=tmp_path,
+                   check=True, capture_output=True, timeout=120)
+    doc = json.loads(out.read_text())
+    assert "error" not in doc, doc
+    assert doc["copy_bytes_per_s"] > 0 and doc["matmul_flops_per_s"]["float32"] > 0
