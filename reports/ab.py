@@ -343,11 +343,14 @@ def main(argv: list[str] | None = None) -> int:
               f"checkout, with that interpreter and its --impl options)", file=sys.stderr)
         return 2
     decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
-    print(f"ab: A={side_label(a.a, a.impl_a)} B={side_label(a.b, a.impl_b)}, {a.pairs} {'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
+    print(f"ab: A={side_label(a.a, a.impl_a)} B={side_label(a.b, a.impl_b)}, {a.pairs} "
+          f"{'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, "
+          f"run-level alpha {a.alpha:g}, Holm)")
     code = gate.print_decisions(decisions)
     if a.json:
         Path(a.json).write_text(json.dumps({
-            "a": a.a, "b": a.b, "impl_a": a.impl_a, "impl_b": a.impl_b, "pairs": a.pairs, "threshold": a.threshold, "alpha": a.alpha,
+            "a": a.a, "b": a.b, "impl_a": a.impl_a, "impl_b": a.impl_b,
+            "pairs": a.pairs, "threshold": a.threshold, "alpha": a.alpha,
             "passes": [{"side": p["side"], "pair": p["pair"], "seconds": p["seconds"], "medians": medians(p["records"])}
                        for p in passes],
             "implementations": implementations(passes),
