@@ -30,8 +30,7 @@ import torch
 
 from benchmarks.timing import median_seconds
 from conformance import results
-from conformance.outcomes import refusal_is_unsupported
-from conformance.plugin import bench_backends, outside_backends, outside_info
+from conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
 from properties.strategies import randn
 
 #: (N, K) Linear shapes per device: Llama-2-7B q/o (4096²), up (11008 x 4096), down (4096 x 11008),
@@ -77,21 +76,21 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     x = randn((M, K), 1, dtype=dtype, device=device)
     outside = outside_backends("quantization").get(backend)
     if outside is not None:
-        impl = outside
-        with refusal_is_unsupported(impl.name):
-            qw = impl.quantize(w, bits=bits, granularity=gran)
+        impl, quantize = outside, outside.quantize
     else:
-        qw = quant_torch.quantize(w, bits=bits, granularity=gran)
+        quantize = quant_torch.quantize
         if backend == "triton":
             from optimized.quant_matmul import SYMMETRIC as impl
         else:
             impl = quant_torch.SYMMETRIC
     repeats = 5 if benchmark.disabled else 50
+    # an outside implementation may refuse the scheme: "unsupported", as in the laws
+    with outside_refusals("quantization", backend):
+        qw = quantize(w, bits=bits, granularity=gran)
 
-    def run():
-        return impl.matmul(x, qw)
+        def run():
+            return impl.matmul(x, qw)
 
-    with refusal_is_unsupported(impl.name):
         t = median_seconds(run, device, repeats)
     t_dense = median_seconds(lambda: x @ w.T, device, repeats)
     info = dict(technique="quantization", backend=f"{backend}_{scheme}", device=device,

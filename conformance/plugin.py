@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from contextlib import nullcontext
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from conformance import registry, results
 from conformance.device import select_device
-from conformance.outcomes import Unsupported
+from conformance.outcomes import Unsupported, refusal_is_unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
              HealthCheck.function_scoped_fixture]
@@ -96,6 +97,14 @@ def outside_info(technique: str, backend: str) -> dict:
     (``{"implementation": "module:attr"}``); {} for a built-in backend."""
     impl = outside_backends(technique).get(backend)
     return {"implementation": impl.target} if impl is not None else {}
+
+
+def outside_refusals(technique: str, backend: str):
+    """A context for the first calls of a benchmark row: for an outside row, its implementation's
+    ``NotImplementedError`` ends the test as "unsupported" (as in the laws); a built-in's refusal
+    stays an error. Wrap the untimed first calls, never the timed loop (no overhead per round)."""
+    impl = outside_backends(technique).get(backend)
+    return refusal_is_unsupported(impl.name) if impl is not None else nullcontext()
 
 
 def bench_backends(technique: str, builtin: tuple[str, ...] | list[str]) -> list:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import ab
+from reports import ab, bench
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN, SLOWED = "attention=my_attention:attention", "attention=tests.slowed_attention:attention"
@@ -77,32 +77,63 @@ def test_benchmark_ids_without_impl_unchanged_with_impl_named_by_place():
     assert "benchmarks/bench_attention.py::test_bench_prefill[128-impl2-64-causal]" in outside
 
 
-def test_ab_between_two_impl_targets(tmp_path, monkeypatch, capsys):
-    """One session, two outside rows per side: ``impl`` is the same target on both sides (A/A),
-    ``impl2`` the plain example on A and the same function computed twice on B (ratio ~2). The
-    threshold is 50%: the doubled row must be a regression, and the A/A row (paired sd 0.03-0.12
-    on this shared machine with 3 pairs) can never pass for one, so the test cannot be flaky."""
+ROW = "benchmarks/bench_attention.py::test_bench_prefill[128-{}-64-causal]"
+
+
+def test_ab_between_two_impl_targets(tmp_path, monkeypatch):
+    """Real passes, lockstep, on the smallest attention row: two outside rows per side, ``impl``
+    the same target on both sides (A/A), ``impl2`` the plain example on A and the same function
+    computed twice on B. The rows pair up by name; the doubled one measures a ratio of about 2,
+    the A/A one about 1. Two pairs keep it short (each pass is a pytest process, ~3 s of imports):
+    too few for the t-test to be sure of the doubling (main asks for 3 or more), so the test
+    asserts the ratios and that the A/A row is no regression, which at the 50% threshold it can
+    never be (paired sd 0.03-0.12 here), whatever the load."""
     for k, v in _env().items():
         monkeypatch.setenv(k, v)
     for k in [k for k in os.environ if k.startswith("PYTEST_")]:
         monkeypatch.delenv(k)
-    out = tmp_path / "ab.json"
-    code = ab.main(["--impl-a", PLAIN, "--impl-a", PLAIN, "--impl-b", PLAIN, "--impl-b", SLOWED,
-                    "-k", "prefill and 128 and 64 and causal", "--pairs", "3", "--max-time", "0.05",
-                    "--threshold", "0.5", "--json", str(out)])
-    text = capsys.readouterr().out
-    doc = json.loads(out.read_text())
-    plain_row, slowed_row = (f"benchmarks/bench_attention.py::test_bench_prefill[128-{b}-64-causal]"
-                             for b in ("impl", "impl2"))
-    decisions = {d["name"]: d for d in doc["decisions"]}
-    assert set(decisions) == {plain_row, slowed_row}, text
-    assert decisions[slowed_row]["ratio"] > 1.6 and decisions[slowed_row]["status"] == "regression", text
-    assert 0.67 < decisions[plain_row]["ratio"] < 1.5 and decisions[plain_row]["status"] != "regression", text
-    assert code == 1, text
-    assert f"--impl {PLAIN} --impl {PLAIN} B=" in text and f"--impl {PLAIN} --impl {SLOWED}," in text, text
+    timer = ab.timer_args("cpu")
+    env = bench.pinned_env("cpu")
+    passes = ab.session(ROOT, ROOT, 2, workdir=tmp_path, env_a=env, env_b=env,
+                        args_a=timer + ab.impl_args([PLAIN, PLAIN]), args_b=timer + ab.impl_args([PLAIN, SLOWED]),
+                        k="prefill and 128 and 64 and causal", max_time=0.05, log=lambda *_: None)
+    plain_row, slowed_row = ROW.format("impl"), ROW.format("impl2")
+    assert [sorted(ab.medians(p["records"])) for p in passes] == [[plain_row, slowed_row]] * 4
+    decisions = {d.name: d for d in ab.decide(passes, threshold=0.5)}
+    assert decisions[slowed_row].ratio > 1.6, decisions
+    assert 0.67 < decisions[plain_row].ratio < 1.5 and decisions[plain_row].status != "regression", decisions
     a, b = PLAIN.split("=")[1], SLOWED.split("=")[1]
-    assert doc["implementations"] == {"a": {plain_row: a, slowed_row: a}, "b": {plain_row: a, slowed_row: b}}
-    assert doc["impl_a"] == [PLAIN, PLAIN] and doc["impl_b"] == [PLAIN, SLOWED]
+    assert ab.implementations(passes) == {"a": {plain_row: a, slowed_row: a}, "b": {plain_row: a, slowed_row: b}}
+
+
+def test_ab_command_hands_each_side_its_targets_and_names_them(tmp_path, monkeypatch, capsys):
+    """``python -m reports.ab --impl-a ... --impl-b ...``: both sides on this working tree, each
+    side's passes get its ``--impl`` options, the output and the JSON name the targets (the
+    passes are stood in for: a doubled ``impl2`` row on B, three pairs)."""
+    seen = {}
+
+    def session(a, b, pairs, **kw):
+        seen.update(a=a, b=b, pairs=pairs, **kw)
+        rec = [{"fullname": ROW.format(n), "stats": {"median": m}, "extra_info": {"implementation": t}}
+               for n, m, t in (("impl", 1.0, "x"), ("impl2", 1.0, "y"))]
+        slowed = [[rec[0], dict(rec[1], stats={"median": 2.0 + 0.01 * i})] for i in range(pairs)]
+        return [p for i in range(pairs) for p in ({"side": "a", "pair": i, "seconds": 1, "records": rec},
+                                                  {"side": "b", "pair": i, "seconds": 1, "records": slowed[i]})]
+
+    monkeypatch.setattr(ab, "session", session)
+    out = tmp_path / "ab.json"
+    code = ab.main(["--impl-a", PLAIN, "--impl-b", SLOWED, "--impl-a", QUANT, "--impl-b", QUANT,
+                    "--pairs", "3", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    assert (seen["a"], seen["b"], seen["k"]) == (ROOT, ROOT, None)
+    assert seen["args_a"][-4:] == ["--impl", PLAIN, "--impl", QUANT]
+    assert seen["args_b"][-4:] == ["--impl", SLOWED, "--impl", QUANT]
+    assert f"--impl {PLAIN} --impl {QUANT} B=" in text and f"--impl {SLOWED} --impl {QUANT}," in text, text
+    assert "REGRESSION" in text and ROW.format("impl2") in text, text
+    doc = json.loads(out.read_text())
+    assert doc["impl_a"] == [PLAIN, QUANT] and doc["impl_b"] == [SLOWED, QUANT]
+    assert doc["implementations"]["b"] == {ROW.format("impl"): "x", ROW.format("impl2"): "y"}
 
 
 @pytest.mark.parametrize("lockstep", [True, False], ids=["lockstep", "sequential"])
