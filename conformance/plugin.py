@@ -100,9 +100,10 @@ def outside_info(technique: str, backend: str) -> dict:
 
 
 def outside_refusals(technique: str, backend: str):
-    """A context for the first calls of a benchmark row: for an outside row, its implementation's
-    ``NotImplementedError`` ends the test as "unsupported" (as in the laws); a built-in's refusal
-    stays an error. Wrap the untimed first calls, never the timed loop (no overhead per round)."""
+    """A context for a benchmark row's first calls (its in-test ``median_seconds``): for an
+    outside row, its implementation's ``NotImplementedError`` ends the test as "unsupported" (as
+    in the laws); a built-in's refusal stays an error. Never wrap the ``benchmark.pedantic`` loop
+    in it (no overhead per timed round)."""
     impl = outside_backends(technique).get(backend)
     return refusal_is_unsupported(impl.name) if impl is not None else nullcontext()
 

@@ -171,12 +171,27 @@ def test_impl_flags_are_checked_before_anything_runs(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_refusal_of_an_outside_row_is_unsupported_not_an_error():
-    from conformance.outcomes import Unsupported, refusal_is_unsupported
+def test_plugin_outside_rows_and_their_refusals(monkeypatch):
+    """The plugin's accessors for benchmarks: ids by place, the target in extra_info, and a
+    refusal of an outside row (only) made "unsupported"."""
+    from conformance import plugin, registry
+    from conformance.outcomes import Unsupported
 
-    with pytest.raises(Unsupported, match="unsupported: my_attention:attention refused: no float32"):
-        with refusal_is_unsupported("my_attention:attention"):
+    target = "reference.attention:attention"
+    monkeypatch.setitem(plugin._STATE, "outside", {"attention": [registry.load_outside("attention", target)] * 2})
+    params = plugin.bench_backends("attention", ("naive", "torch"))
+    assert params[:2] == ["naive", "torch"]
+    assert [(p.id, p.values, [m.args for m in p.marks]) for p in params[2:]] == [
+        ("impl", ("impl",), [("attention",)]), ("impl2", ("impl2",), [("attention",)])]
+    assert plugin.bench_backends("quantization", ("torch",)) == ["torch"]
+    assert plugin.outside_info("attention", "impl2") == {"implementation": target}
+    assert plugin.outside_info("attention", "torch") == {}
+    with pytest.raises(Unsupported, match=f"unsupported: {target} refused: no float32"):
+        with plugin.outside_refusals("attention", "impl"):
+            raise NotImplementedError("no float32")
+    with pytest.raises(NotImplementedError):  # a built-in's refusal stays an error
+        with plugin.outside_refusals("attention", "torch"):
             raise NotImplementedError("no float32")
     with pytest.raises(ValueError):  # anything else is not a refusal
-        with refusal_is_unsupported("my_attention:attention"):
+        with plugin.outside_refusals("attention", "impl"):
             raise ValueError("bad q")
