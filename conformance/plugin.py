@@ -178,7 +178,7 @@ def pytest_generate_tests(metafunc):
         outside = _STATE["outside"].get(technique)
         impls = outside if outside else registry.builtins(technique, _STATE["device"])
         # a benchmark's row of an outside implementation is named by its place, not its target
-        timed = outside and "benchmark" in metafunc.fixturenames
+        timed = bool(outside) and "benchmark" in metafunc.fixturenames
         params = [pytest.param(i, id=bench_id(n) if timed else i.name,
                                marks=[pytest.mark.skip(reason=i.unavailable)] if i.unavailable else [])
                   for n, i in enumerate(impls)]
