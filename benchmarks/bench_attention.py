@@ -7,7 +7,9 @@ synchronised, so the ratios are recorded even when pytest-benchmark is disabled 
 run); the ``benchmark`` fixture times the backend for the history. extra_info carries the
 median latency, TFLOP/s (4·B·Hq·Tq·Tk·D, halved when causal: ``flops`` per call), the ratio to
 SDPA and the claim id. On the CPU, Triton rows are skipped (the interpreter is for correctness,
-its timings mean nothing) and the others run small.
+its timings mean nothing) and the others run small. With ``--impl attention=module:attr`` the
+rows ``impl``, ``impl2``, ... time the outside implementations instead (extra_info
+``implementation``: the target; ``conformance.plugin.bench_backends``).
 
 Goals for the report (not asserted): prefill bf16, head dim 128, T >= 1k: Triton >= 1.0x SDPA;
 decode with B·Hq <= 32 and Tk >= 16k: split-KV >= 3x the unsplit kernel (claim FA-7). Lecture
@@ -21,6 +23,7 @@ import torch
 from benchmarks.timing import median_seconds, rounds
 from conformance import registry, results
 from conformance.contracts.attention import flops
+from conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
 from properties.strategies import randn
 from reference.attention import attention_naive
 
@@ -36,6 +39,9 @@ DECODE_BH = {"cuda": ((1, 8), (1, 32), (8, 32)), "cpu": ((1, 8),)}
 
 
 def _attention_fn(backend: str, device: str):
+    outside = outside_backends("attention")
+    if backend in outside:
+        return outside[backend]
     if backend == "naive":
         return attention_naive
     if backend.startswith("triton") and device != "cuda":
@@ -74,7 +80,7 @@ def _dtype(device):
 @pytest.mark.claim("FA-4")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", bench_backends("attention", BACKENDS))
 def test_bench_prefill(benchmark, device, backend, T, D, causal):
     fn = _attention_fn(backend, device)
     dtype = _dtype(device)
@@ -90,13 +96,14 @@ def test_bench_prefill(benchmark, device, backend, T, D, causal):
     def run():
         return fn(q, k, v, causal=causal, scale=scale)
 
-    t = median_seconds(run, device, repeats)
+    with outside_refusals("attention", backend):  # an outside refusal is "unsupported"
+        t = median_seconds(run, device, repeats)
     t_sdpa = t if backend == "torch" else median_seconds(lambda: sdpa(q, k, v, causal=causal, scale=scale),
                                                            device, repeats)
     f = flops(B, Hq, T, T, D, causal)
     info = dict(claim="FA-4", technique="attention", backend=backend, device=device, dtype=str(dtype).replace("torch.", ""),
                 B=B, Hq=Hq, T=T, D=D, causal=causal, flops=f, median_s=t, tflops=f / t / 1e12,
-                sdpa_median_s=t_sdpa, speed_vs_sdpa=t_sdpa / t)
+                sdpa_median_s=t_sdpa, speed_vs_sdpa=t_sdpa / t, **outside_info("attention", backend))
     if backend == "triton" and device == "cuda":
         info["goal"] = "bf16, D=128, T>=1k: speed_vs_sdpa >= 1.0" if D == 128 and T >= 1024 else ""
     results.bench_info(benchmark, **info)
@@ -115,7 +122,7 @@ def test_bench_prefill(benchmark, device, backend, T, D, causal):
 
 # ------------------------------------------------------------------------------------ decode
 @pytest.mark.claim("FA-7")
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", bench_backends("attention", BACKENDS))
 def test_bench_decode(benchmark, device, backend, Tk, BH):
     """One query token over a cache of Tk keys (Tq = 1). The Triton backend dispatches to the
     split-KV kernel; the unsplit FlashAttention kernel is timed in the same run for the ratio."""
@@ -130,7 +137,8 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
     def run():
         return fn(q, k, v, causal=True, scale=scale)
 
-    t = median_seconds(run, device, repeats)
+    with outside_refusals("attention", backend):  # an outside refusal is "unsupported"
+        t = median_seconds(run, device, repeats)
     t_sdpa = t if backend == "torch" else median_seconds(lambda: sdpa(q, k, v, causal=True, scale=scale),
                                                            device, repeats)
     f = flops(B, Hq, 1, Tk, D, False)
@@ -138,7 +146,7 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
     info = dict(claim="FA-7", technique="attention", backend=backend, device=device,
                 dtype=str(dtype).replace("torch.", ""), B=B, Hq=Hq, Tq=1, Tk=Tk, D=D, flops=f, bytes=kv_bytes,
                 median_s=t, tflops=f / t / 1e12, gbytes_per_s=kv_bytes / t / 1e9, sdpa_median_s=t_sdpa,
-                speed_vs_sdpa=t_sdpa / t)
+                speed_vs_sdpa=t_sdpa / t, **outside_info("attention", backend))
     if backend == "triton":
         from optimized.flash_attention import flash_attention
 

@@ -9,7 +9,10 @@ read (``bytes``: packed weights + scales + zero points + x + out), effective GB/
 latency and ``speedup_vs_bf16``, and the issue's goal text. On a GPU the M = 1 rows record QT-10
 (holds when the quantized product is faster than bf16). On the CPU the Triton rows are skipped
 (the interpreter's timings mean nothing) and the vectorized PyTorch path runs one small shape as
-a smoke test; QT-10 stays "not measured" there.
+a smoke test; QT-10 stays "not measured" there. With ``--impl quantization=module:attr`` the rows
+``impl``, ``impl2``, ... time the outside implementations' ``quantize`` (once, untimed) and
+``matmul`` instead (extra_info ``implementation``: the target; no ``bytes``, their packed form is
+their own; ``conformance.plugin.bench_backends``).
 
 Goals (not asserted; GPU, shapes of >= 64 MB of bf16 weights): at M = 1 int8 >= 1.7x bf16 and
 int4 g128 >= 2.5x; int4 >= 2x up to M = 16; never below 0.9x bf16 up to M = 128.
@@ -27,6 +30,7 @@ import torch
 
 from benchmarks.timing import median_seconds
 from conformance import results
+from conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
 from properties.strategies import randn
 
 #: (N, K) Linear shapes per device: Llama-2-7B q/o (4096²), up (11008 x 4096), down (4096 x 11008),
@@ -59,7 +63,7 @@ def _goal(scheme: str, M: int, weight_bytes_bf16: int) -> str:
 
 
 @pytest.mark.claim("QT-10")
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", bench_backends("quantization", ("triton", "torch")))
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     if backend == "triton" and device != "cuda":
@@ -70,24 +74,33 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
     x = randn((M, K), 1, dtype=dtype, device=device)
-    qw = quant_torch.quantize(w, bits=bits, granularity=gran)
-    if backend == "triton":
-        from optimized.quant_matmul import SYMMETRIC as impl
+    outside = outside_backends("quantization").get(backend)
+    if outside is not None:
+        impl, quantize = outside, outside.quantize
     else:
-        impl = quant_torch.SYMMETRIC
+        quantize = quant_torch.quantize
+        if backend == "triton":
+            from optimized.quant_matmul import SYMMETRIC as impl
+        else:
+            impl = quant_torch.SYMMETRIC
     repeats = 5 if benchmark.disabled else 50
+    # an outside implementation may refuse the scheme: "unsupported", as in the laws
+    with outside_refusals("quantization", backend):
+        qw = quantize(w, bits=bits, granularity=gran)
 
-    def run():
-        return impl.matmul(x, qw)
+        def run():
+            return impl.matmul(x, qw)
 
-    t = median_seconds(run, device, repeats)
+        t = median_seconds(run, device, repeats)
     t_dense = median_seconds(lambda: x @ w.T, device, repeats)
-    nbytes = (qw.codes.numel() + qw.scales.numel() * qw.scales.element_size() + qw.zeros.numel()
-              + (M * K + M * N) * dtype.itemsize)
     info = dict(technique="quantization", backend=f"{backend}_{scheme}", device=device,
                 dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K, bits=bits, granularity=gran,
-                flops=2.0 * M * N * K, bytes=nbytes, median_s=t, gbytes_per_s=nbytes / t / 1e9,
-                dense_median_s=t_dense, speedup_vs_bf16=t_dense / t)
+                flops=2.0 * M * N * K, median_s=t, dense_median_s=t_dense, speedup_vs_bf16=t_dense / t,
+                **outside_info("quantization", backend))
+    if outside is None:
+        nbytes = (qw.codes.numel() + qw.scales.numel() * qw.scales.element_size() + qw.zeros.numel()
+                  + (M * K + M * N) * dtype.itemsize)
+        info.update(bytes=nbytes, gbytes_per_s=nbytes / t / 1e9)
     if backend == "triton":
         from optimized.quant_matmul import GEMV_MAX_M
 

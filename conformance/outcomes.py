@@ -7,7 +7,8 @@ not by the words of a message.
 """
 from __future__ import annotations
 
-from typing import NoReturn
+from contextlib import contextmanager
+from typing import Iterator, NoReturn
 
 import pytest
 
@@ -20,3 +21,13 @@ class Unsupported(pytest.skip.Exception):
 def unsupported(reason: str) -> NoReturn:
     """End the running test as "unsupported" with ``reason`` (say who refused what)."""
     raise Unsupported(f"unsupported: {reason}", _use_item_location=True)
+
+
+@contextmanager
+def refusal_is_unsupported(who: str) -> Iterator[None]:
+    """Inside the block, a ``NotImplementedError`` (``who`` refused the input) ends the running
+    test as "unsupported" (:func:`unsupported`) instead of failing it."""
+    try:
+        yield
+    except NotImplementedError as exc:
+        unsupported(f"{who} refused: {exc}")

@@ -13,6 +13,13 @@ Options:
 A crash of an implementation under pytest-xdist (``-n``) fails that test (error row "worker
 crashed") and the run goes on; run outside implementations with ``-n 1`` or more for that.
 
+Benchmarks time outside implementations too: a benchmark that calls its technique's contract
+adds one row per ``--impl`` of that technique (:func:`bench_backends`), with the backend id
+``impl`` for the first target, ``impl2``, ... for the next, in the order given, never the target
+string (so that two runs with different targets pair up by name, as ``python -m reports.ab
+--impl-a ... --impl-b ...`` needs); the target goes into the row's extra_info
+(``implementation``). With ``--impl``, only those rows of the benchmarks run.
+
 Markers a property test uses:
   @pytest.mark.technique("attention")   parametrizes ``impl`` over the registry (and
                                         ``bad_impl`` over the law's ``kills`` list).
@@ -26,13 +33,14 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from contextlib import nullcontext
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from conformance import registry, results
 from conformance.device import select_device
-from conformance.outcomes import Unsupported
+from conformance.outcomes import Unsupported, refusal_is_unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
              HealthCheck.function_scoped_fixture]
@@ -67,6 +75,49 @@ def pytest_addoption(parser):
                     help="per-test timeout for outside implementations (pytest-timeout; 0: none)")
 
 
+def outside(technique: str) -> list:
+    """The outside implementations of ``technique`` given with ``--impl`` (loaded once, at
+    configure), in the order given; [] without ``--impl`` or outside a pytest run."""
+    return list(_STATE["outside"].get(technique, ()))
+
+
+def bench_id(index: int) -> str:
+    """The backend id of the ``index``-th (from 0) outside implementation of a technique in a
+    benchmark: ``impl``, ``impl2``, ``impl3``, ... (independent of the target string)."""
+    return "impl" if index == 0 else f"impl{index + 1}"
+
+
+def outside_backends(technique: str) -> dict:
+    """Backend id (:func:`bench_id`) -> outside implementation of ``technique``, in ``--impl`` order."""
+    return {bench_id(i): impl for i, impl in enumerate(outside(technique))}
+
+
+def outside_info(technique: str, backend: str) -> dict:
+    """The extra_info naming the target behind an outside benchmark row ``backend``
+    (``{"implementation": "module:attr"}``); {} for a built-in backend."""
+    impl = outside_backends(technique).get(backend)
+    return {"implementation": impl.target} if impl is not None else {}
+
+
+def outside_refusals(technique: str, backend: str):
+    """A context for a benchmark row's first calls (its in-test ``median_seconds``): for an
+    outside row, its implementation's ``NotImplementedError`` ends the test as "unsupported" (as
+    in the laws); a built-in's refusal stays an error. Never wrap the ``benchmark.pedantic`` loop
+    in it (no overhead per timed round)."""
+    impl = outside_backends(technique).get(backend)
+    return refusal_is_unsupported(impl.name) if impl is not None else nullcontext()
+
+
+def bench_backends(technique: str, builtin: tuple[str, ...] | list[str]) -> list:
+    """A benchmark's ``backend`` parameter values: the ``builtin`` names (ids unchanged), then
+    one ``impl``/``impl2``/... per outside implementation of ``technique``, each marked
+    ``outside_bench(technique)`` so that ``--impl`` keeps exactly these rows. Call it where the
+    benchmark module is collected (after configure): ``@pytest.mark.parametrize("backend",
+    bench_backends("attention", BACKENDS))``."""
+    return list(builtin) + [pytest.param(b, id=b, marks=pytest.mark.outside_bench(technique))
+                            for b in outside_backends(technique)]
+
+
 def _profile_name(config) -> str:
     chosen = config.getoption("hypothesis_profile", default=None)
     if chosen:
@@ -80,7 +131,8 @@ def pytest_configure(config):
     for line in ("technique(name): the technique whose contract the test checks",
                  "claim(*ids): claim ids of the ledger (CLAIMS.md) the test checks",
                  "kills(*names): known-bad implementations the law must reject",
-                 "gpu: needs a CUDA device (skipped elsewhere)"):
+                 "gpu: needs a CUDA device (skipped elsewhere)",
+                 "outside_bench(technique): a benchmark row timing an outside implementation (--impl)"):
         config.addinivalue_line("markers", line)
     settings.load_profile(_profile_name(config))
     device = select_device(config.getoption("device"))
@@ -125,8 +177,11 @@ def pytest_generate_tests(metafunc):
     if "impl" in metafunc.fixturenames:
         outside = _STATE["outside"].get(technique)
         impls = outside if outside else registry.builtins(technique, _STATE["device"])
-        params = [pytest.param(i, id=i.name, marks=[pytest.mark.skip(reason=i.unavailable)]
-                               if i.unavailable else []) for i in impls]
+        # a benchmark's row of an outside implementation is named by its place, not its target
+        timed = bool(outside) and "benchmark" in metafunc.fixturenames
+        params = [pytest.param(i, id=bench_id(n) if timed else i.name,
+                               marks=[pytest.mark.skip(reason=i.unavailable)] if i.unavailable else [])
+                  for n, i in enumerate(impls)]
         metafunc.parametrize("impl", params)
     if "bad_impl" in metafunc.fixturenames:
         kills = metafunc.definition.get_closest_marker("kills")
@@ -143,11 +198,17 @@ def _is_outside(impl) -> bool:
                                  or str(getattr(impl, "target", "")).startswith(OUTSIDE_MODULES))
 
 
+def _outside_bench(item) -> str | None:
+    m = item.get_closest_marker("outside_bench")
+    return m.args[0] if m else None
+
+
 def pytest_collection_modifyitems(config, items):
     timeout = config.getoption("impl_timeout", default=OUTSIDE_TIMEOUT_S)
     if timeout and config.pluginmanager.hasplugin("timeout"):
         for item in items:
-            if _is_outside(_param(item, "impl")) and item.get_closest_marker("timeout") is None:
+            if (_is_outside(_param(item, "impl")) or _outside_bench(item)) \
+                    and item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(timeout))
     if config.getoption("zoo_only", default=False):
         keep = [i for i in items if "bad_impl" in getattr(i, "fixturenames", ())]
@@ -162,7 +223,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         t = _technique(item)
         uses_zoo = "bad_impl" in getattr(item, "fixturenames", ())
-        (keep if t in techniques and not uses_zoo else drop).append(item)
+        (keep if (t in techniques and not uses_zoo) or _outside_bench(item) in techniques else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -144,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             ceilings = None
     fp = env.fingerprint(device)
     records = bench.records(bench_json)
-    if not args.no_run and not args.no_bench and not args.no_history and records:
+    # outside rows are named by their place (impl, impl2), not their target: never a series entry
+    outside = any(a == "--impl" or a.startswith("--impl=") for a in args.pytest_args)
+    if outside and records and not (args.no_run or args.no_bench or args.no_history):
+        print("history: not appended (--impl: the outside implementations' rows are named impl, impl2, ... "
+              "whatever their targets; compare two targets with python -m reports.ab --impl-a ... --impl-b ...)",
+              flush=True)
+    if not args.no_run and not args.no_bench and not args.no_history and records and not outside:
         _stage(4, n_stages, "history")
         path = hist.append(hist.make_entry(fp, records, ceilings, settings=settings), history_dir)
         print(f"appended {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", flush=True)

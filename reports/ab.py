@@ -29,6 +29,13 @@ intra-op thread (``OMP_NUM_THREADS=1``) and the allocator pinned (:func:`reports
 by default: on a shared CPU runner, wall time mostly measures the neighbours (time slicing); on
 CUDA they time wall time (``--timer``, ``--threads``).
 
+Two outside implementations (two versions of one's own kernel) compare the same way on one
+checkout: ``--impl-a TECHNIQUE=module:attr --impl-b TECHNIQUE=module:attr`` (each repeatable)
+hands each side's passes its ``--impl`` options; ``--a``/``--b`` then default to this working
+tree. With ``--impl`` the benchmarks run only their rows of the outside implementations, named
+``impl``, ``impl2``, ... by their order per technique, not by target
+(:func:`conformance.plugin.bench_backends`), so A's first target pairs with B's first.
+
 Its measured error rates on this suite (false alarms on unchanged code, power against an
 injected 15% slowdown) are in ``reports/calibration/gate_calibration.json`` and the report.
 """
@@ -152,6 +159,52 @@ def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str 
     return {s: (bench.records(workdir / f"pass{pair}{s}.json"), seconds[s]) for s in procs}
 
 
+def impl_args(targets: list[str]) -> list[str]:
+    """pytest arguments handing a side's outside implementations to its passes."""
+    return [x for t in targets for x in ("--impl", t)]
+
+
+def check_impls(impl_a: list[str], impl_b: list[str]) -> str | None:
+    """Why ``--impl-a``/``--impl-b`` cannot be compared (a message naming the flag), or None:
+    each must be TECHNIQUE=module:attr, one side's without the other's is refused, and both must
+    give the same techniques, as many times each (rows pair by their place per technique)."""
+    from conformance import registry
+
+    if bool(impl_a) != bool(impl_b):
+        given, missing = ("--impl-a", "--impl-b") if impl_a else ("--impl-b", "--impl-a")
+        return f"{given} needs {missing}: the other side's implementation of the same technique"
+    counts = {}
+    for flag, targets in (("--impl-a", impl_a), ("--impl-b", impl_b)):
+        try:
+            parsed = registry.parse_impl_option(targets)
+        except ValueError as exc:
+            return f"{flag}: {exc}"
+        counts[flag] = {t: len(v) for t, v in parsed.items()}
+    if counts["--impl-a"] != counts["--impl-b"]:
+        def show(c):
+            return ", ".join(f"{t} x{n}" for t, n in sorted(c.items()))
+        return (f"--impl-b: its techniques ({show(counts['--impl-b'])}) differ from --impl-a's "
+                f"({show(counts['--impl-a'])}); give each side the same techniques, as many times each")
+    return None
+
+
+def side_label(spec: str, targets: list[str]) -> str:
+    """A side for the output: its checkout (:func:`describe`) and its ``--impl`` targets."""
+    return describe(spec) + "".join(f" --impl {t}" for t in targets)
+
+
+def implementations(passes: list[dict]) -> dict[str, dict[str, str]]:
+    """side -> {benchmark fullname: the implementation its row timed (extra_info
+    ``implementation``: an outside row's target)}, for the rows that state one."""
+    out: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+    for p in passes:
+        for r in p["records"]:
+            name = (r.get("extra_info") or {}).get("implementation")
+            if name:
+                out.setdefault(p["side"], {})[r["fullname"]] = str(name)
+    return out
+
+
 def medians(records: list[dict]) -> dict[str, float]:
     return {r["fullname"]: float(r["stats"]["median"]) for r in records
             if (r.get("stats") or {}).get("median")}
@@ -222,8 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     from reports import gate
 
     ap = argparse.ArgumentParser(prog="python -m reports.ab", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--a", required=True, help="baseline side: a git revision or a checkout folder")
-    ap.add_argument("--b", required=True, help="candidate side: a git revision or a checkout folder")
+    ap.add_argument("--a", default=None, help="baseline side: a git revision or a checkout folder "
+                                               "(default with --impl-a: this working tree)")
+    ap.add_argument("--b", default=None, help="candidate side: a git revision or a checkout folder "
+                                               "(default with --impl-b: this working tree)")
+    ap.add_argument("--impl-a", action="append", default=[], metavar="TECHNIQUE=module:attr",
+                    help="side A's outside implementation (repeatable): its passes get --impl and time only "
+                         "the benchmark rows of outside implementations; needs --impl-b of the same techniques")
+    ap.add_argument("--impl-b", action="append", default=[], metavar="TECHNIQUE=module:attr",
+                    help="side B's outside implementation (repeatable), paired with --impl-a by technique and order")
     ap.add_argument("--pairs", type=int, default=DEFAULT_PAIRS, help="pairs of passes (>= 3; more: more power)")
     ap.add_argument("-k", dest="k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -246,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     for flag, py in (("--python-a", a.python_a), ("--python-b", a.python_b)):
         if py and not (shutil.which(py) or (Path(py).is_file() and os.access(py, os.X_OK))):
             ap.error(f"{flag}: {py!r} is not an executable interpreter")
+    problem = check_impls(a.impl_a, a.impl_b)
+    if problem:
+        ap.error(problem)
+    if not a.impl_a and (a.a is None or a.b is None):
+        ap.error("--a and --b are required (without them, --impl-a and --impl-b compare two outside "
+                 "implementations on this working tree)")
+    a.a, a.b = a.a or str(ROOT), a.b or str(ROOT)
     if a.pairs < 3:
         ap.error("--pairs must be >= 3 (the t-test on the paired ratios has pairs - 1 degrees of freedom)")
     tmp = Path(tempfile.mkdtemp(prefix="ab-"))
@@ -258,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         timer = a.timer or ("wall" if a.device == "cuda" else "cpu")
         env = bench.pinned_env(a.device, a.threads)
         passes = session(ca, cb, a.pairs, workdir=tmp, k=a.k, device=a.device, env_a=env, env_b=env,
-                         args_a=timer_args(timer), args_b=timer_args(timer), lockstep=not a.sequential,
+                         args_a=timer_args(timer) + impl_args(a.impl_a),
+                         args_b=timer_args(timer) + impl_args(a.impl_b), lockstep=not a.sequential,
                          python_a=a.python_a, python_b=a.python_b,
                          max_time=a.max_time or (1.0 if a.device == "cuda" else 0.2))
     except ValueError as exc:
@@ -272,16 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     if empty:
         print(f"ab: no benchmark results from side {', '.join(empty)}: its pytest process failed or selected "
               f"nothing; run it alone to see why (python -m pytest benchmarks --benchmark-enable -k ... in that "
-              f"checkout, with that interpreter)", file=sys.stderr)
+              f"checkout, with that interpreter and its --impl options)", file=sys.stderr)
         return 2
     decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
-    print(f"ab: A={describe(a.a)} B={describe(a.b)}, {a.pairs} {'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, run-level alpha {a.alpha:g}, Holm)")
+    print(f"ab: A={side_label(a.a, a.impl_a)} B={side_label(a.b, a.impl_b)}, {a.pairs} "
+          f"{'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, "
+          f"run-level alpha {a.alpha:g}, Holm)")
     code = gate.print_decisions(decisions)
     if a.json:
         Path(a.json).write_text(json.dumps({
-            "a": a.a, "b": a.b, "pairs": a.pairs, "threshold": a.threshold, "alpha": a.alpha,
+            "a": a.a, "b": a.b, "impl_a": a.impl_a, "impl_b": a.impl_b,
+            "pairs": a.pairs, "threshold": a.threshold, "alpha": a.alpha,
             "passes": [{"side": p["side"], "pair": p["pair"], "seconds": p["seconds"], "medians": medians(p["records"])}
                        for p in passes],
+            "implementations": implementations(passes),
             "decisions": [asdict(d) for d in decisions]}, indent=1))
     return code
 
