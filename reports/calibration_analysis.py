@@ -192,8 +192,8 @@ def noise(passes: list[dict], sessions: list[dict]) -> dict:
         rows = [(p["benchmarks"][n]["median"], p.get("ceilings") or {}) for p in clean if n in p["benchmarks"]]
         lm = np.log([m for m, _ in rows])
         entry = {"passes": len(rows), "sd_ln_median": float(np.std(lm, ddof=1))}
-        if speed and n in speed.history:
-            entry["sd_ln_median_run_speed"] = float(np.std(np.log(speed.history[n]), ddof=1))
+        if speed and n in speed.y_hist:
+            entry["sd_ln_median_run_speed"] = speed.fit(n)[2]  # residual sd around the run-speed line
         for key, get in (("copy", lambda c: c.get("copy_bytes_per_s")),
                          ("matmul_float32", lambda c: (c.get("matmul_flops_per_s") or {}).get("float32"))):
             v = [(m, get(c)) for m, c in rows if get(c)]

@@ -17,16 +17,20 @@ run's ln(median),
   from the history's distribution of run medians: a prediction interval), and r's (1 - alpha)
   interval exp(x - mu +- t_{1-alpha/2} s sqrt(1 + 1/n)).
 
-**Normalised by the run's speed** (default; ``--no-normalize`` to judge raw medians): the
+**Relative to the run's speed** (default; ``--no-normalize`` to judge raw medians): the
 benchmarks of one run share much of their shift (the machine's speed in that run), so where at
-least ``MIN_NORMALIZE`` (4) benchmarks are in the run and in every entry of the window, each one
-is judged on its median divided by the run's speed estimated from the *other* benchmarks of the
-same run (the median of their shifts from the history's means; one regressed benchmark barely
-moves it), and the run's speed itself, exp(median shift of all benchmarks), is judged the same
-way as one more member of the family, ``(run speed: ...)``: a change that slows every benchmark
-alike fails there (with the wider spread of the machine's speed; when most benchmarks slow
-down, the unchanged rest look faster relative to the run's speed and show as improvements). See
-:func:`normalize_by_run_speed`; its measured effect is in the calibration.
+least ``MIN_NORMALIZE`` (4) benchmarks are in the run and in every one of at least 4 entries of
+the window, each one is judged against what the run's speed predicts: the run's speed as that
+benchmark sees it is the median shift of the run's *other* benchmarks from their history means
+(one regressed benchmark barely moves it), and over the history a least-squares line of the
+benchmark's ln(median) on that speed gives the prediction and a t prediction interval with
+n - 2 degrees of freedom (:func:`speed_test`; the slope is measured: about 1 for a benchmark
+that follows the machine, about 0 for one that does not). The run's speed itself,
+exp(median shift of all benchmarks), is judged by the plain between-run model as one more
+member of the family, ``(run speed: ...)``: a change that slows every benchmark alike fails
+there (with the wider spread of the machine's speed; when most benchmarks slow down, the
+unchanged rest look faster than the run's speed predicts and show as improvements). Its
+measured effect is in the calibration.
 
 With fewer entries the benchmark falls back to the **rounds** of the run and of the baseline
 (the former rule, which fails unchanged code often on a shared machine: a warning says so):
@@ -181,45 +185,76 @@ def history_test(run_median: float, history_medians, *, alpha: float = 0.05, rel
 
 @dataclass
 class RunSpeed:
-    """Medians normalised by each run's speed (see :func:`normalize_by_run_speed`)."""
+    """Each run's speed and, per benchmark, its log medians beside the speed of the same run
+    estimated from the *other* benchmarks (see :func:`normalize_by_run_speed`)."""
     names: list[str]
-    run: dict[str, float]
-    history: dict[str, list[float]]
-    raw_sd: dict[str, float]
-    speed_run: float
+    y_hist: dict[str, np.ndarray]  # ln(median) per history entry
+    f_hist: dict[str, np.ndarray]  # the entry's speed from the other benchmarks (log, centred)
+    y_run: dict[str, float]
+    f_run: dict[str, float]
+    speed_run: float  # exp(median shift of all the run's benchmarks)
     speed_history: list[float]
+
+    def fit(self, name: str) -> tuple[float, float, float, float, float]:
+        """Least squares of y on f over the history: (intercept, slope, residual sd, mean f, Sff)."""
+        y, f = self.y_hist[name], self.f_hist[name]
+        fm, sff = float(f.mean()), float(((f - f.mean()) ** 2).sum())
+        slope = float(((f - fm) * (y - y.mean())).sum() / sff) if sff > 0 else 0.0
+        icpt = float(y.mean()) - slope * fm
+        resid = y - (icpt + slope * f)
+        return icpt, slope, float(np.sqrt((resid ** 2).sum() / max(y.size - 2, 1))), fm, sff
 
 
 def normalize_by_run_speed(run_medians: dict[str, float], history_medians: list[dict[str, float]],
                            min_benchmarks: int = MIN_NORMALIZE) -> RunSpeed | None:
-    """The run's and the history's medians divided by each run's speed, estimated from the other
-    benchmarks of the same run: None when fewer than ``min_benchmarks`` benchmarks are in the run
-    and in every history entry, or fewer than 2 entries.
+    """Each run's speed, for judging the run's benchmarks by what that speed predicts
+    (:func:`speed_test`): None when fewer than ``min_benchmarks`` benchmarks are in the run and
+    in every history entry, or fewer than 4 entries (the fit needs n - 2 >= 2 degrees of freedom).
 
     With m_hk the ln(median) of benchmark k in history entry h, c_k = mean_h m_hk and e_hk =
-    m_hk - c_k (the run: x_k, e_k = x_k - c_k), benchmark j is judged on m_hj - median_{k != j}
-    e_hk (run: x_j - median_{k != j} e_k): the shift that all benchmarks of a run share (the
-    machine's speed in that run: clocks, load, memory layout) cancels, and one regressed
-    benchmark barely moves the median of the others. ``speed_run`` / ``speed_history`` are
-    exp(median_k e_k) per run: the run's speed itself, judged as one more member of the family
-    (:data:`RUN_SPEED`), so a change that slows every benchmark alike still fails the gate.
-    Measured on the calibration machine: it halves the between-run spread of the prefill
-    benchmarks at 3-5 passes per run (reports/calibration/gate_calibration.json)."""
+    m_hk - c_k (the run: x_k, e_k = x_k - c_k), the speed of entry h as benchmark j sees it is
+    f_hj = median_{k != j} e_hk (the run: f_j = median_{k != j} e_k): the shift that the run's
+    other benchmarks share (the machine's speed in that run: clocks, load, memory layout), which
+    one regressed benchmark barely moves. ``speed_run`` / ``speed_history`` are exp(median_k
+    e_k) per run: the run's speed itself, judged as one more member of the family
+    (:data:`RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
     names = [n for n in run_medians if all(n in h for h in history_medians)]
-    if len(names) < min_benchmarks or len(history_medians) < 2:
+    if len(names) < min_benchmarks or len(history_medians) < 4:
         return None
     hist = np.log([[h[n] for n in names] for h in history_medians])  # (entries, benchmarks)
     x = np.log([run_medians[n] for n in names])  # (benchmarks,)
     center = hist.mean(axis=0)
     e_hist, e_run = hist - center, x - center
-    run, normed, raw_sd = {}, {}, {}
+    y_hist, f_hist, y_run, f_run = {}, {}, {}, {}
     for j, n in enumerate(names):
         others = [k for k in range(len(names)) if k != j]
-        run[n] = float(np.exp(x[j] - np.median(e_run[others])))
-        normed[n] = np.exp(hist[:, j] - np.median(e_hist[:, others], axis=1)).tolist()
-        raw_sd[n] = float(hist[:, j].std(ddof=1))
-    return RunSpeed(names, run, normed, raw_sd, float(np.exp(np.median(e_run))),
+        y_hist[n], f_hist[n] = hist[:, j], np.median(e_hist[:, others], axis=1)
+        y_run[n], f_run[n] = float(x[j]), float(np.median(e_run[others]))
+    return RunSpeed(names, y_hist, f_hist, y_run, f_run, float(np.exp(np.median(e_run))),
                     np.exp(np.median(e_hist, axis=1)).tolist())
+
+
+def speed_test(sp: RunSpeed, name: str, *, alpha: float = 0.05) -> Test:
+    """Evidence for benchmark ``name`` from the run's speed: over the n history entries, the
+    least-squares line ln(median) = a + b f (f: the entry's speed from its other benchmarks);
+    the run's ln(median) x against the line's prediction at the run's speed f_r: r = exp(x - a -
+    b f_r), Student's t prediction interval with n - 2 degrees of freedom, se = s sqrt(1 + 1/n +
+    (f_r - mean f)^2 / Sff). The slope is measured, not assumed: b near 1 for a benchmark that
+    follows the machine's speed (the shared shift cancels), near 0 for one that does not (the
+    raw between-run model, one degree of freedom less)."""
+    from scipy.stats import t as student
+
+    icpt, slope, sd, fm, sff = sp.fit(name)
+    n = sp.y_hist[name].size
+    diff = sp.y_run[name] - (icpt + slope * sp.f_run[name])
+    lever = (sp.f_run[name] - fm) ** 2 / sff if sff > 0 else 0.0
+    se = max(sd, 1e-12) * np.sqrt(1 + 1 / n + lever)
+    tstat, q = diff / se, float(student.ppf(1 - alpha / 2, n - 2))
+    raw_sd = float(sp.y_hist[name].std(ddof=1))
+    return Test(float(np.exp(diff)), float(np.exp(diff - q * se)), float(np.exp(diff + q * se)),
+                float(student.sf(tstat, n - 2)), float(student.cdf(tstat, n - 2)), 1, n, "between-run",
+                f"vs the prediction of {n} earlier runs from this run's speed (median of the other "
+                f"{len(sp.names) - 1} benchmarks, slope {slope:.2f}), residual sd {sd:.1%} (raw {raw_sd:.1%})")
 
 
 def log_ratio_test(log_ratios, *, alpha: float = 0.05, label: str = "pairs") -> Test:
@@ -367,10 +402,8 @@ def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAU
         seen.add(name)
         rs, b = _samples(rec), base_by.get(name)
         h = meds.get(name, [])
-        if speed and name in speed.run:
-            tests.append(history_test(speed.run[name], speed.history[name], alpha=alpha, relative=(
-                f", relative to each run's speed (median of the other {len(speed.names) - 1} benchmarks; "
-                f"raw sd {speed.raw_sd[name]:.1%})")))
+        if speed and name in speed.y_run:
+            tests.append(speed_test(speed, name, alpha=alpha))
         elif name in run_meds and len(h) >= max(2, min_history):
             tests.append(history_test(run_meds[name], h, alpha=alpha))
         elif b is not None and _samples(b) and rs:
