@@ -199,6 +199,9 @@ def noise(passes: list[dict], sessions: list[dict]) -> dict:
             v = [(m, get(c)) for m, c in rows if get(c)]
             if len(v) >= 3:
                 entry[f"sd_ln_median_x_{key}"] = float(np.std([np.log(m) + np.log(x) for m, x in v], ddof=1))
+                # the raw spread over the same passes (those with ceilings), to compare like with like
+                entry["passes_with_ceilings"] = len(v)
+                entry["sd_ln_median_passes_with_ceilings"] = float(np.std(np.log([m for m, _ in v]), ddof=1))
         d = []
         for s in sessions:
             if s["kind"] != "aa":
