@@ -11,11 +11,10 @@ engine, with the bug zoo (properties/zoo_kv_cache.py) that each law must reject.
 
 The test models are the reference transformer initialised with std = d_model^-1/2 (instead of the
 reference's 0.02) so that attention is far from uniform and a wrong position or a missing token
-changes the logits well above float32 rounding. Source: lecture 001 §2.2-2.3.
+changes the logits well above float32 rounding (the cases, the model and the oracle:
+properties/kv_cache_cases.py). Source: lecture 001 §2.2-2.3.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -25,102 +24,14 @@ from hypothesis import strategies as st
 from conformance import results
 from conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
 from conformance.zoo import expect_rejected
-from properties.strategies import generator, gqa_heads, randint, seeds
-from reference.transformer import Transformer, TransformerConfig, generate, init_weights, sample_next
+from properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
+                                      examples, full_forward, model_for, run_engine, sequences)
+from properties.strategies import generator, randint
+from reference.transformer import TransformerConfig, generate, sample_next
 
 TECH = "kv_cache"
-DTYPES = [torch.float64, torch.float32, torch.bfloat16]
-#: Head dims the laws draw: RoPE needs them even; 6, 10 and 14 are not powers of two.
-HEAD_DIMS = (2, 4, 6, 8, 10, 14)
-CAPACITY_SLACK = 3  # max_seq_len = longest sequence + this: unwritten NaN slots always exist
-
-
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def examples(n: int) -> int:
-    """``n`` examples under the ci and dev profiles (the interpreter is slow); the thorough
-    profile's share (1/30 of its examples per law) when it asks for more."""
-    return max(n, settings.default.max_examples // 30)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One drawn configuration: model shape, seed, prompt lengths (one per sequence), steps."""
-
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    seed: int
-    prompt_lens: tuple
-    steps: int
-    vocab: int = 37
-    max_seq_len: int = 64
-
-    def cfg(self) -> TransformerConfig:
-        d_model = 16
-        return TransformerConfig(vocab_size=self.vocab, d_model=d_model, n_layers=self.n_layers,
-                                 n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_ff=24,
-                                 max_seq_len=self.max_seq_len, head_dim=self.head_dim)
-
-
-@st.composite
-def cases(draw, min_batch: int = 1, max_batch: int = 4, max_prompt: int = 24, max_steps: int = 4):
-    n_heads, n_kv = draw(gqa_heads(max_kv=3, max_group=3))
-    B = draw(st.integers(min_batch, max_batch))
-    return Case(n_layers=draw(st.integers(1, 2)), n_heads=n_heads, n_kv_heads=n_kv,
-                head_dim=draw(st.sampled_from(HEAD_DIMS)), seed=draw(seeds),
-                prompt_lens=tuple(draw(st.lists(st.integers(1, max_prompt), min_size=B, max_size=B))),
-                steps=draw(st.integers(1, max_steps)))
-
-
-#: A batch with different prompt lengths, GQA group 3 and a non-power-of-two head dim.
-PINNED = Case(n_layers=2, n_heads=3, n_kv_heads=1, head_dim=6, seed=7, prompt_lens=(5, 2, 7), steps=3)
-#: A prompt of exactly one tile of 16 (a prefill that drops the tile's last token) and a batch of
-#: five (a per-row position or RoPE offset wrong from row 4 on): both reach the ``ci`` profile.
-PINNED_TILE = Case(n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, seed=13, prompt_lens=(16,), steps=2)
-PINNED_B5 = Case(n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, seed=17, prompt_lens=(1, 1, 1, 1, 2), steps=2)
-
-
-def model_for(cfg: TransformerConfig, seed: int, dtype: torch.dtype, device) -> Transformer:
-    """The test model: reference weights from ``seed`` with std d_model^-1/2, in ``dtype``."""
-    return init_weights(Transformer(cfg), seed, std=cfg.d_model ** -0.5).to(device=device, dtype=dtype).eval()
-
-
-def sequences(case: Case, device):
-    """Full token sequences (B, max S + T) from the case's seed, and the padded prompt batch
-    (B, max S) whose padding holds other random ids (which must change nothing)."""
-    B, S = len(case.prompt_lens), max(case.prompt_lens)
-    full = randint(0, case.vocab, (B, S + case.steps), case.seed, device)       # (B, S + T)
-    pad = randint(0, case.vocab, (B, S), case.seed + 1, device)                 # (B, S)
-    lens = torch.tensor(case.prompt_lens, dtype=torch.int64, device=device)     # (B,)
-    is_prompt = torch.arange(S, device=device)[None, :] < lens[:, None]
-    prompt = torch.where(is_prompt, full[:, :S], pad)                           # (B, S)
-    return full, prompt, lens
-
-
-def run_engine(impl, model, case: Case, device):
-    """Prefill the padded prompts, then decode each row's continuation; return the engine and,
-    per row b, logits (S_b + T, V): prefill positions < S_b, then one row per decode step."""
-    full, prompt, lens = sequences(case, device)
-    B, T = len(case.prompt_lens), case.steps
-    engine = impl.new_engine(model, max_batch=B + 1, max_seq_len=max(case.prompt_lens) + T + CAPACITY_SLACK)
-    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
-    steps = []
-    for i in range(T):
-        nxt = full[torch.arange(B, device=device), lens + i]                    # (B,)
-        steps.append(engine.decode(nxt))                                        # (B, V)
-    per_row = [torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)]
-    return engine, per_row
-
-
-def full_forward(model, case: Case, device):
-    """The oracle: per row, the reference full forward (no cache) over its S_b + T tokens."""
-    full, _, _ = sequences(case, device)
-    with torch.no_grad():
-        return [model(full[b:b + 1, :n + case.steps])[0] for b, n in enumerate(case.prompt_lens)]
 
 
 # ---------------------------------------------------------------------------------------- KV-1
