@@ -11,7 +11,6 @@ and the power against a known-bad sampler (a negative control).
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats as sps
 
 from conformance.tolerance import Verdict, _report
 
@@ -54,6 +53,8 @@ def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: st
     obs, exp = _merge_small_bins(observed[support], p[support] * samples.size)
     if obs.size < 2:
         return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+    from scipy import stats as sps  # here, not at import: benchmark processes import this module
+
     stat = float(((obs - exp) ** 2 / exp).sum())
     dof = obs.size - 1
     critical = float(sps.chi2.ppf(1 - alpha, dof))
@@ -102,6 +103,8 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     worst = int(np.argmax(z))
     if obs.size < 2:
         return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+    from scipy import stats as sps  # here, not at import: benchmark processes import this module
+
     stat = float(sps.power_divergence(obs, exp, lambda_="log-likelihood").statistic)
     dof = obs.size - 1
     critical = float(sps.chi2.ppf(1 - alpha, dof))
