@@ -13,6 +13,13 @@ exact: code x scale has at most 24 significant bits), rounds to x's dtype (to ne
 ``dequantize`` does; Triton's interpreter truncates float32 -> bfloat16 casts, so there the
 rounding is done by hand) and accumulates ``tl.dot`` in float32.
 
+Act-order (GPTQ, Frantar et al. 2023, checkpoints with ``desc_act=True``; claims QT-1, QT-9):
+with ``g_idx`` (K,) int32/int64, column k belongs to group g_idx[k] instead of k // group_size.
+The codes stay in column order; for each K tile both launches load g_idx for the tile's rows and
+gather each row's scale and zero point by its group (one computed pointer per element, as vLLM's
+GPTQ kernels do). The switch is the constexpr ``HAS_G_IDX``: without g_idx the kernels compile
+the plain k // group_size path, unchanged.
+
 Two launches, chosen by M in :func:`quant_matmul` (``path``):
 
 - ``"gemv"`` (decode, M <= :data:`GEMV_MAX_M`): :func:`quant_gemv_kernel`. Each program owns a
@@ -25,8 +32,9 @@ Two launches, chosen by M in :func:`quant_matmul` (``path``):
 
 Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
 ``tl.dot``), bits 2..8, every granularity, symmetric (``SYMMETRIC``) or zero point
-(``ASYMMETRIC``). The host wrapper :func:`quant_matmul` validates x, the packed tensors' dtypes
-and shapes, the scales against the groups, bits and the group size before any launch.
+(``ASYMMETRIC``), with or without ``g_idx``. The host wrapper :func:`quant_matmul` validates
+x, the packed tensors' dtypes and shapes, the scales against the groups, bits, the group size
+and g_idx before any launch.
 """
 from __future__ import annotations
 
@@ -53,10 +61,13 @@ GEMV_PROGRAMS_INTERPRETED = 4
 
 
 @triton.jit
-def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K, group_size,
-             stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn, stride_zg,
-             BITS: tl.constexpr, PER: tl.constexpr, BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr):
-    """One BLOCK_K slice: dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T."""
+def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
+             group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn, stride_zg,
+             BITS: tl.constexpr, PER: tl.constexpr, BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr,
+             HAS_G_IDX: tl.constexpr):
+    """One BLOCK_K slice: dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T.
+    Row k of the tile reads the scale and zero point of group g_idx[k] (act-order, HAS_G_IDX)
+    or k // group_size."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_mask = offs_k < K
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
@@ -65,7 +76,10 @@ def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m
     byte = tl.load(codes_ptr + offs_n[:, None] * stride_cn + (offs_k // PER)[None, :] * stride_ck,
                    mask=nk, other=0).to(tl.int32)
     u = (byte >> ((offs_k % PER) * BITS)[None, :]) & ((1 << BITS) - 1)       # low bits = first code
-    g = offs_k // group_size
+    if HAS_G_IDX:          # act-order (GPTQ desc_act): gather each row's group, QT-1/QT-9
+        g = tl.load(g_idx_ptr + offs_k, mask=k_mask, other=0).to(tl.int32)
+    else:
+        g = offs_k // group_size
     s = tl.load(scales_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=nk, other=0.0)
     z = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + g[None, :] * stride_zg, mask=nk, other=0).to(tl.int32)
     w = (u - z).to(tl.float32) * s                                            # (BLOCK_N, BLOCK_K), exact
@@ -83,12 +97,13 @@ def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m
 
 
 @triton.jit
-def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, group_size,
+def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M, N, K, group_size,
                         stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
                         stride_zn, stride_zg, stride_om, stride_on,
                         BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr):
-    """out[m, n] = sum_k x[m, k] * (u[n, k] - z[n, k // group_size]) * s[n, k // group_size]."""
+                        BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr):
+    """out[m, n] = sum_k x[m, k] * (u[n, k] - z[n, g(k)]) * s[n, g(k)], g(k) = g_idx[k] with
+    HAS_G_IDX, else k // group_size."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -98,26 +113,26 @@ def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if RANGE_LOOP:   # compiled code and interpreters that take run-time loop bounds
         for k0 in range(0, K, BLOCK_K):
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
+                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
     else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
         k0 = 0
         while k0 < K:
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
+                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
             k0 += BLOCK_K
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
-def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K, group_size, k_per_split,
+def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, part_ptr, M, N, K, group_size, k_per_split,
                       stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
                       stride_zn, stride_zg, stride_ps, stride_pm, stride_pn,
                       BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr):
+                      BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr):
     """Decode (M <= BLOCK_M): program (pid_n, pid_s) writes part[pid_s, m, n] = sum over
     k in [pid_s * k_per_split, (pid_s + 1) * k_per_split) of x[m, k] * w[n, k], for all M rows
     and its BLOCK_N columns (k_per_split a multiple of BLOCK_K)."""
@@ -132,15 +147,15 @@ def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, part_ptr, M, N, K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if RANGE_LOOP:
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
+                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
     else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
         k0 = k_lo
         while k0 < k_hi:
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE)
+            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
+                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
+                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
             k0 += BLOCK_K
     tl.store(part_ptr + pid_s * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn,
              acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -171,18 +186,42 @@ def gemv_splits(N: int, K: int, device: torch.device) -> tuple[int, int]:
     return triton.cdiv(K, k_per_split), k_per_split
 
 
+def validate_g_idx(g_idx, *, K: int, groups: int, device: torch.device) -> None:
+    """The kernel's check of an act-order ``g_idx``: a (K,) int32 or int64 tensor on the codes'
+    device with every value in [0, groups). TypeError / ValueError naming ``g_idx`` (the values
+    are read on the host: one device sync per call that passes a g_idx). That every group holds
+    exactly group_size columns is quantize's check (the contract's ``validate_g_idx``); the
+    kernel needs only the indices in range."""
+    if not isinstance(g_idx, torch.Tensor):
+        raise TypeError(f"g_idx must be a torch.Tensor (K,) of group indices or None, got {type(g_idx).__name__}")
+    if g_idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"g_idx must be int32 or int64, got {g_idx.dtype}")
+    if tuple(g_idx.shape) != (K,):
+        raise ValueError(f"g_idx must have shape (K,) = ({K},), got {tuple(g_idx.shape)}")
+    if g_idx.device != device:
+        raise ValueError(f"g_idx is on {g_idx.device}, codes on {device}")
+    lo, hi = (int(v) for v in torch.aminmax(g_idx))
+    if lo < 0 or hi >= groups:
+        raise ValueError(f"g_idx values must lie in [0, {groups}) (K // group_size groups), got {lo}..{hi}")
+
+
 def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, *,
-                 bits: int, group_size: int, N: int, K: int, path: str | None = None) -> torch.Tensor:
+                 bits: int, group_size: int, N: int, K: int, g_idx: torch.Tensor | None = None,
+                 path: str | None = None) -> torch.Tensor:
     """x (M, K) @ W.T for the packed W (N, K): codes (N, ceil(K / per)) uint8, scales (N or 1,
     K // group_size) float32, zeros the same shape uint8. Returns (M, N) in x's dtype.
+    ``g_idx``: GPTQ's act-order group index (Frantar et al. 2023, ``desc_act``; claims QT-1,
+    QT-9), (K,) int32/int64: column k uses the scale and zero point of group g_idx[k] (the
+    kernels gather them per K row); None: group k // group_size (the plain path, unchanged).
     ``path``: "gemv" (decode launch, M <= GEMV_MAX_M), "tiled", or None: "gemv" when
     M <= GEMV_MAX_M, else "tiled".
 
     Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
-    codes or zeros not uint8, scales not float32) or ValueError (bits outside 2..8, group_size
-    not dividing K, codes of the wrong shape, scales or zeros not matching the groups, x of the
-    wrong shape or K, tensors on different devices, an unknown path or "gemv" for
-    M > GEMV_MAX_M), naming the argument, before any launch."""
+    codes or zeros not uint8, scales not float32, g_idx not an int32/int64 tensor) or ValueError
+    (bits outside 2..8, group_size not dividing K, codes of the wrong shape, scales or zeros not
+    matching the groups, x of the wrong shape or K, g_idx not (K,) or out of [0, K // group_size),
+    tensors on different devices, an unknown path or "gemv" for M > GEMV_MAX_M), naming the
+    argument, before any launch."""
     if path not in (None, "gemv", "tiled"):
         raise ValueError(f"path must be None, 'gemv' or 'tiled', got {path!r}")
     b = validate_bits(bits)
@@ -217,6 +256,8 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     for name, t in (("scales", scales), ("zeros", zeros)):
         if t.device != codes.device:
             raise ValueError(f"{name} is on {t.device}, codes on {codes.device}")
+    if g_idx is not None:
+        validate_g_idx(g_idx, K=K, groups=groups, device=codes.device)
     M = x.shape[0]
     path = path or ("gemv" if M <= GEMV_MAX_M else "tiled")
     if path == "gemv" and M > GEMV_MAX_M:
@@ -226,33 +267,36 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     row = 0 if scales.shape[0] == 1 else 1
     weight_args = (x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
                    scales.stride(0) * row, scales.stride(1), zeros.stride(0) * row, zeros.stride(1))
+    # without g_idx the kernel never reads g_idx_ptr (HAS_G_IDX=False): codes stand in for it
+    packed = (x, codes, scales, zeros, codes if g_idx is None else g_idx.contiguous())
+    consts = dict(BITS=b, PER=per, DOT_MODE=mode, HAS_G_IDX=g_idx is not None)
     if path == "gemv":
         splits, k_per_split = gemv_splits(N, K, x.device)
         bn, bk = GEMV_BLOCKS
         part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
         quant_gemv_kernel[(triton.cdiv(N, bn), splits)](
-            x, codes, scales, zeros, part, M, N, K, group_size, k_per_split, *weight_args,
-            part.stride(0), part.stride(1), part.stride(2),
-            BITS=b, PER=per, BLOCK_M=GEMV_MAX_M, BLOCK_N=bn, BLOCK_K=bk, DOT_MODE=mode)
+            *packed, part, M, N, K, group_size, k_per_split, *weight_args,
+            part.stride(0), part.stride(1), part.stride(2), BLOCK_M=GEMV_MAX_M, BLOCK_N=bn, BLOCK_K=bk, **consts)
         return (part[0] if splits == 1 else part.sum(dim=0)).to(x.dtype)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     bm, bn, bk = _blocks(M)
     quant_matmul_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
-        x, codes, scales, zeros, out, M, N, K, group_size, *weight_args, out.stride(0), out.stride(1),
-        BITS=b, PER=per, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_MODE=mode)
+        *packed, out, M, N, K, group_size, *weight_args, out.stride(0), out.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **consts)
     return out
 
 
 class Scheme:
     """The ``triton`` implementation: quantize and dequantize as ``optimized.quant_torch``
-    (float32 scales), matmul by :func:`quant_matmul`. Refuses float64 weights
-    (NotImplementedError) after validating the call."""
+    (float32 scales; with GPTQ's act-order ``g_idx`` (K,), an int group size, stored in the
+    packed weight as int32), matmul by :func:`quant_matmul` (with the stored g_idx). Refuses
+    float64 weights (NotImplementedError) after validating the call."""
 
     def __init__(self, symmetric: bool):
         self.symmetric = symmetric
 
-    def quantize(self, w, *, bits, granularity):
-        qw = quant_torch.quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric)
+    def quantize(self, w, *, bits, granularity, g_idx=None):
+        qw = quant_torch.quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric, g_idx=g_idx)
         if qw.dtype == torch.float64:
             raise NotImplementedError("the Triton quantized matmul has no float64 path (float32 scales)")
         return qw
@@ -264,7 +308,7 @@ class Scheme:
         qw = quant_torch.check_packed(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
         return quant_matmul(x, qw.codes, qw.scales, qw.zeros, bits=qw.bits, group_size=qw.group_size,
-                            N=qw.N, K=qw.K)
+                            N=qw.N, K=qw.K, g_idx=qw.g_idx)
 
     def __repr__(self) -> str:
         return f"optimized.quant_matmul.Scheme(symmetric={self.symmetric})"

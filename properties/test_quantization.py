@@ -51,6 +51,7 @@ QT1_ZOO = ("floor_not_round", "scale_pow2_clamped", "scales_wrong_groups", "zero
            "zero_points_wrong_interleave")
 QT9_ZOO = ("nibbles_swapped_in_matmul",)
 ACT_ORDER_ZOO = ("g_idx_ignored",)
+ACT_ORDER_KERNEL_ZOO = ("triton_kernel_ignores_g_idx",)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -337,9 +338,14 @@ def test_invalid_calls_raise(impl, device):
 
 # ------------------------------------------------------------------- act-order (g_idx), QT-1/QT-9
 #: Pinned act-order cases: groups of different magnitudes (and an all-zero one), so a column
-#: dequantized with another group's scale shows; K // g = 4 and 3 groups, decode and tiled M.
+#: dequantized with another group's scale shows; K // g = 4 and 3 groups, decode and tiled M;
+#: the last two span several K tiles of the Triton kernels (test_act_order_examples_reach_both_launches):
+#: K = 128 at M = 1 is two split-K ranges of the decode launch, K = 192 at M = 20 three K tiles
+#: of the tiled launch, and the drawn g_idx moves columns between them.
 ACT_ORDER_EXAMPLES = (QCase(3, 32, 4, 8, ("normal", "zero", "pos", "outlier"), M=5),
-                      QCase(2, 48, 3, 16, ("normal", "neg", "normal"), M=17))
+                      QCase(2, 48, 3, 16, ("normal", "neg", "normal"), M=17),
+                      QCase(3, 128, 4, 16, ("normal", "zero", "outlier", "pos"), M=1),
+                      QCase(2, 192, 3, 32, ("normal", "neg", "normal"), M=20))
 
 
 def _act_order_examples(law):
@@ -411,6 +417,33 @@ def test_act_order_matmul(impl, device, dtype):
 @pytest.mark.kills(*ACT_ORDER_ZOO)
 def test_act_order_zoo_rejected(bad_impl, device):
     expect_rejected(law_act_order_half_step, bad_impl, device, torch.float64)
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("QT-9")
+@pytest.mark.kills(*ACT_ORDER_KERNEL_ZOO)
+def test_act_order_kernel_zoo_rejected(bad_impl, device):
+    """A Triton kernel that reads group k // g despite the g_idx: dequantize is right (QT-1
+    passes), the product is not."""
+    expect_rejected(law_act_order_matmul, bad_impl, device, torch.float32)
+
+
+def test_act_order_examples_reach_both_launches():
+    """The pinned act-order examples (run in every profile) reach both Triton launches with a
+    g_idx that moves columns across K tiles: the decode launch (M <= GEMV_MAX_M) over several
+    split-K ranges and the tiled launch (M > GEMV_MAX_M) over several K tiles."""
+    qm = pytest.importorskip("optimized.quant_matmul")
+
+    def crosses(case, i, tile):            # some group holds columns of two K tiles
+        g_idx = make_g_idx(case, i + 1, "cpu")
+        return any(len(set((torch.nonzero(g_idx == grp)[:, 0] // tile).tolist())) > 1
+                   for grp in range(case.K // case.group_size))
+
+    gemv = [c for i, c in enumerate(ACT_ORDER_EXAMPLES) if c.M <= qm.GEMV_MAX_M
+            and qm.gemv_splits(c.N, c.K, torch.device("cpu"))[0] >= 2 and crosses(c, i, qm.GEMV_BLOCKS[1])]
+    tiled = [c for i, c in enumerate(ACT_ORDER_EXAMPLES) if c.M > qm.GEMV_MAX_M
+             and -(-c.K // qm._blocks(c.M)[2]) >= 2 and crosses(c, i, qm._blocks(c.M)[2])]
+    assert gemv and tiled, f"decode launch over several K ranges: {gemv}; tiled over several K tiles: {tiled}"
 
 
 def test_act_order_examples_are_not_the_identity():

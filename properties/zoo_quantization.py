@@ -3,7 +3,8 @@ and a law of ``properties/test_quantization.py`` must reject every one (QT-1 for
 quantize/dequantize bugs, QT-9 for the one that only the fused product gets wrong; the act-order
 law for the one that ignores ``g_idx``). At the end, the kernels' own bugs
 (``properties/test_quant_kernels.py``): the Triton decode launch reading every row as the first
-token (QT-9 at 1 < M <= 16), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
+token (QT-9 at 1 < M <= 16), the Triton kernels reading group k // g despite a g_idx (the
+act-order QT-9 law, ``properties/test_quantization.py``), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
 per-token scales applied per column, or a truncating activation quantizer.
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
@@ -125,17 +126,16 @@ zero_points_wrong_interleave = _Bad("zero_points_wrong_interleave", "zero points
 
 
 # ----------------------------------------------------------- the kernels' bugs (test_quant_kernels.py)
-class _DecodeRowsReadFirstToken:
-    """The Triton scheme whose decode launch (M <= GEMV_MAX_M) reads x with row stride 0, as a
-    GEMV kernel written for one token does: every row gets the first row's product. M = 1 and
-    the tiled launch (M > GEMV_MAX_M) are right."""
+class _BadTritonLaunch:
+    """The Triton scheme (quantize and dequantize right, ``g_idx`` included) whose matmul calls
+    the kernels wrongly; subclasses say how in :meth:`launch`."""
 
     symmetric = True
 
-    def quantize(self, w, *, bits, granularity):
+    def quantize(self, w, *, bits, granularity, g_idx=None):
         from optimized import quant_matmul
 
-        return quant_matmul.SYMMETRIC.quantize(w, bits=bits, granularity=granularity)
+        return quant_matmul.SYMMETRIC.quantize(w, bits=bits, granularity=granularity, g_idx=g_idx)
 
     def dequantize(self, qw):
         return quant_torch.dequantize(qw)
@@ -145,13 +145,34 @@ class _DecodeRowsReadFirstToken:
 
         qw = quant_torch.check_packed(qw)
         M = validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
-        if M <= quant_matmul.GEMV_MAX_M:
-            x = x[:1].expand(M, qw.K)
+        x, g_idx = self.launch(x, qw, M, quant_matmul.GEMV_MAX_M)
         return quant_matmul.quant_matmul(x, qw.codes, qw.scales, qw.zeros, bits=qw.bits,
-                                         group_size=qw.group_size, N=qw.N, K=qw.K)
+                                         group_size=qw.group_size, N=qw.N, K=qw.K, g_idx=g_idx)
+
+
+class _DecodeRowsReadFirstToken(_BadTritonLaunch):
+    """The Triton scheme whose decode launch (M <= GEMV_MAX_M) reads x with row stride 0, as a
+    GEMV kernel written for one token does: every row gets the first row's product. M = 1 and
+    the tiled launch (M > GEMV_MAX_M) are right."""
+
+    def launch(self, x, qw, M, gemv_max_m):
+        return (x[:1].expand(M, qw.K) if M <= gemv_max_m else x), qw.g_idx
+
+
+class _KernelIgnoresGIdx(_BadTritonLaunch):
+    """The Triton scheme whose kernels read column k's scale and zero point from group
+    k // group_size even when the weight has an act-order g_idx (HAS_G_IDX off), as a kernel
+    written for plain groups does; quantize and dequantize honour g_idx, so only the product
+    (the act-order QT-9 law) shows it."""
+
+    name = "triton_kernel_ignores_g_idx"
+
+    def launch(self, x, qw, M, gemv_max_m):
+        return x, None
 
 
 decode_rows_read_first_token = _DecodeRowsReadFirstToken()
+triton_kernel_ignores_g_idx = _KernelIgnoresGIdx()
 
 
 class _BadW8A8:

@@ -68,7 +68,8 @@ def test_bad_weights_and_activations_name_the_argument(which, device):
 
 def test_kernel_wrapper_checks_the_packed_tensors(device):
     """The host wrapper of the Triton kernel: packed codes of the wrong dtype or shape, scales
-    that do not match the groups, zero points of another shape, bits outside 2..8."""
+    that do not match the groups, zero points of another shape, bits outside 2..8, an act-order
+    g_idx of the wrong dtype, length or range (an int64 g_idx is taken as int32 is)."""
     qm = pytest.importorskip("optimized.quant_matmul")
     from optimized import quant_torch
 
@@ -78,6 +79,10 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
     kw = dict(bits=4, group_size=8, N=6, K=32)
     good = (x, qw.codes, qw.scales, qw.zeros)
     torch.testing.assert_close(qm.quant_matmul(*good, **kw), x @ quant_torch.dequantize(qw).T)
+    g_idx = (torch.arange(32) % 4).to(device=device, dtype=torch.int32)       # act-order: a valid g_idx
+    qa = quant_torch.quantize(w, bits=4, granularity=8, g_idx=g_idx)
+    torch.testing.assert_close(qm.quant_matmul(x, qa.codes, qa.scales, qa.zeros, **kw, g_idx=g_idx.long()),
+                               x @ quant_torch.dequantize(qa).T)
     bad = {
         "codes int32": ((x, qw.codes.int(), qw.scales, qw.zeros), kw, TypeError, "codes must be uint8"),
         "codes unpacked": ((x, quant_torch.unpack(qw.codes, 4, 32).to(torch.uint8), qw.scales, qw.zeros), kw,
@@ -91,6 +96,11 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
         "group size not dividing K": (good, dict(kw, group_size=5), ValueError, "group_size must be an int >= 1 dividing K"),
         "x wrong K": ((x[:, :31],) + good[1:], kw, ValueError, "x has K = 31"),
         "x int": ((x.int(),) + good[1:], kw, TypeError, "x has dtype torch.int32"),
+        "g_idx float": (good, dict(kw, g_idx=g_idx.float()), TypeError, "g_idx must be int32 or int64"),
+        "g_idx a list": (good, dict(kw, g_idx=g_idx.tolist()), TypeError, "g_idx must be a torch.Tensor"),
+        "g_idx wrong length": (good, dict(kw, g_idx=g_idx[:-1]), ValueError, r"g_idx must have shape \(K,\) = \(32,\)"),
+        "g_idx out of range": (good, dict(kw, g_idx=g_idx + 1), ValueError, r"g_idx values must lie in \[0, 4\)"),
+        "g_idx negative": (good, dict(kw, g_idx=g_idx - 1), ValueError, r"g_idx values must lie in \[0, 4\)"),
     }
     for what, (args, kwargs, error, match) in bad.items():
         with pytest.raises(error, match=match):

@@ -61,16 +61,22 @@ def _variants():
     yield ("paged write fp16", pa._write_kv_kernel,
            {"K_ptr": F16, "V_ptr": F16, "KC_ptr": F16, "VC_ptr": F16, "SLOT_ptr": "*i64"},
            dict(PAGE=16, BLOCK_HKV=8, BLOCK_D=64))
-    for dt, bits, per, bm, mode in ((F16, 4, 2, 16, tiles.DOT_NATIVE), ("*bf16", 8, 1, 64, tiles.DOT_NATIVE),
-                                    (F32, 4, 2, 32, tiles.DOT_IEEE)):
-        yield (f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}", qm.quant_matmul_kernel,
-               {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "out_ptr": dt},
-               dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode))
-    for dt, bits, per, mode in ((F16, 4, 2, tiles.DOT_NATIVE), ("*bf16", 8, 1, tiles.DOT_NATIVE)):
-        yield (f"quant_gemv {dt[1:]} int{bits}", qm.quant_gemv_kernel,
-               {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8", "part_ptr": F32},
+    # (without g_idx the wrapper passes the codes as g_idx_ptr; act-order takes an int32 g_idx)
+    for dt, bits, per, bm, mode, act in ((F16, 4, 2, 16, tiles.DOT_NATIVE, False),
+                                         ("*bf16", 8, 1, 64, tiles.DOT_NATIVE, False),
+                                         (F32, 4, 2, 32, tiles.DOT_IEEE, False), (F16, 4, 2, 64, tiles.DOT_NATIVE, True)):
+        yield (f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}" + " g_idx" * act, qm.quant_matmul_kernel,
+               {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8",
+                "g_idx_ptr": "*i32" if act else "*u8", "out_ptr": dt},
+               dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode,
+                    HAS_G_IDX=act))
+    for dt, bits, per, mode, act in ((F16, 4, 2, tiles.DOT_NATIVE, False), ("*bf16", 8, 1, tiles.DOT_NATIVE, False),
+                                     (F16, 4, 2, tiles.DOT_NATIVE, True)):
+        yield (f"quant_gemv {dt[1:]} int{bits}" + " g_idx" * act, qm.quant_gemv_kernel,
+               {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8",
+                "g_idx_ptr": "*i32" if act else "*u8", "part_ptr": F32},
                dict(BITS=bits, PER=per, BLOCK_M=qm.GEMV_MAX_M, BLOCK_N=qm.GEMV_BLOCKS[0], BLOCK_K=qm.GEMV_BLOCKS[1],
-                    DOT_MODE=mode))
+                    DOT_MODE=mode, HAS_G_IDX=act))
     for out, bm in (("*i32", 16), ("*bf16", 64)):
         yield (f"w8a8_matmul out {out[1:]} BLOCK_M={bm}", w8.w8a8_matmul_kernel,
                {"xq_ptr": "*i8", "wq_ptr": "*i8", "xs_ptr": F32, "ws_ptr": F32, "out_ptr": out},

@@ -296,6 +296,7 @@ CONTRACT = Contract(
     zoo={
         # act-order
         "g_idx_ignored": "properties.zoo_quantization:g_idx_ignored",
+        "triton_kernel_ignores_g_idx": "properties.zoo_quantization:triton_kernel_ignores_g_idx",
         # schemes and packing
         "floor_not_round": "properties.zoo_quantization:floor_not_round",
         "scale_pow2_clamped": "properties.zoo_quantization:scale_pow2_clamped",
