@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from reference.paged import OutOfBlocks, PagedKVCache
+from reference.paged_attention import OutOfBlocks, PagedKVCache
 from reference.transformer import Transformer, rope_tables, sample_next
 
 
@@ -95,7 +95,7 @@ class PagedEngine:
         self.k = [torch.full(shape, float("nan"), dtype=w.dtype, device=w.device) for _ in range(cfg.n_layers)]
         self.v = [torch.full(shape, float("nan"), dtype=w.dtype, device=w.device) for _ in range(cfg.n_layers)]
         if attention is None:
-            from reference.paged import paged_attention as attention
+            from reference.paged_attention import paged_attention as attention
         self.attention = attention
         self.write = write or _torch_write
         self.prefix: dict[str, int] | None = {} if prefix_cache else None

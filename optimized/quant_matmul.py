@@ -2,7 +2,7 @@
 registers, tile by tile, never written to memory (the ``triton`` implementation of the
 ``quantization`` contract; claim QT-9, and QT-10's kernel; lecture 001 §5.1–5.2).
 
-The weight is the packed layout of ``optimized/quant_torch.py`` (:class:`PackedWeight`): codes
+The weight is the packed layout of ``optimized/quantization.py`` (:class:`PackedWeight`): codes
 (N, ceil(K / per)) uint8, two 4-bit codes per byte (low nibble = the even k), four 2-bit codes,
 or one code per byte for the other widths (int8 per channel is bits=8, granularity "channel");
 scales (N, groups) float32 and zero points (N, groups) uint8 per group along K (one row (1, 1)
@@ -46,7 +46,7 @@ import triton.language as tl
 
 from conformance.contracts.quantization import validate_bits, validate_matmul
 from conformance.device import triton_interpreted
-from optimized import quant_torch
+from optimized import quantization as quant_torch
 from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode, round_to_bf16
 
 #: Dtypes the kernel takes for x (and w).
@@ -287,7 +287,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
 
 
 class Scheme:
-    """The ``triton`` implementation: quantize and dequantize as ``optimized.quant_torch``
+    """The ``triton`` implementation: quantize and dequantize as ``optimized.quantization``
     (float32 scales; with GPTQ's act-order ``g_idx`` (K,), an int group size, stored in the
     packed weight as int32), matmul by :func:`quant_matmul` (with the stored g_idx). Refuses
     float64 weights (NotImplementedError) after validating the call."""

@@ -2,7 +2,7 @@
 2023; claims SD-1, SD-7, SD-8).
 
 :class:`SpeculativeEngine` runs a target and a draft :class:`reference.transformer.Transformer`,
-each over its own static KV cache (:class:`optimized.engine.KVCacheEngine`'s cache and layers,
+each over its own static KV cache (:class:`optimized.kv_cache.KVCacheEngine`'s cache and layers,
 extended here by :class:`CachedModel` with a multi-token ``extend`` and a ``rollback``). Every
 row keeps its committed tokens; both caches hold all of them but the last (the *pending* token,
 whose keys and values the next forward writes). One round:
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from optimized import speculative as batched
-from optimized.engine import KVCacheEngine
-from optimized.kv_cache import INDEX_DTYPE
+from optimized.kv_cache import KVCacheEngine
+from optimized.kv_append import INDEX_DTYPE
 from reference.speculative import best_gamma, process_logits
 from reference.transformer import Transformer, naive_attention, rope_tables
 

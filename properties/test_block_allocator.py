@@ -1,4 +1,4 @@
-"""The block allocator and block tables of ``reference/paged.py`` (claims PA-3, PA-4, PA-5;
+"""The block allocator and block tables of ``reference/paged_attention.py`` (claims PA-3, PA-4, PA-5;
 lecture 001 §4.2, §4.4, exercise 5).
 
 - PA-4, a Hypothesis state machine over new sequence / append / fork / write / free with K/V
@@ -21,8 +21,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 
 from conformance import results
 from conformance.tolerance import assert_exact, assert_scalar
-from properties.zoo_paged import CowForgetsToCopy, expect_rejection
-from reference.paged import OutOfBlocks, PagedKVCache, waste_per_request
+from properties.zoo_paged_attention import CowForgetsToCopy, expect_rejection
+from reference.paged_attention import OutOfBlocks, PagedKVCache, waste_per_request
 from reference.serving import lecture_trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

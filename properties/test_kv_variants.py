@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conformance import results, tolerance
 from properties import strategies as sst
-from reference import kv_variants as kvv
+from reference import kv_cache as kvv
 
 
 @pytest.mark.claim("KV-8")

@@ -5,7 +5,7 @@ contiguous cache, for any block size and any placement of blocks. Every law is w
 the ``paged_attention`` contract (``conformance/contracts/paged_attention.py``) and runs over
 every registered implementation; blocks are placed by random permutations over a pool larger
 than needed, unused table entries are out of range and unused slots NaN
-(``properties/paged_cases.py``). The known-bad implementations (``properties/zoo_paged.py``)
+(``properties/paged_attention_cases.py``). The known-bad implementations (``properties/zoo_paged_attention.py``)
 are each shown rejected, and the ``ci`` profile is shown to reach the contract's boundary
 classes (block sizes 1, odd, 16, 32, 256; lengths at block multiples and one off; more than 64
 and 128 blocks; different lengths in a batch; groups above 16 that are not multiples of 16;
@@ -29,7 +29,7 @@ from conformance.tolerance import assert_exact
 from conformance.zoo import expect_rejected
 from properties import strategies as S
 from properties.attention_cases import DTYPES, KernelLaunchCapture, _Support, run_law
-from properties.paged_cases import (
+from properties.paged_attention_cases import (
     REQUIRED_CLASSES,
     PagedCase,
     boundary_classes,
@@ -296,8 +296,8 @@ def test_pa1_decode_loop_through_block_tables(device):
     K/V go in through write_kv_cache by the slot mapping, and the Triton kernel's output over the
     block tables equals dense attention over each sequence's own tokens."""
     pa = pytest.importorskip("optimized.paged_attention")
-    from properties.paged_cases import PagedInputs
-    from reference.paged import PagedKVCache
+    from properties.paged_attention_cases import PagedInputs
+    from reference.paged_attention import PagedKVCache
 
     Hq, Hkv, D, bs, dt = 4, 2, 16, 3, torch.float32
     book = PagedKVCache(24, bs)

@@ -9,7 +9,7 @@ PA-6, PA-7; lecture 001 §4.1, §4.4).
   computed once (the tokens computed drop by exactly the tokens reused); equal tokens after
   different prefixes never share a block.
 
-Known-bad engines (``properties/zoo_paged.py``): a query that misses its own token (PA-6), a
+Known-bad engines (``properties/zoo_paged_attention.py``): a query that misses its own token (PA-6), a
 prefix key without the parent's key (PA-7); each is rejected.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from conformance import results
 from conformance.tolerance import assert_exact
 from optimized.paged_engine import PagedEngine
-from properties.zoo_paged import _engine_zoo, expect_rejection
+from properties.zoo_paged_attention import _engine_zoo, expect_rejection
 from reference.transformer import Transformer, TransformerConfig, generate, init_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

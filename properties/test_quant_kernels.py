@@ -93,7 +93,7 @@ def test_decode_launch_is_chosen_by_M(monkeypatch, device):
     """M <= GEMV_MAX_M launches quant_gemv_kernel (with more than one K split here), larger M
     the tiled kernel; path= forces either and refuses the decode launch above GEMV_MAX_M."""
     from optimized import quant_matmul as qm
-    from optimized import quant_torch
+    from optimized import quantization as quant_torch
 
     seen = {"gemv": [], "tiled": []}
     monkeypatch.setattr(qm, "quant_gemv_kernel", KernelLaunchCapture(qm.quant_gemv_kernel, seen["gemv"]))

@@ -189,7 +189,7 @@ def test_qt3_nll_vs_bits_and_granularity():
     at most 10%), 2 bits per tensor collapse (>= +50%) while groups of 32 stay usable (<= +5%);
     a 16-bit scale per group of 32 costs 0.5 extra bits per value. Every (bits, granularity) NLL
     is recorded for the report's plot."""
-    from optimized import quant_torch
+    from optimized import quantization as quant_torch
     from reference.quant_methods import bits_per_value, quantize_model_weights
     from smallworld import checkpoints, data
 
@@ -337,7 +337,7 @@ def test_gptq_act_order_groups_and_dequantize():
     takes the same codes, scales and g_idx as a checkpoint and dequantizes bit for bit alike,
     and its matmul equals x @ dequantize(qw).T (the oracle: dequantize, then multiply)."""
     from conformance.contracts.quantization import act_order_g_idx
-    from optimized import quant_torch
+    from optimized import quantization as quant_torch
     from properties.quantization_cases import QCase, check_matmul
     from reference import quantization as ref
     from reference.quant_methods import gptq_quantize

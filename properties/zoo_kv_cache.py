@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import torch
 
-from optimized.engine import KVCacheEngine
-from optimized.kv_cache import kv_append_torch
+from optimized.kv_cache import KVCacheEngine
+from optimized.kv_append import kv_append_torch
 
 
 class _DropOldest(KVCacheEngine):
@@ -113,7 +113,7 @@ class _PositionsInModelDtype(KVCacheEngine):
 
 
 def _append_no_block_offset(k_cache, v_cache, k_new, v_new, start, count, host_start=None, host_count=None):
-    """``optimized.kv_cache.kv_append``'s tiling with the block offset forgotten: program j of
+    """``optimized.kv_append.kv_append``'s tiling with the block offset forgotten: program j of
     sequence b copies tokens [0, BLOCK_T) instead of [j·BLOCK_T, (j+1)·BLOCK_T)."""
     B, Hkv, T, D = k_new.shape
     block_kh = 1 << max(0, (Hkv * D - 1).bit_length())                      # next power of two

@@ -8,7 +8,7 @@ act-order QT-9 law, ``properties/test_quantization.py``), and :data:`W8A8_ZOO`, 
 per-token scales applied per column, or a truncating activation quantizer.
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
-rounding) makes them wrong. The packed layout is the one of ``optimized/quant_torch.py``.
+rounding) makes them wrong. The packed layout is the one of ``optimized/quantization.py``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from conformance.contracts.quantization import levels, validate_matmul, validate_quantize
-from optimized import quant_torch
+from optimized import quantization as quant_torch
 
 
 def _swap_order(u: torch.Tensor, bits: int, L: int) -> torch.Tensor:

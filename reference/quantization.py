@@ -220,7 +220,7 @@ def matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 class Scheme:
     """One scheme of the contract (``symmetric`` True: absmax; False: zero point) over a module's
     ``quantize(w, *, bits, granularity, symmetric, g_idx)``, ``dequantize(qw)`` and
-    ``matmul(x, qw)`` (this module's by default; ``optimized.quant_torch`` uses it for its own)."""
+    ``matmul(x, qw)`` (this module's by default; ``optimized.quantization`` uses it for its own)."""
 
     def __init__(self, symmetric: bool, ops=None):
         self.symmetric = symmetric

@@ -25,7 +25,7 @@ def _calls(device: str):
     from conformance import tolerance
     from optimized.flash_attention import flash_attention
     from optimized.flash_decoding import flash_decoding
-    from optimized.kv_cache import kv_append, kv_append_torch
+    from optimized.kv_append import kv_append, kv_append_torch
     from reference.attention import attention as attention_ref
     from reference.attention import attention_naive
 
@@ -58,7 +58,7 @@ def _calls(device: str):
 
     def quant(bits, granularity, dtype, M):
         def run():
-            from optimized import quant_matmul, quant_torch
+            from optimized import quant_matmul, quantization as quant_torch
 
             g = torch.Generator().manual_seed(0)
             w = torch.randn(40, 96, generator=g).to(device, dtype)

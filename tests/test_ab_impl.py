@@ -62,7 +62,7 @@ def _outside_backends(ids: list[str]) -> dict[str, set[str]]:
 def test_benchmark_ids_without_impl_unchanged_with_impl_named_by_place():
     """Without ``--impl``: the ids of the committed history, no outside row. With it: only the
     outside rows run, ``impl``/``impl2`` by order per technique, never the target."""
-    plain, outside = _collected([], [PLAIN, SLOWED, QUANT, "kv_cache=optimized.engine:TORCH"])
+    plain, outside = _collected([], [PLAIN, SLOWED, QUANT, "kv_cache=optimized.kv_cache:TORCH"])
     committed = _committed_names()
     assert committed, "no committed CPU history to compare with"
     missing = sorted(committed - set(plain))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conformance.tolerance import assert_exact
-from optimized import engine as engines
-from optimized.kv_cache import StaticKVCache, kv_append, kv_append_torch
+from optimized import kv_cache as engines
+from optimized.kv_append import StaticKVCache, kv_append, kv_append_torch
 from reference.transformer import TransformerConfig, build
 
 CFG = TransformerConfig(vocab_size=19, d_model=12, n_layers=2, n_heads=3, n_kv_heads=1, d_ff=16,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from properties.paged_cases import PagedCase, make_inputs
-from reference import paged
+from properties.paged_attention_cases import PagedCase, make_inputs
+from reference import paged_attention as paged
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _impls():
-    out = {"reference": "reference.paged:paged_attention"}
+    out = {"reference": "reference.paged_attention:paged_attention"}
     try:
         import optimized.paged_attention  # noqa: F401
         out["triton"] = "optimized.paged_attention:paged_attention"

@@ -219,7 +219,7 @@ def test_outside_paged_adapters_translate_the_contract(stand_ins, name):
     contract says is live."""
     from conformance import tolerance
     from properties.strategies import randn
-    from reference.paged import paged_attention as ref
+    from reference.paged_attention import paged_attention as ref
 
     B, Hq, Hkv, D, bs, nb = 2, 4, 2, 64, 16, 12
     lens = torch.tensor([37, 5], dtype=torch.int32)

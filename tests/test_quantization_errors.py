@@ -71,7 +71,7 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
     that do not match the groups, zero points of another shape, bits outside 2..8, an act-order
     g_idx of the wrong dtype, length or range (an int64 g_idx is taken as int32 is)."""
     qm = pytest.importorskip("optimized.quant_matmul")
-    from optimized import quant_torch
+    from optimized import quantization as quant_torch
 
     w = torch.randn(6, 32).to(device)
     qw = quant_torch.quantize(w, bits=4, granularity=8)

@@ -26,7 +26,7 @@ def _variants():
     import optimized.attention_tiles as tiles
     import optimized.flash_attention as fa
     import optimized.flash_decoding as fd
-    import optimized.kv_cache as kc
+    import optimized.kv_append as kc
     import optimized.paged_attention as pa
     import optimized.quant_matmul as qm
     import optimized.w8a8_matmul as w8

@@ -75,7 +75,7 @@ def test_greedy_generation_equals_transformers(tmp_path):
 
 
 def test_engine_cached_greedy_equals_transformers(tmp_path):
-    engine_mod = pytest.importorskip("optimized.engine")
+    engine_mod = pytest.importorskip("optimized.kv_cache")
     hf, folder = _tiny_llama(tmp_path, tie=True)
     ours = load_hf_llama(folder, dtype=torch.float64)
     prompt = _prompt(seed=4, batch=3, length=5)

@@ -169,7 +169,7 @@ CONTRACT = Contract(
         "reference": "reference.attention:attention",
         "triton": "optimized.flash_attention:attention",
         "triton_splitkv": "optimized.flash_decoding:attention",
-        "torch": "optimized.torch_attention:attention",
+        "torch": "optimized.attention:attention",
         # the kernels users compare against (optimized/outside_adapters.py): CUDA only, and
         # listed as unavailable where their library is not installed
         "flash_attn": "optimized.outside_adapters:flash_attn",

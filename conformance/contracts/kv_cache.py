@@ -46,9 +46,9 @@ written; ``decode`` before any ``prefill`` raises RuntimeError.
 Oracle: the reference model's full forward without a cache (``reference.transformer``:
 ``model(tokens)`` and ``generate``), which recomputes the whole prefix every step.
 
-Built-ins: ``triton`` (cache writes by the Triton kernel ``optimized.kv_cache.kv_append_kernel``,
+Built-ins: ``triton`` (cache writes by the Triton kernel ``optimized.kv_append.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
-:class:`optimized.engine.KVCacheEngine`. Bug zoo: :mod:`properties.zoo_kv_cache`.
+:class:`optimized.kv_cache.KVCacheEngine`. Bug zoo: :mod:`properties.zoo_kv_cache`.
 
 Names (B, S, V, Hkv, D, L) as in :mod:`conformance.contracts.glossary`.
 
@@ -62,8 +62,8 @@ CONTRACT = Contract(
     functions=("new_engine",),
     doc=__doc__,
     builtins={
-        "triton": "optimized.engine:TRITON",
-        "torch": "optimized.engine:TORCH",
+        "triton": "optimized.kv_cache:TRITON",
+        "torch": "optimized.kv_cache:TORCH",
     },
     zoo={
         "drop_oldest": "properties.zoo_kv_cache:DROP_OLDEST",

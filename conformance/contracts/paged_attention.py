@@ -29,7 +29,7 @@ value: a live table entry out of range, a length outside 1..capacity, caches who
 or head count disagree, Hq not a multiple of Hkv) naming the argument, before any kernel
 launch (:func:`validate`).
 
-Oracle: the float64 reference (``reference.paged.paged_attention``) gathers each sequence's
+Oracle: the float64 reference (``reference.paged_attention.paged_attention``) gathers each sequence's
 blocks into a contiguous cache and calls the reference attention; the laws compare every
 implementation with dense attention over the contiguous K/V the pages were cut from.
 
@@ -200,7 +200,7 @@ CONTRACT = Contract(
     functions=("paged_attention",),
     doc=__doc__,
     builtins={
-        "reference": "reference.paged:paged_attention",
+        "reference": "reference.paged_attention:paged_attention",
         "triton": "optimized.paged_attention:paged_attention",
         # the paged kernels users compare against (optimized/outside_adapters.py): CUDA only,
         # listed as unavailable where their library is not installed
@@ -211,14 +211,14 @@ CONTRACT = Contract(
     needs={"vllm": "vllm", "flashinfer": "flashinfer"},
     cases="conformance.contracts.paged_attention:cases",
     zoo={
-        "ignores_partial_block": "properties.zoo_paged:ignores_partial_block",
-        "reads_nan_slots": "properties.zoo_paged:reads_nan_slots",
-        "identity_table": "properties.zoo_paged:identity_table",
-        "off_by_one_length": "properties.zoo_paged:off_by_one_length",
-        "gqa_modulo": "properties.zoo_paged:gqa_modulo",
-        "walk_capped_64_blocks": "properties.zoo_paged:walk_capped_64_blocks",
-        "table_stride_from_shape": "properties.zoo_paged:table_stride_from_shape",
-        "cache_strides_from_shape": "properties.zoo_paged:cache_strides_from_shape",
-        "scale_folded_in_16bit": "properties.zoo_paged:scale_folded_in_16bit",
+        "ignores_partial_block": "properties.zoo_paged_attention:ignores_partial_block",
+        "reads_nan_slots": "properties.zoo_paged_attention:reads_nan_slots",
+        "identity_table": "properties.zoo_paged_attention:identity_table",
+        "off_by_one_length": "properties.zoo_paged_attention:off_by_one_length",
+        "gqa_modulo": "properties.zoo_paged_attention:gqa_modulo",
+        "walk_capped_64_blocks": "properties.zoo_paged_attention:walk_capped_64_blocks",
+        "table_stride_from_shape": "properties.zoo_paged_attention:table_stride_from_shape",
+        "cache_strides_from_shape": "properties.zoo_paged_attention:cache_strides_from_shape",
+        "scale_folded_in_16bit": "properties.zoo_paged_attention:scale_folded_in_16bit",
     },
 )

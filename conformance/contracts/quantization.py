@@ -282,8 +282,8 @@ CONTRACT = Contract(
     builtins={
         "reference": "reference.quantization:SYMMETRIC",
         "reference_asym": "reference.quantization:ASYMMETRIC",
-        "torch": "optimized.quant_torch:SYMMETRIC",
-        "torch_asym": "optimized.quant_torch:ASYMMETRIC",
+        "torch": "optimized.quantization:SYMMETRIC",
+        "torch_asym": "optimized.quantization:ASYMMETRIC",
         "triton": "optimized.quant_matmul:SYMMETRIC",
         "triton_asym": "optimized.quant_matmul:ASYMMETRIC",
         # torchao's weight-only quantization (optimized/outside_adapters.py), CPU and CUDA;

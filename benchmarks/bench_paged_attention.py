@@ -83,7 +83,7 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
     if backend == "triton":
         from optimized.paged_attention import paged_attention as fn
     else:
-        from reference.paged import paged_attention as fn
+        from reference.paged_attention import paged_attention as fn
     q, k, v, kc, vc, table, lens = _paged_inputs(B, context, Hq, Hkv, block_size, dtype, device)
     scale = D ** -0.5
     repeats = 3 if benchmark.disabled else 20

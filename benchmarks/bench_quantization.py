@@ -69,7 +69,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
     bits, gran = SCHEMES[scheme]
-    from optimized import quant_torch
+    from optimized import quantization as quant_torch
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)

@@ -126,7 +126,7 @@ def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
 
 
 # ------------------------------------------------------------------ block allocator (PA-4)
-from reference.paged import PagedKVCache  # noqa: E402
+from reference.paged_attention import PagedKVCache  # noqa: E402
 
 
 class CowForgetsToCopy(PagedKVCache):

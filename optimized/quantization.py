@@ -120,7 +120,7 @@ def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True,
 def check_packed(qw) -> PackedWeight:
     """TypeError unless ``qw`` is a :class:`PackedWeight`."""
     if not isinstance(qw, PackedWeight):
-        raise TypeError(f"qw must be an optimized.quant_torch.PackedWeight (what quantize returned), "
+        raise TypeError(f"qw must be an optimized.quantization.PackedWeight (what quantize returned), "
                         f"got {type(qw).__name__}")
     return qw
 
