@@ -80,7 +80,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     else:
         quantize = quant_torch.quantize
         if backend == "triton":
-            from optimized.quant_matmul import SYMMETRIC as impl
+            from optimized.quantization import TRITON_SYMMETRIC as impl
         else:
             impl = quant_torch.SYMMETRIC
     repeats = 5 if benchmark.disabled else 50

@@ -7,6 +7,8 @@ Options:
   --results DIR                  write one JSON-lines file of result rows per process into DIR
                                  (appended after every test, so a crashed worker loses nothing).
   --zoo-only                     run only the bug-zoo tests (those taking ``bad_impl``).
+  --list-impls                   print every registered implementation (technique, name, origin,
+                                 available or why not) and exit.
   --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
                                  pytest-timeout): a hang fails that test with the reason.
 
@@ -54,8 +56,6 @@ settings.register_profile("thorough", max_examples=500, deadline=None,
 _STATE: dict = {"rows": [], "outside": {}, "device": None}
 #: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``).
 OUTSIDE_TIMEOUT_S = 300.0
-#: Targets whose implementations count as outside code (adapters of other projects' kernels).
-OUTSIDE_MODULES = ("optimized.outside_adapters",)
 
 
 def pytest_addoption(parser):
@@ -71,6 +71,9 @@ def pytest_addoption(parser):
     group.addoption("--model", default=None, metavar="PATH",
                     help="checkpoint the model-level claims (KV-1, KV-2, FA-3 on a real layer) run on: a "
                          "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
+    group.addoption("--list-impls", action="store_true", default=False,
+                    help="list every registered implementation (technique, name, origin, available "
+                         "on --device or why not) and exit")
     group.addoption("--impl-timeout", type=float, default=OUTSIDE_TIMEOUT_S, metavar="SECONDS",
                     help="per-test timeout for outside implementations (pytest-timeout; 0: none)")
 
@@ -125,6 +128,29 @@ def _profile_name(config) -> str:
     if os.environ.get("HYPOTHESIS_PROFILE"):
         return os.environ["HYPOTHESIS_PROFILE"]
     return "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
+
+
+def pytest_cmdline_main(config):
+    """``--list-impls``: print the registry and exit, like ``--markers``."""
+    if not config.getoption("list_impls", default=False):
+        return None
+    from rich.console import Console
+    from rich.table import Table
+
+    device = select_device(config.getoption("device"))
+    table = Table("technique", "name", "origin", f"on {device}", title="registered implementations")
+    for technique, name, origin, state in registry.listing(device):
+        table.add_row(technique, name, origin, state)
+    for technique, targets in registry.parse_impl_option(config.getoption("impl")).items():
+        for _, target in targets:
+            try:
+                registry.load_outside(technique, target)
+                state = "available"
+            except (ImportError, AttributeError, TypeError) as exc:
+                state = f"cannot load: {exc}"
+            table.add_row(technique, target, "outside (--impl)", state)
+    Console(width=160).print(table)
+    return 0
 
 
 def pytest_configure(config):
@@ -194,8 +220,7 @@ def pytest_generate_tests(metafunc):
 
 
 def _is_outside(impl) -> bool:
-    return impl is not None and (getattr(impl, "origin", "") == "outside"
-                                 or str(getattr(impl, "target", "")).startswith(OUTSIDE_MODULES))
+    return impl is not None and bool(getattr(impl, "outside", False))
 
 
 def _outside_bench(item) -> str | None:

@@ -1,19 +1,42 @@
 """Name -> implementation, for every technique, with availability per device.
 
 Each technique's contract module (``conformance/contracts/<technique>.py``) declares a
-:class:`Contract`: the names of the callables an implementation provides, the built-in
-implementations as ``"module:attr"`` strings, and its known-bad implementations (the bug zoo).
-Nothing else in the suite lists implementations. Outside implementations are added with
-``--impl TECHNIQUE=module:attr`` (see :func:`load_outside`).
+:class:`Contract`: the callables an implementation provides, its documentation and (optionally)
+its small valid calls. The contract names no implementation. Implementations are declared as
+Python objects where they live, by a function ``implementations()`` in the technique's module of
+each layer, which returns :class:`Registration` objects made by :func:`builtin` or
+:func:`known_bad`:
+
+- ``reference/<technique>.py``: the float64-capable references (origin "builtin");
+- ``optimized/<technique>.py``: the optimized implementations and the adapters of other
+  projects' kernels (origin "builtin", ``adapter=True`` for the adapters);
+- ``properties/zoo_<technique>.py``: the known-bad implementations every law must reject
+  (origin "zoo").
+
+The technique's name is the only link, so adding a technique adds one module per folder and no
+list anywhere. An installed package registers its own implementations through the entry-point
+group ``inference_conformance.implementations`` (a module with ``implementations()``, or that
+function itself); outside implementations are also added on the command line with
+``--impl TECHNIQUE=module:attr`` (see :func:`load_outside`). ``pytest --list-impls`` prints what
+is registered, available or why not.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import pkgutil
+import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+#: The entry-point group through which an installed package registers implementations.
+ENTRY_POINT_GROUP = "inference_conformance.implementations"
+#: Where a technique's implementations are declared, by layer: module name templates.
+LAYERS = ("reference.{technique}", "optimized.{technique}", "properties.zoo_{technique}")
+#: The suite's own top-level packages: an implementation defined elsewhere is outside code.
+SUITE_PACKAGES = ("reference", "optimized", "properties", "conformance")
 
 
 @dataclass(frozen=True)
@@ -21,28 +44,83 @@ class Contract:
     """One technique's call contract.
 
     ``functions``: names of the callables an implementation must provide; a plain function is
-    accepted for a one-function contract. ``builtins``: name -> "module:attr". ``requires``:
-    name -> set of devices the built-in runs on (default: every device). ``needs``: name -> the
-    module a built-in needs (an outside library such as ``flash_attn``): when it cannot be found
-    the built-in is listed as unavailable with that reason, and nothing is imported to learn it;
-    the contract module itself imports no implementation. ``zoo``: name ->
-    "module:attr" of known-bad implementations each law must reject. ``cases`` (optional):
-    "module:attr" of a function ``cases(seed: int, device: str) -> list[tuple[tuple, dict]]``
-    giving small valid ``(args, kwargs)`` for the contract's main function, inputs of real
-    magnitude included; a contract that sets it gets the generic checks of
-    ``properties/test_contract_generic.py`` for every implementation (inputs not mutated, output
-    fully written, repeatable results). A kwarg ``out`` that is a tensor is an output buffer the
-    contract hands over: the generic checks pre-fill it with NaN.
+    accepted for a one-function contract. ``doc``: the contract's text. ``cases`` (optional): a
+    function ``cases(seed: int, device: str) -> list[tuple[tuple, dict]]`` giving small valid
+    ``(args, kwargs)`` for the contract's main function, inputs of real magnitude included; a
+    contract that sets it gets the generic checks of ``properties/test_contract_generic.py`` for
+    every implementation (inputs not mutated, output fully written, repeatable results). A kwarg
+    ``out`` that is a tensor is an output buffer the contract hands over: the generic checks
+    pre-fill it with NaN. ``rules``: the tolerance rules the technique's laws judge by, by scheme
+    name (``conformance.tolerance.rule_for`` finds them; the dtype rules are the policy's own).
     """
 
     technique: str
     functions: tuple[str, ...]
     doc: str
-    builtins: Mapping[str, str] = field(default_factory=dict)
-    requires: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    needs: Mapping[str, str] = field(default_factory=dict)
-    zoo: Mapping[str, str] = field(default_factory=dict)
-    cases: str = ""
+    cases: Callable[[int, str], list] | None = None
+    rules: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One implementation as its module declares it (see :func:`builtin`, :func:`known_bad`).
+
+    ``impl``: the function, or an object with the contract's functions as attributes.
+    ``requires``: the devices it runs on (None: every device). ``needs``: an outside package it
+    needs; where that cannot be found the implementation is listed unavailable with the reason
+    (nothing is imported to learn it). ``adapter``: it translates calls into another project's
+    kernel (such rows get the outside-implementation timeout). ``kernel_modules``: the modules
+    of the Triton kernels it launches (empty: it launches none). ``target``:
+    "module:name" where it is defined, for messages and rows.
+    """
+
+    technique: str
+    name: str
+    impl: Any
+    origin: str
+    target: str
+    requires: frozenset[str] | None = None
+    needs: str | None = None
+    adapter: bool = False
+    kernel_modules: tuple = ()
+
+
+def _target(impl: Any, name: str, module: str) -> str:
+    """"module:name" of ``impl``: a function's or class's own qualified name; an instance (a
+    scheme, an engine factory) is named after the module that registers it."""
+    qual, mod = getattr(impl, "__qualname__", None), getattr(impl, "__module__", None)
+    if isinstance(impl, (types.FunctionType, type)) and isinstance(qual, str) and isinstance(mod, str):
+        return f"{mod}:{qual}"
+    return f"{module}:{name}"
+
+
+def _caller_module(depth: int = 2) -> str:
+    return sys._getframe(depth).f_globals.get("__name__", "?")
+
+
+def _check_fields(technique: Any, name: Any) -> None:
+    if not isinstance(technique, str) or not technique:
+        raise TypeError(f"technique must be a non-empty str, got {technique!r}")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+
+
+def builtin(technique: str, name: str, impl: Any, *, requires: Iterable[str] | None = None,
+            needs: str | None = None, adapter: bool = False,
+            kernel_modules: Iterable[types.ModuleType] = ()) -> Registration:
+    """Declare one of the suite's implementations of ``technique`` (a reference, an optimized
+    version, or an adapter of another project's kernel). Raises TypeError on a non-str name."""
+    _check_fields(technique, name)
+    return Registration(technique, name, impl, "builtin", _target(impl, name, _caller_module()),
+                        frozenset(requires) if requires is not None else None, needs, adapter,
+                        tuple(kernel_modules))
+
+
+def known_bad(technique: str, name: str, impl: Any) -> Registration:
+    """Declare a known-bad implementation of ``technique`` (a bug-zoo entry): every law whose
+    ``kills`` names it must reject it. Raises TypeError on a non-str name."""
+    _check_fields(technique, name)
+    return Registration(technique, name, impl, "zoo", _target(impl, name, _caller_module()))
 
 
 @dataclass
@@ -50,7 +128,9 @@ class Implementation:
     """A loaded implementation of one contract.
 
     Call it like its main function (``impl(q, k, v, ...)``) or reach any contract function as an
-    attribute (``impl.decode(...)``). ``origin`` is "builtin", "outside" or "zoo".
+    attribute (``impl.decode(...)``). ``origin`` is "builtin", "outside" or "zoo"; ``adapter`` is
+    True for the suite's adapters of other projects' kernels; ``kernel_modules`` the modules of
+    the Triton kernels it launches, where declared; ``unavailable`` the reason it cannot run here, or None.
     """
 
     technique: str
@@ -60,6 +140,14 @@ class Implementation:
     namespace: Any
     functions: tuple[str, ...]
     unavailable: str | None = None
+    adapter: bool = False
+    kernel_modules: tuple = ()
+
+    @property
+    def outside(self) -> bool:
+        """True for code that is not the suite's own: ``--impl`` targets, installed packages'
+        registrations and the suite's adapters of other projects' kernels."""
+        return self.origin == "outside" or self.adapter or self.target.replace(":", ".").split(".", 1)[0] not in SUITE_PACKAGES
 
     def __call__(self, *args, **kwargs):
         return getattr(self, self.functions[0])(*args, **kwargs)
@@ -91,6 +179,7 @@ def contracts() -> dict[str, Contract]:
 
 
 def contract(technique: str) -> Contract:
+    """The contract of ``technique``; ValueError naming the known ones when there is none."""
     all_ = contracts()
     if technique not in all_:
         raise ValueError(f"unknown technique {technique!r}; known: {sorted(all_)}")
@@ -127,50 +216,104 @@ def importable(module: str) -> bool:
         return False
 
 
-def load(technique: str, name: str, target: str, origin: str, device: str | None = None,
-         requires: frozenset[str] | None = None, needs: str | None = None) -> Implementation:
-    """Import ``target`` ("module:attr") as an implementation of ``technique``.
-
-    An import failure of a built-in marks it unavailable (with the reason) instead of raising,
-    as does a missing module it ``needs`` or a ``device`` outside its ``requires``; an outside
-    implementation that cannot be imported raises, because the user asked for it.
-    """
-    c = contract(technique)
-    if needs is not None and not importable(needs):
-        return Implementation(technique, name, target, origin, None, c.functions,
-                              unavailable=f"{name} needs the {needs!r} package, which is not installed")
-    if requires is not None and device is not None and device not in requires:
-        return Implementation(technique, name, target, origin, None, c.functions,
-                              unavailable=f"{name} runs on {sorted(requires)}, not {device}")
+def _entry_point_sources() -> list[tuple[str, Callable[[], Any]]]:
     try:
-        obj = _resolve(target)
-    except ImportError as exc:
-        if origin == "outside":
-            raise
-        return Implementation(technique, name, target, origin, None, c.functions,
-                              unavailable=f"cannot import {target}: {exc}")
-    return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.functions)
+        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # pragma: no cover - a broken distribution's metadata
+        return []
+    return [(f"entry point {ep.name} ({ep.value})", ep.load) for ep in eps]
+
+
+def _sources(technique: str) -> list[tuple[str, Callable[[], Any]]]:
+    """(label, loader) of every place that may declare implementations of ``technique``: the
+    technique's module in each layer that exists, then installed entry points."""
+    out = []
+    for template in LAYERS:
+        name = template.format(technique=technique)
+        if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None and importlib.util.find_spec(name) is not None:
+            out.append((name, lambda name=name: importlib.import_module(name)))
+    return out + _entry_point_sources()
+
+
+def registrations(technique: str) -> tuple[list[Registration], list[tuple[str, str]]]:
+    """Every :class:`Registration` of ``technique``, in declaration order (reference, optimized,
+    zoo, installed packages), and the sources that failed to load as (label, reason): a module
+    that cannot be imported, or whose ``implementations()`` raised ImportError."""
+    contract(technique)
+    found: list[Registration] = []
+    failed: list[tuple[str, str]] = []
+    for label, loader in _sources(technique):
+        try:
+            obj = loader()
+            declare = getattr(obj, "implementations", obj)
+            regs = list(declare()) if callable(declare) else []
+        except ImportError as exc:
+            failed.append((label, f"cannot import {label}: {exc}"))
+            continue
+        for r in regs:
+            if not isinstance(r, Registration):
+                raise TypeError(f"{label}: implementations() must return Registration objects "
+                                f"(registry.builtin / registry.known_bad), got {r!r}")
+        found.extend(r for r in regs if r.technique == technique)
+    seen: dict[tuple[str, str], str] = {}
+    for r in found:
+        key = (r.origin, r.name)
+        if key in seen:
+            raise ValueError(f"{technique!r}: {r.origin} name {r.name!r} registered twice "
+                             f"({seen[key]} and {r.target})")
+        seen[key] = r.target
+    return found, failed
+
+
+def _load_registration(c: Contract, r: Registration, device: str | None) -> Implementation:
+    base = dict(technique=r.technique, name=r.name, target=r.target, origin=r.origin,
+                functions=c.functions, adapter=r.adapter, kernel_modules=r.kernel_modules)
+    if r.needs is not None and not importable(r.needs):
+        return Implementation(namespace=None, unavailable=f"{r.name} needs the {r.needs!r} package, "
+                              "which is not installed", **base)
+    if r.requires is not None and device is not None and device not in r.requires:
+        return Implementation(namespace=None, unavailable=f"{r.name} runs on {sorted(r.requires)}, not {device}",
+                              **base)
+    return Implementation(namespace=_namespace(c, r.impl, r.target), **base)
+
+
+def _unloadable(c: Contract, label: str, reason: str, origin: str) -> Implementation:
+    return Implementation(c.technique, label, label, origin, None, c.functions, unavailable=reason)
 
 
 def builtins(technique: str, device: str | None = None) -> list[Implementation]:
-    """The suite's own implementations of ``technique`` (unavailable ones carry the reason)."""
+    """The suite's own implementations of ``technique`` and those installed packages register
+    (unavailable ones carry the reason; a module that cannot be imported is one unavailable
+    entry named after it)."""
     c = contract(technique)
-    return [load(technique, n, t, "builtin", device, c.requires.get(n), c.needs.get(n))
-            for n, t in c.builtins.items()]
+    regs, failed = registrations(technique)
+    out = [_load_registration(c, r, device) for r in regs if r.origin == "builtin"]
+    return out + [_unloadable(c, label, reason, "builtin") for label, reason in failed]
 
 
 def zoo(technique: str) -> list[Implementation]:
     """The known-bad implementations every law of ``technique`` must reject."""
     c = contract(technique)
-    return [load(technique, n, t, "zoo") for n, t in c.zoo.items()]
+    regs, failed = registrations(technique)
+    if any(label.startswith("properties.") for label, _ in failed):
+        raise ImportError("; ".join(reason for label, reason in failed if label.startswith("properties.")))
+    return [_load_registration(c, r, None) for r in regs if r.origin == "zoo"]
+
+
+def load(technique: str, name: str, target: str, origin: str, device: str | None = None) -> Implementation:
+    """Import ``target`` ("module:attr") as an implementation of ``technique``; an import
+    failure raises (ImportError), a target that misses a contract function raises TypeError."""
+    c = contract(technique)
+    obj = _resolve(target)
+    return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.functions)
 
 
 def cases(technique: str, seed: int, device: str) -> list[tuple[tuple, dict]]:
     """The contract's small valid calls (``Contract.cases``); [] when the contract sets none."""
     c = contract(technique)
-    if not c.cases:
+    if c.cases is None:
         return []
-    return list(_resolve(c.cases)(seed, device))
+    return list(c.cases(seed, device))
 
 
 def parse_impl_option(values: list[str]) -> dict[str, list[tuple[str, str]]]:
@@ -195,6 +338,22 @@ def parse_impl_option(values: list[str]) -> dict[str, list[tuple[str, str]]]:
 def load_outside(technique: str, target: str) -> Implementation:
     """Load a user's implementation; raises ImportError/AttributeError/TypeError with the reason."""
     return load(technique, target, target, "outside")
+
+
+def listing(device: str | None = None) -> list[tuple[str, str, str, str]]:
+    """Every registered implementation as (technique, name, origin, "available" or the reason
+    it is not), technique by technique: what ``pytest --list-impls`` prints."""
+    rows = []
+    for technique in sorted(contracts()):
+        impls = builtins(technique, device)
+        try:
+            impls += zoo(technique)
+        except ImportError as exc:
+            rows.append((technique, f"properties.zoo_{technique}", "zoo", f"cannot import: {exc}"))
+        for i in impls:
+            origin = "adapter" if i.adapter else i.origin
+            rows.append((technique, i.name, origin, i.unavailable or "available"))
+    return rows
 
 
 Oracle = Callable[..., Any]

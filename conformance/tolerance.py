@@ -39,9 +39,10 @@ Rules (chosen by the dtype of the output under test):
   overflowed), the bound falls back to the floor instead of growing without limit.
 
 The rules are a table (:data:`RULES`), keyed by the output's dtype or by a scheme name that a
-check names explicitly (``check_close(..., rule="int4-weight")``); a technique adds its own with
-:func:`register_rule` (quantization: a multiple of the naive dequantize-then-compute error plus a
-floor, an instance of :class:`NaiveMultipleRule`). Each rule states what it can and cannot see
+check names explicitly (``check_close(..., rule="quant-matmul")``); a technique declares its own
+in its contract (``Contract.rules``; quantization: a multiple of the naive dequantize-then-compute
+error plus a floor, an instance of :class:`NaiveMultipleRule`), and :func:`all_rules` reads the
+whole table from the contracts: importing a module never changes the policy. Each rule states what it can and cannot see
 (``Rule.sees`` / ``Rule.blind_to``), and the report shows it next to the verdicts.
 
 No rule is a bare absolute tolerance: every bound is proportional to the reference's scale, so an
@@ -348,27 +349,42 @@ def model_rule(dtype: torch.dtype):
     return f"{str(dtype).replace('torch.', '')}-model" if dtype in HALF_DTYPES else None
 
 
-def register_rule(key, rule: Rule) -> None:
-    """Add ``rule`` to the policy under ``key`` (a dtype or a scheme name such as "int4-weight").
-    Raises TypeError for a non-Rule, ValueError when ``key`` is taken by another rule."""
-    if not isinstance(rule, Rule):
-        raise TypeError(f"rule must be a conformance.tolerance.Rule, got {type(rule).__name__}")
-    if key in RULES and RULES[key] != rule:
-        raise ValueError(f"a tolerance rule is already registered for {key!r}: {RULES[key].name}")
-    RULES[key] = rule
+def all_rules() -> dict[object, Rule]:
+    """The whole policy: the dtype and model rules of :data:`RULES`, then each contract's own
+    scheme rules (``Contract.rules``, e.g. "quant-matmul"). Raises ValueError when a contract's
+    scheme name is taken by another rule. Nothing is registered at import: the table is read
+    from the contracts each time."""
+    from conformance import registry
+
+    table: dict[object, Rule] = dict(RULES)
+    for technique, c in sorted(registry.contracts().items()):
+        for key, rule in c.rules.items():
+            if not isinstance(rule, Rule):
+                raise TypeError(f"contract {technique!r}: rule {key!r} is not a conformance.tolerance.Rule")
+            if key in table and table[key] != rule:
+                raise ValueError(f"contract {technique!r} declares the tolerance rule {key!r}, "
+                                 f"which the policy already has: {table[key].name}")
+            table[key] = rule
+    return table
 
 
 def rule_for(key) -> Rule:
-    """The rule for a dtype or scheme name; ValueError when the policy has none."""
-    if key not in RULES:
-        names = sorted(str(k).replace("torch.", "") for k in RULES)
+    """The rule for a dtype or scheme name (a rule object is returned as it is); ValueError when
+    the policy has none."""
+    if isinstance(key, Rule):
+        return key
+    if key in RULES:
+        return RULES[key]
+    table = all_rules()
+    if key not in table:
+        names = sorted(str(k).replace("torch.", "") for k in table)
         raise ValueError(f"no tolerance rule for {str(key).replace('torch.', '')}; the policy has {names}")
-    return RULES[key]
+    return table[key]
 
 
 def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -> Verdict:
     """Compare ``out`` with the float64 reference ``out_ref`` by the rule of ``out``'s dtype, or
-    by the scheme ``rule`` names (a key of :data:`RULES`).
+    by the scheme ``rule`` names (a key of :func:`all_rules`, or a :class:`Rule` itself).
 
     ``out_pt`` (the naive reference computation in ``out``'s number format, never the
     implementation under test) is required by the naive-multiple rules (the 16-bit whole-model

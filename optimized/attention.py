@@ -47,3 +47,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(scale), **kwargs)
     mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None  # (Tq, Tk) bool
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(scale), **kwargs)
+
+
+def implementations():
+    """The optimized attention implementations and the adapters of the kernels users compare
+    against (flash-attn, FlashInfer: CUDA only, unavailable where their library is missing)."""
+    from conformance.registry import builtin
+    from optimized import flash_attention, flash_decoding, outside_adapters
+
+    return (
+        builtin("attention", "triton", flash_attention.attention, kernel_modules=(flash_attention,)),
+        builtin("attention", "triton_splitkv", flash_decoding.attention,
+                kernel_modules=(flash_decoding,)),
+        builtin("attention", "torch", attention),
+        builtin("attention", "flash_attn", outside_adapters.flash_attn, requires={"cuda"}, needs="flash_attn",
+                adapter=True),
+        builtin("attention", "flashinfer", outside_adapters.flashinfer, requires={"cuda"}, needs="flashinfer",
+                adapter=True),
+    )

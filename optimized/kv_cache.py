@@ -223,3 +223,11 @@ def _factory(append: str):
 #: Built-in implementations of the ``kv_cache`` contract (see conformance/contracts/kv_cache.py).
 TRITON = SimpleNamespace(new_engine=_factory("triton"))
 TORCH = SimpleNamespace(new_engine=_factory("torch"))
+
+
+def implementations():
+    """The cached engines: the Triton append kernel and the PyTorch ``index_put_`` append."""
+    from conformance.registry import builtin
+    from optimized import kv_append
+
+    return (builtin("kv_cache", "triton", TRITON, kernel_modules=(kv_append,)), builtin("kv_cache", "torch", TORCH))

@@ -332,3 +332,20 @@ def write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping) -> None:
     idx = slot_mapping.to(torch.int64)
     k_cache.view(num_blocks * block_size, Hkv, D).index_copy_(0, idx, k)
     v_cache.view(num_blocks * block_size, Hkv, D).index_copy_(0, idx, v)
+
+
+def implementations():
+    """The Triton paged-decode kernel and the adapters of vLLM's and FlashInfer's paged decode
+    (CUDA only, unavailable where their library is missing)."""
+    import sys
+
+    from conformance.registry import builtin
+    from optimized import outside_adapters
+
+    return (
+        builtin("paged_attention", "triton", paged_attention, kernel_modules=(sys.modules[__name__],)),
+        builtin("paged_attention", "vllm", outside_adapters.vllm_paged, requires={"cuda"}, needs="vllm",
+                adapter=True),
+        builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},
+                needs="flashinfer", adapter=True),
+    )

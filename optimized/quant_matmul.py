@@ -46,7 +46,7 @@ import triton.language as tl
 
 from conformance.contracts.quantization import validate_bits, validate_matmul
 from conformance.device import triton_interpreted
-from optimized import quantization as quant_torch
+from reference.quantization import codes_per_byte
 from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode, round_to_bf16
 
 #: Dtypes the kernel takes for x (and w).
@@ -241,7 +241,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
         raise TypeError(f"zeros must be uint8, got {zeros.dtype}")
     if scales.dtype != torch.float32:
         raise TypeError(f"scales must be float32, got {scales.dtype}")
-    per = quant_torch.codes_per_byte(b)
+    per = codes_per_byte(b)
     if tuple(codes.shape) != (N, -(-K // per)):
         raise ValueError(f"codes must have shape (N, ceil(K / {per})) = ({N}, {-(-K // per)}) for {b} bits, "
                          f"got {tuple(codes.shape)}")
@@ -284,35 +284,3 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
         *packed, out, M, N, K, group_size, *weight_args, out.stride(0), out.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **consts)
     return out
-
-
-class Scheme:
-    """The ``triton`` implementation: quantize and dequantize as ``optimized.quantization``
-    (float32 scales; with GPTQ's act-order ``g_idx`` (K,), an int group size, stored in the
-    packed weight as int32), matmul by :func:`quant_matmul` (with the stored g_idx). Refuses
-    float64 weights (NotImplementedError) after validating the call."""
-
-    def __init__(self, symmetric: bool):
-        self.symmetric = symmetric
-
-    def quantize(self, w, *, bits, granularity, g_idx=None):
-        qw = quant_torch.quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric, g_idx=g_idx)
-        if qw.dtype == torch.float64:
-            raise NotImplementedError("the Triton quantized matmul has no float64 path (float32 scales)")
-        return qw
-
-    def dequantize(self, qw):
-        return quant_torch.dequantize(qw)
-
-    def matmul(self, x, qw):
-        qw = quant_torch.check_packed(qw)
-        validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
-        return quant_matmul(x, qw.codes, qw.scales, qw.zeros, bits=qw.bits, group_size=qw.group_size,
-                            N=qw.N, K=qw.K, g_idx=qw.g_idx)
-
-    def __repr__(self) -> str:
-        return f"optimized.quant_matmul.Scheme(symmetric={self.symmetric})"
-
-
-SYMMETRIC = Scheme(True)
-ASYMMETRIC = Scheme(False)

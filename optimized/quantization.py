@@ -1,6 +1,7 @@
 """Vectorized PyTorch weight quantization (the ``torch`` and ``torch_asym`` implementations of the
-``quantization`` contract) and the packed layout the Triton kernel reads
-(``optimized/quant_matmul.py``). Same arithmetic as the reference (``reference/quantization.py``:
+``quantization`` contract), the packed layout the Triton kernel reads
+(``optimized/quant_matmul.py``), and the ``triton`` / ``triton_asym`` schemes (this module's
+quantize, the kernel's matmul: :class:`TritonScheme`). Same arithmetic as the reference (``reference/quantization.py``:
 w_hat = (u - z) * s, scale rounded up to 16 significant bits, codes packed along K low bits
 first), computed on whole tensors at once; claims QT-1, QT-2, QT-9 (lecture 001 §5.1–5.2).
 
@@ -150,3 +151,53 @@ def matmul(x: torch.Tensor, qw: PackedWeight) -> torch.Tensor:
 
 SYMMETRIC = Scheme(True, sys.modules[__name__])
 ASYMMETRIC = Scheme(False, sys.modules[__name__])
+
+
+class TritonScheme:
+    """The ``triton`` implementation: quantize and dequantize as this module (float32 scales;
+    with GPTQ's act-order ``g_idx`` (K,), an int group size, stored in the packed weight as
+    int32), matmul by the Triton kernels of :func:`optimized.quant_matmul.quant_matmul` (with the
+    stored g_idx). Refuses float64 weights (NotImplementedError) after validating the call."""
+
+    def __init__(self, symmetric: bool):
+        self.symmetric = symmetric
+
+    def quantize(self, w, *, bits, granularity, g_idx=None):
+        qw = quantize(w, bits=bits, granularity=granularity, symmetric=self.symmetric, g_idx=g_idx)
+        if qw.dtype == torch.float64:
+            raise NotImplementedError("the Triton quantized matmul has no float64 path (float32 scales)")
+        return qw
+
+    def dequantize(self, qw):
+        return dequantize(qw)
+
+    def matmul(self, x, qw):
+        from optimized.quant_matmul import quant_matmul
+
+        qw = check_packed(qw)
+        validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
+        return quant_matmul(x, qw.codes, qw.scales, qw.zeros, bits=qw.bits, group_size=qw.group_size,
+                            N=qw.N, K=qw.K, g_idx=qw.g_idx)
+
+    def __repr__(self) -> str:
+        return f"optimized.quantization.TritonScheme(symmetric={self.symmetric})"
+
+
+TRITON_SYMMETRIC = TritonScheme(True)
+TRITON_ASYMMETRIC = TritonScheme(False)
+
+
+def implementations():
+    """The vectorized PyTorch schemes, the Triton quantized matmul (same quantize, Triton
+    matmul) and torchao's weight-only quantization (unavailable where torchao is missing)."""
+    from conformance.registry import builtin
+    from optimized import outside_adapters, quant_matmul
+
+    return (
+        builtin("quantization", "torch", SYMMETRIC),
+        builtin("quantization", "torch_asym", ASYMMETRIC),
+        builtin("quantization", "triton", TRITON_SYMMETRIC, kernel_modules=(quant_matmul,)),
+        builtin("quantization", "triton_asym", TRITON_ASYMMETRIC, kernel_modules=(quant_matmul,)),
+        builtin("quantization", "torchao_int8", outside_adapters.torchao_int8, needs="torchao", adapter=True),
+        builtin("quantization", "torchao_intx", outside_adapters.torchao_intx, needs="torchao", adapter=True),
+    )

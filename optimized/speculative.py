@@ -52,3 +52,10 @@ def verify(draft_tokens, draft_probs, target_probs, *, generator, check: bool = 
     tokens = torch.where(pos < num_accepted[:, None], draft_pad, torch.full_like(draft_pad, PAD))
     tokens = torch.where(pos == num_accepted[:, None], last[:, None], tokens)
     return tokens, num_accepted
+
+
+def implementations():
+    """The batched PyTorch verifier."""
+    from conformance.registry import builtin
+
+    return (builtin("speculative", "torch", verify),)

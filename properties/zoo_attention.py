@@ -216,3 +216,26 @@ def scale_folded_in_16bit(q, k, v, *, causal, scale):
     if q.dtype in (torch.float16, torch.bfloat16):
         return _attend(q * scale, k, v, causal=causal, scale=1.0)
     return _attend(q, k, v, causal=causal, scale=scale)
+
+
+def implementations():
+    """The known-bad attention implementations (the bug zoo): each law's ``kills`` names those it
+    must reject."""
+    from conformance.registry import known_bad
+
+    return (
+        known_bad("attention", "no_max_subtract", no_max_subtract),
+        known_bad("attention", "top_left_causal", top_left_causal),
+        known_bad("attention", "gqa_modulo", gqa_modulo),
+        known_bad("attention", "drops_last_key", drops_last_key),
+        known_bad("attention", "ignores_scale", ignores_scale),
+        known_bad("attention", "split_no_rescale", split_no_rescale),
+        known_bad("attention", "scaled_two_percent", scaled_two_percent),
+        known_bad("attention", "accumulates_in_16bit", accumulates_in_16bit),
+        known_bad("attention", "split_batch_stride_zero", split_batch_stride_zero),
+        known_bad("attention", "diagonal_tile_unmasked", diagonal_tile_unmasked),
+        known_bad("attention", "sdpa_is_causal_always", sdpa_is_causal_always),
+        known_bad("attention", "scale_rounded_to_float32", scale_rounded_to_float32),
+        known_bad("attention", "stale_running_max", stale_running_max),
+        known_bad("attention", "scale_folded_in_16bit", scale_folded_in_16bit),
+    )

@@ -144,3 +144,21 @@ ROPE_OFF_AFTER_64 = _ns(_RopeOffAfter64)
 STALE_AFTER_REPREFILL = _ns(_StaleAfterReprefill)
 APPEND_NO_BLOCK_OFFSET = _ns(_AppendNoBlockOffset)
 POSITIONS_IN_MODEL_DTYPE = _ns(_PositionsInModelDtype)
+
+
+def implementations():
+    """The known-bad kv_cache implementations (the bug zoo): each law's ``kills`` names those it
+    must reject."""
+    from conformance.registry import known_bad
+
+    return (
+        known_bad("kv_cache", "drop_oldest", DROP_OLDEST),
+        known_bad("kv_cache", "no_rope_offset", NO_ROPE_OFFSET),
+        known_bad("kv_cache", "reads_past_length", READS_PAST_LENGTH),
+        known_bad("kv_cache", "shared_positions", SHARED_POSITIONS),
+        known_bad("kv_cache", "pads_cached", PADS_CACHED),
+        known_bad("kv_cache", "rope_off_after_64", ROPE_OFF_AFTER_64),
+        known_bad("kv_cache", "stale_after_reprefill", STALE_AFTER_REPREFILL),
+        known_bad("kv_cache", "append_no_block_offset", APPEND_NO_BLOCK_OFFSET),
+        known_bad("kv_cache", "positions_in_model_dtype", POSITIONS_IN_MODEL_DTYPE),
+    )

@@ -156,3 +156,21 @@ def _engine_zoo():
             return super()._block_key("", tokens)
 
     return QueryMissesItsOwnToken, PrefixKeyWithoutParent
+
+
+def implementations():
+    """The known-bad paged_attention implementations (the bug zoo): each law's ``kills`` names those it
+    must reject."""
+    from conformance.registry import known_bad
+
+    return (
+        known_bad("paged_attention", "ignores_partial_block", ignores_partial_block),
+        known_bad("paged_attention", "reads_nan_slots", reads_nan_slots),
+        known_bad("paged_attention", "identity_table", identity_table),
+        known_bad("paged_attention", "off_by_one_length", off_by_one_length),
+        known_bad("paged_attention", "gqa_modulo", gqa_modulo),
+        known_bad("paged_attention", "walk_capped_64_blocks", walk_capped_64_blocks),
+        known_bad("paged_attention", "table_stride_from_shape", table_stride_from_shape),
+        known_bad("paged_attention", "cache_strides_from_shape", cache_strides_from_shape),
+        known_bad("paged_attention", "scale_folded_in_16bit", scale_folded_in_16bit),
+    )

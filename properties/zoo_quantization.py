@@ -133,9 +133,7 @@ class _BadTritonLaunch:
     symmetric = True
 
     def quantize(self, w, *, bits, granularity, g_idx=None):
-        from optimized import quant_matmul
-
-        return quant_matmul.SYMMETRIC.quantize(w, bits=bits, granularity=granularity, g_idx=g_idx)
+        return quant_torch.TRITON_SYMMETRIC.quantize(w, bits=bits, granularity=granularity, g_idx=g_idx)
 
     def dequantize(self, qw):
         return quant_torch.dequantize(qw)
@@ -228,3 +226,21 @@ W8A8_ZOO = {z.name: z for z in (
     _BadW8A8("w8a8_truncating_quantizer", "quantizes activations with trunc(x / s) instead of round: "
              "codes off by up to one step, biased toward zero.", truncate=True),
 )}
+
+
+def implementations():
+    """The known-bad quantization implementations (the bug zoo): each law's ``kills`` names those it
+    must reject."""
+    from conformance.registry import known_bad
+
+    return (
+        known_bad("quantization", "g_idx_ignored", g_idx_ignored),
+        known_bad("quantization", "triton_kernel_ignores_g_idx", triton_kernel_ignores_g_idx),
+        known_bad("quantization", "floor_not_round", floor_not_round),
+        known_bad("quantization", "scale_pow2_clamped", scale_pow2_clamped),
+        known_bad("quantization", "scales_wrong_groups", scales_wrong_groups),
+        known_bad("quantization", "nibbles_swapped_in_matmul", nibbles_swapped_in_matmul),
+        known_bad("quantization", "zero_point_off_by_one", zero_point_off_by_one),
+        known_bad("quantization", "zero_points_wrong_interleave", zero_points_wrong_interleave),
+        known_bad("quantization", "decode_rows_read_first_token", decode_rows_read_first_token),
+    )

@@ -208,3 +208,25 @@ def small_batch_from_p(draft_tokens, draft_probs, target_probs, *, generator):
     residual norm(max(0, p − q))."""
     return _verify(draft_tokens, draft_probs, target_probs, generator,
                    resample_p=draft_tokens.shape[0] <= 8)
+
+
+def implementations():
+    """The known-bad speculative implementations (the bug zoo): each law's ``kills`` names those it
+    must reject."""
+    from conformance.registry import known_bad
+
+    return (
+        known_bad("speculative", "late_rejection", late_rejection),
+        known_bad("speculative", "resample_from_p", resample_from_p),
+        known_bad("speculative", "accept_q_over_p", accept_q_over_p),
+        known_bad("speculative", "continue_after_rejection", continue_after_rejection),
+        known_bad("speculative", "drops_bonus_token", drops_bonus_token),
+        known_bad("speculative", "unnormalised_residual", unnormalised_residual),
+        known_bad("speculative", "acceptance_times_097", acceptance_times_097),
+        known_bad("speculative", "accept_fp16", accept_fp16),
+        known_bad("speculative", "row0_probs", row0_probs),
+        known_bad("speculative", "long_gamma_bonus", long_gamma_bonus),
+        known_bad("speculative", "small_batch_from_p", small_batch_from_p),
+        known_bad("speculative", "guarded_division", guarded_division),
+        known_bad("speculative", "tiny_residual_unnormalised", tiny_residual_unnormalised),
+    )

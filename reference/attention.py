@@ -303,3 +303,10 @@ def flash_score_bytes(T: int, block: int, bytes_per_value: int) -> int:
     """Bytes of scores FlashAttention holds at any time for one head (T x block, on chip in
     practice, never written to HBM): linear in T. FA-5 (exercise 4b)."""
     return T * block * bytes_per_value
+
+
+def implementations():
+    """The attention reference (float64-capable naive softmax attention), for the registry."""
+    from conformance.registry import builtin
+
+    return (builtin("attention", "reference", attention),)

@@ -332,3 +332,10 @@ def waste_per_request(lengths: Iterable[int], block_size: int) -> list[int]:
 
 __all__ = ["gather", "paged_attention", "blocks_needed", "BlockAllocator", "OutOfBlocks", "PagedKVCache",
            "waste_per_request"]
+
+
+def implementations():
+    """The paged-attention reference (gather the blocks, then the reference attention)."""
+    from conformance.registry import builtin
+
+    return (builtin("paged_attention", "reference", paged_attention),)

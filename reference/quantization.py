@@ -269,3 +269,10 @@ def probe_zero_point() -> float:
                          zeros=pack(torch.tensor([[8]]), 4), bits=4, group_size=2, granularity=2, N=1, K=2,
                          dtype=torch.float64, symmetric=True)
     return float(dequantize(qw)[0, 0])
+
+
+def implementations():
+    """The quantization references: symmetric absmax and asymmetric (zero point) schemes."""
+    from conformance.registry import builtin
+
+    return (builtin("quantization", "reference", SYMMETRIC), builtin("quantization", "reference_asym", ASYMMETRIC))

@@ -341,3 +341,10 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
         probs = torch.where(keep, probs, torch.zeros_like(probs))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def implementations():
+    """The speculative verifier reference (one sequence at a time, the paper's loop)."""
+    from conformance.registry import builtin
+
+    return (builtin("speculative", "reference", verify),)

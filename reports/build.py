@@ -224,12 +224,12 @@ def world_cards() -> list[dict]:
 
 
 def tolerance_rules() -> list[dict]:
-    """The tolerance policy's rules (conformance.tolerance.RULES): key, what each sees and what
+    """The tolerance policy's rules (conformance.tolerance.all_rules()): key, what each sees and what
     it is blind to, for the report's section next to the verdicts."""
     from conformance import tolerance
 
     return [{"key": str(k).replace("torch.", ""), "name": r.name, "sees": r.sees, "blind_to": r.blind_to}
-            for k, r in tolerance.RULES.items()]
+            for k, r in tolerance.all_rules().items()]
 
 
 def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, ceilings: dict | None = None,

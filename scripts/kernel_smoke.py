@@ -65,7 +65,7 @@ def _calls(device: str):
             x = torch.randn(M, 96, generator=g).to(device, dtype)
             qw = quant_torch.quantize(w, bits=bits, granularity=granularity)
             d = quant_torch.dequantize(qw)
-            out = quant_matmul.SYMMETRIC.matmul(x, qw)
+            out = quant_torch.TRITON_SYMMETRIC.matmul(x, qw)
             return tolerance.check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul")
         return run
 

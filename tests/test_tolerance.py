@@ -139,32 +139,39 @@ def test_shape_mismatch_is_a_value_error():
         tolerance.check_close(torch.zeros(2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
 
 
-def test_the_policy_is_a_table_a_technique_extends():
+def test_the_policy_is_a_table_a_technique_extends(monkeypatch):
+    """A contract declares its scheme rules (``Contract.rules``); the policy finds them by name
+    without anything registered at import, and refuses a name two rules claim."""
+    from conformance import registry
     from conformance import tolerance as tol
 
     rule = tol.NaiveMultipleRule("toy-int8-weight", factor=1.5, floor_ulps=1, cap_fraction=0.25,
                                  ulp_dtype=torch.bfloat16, sees="test", blind_to="test")
-    tol.register_rule("toy-int8-weight", rule)
-    try:
-        out_ref = torch.linspace(-1, 1, 64, dtype=torch.float64)
-        out_pt = out_ref + 0.01                       # the naive dequantize-then-compute error
-        assert tol.check_close(out_ref + 0.012, out_ref, out_pt=out_pt, rule="toy-int8-weight").ok
-        bad = tol.check_close(out_ref + 0.03, out_ref, out_pt=out_pt, rule="toy-int8-weight")
-        assert not bad.ok and "toy-int8-weight" in bad.rule and "1.5 * max|out_pt-out_ref|" in bad.rule
-        with pytest.raises(ValueError, match="out_pt"):
-            tol.check_close(out_ref, out_ref, rule="toy-int8-weight")
-        with pytest.raises(ValueError, match="already registered"):
-            tol.register_rule("toy-int8-weight", tol.RelativeRule("other", 1e-3))
-    finally:
-        tol.RULES.pop("toy-int8-weight")
+    toy = registry.Contract("toy", ("f",), "a toy contract", rules={"toy-int8-weight": rule})
+    real = registry.contracts()
+    monkeypatch.setattr(registry, "contracts", lambda: {**real, "toy": toy})
+    out_ref = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    out_pt = out_ref + 0.01                       # the naive dequantize-then-compute error
+    assert tol.check_close(out_ref + 0.012, out_ref, out_pt=out_pt, rule="toy-int8-weight").ok
+    bad = tol.check_close(out_ref + 0.03, out_ref, out_pt=out_pt, rule="toy-int8-weight")
+    assert not bad.ok and "toy-int8-weight" in bad.rule and "1.5 * max|out_pt-out_ref|" in bad.rule
+    assert tol.check_close(out_ref + 0.012, out_ref, out_pt=out_pt, rule=rule).ok   # the object itself
+    with pytest.raises(ValueError, match="out_pt"):
+        tol.check_close(out_ref, out_ref, rule="toy-int8-weight")
+    clash = registry.Contract("clash", ("f",), "x", rules={"toy-int8-weight": tol.RelativeRule("other", 1e-3)})
+    monkeypatch.setattr(registry, "contracts", lambda: {**real, "toy": toy, "clash": clash})
+    with pytest.raises(ValueError, match="already has"):
+        tol.all_rules()
+    monkeypatch.setattr(registry, "contracts", lambda: real)
     with pytest.raises(ValueError, match="no tolerance rule for toy-int8-weight"):
         tol.check_close(torch.zeros(2), torch.zeros(2), rule="toy-int8-weight")
+    assert "quant-matmul" in tol.all_rules() and "quant-matmul" not in tol.RULES
 
 
 def test_every_rule_states_what_it_sees_and_cannot_see():
     from conformance import tolerance as tol
 
-    for key, rule in tol.RULES.items():
+    for key, rule in tol.all_rules().items():
         assert rule.sees and rule.blind_to, key
 
 

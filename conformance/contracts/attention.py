@@ -165,35 +165,7 @@ CONTRACT = Contract(
     technique="attention",
     functions=("attention",),
     doc=__doc__,
-    builtins={
-        "reference": "reference.attention:attention",
-        "triton": "optimized.flash_attention:attention",
-        "triton_splitkv": "optimized.flash_decoding:attention",
-        "torch": "optimized.attention:attention",
-        # the kernels users compare against (optimized/outside_adapters.py): CUDA only, and
-        # listed as unavailable where their library is not installed
-        "flash_attn": "optimized.outside_adapters:flash_attn",
-        "flashinfer": "optimized.outside_adapters:flashinfer",
-    },
-    requires={name: frozenset({"cuda"}) for name in ("flash_attn", "flashinfer")},
-    needs={"flash_attn": "flash_attn", "flashinfer": "flashinfer"},
-    cases="conformance.contracts.attention:cases",
-    zoo={
-        "no_max_subtract": "properties.zoo_attention:no_max_subtract",
-        "top_left_causal": "properties.zoo_attention:top_left_causal",
-        "gqa_modulo": "properties.zoo_attention:gqa_modulo",
-        "drops_last_key": "properties.zoo_attention:drops_last_key",
-        "ignores_scale": "properties.zoo_attention:ignores_scale",
-        "split_no_rescale": "properties.zoo_attention:split_no_rescale",
-        "scaled_two_percent": "properties.zoo_attention:scaled_two_percent",
-        "accumulates_in_16bit": "properties.zoo_attention:accumulates_in_16bit",
-        "split_batch_stride_zero": "properties.zoo_attention:split_batch_stride_zero",
-        "diagonal_tile_unmasked": "properties.zoo_attention:diagonal_tile_unmasked",
-        "sdpa_is_causal_always": "properties.zoo_attention:sdpa_is_causal_always",
-        "scale_rounded_to_float32": "properties.zoo_attention:scale_rounded_to_float32",
-        "stale_running_max": "properties.zoo_attention:stale_running_max",
-        "scale_folded_in_16bit": "properties.zoo_attention:scale_folded_in_16bit",
-    },
+    cases=cases,
 )
 
 

@@ -61,19 +61,4 @@ CONTRACT = Contract(
     technique="kv_cache",
     functions=("new_engine",),
     doc=__doc__,
-    builtins={
-        "triton": "optimized.kv_cache:TRITON",
-        "torch": "optimized.kv_cache:TORCH",
-    },
-    zoo={
-        "drop_oldest": "properties.zoo_kv_cache:DROP_OLDEST",
-        "no_rope_offset": "properties.zoo_kv_cache:NO_ROPE_OFFSET",
-        "reads_past_length": "properties.zoo_kv_cache:READS_PAST_LENGTH",
-        "shared_positions": "properties.zoo_kv_cache:SHARED_POSITIONS",
-        "pads_cached": "properties.zoo_kv_cache:PADS_CACHED",
-        "rope_off_after_64": "properties.zoo_kv_cache:ROPE_OFF_AFTER_64",
-        "stale_after_reprefill": "properties.zoo_kv_cache:STALE_AFTER_REPREFILL",
-        "append_no_block_offset": "properties.zoo_kv_cache:APPEND_NO_BLOCK_OFFSET",
-        "positions_in_model_dtype": "properties.zoo_kv_cache:POSITIONS_IN_MODEL_DTYPE",
-    },
 )

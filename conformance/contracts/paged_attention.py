@@ -199,26 +199,5 @@ CONTRACT = Contract(
     technique="paged_attention",
     functions=("paged_attention",),
     doc=__doc__,
-    builtins={
-        "reference": "reference.paged_attention:paged_attention",
-        "triton": "optimized.paged_attention:paged_attention",
-        # the paged kernels users compare against (optimized/outside_adapters.py): CUDA only,
-        # listed as unavailable where their library is not installed
-        "vllm": "optimized.outside_adapters:vllm_paged",
-        "flashinfer": "optimized.outside_adapters:flashinfer_paged",
-    },
-    requires={name: frozenset({"cuda"}) for name in ("vllm", "flashinfer")},
-    needs={"vllm": "vllm", "flashinfer": "flashinfer"},
-    cases="conformance.contracts.paged_attention:cases",
-    zoo={
-        "ignores_partial_block": "properties.zoo_paged_attention:ignores_partial_block",
-        "reads_nan_slots": "properties.zoo_paged_attention:reads_nan_slots",
-        "identity_table": "properties.zoo_paged_attention:identity_table",
-        "off_by_one_length": "properties.zoo_paged_attention:off_by_one_length",
-        "gqa_modulo": "properties.zoo_paged_attention:gqa_modulo",
-        "walk_capped_64_blocks": "properties.zoo_paged_attention:walk_capped_64_blocks",
-        "table_stride_from_shape": "properties.zoo_paged_attention:table_stride_from_shape",
-        "cache_strides_from_shape": "properties.zoo_paged_attention:cache_strides_from_shape",
-        "scale_folded_in_16bit": "properties.zoo_paged_attention:scale_folded_in_16bit",
-    },
+    cases=cases,
 )

@@ -257,7 +257,6 @@ QUANT_MATMUL_RULE = tolerance.NaiveMultipleRule(
          "points, nibble order or groups anywhere in a row; all-zero or constant outputs",
     blind_to="errors below the naive product's rounding (a few ulps of the output's maximum); "
              "quantization error itself (QT-1 judges dequantize)")
-tolerance.register_rule("quant-matmul", QUANT_MATMUL_RULE)
 
 
 def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
@@ -279,31 +278,6 @@ CONTRACT = Contract(
     technique="quantization",
     functions=("quantize", "dequantize", "matmul"),
     doc=__doc__,
-    builtins={
-        "reference": "reference.quantization:SYMMETRIC",
-        "reference_asym": "reference.quantization:ASYMMETRIC",
-        "torch": "optimized.quantization:SYMMETRIC",
-        "torch_asym": "optimized.quantization:ASYMMETRIC",
-        "triton": "optimized.quant_matmul:SYMMETRIC",
-        "triton_asym": "optimized.quant_matmul:ASYMMETRIC",
-        # torchao's weight-only quantization (optimized/outside_adapters.py), CPU and CUDA;
-        # listed as unavailable where torchao is not installed
-        "torchao_int8": "optimized.outside_adapters:torchao_int8",
-        "torchao_intx": "optimized.outside_adapters:torchao_intx",
-    },
-    needs={"torchao_int8": "torchao", "torchao_intx": "torchao"},
-    cases="conformance.contracts.quantization:cases",
-    zoo={
-        # act-order
-        "g_idx_ignored": "properties.zoo_quantization:g_idx_ignored",
-        "triton_kernel_ignores_g_idx": "properties.zoo_quantization:triton_kernel_ignores_g_idx",
-        # schemes and packing
-        "floor_not_round": "properties.zoo_quantization:floor_not_round",
-        "scale_pow2_clamped": "properties.zoo_quantization:scale_pow2_clamped",
-        "scales_wrong_groups": "properties.zoo_quantization:scales_wrong_groups",
-        "nibbles_swapped_in_matmul": "properties.zoo_quantization:nibbles_swapped_in_matmul",
-        "zero_point_off_by_one": "properties.zoo_quantization:zero_point_off_by_one",
-        "zero_points_wrong_interleave": "properties.zoo_quantization:zero_points_wrong_interleave",
-        "decode_rows_read_first_token": "properties.zoo_quantization:decode_rows_read_first_token",
-    },
+    cases=cases,
+    rules={"quant-matmul": QUANT_MATMUL_RULE},
 )

@@ -1,0 +1,112 @@
+"""The registry: every registered name resolves, registrations are Python objects where they
+live (no contract names an implementation), installed packages register through entry points,
+and ``--list-impls`` shows it all."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from conformance import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+TECHNIQUES = sorted(registry.contracts())
+
+
+@pytest.mark.parametrize("technique", TECHNIQUES)
+def test_every_builtin_resolves_or_says_why_not(technique):
+    """Each built-in meets its contract, or is unavailable because an outside package it needs
+    is missing or it runs on another device; never because the suite's own module is broken."""
+    impls = registry.builtins(technique, "cpu")
+    assert impls, f"no implementation of {technique!r} is registered"
+    for impl in impls:
+        if impl.unavailable is None:
+            assert impl.namespace is not None
+            for fn in impl.functions:
+                assert callable(getattr(impl, fn)), f"{technique}:{impl.name} lacks {fn}"
+        else:
+            assert re.search(r"needs the '\w+' package|runs on \['cuda'\]", impl.unavailable), \
+                f"{technique}:{impl.name} is unavailable for a reason of the suite's own: {impl.unavailable}"
+
+
+@pytest.mark.parametrize("technique", TECHNIQUES)
+def test_every_zoo_entry_resolves_and_is_killed_by_some_law(technique):
+    zoo = registry.zoo(technique)
+    assert zoo, f"{technique!r} has no known-bad implementation"
+    killed = set()
+    for path in (ROOT / "properties").glob("test_*.py"):
+        text = path.read_text(encoding="utf-8")
+        if re.search(rf"""(TECH\s*=\s*|technique\()["']{technique}["']""", text):
+            for group in re.findall(r"kills\(([^)]*)\)", text):
+                killed |= set(re.findall(r"""["'](\w+)["']""", group))
+            for name in re.findall(r"""^(?:ZOO_\w+|\w+_ZOO)\s*=\s*\(([^)]*)\)""", text, re.M):
+                killed |= set(re.findall(r"""["'](\w+)["']""", name))
+    for impl in zoo:
+        assert impl.origin == "zoo" and impl.namespace is not None
+        assert impl.name in killed, f"zoo entry {technique}:{impl.name} is named by no law's kills"
+
+
+def test_contracts_name_no_implementation():
+    """The lowest layer never names the layers above it, not even in strings."""
+    for path in (ROOT / "conformance" / "contracts").glob("*.py"):
+        code = path.read_text(encoding="utf-8")
+        hits = re.findall(r"""["'](?:optimized|reference|properties|benchmarks|reports)\.[\w.]+:\w+["']""", code)
+        assert not hits, f"{path.name} names implementations in strings: {hits}"
+
+
+def test_builtin_rejects_a_bad_name():
+    with pytest.raises(TypeError, match="name"):
+        registry.builtin("attention", "", lambda *a, **k: None)
+    with pytest.raises(TypeError, match="technique"):
+        registry.known_bad(None, "x", lambda *a, **k: None)
+
+
+def test_installed_package_registers_through_an_entry_point(monkeypatch):
+    """A package that declares the entry point is found; a module without the contract's
+    functions is a TypeError naming it; a name registered twice is a ValueError."""
+    def my_attention(q, k, v, *, causal, scale):
+        return q
+
+    mod = types.ModuleType("my_kernels")
+    mod.implementations = lambda: (registry.builtin("attention", "my_kernel", my_attention),)
+    ep = types.SimpleNamespace(name="my_kernels", value="my_kernels", load=lambda: mod)
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: [ep])
+    impls = {i.name: i for i in registry.builtins("attention", "cpu")}
+    assert impls["my_kernel"].unavailable is None and impls["my_kernel"].outside
+    assert not impls["reference"].outside
+    mod.implementations = lambda: (registry.builtin("attention", "reference", my_attention),)
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.builtins("attention", "cpu")
+    mod.implementations = lambda: (registry.builtin("attention", "broken", object()),)
+    with pytest.raises(TypeError, match="missing callables"):
+        registry.builtins("attention", "cpu")
+    mod.implementations = lambda: ("attention:my_kernel",)
+    with pytest.raises(TypeError, match="Registration"):
+        registry.builtins("attention", "cpu")
+
+
+def test_a_module_that_cannot_be_imported_is_listed_with_the_reason(monkeypatch):
+    def boom():
+        raise ImportError("No module named 'vendor_lib'")
+
+    ep = types.SimpleNamespace(name="vendor", value="vendor_pkg", load=boom)
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: [ep])
+    broken = [i for i in registry.builtins("attention", "cpu") if "vendor" in i.name]
+    assert len(broken) == 1 and "vendor_lib" in broken[0].unavailable
+
+
+def test_list_impls_prints_every_registration():
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--list-impls",
+                          "--device", "cpu", "--impl", "attention=examples.my_attention:attention"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr + out.stdout
+    for technique in TECHNIQUES:
+        for impl in registry.builtins(technique, "cpu") + registry.zoo(technique):
+            assert impl.name in out.stdout, f"--list-impls does not show {technique}:{impl.name}"
+    assert "needs the 'flash_attn' package" in out.stdout
+    assert "examples.my_attention:attention" in out.stdout
+    assert "passed" not in out.stdout  # it ran no test
