@@ -83,6 +83,25 @@ class Registration:
     needs: str | None = None
     adapter: bool = False
     kernel_modules: tuple = ()
+    bug: str = ""
+
+    @property
+    def summary(self) -> str:
+        """One line on what the implementation is (a zoo entry: its bug): ``bug``, else the
+        first sentence of the implementation's own docstring, else ""."""
+        if self.bug:
+            return self.bug
+        doc = self.impl.__doc__ if isinstance(self.impl, types.FunctionType) or "__doc__" in vars_of(self.impl) else ""
+        text = " ".join((doc or "").split())
+        return text.split(". ")[0].rstrip(".") if text else ""
+
+
+def vars_of(obj: Any) -> dict:
+    """``vars(obj)``, or {} for an object without a ``__dict__``."""
+    try:
+        return vars(obj)
+    except TypeError:
+        return {}
 
 
 def _target(impl: Any, name: str, module: str) -> str:
@@ -116,11 +135,12 @@ def builtin(technique: str, name: str, impl: Any, *, requires: Iterable[str] | N
                         tuple(kernel_modules))
 
 
-def known_bad(technique: str, name: str, impl: Any) -> Registration:
+def known_bad(technique: str, name: str, impl: Any, *, bug: str = "") -> Registration:
     """Declare a known-bad implementation of ``technique`` (a bug-zoo entry): every law whose
-    ``kills`` names it must reject it. Raises TypeError on a non-str name."""
+    ``kills`` names it must reject it. ``bug``: one line saying what it gets wrong (default: the
+    first sentence of its docstring). Raises TypeError on a non-str name."""
     _check_fields(technique, name)
-    return Registration(technique, name, impl, "zoo", _target(impl, name, _caller_module()))
+    return Registration(technique, name, impl, "zoo", _target(impl, name, _caller_module()), bug=bug)
 
 
 @dataclass
