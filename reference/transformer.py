@@ -154,6 +154,30 @@ class CausalAttention:
 FULL_RECOMPUTE = CausalAttention()
 
 
+class RecordingAttention(CausalAttention):
+    """:class:`CausalAttention` that also keeps what a cache must hold: after a forward,
+    ``kv[layer]`` is that layer's (k, v), each (B, Hkv, T, D), keys after RoPE (the oracle of
+    the engines' cached contents, claims KV-4 and SD-8)."""
+
+    def __init__(self):
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv.append((k, v))
+        return super().attend(layer, q, k, v)
+
+
+@torch.no_grad()
+def layer_kv(model: Transformer, tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys (after RoPE) and values the model computes for ``tokens`` (B, T)
+    int64 at positions 0..T-1, from one recomputation over those tokens only:
+    [(k (B, Hkv, T, D), v (B, Hkv, T, D))] in the model's dtype (what a KV cache must hold;
+    claims KV-4, SD-8). ``tokens`` is not checked (see :meth:`Transformer.forward`)."""
+    recorder = RecordingAttention()
+    model(tokens, None, recorder)
+    return recorder.kv
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
