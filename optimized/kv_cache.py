@@ -12,6 +12,10 @@ modules and weights, unchanged) with a :class:`optimized.kv_append.StaticKVCache
   hold NaN and are excluded with ``torch.where`` on K and V as well as the -inf score mask, so
   0 × NaN never reaches the output).
 
+Both run the model's one forward (:meth:`reference.transformer.Transformer.forward`) with a
+:class:`StaticCacheAttention` as its attention backend: each layer appends its new k, v to the
+cache, then attends over the new tokens (prefill) or the cached slots (decode).
+
 Float64, float32 and bfloat16 (the model's dtype). The two built-ins differ only in the cache
 write: ``TRITON`` (the Triton kernel ``kv_append_kernel``) and ``TORCH`` (vectorized
 ``index_put_``). The contract they meet is :mod:`conformance.contracts.kv_cache`.
@@ -21,13 +25,59 @@ KV-10), CS336 lecture 10 part 3.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 
 from optimized.kv_append import INDEX_DTYPE, StaticKVCache
 from reference.transformer import Transformer, naive_attention
+
+
+@dataclass
+class StaticCacheAttention:
+    """The attention backend (:class:`reference.transformer.AttentionCache`) of one forward over
+    a :class:`optimized.kv_append.StaticKVCache`, for the forward's B sequences (cache rows
+    0..B-1) and T new tokens each.
+
+    Each layer appends the new k, v of row b to slots ``start[b] .. start[b] + count[b] - 1``
+    (``start``, ``count``: (B,) int64 on the cache's device; ``host_start``, ``host_count``:
+    the same on the CPU), then attends with ``mask`` (bool, broadcastable to (B, 1, T, keys),
+    True = may attend):
+
+    - ``span`` None: over the new k, v themselves (a prefill, whose new tokens are the whole
+      sequence);
+    - ``span`` an int: over the cache's slots ``[0, span)`` of each row, after zeroing the slots
+      ``keep`` (bool (B, 1, span, 1)) excludes (they may hold NaN, and 0 × NaN would reach the
+      output through the masked scores); ``keep`` None skips that copy (every slot below span
+      of every row is written).
+
+    The cache lengths are not advanced: the engine does that once after the forward.
+    """
+
+    cache: StaticKVCache
+    start: torch.Tensor
+    count: torch.Tensor
+    host_start: torch.Tensor
+    host_count: torch.Tensor
+    mask: torch.Tensor
+    span: int | None = None
+    keep: torch.Tensor | None = None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B, Hq, T, D), k, v (B, Hkv, T, D) after RoPE -> attention output (B, Hq, T, D)."""
+        cache = self.cache
+        cache.append(layer, k, v, self.start, self.count, self.host_start, self.host_count)
+        if self.span is None:
+            return naive_attention(q, k, v, self.mask)
+        B = q.shape[0]
+        kc = cache.k[layer, :B, :, :self.span]                         # (B, Hkv, span, D)
+        vc = cache.v[layer, :B, :, :self.span]
+        if self.keep is not None:                                      # NaN past a length -> 0
+            zero = torch.zeros((), dtype=kc.dtype, device=kc.device)
+            kc = torch.where(self.keep, kc, zero)
+            vc = torch.where(self.keep, vc, zero)
+        return naive_attention(q, kc, vc, self.mask)
 
 
 class KVCacheEngine:
@@ -124,16 +174,11 @@ class KVCacheEngine:
         host_zeros = torch.zeros(B, dtype=INDEX_DTYPE)
         positions = torch.arange(S, device=self.device).expand(B, S)      # (B, S)
         causal = torch.ones(S, S, dtype=torch.bool, device=self.device).tril()[None, None]
-        x = self.model.embed(tokens)                                       # (B, S, d_model)
-        for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, Hq, S, D), (B, Hkv, S, D) x2
-            cache.append(layer, k, v, zeros, lengths, host_zeros, host_lengths)
-            att = naive_attention(q, k, v, causal)                         # (B, Hq, S, D)
-            x = x + block.attn.wo(att.transpose(1, 2).reshape(B, S, -1))   # (B, S, d_model)
-            x = x + block.mlp(block.mlp_norm(x))
+        attention = StaticCacheAttention(cache, zeros, lengths, host_zeros, host_lengths, causal)
+        logits = self.model(tokens, positions, attention)                  # (B, S, V)
         cache.advance(lengths, host_lengths)
         self.batch = B
-        return F.linear(self.model.norm(x), self.model.output_weight())   # (B, S, V)
+        return logits
 
     @torch.no_grad()
     def decode(self, next_tokens: torch.Tensor) -> torch.Tensor:
@@ -160,7 +205,7 @@ class KVCacheEngine:
 
     def _decode(self, next_tokens):
         B = self.batch
-        cache, cfg = self.cache, self.cfg
+        cache = self.cache
         lengths = cache.lengths[:B]                                        # (B,)
         host_len = cache.host_lengths[:B].clone()                          # (B,) on the CPU
         host_new = host_len + 1
@@ -171,22 +216,12 @@ class KVCacheEngine:
         host_slots = self._write_slots(host_len)
         span = self._span(host_new)
         visible = self._visible(lengths + 1, span)                         # (B, span)
-        keep = visible[:, None, :, None]                                   # (B, 1, span, 1)
-        score_mask = visible[:, None, None, :]                             # (B, 1, 1, span)
-        x = self.model.embed(next_tokens[:, None])                         # (B, 1, d_model)
-        for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)        # (B, Hq, 1, D), (B, Hkv, 1, D) x2
-            cache.append(layer, k, v, slots, ones, host_slots, host_ones)
-            kc = cache.k[layer, :B, :, :span]                              # (B, Hkv, span, D)
-            vc = cache.v[layer, :B, :, :span]
-            zero = torch.zeros((), dtype=kc.dtype, device=kc.device)
-            kc = torch.where(keep, kc, zero)                               # NaN past a length -> 0
-            vc = torch.where(keep, vc, zero)
-            att = naive_attention(q, kc, vc, score_mask)                   # (B, Hq, 1, D)
-            x = x + block.attn.wo(att.reshape(B, 1, cfg.n_heads * cfg.hd))           # (B, 1, d_model)
-            x = x + block.mlp(block.mlp_norm(x))
+        attention = StaticCacheAttention(cache, slots, ones, host_slots, host_ones,
+                                         mask=visible[:, None, None, :],  # (B, 1, 1, span)
+                                         span=span, keep=visible[:, None, :, None])
+        logits = self.model(next_tokens[:, None], positions, attention)    # (B, 1, V)
         cache.advance(ones, host_ones)
-        return F.linear(self.model.norm(x), self.model.output_weight())[:, 0]  # (B, V)
+        return logits[:, 0]                                                # (B, V)
 
     def lengths(self) -> torch.Tensor:
         """(B,) int64 on the CPU: tokens cached per sequence of the last prefill."""

@@ -13,10 +13,11 @@ Every :meth:`PagedEngine.step`:
    full blocks and computes only the rest;
 3. one forward over a single token matrix: the prefill tokens of the new requests and the last
    token of every decoding one, (N, d_model). Embedding, norms, projections, RoPE and the MLP
-   run on the whole matrix at once (selective batching: only attention is per sequence); each
-   layer writes the N new keys and values into their slots (slot mapping) and calls the
-   ``paged_attention`` contract with one query per token, the token's sequence's block table
-   and ``seq_lens`` = its position + 1 (so prefill is causal);
+   run on the whole matrix at once (selective batching: only attention is per sequence); it is
+   the model's own forward with a :class:`PagedCacheAttention`: each layer writes the N new
+   keys and values into their slots (slot mapping) and calls the ``paged_attention`` contract
+   with one query per token, the token's sequence's block table and ``seq_lens`` = its
+   position + 1 (so prefill is causal);
 4. each request that computed its last token samples the next one from its own logits with its
    own generator (greedy at temperature 0); a request with all its tokens leaves and its blocks
    are freed.
@@ -36,13 +37,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from reference.paged_attention import OutOfBlocks, PagedKVCache
-from reference.transformer import Transformer, rope_tables, sample_next
+from reference.transformer import Transformer, sample_next
 
 
 def _torch_write(k_cache, v_cache, k, v, slot_mapping) -> None:
@@ -52,11 +53,36 @@ def _torch_write(k_cache, v_cache, k, v, slot_mapping) -> None:
     v_cache.view(nb * bs, hkv, d).index_copy_(0, idx, v)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (N, heads, hd), cos/sin (N, hd/2): the reference's rotate-half RoPE per token."""
-    x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos[:, None], sin[:, None]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+@dataclass
+class PagedCacheAttention:
+    """The attention backend (:class:`reference.transformer.AttentionCache`) of one step's
+    forward over a paged cache: the forward's N tokens, of several sequences, are one row
+    (B = 1, T = N) of the token matrix.
+
+    Each layer writes token i's k, v into slot ``slots[i]`` of its layer's caches
+    (``write(k_caches[layer], v_caches[layer], k (N, Hkv, D), v, slots)``; caches
+    (num_blocks, block_size, Hkv, D)), then calls ``attention`` (a ``paged_attention``
+    implementation) with one query per token, the block table of the token's sequence
+    (``tables``: (N, max_blocks) int32) and ``seq_lens`` (N,) int32 = the keys it sees.
+    """
+
+    k_caches: list
+    v_caches: list
+    write: Callable
+    attention: Callable
+    tables: torch.Tensor
+    slots: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (1, Hq, N, D), k, v (1, Hkv, N, D) after RoPE -> attention output (1, Hq, N, D)."""
+        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
+        self.write(k_cache, v_cache, k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous(),
+                   self.slots)
+        out = self.attention(q[0].transpose(0, 1).contiguous(), k_cache, v_cache, self.tables, self.seq_lens,
+                             scale=self.scale)                               # (N, Hq, D)
+        return out.transpose(0, 1)[None]
 
 
 @dataclass
@@ -301,20 +327,6 @@ class PagedEngine:
     def _forward(self, tokens, positions, table, slots, last) -> torch.Tensor:
         """One forward over the token matrix (N tokens of several sequences); logits (R, V) of
         each sequence's last token."""
-        m, cfg = self.model, self.cfg
-        N = tokens.shape[0]
-        x = m.embed(tokens)                                                      # (N, d_model)
-        cos, sin = rope_tables(cfg.hd, positions, cfg.rope_theta, x.dtype)       # (N, hd/2)
-        q_lens = self._query_lens(positions)
-        scale = 1.0 / math.sqrt(cfg.hd)
-        for l, blk in enumerate(m.blocks):
-            h = blk.attn_norm(x)
-            a = blk.attn
-            q = _rope(a.wq(h).view(N, cfg.n_heads, cfg.hd), cos, sin)
-            k = _rope(a.wk(h).view(N, cfg.n_kv_heads, cfg.hd), cos, sin)
-            v = a.wv(h).view(N, cfg.n_kv_heads, cfg.hd)
-            self.write(self.k[l], self.v[l], k.contiguous(), v.contiguous(), slots)
-            o = self.attention(q.contiguous(), self.k[l], self.v[l], table, q_lens, scale=scale)   # (N, Hq, hd)
-            x = x + a.wo(o.reshape(N, -1))
-            x = x + blk.mlp(blk.mlp_norm(x))
-        return F.linear(m.norm(x[torch.tensor(last, device=x.device)]), m.output_weight())
+        attention = PagedCacheAttention(self.k, self.v, self.write, self.attention, table, slots,
+                                        self._query_lens(positions), 1.0 / math.sqrt(self.cfg.hd))
+        return self.model(tokens[None], positions[None], attention, rows=torch.tensor(last, device=tokens.device))

@@ -3,7 +3,8 @@
 
 :class:`SpeculativeEngine` runs a target and a draft :class:`reference.transformer.Transformer`,
 each over its own static KV cache (:class:`optimized.kv_cache.KVCacheEngine`'s cache and layers,
-extended here by :class:`CachedModel` with a multi-token ``extend`` and a ``rollback``). Every
+extended here by :class:`CachedModel` with a multi-token ``extend`` and a ``rollback``; each
+forward is the model's own, over a :class:`optimized.kv_cache.StaticCacheAttention`). Every
 row keeps its committed tokens; both caches hold all of them but the last (the *pending* token,
 whose keys and values the next forward writes). One round:
 
@@ -34,10 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from optimized import speculative as batched
-from optimized.kv_cache import KVCacheEngine
+from optimized.kv_cache import KVCacheEngine, StaticCacheAttention
 from optimized.kv_append import INDEX_DTYPE
 from reference.speculative import best_gamma, process_logits
-from reference.transformer import Transformer, naive_attention, rope_tables
+from reference.transformer import Transformer
 
 
 class CachedModel(KVCacheEngine):
@@ -72,7 +73,7 @@ class CachedModel(KVCacheEngine):
             raise ValueError(f"extend would grow a sequence past max_seq_len={self.cache.max_seq_len}")
         if check_ids:
             self._check_vocab(tokens, "tokens")
-        cache, cfg, dev = self.cache, self.cfg, self.device
+        cache, dev = self.cache, self.device
         counts_d = host_counts.to(dev)
         lengths = cache.lengths[:B]
         positions = lengths[:, None] + torch.arange(T, device=dev)                  # (B, T)
@@ -82,22 +83,13 @@ class CachedModel(KVCacheEngine):
         ragged = bool((ends < span).any())
         slot = torch.arange(span, device=dev)
         written = slot[None, :] < (lengths + counts_d)[:, None]                      # (B, span)
-        keep = written[:, None, :, None]                                             # (B, 1, span, 1)
-        score_mask = (slot[None, None, :] <= positions[:, :, None])[:, None]        # (B, 1, T, span)
-        zero = torch.zeros((), dtype=cache.k.dtype, device=dev)
-        x = self.model.embed(tokens)                                                 # (B, T, d)
-        rope = rope_tables(cfg.hd, positions, cfg.rope_theta, x.dtype)               # once for every layer
-        for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions, rope)
-            cache.append(layer, k, v, lengths, counts_d, host_len, host_counts)
-            kc, vc = cache.k[layer, :B, :, :span], cache.v[layer, :B, :, :span]      # (B, Hkv, span, D)
-            if ragged:                                                               # NaN past a length -> 0
-                kc, vc = torch.where(keep, kc, zero), torch.where(keep, vc, zero)
-            att = naive_attention(q, kc, vc, score_mask)                             # (B, Hq, T, D)
-            x = x + block.attn.wo(att.transpose(1, 2).reshape(B, T, cfg.n_heads * cfg.hd))
-            x = x + block.mlp(block.mlp_norm(x))
+        attention = StaticCacheAttention(
+            cache, lengths, counts_d, host_len, host_counts,
+            mask=(slot[None, None, :] <= positions[:, :, None])[:, None],           # (B, 1, T, span)
+            span=span, keep=written[:, None, :, None] if ragged else None)         # (B, 1, span, 1)
+        logits = self.model(tokens, positions, attention)                           # (B, T, V)
         cache.advance(counts_d, host_counts)
-        return F.linear(self.model.norm(x), self.model.output_weight())             # (B, T, V)
+        return logits
 
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Shrink sequence b to ``new_lengths[b]`` tokens (CPU int64, <= its length): the

@@ -27,7 +27,7 @@ from conformance.zoo import expect_rejected
 from properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
                                       examples, full_forward, model_for, run_engine, sequences)
 from properties.strategies import generator, randint
-from reference.transformer import TransformerConfig, generate, sample_next
+from reference.transformer import TransformerConfig, generate, layer_kv, sample_next
 
 TECH = "kv_cache"
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
@@ -151,15 +151,7 @@ def test_same_seed_same_tokens_rejects(bad_impl, device):
 def reference_kv(model, tokens):
     """Per layer, the reference model's keys (after RoPE) and values for ``tokens`` (1, n):
     [(k (K, n, H), v (K, n, H))]."""
-    out = []
-    with torch.no_grad():
-        positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
-        x = model.embed(tokens)
-        for block in model.blocks:
-            _, k, v = block.attn.qkv(block.attn_norm(x), positions)
-            out.append((k[0], v[0]))
-            x = block(x, positions)
-    return out
+    return [(k[0], v[0]) for k, v in layer_kv(model, tokens)]
 
 
 def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> int:

@@ -36,7 +36,7 @@ from conformance.zoo import NotRejected, expect_rejected
 from optimized.speculative_engine import SpeculativeEngine
 from properties.zoo_speculative import ENGINE_ZOO
 from reference.speculative import process_logits
-from reference.transformer import generate
+from reference.transformer import generate, layer_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -73,15 +73,7 @@ def _good():
 def reference_kv(model, tokens):
     """Per layer, the model's keys (after RoPE) and values for ``tokens`` (1, n) from one
     recomputation over those tokens only: [(k (Hkv, n, D), v (Hkv, n, D))]."""
-    out = []
-    with torch.no_grad():
-        positions = torch.arange(tokens.shape[1])[None]
-        x = model.embed(tokens)
-        for block in model.blocks:
-            _, k, v = block.attn.qkv(block.attn_norm(x), positions)
-            out.append((k[0], v[0]))
-            x = block(x, positions)
-    return out
+    return [(k[0], v[0]) for k, v in layer_kv(model, tokens)]
 
 
 def check_caches(engine, buf, L, prev_L, gamma, worst: list) -> None:

@@ -92,3 +92,24 @@ def test_config_errors_name_the_argument():
         model(torch.tensor([[0, 10]]))
     with pytest.raises(ValueError, match="max_seq_len"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+@settings(max_examples=10)
+@given(cfg=configs(), seed=sst.seeds, T=st.integers(1, 12), B=st.integers(1, 3))
+def test_recording_cache_sees_every_layer_and_changes_nothing(cfg, seed, T, B):
+    """The forward through an attention cache that records each layer's k, v gives the logits
+    of the plain forward bit for bit, and the recorded k, v are the layer's (after RoPE)."""
+    model = tf.build(cfg, seed=seed)
+    tokens = sst.randint(0, cfg.vocab_size, (B, T), seed)
+    recorder = tf.RecordingAttention()
+    with torch.no_grad():
+        plain = model(tokens)
+        recorded = model(tokens, None, recorder)
+        x0 = model.blocks[0].attn_norm(model.embed(tokens))
+        _, k0, v0 = model.blocks[0].attn.qkv(x0, torch.arange(T).expand(B, T))
+    tolerance.assert_exact(recorded, plain, what="logits through the recording cache")
+    assert len(recorder.kv) == cfg.n_layers
+    for k, v in recorder.kv:
+        assert k.shape == v.shape == (B, cfg.n_kv_heads, T, cfg.hd)
+    tolerance.assert_exact(recorder.kv[0][0], k0, what="layer 0 keys")
+    tolerance.assert_exact(recorder.kv[0][1], v0, what="layer 0 values")

@@ -6,12 +6,22 @@ untied embeddings. Works in float64, float32 and bfloat16 (weights and activatio
 model's dtype). Its decode has no cache: :func:`generate` recomputes the whole prefix every step,
 which is the oracle the KV-cache engines are checked against (claims KV-1, KV-2, KV-10).
 
+The forward is written once, :meth:`Transformer.forward` (gpt-fast's shape): every engine calls
+it with its own positions and an :class:`AttentionCache`, the one piece that differs between
+them: given a layer and that layer's new q, k, v (after RoPE) it stores k, v where its cache
+keeps them and returns the attention output. :data:`FULL_RECOMPUTE` (causal attention over the
+given tokens, no cache) is the reference's; the static KV cache
+(:class:`optimized.kv_cache.StaticCacheAttention`), the paged cache
+(:class:`optimized.paged_engine.PagedCacheAttention`) and the speculative engine's rollback cache
+(the static one, rolled back between forwards) are the engines'.
+
 Source: lecture 001 §1-2 (the model and the KV cache), CS336 lecture 10 part 1 (the transformer
 and its shapes); Llama (Touvron et al., 2023) for RMSNorm/RoPE/SwiGLU/GQA.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -118,6 +128,56 @@ def naive_attention(q, k, v, mask=None):
                             softmax_dtype=torch.float32 if half else None)
 
 
+class AttentionCache(Protocol):
+    """The cache and attention backend of one forward of :class:`Transformer`.
+
+    ``attend(layer, q, k, v)``: q (B, Hq, T, D), k and v (B, Hkv, T, D) are layer ``layer``'s
+    queries, keys (both after RoPE) and values of the forward's T new tokens, in the model's
+    dtype. It writes k and v where its cache keeps them (nothing, for no cache) and returns the
+    attention output (B, Hq, T, D) in q's dtype: each query over the keys its token may see.
+    """
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class CausalAttention:
+    """No cache: each of the T new tokens attends causally over the T tokens of the forward (the
+    reference's full recompute; positions are those of the forward's tokens)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T = q.shape[2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
+        return naive_attention(q, k, v, causal)               # (B, Hq, T, D)
+
+
+#: The reference's attention backend: full causal recompute, nothing cached.
+FULL_RECOMPUTE = CausalAttention()
+
+
+class RecordingAttention(CausalAttention):
+    """:class:`CausalAttention` that also keeps what a cache must hold: after a forward,
+    ``kv[layer]`` is that layer's (k, v), each (B, Hkv, T, D), keys after RoPE (the oracle of
+    the engines' cached contents, claims KV-4 and SD-8)."""
+
+    def __init__(self):
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv.append((k, v))
+        return super().attend(layer, q, k, v)
+
+
+@torch.no_grad()
+def layer_kv(model: Transformer, tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys (after RoPE) and values the model computes for ``tokens`` (B, T)
+    int64 at positions 0..T-1, from one recomputation over those tokens only:
+    [(k (B, Hkv, T, D), v (B, Hkv, T, D))] in the model's dtype (what a KV cache must hold;
+    claims KV-4, SD-8). ``tokens`` is not checked (see :meth:`Transformer.forward`)."""
+    recorder = RecordingAttention()
+    model(tokens, None, recorder)
+    return recorder.kv
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -130,8 +190,8 @@ class Attention(nn.Module):
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope=None):
         """Project and rotate: x (B, T, d_model), positions (B, T) -> q (B, Hq, T, D), k, v (B, Hkv, T, D).
-        ``rope``: optional (cos, sin) of :func:`rope_tables` for these positions (an engine computes
-        them once per forward for every layer)."""
+        ``rope``: optional (cos, sin) of :func:`rope_tables` for these positions (the forward
+        computes them once for every layer)."""
         B, T, _ = x.shape
         c = self.cfg
         q = self.wq(x).view(B, T, c.n_heads, c.hd).transpose(1, 2)     # (B, Hq, T, D)
@@ -140,11 +200,13 @@ class Attention(nn.Module):
         cos, sin = rope if rope is not None else rope_tables(c.hd, positions, c.rope_theta, x.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: AttentionCache = FULL_RECOMPUTE,
+                layer: int = 0, rope=None) -> torch.Tensor:
+        """x (B, T, d_model) at ``positions`` (B, T) -> (B, T, d_model); ``cache`` stores this
+        layer's k, v and attends (default: causal over x's tokens, no cache)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(x, positions)
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None, None]
-        out = naive_attention(q, k, v, causal)               # (B, Hq, T, D)
+        q, k, v = self.qkv(x, positions, rope)
+        out = cache.attend(layer, q, k, v)                     # (B, Hq, T, D)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
 
 
@@ -167,13 +229,16 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), positions)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: AttentionCache = FULL_RECOMPUTE,
+                layer: int = 0, rope=None) -> torch.Tensor:
+        """x (B, T, d_model) -> (B, T, d_model); arguments as :meth:`Attention.forward`."""
+        x = x + self.attn(self.attn_norm(x), positions, cache, layer, rope)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class Transformer(nn.Module):
-    """The reference model. ``forward(tokens)`` -> logits, no cache."""
+    """The reference model. ``forward(tokens)`` -> logits, no cache; ``forward(tokens,
+    positions, cache)`` is the same forward over an engine's :class:`AttentionCache`."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -186,20 +251,31 @@ class Transformer(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.embed.weight if self.head is None else self.head.weight
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> logits (B, T, V) in the model's dtype.
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: AttentionCache | None = None, *, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's one forward: tokens (B, T) int64 -> logits (B, T, V) in the model's dtype.
 
-        positions: (B, T) int64 RoPE positions (default 0..T-1 for every row).
-        Raises ValueError for a non-2D or non-integer ``tokens``, ids outside [0, V) or T > max_seq_len.
+        positions: (B, T) int64 RoPE positions (default 0..T-1 for every row). ``cache``: the
+        :class:`AttentionCache` every layer writes its k, v to and attends through; None is
+        :data:`FULL_RECOMPUTE` after checking ``tokens`` (an engine passing its cache has checked
+        its own arguments: its token matrix may be longer than max_seq_len). ``rows``: (R,)
+        int64 indices into the B·T tokens (row-major); when given, only their logits (R, V).
+        Raises (``cache`` None) TypeError for a non-tensor or non-integer ``tokens``, ValueError
+        for a non-2D ``tokens``, ids outside [0, V) or T > max_seq_len.
         """
-        validate_tokens(tokens, self.cfg)
+        if cache is None:
+            validate_tokens(tokens, self.cfg)
+            cache = FULL_RECOMPUTE
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
-        x = self.embed(tokens)  # (B, T, d_model)
-        for block in self.blocks:
-            x = block(x, positions)
-        return F.linear(self.norm(x), self.output_weight())  # (B, T, V)
+        x = self.embed(tokens)                                                    # (B, T, d_model)
+        rope = rope_tables(self.cfg.hd, positions, self.cfg.rope_theta, x.dtype)  # once for every layer
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, cache, layer, rope)
+        if rows is not None:
+            x = x.reshape(B * T, -1)[rows]                                        # (R, d_model)
+        return F.linear(self.norm(x), self.output_weight())                       # (B, T, V) or (R, V)
 
 
 def validate_tokens(tokens, cfg: TransformerConfig, name: str = "tokens") -> None:
