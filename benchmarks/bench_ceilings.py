@@ -1,7 +1,7 @@
 """This device's ceilings (copy bandwidth, matmul peak per dtype) and its accelerator intensity.
 
 Claim AI-4: accelerator intensity = FLOP/s / bytes/s (lecture: H100 about 295, from spec sheets).
-Here both are measured on the machine running the suite (conformance/ceilings.py), so other
+Here both are measured on the machine running the suite (perf/ceilings.py), so other
 benchmarks' fractions of ceiling and roofline bounds refer to the same device. The timed body
 is one copy of the tensor the bandwidth ceiling was measured on.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.ceilings import fraction_of_ceiling, measure_ceilings
 from conformance import results
+from perf.ceilings import fraction_of_ceiling, measure_ceilings
 from reference.roofline import ACCELERATORS
 
 

@@ -53,7 +53,7 @@ def rounds(benchmark, seconds_per_call: float, minimum: int) -> int:
 
     A fixed small count (10 rounds of a 0.3 ms call) leaves the median at the mercy of a few
     disturbed rounds: on a shared CPU its run-to-run spread was 8-10% (the gate's calibration,
-    ``reports/calibrate.py``); filling the time budget brings hundreds of rounds."""
+    ``perf/calibrate.py``); filling the time budget brings hundreds of rounds."""
     if benchmark.disabled or not seconds_per_call > 0:
         return minimum
     budget = float(getattr(benchmark, "_max_time", 0.0) or 0.0)

@@ -18,7 +18,7 @@ crashed") and the run goes on; run outside implementations with ``-n 1`` or more
 Benchmarks time outside implementations too: a benchmark that calls its technique's contract
 adds one row per ``--impl`` of that technique (:func:`bench_backends`), with the backend id
 ``impl`` for the first target, ``impl2``, ... for the next, in the order given, never the target
-string (so that two runs with different targets pair up by name, as ``python -m reports.ab
+string (so that two runs with different targets pair up by name, as ``python -m perf.ab
 --impl-a ... --impl-b ...`` needs); the target goes into the row's extra_info
 (``implementation``). With ``--impl``, only those rows of the benchmarks run.
 

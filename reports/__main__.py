@@ -6,12 +6,12 @@ Steps (each prints its progress; a failing property never stops the report):
    writing result rows (one JSON-lines file per pytest process) into ``reports/out/rows/``;
 2. the benchmarks, serially (pytest-benchmark disables itself under xdist), with
    ``--benchmark-enable --benchmark-json`` (raw per-round samples included), in the pinned
-   benchmark environment (:func:`reports.bench.bench_settings`: on the CPU, process CPU time,
+   benchmark environment (:func:`perf.settings.bench_settings`: on the CPU, process CPU time,
    one intra-op thread, glibc's allocator pinned), the same the A/B mode and the calibration use;
-   ``--bench-passes M`` repeats them in M processes (:func:`reports.bench.merge_passes`);
-3. the device's ceilings (copy bandwidth, matmul peak) from ``conformance/ceilings.py``;
+   ``--bench-passes M`` repeats them in M processes (:func:`perf.records.merge_passes`);
+3. the device's ceilings (copy bandwidth, matmul peak) from ``perf/ceilings.py``;
 4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
-   fingerprint), which ``python -m reports.gate`` compares later runs with;
+   fingerprint), which ``python -m perf.gate`` compares later runs with;
 5. ``reports/out/index.html`` (static, opens from disk), ``report.md``, ``results.json`` and
    ``plots/``.
 
@@ -30,8 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-from reports import bench, build, env
-from reports import history as hist
+from perf import env
+from perf import history as hist
+from perf.records import merge_passes, records as read_records
+from perf.settings import bench_settings
+from reports import build
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The suite's own tooling tests (browser, packaging) run in CI, not in the report.
@@ -43,12 +46,10 @@ def _stage(i: int, n: int, text: str) -> None:
 
 
 def measure_ceilings(device: str, quick: bool = True) -> dict | None:
-    """The device's measured ceilings from ``conformance.ceilings.measure_ceilings`` (None when
-    that module is absent or fails; the report then says so)."""
-    if importlib.util.find_spec("conformance.ceilings") is None:
-        return None
+    """The device's measured ceilings from ``perf.ceilings.measure_ceilings`` (None when the
+    probe fails; the report then says so)."""
     try:
-        from conformance.ceilings import measure_ceilings as m
+        from perf.ceilings import measure_ceilings as m
 
         c = m(device, quick)
         return json.loads(json.dumps(c, default=str)) if c else None
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.call(cmd, cwd=ROOT)
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
-            settings = dict(bench.bench_settings(device), passes=args.bench_passes)
+            settings = dict(bench_settings(device), passes=args.bench_passes)
             jsons = ([bench_json] if args.bench_passes == 1 else
                      [out / f"benchmarks-pass{i}.json" for i in range(args.bench_passes)])
             for i, one_json in enumerate(jsons):
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                        + " ".join(f"{k}={v}" for k, v in settings["env"].items()) + " " + " ".join(cmd[2:]))
                 subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, **settings["env"]))
             if len(jsons) > 1:
-                merged = bench.merge_passes([bench.records(j) for j in jsons])
+                merged = merge_passes([read_records(j) for j in jsons])
                 bench_json.write_text(json.dumps({"benchmarks": merged, "passes": len(jsons)}))
             _stage(3, n_stages, f"device ceilings ({device})")
             ceilings = measure_ceilings(device, quick=False)
@@ -143,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             ceilings = None
     fp = env.fingerprint(device)
-    records = bench.records(bench_json)
+    records = read_records(bench_json)
     # outside rows are named by their place (impl, impl2), not their target: never a series entry
     outside = any(a == "--impl" or a.startswith("--impl=") for a in args.pytest_args)
     if outside and records and not (args.no_run or args.no_bench or args.no_history):
         print("history: not appended (--impl: the outside implementations' rows are named impl, impl2, ... "
-              "whatever their targets; compare two targets with python -m reports.ab --impl-a ... --impl-b ...)",
+              "whatever their targets; compare two targets with python -m perf.ab --impl-a ... --impl-b ...)",
               flush=True)
     if not args.no_run and not args.no_bench and not args.no_history and records and not outside:
         _stage(4, n_stages, "history")

@@ -14,13 +14,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 from conformance.results import Row, read_rows
-from reports import bench, env, plots
-from reports import history as hist
+from perf import env
+from perf import history as hist
+from perf import records as benchmark_records
+from reports import plots
 from reports.killrate import kill_rates
 from reports.ledger import claims
 
 _ORDER = {"fail": 4, "error": 3, "pass": 2, "unsupported": 1, "skip": 0}
+ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: The gate's calibration as ``python -m perf.calibrate analyse`` writes it.
+CALIBRATION = ROOT / "perf" / "calibration" / "gate_calibration.json"
 
 
 def fingerprint(device: str | None = None) -> dict:
@@ -186,8 +191,8 @@ def benchmark_entries(records: list[dict], ceilings: dict | None) -> dict[str, l
     out: dict[str, list[dict]] = defaultdict(list)
     for rec in records:
         st, info = rec.get("stats") or {}, rec.get("extra_info") or {}
-        fr = bench.fractions(rec, ceilings)
-        ach = bench.achieved(rec)
+        fr = benchmark_records.fractions(rec, ceilings)
+        ach = benchmark_records.achieved(rec)
         e = dict(rec)
         e.pop("data", None)
         e.update(median=st.get("median"), iqr=st.get("iqr"), rounds=st.get("rounds"),
@@ -248,7 +253,7 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
                    "benchmarks": benches.get(t, []), "killrate": rates.get(t)} for t in names]
     series = history_entries or []
     plot_list = plots.all_plots(rows, records, ceilings, series, plot_dir) if plot_dir is not None else []
-    cvals = bench.ceiling_values(ceilings)
+    cvals = benchmark_records.ceiling_values(ceilings)
     ceilings_text = {}
     for k, v in (ceilings or {}).items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -270,13 +275,18 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
             "gate_calibration": gate_calibration()}
 
 
-# ---- the regression gate's measured calibration (reports/calibrate.py owns its content) ----
-def gate_calibration() -> dict | None:
-    """The gate's committed A/A calibration (false alarms, power; ``reports/calibration/``) as
-    :func:`reports.calibrate.report_table` formats it; None when not measured."""
-    from reports.calibrate import report_table
-
-    return report_table()
+# ---- the regression gate's measured calibration (python -m perf.calibrate writes it) ----
+def gate_calibration(path: Path = CALIBRATION) -> dict | None:
+    """The gate's committed A/A calibration (false alarms, power), read as data: the ``report``
+    part of the JSON ``python -m perf.calibrate analyse`` writes, with the file's path; None
+    when the file is absent or unreadable or has no such part."""
+    try:
+        table = json.loads(Path(path).read_text()).get("report")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(table, dict):
+        return None
+    return dict(table, file=str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else str(path))
 # ---- end of the gate's calibration ----
 
 
@@ -318,7 +328,7 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
         rows = read_rows(rows_dir)
     if bench_json is None and (out / "benchmarks.json").exists():
         bench_json = out / "benchmarks.json"
-    records = bench.records(bench_json)
+    records = benchmark_records.records(bench_json)
     fp = fp or env.fingerprint(next((r.device for r in rows if r.device), None))
     series = hist.series(env.device_slug(fp), history_dir) if history_dir is not None else []
     plot_dir = out / "plots"

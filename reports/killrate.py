@@ -18,7 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from conformance.results import Row, read_rows
-from reports.env import ROOT
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def kill_rates(rows: list[Row]) -> dict[str, dict]:

@@ -6,7 +6,7 @@ and is skipped with a note when no points exist. Every field read is declared in
 :mod:`conformance.fields`. What a check must record to appear in a plot:
 
 - roofline:      benchmark extra_info ``flops`` and ``bytes`` (per call); ceilings from
-                 ``conformance/ceilings.py`` when available.
+                 ``perf/ceilings.py`` when available.
 - batch:         extra_info ``batch`` and ``tokens_per_s``, by ``implementation``; claim AI-9.
 - nll_bits:      ``bits`` and ``nll`` (row extra or extra_info); grouped by ``granularity``.
 - gamma:         ``gamma`` and ``tokens_per_call``; grouped by ``draft`` or ``alpha``.
@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from conformance.fields import FIELDS
-from reports import bench
+from perf import records as benchmark_records
 
 SPECS = {
     "batch": dict(title="Decode step latency and throughput vs batch size (AI-9)",
@@ -98,17 +98,17 @@ def _save(fig, out: Path, name: str) -> str:
 
 def plot_roofline(records, ceilings, out: Path) -> dict:
     entry = {"id": "roofline", "title": "Roofline: achieved FLOP/s vs arithmetic intensity", "file": None, "note": ""}
-    pts = [(r, bench.achieved(r)) for r in records]
+    pts = [(r, benchmark_records.achieved(r)) for r in records]
     pts = [(r, a) for r, a in pts if "intensity" in a]
     if not pts:
         entry["note"] = "no benchmark states extra_info 'flops' and 'bytes' per call"
         return entry
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    c = bench.ceiling_values(ceilings)
+    c = benchmark_records.ceiling_values(ceilings)
     xs = [a["intensity"] for _, a in pts]
     lo, hi = min(xs) / 4, max(xs) * 4
-    peaks = bench.matmul_peaks(ceilings) or ({"": c["flop_per_s"]} if "flop_per_s" in c else {})
+    peaks = benchmark_records.matmul_peaks(ceilings) or ({"": c["flop_per_s"]} if "flop_per_s" in c else {})
     if peaks and "bytes_per_s" in c:
         bw = c["bytes_per_s"]
         ridges = [p / bw for p in peaks.values()]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import ab, bench
+from perf import ab, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN, SLOWED = "attention=my_attention:attention", "attention=tests.slowed_attention:attention"
@@ -93,7 +93,7 @@ def test_ab_between_two_impl_targets(tmp_path, monkeypatch):
     for k in [k for k in os.environ if k.startswith("PYTEST_")]:
         monkeypatch.delenv(k)
     timer = ab.timer_args("cpu")
-    env = bench.pinned_env("cpu")
+    env = settings.pinned_env("cpu")
     passes = ab.session(ROOT, ROOT, 2, workdir=tmp_path, env_a=env, env_b=env,
                         args_a=timer + ab.impl_args([PLAIN, PLAIN]), args_b=timer + ab.impl_args([PLAIN, SLOWED]),
                         k="prefill and 128 and 64 and causal", max_time=0.05, log=lambda *_: None)
@@ -107,7 +107,7 @@ def test_ab_between_two_impl_targets(tmp_path, monkeypatch):
 
 
 def test_ab_command_hands_each_side_its_targets_and_names_them(tmp_path, monkeypatch, capsys):
-    """``python -m reports.ab --impl-a ... --impl-b ...``: both sides on this working tree, each
+    """``python -m perf.ab --impl-a ... --impl-b ...``: both sides on this working tree, each
     side's passes get its ``--impl`` options, the output and the JSON name the targets (the
     passes are stood in for: a doubled ``impl2`` row on B, three pairs)."""
     seen = {}
@@ -138,7 +138,7 @@ def test_ab_command_hands_each_side_its_targets_and_names_them(tmp_path, monkeyp
 
 @pytest.mark.parametrize("lockstep", [True, False], ids=["lockstep", "sequential"])
 def test_both_designs_hand_each_side_its_impl_options(tmp_path, monkeypatch, lockstep):
-    """The passes' command lines (:func:`reports.ab.pass_command`) carry each side's ``--impl``,
+    """The passes' command lines (:func:`perf.ab.pass_command`) carry each side's ``--impl``,
     in lockstep pairs and in sequential passes alike (the passes themselves do nothing here)."""
     seen: dict[str, list[str]] = {}
     real = ab.pass_command

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from reports import ab, calibrate, calibration_analysis, inject
+from perf import ab, calibrate, calibration_analysis, inject, stats
 
 NAMES = [f"benchmarks/bench_x.py::t{j}" for j in range(4)]
 
@@ -115,11 +115,11 @@ def test_injected_slowdown_is_proportional_to_the_call():
 
 
 def test_rate_gives_clopper_pearson_intervals():
-    r = calibration_analysis.rate(0, 10)
+    r = stats.binomial_rate(0, 10)
     assert r["rate"] == 0 and r["ci95"][0] == 0 and r["ci95"][1] == pytest.approx(0.3085, abs=1e-3)
-    r = calibration_analysis.rate(5, 10)
+    r = stats.binomial_rate(5, 10)
     assert r["ci95"] == pytest.approx([0.187, 0.813], abs=1e-3)
-    assert calibration_analysis.rate(0, 0)["rate"] is None
+    assert stats.binomial_rate(0, 0)["rate"] is None
 
 
 def _sessions(rng, n: int, pairs: int = 4, between: float = 0.02) -> list[dict]:
@@ -138,7 +138,7 @@ def _sessions(rng, n: int, pairs: int = 4, between: float = 0.02) -> list[dict]:
 
 def test_analyse_counts_false_alarms_and_detections_per_mode():
     rng = np.random.default_rng(5)
-    res = calibrate.analyse(_sessions(rng, 8), window=5, resample_draws=200)
+    res = calibration_analysis.analyse(_sessions(rng, 8), window=5, resample_draws=200)
     ab_mode, hist = res["modes"]["ab"], res["modes"]["history"]
     rs = res["modes"]["ab_resampled"]  # synthetic sessions drawn from all pairs: many more decisions
     assert rs["false_alarm"]["n"] == 200 and rs["power"]["t1"]["rate"] >= 0.9 and rs["false_alarm"]["ci95"] is None
@@ -155,24 +155,29 @@ def test_analyse_counts_false_alarms_and_detections_per_mode():
     assert res["ceilings_missing"] == 0 and "WARNING" not in calibrate.summary_text(res)
     broken = _sessions(rng, 2)
     broken[0]["passes"][0]["ceilings"] = {"error": "ModuleNotFoundError: x"}
-    res = calibrate.analyse(broken, window=2, resample_draws=10)
+    res = calibration_analysis.analyse(broken, window=2, resample_draws=10)
     assert res["ceilings_missing"] == 1 and "1 of 16 passes have no ceilings (ModuleNotFoundError: x)" in \
         calibrate.summary_text(res)
     with pytest.raises(ValueError, match="no sessions"):
-        calibrate.analyse([])
+        calibration_analysis.analyse([])
 
 
 def test_report_shows_the_committed_calibration(tmp_path):
+    """``analyse`` stores the table the report shows in its result JSON; the report reads that
+    file as data (no import of the calibration)."""
     import json
 
     from reports import build
 
-    res = calibrate.analyse(_sessions(np.random.default_rng(6), 4), window=3)
+    res = calibration_analysis.analyse(_sessions(np.random.default_rng(6), 4), window=3)
+    doc = {"machine": {"cpu": "Test CPU", "cores": 2}, "calibrations": [res]}
+    doc["report"] = calibrate.report_table(doc)
     path = tmp_path / "gate_calibration.json"
-    path.write_text(json.dumps({"machine": {"cpu": "Test CPU", "cores": 2}, "calibrations": [res]}))
-    table = calibrate.report_table(path)
-    assert {r["mode"] for r in table["rows"]} == set(calibrate.MODE_LABELS.values())
+    path.write_text(json.dumps(doc))
+    table = build.gate_calibration(path)
+    assert {r["mode"] for r in table["rows"]} == set(calibration_analysis.MODE_LABELS.values())
     assert table["targets"] == ["t1"] and "A/A" not in table["rows"][0]["false_alarm"]
+    assert table["file"] == str(path)
     ctx = build.context([], [], fp=None)
     ctx["gate_calibration"] = table
     build.render(ctx, tmp_path / "out")
@@ -180,7 +185,32 @@ def test_report_shows_the_committed_calibration(tmp_path):
     html = (tmp_path / "out" / "index.html").read_text()
     assert "| cpu | sequential passes | interleaved A/B | 0/2 = 0%" in md
     assert "gate-calibration" in html and "Test CPU" in html
-    assert calibrate.report_table(tmp_path / "absent.json") is None
+    assert build.gate_calibration(tmp_path / "absent.json") is None
+    path.write_text(json.dumps({"calibrations": [res]}))  # written before the report part existed
+    assert build.gate_calibration(path) is None
+
+
+def test_committed_calibration_carries_its_report_table():
+    """The committed result's report part is what ``analyse`` would store for its calibrations."""
+    import json
+
+    doc = json.loads(calibrate.RESULT.read_text())
+    assert doc["report"] == calibrate.report_table(doc)
+
+
+def test_detectable_slowdown_and_pairs_needed_agree():
+    """The pairs the A/B mode needs for a slowdown are the fewest whose detectable slowdown is at
+    most that slowdown; more noise, a smaller alpha or fewer degrees of freedom detect less."""
+    kw = dict(alpha=0.05 / 4, threshold=0.10)
+    k = stats.pairs_needed(0.05, 0.15, **kw)
+    assert k is not None and k > 3
+    assert stats.detectable_slowdown(0.05 / np.sqrt(k), df=k - 1, **kw) <= 0.15 + 1e-12
+    assert stats.detectable_slowdown(0.05 / np.sqrt(k - 1), df=k - 2, **kw) > 0.15
+    assert stats.detectable_slowdown(0.02, df=9, **kw) < stats.detectable_slowdown(0.04, df=9, **kw)
+    assert stats.detectable_slowdown(0.08, df=9, alpha=0.05, threshold=0.10) < stats.detectable_slowdown(0.08, df=9, **kw)
+    assert stats.detectable_slowdown(0.08, df=4, **kw) > stats.detectable_slowdown(0.08, df=9, **kw)
+    assert stats.detectable_slowdown(0.001, df=50, **kw) == pytest.approx(0.10, abs=0.01)  # the threshold binds
+    assert stats.pairs_needed(1.0, 0.15, **kw) > 500 and stats.pairs_needed(1.0, 0.15, max_pairs=100, **kw) is None
 
 
 def test_ab_command_rejects_too_few_pairs_and_unknown_revisions(capsys):
@@ -203,12 +233,12 @@ def test_each_side_can_run_its_own_interpreter(tmp_path):
 
 
 def test_merge_passes_takes_the_geometric_mean_of_the_pass_medians():
-    from reports import bench
+    from perf.records import merge_passes
 
     p1 = [{"fullname": "x", "stats": {"median": 1.0, "rounds": 3}, "data": [1.0, 1.0, 1.0]},
           {"fullname": "only_first", "stats": {"median": 5.0}, "data": [5.0]}]
     p2 = [{"fullname": "x", "stats": {"median": 4.0, "rounds": 2}, "data": [4.0, 4.0]}]
-    merged = {r["fullname"]: r for r in bench.merge_passes([p1, p2])}
+    merged = {r["fullname"]: r for r in merge_passes([p1, p2])}
     assert merged["x"]["stats"]["median"] == pytest.approx(2.0) and merged["x"]["passes"] == [1.0, 4.0]
     assert merged["x"]["data"] == [1.0, 1.0, 1.0, 4.0, 4.0] and merged["only_first"]["stats"]["median"] == pytest.approx(5.0)
 

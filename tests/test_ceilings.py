@@ -1,4 +1,4 @@
-"""conformance/ceilings.py: the fraction-of-ceiling arithmetic on synthetic numbers, and the
+"""perf/ceilings.py: the fraction-of-ceiling arithmetic on synthetic numbers, and the
 measurement itself in quick mode (tiny sizes) returning positive finite numbers."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conformance.ceilings import fraction_of_ceiling, measure_ceilings
+from perf.ceilings import fraction_of_ceiling, measure_ceilings
 from conformance.tolerance import assert_scalar
 
 # A made-up device: 100 TFLOP/s bf16, 1 TB/s copy: ridge at 100 FLOP/byte.

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from reports import gate, history
+from perf import gate, history, stats
 
 
 def _samples(median: float, spread: float, n: int = 40, seed: int = 0) -> np.ndarray:
@@ -21,43 +21,43 @@ BASE = _samples(1e-3, 0.02, seed=1)
 
 
 def test_clear_15_percent_slowdown_fails():
-    d = gate.compare(BASE, _samples(1.15e-3, 0.02, seed=2))
+    d = stats.compare(BASE, _samples(1.15e-3, 0.02, seed=2))
     assert d.status == "regression", d
     assert d.ratio == pytest.approx(1.15, rel=0.03) and d.p_slower < 0.01
 
 
 def test_2_percent_slowdown_passes():
-    d = gate.compare(BASE, _samples(1.02e-3, 0.02, seed=3))
+    d = stats.compare(BASE, _samples(1.02e-3, 0.02, seed=3))
     assert d.status == "ok", d
 
 
 def test_too_noisy_run_warns_instead_of_deciding():
-    d = gate.compare(BASE, _samples(1.15e-3, 0.6, seed=4))
+    d = stats.compare(BASE, _samples(1.15e-3, 0.6, seed=4))
     assert d.status == "noisy", d
     assert d.ci_high > 1.10
 
 
 def test_few_rounds_beyond_threshold_cannot_be_significant():
-    d = gate.compare(_samples(1e-3, 0.001, n=3, seed=5), _samples(1.3e-3, 0.001, n=3, seed=6))
+    d = stats.compare(_samples(1e-3, 0.001, n=3, seed=5), _samples(1.3e-3, 0.001, n=3, seed=6))
     assert d.status == "noisy", d
 
 
 def test_clear_improvement_asks_for_baseline_update():
-    d = gate.compare(BASE, _samples(0.8e-3, 0.02, seed=7))
+    d = stats.compare(BASE, _samples(0.8e-3, 0.02, seed=7))
     assert d.status == "improvement" and "update the baseline" in d.reason
 
 
 def test_threshold_and_alpha_are_configurable():
     run = _samples(1.15e-3, 0.02, seed=2)
-    assert gate.compare(BASE, run, threshold=0.20).status == "ok"
-    assert gate.compare(BASE, _samples(1.06e-3, 0.02, seed=8), threshold=0.03).status == "regression"
+    assert stats.compare(BASE, run, threshold=0.20).status == "ok"
+    assert stats.compare(BASE, _samples(1.06e-3, 0.02, seed=8), threshold=0.03).status == "regression"
 
 
 def test_rejects_empty_or_nonpositive_samples():
     with pytest.raises(ValueError, match="empty"):
-        gate.compare([], [1.0])
+        stats.compare([], [1.0])
     with pytest.raises(ValueError, match="positive"):
-        gate.compare([1.0, 0.0], [1.0])
+        stats.compare([1.0, 0.0], [1.0])
 
 
 def _entry(date: str, commit: str, medians: dict[str, float], spread: float = 0.02) -> dict:
@@ -125,11 +125,11 @@ def test_run_to_run_spread_of_the_history_widens_the_rule():
 
 # ------------------------------------------------------------- between-run model, family-wise
 def test_holm_adjusts_step_down_and_rejects_bad_pvalues():
-    adj = gate.holm([0.01, 0.04, 0.03])
+    adj = stats.holm([0.01, 0.04, 0.03])
     assert adj.tolist() == pytest.approx([0.03, 0.06, 0.06])
-    assert gate.holm([0.5]).tolist() == [0.5] and gate.holm([]).size == 0
+    assert stats.holm([0.5]).tolist() == [0.5] and stats.holm([]).size == 0
     with pytest.raises(ValueError, match="p-values"):
-        gate.holm([0.1, 1.5])
+        stats.holm([0.1, 1.5])
 
 
 def _run_entry(medians: dict[str, float], n: int = 20, spread: float = 0.02, seed: int = 0) -> dict:
@@ -151,14 +151,14 @@ def test_between_run_model_needs_enough_history_else_falls_back_to_rounds():
 
 def test_history_test_is_a_prediction_interval_on_log_medians():
     h = [1.0, 1.1, 0.9, 1.05, 0.95]
-    t = gate.history_test(1.0, h, alpha=0.05)
+    t = stats.history_test(1.0, h, alpha=0.05)
     mu = np.mean(np.log(h))
     assert t.ratio == pytest.approx(np.exp(-mu)) and t.ci_low < 1 < t.ci_high
     assert t.p_slower == pytest.approx(1 - t.p_faster)
     # a run twice as slow as a history with 7% spread: far outside the prediction interval
-    assert gate.history_test(2.0, h).p_slower < 1e-3
+    assert stats.history_test(2.0, h).p_slower < 1e-3
     with pytest.raises(ValueError, match="at least 2"):
-        gate.history_test(1.0, [1.0])
+        stats.history_test(1.0, [1.0])
 
 
 def _simulated_runs(rng, n_runs: int, n_bench: int, between: float, within: float, slow: dict | None = None,
@@ -215,18 +215,18 @@ def test_rounds_fallback_warns_in_the_command_output(tmp_path, capsys):
 def test_runs_measured_differently_are_flagged(tmp_path, capsys):
     """A history entry records how its benchmarks were measured; a run timed with another timer
     or thread count than its baseline gets a warning (its times are not comparable)."""
-    from reports import bench
+    from perf import settings
 
     h = tmp_path / "history"
     e = _entry("2026-01-01T00:00:00Z", "a" * 40, {"t1": 1e-3})
-    e["settings"] = {k: v for k, v in bench.bench_settings("cpu").items() if k != "pytest_args"}
+    e["settings"] = {k: v for k, v in settings.bench_settings("cpu").items() if k != "pytest_args"}
     history.append(e, h)
     same = dict(e, fingerprint=dict(e["fingerprint"], date="2026-01-02T00:00:00Z", commit="b" * 40))
     p = history.append(same, h)
     gate.main([str(p), "--history", str(h)])
     assert "measured differently" not in capsys.readouterr().out
     other = dict(same, fingerprint=dict(same["fingerprint"], date="2026-01-03T00:00:00Z", commit="c" * 40),
-                 settings={k: v for k, v in bench.bench_settings("cpu", "wall", 0).items() if k != "pytest_args"})
+                 settings={k: v for k, v in settings.bench_settings("cpu", "wall", 0).items() if k != "pytest_args"})
     gate.main([str(history.append(other, h)), "--history", str(h)])
     assert "measured differently" in capsys.readouterr().out
 
@@ -275,16 +275,16 @@ def test_speed_test_predicts_each_benchmark_from_the_other_benchmarks_of_its_run
     speeds = [1.0, 1.1, 0.9, 1.2, 0.95]  # the machine's speed in each history entry
     hist = [{n: m * s for n, m in base.items()} for s in speeds]
     run = {"a": 2.0, "b": 4.0, "c": 6.0, "d": 12.0}  # twice as slow a machine; d three times
-    sp = gate.normalize_by_run_speed(run, hist)
+    sp = stats.normalize_by_run_speed(run, hist)
     gmean = float(np.exp(np.mean(np.log(speeds))))
     assert sp.speed_run == pytest.approx(2.0 / gmean) and sp.speed_history == pytest.approx([s / gmean for s in speeds])
-    d, a = gate.speed_test(sp, "d"), gate.speed_test(sp, "a")
+    d, a = stats.speed_test(sp, "d"), stats.speed_test(sp, "a")
     assert sp.fit("d")[1] == pytest.approx(1.0)  # every benchmark follows the machine: slope 1
     assert d.ratio == pytest.approx(1.5) and d.p_slower < 1e-6 and "slope 1.00" in d.detail
     assert a.ratio == pytest.approx(1.0)
     # too few benchmarks common to the run and every entry, or too few entries: no run speed
-    assert gate.normalize_by_run_speed(run, hist + [{"a": 1.0, "b": 2.0, "c": 3.0}]) is None
-    assert gate.normalize_by_run_speed(run, hist[:3]) is None
+    assert stats.normalize_by_run_speed(run, hist + [{"a": 1.0, "b": 2.0, "c": 3.0}]) is None
+    assert stats.normalize_by_run_speed(run, hist[:3]) is None
 
 
 def test_command_judges_relative_to_the_run_speed_unless_told_not_to(tmp_path, capsys):
@@ -317,5 +317,5 @@ def test_a_change_that_slows_most_benchmarks_still_fails_the_gate():
     runs = _simulated_runs(rng, 10, 6, between=0.01, within=0.01, common=0.01)
     run = _simulated_runs(rng, 1, 6, between=0.01, within=0.01, common=0.01, slow=dict.fromkeys(range(4), 0.3))[0]
     ds = gate.gate(run, runs[-1], history=runs)
-    assert gate.print_decisions(ds) == 1
+    assert stats.print_decisions(ds) == 1
     assert {d.name: d.status for d in ds}[gate.RUN_SPEED] == "regression"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conformance.results import Row, write_rows
-from reports import bench, build, env, history
+from perf import env, history, records
+from reports import build
 from reports.ledger import claims
 
 
@@ -60,7 +61,7 @@ def make_synthetic(folder: Path, *, n_history: int = 2) -> dict:
     hdir = folder / "history"
     for i in range(n_history):
         f = dict(fp, date=f"2026-01-0{i + 1}T00:00:00Z", commit=f"{i:040d}")
-        history.append(history.make_entry(f, bench.records(bjson), ceilings), hdir)
+        history.append(history.make_entry(f, records.records(bjson), ceilings), hdir)
     return {"rows_dir": rows_dir, "bench_json": folder / "benchmarks.json", "fp": fp, "ceilings": ceilings,
             "history": hdir, "rows": rows}
 

@@ -1,5 +1,8 @@
-"""The suite's layers, checked: the contracts import no implementation, and no two modules of the
-suite import each other, directly or through others (lazy imports inside functions included)."""
+"""The suite's layers, checked: the contracts import no implementation, conformance/ imports
+nothing above it, the benchmark machinery (perf/) sits on conformance/ and reference/'s analytic
+models, the report (reports/) imports no command of perf/, and neither two modules nor two
+packages of the suite import each other, directly or through others (lazy imports inside
+functions included)."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("conformance", "reference", "optimized", "properties", "benchmarks", "reports", "smallworld")
+PACKAGES = ("conformance", "reference", "optimized", "properties", "benchmarks", "perf", "reports", "smallworld")
 
 
 def _module_name(path: Path) -> str:
@@ -43,11 +46,15 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_import_graph_has_no_cycle():
+def _assert_no_cycle(graph: dict[str, set[str]], what: str) -> None:
     try:
-        tuple(graphlib.TopologicalSorter(import_graph()).static_order())
+        tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:
-        pytest.fail(f"import cycle among the suite's modules: {' -> '.join(exc.args[1])}")
+        pytest.fail(f"import cycle among the suite's {what}: {' -> '.join(exc.args[1])}")
+
+
+def test_import_graph_has_no_cycle():
+    _assert_no_cycle(import_graph(), "modules")
 
 
 def test_import_graph_sees_top_level_and_lazy_imports():
@@ -60,8 +67,8 @@ def test_import_graph_sees_top_level_and_lazy_imports():
 
 def test_contracts_import_no_implementation():
     """The contracts (and the registry that loads them) import neither optimized/ nor reference/;
-    every other module of conformance/ imports without importing optimized/ (the analytic
-    models of reference/, such as the roofline, are allowed there)."""
+    every other module of conformance/ imports without importing optimized/, reference/ or
+    perf/."""
     contracts = [m for m in _modules() if m.startswith("conformance.contracts") or m == "conformance.registry"]
     rest = [m for m in _modules() if m.split(".")[0] == "conformance" and m not in contracts]
     code = ("import importlib, sys\n"
@@ -71,12 +78,75 @@ def test_contracts_import_no_implementation():
             "for t in registry.contracts(): registry.contract(t)\n"
             "print(','.join(loaded(('optimized', 'reference'))))\n"
             f"for m in {rest!r}: importlib.import_module(m)\n"
-            "print(','.join(loaded(('optimized',))))\n")
+            "print(','.join(loaded(('optimized', 'reference', 'perf'))))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     by_contracts, by_rest = (out.stdout.splitlines() + ["", ""])[:2]
     assert by_contracts == "", f"the contracts import implementations: {by_contracts}"
-    assert by_rest == "", f"conformance/ imports optimized/: {by_rest}"
+    assert by_rest == "", f"conformance/ imports a layer above it: {by_rest}"
+
+
+def package_graph() -> dict[str, set[str]]:
+    """package -> the suite's other packages its modules import (from :func:`import_graph`)."""
+    out: dict[str, set[str]] = {p: set() for p in PACKAGES}
+    for module, deps in import_graph().items():
+        out[module.split(".")[0]] |= {d.split(".")[0] for d in deps} - {module.split(".")[0]}
+    return out
+
+
+def _imports_outside(package: str, allowed: set[str]) -> dict[str, list[str]]:
+    """module of ``package`` -> the modules it imports from packages other than itself and ``allowed``."""
+    out = {}
+    for module, deps in import_graph().items():
+        if module.split(".")[0] == package:
+            bad = sorted(d for d in deps if d.split(".")[0] not in allowed | {package})
+            if bad:
+                out[module] = bad
+    return out
+
+
+def test_package_graph_has_no_cycle():
+    _assert_no_cycle(package_graph(), "packages")
+
+
+def test_conformance_imports_nothing_above_it():
+    """conformance/ is the lowest layer: not even a lazy import of reference/, perf/ or another
+    package (the device ceilings probe, which needs reference/'s roofline, is perf/ceilings.py)."""
+    assert _imports_outside("conformance", set()) == {}
+
+
+def test_perf_sits_on_conformance_and_the_analytic_models():
+    """The benchmark machinery imports conformance/ and reference/ (the roofline) only: it runs
+    the benchmarks in their own processes, never imports them, and knows nothing of the report."""
+    assert _imports_outside("perf", {"conformance", "reference"}) == {}
+
+
+def _commands() -> set[str]:
+    """The modules of perf/ that are commands (``python -m perf.X``) or pytest plugins."""
+    out = set()
+    for name, path in _modules().items():
+        if name.split(".")[0] != "perf":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        main = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+        hooks = any(isinstance(n, ast.FunctionDef) and n.name.startswith("pytest_") for n in tree.body)
+        if main or hooks:
+            out.add(name)
+    return out
+
+
+def test_reports_renders_only():
+    """reports/ imports perf/'s library modules (history, records, env, settings, the ceilings
+    probe), never one of its commands or plugins (the calibration's results are read as data),
+    and nothing of the suite imports reports/: it is the top of the stack."""
+    commands = _commands()
+    assert {"perf.gate", "perf.ab", "perf.calibrate", "perf.lockstep", "perf.inject"} <= commands
+    graph = import_graph()
+    used = {m: sorted(graph[m] & commands) for m in graph if m.split(".")[0] == "reports"}
+    assert {m: c for m, c in used.items() if c} == {}, "reports/ imports a command of perf/"
+    importers = sorted(m for m, deps in graph.items() if m.split(".")[0] != "reports"
+                       and any(d.split(".")[0] == "reports" for d in deps))
+    assert importers == [], f"modules outside reports/ import it: {importers}"
 
 
 def _shape_names(text: str) -> set[str]:

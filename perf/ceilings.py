@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from perf.env import cpu_model
 from reference.roofline import attainable
 
 _CACHE: dict[tuple[str, bool], dict] = {}
@@ -43,20 +44,6 @@ _DTYPES = {"cpu": (torch.bfloat16, torch.float32),
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def _cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux), else the platform's machine name."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _time_runs(fn: Callable[[], object], device: str, *, warmup: int, runs: int,
@@ -145,7 +132,7 @@ def measure_ceilings(device: str = "cpu", quick: bool = False) -> dict:
         timer = "CUDA events per run, device synchronized, warm-up excluded"
         tf32 = f"; fp32 matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
     else:
-        name = _cpu_name()
+        name = cpu_model()
         timer = "time.perf_counter per run, warm-up excluded"
         tf32 = ""
     out = {

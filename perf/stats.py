@@ -1,82 +1,29 @@
-"""``python -m reports.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.05]``
+"""The statistics of the benchmark machinery, in one place: the evidence for one benchmark (a
+ratio, its interval and one-sided p-values) from the rounds of one run, from the between-run
+model of a history series, from the run-speed prediction or from interleaved pairs; Holm's
+family-wise adjustment; the threshold-and-significance rule that turns evidence into a decision
+(:func:`decide`); and the calibration's measures (exact binomial rates, the slowdown a test
+catches with a given power). The history gate (:mod:`perf.gate`), the interleaved A/B mode
+(:mod:`perf.ab`) and the calibration (:mod:`perf.calibration_analysis`) all judge through
+these functions, so the three apply one rule.
 
-Compare a benchmark run with the stored history of the same device model and exit 1 on a
-regression. RUN.json is a history entry (``history/<series>/*.json``, written by
-``python -m reports``) or a pytest-benchmark ``--benchmark-json`` file. The baseline defaults to
-the latest other entry of the run's series in ``history/``; a folder means its latest entry.
-
-Runs of unchanged code on one machine differ from each other (load, clocks, caches,
-neighbours) by more than the rounds of one run show: rounds of one run share the machine's
-state. So each benchmark is judged by the **between-run model** when the series holds at least
-``MIN_HISTORY`` (3) earlier entries with it (``--window``, default the last 20 up to the
-baseline): with m_1..m_n the ln(median) of those runs (mean mu, standard deviation s) and x the
-run's ln(median),
-
-- ratio r = exp(x - mu) (against the history's geometric mean), t = (x - mu) / (s sqrt(1 + 1/n)),
-  one-sided p-values from Student's t with n - 1 degrees of freedom (the run as a new draw
-  from the history's distribution of run medians: a prediction interval), and r's (1 - alpha)
-  interval exp(x - mu +- t_{1-alpha/2} s sqrt(1 + 1/n)).
-
-**Relative to the run's speed** (default; ``--no-normalize`` to judge raw medians): the
-benchmarks of one run share much of their shift (the machine's speed in that run), so where at
-least ``MIN_NORMALIZE`` (4) benchmarks are in the run and in every one of at least 4 entries of
-the window, each one is judged against what the run's speed predicts: the run's speed as that
-benchmark sees it is the median shift of the run's *other* benchmarks from their history means
-(one regressed benchmark barely moves it), and over the history a least-squares line of the
-benchmark's ln(median) on that speed gives the prediction and a t prediction interval with
-n - 2 degrees of freedom (:func:`speed_test`; the slope is measured: about 1 for a benchmark
-that follows the machine, about 0 for one that does not). The run's speed itself,
-exp(median shift of all benchmarks), is judged by the plain between-run model as one more
-member of the family, ``(run speed: ...)``: a change that slows every benchmark alike fails
-there (with the wider spread of the machine's speed; when most benchmarks slow down, the
-unchanged rest look faster than the run's speed predicts and show as improvements). Its
-measured effect is in the calibration.
-
-With fewer entries the benchmark falls back to the **rounds** of the run and of the baseline
-(the former rule, which fails unchanged code often on a shared machine: a warning says so):
-r = median(run) / median(baseline), a bootstrap interval and one-sided Mann-Whitney U p-values.
-
-Family-wise control: the p-values of all the run's benchmarks are adjusted by Holm's step-down
-method, so ``alpha`` (default 0.05) bounds the **run-level** false-alarm rate, the probability
-that the gate fails a run of unchanged code whatever the number of benchmarks, as far as the
-model holds (its measured rate: ``reports/calibration/gate_calibration.json``). Then, per
-benchmark, with p the Holm-adjusted p-value:
-
-- **regression** (exit 1): r > 1 + threshold and p_slower < alpha: larger than the practical
-  threshold and statistically significant.
-- **improvement**: r < 1 - threshold and p_faster < alpha: the baseline should be updated.
-- **noisy** (a warning, exit 0): neither of the above, and either the interval reaches past
-  1 + threshold (a regression larger than the threshold can be neither shown nor ruled out) or
-  r is beyond the threshold without significance: the run cannot decide.
-- **ok**: otherwise: the interval rules out a slowdown larger than the threshold.
-
-Benchmarks only in the run are "new"; only in the baseline, "missing" (neither fails the gate).
-The interleaved A/B mode (:mod:`reports.ab`) applies the same rule to paired passes.
+scipy is imported inside the functions that need it: a benchmark process imports none of this.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
-from reports import bench, env, history
-
+#: Bootstrap resamples of the rounds test's interval.
 N_BOOT = 2000
-#: Earlier entries of the series the between-run model uses (the last ones before the run): 20
-#: rather than 10 gave the run-speed fit more power at the same false-alarm rate in the calibration.
-DEFAULT_WINDOW = 20
-#: Fewest earlier entries for the between-run model; with fewer the gate falls back to the rounds.
-MIN_HISTORY = 3
 #: Run-level (family-wise) significance level.
 DEFAULT_ALPHA = 0.05
+#: Fewest earlier runs for the between-run model; with fewer the gate falls back to the rounds.
+MIN_HISTORY = 3
 #: Fewest benchmarks common to the run and every entry of the window to normalise by the run's speed.
 MIN_NORMALIZE = 4
-#: The pseudo-benchmark that judges the run's speed itself (the median shift of its benchmarks).
-RUN_SPEED = "(run speed: the median shift of all benchmarks)"
 
 
 @dataclass
@@ -218,7 +165,7 @@ def normalize_by_run_speed(run_medians: dict[str, float], history_medians: list[
     other benchmarks share (the machine's speed in that run: clocks, load, memory layout), which
     one regressed benchmark barely moves. ``speed_run`` / ``speed_history`` are exp(median_k
     e_k) per run: the run's speed itself, judged as one more member of the family
-    (:data:`RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
+    (:data:`perf.gate.RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
     names = [n for n in run_medians if all(n in h for h in history_medians)]
     if len(names) < min_benchmarks or len(history_medians) < 4:
         return None
@@ -326,125 +273,6 @@ def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, th
     return decide(name, t, t.p_slower, t.p_faster, threshold=threshold, alpha=alpha)
 
 
-def _samples(rec: dict) -> list[float]:
-    data = rec.get("data") or []
-    if data:
-        return [float(x) for x in data]
-    med = (rec.get("stats") or {}).get("median")
-    return [float(med)] if med else []
-
-
-def load_run(path: str | Path) -> dict:
-    """A history entry from a history entry or a pytest-benchmark JSON file."""
-    doc = json.loads(Path(path).read_text())
-    if "fingerprint" in doc and "series" in doc:
-        return doc
-    fp = env.fingerprint(None)
-    mi = doc.get("machine_info") or {}
-    cpu = (mi.get("cpu") or {}).get("brand_raw")
-    if cpu and fp.get("device") == "cpu":
-        fp["cpu"] = cpu
-    ci = doc.get("commit_info") or {}
-    if ci.get("id"):
-        fp["commit"], fp["dirty"] = ci["id"], bool(ci.get("dirty"))
-    return history.make_entry(fp, bench.records(doc))
-
-
-def find_baseline(run_path: Path, run: dict, baseline: str | None, history_dir: Path = history.HISTORY) -> Path | None:
-    if baseline:
-        p = Path(baseline)
-        if p.is_file():
-            return p
-        entries = sorted(p.glob("*.json")) if p.is_dir() else []
-    else:
-        entries = [q for q, _ in history.series(run["series"], history_dir)]
-    rp = run_path.resolve()
-    older = [q for q in entries if q.resolve() != rp and (rp.parent != q.resolve().parent or q.name < rp.name)]
-    return older[-1] if older else None
-
-
-def history_medians(entries: list[dict]) -> dict[str, list[float]]:
-    """benchmark fullname -> its median in each of ``entries`` (where present)."""
-    out: dict[str, list[float]] = {}
-    for e in entries:
-        for b in e.get("benchmarks", []):
-            med = (b.get("stats") or {}).get("median")
-            if med:
-                out.setdefault(b["fullname"], []).append(float(med))
-    return out
-
-
-def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAULT_ALPHA,
-         history: list[dict] | None = None, min_history: int = MIN_HISTORY, normalize: bool = True) -> list[Decision]:
-    """Decide every benchmark of ``run`` against ``base``; ``history`` (earlier entries of the
-    series, the baseline included, oldest first): benchmarks with at least ``min_history`` of
-    them are judged by the between-run model, the others by the rounds against ``base``.
-    ``normalize`` (default): where at least :data:`MIN_NORMALIZE` benchmarks are in the run and
-    in every history entry, they are judged relative to each run's speed
-    (:func:`normalize_by_run_speed`) and the run's speed itself is one more decision
-    (:data:`RUN_SPEED`). Holm's method over all judged benchmarks makes ``alpha`` the run-level
-    level."""
-    base_by = {b["fullname"]: b for b in base.get("benchmarks", [])}
-    meds = history_medians(history or [])
-    run_meds = {}
-    for rec in run.get("benchmarks", []):
-        rs = _samples(rec)
-        med = (rec.get("stats") or {}).get("median") or (float(np.median(rs)) if rs else None)
-        if med:
-            run_meds[rec["fullname"]] = float(med)
-    speed = None
-    if normalize and history and len(history) >= max(2, min_history):
-        speed = normalize_by_run_speed(run_meds, [{n: v[0] for n, v in history_medians([e]).items()}
-                                                  for e in history])
-    names, tests, out = [], [], []
-    seen = set()
-    for rec in run.get("benchmarks", []):
-        name = rec["fullname"]
-        seen.add(name)
-        rs, b = _samples(rec), base_by.get(name)
-        h = meds.get(name, [])
-        if speed and name in speed.y_run:
-            tests.append(speed_test(speed, name, alpha=alpha))
-        elif name in run_meds and len(h) >= max(2, min_history):
-            tests.append(history_test(run_meds[name], h, alpha=alpha))
-        elif b is not None and _samples(b) and rs:
-            tests.append(rounds_test(_samples(b), rs, alpha=alpha))
-        else:
-            out.append(Decision(name, "new", reason="no baseline samples for this benchmark"))
-            continue
-        names.append(name)
-    order = [rec["fullname"] for rec in run.get("benchmarks", [])]
-    if speed:
-        names.append(RUN_SPEED)
-        order.append(RUN_SPEED)
-        tests.append(history_test(speed.speed_run, speed.speed_history, alpha=alpha, relative=(
-            f" (all {len(speed.names)} benchmarks shifted alike: the machine, or a change that slows them all)")))
-    decided = {d.name: d for d in judge_family(names, tests, threshold=threshold, alpha=alpha)}
-    new = {d.name: d for d in out}
-    result = [decided.get(n) or new[n] for n in order]
-    for name in base_by:
-        if name not in seen:
-            result.append(Decision(name, "missing", reason="in the baseline, not in this run"))
-    return result
-
-
-def ceiling_drift(run: dict, base: dict) -> dict[str, float]:
-    """Relative change of the measured ceilings (copy bandwidth, matmul peak per dtype) between
-    the baseline and the run: a machine that got slower or busier shows here first."""
-    from reports import bench
-
-    out = {}
-    rc, bc = run.get("ceilings") or {}, base.get("ceilings") or {}
-    for key in ("copy_bytes_per_s",):
-        if isinstance(rc.get(key), (int, float)) and isinstance(bc.get(key), (int, float)) and bc[key] > 0:
-            out[key] = rc[key] / bc[key] - 1
-    rp, bp = bench.matmul_peaks(rc), bench.matmul_peaks(bc)
-    for d in sorted(set(rp) & set(bp)):
-        if bp[d] > 0:
-            out[f"matmul_flops_per_s[{d}]"] = rp[d] / bp[d] - 1
-    return out
-
-
 def print_decisions(decisions: list[Decision], out=None) -> int:
     """Print one line per decision and the counts; returns the exit code (1 on a regression)."""
     out = out or sys.stdout
@@ -459,74 +287,48 @@ def print_decisions(decisions: list[Decision], out=None) -> int:
         print(f"gate: WARNING: {rounds} benchmark(s) judged from the rounds of one run against one baseline "
               f"(fewer than {MIN_HISTORY} earlier entries in the series): that test does not see the variance "
               f"between runs and fails unchanged code far more often than alpha on a shared machine "
-              f"(reports/calibration/gate_calibration.json); commit more baseline runs or use python -m reports.ab",
+              f"(perf/calibration/gate_calibration.json); commit more baseline runs or use python -m perf.ab",
               file=out)
     if counts["noisy"]:
         print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)", file=out)
     return 1 if counts["regression"] else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports.gate", description=__doc__.split("\n\n")[1])
-    ap.add_argument("run", help="history entry or pytest-benchmark JSON of the run to judge")
-    ap.add_argument("--baseline", default=None, help="baseline entry, or folder (its latest entry)")
-    ap.add_argument("--threshold", type=float, default=0.10, help="practical threshold on the median ratio")
-    ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                    help="run-level (family-wise, Holm) significance level")
-    ap.add_argument("--history", default=str(history.HISTORY), help="history folder")
-    ap.add_argument("--window", type=int, default=DEFAULT_WINDOW,
-                    help=f"earlier entries of the series (up to the baseline) for the between-run model; "
-                         f"fewer than {MIN_HISTORY}: the rounds only (0: never use the history)")
-    ap.add_argument("--no-normalize", action="store_true",
-                    help="judge raw medians (default: each benchmark relative to the run's speed, estimated from "
-                         f"its other benchmarks, when at least {MIN_NORMALIZE} are in every entry; the run's speed "
-                         "is then judged as one more row)")
-    ap.add_argument("--json", default=None, help="also write the decisions as JSON here")
-    a = ap.parse_args(argv)
-    run_path = Path(a.run)
-    run = load_run(run_path)
-    bpath = find_baseline(run_path, run, a.baseline, Path(a.history))
-    if bpath is None:
-        print(f"gate: no baseline for series {run['series']!r} (looked in {a.baseline or Path(a.history) / run['series']}); "
-              f"nothing to compare — store this run as the baseline.")
-        return 0
-    base = history.load(bpath) if "series" in json.loads(bpath.read_text()) else load_run(bpath)
-    if base.get("series") and base["series"] != run["series"]:
-        print(f"gate: warning: baseline series {base['series']!r} differs from the run's {run['series']!r}")
-    earlier = []
-    if a.window > 0 and bpath.parent.is_dir():
-        rp = run_path.resolve()
-        for q in sorted(bpath.parent.glob("*.json")):
-            if q.resolve() != rp and q.name <= bpath.name:
-                try:
-                    earlier.append(history.load(q))
-                except (OSError, ValueError):
-                    pass
-        earlier = earlier[-a.window:]
-    decisions = gate(run, base, threshold=a.threshold, alpha=a.alpha, history=earlier, normalize=not a.no_normalize)
-    how = "" if a.no_normalize else f", relative to the run's speed where {MIN_NORMALIZE}+ benchmarks allow"
-    print(f"gate: run {run_path} vs baseline {bpath} (threshold {a.threshold:.0%}, run-level alpha "
-          f"{a.alpha:g}, Holm; {len(earlier)} earlier entries for the between-run model{how})")
-    code = print_decisions(decisions)
-    counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement")}
-    drift = {k: v for k, v in ceiling_drift(run, base).items() if abs(v) > a.threshold}
-    if drift:
-        print("gate: WARNING: the machine's measured ceilings changed since the baseline ("
-              + ", ".join(f"{k} {v:+.0%}" for k, v in drift.items())
-              + "): the machine may be busier or different; read the verdicts with care"
-              + (" (the two were measured with different sizes: quick vs full)"
-                 if (run.get("ceilings") or {}).get("quick") != (base.get("ceilings") or {}).get("quick") else ""))
-    if (run.get("settings") or {}) != (base.get("settings") or {}):
-        print(f"gate: WARNING: the run and the baseline were measured differently (timer, threads, allocator: "
-              f"{run.get('settings') or 'not recorded'} vs {base.get('settings') or 'not recorded'}): "
-              f"their times are not comparable; start a new baseline")
-    if counts["improvement"]:
-        print(f"gate: improvements beyond {a.threshold:.0%}: update the baseline "
-              f"(commit this run into history/{run['series']}/)")
-    if a.json:
-        Path(a.json).write_text(json.dumps([asdict(d) for d in decisions], indent=1))
-    return code
+def binomial_rate(hits: int, n: int) -> dict:
+    """hits / n with its 95% Clopper-Pearson (exact binomial) interval; None rate when n == 0."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return {"hits": 0, "n": 0, "rate": None, "ci95": None}
+    ci = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="exact")
+    return {"hits": int(hits), "n": int(n), "rate": hits / n, "ci95": [float(ci.low), float(ci.high)]}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _detectable_log_ratio(se: float, *, df: int, alpha: float, threshold: float, power: float) -> float:
+    """The smallest log ratio ln(1 + slowdown) caught with probability ``power`` (normal
+    approximation): past both the practical threshold and the one-sided t critical value."""
+    from scipy.stats import norm, t as student
+
+    crit = float(student.ppf(1 - alpha, df)) * se
+    return max(float(np.log1p(threshold)), crit) + float(norm.ppf(power)) * se
+
+
+def detectable_slowdown(se: float, *, df: int, alpha: float, threshold: float, power: float = 0.9) -> float:
+    """The smallest relative slowdown (0.15: +15%) that the threshold-and-significance rule
+    (:func:`decide`) catches with probability ``power`` when the log ratio's standard error is
+    ``se`` and its t statistic has ``df`` degrees of freedom, at one-sided level ``alpha`` (for
+    a family, the worst Holm step alpha / m): expm1(max(ln(1 + threshold), t_{1-alpha,df} se)
+    + z_power se), a normal approximation of the power."""
+    return float(np.expm1(_detectable_log_ratio(se, df=df, alpha=alpha, threshold=threshold, power=power)))
+
+
+def pairs_needed(sd: float, slowdown: float, *, alpha: float, threshold: float, power: float = 0.9,
+                 max_pairs: int = 1000) -> int | None:
+    """The fewest interleaved pairs k (3 to ``max_pairs``) whose paired log ratios, of standard
+    deviation ``sd``, catch ``slowdown`` with probability ``power`` (:func:`detectable_slowdown`
+    with se = sd / sqrt(k), k - 1 degrees of freedom); None when more are needed."""
+    target = float(np.log1p(slowdown))
+    for k in range(3, max_pairs + 1):
+        if _detectable_log_ratio(sd / np.sqrt(k), df=k - 1, alpha=alpha, threshold=threshold, power=power) <= target:
+            return k
+    return None

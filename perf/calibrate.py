@@ -1,10 +1,10 @@
-"""``python -m reports.calibrate collect|analyse``: the gate's own test of calibration (A/A runs).
+"""``python -m perf.calibrate collect|analyse``: the gate's own test of calibration (A/A runs).
 
 Not part of CI (it takes about an hour on a 2-core machine). Two steps:
 
-``collect`` runs interleaved sessions (:func:`reports.ab.session`) of this checkout against
+``collect`` runs interleaved sessions (:func:`perf.ab.session`) of this checkout against
 itself, alternating two kinds: **A/A** (both sides unchanged code) and **injected** (side B with a
-``(1 + fraction)`` slowdown of one benchmark, :mod:`reports.inject`). Every pass is one
+``(1 + fraction)`` slowdown of one benchmark, :mod:`perf.inject`). Every pass is one
 ``pytest benchmarks --benchmark-enable`` process on a small subset (``-k``); each pass also
 records the machine's quick ceilings. The passes are appended, one session per line, to a JSON
 lines file.
@@ -12,27 +12,26 @@ lines file.
 ``analyse`` reads that file and measures, with 95% Clopper-Pearson intervals
 (``scipy.stats.binomtest(...).proportion_ci(method="exact")``):
 
-- **history mode** (:func:`reports.gate.gate` with the default window): every unchanged pass,
+- **history mode** (:func:`perf.gate.gate` with the default window): every unchanged pass,
   in time order, judged against the ``window`` unchanged passes before it (as a CI job judges
   its run against the series' last entries): the run-level false-alarm rate (share of runs with
   at least one "regression"); every injected pass judged the same way against the unchanged
   passes before it: the power (share where the injected benchmark is a "regression");
 - **rounds only** (the former rule: one baseline, the rounds' Mann-Whitney test, no between-run
   model), for comparison, on the same passes;
-- **A/B mode** (:func:`reports.ab.decide`): each A/A session's false alarm and each injected
+- **A/B mode** (:func:`perf.ab.decide`): each A/A session's false alarm and each injected
   session's detection;
 - the between-run noise: per benchmark, the standard deviation of ln(median) over the unchanged
   passes, raw and normalised by the pass's own measured ceilings (copy bandwidth, float32 matmul
   peak), to see whether normalising by machine speed helps.
 
-The result (``reports/calibration/gate_calibration.json``) is committed; the report shows it.
+The result (``perf/calibration/gate_calibration.json``) is committed; the report shows it.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -40,11 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from reports import ab, bench, gate, inject
-from reports.calibration_analysis import HISTORY_PASSES, _history_key, analyse
-from reports.env import ROOT
+from perf import ab, inject, settings
+from perf.calibration_analysis import MODE_LABELS, analyse
+from perf.env import ROOT, cpu_model
+from perf.gate import DEFAULT_WINDOW
+from perf.stats import DEFAULT_ALPHA
 
-CAL_DIR = ROOT / "reports" / "calibration"
+#: The calibration's data: the raw passes ``collect`` appends to and the result ``analyse`` writes.
+CAL_DIR = Path(__file__).resolve().parent / "calibration"
 RESULT = CAL_DIR / "gate_calibration.json"
 #: The committed raw passes, one file per design: lockstep pairs (the default), and sequential
 #: passes with the CPU and the wall timer.
@@ -55,6 +57,8 @@ DEFAULT_K = "bench_decode or prefill[128-naive-64 or prefill[128-torch-64"
 #: one of the subset (a pilot's between-pass spread: about 5% and 30% on the shared 2-core machine).
 DEFAULT_TARGETS = ("test_bench_prefill[128-naive-64-causal]", "test_bench_decode[2048-B1H8-torch]")
 KEEP_SAMPLES = 60
+
+
 def _compact(records: list[dict]) -> dict[str, dict]:
     out = {}
     for r in records:
@@ -74,10 +78,10 @@ def collect(sessions: int, pairs: int, k: str, targets: list[str], fraction: flo
             device: str = "cpu", threads: int | None = 1, timer: str = "cpu", lockstep: bool = True,
             max_time: float = 0.2, log=print) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    args = ["-p", "reports.inject"] + ab.timer_args(timer)
+    args = ["-p", "perf.inject"] + ab.timer_args(timer)
     for s in range(sessions):
         kind = "aa" if s % 2 == 0 else "injected"
-        env_a = dict(bench.pinned_env(device, threads or 0), **{inject.ENV: ""})
+        env_a = dict(settings.pinned_env(device, threads or 0), **{inject.ENV: ""})
         env_b = dict(env_a, **{inject.ENV: ",".join(f"{t}={fraction}" for t in targets) if kind == "injected" else ""})
         t0 = time.time()
         with tempfile.TemporaryDirectory(prefix="calib-") as tmp:
@@ -99,15 +103,6 @@ def load_raw(path: Path) -> list[dict]:
     """The sessions of a ``collect`` JSON lines file, oldest first."""
     out = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     return sorted(out, key=lambda d: d["start"])
-
-
-def _cpu_name() -> str:
-    try:
-        from conformance.ceilings import _cpu_name as name
-
-        return name()
-    except Exception:  # noqa: BLE001 - a name is only a label
-        return platform.machine()
 
 
 def _fmt(r: dict) -> str:
@@ -146,28 +141,17 @@ def summary_text(res: dict) -> str:
     return "\n".join(lines)
 
 
-MODE_LABELS = {"ab": "interleaved A/B", "ab_resampled": "interleaved A/B, sessions resampled from all pairs",
-               **{_history_key(m, norm): "history, {}{}".format(
-                   "1 pass per run" if m == 1 else f"{m} passes per run",
-                   ", relative to the run's speed" if norm else ", raw medians")
-                  for m in (1,) + HISTORY_PASSES for norm in (True, False)},
-               "rounds_only": "rounds only (former rule)"}
-
-
 def _design(res: dict) -> str:
     """How a calibration's pairs ran: lockstep (with the pinned allocator and rounds filling the
     time budget) or the former sequential passes."""
     return "lockstep pairs" if res.get("lockstep") else "sequential passes"
 
 
-def report_table(path: Path = RESULT) -> dict | None:
-    """The committed calibration as the report shows it: one row per (timer, mode) with the
-    run-level false-alarm rate and the power per injected benchmark, as text with 95%
-    Clopper-Pearson intervals; None when ``path`` is absent or unreadable."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
+def report_table(doc: dict) -> dict:
+    """The calibration as the report shows it (``analyse`` stores it under ``"report"`` in the
+    result JSON, which the report reads as data): the machine, one entry per calibration run,
+    one row per (timer, mode) with the run-level false-alarm rate and the power per injected
+    benchmark as text with 95% Clopper-Pearson intervals, and the injected benchmarks."""
     rows, runs = [], []
     for res in doc.get("calibrations", []):
         runs.append({"timer": res["timer"], "design": _design(res), "subset": res["subset_k"], "benchmarks": len(res["benchmarks"]),
@@ -181,12 +165,11 @@ def report_table(path: Path = RESULT) -> dict | None:
                          "false_alarm": _fmt(m["false_alarm"]),
                          "power": {t.split("::")[-1]: _fmt(r) for t, r in m["power"].items()}})
     targets = sorted({t for r in rows for t in r["power"]})
-    return {"machine": doc.get("machine", {}), "runs": runs, "rows": rows, "targets": targets,
-            "file": str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else str(path)}
+    return {"machine": doc.get("machine", {}), "runs": runs, "rows": rows, "targets": targets}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports.calibrate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m perf.calibrate", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="run A/A and injected interleaved sessions, append them to RAW")
     c.add_argument("--sessions", type=int, default=20, help="sessions, alternately A/A and injected")
@@ -200,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--timer", default="cpu", choices=["cpu", "wall"],
                    help="pytest-benchmark's timer: process CPU time (time.process_time) or wall time")
     c.add_argument("--sequential", action="store_true",
-                   help="run the passes of a pair one after the other (default: lockstep, see reports.lockstep)")
+                   help="run the passes of a pair one after the other (default: lockstep, see perf.lockstep)")
     c.add_argument("--max-time", type=float, default=0.2, help="--benchmark-max-time of every pass")
     c.add_argument("--raw", default=None,
                    help="JSON lines file to append to (default: passes_<timer>[_lockstep].jsonl)")
@@ -208,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     a_.add_argument("--raw", action="append", default=None, help="raw JSON lines file (repeatable; default: RAWS)")
     a_.add_argument("--out", default=str(RESULT))
     a_.add_argument("--threshold", type=float, default=0.10)
-    a_.add_argument("--alpha", type=float, default=gate.DEFAULT_ALPHA)
-    a_.add_argument("--window", type=int, default=gate.DEFAULT_WINDOW)
+    a_.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    a_.add_argument("--window", type=int, default=DEFAULT_WINDOW)
     a = ap.parse_args(argv)
     if a.cmd == "collect":
         raw = a.raw or CAL_DIR / f"passes_{a.timer}{'' if a.sequential else '_lockstep'}.jsonl"
@@ -222,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         res["raw"] = Path(raw).name
         results.append(res)
         print(summary_text(res) + "\n")
-    doc = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count()}, "calibrations": results}
+    doc = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count()}, "calibrations": results}
+    doc["report"] = report_table(doc)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -3,14 +3,15 @@
 An entry holds the run's fingerprint, the measured ceilings of the device (copy bandwidth,
 matmul peak) and every benchmark record (statistics, raw per-round samples, extra_info). One
 folder is one series: runs on the same device model, comparable with each other; the gate
-(:mod:`reports.gate`) compares a run with the latest entry of its series.
+(:mod:`perf.gate`) compares a run with the latest entry of its series.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from reports.env import ROOT, device_slug
+from perf.env import ROOT, device_slug
+from perf.records import fractions
 
 HISTORY = ROOT / "history"
 FORMAT = 1
@@ -20,11 +21,9 @@ def make_entry(fp: dict, records: list[dict], ceilings: dict | None = None, note
                settings: dict | None = None) -> dict:
     """A history entry; each benchmark record gains ``fractions`` of the measured ceilings
     (achieved FLOP/s and bytes/s over matmul peak and copy bandwidth) when it states its
-    ``flops`` / ``bytes`` per call; ``settings`` (:func:`reports.bench.bench_settings`: timer
+    ``flops`` / ``bytes`` per call; ``settings`` (:func:`perf.settings.bench_settings`: timer
     and pinned environment) says how the benchmarks were measured."""
-    from reports import bench
-
-    records = [dict(r, fractions=bench.fractions(r, ceilings)) for r in records]
+    records = [dict(r, fractions=fractions(r, ceilings)) for r in records]
     return {"format": FORMAT, "fingerprint": fp, "series": device_slug(fp), "ceilings": ceilings or {},
             "note": note, "settings": {k: v for k, v in (settings or {}).items() if k != "pytest_args"},
             "benchmarks": records}

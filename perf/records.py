@@ -11,42 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-#: glibc's allocator: a fixed mmap threshold (which also turns off its dynamic adjustment) and a
-#: high trim threshold keep every allocation of a benchmark on the heap. With the defaults a CPU
-#: process settles at random in one of two regimes (large tensors mmap'ed and page-faulted on
-#: every call, or reused from the heap): the same naive attention call measured 5.3 ms in some
-#: processes and 8.0 ms in others; pinned, 5.1-5.6 ms in every process (this 2-core machine).
-MALLOC_PINS = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2 ** 20), "MALLOC_TRIM_THRESHOLD_": str(256 * 2 ** 20)}
-
-
-def pinned_env(device: str, threads: int | None = None) -> dict[str, str]:
-    """The environment of a benchmark process, so that runs of the same code time the same
-    thing: on the CPU, ``threads`` intra-op threads (default 1: with one thread the process's
-    CPU time is the work, whatever the neighbours on a shared runner) and the allocator pins
-    (:data:`MALLOC_PINS`); on CUDA, ``threads`` only when given. ``threads=0``: torch's default."""
-    if device == "cuda":
-        return {"OMP_NUM_THREADS": str(threads)} if threads else {}
-    threads = 1 if threads is None else threads
-    return dict(MALLOC_PINS, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
-
-
-#: pytest-benchmark's timer per timer name: process CPU time (insensitive to time slicing by the
-#: neighbours of a shared CPU runner, with one intra-op thread) or wall time (GPUs).
-TIMERS = {"cpu": "time.process_time", "wall": "time.perf_counter"}
-
-
-def bench_settings(device: str, timer: str | None = None, threads: int | None = None) -> dict:
-    """How a benchmark process runs on ``device``: {"timer", "env", "pytest_args"}; the default
-    timer is "cpu" on the CPU and "wall" on CUDA, the environment :func:`pinned_env`. Stored in
-    history entries: the gate warns when a run and its baseline were measured differently.
-    Raises ValueError for an unknown ``timer``."""
-    timer = timer or ("wall" if device == "cuda" else "cpu")
-    if timer not in TIMERS:
-        raise ValueError(f"timer must be one of {sorted(TIMERS)}, got {timer!r}")
-    return {"timer": timer, "env": pinned_env(device, threads),
-            "pytest_args": [f"--benchmark-timer={TIMERS[timer]}"]}
-
-
 #: Samples kept per benchmark in a history entry (evenly thinned beyond this, order kept).
 MAX_SAMPLES = 400
 STAT_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "iterations", "ops")
@@ -134,7 +98,7 @@ def matmul_peaks(ceilings: dict | None) -> dict[str, float]:
 
 def ceiling_values(ceilings: dict | None, dtype: str | None = None) -> dict[str, float]:
     """The peak FLOP/s (of ``dtype``'s matmul when measured per dtype: else bfloat16, else the
-    best) and the copy bandwidth in bytes/s, out of ``conformance.ceilings.measure_ceilings``'s
+    best) and the copy bandwidth in bytes/s, out of ``perf.ceilings.measure_ceilings``'s
     dict; other key names (``*flop*``, ``*byte*``/``*bandwidth*``) are accepted too."""
     out: dict[str, float] = {}
     if not ceilings:

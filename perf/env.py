@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), else the platform's processor or machine name."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -46,7 +47,7 @@ def fingerprint(device: str | None = None) -> dict:
     except ImportError:
         triton_version = None
     fp = {"python": platform.python_version(), "platform": platform.platform(),
-          "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+          "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
           "triton": triton_version, "cuda": torch.version.cuda, "gpu": None, "gpu_count": 0,
           "driver": None, "device": device}
     if device != "cpu" and torch.cuda.is_available():

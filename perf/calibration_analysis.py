@@ -1,14 +1,17 @@
-"""The analysis behind ``python -m reports.calibrate analyse``: from the passes of A/A and
-injected sessions (:func:`reports.calibrate.collect`), the run-level false-alarm rate and the power
+"""The analysis behind ``python -m perf.calibrate analyse``: from the passes of A/A and
+injected sessions (:func:`perf.calibrate.collect`), the run-level false-alarm rate and the power
 of each mode of the gate, with 95% Clopper-Pearson intervals, the between-run noise per benchmark
-and the slowdown each mode catches with 90% power (see :mod:`reports.calibrate`)."""
+and the slowdown each mode catches with 90% power (see :mod:`perf.calibrate`)."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-from reports import ab, bench, gate
+from perf import ab, gate
+from perf.records import merge_passes
+from perf.stats import (DEFAULT_ALPHA, MIN_HISTORY, binomial_rate, detectable_slowdown, normalize_by_run_speed,
+                        pairs_needed)
 
 #: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
 HISTORY_PASSES = (3, 5)
@@ -20,19 +23,17 @@ def _history_key(m: int, normalize: bool) -> str:
     return "history" + (f"_{m}_passes" if m > 1 else "") + ("" if normalize else "_raw")
 
 
-
-def rate(hits: int, n: int) -> dict:
-    """hits / n with its 95% Clopper-Pearson (exact binomial) interval; None rate when n == 0."""
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return {"hits": 0, "n": 0, "rate": None, "ci95": None}
-    ci = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="exact")
-    return {"hits": int(hits), "n": int(n), "rate": hits / n, "ci95": [float(ci.low), float(ci.high)]}
+#: A readable name of each mode the analysis measures, by its result key.
+MODE_LABELS = {"ab": "interleaved A/B", "ab_resampled": "interleaved A/B, sessions resampled from all pairs",
+               **{_history_key(m, norm): "history, {}{}".format(
+                   "1 pass per run" if m == 1 else f"{m} passes per run",
+                   ", relative to the run's speed" if norm else ", raw medians")
+                  for m in (1,) + HISTORY_PASSES for norm in (True, False)},
+               "rounds_only": "rounds only (former rule)"}
 
 
 def _ab_passes(passes: list[dict], pairs: int | None = None) -> list[dict]:
-    """A session's compact passes as :mod:`reports.ab` reads them (side, pair, records with the
+    """A session's compact passes as :mod:`perf.ab` reads them (side, pair, records with the
     medians); only the first ``pairs`` pairs when given."""
     return [{"side": p["side"], "pair": p["pair"],
              "records": [{"fullname": n, "stats": {"median": b["median"]}} for n, b in p["benchmarks"].items()]}
@@ -60,7 +61,7 @@ def passes_in_order(sessions: list[dict]) -> list[dict]:
 def runs_of(passes: list[dict], m: int) -> list[dict]:
     """The passes merged into history runs of ``m`` passes each (a run that repeats its benchmark
     process ``m`` times, ``python -m reports --bench-passes m``): per benchmark the geometric mean
-    of the ``m`` medians (:func:`reports.bench.merge_passes`). Unchanged passes are grouped in
+    of the ``m`` medians (:func:`perf.records.merge_passes`). Unchanged passes are grouped in
     time order, injected passes within their session; a run's time is its last pass's."""
     if m == 1:
         return passes
@@ -74,7 +75,7 @@ def runs_of(passes: list[dict], m: int) -> list[dict]:
         groups += [ps[i:i + m] for i in range(0, len(ps) - m + 1, m)]
     out = []
     for g in groups:
-        merged = bench.merge_passes([[{"fullname": n, "stats": {"median": b["median"]}, "data": b["data"]}
+        merged = merge_passes([[{"fullname": n, "stats": {"median": b["median"]}, "data": b["data"]}
                                       for n, b in p["benchmarks"].items()] for p in g])
         out.append({"start": g[-1]["start"], "injected": g[0]["injected"], "session": g[0]["session"],
                     "benchmarks": {r["fullname"]: {"median": r["stats"]["median"], "data": r["data"]} for r in merged}})
@@ -112,8 +113,8 @@ def history_mode(passes: list[dict], targets: list[str], *, threshold: float, al
                 fa += bool(regressed)
         if not p["injected"]:
             clean.append(p)
-    return {"false_alarm": rate(fa, n_fa), "power": {t: rate(caught[t], n_inj) for t in targets},
-            "other_regressions_in_injected_runs": rate(false_in_injected, n_inj)}
+    return {"false_alarm": binomial_rate(fa, n_fa), "power": {t: binomial_rate(caught[t], n_inj) for t in targets},
+            "other_regressions_in_injected_runs": binomial_rate(false_in_injected, n_inj)}
 
 
 def ab_mode(sessions: list[dict], targets: list[str], *, threshold: float, alpha: float,
@@ -132,8 +133,8 @@ def ab_mode(sessions: list[dict], targets: list[str], *, threshold: float, alpha
             for t in targets:
                 caught[t] += any(t in name for name in regressed)
             false_in_injected += any(not any(t in name for t in targets) for name in regressed)
-    return {"false_alarm": rate(fa, n_fa), "power": {t: rate(caught[t], n_inj) for t in targets},
-            "other_regressions_in_injected_runs": rate(false_in_injected, n_inj)}
+    return {"false_alarm": binomial_rate(fa, n_fa), "power": {t: binomial_rate(caught[t], n_inj) for t in targets},
+            "other_regressions_in_injected_runs": binomial_rate(false_in_injected, n_inj)}
 
 
 def _session_pairs(s: dict) -> list[dict[str, dict[str, float]]]:
@@ -180,13 +181,13 @@ def ab_resampled(sessions: list[dict], targets: list[str], *, threshold: float, 
 
 def noise(passes: list[dict], sessions: list[dict]) -> dict:
     """Per benchmark: sd of ln(median) over the unchanged passes, raw, relative to each pass's
-    speed (:func:`reports.gate.normalize_by_run_speed`, the gate's default) and normalised by the
+    speed (:func:`perf.stats.normalize_by_run_speed`, the gate's default) and normalised by the
     pass's own copy bandwidth and float32 matmul peak; sd of the paired log ratios of the A/A
     sessions (the noise the A/B mode sees, for one pair)."""
     clean = [p for p in passes if not p["injected"]]
     names = sorted(set().union(*(p["benchmarks"] for p in clean))) if clean else []
     meds = [{n: b["median"] for n, b in p["benchmarks"].items()} for p in clean]
-    speed = gate.normalize_by_run_speed(meds[0], meds) if meds else None
+    speed = normalize_by_run_speed(meds[0], meds) if meds else None
     out = {}
     for n in names:
         rows = [(p["benchmarks"][n]["median"], p.get("ceilings") or {}) for p in clean if n in p["benchmarks"]]
@@ -237,37 +238,26 @@ def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
 def detectable(noise: dict, n_bench: int, *, threshold: float, alpha: float, window: int, pairs: int,
                fraction: float) -> dict:
     """From the measured noise, per benchmark: the slowdown each mode catches with 90% power
-    (normal approximation, the worst Holm step alpha / n_bench), and the interleaved pairs the
-    A/B mode would need to catch ``fraction`` with 90% power."""
-    from scipy.stats import norm, t as student
-
-    z90 = float(norm.ppf(0.9))
+    (:func:`perf.stats.detectable_slowdown` at the worst Holm step alpha / n_bench), and the
+    interleaved pairs the A/B mode would need to catch ``fraction`` with 90% power
+    (:func:`perf.stats.pairs_needed`)."""
     out = {}
+    step = alpha / n_bench
     for name, e in noise.items():
         row = {}
         for key, sd_h in (("history_90pct", e.get("sd_ln_median_run_speed")), ("history_raw_90pct", e.get("sd_ln_median"))):
             if sd_h:
-                se = sd_h * np.sqrt(1 + 1 / window)
-                crit = float(student.ppf(1 - alpha / n_bench, window - 1)) * se
-                row[key] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
+                row[key] = detectable_slowdown(sd_h * np.sqrt(1 + 1 / window), df=window - 1, alpha=step,
+                                               threshold=threshold)
         sd_d = e.get("sd_paired_log_ratio")
         if sd_d:
-            se = sd_d / np.sqrt(pairs)
-            crit = float(student.ppf(1 - alpha / n_bench, pairs - 1)) * se
-            row["ab_90pct"] = float(np.expm1(max(np.log1p(threshold), crit) + z90 * se))
-            need = None
-            for k in range(3, 1001):
-                se_k = sd_d / np.sqrt(k)
-                lhs = max(np.log1p(threshold), float(student.ppf(1 - alpha / n_bench, k - 1)) * se_k) + z90 * se_k
-                if lhs <= np.log1p(fraction):
-                    need = k
-                    break
-            row[f"ab_pairs_for_{fraction:.0%}"] = need
+            row["ab_90pct"] = detectable_slowdown(sd_d / np.sqrt(pairs), df=pairs - 1, alpha=step, threshold=threshold)
+            row[f"ab_pairs_for_{fraction:.0%}"] = pairs_needed(sd_d, fraction, alpha=step, threshold=threshold)
         out[name] = row
     return out
 
 
-def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gate.DEFAULT_ALPHA,
+def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = DEFAULT_ALPHA,
             window: int = gate.DEFAULT_WINDOW, resample_draws: int = 2000) -> dict:
     """Measured false-alarm rates and power per mode (see the module docstring)."""
     if not sessions:
@@ -277,7 +267,7 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
     pairs = max(s["pairs"] for s in sessions)
     res = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "python -m reports.calibrate collect; python -m reports.calibrate analyse",
+        "command": "python -m perf.calibrate collect; python -m perf.calibrate analyse",
         "subset_k": sessions[0]["k"], "benchmarks": sorted({n for p in passes for n in p["benchmarks"]}),
         "timer": sessions[0].get("timer", "wall"), "lockstep": bool(sessions[0].get("lockstep", False)),
         "max_time": sessions[0].get("max_time", 0.2), "targets": targets, "fraction": max(s["fraction"] for s in sessions), "threads": sessions[0].get("threads"),
@@ -287,7 +277,7 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = gat
         "seconds_per_pass": float(np.median([p["seconds"] for p in passes])),
         "seconds_per_session": float(np.median([s["seconds"] for s in sessions])),
         "loadavg_1min": [float(min(s["loadavg"][0] for s in sessions)), float(max(s["loadavg"][0] for s in sessions))],
-        "settings": {"threshold": threshold, "alpha": alpha, "window": window, "min_history": gate.MIN_HISTORY,
+        "settings": {"threshold": threshold, "alpha": alpha, "window": window, "min_history": MIN_HISTORY,
                      "family": "Holm over the run's benchmarks; alpha = run-level family-wise level"},
         "modes": {
             **{_history_key(m, norm): history_mode(runs_of(passes, m), targets, threshold=threshold, alpha=alpha,
