@@ -15,7 +15,7 @@ Sources:
 
 The model-level performance model (memory, latency and throughput of a whole transformer against
 batch size) is :mod:`reference.perf_model`; the device's measured ceilings are
-:mod:`conformance.ceilings`.
+:mod:`perf.ceilings`.
 """
 from __future__ import annotations
 
