@@ -1,7 +1,7 @@
 """Sampling whole documents from a garden-world model (with a simple KV cache).
 
-:func:`sample_ids` runs the reference :class:`~reference.transformer.Transformer`'s own layers
-step by step, keeping each layer's keys and values, and draws every token with
+:func:`sample_ids` runs the reference :class:`~reference.transformer.Transformer`'s one forward
+step by step over a :class:`GrowingCache` (each layer's keys and values so far), and draws every token with
 :func:`reference.transformer.sample_next` (one uniform per row per step from ``generator``),
 so it consumes the same random numbers as :func:`reference.transformer.generate` and emits the
 same tokens (``tests/test_world_models.py`` checks it in float64). It exists so that the
@@ -11,11 +11,26 @@ in ``optimized/``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from reference.transformer import Transformer, naive_attention, sample_next
 from smallworld.checker import grammatical_fraction
 from smallworld.tokenizer import tokenizer
+
+
+class GrowingCache:
+    """The simplest :class:`~reference.transformer.AttentionCache`: each layer's keys and values
+    so far, grown by concatenation along T; the forward's queries attend over every cached key
+    (one new token per row per step, so no mask is needed)."""
+
+    def __init__(self, n_layers: int):
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.kv[layer] is not None:
+            k = torch.cat([self.kv[layer][0], k], dim=2)  # (B, Hkv, t+1, D)
+            v = torch.cat([self.kv[layer][1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return naive_attention(q, k, v)  # (B, Hq, 1, D): one query sees every cached key
 
 
 @torch.no_grad()
@@ -29,20 +44,10 @@ def sample_ids(model: Transformer, n: int, temperature: float = 1.0, generator: 
     max_len = cfg.max_seq_len - 1 if max_len is None else max_len
     tokens = torch.full((n, 1), tok.bos_id, dtype=torch.int64, device=device)  # (B, 1)
     done = torch.zeros(n, dtype=torch.bool, device=device)
-    cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * cfg.n_layers
+    cache = GrowingCache(cfg.n_layers)
     for t in range(max_len):
         positions = torch.full((n, 1), t, dtype=torch.int64, device=device)  # (B, 1)
-        x = model.embed(tokens[:, -1:])  # (B, 1, d_model)
-        for i, block in enumerate(model.blocks):
-            q, k, v = block.attn.qkv(block.attn_norm(x), positions)  # (B, Hq, 1, D), (B, Hkv, 1, D)
-            if cache[i] is not None:
-                k = torch.cat([cache[i][0], k], dim=2)  # (B, Hkv, t+1, D)
-                v = torch.cat([cache[i][1], v], dim=2)
-            cache[i] = (k, v)
-            out = naive_attention(q, k, v)  # (B, Hq, 1, D): one query sees every cached key
-            x = x + block.attn.wo(out.transpose(1, 2).reshape(n, 1, -1))
-            x = x + block.mlp(block.mlp_norm(x))
-        logits = F.linear(model.norm(x), model.output_weight())[:, -1]  # (B, V)
+        logits = model(tokens[:, -1:], positions, cache)[:, -1]  # (B, V): the model's one forward
         nxt = sample_next(logits, temperature, generator)  # (B,)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         done |= nxt == tok.eos_id
