@@ -1,7 +1,10 @@
 """The technique reference in docs/ is generated from the contracts, the registry and the
-ledger; it fails here when someone changed one of those and did not regenerate it."""
+ledger; it fails here when someone changed one of those and did not regenerate it. Every
+relative link of README.md, CONTRIBUTING.md and docs/ must point to a file that exists, and the
+README stays short (the detail lives in docs/guide/)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +42,43 @@ def test_check_mode_fails_on_a_stale_page_and_names_it(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     assert "attention.md" in bad.stderr and "speculative.md" in bad.stderr
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+
+
+def _relative_links(text: str) -> list[str]:
+    """The relative link targets of a markdown text (fenced blocks and inline code removed,
+    anchors and queries cut off; web, mail and in-page links skipped)."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.M | re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    out = []
+    for m in LINK.finditer(text):
+        target = m.group(1) or m.group(2)
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        out.append(target.split("#", 1)[0].split("?", 1)[0])
+    return out
+
+
+def test_every_relative_link_points_to_a_file_that_exists():
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken, seen = [], 0
+    for path in files:
+        for target in _relative_links(path.read_text(encoding="utf-8")):
+            seen += 1
+            if not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken, "links to missing files:\n" + "\n".join(broken)
+    assert seen, "no relative link found: the link pattern is broken"
+
+
+def test_link_finder_sees_links_and_skips_code():
+    text = ("see [a](docs/a.md#x) and ![p](img.png) [web](https://x.org) [in](#top)\n"
+            "`[not](inline.md)`\n```sh\n[not](fenced.md)\n```\n[ref]: guide/b.md\n")
+    assert _relative_links(text) == ["docs/a.md", "img.png", "guide/b.md"]
+
+
+def test_readme_stays_short():
+    n = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert n < 300, f"README.md has {n} lines: move detail to docs/guide/ (under 300)"
