@@ -1,7 +1,7 @@
 """Triton pieces shared by every kernel of the suite, whatever its technique: the loop over tiles
-(``tile_loop``, with the interpreter switch ``RANGE_LOOP``), how tiles of each dtype are
-multiplied (``DOT_*``, ``dot_mode``), float32 -> bfloat16 rounding, and the host checks and
-device queries that every wrapper makes. The attention kernels (:mod:`optimized.attention_tiles`,
+(``tile_loop``, with the interpreter switch ``RANGE_LOOP``), the output tile of a program of a
+2-D grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``, ``dot_mode``),
+float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels (:mod:`optimized.attention_tiles`,
 :mod:`optimized.flash_attention`, :mod:`optimized.flash_decoding`,
 :mod:`optimized.paged_attention`) and the quantized matmuls (:mod:`optimized.quant_matmul`,
 :mod:`optimized.w8a8_matmul`) import this module; it imports none of them.
