@@ -1,101 +1,113 @@
 """Pieces shared by the Triton attention kernels (:mod:`optimized.flash_attention`,
-:mod:`optimized.flash_decoding`, and every later kernel that streams key tiles): the online-softmax
-tile loop ``attn_tiles``, how tiles are multiplied per dtype (``DOT_*``), and the host-side
-choices of tile sizes and loop shape. Both kernel modules import this one; it imports neither.
+:mod:`optimized.flash_decoding`, :mod:`optimized.paged_attention`): the whole work of one
+program of the dense kernels (``attend_q_tile``: its prologue, the online-softmax key-tile loop
+``_attn_tile``, two-stage or masked, and the normalisation), the split-KV merge kernel with its
+host wrapper ``merge_splits``, and the host-side choices of tile sizes and loop shape. The
+kernel modules import this one; it imports none of them. Pieces that are not about attention
+(the loop over tiles, the dtype modes, the device checks) are in :mod:`optimized.triton_shared`.
 
 The tile loop (Dao et al. 2022; Dao 2023, FlashAttention-2 loop order; lecture 001 §3.2):
 
     s = scale · q Kᵀ,  m' = max(m, rowmax s),  p = exp(s − m'),
     acc = acc · exp(m − m') + p V,  l = l · exp(m − m') + rowsum p
+
+The split-KV merge (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023; claim FA-7): split s of a
+row wrote o_s, normalised over its own keys, and lse_s = m_s + log l_s (−inf when it saw no key):
+
+    out = sum_s w_s o_s,   w_s = exp(lse_s − max_s lse_s) / sum_s exp(lse_s − max_s lse_s)
 """
 from __future__ import annotations
 
-import re
-import warnings
-
-import numpy
 import torch
 import triton
 import triton.language as tl
 
 from conformance.device import triton_interpreted
-
-# DOT_MODE values (a constexpr of the kernels)
-DOT_NATIVE = 0   # 16-bit on GPU: tl.dot on the input dtype, float32 accumulation, P cast to it
-DOT_UPCAST = 1   # 16-bit under the interpreter: cast tiles to float32 first (its bf16 tl.dot is wrong)
-DOT_SUM = 2      # float64: broadcast multiply and tl.sum (no reliance on a float64 tl.dot)
-DOT_IEEE = 3     # float32: tl.dot with input_precision="ieee" (TF32 would cost ~1e-3 relative)
-
-
-def _range_takes_runtime_bounds() -> bool:
-    """Whether ``range(start, end, step)`` in a kernel may have run-time (non-constexpr) bounds.
-
-    Always true for compiled kernels. Triton < 3.7's interpreter holds every scalar as a
-    1-element numpy array and turns a loop bound into ``int(array)``, which numpy >= 2.4 refuses
-    ("only 0-dimensional arrays can be converted to Python scalars"); there a ``while`` loop
-    walks the tiles instead (``bool(array)`` still works). Decided when the kernels are defined,
-    like the interpreter itself (``TRITON_INTERPRET`` is read by ``triton.jit``)."""
-    if not triton_interpreted():
-        return True
-    if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 7):
-        return True
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            int(numpy.ones(1))
-        except TypeError:
-            return False
-    return True
-
-
-#: True: attn_tiles walks its key tiles with ``for ... in range`` (compiled code, where the loop
-#: is software-pipelined, and interpreters that allow it); False: with ``while`` (see above).
-RANGE_LOOP = tl.constexpr(_range_takes_runtime_bounds())
+from optimized.triton_shared import tile_loop
 
 
 @triton.jit
-def round_to_bf16(w):
-    """float32 -> the nearest bfloat16 value (ties to even), kept in float32 (finite inputs).
-    Triton's interpreter truncates float32 -> bfloat16 casts; kernels round by hand there."""
-    bits = w.to(tl.uint32, bitcast=True)
-    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
+def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
+                  stride_qb, stride_qh, stride_qm, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  Hq, Tq, Tk, D, GROUP, scale,
+                  CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The work of one program of the dense attention kernels: query rows [pid_m·BLOCK_M,
+    (pid_m+1)·BLOCK_M) of (batch, query head) pid_bh = b·Hq + h of q (B, Hq, Tq, D) attend to
+    keys [start, end) of KV head h // GROUP of k, v (B, Hkv, Tk, D).
 
+    Loads the Q tile, streams the key tiles by the online softmax (float64 state for DOT_SUM,
+    else float32) and normalises. CAUSAL: bottom-right aligned (row r sees keys <= r + Tk − Tq);
+    key tiles past the tile's last visible key are skipped. TWO_STAGE: first the whole tiles
+    that every row sees, without masks, then the masked rest (on GPU); without it one masked
+    pass (the interpreter, where each stage costs a nested call).
 
-@triton.jit
-def attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                row_lim, start, end, D, scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_MODE: tl.constexpr):
-    """Stream key tiles [start, end) past one Q tile, updating (acc, m_i, l_i) by the online
-    softmax. MASKED: apply the bounds (col < end) and, with CAUSAL, the bottom-right causal
-    mask (col <= row_lim = row + Tk - Tq); unmasked calls must cover whole visible tiles only."""
-    offs_n = tl.arange(0, BLOCK_N)
+    Returns (b, h, offs_m, offs_d, io_mask, o, lse): b and h as int64, the tile's rows and head
+    dims, its (BLOCK_M, BLOCK_D) in-bounds mask, o = acc / l (BLOCK_M, BLOCK_D) and lse = m + log l
+    (BLOCK_M,); a row that saw no key gets o = 0 and lse = −inf (which the merge weighs 0)."""
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    kvh = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                       # (BLOCK_M,)
     offs_d = tl.arange(0, BLOCK_D)
-    k_ptrs = k_base + (start + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    if RANGE_LOOP:
-        for start_n in range(start, end, BLOCK_N):
-            acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim,
-                                       start_n, end, D, scale, MASKED, CAUSAL, EVEN_D, DOT_MODE)
-            k_ptrs += BLOCK_N * stride_kn
-            v_ptrs += BLOCK_N * stride_vn
+    q_ptrs = Q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    io_mask = (offs_m[:, None] < Tq) & (offs_d[None, :] < D)
+    q = tl.load(q_ptrs, mask=io_mask, other=0.0)                           # (BLOCK_M, BLOCK_D)
+    k_base = K_ptr + b * stride_kb + kvh * stride_kh
+    v_base = V_ptr + b * stride_vb + kvh * stride_vh
+    ACC: tl.constexpr = tl.float64 if DOT_MODE == 2 else tl.float32
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=ACC)
+    l_i = tl.zeros([BLOCK_M], dtype=ACC)
+    offset = Tk - Tq
+    row_lim = offs_m + offset                                              # last visible key per row
+    if CAUSAL:
+        hi = tl.minimum(end, (pid_m + 1) * BLOCK_M + offset)
     else:
-        start_n = start
-        while start_n < end:
-            acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim,
-                                       start_n, end, D, scale, MASKED, CAUSAL, EVEN_D, DOT_MODE)
-            k_ptrs += BLOCK_N * stride_kn
-            v_ptrs += BLOCK_N * stride_vn
-            start_n += BLOCK_N
-    return acc, m_i, l_i
+        hi = end
+    hi = tl.maximum(hi, start)
+    offs_n = tl.arange(0, BLOCK_N)
+    if TWO_STAGE:
+        # keys [start, lo) are visible to every row of the tile and form whole tiles: no masks
+        if CAUSAL:
+            lo = tl.maximum(tl.minimum(pid_m * BLOCK_M + offset + 1, hi), start)
+        else:
+            lo = hi
+        lo = start + ((lo - start) // BLOCK_N) * BLOCK_N
+        acc, m_i, l_i, _, _ = tile_loop(
+            (acc, m_i, l_i, k_base + (start + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+             v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd),
+            (q, offs_n, offs_d, row_lim, lo, D, scale, stride_kn, stride_vn), start, lo,
+            BLOCK_N, _attn_tile, (False, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N))
+    else:
+        lo = start
+    acc, m_i, l_i, _, _ = tile_loop(
+        (acc, m_i, l_i, k_base + (lo + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+         v_base + (lo + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd),
+        (q, offs_n, offs_d, row_lim, hi, D, scale, stride_kn, stride_vn), lo, hi,
+        BLOCK_N, _attn_tile, (True, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N))
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe))
+    return b, h, offs_m, offs_d, io_mask, o, lse
 
 
 @triton.jit
-def _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim, start_n, end, D, scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-               DOT_MODE: tl.constexpr):
-    """One key tile of :func:`attn_tiles`: keys start_n + offs_n at k_ptrs / v_ptrs."""
+def _attn_tile(state, args, start_n, CONSTS: tl.constexpr):
+    """One key tile of :func:`attend_q_tile` (a ``tile_loop`` body): keys start_n + offs_n at the
+    state's k_ptrs / v_ptrs, which it advances by one tile. CONSTS = (MASKED, CAUSAL, EVEN_D,
+    DOT_MODE, BLOCK_N). MASKED: apply the bounds (col < end) and, with CAUSAL, the causal mask
+    (col <= row_lim); unmasked calls must cover whole visible tiles only."""
+    acc, m_i, l_i, k_ptrs, v_ptrs = state
+    q, offs_n, offs_d, row_lim, end, D, scale, stride_kn, stride_vn = args
+    MASKED: tl.constexpr = CONSTS[0]
+    CAUSAL: tl.constexpr = CONSTS[1]
+    EVEN_D: tl.constexpr = CONSTS[2]
+    DOT_MODE: tl.constexpr = CONSTS[3]
+    BLOCK_N: tl.constexpr = CONSTS[4]
     if MASKED:
         cols = start_n + offs_n                                        # (BLOCK_N,)
         kv_mask = (cols[:, None] < end) & (offs_d[None, :] < D)
@@ -137,7 +149,43 @@ def _attn_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_n, offs_d, row_lim, start_
         pv = tl.dot(p.to(v.dtype), v)
     acc = acc * alpha[:, None] + pv
     m_i = m_new
-    return acc, m_i, l_i
+    k_ptrs += BLOCK_N * stride_kn
+    v_ptrs += BLOCK_N * stride_vn
+    return acc, m_i, l_i, k_ptrs, v_ptrs
+
+
+@triton.jit
+def split_kv_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
+                          stride_pbh, stride_pm, stride_ps, stride_pd,
+                          stride_lbh, stride_lm, stride_ls,
+                          stride_ob, stride_oh, stride_om, stride_od,
+                          Hq, Tq, D, NUM_SPLITS,
+                          BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid (cdiv(Tq, BLOCK_M), B * Hq): out = sum_s softmax_s(lse) o_s, exactly, from o_s
+    (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S) into out (B, Hq, Tq, D). A split with lse = -inf
+    (no key) weighs 0; a row whose splits all saw no key gets 0, never NaN."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = (pid_bh % Hq).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    ls_mask = (offs_m[:, None] < Tq) & (offs_s[None, :] < NUM_SPLITS)
+    lse = tl.load(LSE_ptr + pid_bh * stride_lbh + offs_m[:, None] * stride_lm + offs_s[None, :] * stride_ls,
+                  mask=ls_mask, other=float("-inf"))                       # (BLOCK_M, BLOCK_S)
+    mx = tl.max(lse, 1)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)                            # every split empty
+    w = tl.exp(lse - mx[:, None])
+    w_sum = tl.sum(w, 1)
+    w = w / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]                   # (and rows past Tq)
+    o_mask = ls_mask[:, :, None] & (offs_d[None, None, :] < D)
+    o = tl.load(OP_ptr + pid_bh * stride_pbh + offs_m[:, None, None] * stride_pm
+                + offs_s[None, :, None] * stride_ps + offs_d[None, None, :] * stride_pd,
+                mask=o_mask, other=0.0)                                    # (BLOCK_M, BLOCK_S, BLOCK_D)
+    out = tl.sum(w[:, :, None] * o, axis=1)                                # (BLOCK_M, BLOCK_D)
+    tl.store(O_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(O_ptr.dtype.element_ty), mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,15 +210,6 @@ def two_stage() -> bool:
 def block_d(D: int) -> int:
     """Head dim padded to a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, triton.next_power_of_2(D))
-
-
-def dot_mode(dtype: torch.dtype) -> int:
-    """How the kernels multiply tiles of ``dtype`` (see DOT_* above); decided per call."""
-    if dtype == torch.float64:
-        return DOT_SUM
-    if dtype == torch.float32:
-        return DOT_IEEE
-    return DOT_UPCAST if triton_interpreted() else DOT_NATIVE
 
 
 def float64_blocks(D: int) -> tuple[int, int]:
@@ -207,8 +246,26 @@ def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
     return q, float(scale)
 
 
-def check_device(q: torch.Tensor) -> None:
-    """The kernels need CUDA tensors, or CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
-    if q.device.type != "cuda" and not triton_interpreted():
-        raise ValueError(f"q is on {q.device}; the Triton kernels need CUDA tensors "
-                         "(or TRITON_INTERPRET=1 for CPU tensors)")
+def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The split-KV merge (claim FA-7) of :func:`split_kv_merge_kernel`, in place into ``out``.
+
+    o_part (B·Hq, Tq, S, D) and lse (B·Hq, Tq, S), float32 or float64 (lse = -inf marks a split
+    that saw no key: it weighs 0; a row with every split empty gets 0); out (B, Hq, Tq, D), any
+    floating dtype (strided views welcome: decode callers pass (B, Hq, 1, D) views of
+    (B, Hq, D)). Returns ``out``. ValueError when the shapes disagree."""
+    B, Hq, Tq, D = out.shape
+    if tuple(o_part.shape[:2]) != (B * Hq, Tq) or o_part.shape[3] != D or tuple(lse.shape) != tuple(o_part.shape[:3]):
+        raise ValueError(f"merge_splits: o_part {tuple(o_part.shape)} and lse {tuple(lse.shape)} do not fit "
+                         f"out {tuple(out.shape)} (expected (B·Hq, Tq, S, D) and (B·Hq, Tq, S))")
+    S = o_part.shape[2]
+    BLOCK_S = triton.next_power_of_2(S)
+    BLOCK_D = block_d(D)
+    if triton_interpreted():
+        bm = min(16, triton.next_power_of_2(Tq))
+    else:
+        bm = max(2, min(16, triton.next_power_of_2(Tq), 8192 // (BLOCK_S * BLOCK_D)))
+        bm = 1 << (bm.bit_length() - 1)  # a power of two
+    split_kv_merge_kernel[(triton.cdiv(Tq, bm), B * Hq)](
+        o_part, lse, out, *o_part.stride(), *lse.stride(), *out.stride(),
+        Hq, Tq, D, S, BLOCK_M=bm, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D)
+    return out

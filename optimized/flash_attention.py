@@ -26,9 +26,9 @@ import triton.language as tl
 
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import (DOT_NATIVE, DOT_SUM, attn_tiles, block_d, check_device, dot_mode,
-                                       fixed_blocks, fold_scale, two_stage)
+from optimized.attention_tiles import attend_q_tile, block_d, fixed_blocks, fold_scale, two_stage
 from optimized.flash_decoding import flash_decoding
+from optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode
 
 @triton.jit
 def _flash_attn_fwd_kernel(
@@ -43,50 +43,11 @@ def _flash_attn_fwd_kernel(
     """Grid (cdiv(Tq, BLOCK_M), B * Hq). LEN_BUCKET only keys the autotuner's cache.
     TWO_STAGE: first stream the whole visible tiles without masks, then the masked rest (on
     GPU); without it one masked pass (the interpreter, where each stage costs a nested call)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = pid_bh % Hq
-    kvh = (h // GROUP).to(tl.int64)
-    h = h.to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                       # (BLOCK_M,)
-    offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    io_mask = (offs_m[:, None] < Tq) & (offs_d[None, :] < D)
-    q = tl.load(q_ptrs, mask=io_mask, other=0.0)                           # (BLOCK_M, BLOCK_D)
-    k_base = K_ptr + b * stride_kb + kvh * stride_kh
-    v_base = V_ptr + b * stride_vb + kvh * stride_vh
-    if DOT_MODE == 2:
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float64)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float64)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float64)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    offset = Tk - Tq
-    row_lim = offs_m + offset                                              # last visible key per row
-    if CAUSAL:
-        hi = tl.minimum(Tk, (pid_m + 1) * BLOCK_M + offset)
-    else:
-        hi = Tk
-    if TWO_STAGE:
-        # keys [0, lo) are visible to every row of the tile and form whole tiles: no masks there
-        if CAUSAL:
-            lo = tl.maximum(tl.minimum(pid_m * BLOCK_M + offset + 1, hi), 0)
-        else:
-            lo = hi
-        lo = (lo // BLOCK_N) * BLOCK_N
-        acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd,
-                                    stride_vn, stride_vd, row_lim, 0, lo, D, scale,
-                                    False, CAUSAL, EVEN_D, BLOCK_N, BLOCK_D, DOT_MODE)
-    else:
-        lo = 0
-    acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                stride_vd, row_lim, lo, hi, D, scale,
-                                True, CAUSAL, EVEN_D, BLOCK_N, BLOCK_D, DOT_MODE)
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    b, h, offs_m, offs_d, io_mask, out, _ = attend_q_tile(
+        Q_ptr, K_ptr, V_ptr, tl.program_id(0), tl.program_id(1), 0, Tk,
+        stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale,
+        CAUSAL, EVEN_D, DOT_MODE, TWO_STAGE, BLOCK_M, BLOCK_N, BLOCK_D)
     o_ptrs = O_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(O_ptr.dtype.element_ty), mask=io_mask)
 

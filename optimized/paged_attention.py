@@ -9,7 +9,9 @@ so any block size >= 1 works (powers of two or not, 1 and 256 included) and noth
 ``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. Each
 program keeps the online-softmax state (m, l, acc); with one split it writes the output, with
 several it writes a partial output and its log-sum-exp, merged exactly by a second kernel (the
-split-KV merge of Flash-Decoding, FA-7), which keeps long contexts parallel.
+split-KV merge of Flash-Decoding, FA-7, shared with :mod:`optimized.flash_decoding` in
+:mod:`optimized.attention_tiles`; a split past a sequence's end weighs 0), which keeps long
+contexts parallel.
 
 ``write_kv_cache``: program n writes token n's K and V (all KV heads) into slot
 ``slot_mapping[n]`` = physical block · PAGE + offset.
@@ -22,23 +24,25 @@ launch. Claims PA-1; source: Kwon et al. 2023 (vLLM), lecture 001 §4.2.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import RANGE_LOOP, fold_scale
+from optimized.attention_tiles import fold_scale, merge_splits, split_kv_merge_kernel
+from optimized.triton_shared import check_device, sm_count, tile_loop
 
 
 @triton.jit
-def _paged_tile(acc, m_i, l_i, q, bt_row, k_head, v_head, t0, end, offs_n, offs_d, d_mask, scale,
-                stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd,
-                PAGE: tl.constexpr):
-    """One tile of BLOCK_N token positions t0 + offs_n of :func:`_paged_decode_kernel`: look
-    each token's block up in the table, load its K/V slot, update the online softmax."""
+def _paged_tile(state, args, t0, CONSTS: tl.constexpr):
+    """One tile of BLOCK_N token positions t0 + offs_n of :func:`_paged_decode_kernel` (a
+    ``tile_loop`` body; state (acc, m_i, l_i), CONSTS = (PAGE,)): look each token's block up in
+    the table, load its K/V slot, update the online softmax."""
+    acc, m_i, l_i = state
+    (q, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale,
+     stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd) = args
+    PAGE: tl.constexpr = CONSTS[0]
     offs_t = t0 + offs_n                                                # (BLOCK_N,) token positions
     t_mask = offs_t < end
     phys = tl.load(bt_row + (offs_t // PAGE) * stride_btm, mask=t_mask, other=0).to(tl.int64)
@@ -89,34 +93,19 @@ def _paged_decode_kernel(
     hd_mask = h_mask[:, None] & d_mask[None, :]
     q = tl.load(Q_ptr + b * stride_qb + h[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=hd_mask, other=0.0)                                    # (BLOCK_H, BLOCK_D)
-    if ACC64:
-        q = q.to(tl.float64)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float64)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float64)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float64)
-    else:
-        q = q.to(tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    ACC: tl.constexpr = tl.float64 if ACC64 else tl.float32
+    q = q.to(ACC)
+    state = (tl.zeros([BLOCK_H, BLOCK_D], dtype=ACC), tl.full([BLOCK_H], float("-inf"), dtype=ACC),
+             tl.zeros([BLOCK_H], dtype=ACC))                                # (acc, m, l)
     seq_len = tl.load(LENS_ptr + b * stride_sl).to(tl.int64)
     start = split * TOKENS_PER_SPLIT
     end = tl.minimum(start + TOKENS_PER_SPLIT, seq_len)
     bt_row = BT_ptr + b * stride_btb
     k_head = K_ptr + kvh * stride_kh
     v_head = V_ptr + kvh * stride_vh
-    if RANGE_LOOP:   # compiled code (pipelined) and interpreters that take run-time bounds
-        for t0 in range(start, end, BLOCK_N):
-            acc, m_i, l_i = _paged_tile(acc, m_i, l_i, q, bt_row, k_head, v_head, t0, end, offs_n, offs_d,
-                                        d_mask, scale, stride_btm, stride_kn, stride_ks, stride_kd,
-                                        stride_vn, stride_vs, stride_vd, PAGE)
-    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
-        t0 = start
-        while t0 < end:
-            acc, m_i, l_i = _paged_tile(acc, m_i, l_i, q, bt_row, k_head, v_head, t0, end, offs_n, offs_d,
-                                        d_mask, scale, stride_btm, stride_kn, stride_ks, stride_kd,
-                                        stride_vn, stride_vs, stride_vd, PAGE)
-            t0 += BLOCK_N
+    acc, m_i, l_i = tile_loop(state, (q, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale, stride_btm,
+                                      stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd),
+                              start, end, BLOCK_N, _paged_tile, (PAGE,))
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
@@ -128,31 +117,6 @@ def _paged_decode_kernel(
     else:
         tl.store(O_ptr + b * stride_ob + h[:, None] * stride_oh + offs_d[None, :] * stride_od,
                  o.to(O_ptr.dtype.element_ty), mask=hd_mask)
-
-
-@triton.jit
-def _paged_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
-                        stride_pb, stride_ph, stride_ps, stride_pd,
-                        stride_lb, stride_lh, stride_ls,
-                        stride_ob, stride_oh, stride_od,
-                        Hq, D, NUM_SPLITS,
-                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (B * Hq,): out = Σ_s softmax_s(lse) · o_s, exactly (empty splits weigh 0)."""
-    pid = tl.program_id(0)
-    b = (pid // Hq).to(tl.int64)
-    h = (pid % Hq).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    lse = tl.load(LSE_ptr + b * stride_lb + h * stride_lh + offs_s * stride_ls, mask=s_mask, other=float("-inf"))
-    mx = tl.max(lse, 0)
-    w = tl.exp(lse - mx)
-    w = w / tl.sum(w, 0)
-    o = tl.load(OP_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :] * stride_pd,
-                mask=s_mask[:, None] & (offs_d[None, :] < D), other=0.0)    # (BLOCK_S, BLOCK_D)
-    out = tl.sum(w[:, None] * o, axis=0)
-    tl.store(O_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, out.to(O_ptr.dtype.element_ty),
-             mask=offs_d < D)
 
 
 @triton.jit
@@ -179,11 +143,9 @@ def _write_kv_kernel(K_ptr, V_ptr, KC_ptr, VC_ptr, SLOT_ptr,
              v, mask=mask)
 
 
-def _check_device(t: torch.Tensor, name: str) -> None:
-    if t.device.type != "cuda" and not triton_interpreted():
-        raise ValueError(f"{name} is on {t.device}; the Triton kernels need CUDA tensors "
-                         "(or TRITON_INTERPRET=1 for CPU tensors)")
-
+#: The merge kernel under the name the launch-capture laws patch (launches go through
+#: :func:`optimized.attention_tiles.merge_splits`; no float argument reaches it).
+_paged_merge_kernel = split_kv_merge_kernel
 
 #: Tokens per split under the interpreter: one split up to this length, then a few.
 INTERPRET_TOKENS_PER_SPLIT = 128
@@ -191,12 +153,6 @@ INTERPRET_TOKENS_PER_SPLIT = 128
 INTERPRET_BLOCK_N = 128
 #: Fewest tokens per split on GPU.
 MIN_TOKENS_PER_SPLIT = 256
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    """Streaming multiprocessors of CUDA device ``index`` (read once, at the first call)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
@@ -218,7 +174,7 @@ def _tokens_per_split(B: int, Hkv: int, max_len: int, block_n: int, device: torc
     elif triton_interpreted() or device.type != "cuda":
         per = max_len if max_len <= INTERPRET_TOKENS_PER_SPLIT else -(-max_len // 2)
     else:
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
         want = max(1, -(-2 * sms // (B * Hkv)))
         per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
     return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N
@@ -234,7 +190,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ValueError for a bad ``num_splits`` or CPU tensors without the interpreter.
     """
     shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
-    _check_device(q, "q")
+    check_device(q, "q")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
     q, scale = fold_scale(q, scale)                                          # float64: scale into q
@@ -258,10 +214,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         shape.Hkv, shape.D, shape.group, per, scale,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
-    if S > 1:
-        _paged_merge_kernel[(shape.B * shape.Hq,)](
-            o_part, lse, out, *o_part.stride(), *lse.stride(), *out.stride(),
-            shape.Hq, shape.D, S, BLOCK_S=triton.next_power_of_2(S), BLOCK_D=BLOCK_D)
+    if S > 1:   # the split-KV merge, with each sequence as one query row: (B·Hq, 1, S, D)
+        merge_splits(o_part.view(shape.B * shape.Hq, 1, S, shape.D), lse.view(shape.B * shape.Hq, 1, S),
+                     out.unsqueeze(2))
     return out
 
 
@@ -316,7 +271,7 @@ def write_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     ``slot_mapping[n]`` (block slot // block_size, offset slot % block_size). Shapes and errors
     as :func:`validate_write`; nothing is written when it raises."""
     N, Hkv, D = validate_write(k_cache, v_cache, k, v, slot_mapping)
-    _check_device(k_cache, "k_cache")
+    check_device(k_cache, "k_cache")
     if N == 0:
         return
     _write_kv_kernel[(N,)](

@@ -38,16 +38,15 @@ and g_idx before any launch.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from conformance.contracts.quantization import validate_bits, validate_matmul
 from conformance.device import triton_interpreted
+from optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, output_tile, round_to_bf16, sm_count,
+                                     tile_loop)
 from reference.quantization import codes_per_byte
-from optimized.attention_tiles import DOT_IEEE, DOT_NATIVE, DOT_UPCAST, RANGE_LOOP, dot_mode, round_to_bf16
 
 #: Dtypes the kernel takes for x (and w).
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -61,13 +60,17 @@ GEMV_PROGRAMS_INTERPRETED = 4
 
 
 @triton.jit
-def _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-             group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn, stride_zg,
-             BITS: tl.constexpr, PER: tl.constexpr, BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr,
-             HAS_G_IDX: tl.constexpr):
-    """One BLOCK_K slice: dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T.
-    Row k of the tile reads the scale and zero point of group g_idx[k] (act-order, HAS_G_IDX)
-    or k // group_size."""
+def _wq_tile(acc, args, k0, CONSTS: tl.constexpr):
+    """One BLOCK_K slice (a ``tile_loop`` body; CONSTS = (BITS, PER, BLOCK_K, DOT_MODE,
+    HAS_G_IDX)): dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T. Row k of the
+    tile reads the scale and zero point of group g_idx[k] (act-order, HAS_G_IDX) or k // group_size."""
+    (x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_m, offs_n, m_mask, n_mask, K, group_size,
+     stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn, stride_zg) = args
+    BITS: tl.constexpr = CONSTS[0]
+    PER: tl.constexpr = CONSTS[1]
+    BLOCK_K: tl.constexpr = CONSTS[2]
+    DOT_MODE: tl.constexpr = CONSTS[3]
+    HAS_G_IDX: tl.constexpr = CONSTS[4]
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_mask = offs_k < K
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
@@ -104,25 +107,11 @@ def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_
                         BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr):
     """out[m, n] = sum_k x[m, k] * (u[n, k] - z[n, g(k)]) * s[n, g(k)], g(k) = g_idx[k] with
     HAS_G_IDX, else k // group_size."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
+    offs_m, offs_n, m_mask, n_mask = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if RANGE_LOOP:   # compiled code and interpreters that take run-time loop bounds
-        for k0 in range(0, K, BLOCK_K):
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
-                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
-    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
-        k0 = 0
-        while k0 < K:
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
-                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
-            k0 += BLOCK_K
+    acc = tile_loop(acc, (x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_m, offs_n, m_mask, n_mask, K,
+                          group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn,
+                          stride_zg), 0, K, BLOCK_K, _wq_tile, (BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX))
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
@@ -145,18 +134,9 @@ def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, part_p
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if RANGE_LOOP:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
-                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
-    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
-        k0 = k_lo
-        while k0 < k_hi:
-            acc = _wq_tile(acc, x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_m, offs_n, m_mask, n_mask,
-                           K, group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
-                           stride_zn, stride_zg, BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX)
-            k0 += BLOCK_K
+    acc = tile_loop(acc, (x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_m, offs_n, m_mask, n_mask, K,
+                          group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn,
+                          stride_zg), k_lo, k_hi, BLOCK_K, _wq_tile, (BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX))
     tl.store(part_ptr + pid_s * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn,
              acc, mask=m_mask[:, None] & n_mask[None, :])
 
@@ -166,11 +146,6 @@ def _blocks(M: int) -> tuple[int, int, int]:
     return (32 if M <= 32 else 64), 32, 64
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def gemv_splits(N: int, K: int, device: torch.device) -> tuple[int, int]:
     """(splits, k_per_split) of the decode launch: enough K ranges that N / BLOCK_N column
     blocks times the splits reach the target program count (GEMV_PROGRAMS_PER_SM per SM on a
@@ -178,7 +153,7 @@ def gemv_splits(N: int, K: int, device: torch.device) -> tuple[int, int]:
     bn, bk = GEMV_BLOCKS
     k_tiles = triton.cdiv(K, bk)
     if device.type == "cuda" and not triton_interpreted():
-        target = GEMV_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else 0)
+        target = GEMV_PROGRAMS_PER_SM * sm_count(device.index if device.index is not None else 0)
     else:
         target = GEMV_PROGRAMS_INTERPRETED
     want = max(1, min(k_tiles, triton.cdiv(target, triton.cdiv(N, bn))))

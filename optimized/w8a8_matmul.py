@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import RANGE_LOOP, check_device, round_to_bf16
+from optimized.triton_shared import check_device, output_tile, round_to_bf16, tile_loop
 
 #: Largest int8 code of the symmetric scheme (-128 is never produced by the quantizers).
 QMAX = 127
@@ -45,23 +45,10 @@ def w8a8_matmul_kernel(xq_ptr, wq_ptr, xs_ptr, ws_ptr, out_ptr, M, N, K,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SCALED: tl.constexpr, ROUND_BF16: tl.constexpr):
     """out[m, n] = (sum_k xq[m, k] wq[n, k]) (int32), times xs[m] ws[n] when SCALED."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
+    offs_m, offs_n, m_mask, n_mask = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    if RANGE_LOOP:
-        for k0 in range(0, K, BLOCK_K):
-            acc = _int8_tile(acc, xq_ptr, wq_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-                             stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K)
-    else:            # Triton < 3.7's interpreter with numpy >= 2.4 (optimized.attention_tiles.RANGE_LOOP)
-        k0 = 0
-        while k0 < K:
-            acc = _int8_tile(acc, xq_ptr, wq_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-                             stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K)
-            k0 += BLOCK_K
+    acc = tile_loop(acc, (xq_ptr, wq_ptr, offs_m, offs_n, m_mask, n_mask, K, stride_xm, stride_xk, stride_wn,
+                          stride_wk), 0, K, BLOCK_K, _int8_tile, (BLOCK_K,))
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     mask = m_mask[:, None] & n_mask[None, :]
     if SCALED:       # epilogue: the row's (token's) scale and the column's (channel's) scale
@@ -76,9 +63,11 @@ def w8a8_matmul_kernel(xq_ptr, wq_ptr, xs_ptr, ws_ptr, out_ptr, M, N, K,
 
 
 @triton.jit
-def _int8_tile(acc, xq_ptr, wq_ptr, k0, offs_m, offs_n, m_mask, n_mask, K,
-               stride_xm, stride_xk, stride_wn, stride_wk, BLOCK_K: tl.constexpr):
-    """acc += xq[offs_m, k0:k0+BLOCK_K] @ wq[offs_n, k0:k0+BLOCK_K]^T, int8 x int8 -> int32."""
+def _int8_tile(acc, args, k0, CONSTS: tl.constexpr):
+    """acc += xq[offs_m, k0:k0+BLOCK_K] @ wq[offs_n, k0:k0+BLOCK_K]^T, int8 x int8 -> int32 (a
+    ``tile_loop`` body; CONSTS = (BLOCK_K,))."""
+    xq_ptr, wq_ptr, offs_m, offs_n, m_mask, n_mask, K, stride_xm, stride_xk, stride_wn, stride_wk = args
+    BLOCK_K: tl.constexpr = CONSTS[0]
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_mask = offs_k < K
     x = tl.load(xq_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,

@@ -74,8 +74,8 @@ def test_split_kv_rejects_bad_num_splits(bad):
 def test_triton_needs_cuda_tensors_without_the_interpreter(monkeypatch):
     fa = pytest.importorskip("optimized.flash_attention")
     fd = pytest.importorskip("optimized.flash_decoding")
-    tiles = pytest.importorskip("optimized.attention_tiles")
-    monkeypatch.setattr(tiles, "triton_interpreted", lambda: False)
+    shared = pytest.importorskip("optimized.triton_shared")
+    monkeypatch.setattr(shared, "triton_interpreted", lambda: False)
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="q is on cpu.*CUDA"):
         fa.flash_attention(q, k, v, causal=False, scale=0.3)

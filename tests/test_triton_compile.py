@@ -29,23 +29,24 @@ def _variants():
     import optimized.kv_append as kc
     import optimized.paged_attention as pa
     import optimized.quant_matmul as qm
+    import optimized.triton_shared as shared
     import optimized.w8a8_matmul as w8
 
     attn = fa._flash_attn_fwd_kernel
     # (each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run)
-    for dt, mode, bm, bn, bd, causal in ((F16, tiles.DOT_NATIVE, 64, 64, 64, True),
-                                         (F16, tiles.DOT_NATIVE, 64, 64, 64, False),
-                                         (F32, tiles.DOT_IEEE, 64, 32, 64, True),
-                                         (F64, tiles.DOT_SUM, 16, 16, 16, True)):
+    for dt, mode, bm, bn, bd, causal in ((F16, shared.DOT_NATIVE, 64, 64, 64, True),
+                                         (F16, shared.DOT_NATIVE, 64, 64, 64, False),
+                                         (F32, shared.DOT_IEEE, 64, 32, 64, True),
+                                         (F64, shared.DOT_SUM, 16, 16, 16, True)):
         yield (f"flash_attn {dt[1:]} causal={causal}", attn,
                {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "O_ptr": dt, "scale": "fp32"},
                dict(CAUSAL=causal, EVEN_D=False, DOT_MODE=mode, TWO_STAGE=True,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd))
     yield ("split_kv fp16 causal", fd._split_kv_kernel,
            {"Q_ptr": F16, "K_ptr": F16, "V_ptr": F16, "OP_ptr": F32, "LSE_ptr": F32, "scale": "fp32"},
-           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=tiles.DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
+           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=shared.DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
                 BLOCK_D=64))
-    yield ("merge fp32", fd._merge_kernel, {"OP_ptr": F32, "LSE_ptr": F32, "O_ptr": F16},
+    yield ("merge fp32", tiles.split_kv_merge_kernel, {"OP_ptr": F32, "LSE_ptr": F32, "O_ptr": F16},
            dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64))
     yield ("kv_append fp16", kc.kv_append_kernel,
            {"k_new_ptr": F16, "v_new_ptr": F16, "k_cache_ptr": F16, "v_cache_ptr": F16,
@@ -56,22 +57,22 @@ def _variants():
                {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
                 "OP_ptr": F32, "LSE_ptr": F32, "scale": "fp32"},
                dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=16, BLOCK_N=32, BLOCK_D=64))
-    yield ("paged merge fp32", pa._paged_merge_kernel, {"OP_ptr": F32, "LSE_ptr": F32, "O_ptr": F16},
-           dict(BLOCK_S=8, BLOCK_D=64))
+    yield ("merge fp32 BLOCK_M=2", tiles.split_kv_merge_kernel, {"OP_ptr": F32, "LSE_ptr": F32, "O_ptr": F16},
+           dict(BLOCK_M=2, BLOCK_S=8, BLOCK_D=64))                # (paged decode: one row per sequence)
     yield ("paged write fp16", pa._write_kv_kernel,
            {"K_ptr": F16, "V_ptr": F16, "KC_ptr": F16, "VC_ptr": F16, "SLOT_ptr": "*i64"},
            dict(PAGE=16, BLOCK_HKV=8, BLOCK_D=64))
     # (without g_idx the wrapper passes the codes as g_idx_ptr; act-order takes an int32 g_idx)
-    for dt, bits, per, bm, mode, act in ((F16, 4, 2, 16, tiles.DOT_NATIVE, False),
-                                         ("*bf16", 8, 1, 64, tiles.DOT_NATIVE, False),
-                                         (F32, 4, 2, 32, tiles.DOT_IEEE, False), (F16, 4, 2, 64, tiles.DOT_NATIVE, True)):
+    for dt, bits, per, bm, mode, act in ((F16, 4, 2, 16, shared.DOT_NATIVE, False),
+                                         ("*bf16", 8, 1, 64, shared.DOT_NATIVE, False),
+                                         (F32, 4, 2, 32, shared.DOT_IEEE, False), (F16, 4, 2, 64, shared.DOT_NATIVE, True)):
         yield (f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}" + " g_idx" * act, qm.quant_matmul_kernel,
                {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8",
                 "g_idx_ptr": "*i32" if act else "*u8", "out_ptr": dt},
                dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode,
                     HAS_G_IDX=act))
-    for dt, bits, per, mode, act in ((F16, 4, 2, tiles.DOT_NATIVE, False), ("*bf16", 8, 1, tiles.DOT_NATIVE, False),
-                                     (F16, 4, 2, tiles.DOT_NATIVE, True)):
+    for dt, bits, per, mode, act in ((F16, 4, 2, shared.DOT_NATIVE, False), ("*bf16", 8, 1, shared.DOT_NATIVE, False),
+                                     (F16, 4, 2, shared.DOT_NATIVE, True)):
         yield (f"quant_gemv {dt[1:]} int{bits}" + " g_idx" * act, qm.quant_gemv_kernel,
                {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": F32, "zeros_ptr": "*u8",
                 "g_idx_ptr": "*i32" if act else "*u8", "part_ptr": F32},
