@@ -269,3 +269,53 @@ def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> 
         o_part, lse, out, *o_part.stride(), *lse.stride(), *out.stride(),
         Hq, Tq, D, S, BLOCK_M=bm, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D)
     return out
+
+
+def attention_smoke(fn, device: str, dtype: torch.dtype, Tq: int, Tk: int, causal: bool, **kw):
+    """A smoke call of an attention kernel ``fn`` (B=1, Hq=4, Hkv=2, D=40, seeded inputs) judged
+    by the tolerance policy against the float64 reference (``scripts/kernel_smoke.py``)."""
+    def run():
+        from conformance import tolerance
+        from reference.attention import attention as attention_ref
+        from reference.attention import attention_naive
+
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 4, Tq, 40, generator=g).to(device, dtype)
+        k = torch.randn(1, 2, Tk, 40, generator=g).to(device, dtype)
+        v = torch.randn(1, 2, Tk, 40, generator=g).to(device, dtype)
+        scale = 40 ** -0.5
+        out = fn(q, k, v, causal=causal, scale=scale, **kw)
+        out_ref = attention_ref(q, k, v, causal=causal, scale=scale)
+        half = dtype in (torch.float16, torch.bfloat16)
+        out_pt = attention_naive(q, k, v, causal=causal, scale=scale) if half else None
+        return tolerance.check_close(out, out_ref, out_pt=out_pt)
+    return run
+
+
+def compile_variants():
+    """The merge at a dense split-KV launch (16 query rows) and at the paged decode launch (one
+    row per sequence: BLOCK_M=2)."""
+    from optimized.triton_shared import CompileVariant
+
+    types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp32", "O_ptr": "*fp16"}
+    return [CompileVariant("merge fp32", split_kv_merge_kernel, types, dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64)),
+            CompileVariant("merge fp32 BLOCK_M=2", split_kv_merge_kernel, types, dict(BLOCK_M=2, BLOCK_S=8, BLOCK_D=64))]
+
+
+def smoke_calls(device: str):
+    """The merge of three float32 splits, one of them empty (lse = -inf), against the exact
+    float64 softmax-weighted sum."""
+    from optimized.triton_shared import SmokeCall
+
+    def run():
+        from conformance import tolerance
+
+        g = torch.Generator().manual_seed(0)
+        o_part = torch.randn(2, 3, 3, 40, generator=g, dtype=torch.float64)
+        lse = torch.randn(2, 3, 3, generator=g, dtype=torch.float64)
+        lse[:, :, 2], o_part[:, :, 2] = float("-inf"), 0.0
+        want = (torch.softmax(lse, dim=-1)[..., None] * o_part).sum(dim=2).reshape(1, 2, 3, 40)
+        out = torch.empty(1, 2, 3, 40, dtype=torch.float32, device=device)
+        merge_splits(o_part.to(device, torch.float32), lse.to(device, torch.float32), out)
+        return tolerance.check_close(out, want)
+    return [SmokeCall("split_kv_merge float32 S=3 one empty split", run)]

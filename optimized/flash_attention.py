@@ -150,3 +150,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if shape.Tq <= SPLIT_MAX_TQ and shape.Tk >= SPLIT_MIN_TK:
         return flash_decoding(q, k, v, causal=causal, scale=scale)
     return flash_attention(q, k, v, causal=causal, scale=scale)
+
+
+def compile_variants():
+    """Each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run
+    (the two-stage causal path: two key-tile loops)."""
+    from optimized.triton_shared import DOT_IEEE, DOT_NATIVE, DOT_SUM, CompileVariant
+
+    out = []
+    for dt, mode, bm, bn, bd, causal in (("*fp16", DOT_NATIVE, 64, 64, 64, True), ("*fp16", DOT_NATIVE, 64, 64, 64, False),
+                                         ("*fp32", DOT_IEEE, 64, 32, 64, True), ("*fp64", DOT_SUM, 16, 16, 16, True)):
+        out.append(CompileVariant(
+            f"flash_attn {dt[1:]} causal={causal}", _flash_attn_fwd_kernel,
+            {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "O_ptr": dt, "scale": "fp32"},
+            dict(CAUSAL=causal, EVEN_D=False, DOT_MODE=mode, TWO_STAGE=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd),
+            min_for_loops=2))
+    return out
+
+
+def smoke_calls(device: str):
+    """float16 causal, float32 with Tq != Tk, float64 causal, against the float64 reference."""
+    from optimized.attention_tiles import attention_smoke
+    from optimized.triton_shared import SmokeCall
+
+    return [SmokeCall("flash_attention float16 causal Tq=Tk=50", attention_smoke(flash_attention, device, torch.float16, 50, 50, True)),
+            SmokeCall("flash_attention float32 Tq=7 Tk=33", attention_smoke(flash_attention, device, torch.float32, 7, 33, False)),
+            SmokeCall("flash_attention float64 causal Tq=5 Tk=21", attention_smoke(flash_attention, device, torch.float64, 5, 21, True))]

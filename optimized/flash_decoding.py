@@ -121,3 +121,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """The "triton_splitkv" implementation of the attention contract: always the split-KV path
     (:func:`flash_decoding`), whatever the shape; ``num_splits`` as there."""
     return flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
+
+
+def compile_variants():
+    """The split-KV partials (fp16, causal, two-stage: two key-tile loops)."""
+    from optimized.triton_shared import DOT_NATIVE, CompileVariant
+
+    return [CompileVariant("split_kv fp16 causal", _split_kv_kernel,
+                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp32",
+                            "scale": "fp32"},
+                           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
+                                BLOCK_D=64), min_for_loops=2)]
+
+
+def smoke_calls(device: str):
+    """bfloat16 decode over three splits, against the float64 reference."""
+    from optimized.attention_tiles import attention_smoke
+    from optimized.triton_shared import SmokeCall
+
+    return [SmokeCall("flash_decoding bfloat16 causal Tq=1 Tk=70 num_splits=3",
+                      attention_smoke(flash_decoding, device, torch.bfloat16, 1, 70, True, num_splits=3))]

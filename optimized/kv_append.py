@@ -274,3 +274,35 @@ class StaticKVCache:
     def bytes_allocated(self) -> int:
         """Bytes of the two preallocated tensors (the whole capacity)."""
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+def compile_variants():
+    """The append of float16 rows."""
+    from optimized.triton_shared import CompileVariant
+
+    return [CompileVariant("kv_append fp16", kv_append_kernel,
+                           {"k_new_ptr": "*fp16", "v_new_ptr": "*fp16", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16",
+                            "start_ptr": "*i64", "count_ptr": "*i64"}, dict(BLOCK_T=4, BLOCK_KH=128))]
+
+
+def smoke_calls(device: str):
+    """An append at two sequences' own offsets, bit-exact against the PyTorch ``index_put_`` twin
+    (unwritten slots NaN in both)."""
+    from optimized.triton_shared import SmokeCall
+
+    def run():
+        from conformance import tolerance
+
+        g = torch.Generator().manual_seed(0)
+        k_cache = torch.full((2, 2, 16, 8), float("nan"), device=device)
+        v_cache = k_cache.clone()
+        k_new = torch.randn(2, 2, 3, 8, generator=g).to(device)
+        v_new = torch.randn(2, 2, 3, 8, generator=g).to(device)
+        start = torch.tensor([0, 5], device=device)
+        count = torch.tensor([3, 2], device=device)
+        k2, v2 = k_cache.clone(), v_cache.clone()
+        kv_append(k_cache, v_cache, k_new, v_new, start, count)
+        kv_append_torch(k2, v2, k_new, v_new, start, count)
+        return tolerance.check_exact(torch.nan_to_num(torch.stack([k_cache, v_cache]), nan=7.0),
+                                     torch.nan_to_num(torch.stack([k2, v2]), nan=7.0))
+    return [SmokeCall("kv_append float32 B=2 T=3", run)]

@@ -304,3 +304,36 @@ def implementations():
         builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},
                 needs="flashinfer", adapter=True),
     )
+
+
+def compile_variants():
+    """The decode kernel split (fp16) and unsplit with a float64 accumulator, and the slot write."""
+    from optimized.triton_shared import CompileVariant
+
+    out = []
+    for dt, acc64, split in (("*fp16", False, True), ("*fp64", True, False)):
+        out.append(CompileVariant(
+            f"paged_decode {dt[1:]} split={split}", _paged_decode_kernel,
+            {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
+             "OP_ptr": "*fp32", "LSE_ptr": "*fp32", "scale": "fp32"},
+            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=16, BLOCK_N=32, BLOCK_D=64), min_for_loops=1))
+    out.append(CompileVariant("paged write fp16", _write_kv_kernel,
+                              {"K_ptr": "*fp16", "V_ptr": "*fp16", "KC_ptr": "*fp16", "VC_ptr": "*fp16", "SLOT_ptr": "*i64"},
+                              dict(PAGE=16, BLOCK_HKV=8, BLOCK_D=64)))
+    return out
+
+
+def smoke_calls(device: str):
+    """Decode over a shuffled block table (block size 16, lengths 300 and 5, GQA 4/2), float32,
+    against the float64 reference over the same pages."""
+    from optimized.triton_shared import SmokeCall
+
+    def run():
+        from conformance import tolerance
+        from conformance.contracts.paged_attention import cases
+        from reference.paged_attention import paged_attention as paged_ref
+
+        (args, kw), = [c for c in cases(0, device) if c[0][0].dtype == torch.float32][:1]
+        return tolerance.check_close(paged_attention(*args, **kw), paged_ref(*(a.double() if a.is_floating_point() else a
+                                                                              for a in args), **kw))
+    return [SmokeCall("paged_attention float32 (the contract's case)", run)]

@@ -259,3 +259,52 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
         *packed, out, M, N, K, group_size, *weight_args, out.stride(0), out.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **consts)
     return out
+
+
+def compile_variants():
+    """The tiled launch at each dtype and bit width (act-order's int32 g_idx once), and the decode
+    (split-K) launch; without g_idx the wrapper passes the codes as g_idx_ptr."""
+    from optimized.triton_shared import DOT_IEEE, DOT_NATIVE, CompileVariant
+
+    out = []
+    for dt, bits, per, bm, mode, act in (("*fp16", 4, 2, 16, DOT_NATIVE, False), ("*bf16", 8, 1, 64, DOT_NATIVE, False),
+                                         ("*fp32", 4, 2, 32, DOT_IEEE, False), ("*fp16", 4, 2, 64, DOT_NATIVE, True)):
+        out.append(CompileVariant(
+            f"quant_matmul {dt[1:]} int{bits} BLOCK_M={bm}" + " g_idx" * act, quant_matmul_kernel,
+            {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8",
+             "g_idx_ptr": "*i32" if act else "*u8", "out_ptr": dt},
+            dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode,
+                 HAS_G_IDX=act), min_for_loops=1))
+    for dt, bits, per, act in (("*fp16", 4, 2, False), ("*bf16", 8, 1, False), ("*fp16", 4, 2, True)):
+        out.append(CompileVariant(
+            f"quant_gemv {dt[1:]} int{bits}" + " g_idx" * act, quant_gemv_kernel,
+            {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8",
+             "g_idx_ptr": "*i32" if act else "*u8", "part_ptr": "*fp32"},
+            dict(BITS=bits, PER=per, BLOCK_M=GEMV_MAX_M, BLOCK_N=GEMV_BLOCKS[0], BLOCK_K=GEMV_BLOCKS[1],
+                 DOT_MODE=DOT_NATIVE, HAS_G_IDX=act), min_for_loops=1))
+    return out
+
+
+def smoke_calls(device: str):
+    """int4 in groups of 32 at M = 1 (the decode launch) in bfloat16 and int8 per channel at M = 20
+    (tiled) in float32, judged by the contract's quant-matmul rule."""
+    from optimized.triton_shared import SmokeCall
+
+    def quant(bits, granularity, dtype, M):
+        def run():
+            from conformance import tolerance
+            from reference import quantization as ref
+
+            g = torch.Generator().manual_seed(0)
+            w = torch.randn(40, 96, generator=g).to(device, dtype)
+            x = torch.randn(M, 96, generator=g).to(device, dtype)
+            qw = ref.quantize(w, bits=bits, granularity=granularity)   # the same packed codes
+            zeros = ref.unpack(qw.zeros, bits, qw.groups).to(torch.uint8)
+            out = quant_matmul(x, qw.codes, qw.scales.float(), zeros, bits=bits, group_size=qw.group_size,
+                               N=qw.N, K=qw.K)
+            d = ref.dequantize(qw)
+            return tolerance.check_close(out, x.double() @ ref.dequantize64(qw).T, out_pt=x @ d.T,
+                                         rule="quant-matmul")
+        return run
+    return [SmokeCall("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
+            SmokeCall("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20))]

@@ -8,6 +8,7 @@ float32 -> bfloat16 rounding, and the host checks and device queries that every 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import warnings
@@ -117,3 +118,41 @@ def sm_count(index: int) -> int:
     """Streaming multiprocessors of CUDA device ``index`` (read once, at the first call that
     sizes a grid on that device; never at import time)."""
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileVariant:
+    """One ahead-of-time compilation a kernel module asks for (``tests/test_triton_compile.py``
+    compiles each for sm_90 without a GPU): ``kernel`` (a ``@triton.jit`` function), ``types``
+    (pointer and float argument types, e.g. ``{"Q_ptr": "*fp16", "scale": "fp32"}``; the others
+    are i32), ``constexprs`` (name -> value), ``min_for_loops`` (the ``scf.for`` loops its
+    tile loops must compile to, never ``scf.while``; 0: not checked)."""
+
+    label: str
+    kernel: object
+    types: dict
+    constexprs: dict
+    min_for_loops: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SmokeCall:
+    """One tiny call of a kernel through its host wrapper (``scripts/kernel_smoke.py`` runs each
+    once): ``run()`` returns a :class:`conformance.tolerance.Verdict` against the reference."""
+
+    label: str
+    run: object
+
+
+def kernel_modules() -> list:
+    """Every module of ``optimized/`` that defines a Triton kernel (a ``@triton.jit`` function
+    whose name ends in ``_kernel``), imported, in file order. Each provides
+    ``compile_variants()`` and ``smoke_calls(device)``; the compile check and the smoke script
+    read them, so no list of kernels is kept anywhere else."""
+    import importlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    kernel = re.compile(r"@triton\.jit\s*\n\s*def \w+_kernel\(")
+    names = sorted(p.stem for p in here.glob("*.py") if kernel.search(p.read_text(encoding="utf-8")))
+    return [importlib.import_module(f"optimized.{n}") for n in names]

@@ -218,3 +218,42 @@ class Product:
 
 TRITON = Product("triton", w8a8_matmul)
 TORCH = Product("torch", w8a8_matmul_torch)
+
+
+def compile_variants():
+    """The int32 accumulator output and the scaled bfloat16 output."""
+    from optimized.triton_shared import CompileVariant
+
+    return [CompileVariant(f"w8a8_matmul out {out[1:]} BLOCK_M={bm}", w8a8_matmul_kernel,
+                           {"xq_ptr": "*i8", "wq_ptr": "*i8", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "out_ptr": out},
+                           dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SCALED=out != "*i32", ROUND_BF16=False), min_for_loops=1)
+            for out, bm in (("*i32", 16), ("*bf16", 64))]
+
+
+def smoke_calls(device: str):
+    """The int32 accumulator exactly against the int64 product at K = 300, and the bfloat16
+    W8A8 Linear against the float64 fake-quantized product."""
+    from optimized.triton_shared import SmokeCall
+
+    def accumulator():
+        from conformance import tolerance
+
+        g = torch.Generator().manual_seed(0)
+        x_q = torch.randint(-127, 128, (3, 300), generator=g, dtype=torch.int8).to(device)
+        w_q = torch.randint(-127, 128, (40, 300), generator=g, dtype=torch.int8).to(device)
+        ones = torch.ones(40, device=device)
+        acc = w8a8_matmul(x_q, ones[:3], w_q, ones, out_dtype=torch.int32)
+        return tolerance.check_exact(acc.cpu().long(), x_q.cpu().long() @ w_q.cpu().long().T)
+
+    def linear():
+        from conformance import tolerance
+        from reference.quant_methods import fake_quantize_activations, fake_quantize_weight
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(3, 96, generator=g).to(device, torch.bfloat16)
+        w = torch.randn(40, 96, generator=g).to(device, torch.bfloat16)
+        out = w8a8_linear(x, *quantize_weight(w))
+        return tolerance.check_close(out, fake_quantize_activations(x.double(), 8, "token")
+                                     @ fake_quantize_weight(w.double(), 8).T)
+    return [SmokeCall("w8a8_matmul int32 accumulator M=3 K=300", accumulator),
+            SmokeCall("w8a8_matmul bfloat16 M=3", linear)]
