@@ -250,6 +250,25 @@ class Law:
         """The classes of the coverage table naming this law that ``run`` did not reach."""
         return missing_classes(self.coverage, run.reached, self.name)
 
+    def pinned_coverage(self, argument: str = "case") -> dict[str, list[str]]:
+        """Class name -> the pinned examples ("example i", in order) whose ``argument`` reaches
+        it, over the coverage classes naming this law: what every profile reaches."""
+        table: dict[str, list[str]] = {}
+        for i, pinned in enumerate(self.examples):
+            for name in sorted(classes_reached(self.coverage, self.name, pinned[argument])):
+                table.setdefault(name, []).append(f"example {i}")
+        return dict(sorted(table.items()))
+
+    def record_pinned_coverage(self, rule: str) -> None:
+        """Record the claim's row of :meth:`pinned_coverage` (classes reached of those naming the
+        law, the table in ``coverage``) and fail (AssertionError naming them) on a missing one."""
+        table = self.pinned_coverage()
+        missing = missing_classes(self.coverage, table, self.name)
+        required = len(missing_classes(self.coverage, (), self.name))
+        results.record(self.claim, measured=required - len(missing), bound=required,
+                       unit="boundary classes reached by the pinned examples", rule=rule, coverage=table)
+        assert not missing, f"pinned examples miss {missing}"
+
     def check_coverage(self, run: Run) -> None:
         """Fail (AssertionError naming them) when the law requires its coverage and a run that
         refused nothing missed classes."""
