@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.tolerance import Verdict, _report
+from conformance.tolerance import Verdict, report_verdict
 
 DEFAULT_ALPHA = 1e-3
 MIN_EXPECTED = 5.0
@@ -42,17 +42,17 @@ def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: st
     if samples.size < 20:
         raise ValueError(f"need at least 20 samples for a goodness-of-fit test, got {samples.size}")
     if samples.min() < 0 or samples.max() >= p.size:
-        return _report(Verdict(False, "statistical", float("inf"), 0.0, what,
+        return report_verdict(Verdict(False, "statistical", float("inf"), 0.0, what,
                                f"sample outside [0, {p.size})"))
     observed = np.bincount(samples, minlength=p.size).astype(np.float64)
     impossible = observed[p == 0].sum()
     if impossible:
-        return _report(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
+        return report_verdict(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
                                0.0, what, f"{int(impossible)} samples hit zero-probability outcomes"))
     support = p > 0
     obs, exp = _merge_small_bins(observed[support], p[support] * samples.size)
     if obs.size < 2:
-        return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+        return report_verdict(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
     from scipy import stats as sps  # here, not at import: benchmark processes import this module
 
     stat = float(((obs - exp) ** 2 / exp).sum())
@@ -61,7 +61,7 @@ def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: st
     pvalue = float(sps.chi2.sf(stat, dof))
     rule = (f"statistical: chi-square({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:g}, "
             f"n={samples.size}, p-value {pvalue:.3g})")
-    return _report(Verdict(stat <= critical, rule, stat, critical, what))
+    return report_verdict(Verdict(stat <= critical, rule, stat, critical, what))
 
 
 def assert_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Verdict:
@@ -93,7 +93,7 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     impossible = obs_all[p == 0].sum()
     if impossible:
         k = int(np.flatnonzero((p == 0) & (obs_all > 0))[0])
-        return _report(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
+        return report_verdict(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
                                0.0, what, f"{int(impossible)} observations in zero-probability categories "
                                f"(e.g. outcome {k}: observed {int(obs_all[k])} vs expected 0)"))
     support = p > 0
@@ -102,7 +102,7 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     z = np.where(support, np.abs(obs_all - exp_all) / np.sqrt(np.maximum(exp_all, 1e-300)), 0.0)
     worst = int(np.argmax(z))
     if obs.size < 2:
-        return _report(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+        return report_verdict(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
     from scipy import stats as sps  # here, not at import: benchmark processes import this module
 
     stat = float(sps.power_divergence(obs, exp, lambda_="log-likelihood").statistic)
@@ -114,4 +114,4 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     detail = (f"G = {stat:.4g} {'<=' if stat <= critical else '>'} critical value {critical:.4g} "
               f"(dof {dof}, alpha {alpha:g}); most discrepant outcome {worst}: observed "
               f"{int(obs_all[worst])} vs expected {exp_all[worst]:.1f}")
-    return _report(Verdict(stat <= critical, rule, stat, critical, what, detail))
+    return report_verdict(Verdict(stat <= critical, rule, stat, critical, what, detail))

@@ -169,7 +169,9 @@ def scale_of(out_ref: torch.Tensor) -> float:
     return float(r.abs().max()) if r.numel() else 0.0
 
 
-def _report(v: Verdict) -> Verdict:
+def report_verdict(v: Verdict) -> Verdict:
+    """Record ``v`` for the running test's result row (its worst comparison) and return it:
+    every check_* does this; a law that builds its own Verdict calls it too."""
     results.note_verdict(v)
     return v
 
@@ -178,11 +180,11 @@ def check_exact(actual, expected, *, what: str = "output") -> Verdict:
     """Element-for-element equality (rule ``exact``); error = number of differing elements."""
     a, e = _as_tensor(actual), _as_tensor(expected)
     if tuple(a.shape) != tuple(e.shape):
-        return _report(Verdict(False, "exact", math.inf, 0.0, what,
+        return report_verdict(Verdict(False, "exact", math.inf, 0.0, what,
                                f"shape {tuple(a.shape)} != expected {tuple(e.shape)}"))
     a_cpu, e_cpu = a.detach().cpu(), e.detach().cpu()
     if a_cpu.dtype != e_cpu.dtype and (a_cpu.is_floating_point() != e_cpu.is_floating_point()):
-        return _report(Verdict(False, "exact", math.inf, 0.0, what,
+        return report_verdict(Verdict(False, "exact", math.inf, 0.0, what,
                                f"dtype {a_cpu.dtype} != expected {e_cpu.dtype}"))
     neq = (a_cpu != e_cpu)
     if a_cpu.is_floating_point():
@@ -192,7 +194,7 @@ def check_exact(actual, expected, *, what: str = "output") -> Verdict:
     if n_bad:
         idx = tuple(int(i) for i in neq.nonzero()[0])
         detail = f"{n_bad} of {a_cpu.numel()} elements differ; first at {idx}: {a_cpu[idx].item()} != {e_cpu[idx].item()}"
-    return _report(Verdict(n_bad == 0, "exact", float(n_bad), 0.0, what, detail))
+    return report_verdict(Verdict(n_bad == 0, "exact", float(n_bad), 0.0, what, detail))
 
 
 class Rule:
@@ -398,7 +400,7 @@ def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -
     if r.needs_out_pt and out_pt is None:
         raise ValueError(f"out_pt (the naive computation in {out.dtype}) is required by the rule {r.name!r}")
     max_abs_error(out, out_ref)  # shape check before judging
-    return _report(r.judge(out, out_ref, out_pt, what))
+    return report_verdict(r.judge(out, out_ref, out_pt, what))
 
 
 def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-element bound") -> Verdict:
@@ -412,7 +414,7 @@ def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-
         raise ValueError(f"shape mismatch: bound {tuple(bound.shape)} vs out_ref {tuple(out_ref.shape)}")
     max_abs_error(out, out_ref)  # shape check
     if out.numel() == 0:
-        return _report(Verdict(True, rule, 0.0, 1.0, what))
+        return report_verdict(Verdict(True, rule, 0.0, 1.0, what))
     a = out.detach().to("cpu", torch.float64)
     b = out_ref.detach().to("cpu", torch.float64)
     lim = bound.detach().to("cpu", torch.float64)
@@ -423,7 +425,7 @@ def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-
     idx = tuple(int(i) for i in (ratio == ratio.max()).nonzero()[0])
     detail = (f"worst element {idx}: out {a[idx].item():.6g}, out_ref {b[idx].item():.6g}, "
               f"bound {lim[idx].item():.3g}")
-    return _report(Verdict(worst <= 1.0, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
+    return report_verdict(Verdict(worst <= 1.0, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
                            f"of each element's own bound", worst, 1.0, what, detail))
 
 
@@ -432,7 +434,7 @@ def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> 
     err = abs(float(measured) - float(expected))
     bound = rel * abs(float(expected))
     rule = f"figure: |measured-expected| <= {rel:g} * |expected| (expected {expected:.6g}, measured {measured:.6g})"
-    return _report(Verdict(err <= bound, rule, err, bound, what))
+    return report_verdict(Verdict(err <= bound, rule, err, bound, what))
 
 
 def assert_exact(actual, expected, *, what: str = "output") -> Verdict:

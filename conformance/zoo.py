@@ -1,8 +1,8 @@
 """The bug zoo's runner: a law must reject every known-bad implementation it names.
 
-Laws are plain Hypothesis-decorated functions whose first argument is the implementation
-(``law(impl, ...)``); the conformance test calls them with each good implementation and the
-zoo test calls them with each known-bad one through :func:`expect_rejected`.
+A law is a callable whose first argument is the implementation (``law(impl, ...)``): a
+:class:`conformance.laws.Law`, whose tests call it with each good implementation and, through
+:func:`expect_rejected`, with each known-bad one, or a plain (Hypothesis-decorated) function.
 """
 from __future__ import annotations
 
@@ -31,5 +31,6 @@ def expect_rejected(law, bad_impl, *args, **kwargs) -> str:
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         results.current.text = text
         return text
-    raise NotRejected(f"law {getattr(law, '__name__', law)!r} accepted the known-bad "
+    name = getattr(law, "name", None) or getattr(law, "__name__", law)
+    raise NotRejected(f"law {name!r} accepted the known-bad "
                       f"implementation {bad_impl.name!r} ({bad_impl.target})")

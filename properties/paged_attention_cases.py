@@ -1,26 +1,23 @@
 """Paged-attention calls for the laws: drawn and pinned cases, inputs from a seed (blocks placed
 by a random permutation over a pool larger than needed, unused table entries out of range,
 unused slots NaN), the call (refusals become "unsupported", never passes), the check against
-dense float64 attention over the contiguous K/V, and the boundary classes the ``ci`` profile
-must reach (:func:`boundary_classes`).
+dense float64 attention over the contiguous K/V, and the boundary classes of the contract's
+coverage table a case reaches (:func:`boundary_classes`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass
 
-import pytest
 import torch
-from hypothesis import note, reject
 from hypothesis import strategies as st
-from hypothesis.control import currently_in_test_context
 
-from conformance.device import triton_interpreted
+from conformance.contracts.paged_attention import COVERAGE
+from conformance.coverage import class_names, classes_reached
+from conformance.laws import Run, refusal
 from conformance.tolerance import assert_close
 from properties import strategies as S
-from properties.attention_cases import _Support
 from reference import attention as ref
 
 #: Block sizes drawn: 1, odd ones, powers of two and 256 (a block longer than most sequences).
@@ -61,47 +58,13 @@ class PagedCase:
 
 
 def boundary_classes(case: PagedCase) -> set[str]:
-    """The contract's boundary classes this case reaches (the coverage table of the PA-1 law)."""
-    bs, out = case.block_size, set()
-    out |= {f"block size {bs}"} if bs in (1, 16, 32, 256) else set()
-    if bs % 2 and bs > 1:
-        out.add("odd block size")
-    for n in case.lens:
-        if n == 1:
-            out.add("length 1")
-        if bs > 1 and n % bs == 0:
-            out.add("length at a block multiple")
-        if bs > 1 and n % bs == bs - 1 and n > bs:
-            out.add("length block multiple - 1")
-        if bs > 1 and n % bs == 1 and n > bs:
-            out.add("length block multiple + 1")
-        nb = -(-n // bs)
-        if nb > 64:
-            out.add("more than 64 blocks")
-        if nb > 128:
-            out.add("more than 128 blocks")
-    if case.B > 1 and len(set(case.lens)) > 1:
-        out.add("B > 1, different lengths")
-    if case.group > 16 and case.group % 16:
-        out.add("group > 16, not a multiple of 16")
-    if case.group > 1 and case.group & (case.group - 1):
-        out.add("group not a power of two")
-    if case.magnitude == "large" and case.scale != 0 and math.frexp(abs(case.scale))[0] != 0.5:
-        out.add("large logits, scale not a power of two")
-    if case.D in (64, 72, 80, 96, 128, 192, 256):
-        out.add(f"head dim {case.D}")
-    return out
+    """The contract's boundary classes this case reaches (the coverage table of the PA-1 law,
+    ``conformance.contracts.paged_attention.COVERAGE``)."""
+    return classes_reached(COVERAGE, "law_paged_equals_contiguous", case)
 
 
 #: Every class the ``ci`` profile must reach for each registered implementation.
-REQUIRED_CLASSES = frozenset(
-    {f"block size {b}" for b in (1, 16, 32, 256)} | {"odd block size", "length 1", "length at a block multiple",
-                                                      "length block multiple - 1", "length block multiple + 1",
-                                                      "more than 64 blocks", "more than 128 blocks",
-                                                      "B > 1, different lengths", "group > 16, not a multiple of 16",
-                                                      "group not a power of two",
-                                                      "large logits, scale not a power of two"}
-    | {f"head dim {d}" for d in (64, 72, 80, 96, 128, 192, 256)})
+REQUIRED_CLASSES = class_names(COVERAGE)
 
 
 def interpreter_cost(case: PagedCase) -> int:
@@ -128,14 +91,6 @@ def fit_budget(case: PagedCase, budget: int = COST_BUDGET) -> PagedCase:
         else:
             break
     return dataclasses.replace(case, lens=tuple(lens), Hkv=hkv, Hq=hkv * case.group)
-
-
-def runs_interpreted(impl) -> bool:
-    """True for a Triton kernel run under the interpreter (its module imports triton)."""
-    if not triton_interpreted():
-        return False
-    module = sys.modules.get(impl.target.split(":", 1)[0]) if ":" in impl.target else None
-    return module is None or getattr(module, "triton", None) is not None
 
 
 @st.composite
@@ -230,21 +185,14 @@ def make_inputs(case: PagedCase, seed: int, dtype: torch.dtype, device: str) -> 
                        torch.tensor(case.lens, dtype=torch.int32, device=device), ks, vs)
 
 
-def call(impl, inp: PagedInputs, case: PagedCase, **kw):
-    """Call the implementation; a NotImplementedError discards the example inside a law (and
-    skips as "unsupported" outside one), never a pass."""
-    try:
-        out = impl(*inp.args(), scale=case.scale, **kw)
-    except NotImplementedError as exc:
-        reason = (f"unsupported: {getattr(impl, 'name', impl)} refuses {inp.q.dtype}, D={case.D}, "
-                  f"block_size={case.block_size}: {exc}")
-        if currently_in_test_context():
-            _Support.refused.append(reason)
-            note(reason)
-            reject()
-        pytest.skip(reason)
-    _Support.ran += 1
-    return out
+def call(impl, inp: PagedInputs, case: PagedCase, *, run: Run | None = None, **kw):
+    """Call the implementation. Inside a law's example (``run`` given) the case is observed (for
+    the contract's coverage table) and a NotImplementedError discards the example; outside a law
+    it skips the test as "unsupported". Never a pass."""
+    if run is not None:
+        run.observe(case)
+    with refusal(run, f"{getattr(impl, 'name', impl)} refuses {inp.q.dtype}, D={case.D}, block_size={case.block_size}"):
+        return impl(*inp.args(), scale=case.scale, **kw)
 
 
 def dense(inp: PagedInputs, case: PagedCase, dtype: torch.dtype | None) -> torch.Tensor:

@@ -264,3 +264,15 @@ def sd1_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA):
     return [v for i, (name, pq) in enumerate(STAT_CONFIGS.items())
             for v in check_statistically(impl, pq, STAT_SIZES[name], seed + 100 * i, device,
                                          alpha / len(STAT_CONFIGS))]
+
+
+def first_two_token_distribution(target, bos_id: int) -> np.ndarray:
+    """The target's own distribution of the first two tokens after ``<bos>``, (V·V,) float64:
+    p(t1 | bos) · p(t2 | bos, t1), from one forward over every continuation t1."""
+    V = target.cfg.vocab_size
+    seqs = torch.stack([torch.full((V,), bos_id), torch.arange(V)], 1)              # (V, 2)
+    with torch.no_grad():
+        logits = target(seqs).double()
+    p1 = torch.softmax(logits[0, 0], -1)                                             # (V,)
+    p2 = torch.softmax(logits[:, 1], -1)                                             # (V, V): row t1
+    return (p1[:, None] * p2).reshape(-1).numpy()

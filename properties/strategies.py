@@ -1,4 +1,5 @@
-"""Shared Hypothesis strategies: odd sizes, dtypes, seeds, and tensors built from a drawn seed.
+"""Shared Hypothesis strategies: odd sizes, dtypes, seeds, and tensors built from a drawn seed;
+and :class:`KernelLaunchCapture`, which records a Triton kernel's launch arguments.
 
 Tensors are never drawn element by element (slow, and shrinks badly); a strategy draws a seed
 and the test builds the tensor with :func:`randn` from a private ``torch.Generator``, never the
@@ -56,3 +57,18 @@ def randn(shape, seed: int, *, dtype=torch.float64, device="cpu", scale: float =
 def randint(low: int, high: int, shape, seed: int, device="cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(low, high, tuple(shape), generator=g).to(device)
+
+
+class KernelLaunchCapture:
+    """Stands in for a Triton kernel (``kernel[grid](*args)``): records the arguments of every
+    launch into the list ``seen``, then launches. Set it on the kernel's module with
+    ``monkeypatch.setattr(module, name, KernelLaunchCapture(getattr(module, name), seen))``."""
+
+    def __init__(self, kernel, seen: list):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.extend(list(args) + list(kwargs.values()))
+            return self.kernel[grid](*args, **kwargs)
+        return launch

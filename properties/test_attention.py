@@ -8,12 +8,9 @@ claims (FA-4..FA-6) in ``test_attention_memory.py``.
 """
 from __future__ import annotations
 
-import inspect
-import math
-
 import pytest
 import torch
-from hypothesis import example, given, note, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance import results
@@ -24,132 +21,25 @@ from conformance.tolerance import (
     assert_exact,
     max_abs_error,
 )
-from conformance.zoo import expect_rejected
 from properties import strategies as S
 from properties.attention_cases import (
     COST_BUDGET,
-    DTYPES,
+    FA3,
+    FA7,
+    PRODUCTION_CASES,
     Case,
-    _Support,
     call,
     cases,
     check_against_reference,
-    fit_budget,
+    decode_cases,
     interpreter_cost,
     make_inputs,
-    run_law,
-    runs_interpreted,
 )
 from reference import attention as ref
 
-ZOO_ALL = ("no_max_subtract", "top_left_causal", "gqa_modulo", "drops_last_key", "ignores_scale",
-           "split_no_rescale", "diagonal_tile_unmasked", "sdpa_is_causal_always", "split_batch_stride_zero",
-           "scale_rounded_to_float32", "stale_running_max")
-#: Bugs whose error stays within a few 16-bit ulps (or vanishes in float64): rejected in bfloat16.
-ZOO_16BIT = ("scaled_two_percent", "accumulates_in_16bit", "drops_last_key", "scale_folded_in_16bit")
-
-EXAMPLE_GQA_CAUSAL = Case(B=1, Hq=6, Hkv=2, Tq=5, Tk=37, D=59, causal=True, scale=0.3 / math.sqrt(59))
-EXAMPLE_GQA_CAUSAL_POW2 = Case(B=1, Hq=6, Hkv=2, Tq=5, Tk=37, D=64, causal=True, scale=0.3 / 8)
-EXAMPLE_LARGE_LOGITS = Case(B=1, Hq=3, Hkv=1, Tq=17, Tk=33, D=16, causal=False, scale=0.25,
-                            magnitude="large", amp=40.0)
-#: Large logits whose maximum arrives late (magnitude "late": the last tile of 64 keys holds each
-#: row's largest logits, above the earlier keys' maximum by far more than 709): after the first
-#: 64 keys (Tk = 65), after the first 128 (Tk = 129, one key; Tk = 200, causal). A running max
-#: not updated after the first tile overflows to inf there, in float64 too.
-LATE_MAX_CASES = (
-    Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=65, D=16, causal=False, scale=0.25, magnitude="late", amp=40.0),
-    Case(B=1, Hq=2, Hkv=1, Tq=2, Tk=129, D=16, causal=True, scale=0.25, magnitude="late", amp=40.0),
-    Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=200, D=16, causal=True, scale=0.25, magnitude="late", amp=40.0),
-)
-#: Large integer logits (~1e2) with scales that are not powers of two: a correct kernel scales
-#: the exact float32 q·k in float32; one that folds the scale into q in 16 bits (q * scale
-#: rounded to bfloat16 / float16) moves the logits by ~2^-9 |q||k| and fails in 16 bits.
-LARGE_NONPOW2_CASES = (
-    Case(B=1, Hq=3, Hkv=1, Tq=17, Tk=33, D=16, causal=False, scale=0.3, magnitude="large", amp=12.0),
-    Case(B=1, Hq=2, Hkv=1, Tq=5, Tk=40, D=64, causal=True, scale=0.1, magnitude="large", amp=12.0),
-)
-#: ~1100 keys in 17 tiles of 64: a 16-bit accumulator and one dropped key show in bfloat16 here
-#: (at most 0.71 of the 16-bit bound for the built-ins, >= 1.5 for the zoo's 16-bit bugs).
-EXAMPLE_LONG_KEYS = Case(B=2, Hq=2, Hkv=1, Tq=1, Tk=1100, D=256, causal=False, scale=1 / 16)
-#: Causal with the length a multiple of every tile (16, 32, 64): the diagonal tile is whole, and
-#: a kernel taking its unmasked fast path there lets row 0 see keys it must not.
-EXAMPLE_DIAGONAL_TILE = Case(B=2, Hq=2, Hkv=1, Tq=64, Tk=64, D=64, causal=True, scale=0.125)
-#: The scale classes (negative, zero, tiny, huge) crossed with every mask path (none, causal with
-#: Tq = Tk, where SDPA's is_causal applies, and causal with Tq < Tk). The first is PyTorch's CPU
-#: is_causal bug: B = 1, 8 heads, Tq = Tk = 2, D = 1, scale -1, NaN in float64.
-SCALE_MASK_CASES = tuple(
-    Case(B=1, Hq=8 if (scale, Tq) == (-1.0, 2) else 2, Hkv=8 if (scale, Tq) == (-1.0, 2) else 1,
-         Tq=Tq, Tk=Tk, D=1 if (scale, Tq) == (-1.0, 2) else 8, causal=causal, scale=scale)
-    for scale in (-1.0, 0.0, 1e-6, 16.0)
-    for (Tq, Tk, causal) in ((2, 2, True), (3, 9, True), (5, 7, False)))
-
-
-#: Pinned boundary shapes (conformance.contracts.attention.COVERAGE): Tk at 127/128/129 (every
-#: tile size 16..128 exactly, +1 and -1), Tq at 15/16/17 and 63/65, two query tiles of 128, the
-#: head dims of real models (64..256) and group sizes 1, 3, 8, 16, 24 and 64.
-BOUNDARY_CASES = (
-    Case(B=1, Hq=2, Hkv=1, Tq=16, Tk=128, D=64, causal=True, scale=0.125),
-    Case(B=1, Hq=2, Hkv=2, Tq=17, Tk=129, D=72, causal=True, scale=0.3 / math.sqrt(72)),
-    Case(B=1, Hq=6, Hkv=2, Tq=15, Tk=127, D=80, causal=False, scale=0.1),
-    Case(B=2, Hq=2, Hkv=1, Tq=65, Tk=65, D=96, causal=True, scale=0.1),
-    Case(B=1, Hq=8, Hkv=1, Tq=63, Tk=255, D=128, causal=True, scale=1 / math.sqrt(128)),
-    Case(B=1, Hq=16, Hkv=1, Tq=2, Tk=96, D=160, causal=False, scale=0.08),
-    Case(B=1, Hq=24, Hkv=1, Tq=1, Tk=31, D=192, causal=False, scale=0.07),
-    Case(B=1, Hq=64, Hkv=1, Tq=4, Tk=33, D=256, causal=True, scale=1 / 16),
-    Case(B=1, Hq=2, Hkv=1, Tq=130, Tk=130, D=16, causal=True, scale=0.25),
-)
-
-
-def _pinned(pairs):
-    """Apply @example(case=c, seed=s) for each (c, s), in order."""
-    def deco(f):
-        for c, s in reversed(pairs):
-            f = example(case=c, seed=s)(f)
-        return f
-    return deco
-
-
-@given(case=cases(bounded=False), seed=S.seeds)
-@example(case=EXAMPLE_GQA_CAUSAL, seed=7)
-@example(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7)
-@example(case=EXAMPLE_LARGE_LOGITS, seed=11)
-@example(case=EXAMPLE_LONG_KEYS, seed=5)
-@example(case=EXAMPLE_DIAGONAL_TILE, seed=3)
-@_pinned([(c, 20 + i) for i, c in enumerate(SCALE_MASK_CASES)])
-@_pinned([(c, 40 + i) for i, c in enumerate(BOUNDARY_CASES)])
-@_pinned([(c, 60 + i) for i, c in enumerate(LATE_MAX_CASES)])
-@_pinned([(c, 70 + i) for i, c in enumerate(LARGE_NONPOW2_CASES)])
-def law_matches_reference(impl, device, dtype, case, seed):
-    """FA-3: attention(q, k, v) equals the float64 reference by the tolerance policy."""
-    if runs_interpreted(impl):
-        case = fit_budget(case)
-    note(f"{case}")
-    q, k, v = make_inputs(case, seed, dtype, device)
-    out = call(impl, q, k, v, case)
-    check_against_reference(out, q, k, v, case)
-
-
-@pytest.mark.technique("attention")
-@pytest.mark.claim("FA-3")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fa3_matches_float64_reference(impl, device, dtype):
-    run_law(law_matches_reference, impl, device, dtype)
-
-
-@pytest.mark.technique("attention")
-@pytest.mark.claim("FA-3")
-@pytest.mark.kills(*ZOO_ALL)
-def test_fa3_zoo_rejected(bad_impl, device):
-    expect_rejected(law_matches_reference, bad_impl, device, torch.float64)
-
-
-@pytest.mark.technique("attention")
-@pytest.mark.claim("FA-3")
-@pytest.mark.kills(*ZOO_16BIT)
-def test_fa3_zoo_rejected_bfloat16(bad_impl, device):
-    """The 16-bit rule sees errors of a few ulps: a 2% scaling, a 16-bit accumulator, a dropped
-    key at Tk = 1100, all in bfloat16."""
-    expect_rejected(law_matches_reference, bad_impl, device, torch.bfloat16)
+test_fa3_matches_float64_reference = FA3.conformance_test("test_fa3_matches_float64_reference")
+test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.zoo_tests("test_fa3_zoo_rejected",
+                                                                      "test_fa3_zoo_rejected_bfloat16")
 
 
 @pytest.mark.technique("attention")
@@ -260,68 +150,8 @@ def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_s
 # ----------------------------------------------------------------------------------------------
 
 
-def _accepts_num_splits(impl) -> bool:
-    fn = getattr(impl, "attention", impl)
-    try:
-        return "num_splits" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-#: Fewer examples for the laws whose every example launches several kernels (split-KV).
-FEW = settings(max_examples=max(4, settings.default.max_examples // 3)) if triton_interpreted() else settings()
-#: Most splits drawn under the interpreter (each split is one more program per head).
-MAX_SPLITS = 6 if triton_interpreted() else 64
-
-
-@st.composite
-def decode_cases(draw):
-    """Decoding shapes: Tq small (1..4 draft tokens), Tk long relative to it."""
-    hq, hkv = draw(S.gqa_heads(max_kv=2, max_group=2 if triton_interpreted() else 3))
-    D = draw(S.head_dims())
-    Tq = draw(st.sampled_from([1, 1, 2, 4]))
-    Tk = draw(st.integers(max(Tq, 1), 160 if triton_interpreted() else 4096))
-    causal = draw(st.booleans())
-    magnitude = draw(st.sampled_from(["normal", "large"]))
-    if magnitude == "large":
-        return Case(1, hq, hkv, Tq, Tk, D, causal, draw(st.sampled_from([1.0, 0.25])), "large",
-                    draw(st.sampled_from([12.0, 40.0])))
-    return Case(1, hq, hkv, Tq, Tk, D, causal, draw(st.sampled_from([0.3, 1.0, 1.7])) / math.sqrt(D))
-
-
-@FEW
-@given(case=decode_cases(), seed=S.seeds, num_splits=st.integers(1, MAX_SPLITS))
-@example(case=Case(1, 4, 2, 1, 150, 64, False, 0.125), seed=3, num_splits=5)
-@example(case=Case(1, 3, 1, 4, 97, 72, True, 0.25, "large", 40.0), seed=4, num_splits=3)
-@example(case=Case(2, 1, 1, 1, 1024, 64, False, 0.125), seed=6, num_splits=2)   # B > 1 in the split path
-def law_split_equals_unsplit(impl, device, dtype, case, seed, num_splits):
-    """FA-7: the split-KV result (``num_splits`` key ranges) equals the unsplit one and the
-    float64 reference, by the tolerance policy."""
-    note(f"{case}, num_splits={num_splits}")
-    q, k, v = make_inputs(case, seed, dtype, device)
-    out_split = call(impl, q, k, v, case, num_splits=num_splits)
-    out_unsplit = call(impl, q, k, v, case, num_splits=1)
-    check_against_reference(out_split, q, k, v, case, what=f"split-KV output ({num_splits} splits)")
-    check_against_reference(out_unsplit, q, k, v, case, what="unsplit output")
-    if dtype == torch.float64:
-        assert_close(out_split, out_unsplit, what="split vs unsplit (float64)")
-
-
-@pytest.mark.technique("attention")
-@pytest.mark.claim("FA-7")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fa7_split_kv_equals_unsplit(impl, device, dtype):
-    if not _accepts_num_splits(impl):
-        pytest.skip(f"{impl.name} has no split-KV mode (no num_splits argument)")
-    run_law(law_split_equals_unsplit, impl, device, dtype)
-
-
-@pytest.mark.technique("attention")
-@pytest.mark.claim("FA-7")
-@pytest.mark.kills("split_no_rescale", "split_batch_stride_zero")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
-def test_fa7_zoo_rejected(bad_impl, device, dtype):
-    expect_rejected(law_split_equals_unsplit, bad_impl, device, dtype)
+test_fa7_split_kv_equals_unsplit = FA7.conformance_test("test_fa7_split_kv_equals_unsplit")
+(test_fa7_zoo_rejected,) = FA7.zoo_tests("test_fa7_zoo_rejected")
 
 
 @pytest.mark.claim("FA-7")
@@ -362,10 +192,10 @@ def test_a_refused_example_does_not_skip_the_law(device):
 
     bad = _implementation("pow2_top_left", _pow2_only(zoo_attention.top_left_causal))
     with pytest.raises(AssertionError):
-        run_law(law_matches_reference, bad, device, torch.float64)
+        FA3(bad, device, torch.float64)
     good = _implementation("pow2_reference", _pow2_only(ref.attention))
-    run_law(law_matches_reference, good, device, torch.float64)
-    assert _Support.ran > 0 and _Support.refused
+    run = FA3(good, device, torch.float64)
+    assert run.ran > 0 and run.refused and all("head dim" in r for r in run.refused)
 
 
 def test_an_implementation_refusing_everything_is_unsupported_not_passed(device):
@@ -373,36 +203,10 @@ def test_an_implementation_refusing_everything_is_unsupported_not_passed(device)
         raise NotImplementedError("nothing supported")
 
     with pytest.raises(Unsupported, match="unsupported"):
-        run_law(law_matches_reference, _implementation("refuses", refuses), device, torch.float64)
+        FA3(_implementation("refuses", refuses), device, torch.float64)
 
 
 # ----------------------------------------------- production-sized shapes, beyond the drawn ones
-#: Shapes the drawn cases stay below (interpreter cost): a GQA group of 8 and 16 query heads
-#: (Llama-3-70B's ratio), 8 KV heads, batch 3 and 4 (B·Hq = 64), keys past 256 with a partial
-#: last tile and Tk % 64 == 1, a long decode, a long prefill, head dims 160 and 192, a negative
-#: and a zero scale. A kernel wrong only at scale fails here.
-PRODUCTION_CASES = {
-    "B3-Hq16-group8-Tk260-causal": Case(B=3, Hq=16, Hkv=2, Tq=3, Tk=260, D=64, causal=True, scale=0.125),
-    "decode-group4-Tk1100-D192": Case(B=1, Hq=4, Hkv=1, Tq=1, Tk=1100, D=192, causal=False, scale=0.07),
-    "B4-Hq16-Hkv4-prefill-Tk321-causal": Case(B=4, Hq=16, Hkv=4, Tq=2, Tk=321, D=32, causal=True, scale=0.17),
-    "B3-Hkv8-noncausal-Tk129-D160-negscale": Case(B=3, Hq=8, Hkv=8, Tq=7, Tk=129, D=160, causal=False,
-                                                   scale=-0.08),
-    "Tk65-scale0-causal": Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=65, D=16, causal=True, scale=0.0),
-    # a decode batch of five past 2048 keys (a split or a batch row dropped past the first 2048
-    # keys or the fourth row) and groups of 9 (odd, above 8: a GQA map wrong past 8)
-    "decode-B5-Tk2049": Case(B=5, Hq=2, Hkv=1, Tq=1, Tk=2049, D=8, causal=False, scale=0.3),
-    "group9-Hkv2-causal": Case(B=1, Hq=18, Hkv=2, Tq=3, Tk=40, D=16, causal=True, scale=0.25),
-    "group9-Hkv1": Case(B=2, Hq=9, Hkv=1, Tq=2, Tk=33, D=8, causal=False, scale=0.3),
-    # large logits whose maximum arrives in the last tile, past the first 128 keys (a running
-    # max frozen after the first tile overflows), and large logits with a scale that is not a
-    # power of two (a scale folded into q in 16 bits moves them)
-    "late-max-Tk300-causal": Case(B=2, Hq=4, Hkv=2, Tq=2, Tk=300, D=64, causal=True, scale=0.125,
-                                  magnitude="late", amp=40.0),
-    "large-scale0.09-group4": Case(B=2, Hq=8, Hkv=2, Tq=4, Tk=70, D=64, causal=False, scale=0.09,
-                                   magnitude="large", amp=12.0),
-}
-
-
 @pytest.mark.technique("attention")
 @pytest.mark.claim("FA-3")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -1,83 +1,52 @@
 """The laws reach the boundary classes of the attention kernels under the ``ci`` profile.
 
-A recording implementation (the float64 reference, which records every call it is handed)
-runs FA-3's law (float64 and bfloat16), its production shapes and FA-7's law; every class of
-the contract's coverage table (``conformance.contracts.attention.COVERAGE``) must be reached by
-one of the calls its laws made. Removing a pinned boundary case makes this test fail. The kernel
-configurations a dispatcher can choose (the autotuned 16-bit tiles for max(Tq, Tk) >= 1024, the
-float64 tiles, the two-stage loop) are forced on the Triton kernel and checked for values.
+The float64 reference (taking FA-7's ``num_splits`` too) runs FA-3's law (float64 and bfloat16)
+and FA-7's law; every class of the contract's coverage table
+(``conformance.contracts.attention.COVERAGE``) must be reached by one of the calls the runs
+observed (``Run.observations``) or the production shapes made. Removing a pinned boundary case
+makes this test fail. The kernel configurations a dispatcher can choose (the autotuned 16-bit
+tiles for max(Tq, Tk) >= 1024, the float64 tiles, the two-stage loop) are forced on the Triton
+kernel and checked for values.
 """
 from __future__ import annotations
 
-import math
 import types
 
 import pytest
 import torch
 
-from conformance.contracts.attention import COVERAGE, causal_mask, validate
+from conformance.contracts.attention import COVERAGE
 from conformance.registry import Implementation
-from properties import test_attention as TA
-from properties.attention_cases import Case, KernelLaunchCapture, check_against_reference, make_inputs
+from properties.attention_cases import (
+    FA3,
+    FA7,
+    PRODUCTION_CASES,
+    Case,
+    call_profile,
+    check_against_reference,
+    make_inputs,
+)
+from properties.strategies import KernelLaunchCapture
+from reference import attention as ref
 
 
-class _Recorder:
-    """An attention implementation that records what it is handed and returns zeros (the laws'
-    value checks are switched off while it records: only the shapes matter here)."""
-
-    def __init__(self):
-        self.calls: dict[str, list[dict]] = {}
-        self.law = None
-
-    def attention(self, q, k, v, *, causal, scale, num_splits=None):
-        s = validate(q, k, v, causal, scale)
-        self.calls.setdefault(self.law, []).append(
-            dict(B=s.B, Hq=s.Hq, Hkv=s.Hkv, Tq=s.Tq, Tk=s.Tk, D=s.D, causal=causal, scale=float(scale),
-                 dtype=q.dtype, num_splits=num_splits, **logit_profile(q, k, causal, scale)))
-        return torch.zeros_like(q)
-
-
-def logit_profile(q, k, causal, scale) -> dict:
-    """The logits' size and where their maximum arrives: ``max_logit`` (max |scale·q·k| over
-    visible keys) and ``rise64`` / ``rise128`` (the largest, over rows, of the row's max logit
-    after the first 64 / 128 keys minus its max over those keys; -inf if Tk is not larger)."""
-    group = q.shape[1] // k.shape[1]
-    kf = k.to(torch.float64).repeat_interleave(group, dim=1)
-    s = (q.to(torch.float64) @ kf.transpose(-1, -2)) * float(scale)          # (B, Hq, Tq, Tk)
-    Tq, Tk = s.shape[-2], s.shape[-1]
-    if causal:
-        s = s.masked_fill(~causal_mask(Tq, Tk, q.device), -math.inf)
-    out = {"max_logit": float(torch.where(torch.isinf(s), 0.0, s.abs()).max())}
-    for t in (64, 128):
-        rise = -math.inf
-        if Tk > t:
-            d = s[..., t:].max(dim=-1).values - s[..., :t].max(dim=-1).values
-            rise = float(torch.nan_to_num(d, nan=-math.inf).max())
-        out[f"rise{t}"] = rise
-    return out
+def reference_with_splits(q, k, v, *, causal, scale, num_splits=None):
+    """The float64 reference attention, taking (and ignoring) FA-7's ``num_splits``."""
+    return ref.attention(q, k, v, causal=causal, scale=scale)
 
 
 def record_laws() -> dict[str, list[dict]]:
-    """Run the attention laws on a recording implementation; return the calls per law."""
-    rec = _Recorder()
-    impl = Implementation("attention", "recording", f"{__name__}:_Recorder", "outside",
-                          types.SimpleNamespace(attention=rec.attention), ("attention",))
-    saved = TA.check_against_reference, TA.assert_close
-    TA.check_against_reference = TA.assert_close = lambda *a, **k: None
-    try:
-        rec.law = "law_matches_reference"
-        for dtype in (torch.float64, torch.bfloat16):
-            TA.run_law(TA.law_matches_reference, impl, "cpu", dtype)
-        rec.law = "law_split_equals_unsplit"
-        TA.run_law(TA.law_split_equals_unsplit, impl, "cpu", torch.float64)
-    finally:
-        TA.check_against_reference, TA.assert_close = saved
-    rec.law = "production"
-    for dtype in (torch.float32, torch.bfloat16):          # as test_fa3_production_shapes
-        for case in TA.PRODUCTION_CASES.values():
-            q, k, v = make_inputs(case, 17, dtype, "cpu")
-            impl(q, k, v, causal=case.causal, scale=case.scale)
-    return rec.calls
+    """Run the attention laws on the reference; return the calls (``call_profile``) per law:
+    what the runs observed, and the production shapes as test_fa3_production_shapes calls them."""
+    impl = Implementation("attention", "reference_with_splits", f"{__name__}:reference_with_splits", "outside",
+                          types.SimpleNamespace(attention=reference_with_splits), ("attention",))
+    calls = {FA3.name: [o for dtype in (torch.float64, torch.bfloat16) for o in FA3(impl, "cpu", dtype).observations],
+             FA7.name: FA7(impl, "cpu", torch.float64).observations, "production": []}
+    for dtype in (torch.float32, torch.bfloat16):
+        for case in PRODUCTION_CASES.values():
+            q, k, _ = make_inputs(case, 17, dtype, "cpu")
+            calls["production"].append(call_profile(q, k, case))
+    return calls
 
 
 def missing_classes(calls: dict[str, list[dict]], table=COVERAGE) -> list[str]:

@@ -13,65 +13,23 @@ registered implementation (or the ``--impl`` ones):
 
 An implementation that raises ``NotImplementedError`` for a case is "unsupported" for it, never a
 pass; a crash or hang of an outside implementation fails its own test (``--impl-timeout``,
-pytest-xdist), never the whole run. The checks are plain functions (``check_*``) so the suite's
-tests show each one rejects a known-bad function.
+pytest-xdist), never the whole run. The checks are plain functions (``check_*``, in
+``properties/generic_cases.py``) so the suite's tests show each one rejects a known-bad function.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
-import torch
 
-from conformance import plugin, registry, tolerance
+from conformance import plugin, registry
 from conformance.outcomes import unsupported
-
-
-def _tensors(x: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
-    """Every tensor inside ``x`` (tensors, modules' parameters and buffers, tuples, lists, dicts,
-    dataclasses; a traceable tensor subclass by its inner tensors), with its path."""
-    if isinstance(x, torch.Tensor):
-        if hasattr(x, "__tensor_flatten__"):      # a tensor subclass (torchao's quantized weights)
-            names, _ = x.__tensor_flatten__()
-            return [t for n in names for t in _tensors(getattr(x, n), f"{path}.{n}")]
-        return [(path, x)]
-    if isinstance(x, torch.nn.Module):
-        return [t for k, v in x.state_dict(keep_vars=True).items() for t in _tensors(v, f"{path}.{k}")]
-    if isinstance(x, (tuple, list)):
-        return [t for i, v in enumerate(x) for t in _tensors(v, f"{path}[{i}]")]
-    if isinstance(x, dict):
-        return [t for k, v in x.items() for t in _tensors(v, f"{path}[{k!r}]")]
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return [t for f in dataclasses.fields(x) for t in _tensors(getattr(x, f.name), f"{path}.{f.name}")]
-    return []
-
-
-def _clone(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, torch.Generator):      # a contract's randomness: a copy in the same state
-        g = torch.Generator(device=x.device)
-        g.set_state(x.get_state())
-        return g
-    if isinstance(x, tuple):
-        return tuple(_clone(v) for v in x)
-    if isinstance(x, list):
-        return [_clone(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
-    return x
-
-
-class _Refused(Exception):
-    """The implementation refused one case (NotImplementedError): that case is skipped."""
-
-
-def _call(fn, args, kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as exc:
-        raise _Refused(str(exc)) from exc
+from properties.generic_cases import (
+    Refused,
+    check_inputs_not_mutated,
+    check_output_fully_written,
+    check_repeatable,
+)
 
 
 def _each_case(impl, device, check) -> None:
@@ -82,69 +40,10 @@ def _each_case(impl, device, check) -> None:
     for args, kwargs in calls:
         try:
             check(args, kwargs)
-        except _Refused as exc:
+        except Refused as exc:
             refused.append(str(exc))
     if len(refused) == len(calls):
         unsupported(f"every case refused ({refused[0]})")
-
-
-def check_inputs_not_mutated(fn, args: tuple, kwargs: dict) -> None:
-    """Call ``fn`` and assert every tensor argument (``out`` excepted) is unchanged."""
-    kw_in = {k: v for k, v in kwargs.items() if k != "out"}
-    before = _tensors((args, kw_in), "input")
-    saved = [(p, t.clone()) for p, t in before]
-    _call(fn, args, kwargs)
-    for (p, t), (_, t0) in zip(before, saved):
-        tolerance.assert_exact(t, t0, what=f"{p} after the call (inputs must not be mutated)")
-
-
-def check_output_fully_written(fn, args: tuple, kwargs: dict, oracle=None) -> None:
-    """With an ``out`` buffer: pre-fill it with NaN, call, assert no NaN is left where the
-    oracle's output is finite (everywhere without an oracle). Without one: the output is finite
-    wherever the oracle's is."""
-    out_buf = kwargs.get("out")
-    if isinstance(out_buf, torch.Tensor) and out_buf.is_floating_point():
-        out_buf.fill_(float("nan"))
-        result = _call(fn, args, kwargs)
-        produced = [("out", out_buf)]
-    else:
-        result = _call(fn, args, kwargs)
-        produced = _tensors(result)
-    expected = _tensors(oracle(*_clone(args), **_clone(kwargs))) if oracle is not None else []
-    if not produced:
-        return
-    for i, (p, t) in enumerate(produced):
-        if not t.is_floating_point():
-            continue
-        finite = torch.isfinite(t.detach()).cpu()
-        if i < len(expected) and expected[i][1].shape == t.shape:
-            want = torch.isfinite(expected[i][1].detach()).cpu()
-        else:
-            want = torch.ones_like(finite)
-        missing = want & ~finite
-        tolerance.assert_exact(missing.sum(), torch.tensor(0),
-                               what=f"{p}: elements not written or not finite where the oracle's are")
-
-
-def check_repeatable(fn, args: tuple, kwargs: dict) -> None:
-    """Two calls on identical inputs give bit-identical results."""
-    a = _call(fn, *_fresh(args, kwargs))
-    b = _call(fn, *_fresh(args, kwargs))
-    if isinstance(kwargs.get("out"), torch.Tensor):
-        return  # results compared through the returned values when there are some
-    ta, tb = _tensors(a), _tensors(b)
-    assert len(ta) == len(tb), f"the two calls returned {len(ta)} and {len(tb)} tensors"
-    for (p, x), (_, y) in zip(ta, tb):
-        tolerance.assert_exact(x, y, what=f"{p} of a repeated call (results must be repeatable)")
-    if not ta and isinstance(a, (bool, int, float, str, type(None), tuple, list, dict)):
-        assert a == b, f"a repeated call returned {b!r} instead of {a!r} (results must be repeatable)"
-
-
-def _fresh(args, kwargs):
-    args, kwargs = _clone(args), _clone(kwargs)
-    if isinstance(kwargs.get("out"), torch.Tensor):
-        kwargs["out"].fill_(float("nan"))
-    return args, kwargs
 
 
 def _contracts_with_cases() -> list[str]:

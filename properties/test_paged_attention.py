@@ -23,23 +23,20 @@ import torch
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
-from conformance import results
+from conformance.contracts.paged_attention import COVERAGE
 from conformance.device import triton_interpreted
+from conformance.laws import Kills, Law
 from conformance.tolerance import assert_exact
-from conformance.zoo import expect_rejected
 from properties import strategies as S
-from properties.attention_cases import DTYPES, KernelLaunchCapture, _Support, run_law
 from properties.paged_attention_cases import (
-    REQUIRED_CLASSES,
     PagedCase,
-    boundary_classes,
     call,
     check_against_contiguous,
     fit_budget,
     make_inputs,
     paged_cases,
-    runs_interpreted,
 )
+from properties.strategies import KernelLaunchCapture
 
 TECH = "paged_attention"
 ZOO_ALL = ("ignores_partial_block", "reads_nan_slots", "identity_table", "off_by_one_length", "gqa_modulo",
@@ -49,10 +46,6 @@ ZOO_16BIT = ("scale_folded_in_16bit",)
 
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-#: Cases the law has run in this process (the coverage table reads them).
-_SEEN: list[PagedCase] = []
-
 
 def _c(lens, Hq, Hkv, D, bs, c=0.7, **kw) -> PagedCase:
     return PagedCase(tuple(lens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)
@@ -74,75 +67,41 @@ EXAMPLES = (
 )
 
 
-#: Fewer drawn examples where the Triton kernel runs interpreted (the pinned ones always run).
-FEW = settings(max_examples=max(5, settings.default.max_examples // 2)) if triton_interpreted() else settings()
-
-
-@FEW
-@given(case=paged_cases(), seed=S.seeds)
-@example(case=EXAMPLES[0], seed=1)
-@example(case=EXAMPLES[1], seed=2)
-@example(case=EXAMPLES[2], seed=3)
-@example(case=EXAMPLES[3], seed=4)
-@example(case=EXAMPLES[4], seed=5)
-@example(case=EXAMPLES[5], seed=6)
-@example(case=EXAMPLES[6], seed=7)
-@example(case=EXAMPLES[7], seed=8)
-@example(case=EXAMPLES[8], seed=9)
-def law_paged_equals_contiguous(impl, device, dtype, case, seed):
+def law_paged_equals_contiguous(run, device, dtype, case, seed):
     """PA-1: paged_attention over randomly placed blocks equals dense attention over the
     contiguous K/V (float64 reference), by the tolerance policy."""
-    if runs_interpreted(impl):
+    if run.interpreted:
         case = fit_budget(case)
-    _SEEN.append(case)
     note(f"{case}")
     inp = make_inputs(case, seed, dtype, device)
-    out = call(impl, inp, case)
+    out = call(run.impl, inp, case, run=run)
     check_against_contiguous(out, inp, case)
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("PA-1")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_pa1_paged_equals_contiguous(impl, device, dtype):
-    """PA-1 for every implementation and dtype; the cases the law ran must reach every boundary
-    class of the contract (unless the implementation refused some)."""
-    _SEEN.clear()
-    run_law(law_paged_equals_contiguous, impl, device, dtype)
-    reached = set().union(*(boundary_classes(c) for c in _SEEN)) if _SEEN else set()
-    missing = sorted(REQUIRED_CLASSES - reached)
-    if not _Support.refused:
-        assert not missing, (f"the law's cases never reached these boundary classes: {missing} "
-                             f"(reached: {sorted(reached)})")
+#: PA-1's law: every implementation and dtype; the cases a run ran must reach every boundary
+#: class of the contract (unless the implementation refused some). A Triton kernel under the
+#: interpreter gets half the drawn examples (the pinned ones always run).
+PA1 = Law(
+    claim="PA-1", technique=TECH, body=law_paged_equals_contiguous,
+    given={"case": paged_cases(), "seed": S.seeds},
+    examples=tuple(dict(case=c, seed=i + 1) for i, c in enumerate(EXAMPLES)),
+    dtypes=S.FLOAT_DTYPES,
+    kills=(Kills(ZOO_ALL, (torch.float64,)), Kills(ZOO_16BIT, (torch.bfloat16,))),
+    coverage=COVERAGE, require_coverage=True,
+    interpreted_examples=lambda n: max(5, n // 2))
 
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("PA-1")
-@pytest.mark.kills(*ZOO_ALL)
-def test_pa1_zoo_rejected(bad_impl, device):
-    expect_rejected(law_paged_equals_contiguous, bad_impl, device, torch.float64)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("PA-1")
-@pytest.mark.kills(*ZOO_16BIT)
-def test_pa1_zoo_rejected_bfloat16(bad_impl, device):
-    expect_rejected(law_paged_equals_contiguous, bad_impl, device, torch.bfloat16)
+test_pa1_paged_equals_contiguous = PA1.conformance_test(
+    "test_pa1_paged_equals_contiguous",
+    doc="""PA-1 for every implementation and dtype; the cases the law ran must reach every boundary
+    class of the contract (unless the implementation refused some).""")
+test_pa1_zoo_rejected, test_pa1_zoo_rejected_bfloat16 = PA1.zoo_tests("test_pa1_zoo_rejected",
+                                                                      "test_pa1_zoo_rejected_bfloat16")
 
 
 @pytest.mark.claim("PA-1")
 def test_pa1_coverage_table():
     """The boundary classes each pinned example and the ``ci`` draws reach (reported)."""
-    table = {}
-    for i, case in enumerate(EXAMPLES):
-        for cls in boundary_classes(case):
-            table.setdefault(cls, []).append(f"example {i}")
-    missing = sorted(REQUIRED_CLASSES - set(table))
-    results.record("PA-1", measured=len(REQUIRED_CLASSES) - len(missing), bound=len(REQUIRED_CLASSES),
-                   unit="boundary classes reached by the pinned examples",
-                   rule="every class of the contract is reached in every Hypothesis profile",
-                   coverage={k: v for k, v in sorted(table.items())})
-    assert not missing, f"pinned examples miss {missing}"
+    PA1.record_pinned_coverage("every class of the contract is reached in every Hypothesis profile")
 
 
 # ----------------------------------------------- production-sized shapes, beyond the drawn ones
@@ -226,25 +185,20 @@ def strided_inputs(inp, extra_cols: int = 3):
 STRIDED_CASE = _c((37, 20, 9), 4, 2, 16, 4, spare_blocks=2, spare_cols=1)
 
 
-def law_strided_inputs(impl, device, dtype=torch.float32):
+def law_strided_inputs(run, device, dtype=torch.float32):
     """PA-1 with strided inputs (:func:`strided_inputs`): the same result as the contiguous
     tensors (kernels must use the strides they are given, not ones computed from the shape)."""
     inp = strided_inputs(make_inputs(STRIDED_CASE, 31, dtype, device))
-    check_against_contiguous(call(impl, inp, STRIDED_CASE), inp, STRIDED_CASE,
+    check_against_contiguous(call(run.impl, inp, STRIDED_CASE, run=run), inp, STRIDED_CASE,
                              what="paged attention, strided block table, caches, q and seq_lens")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("PA-1")
-def test_pa1_noncontiguous_inputs(impl, device):
-    law_strided_inputs(impl, device)
+#: PA-1 on one pinned strided call (no drawn arguments), float32.
+PA1_STRIDED = Law(claim="PA-1", technique=TECH, body=law_strided_inputs, params=("device",),
+                  kills=(Kills(("table_stride_from_shape", "cache_strides_from_shape")),))
 
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("PA-1")
-@pytest.mark.kills("table_stride_from_shape", "cache_strides_from_shape")
-def test_pa1_noncontiguous_zoo_rejected(bad_impl, device):
-    expect_rejected(law_strided_inputs, bad_impl, device)
+test_pa1_noncontiguous_inputs = PA1_STRIDED.conformance_test("test_pa1_noncontiguous_inputs", doc="")
+(test_pa1_noncontiguous_zoo_rejected,) = PA1_STRIDED.zoo_tests("test_pa1_noncontiguous_zoo_rejected")
 
 
 # ------------------------------------------------ the Triton kernel's own paths (split, write)

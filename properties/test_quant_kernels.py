@@ -22,21 +22,20 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from conformance import results
-from conformance.device import triton_interpreted
+from conformance.laws import Kills, Law
 from conformance.tolerance import assert_exact, check_close
 from conformance.zoo import expect_rejected
 from properties import strategies as S
-from properties.attention_cases import KernelLaunchCapture, run_law
-from properties.quantization_cases import QCase, quant_cases
-from properties.test_quantization import law_matmul
+from properties.quantization_cases import QT9, QCase, pinned
+from properties.strategies import KernelLaunchCapture
 from properties.zoo_quantization import W8A8_ZOO
 
 TECH = "quantization"
@@ -54,39 +53,25 @@ DECODE_EXAMPLES = (
 )
 
 
-def _pinned(examples):
-    """QT-9's law (``properties.test_quantization.law_matmul``) on ``examples`` only."""
-    @settings(phases=[Phase.explicit])
-    @given(case=quant_cases(), seed=S.seeds)
-    def law(impl, device, dtype, case, seed):
-        law_matmul.hypothesis.inner_test(impl, device, dtype, case, seed)
-
-    for case, seed in examples:
-        law = example(case=case, seed=seed)(law)
-    return law
-
-
-law_matmul_both_launches = _pinned(DECODE_EXAMPLES)
+#: QT-9's law (``properties.quantization_cases.QT9``) on DECODE_EXAMPLES only.
+QT9_BOTH_LAUNCHES = dataclasses.replace(
+    QT9.with_examples(pinned(DECODE_EXAMPLES)), dtypes=(torch.float32, torch.bfloat16),
+    kills=(Kills(("decode_rows_read_first_token",), (torch.float32,)),))
 #: M = 1 and M = 17 only: the cases a decode-launch bug in rows 2..16 passes.
-_law_one_row_and_tiled = _pinned((DECODE_EXAMPLES[0], DECODE_EXAMPLES[3]))
+QT9_ONE_ROW_AND_TILED = QT9.with_examples(pinned((DECODE_EXAMPLES[0], DECODE_EXAMPLES[3])))
+
+test_qt9_decode_and_tiled_launches = QT9_BOTH_LAUNCHES.conformance_test("test_qt9_decode_and_tiled_launches")
 
 
 @pytest.mark.technique(TECH)
 @pytest.mark.claim("QT-9")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_qt9_decode_and_tiled_launches(impl, device, dtype):
-    run_law(law_matmul_both_launches, impl, device, dtype)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("QT-9")
-@pytest.mark.kills("decode_rows_read_first_token")
+@pytest.mark.kills(*QT9_BOTH_LAUNCHES.kills[0].names)
 def test_qt9_decode_zoo_rejected(bad_impl, device):
     """Rejected by the pinned M = 16 case; the bug stays invisible at M = 1 and on the tiled
     launch (M = 17), which is why the decode launch needs its own M > 1 examples."""
-    _law_one_row_and_tiled(bad_impl, device, torch.float32)
+    QT9_ONE_ROW_AND_TILED(bad_impl, device, torch.float32)
     results.current.reset()
-    expect_rejected(law_matmul_both_launches, bad_impl, device, torch.float32)
+    expect_rejected(QT9_BOTH_LAUNCHES, bad_impl, device, torch.float32)
 
 
 def test_decode_launch_is_chosen_by_M(monkeypatch, device):
@@ -172,36 +157,24 @@ def _floats(case: W8Case, seed: int, dtype: torch.dtype, device: str) -> tuple[t
     return x.to(dtype).to(device), w.to(dtype).to(device)
 
 
-FEW = settings(max_examples=max(4, settings.default.max_examples // 2)) if triton_interpreted() else settings()
-_MAX_SUM: list[int] = []
-
-
-@FEW
-@given(case=_cases(CODE_KINDS), seed=S.seeds)
-@example(case=W8Case(2, 3, 4096, "extreme"), seed=1)         # sums of ±66,064,384
-@example(case=W8Case(17, 65, 130, "uniform"), seed=2)        # two tiles on both axes, a K remainder
-@example(case=W8Case(1, 1, 1, "extreme"), seed=3)
-def law_w8a8_accumulator(impl, device, case, seed):
-    """The int32 accumulator (``out_dtype=torch.int32``) equals the int64 product on the host."""
+def law_w8a8_accumulator(run, device, case, seed):
+    """The int32 accumulator (``out_dtype=torch.int32``) equals the int64 product on the host;
+    each example observes its largest |sum|."""
     x_q, w_q = _codes(case, seed, device)
     scales = (torch.ones(case.M, device=device), torch.ones(case.N, device=device))
-    acc = impl.w8a8_matmul(x_q, scales[0], w_q, scales[1], out_dtype=torch.int32)
+    acc = run.impl.w8a8_matmul(x_q, scales[0], w_q, scales[1], out_dtype=torch.int32)
     assert acc.dtype == torch.int32, f"the accumulator came back as {acc.dtype}"
     exact = x_q.cpu().long() @ w_q.cpu().long().T
-    _MAX_SUM.append(int(exact.abs().max()))
+    run.observe(int(exact.abs().max()))
     assert_exact(acc.cpu().long(), exact, what=f"int32 accumulator vs int64 product ({case})")
 
 
-@FEW
-@given(case=_cases(FLOAT_KINDS), seed=S.seeds)
-@example(case=W8Case(4, 9, 96, "outlier"), seed=1)
-@example(case=W8Case(17, 65, 130, "zero_row"), seed=2)
-@example(case=W8Case(2, 3, 4096, "normal"), seed=3)
-def law_w8a8_reference(impl, device, dtype, case, seed):
+def law_w8a8_reference(run, device, dtype, case, seed):
     """x quantized per token, w per channel, the kernel's scaled output in ``dtype`` equals the
     reference W8A8 (float64) by the dtype's rule."""
     from reference.quant_methods import fake_quantize_activations, fake_quantize_weight
 
+    impl = run.impl
     x, w = _floats(case, seed, dtype, device)
     x_q, x_s = impl.quantize_activations(x)
     w_q, w_s = impl.quantize_weight(w)
@@ -211,21 +184,36 @@ def law_w8a8_reference(impl, device, dtype, case, seed):
     check_close(out, out_ref, what=f"W8A8 output ({case})").check()
 
 
+#: The W8A8 laws, run on the two products (not registered implementations: the tests below pick
+#: them by name). A Triton kernel under the interpreter gets half the drawn examples.
+W8A8_ACCUMULATOR = Law(
+    claim="QT-9", technique=TECH, body=law_w8a8_accumulator, params=("device",),
+    given={"case": _cases(CODE_KINDS), "seed": S.seeds},
+    examples=(dict(case=W8Case(2, 3, 4096, "extreme"), seed=1),       # sums of ±66,064,384
+              dict(case=W8Case(17, 65, 130, "uniform"), seed=2),      # two tiles on both axes, a K remainder
+              dict(case=W8Case(1, 1, 1, "extreme"), seed=3)),
+    interpreted_examples=lambda n: max(4, n // 2))
+W8A8_REFERENCE = Law(
+    claim="QT-9", technique=TECH, body=law_w8a8_reference, given={"case": _cases(FLOAT_KINDS), "seed": S.seeds},
+    examples=(dict(case=W8Case(4, 9, 96, "outlier"), seed=1), dict(case=W8Case(17, 65, 130, "zero_row"), seed=2),
+              dict(case=W8Case(2, 3, 4096, "normal"), seed=3)),
+    interpreted_examples=lambda n: max(4, n // 2))
+
+
 @pytest.mark.claim("QT-9")
 @pytest.mark.parametrize("which", W8A8_IMPLS)
 def test_w8a8_accumulator_is_exact(which, device):
-    _MAX_SUM.clear()
-    law_w8a8_accumulator(_product(which), device)
-    assert max(_MAX_SUM) > 2 ** 24, f"the cases never reached sums beyond 2^24 (largest {max(_MAX_SUM)})"
+    largest = max(W8A8_ACCUMULATOR(_product(which), device).observations)
+    assert largest > 2 ** 24, f"the cases never reached sums beyond 2^24 (largest {largest})"
     results.record("QT-9", measured=0, bound=0, unit="accumulator elements differing from the int64 product",
-                   rule="exact", what=f"largest |sum| reached {max(_MAX_SUM)} (> 2^24, int16, float16)")
+                   rule="exact", what=f"largest |sum| reached {largest} (> 2^24, int16, float16)")
 
 
 @pytest.mark.claim("QT-9")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("which", W8A8_IMPLS)
 def test_w8a8_equals_reference(which, device, dtype):
-    law_w8a8_reference(_product(which), device, dtype)
+    W8A8_REFERENCE(_product(which), device, dtype)
 
 
 def _bad(name: str):
@@ -240,9 +228,9 @@ def _bad(name: str):
                                       ("w8a8_truncating_quantizer", "reference")])
 def test_w8a8_zoo_rejected(name, law, device):
     if law == "accumulator":
-        text = expect_rejected(law_w8a8_accumulator, _bad(name), device)
+        text = expect_rejected(W8A8_ACCUMULATOR, _bad(name), device)
     else:
-        text = expect_rejected(law_w8a8_reference, _bad(name), device, torch.float32)
+        text = expect_rejected(W8A8_REFERENCE, _bad(name), device, torch.float32)
     results.record("QT-9", measured="rejected", unit="known-bad W8A8 product", rule=f"W8A8 {law} law",
                    what=f"{name}: {text[:120]}")
 

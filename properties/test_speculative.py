@@ -15,19 +15,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given, note, settings
+from hypothesis import note
 from hypothesis import strategies as st
 
 from conformance import results
 from conformance.contracts.speculative import PAD
-from conformance.tolerance import Verdict, _report, assert_exact
-from conformance.zoo import expect_rejected
+from conformance.tolerance import Verdict, report_verdict, assert_exact
+from conformance.laws import Kills, Law
 from properties.speculative_cases import (
     ALPHA,
     PINNED,
     STAT_CONFIGS,
     certain_cases,
     extend,
+    first_two_token_distribution,
     pq_pairs,
     sd1_law_verdicts,
 )
@@ -40,8 +41,6 @@ ZOO_ALL = ("late_rejection", "resample_from_p", "accept_q_over_p", "continue_aft
 EXACT_BOUND = 1e-12
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-_WORST: list[float] = []
 
 
 def _exact_verdict(dist, expected, what, accept=ref.accept_min_p_over_q, bound=EXACT_BOUND) -> Verdict:
@@ -60,26 +59,26 @@ def sd1_exact(pq, accept=ref.accept_min_p_over_q) -> list[Verdict]:
     return out
 
 
-@given(pq=pq_pairs())
-@example(pq=PINNED[0])
-@example(pq=PINNED[1])
-@example(pq=PINNED[2])
-@example(pq=PINNED[3])
-@example(pq=PINNED[4])
-def law_sd1_exact(pq):
+def law_sd1_exact(run, pq):
+    """SD-1 exactly on one (p, q): the enumerated distributions of the first and first two emitted
+    tokens are the target's; each comparison's error is observed."""
     note(f"q={pq.q.tolist()} p={pq.p.tolist()}")
     for v in sd1_exact(pq):
-        _WORST.append(v.error)
-        _report(v).check()
+        run.observe(v.error)
+        report_verdict(v).check()
+
+
+#: SD-1's exact law (no implementation: the reference's enumeration of every path).
+SD1_EXACT = Law(claim="SD-1", technique=TECH, body=law_sd1_exact, params=(), given={"pq": pq_pairs()},
+                examples=tuple(dict(pq=PINNED[i]) for i in range(5)))
 
 
 @pytest.mark.claim("SD-1")
 def test_sd1_exact_enumeration():
     """SD-1 exactly: for drawn and pinned (p, q), the distribution of the first emitted token and
     of the first two equals the target's to 1e-12 (float64 enumeration of every path)."""
-    _WORST.clear()
-    law_sd1_exact()
-    results.record("SD-1", measured=max(_WORST), bound=EXACT_BOUND, lecture="5e-7 on 200 documents",
+    run = SD1_EXACT(ref)
+    results.record("SD-1", measured=max(run.observations), bound=EXACT_BOUND, lecture="5e-7 on 200 documents",
                    unit="max |P(emitted) - p| over the enumerated distributions",
                    rule="exact enumeration of every accept/reject path, float64", what="exact error")
 
@@ -105,7 +104,7 @@ def test_sd2_two_token_example():
     outcomes = ref.round_outcomes(draft[None], np.stack([target, target]))
     P_A = sum(pr for seq, pr in outcomes.items() if seq[0] == 0)
     P_B = sum(pr for seq, pr in outcomes.items() if seq[0] == 1)
-    v = _report(_exact_verdict([P_A, P_B], target, "P[A], P[B] of the first emitted token"))
+    v = report_verdict(_exact_verdict([P_A, P_B], target, "P[A], P[B] of the first emitted token"))
     results.record("SD-2", measured=max(abs(P_A - 0.3), abs(P_B - 0.7)), bound=EXACT_BOUND,
                    lecture="P[A] = q(A), P[B] = q(B)", unit="max |P - q| (CS336's q is the target)",
                    rule="exact enumeration", P_A=P_A, P_B=P_B)
@@ -113,35 +112,32 @@ def test_sd2_two_token_example():
 
 
 # --------------------------------------------------------------- SD-1 on samples, every verify
-def law_sd1_statistical(impl, device, seed: int = 7):
+def law_sd1_statistical(run, device, seed: int = 7):
     """SD-1 on samples: for each fixed pair of :data:`STAT_CONFIGS`, one ``verify`` call over its
     independent rounds; structure exactly, then four G-tests, ALPHA family-wise over the law."""
+    impl = run.impl
     failed = [v for v in sd1_law_verdicts(impl, seed, device) if not v.ok]
     failed.sort(key=lambda v: -(v.error / v.bound if v.bound > 0 else float("inf")))
     more = f" (+{len(failed) - 3} more)" if len(failed) > 3 else ""
     assert not failed, "; ".join(f"{v.what}: {v.detail}" for v in failed[:3]) + more
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-def test_sd1_statistical(impl, device):
-    """SD-1 for every registered verify: empirical first token, first two tokens and number
+#: SD-1 on samples, over every registered verify.
+SD1_STATISTICAL = Law(claim="SD-1", technique=TECH, body=law_sd1_statistical, params=("device",),
+                      kills=(Kills(ZOO_ALL),))
+test_sd1_statistical = SD1_STATISTICAL.conformance_test(
+    "test_sd1_statistical",
+    doc="""SD-1 for every registered verify: empirical first token, first two tokens and number
     accepted follow the exact distributions, for two dense pairs and three boundary classes
-    (G-tests, family-wise false-alarm rate 1e-3 over the whole law, fixed seeds)."""
-    law_sd1_statistical(impl, device)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-@pytest.mark.kills(*ZOO_ALL)
-def test_sd1_zoo_rejected(bad_impl, device):
-    expect_rejected(law_sd1_statistical, bad_impl, device)
+    (G-tests, family-wise false-alarm rate 1e-3 over the whole law, fixed seeds).""")
+(test_sd1_zoo_rejected,) = SD1_STATISTICAL.zoo_tests("test_sd1_zoo_rejected")
 
 
 # ------------------------------------------------ SD-1 structure: decisions that are certain
-def law_sd1_certain(impl, device):
+def law_sd1_certain(run, device):
     """Every certain decision (accept when p(x) >= q(x) > 0, reject when p(x) = 0, the only token
     of a one-hot residual or bonus) made in every row, for several rows and γ up to 8."""
+    impl = run.impl
     failed = []
     for label, d, q, p, tok, n in certain_cases():
         d_t = torch.tensor(d, dtype=torch.int64, device=device)
@@ -158,17 +154,10 @@ def law_sd1_certain(impl, device):
     assert not failed, f"{len(failed)} certain case(s) wrong: " + "; ".join(failed[:3])
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-def test_sd1_certain_decisions(impl, device):
-    law_sd1_certain(impl, device)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-@pytest.mark.kills("accept_fp16", "row0_probs", "long_gamma_bonus")
-def test_sd1_certain_zoo_rejected(bad_impl, device):
-    expect_rejected(law_sd1_certain, bad_impl, device)
+SD1_CERTAIN = Law(claim="SD-1", technique=TECH, body=law_sd1_certain, params=("device",),
+                  kills=(Kills(("accept_fp16", "row0_probs", "long_gamma_bonus")),))
+test_sd1_certain_decisions = SD1_CERTAIN.conformance_test("test_sd1_certain_decisions", doc="")
+(test_sd1_certain_zoo_rejected,) = SD1_CERTAIN.zoo_tests("test_sd1_certain_zoo_rejected")
 
 
 #: Small batch, a draft token over-proposed (q(1) = .99 > p(1) = .5): rejected about half the
@@ -207,11 +196,10 @@ def _structure_failures(tokens, n, d, q, p, gamma):
     return out
 
 
-@given(case=_small_batches())
-@example(case=_SMALL_PINNED)
-def law_sd1_small_batch_structure(impl, device, case):
+def law_sd1_small_batch_structure(run, device, case):
     """Small batches (B = 1..8), drawn γ: accepted tokens are the drafts, a correction always has
     positive residual, the bonus positive p[γ], padding after; 40 calls per example."""
+    impl = run.impl
     d_t = torch.tensor(case["d"], dtype=torch.int64, device=device)
     q_t = torch.tensor(case["q"], dtype=torch.float64, device=device)
     p_t = torch.tensor(case["p"], dtype=torch.float64, device=device)
@@ -223,17 +211,11 @@ def law_sd1_small_batch_structure(impl, device, case):
         assert not bad, f"B={case['B']} γ={case['gamma']} V={case['V']}: " + "; ".join(bad[:3])
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-def test_sd1_small_batch_structure(impl, device):
-    law_sd1_small_batch_structure(impl, device)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-@pytest.mark.kills("small_batch_from_p", "resample_from_p")
-def test_sd1_small_batch_zoo_rejected(bad_impl, device):
-    expect_rejected(law_sd1_small_batch_structure, bad_impl, device)
+SD1_SMALL_BATCH = Law(claim="SD-1", technique=TECH, body=law_sd1_small_batch_structure, params=("device",),
+                      given={"case": _small_batches()}, examples=(dict(case=_SMALL_PINNED),),
+                      kills=(Kills(("small_batch_from_p", "resample_from_p")),))
+test_sd1_small_batch_structure = SD1_SMALL_BATCH.conformance_test("test_sd1_small_batch_structure", doc="")
+(test_sd1_small_batch_zoo_rejected,) = SD1_SMALL_BATCH.zoo_tests("test_sd1_small_batch_zoo_rejected")
 
 
 # ---------------------------------------------------------------- extreme ratios, randomness
@@ -260,11 +242,12 @@ def _tiny_residual_inputs(B, dtype, device):
             p.to(dtype)[None].expand(B, -1, -1).contiguous().to(device))
 
 
-def law_sd1_extreme_ratios(impl, device, dtype):
+def law_sd1_extreme_ratios(run, device, dtype):
     """q(x) = 1e-12 with p(x) ~ 1 is accepted in every round; p(x) = 0 with q(x) > 0 is rejected
     in every round, and the corrections follow norm(max(0, p − q)) (G-test, α = 1e-3); when that
     residual's whole mass is tiny (p(x) = 0 with q(x) = 1e-12 beside it), it is still normalised:
     the correction is its one token in every round."""
+    impl = run.impl
     from conformance.stats import check_counts
 
     B = 4000
@@ -282,18 +265,10 @@ def law_sd1_extreme_ratios(impl, device, dtype):
                  what="correction drawn from a residual whose only mass is tiny (p − q at token 1)")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_sd1_extreme_ratios(impl, device, dtype):
-    law_sd1_extreme_ratios(impl, device, dtype)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("SD-1")
-@pytest.mark.kills("guarded_division", "tiny_residual_unnormalised")
-def test_sd1_extreme_ratios_zoo_rejected(bad_impl, device):
-    expect_rejected(law_sd1_extreme_ratios, bad_impl, device, torch.float64)
+SD1_EXTREME = Law(claim="SD-1", technique=TECH, body=law_sd1_extreme_ratios, dtypes=(torch.float64, torch.float32),
+                  kills=(Kills(("guarded_division", "tiny_residual_unnormalised"), (torch.float64,)),))
+test_sd1_extreme_ratios = SD1_EXTREME.conformance_test("test_sd1_extreme_ratios", doc="")
+(test_sd1_extreme_ratios_zoo_rejected,) = SD1_EXTREME.zoo_tests("test_sd1_extreme_ratios_zoo_rejected")
 
 
 @pytest.mark.technique(TECH)
@@ -331,7 +306,7 @@ def test_sd4_tokens_per_call_formula_matches_enumeration(alpha):
         outcomes = ref.round_outcomes(np.tile(q_row, (gamma, 1)), np.tile(p_row, (gamma + 1, 1)))
         expected_tokens = sum(len(s) * pr for s, pr in outcomes.items())
         formula = ref.tokens_per_call(alpha, gamma)
-        v = _report(_exact_verdict([expected_tokens], [formula], f"tokens per call at alpha={alpha}, gamma={gamma}"))
+        v = report_verdict(_exact_verdict([expected_tokens], [formula], f"tokens per call at alpha={alpha}, gamma={gamma}"))
         results.record("SD-4", measured=expected_tokens, lecture=formula, bound=EXACT_BOUND,
                        unit="tokens per target call", rule="enumeration equals (1 - a^(g+1)) / (1 - a)",
                        gamma=gamma, tokens_per_call=expected_tokens, alpha=alpha, draft=f"formula alpha={alpha}")
@@ -441,18 +416,6 @@ def test_sd7_greedy_speculative_equals_greedy_target(draft, gamma):
     assert_exact(out, out_ref, what=f"greedy speculative ({draft}, gamma={gamma}) vs greedy target")
 
 
-def _first_two_exact(target, bos_id: int) -> np.ndarray:
-    """The target's own distribution of the first two tokens after ``<bos>``, (V·V,) float64:
-    p(t1 | bos) · p(t2 | bos, t1), from one forward over every continuation t1."""
-    V = target.cfg.vocab_size
-    seqs = torch.stack([torch.full((V,), bos_id), torch.arange(V)], 1)              # (V, 2)
-    with torch.no_grad():
-        logits = target(seqs).double()
-    p1 = torch.softmax(logits[0, 0], -1)                                             # (V,)
-    p2 = torch.softmax(logits[:, 1], -1)                                             # (V, V): row t1
-    return (p1[:, None] * p2).reshape(-1).numpy()
-
-
 @pytest.mark.claim("SD-1")
 @pytest.mark.parametrize("verifier", ["reference", "torch", "zoo:accept_q_over_p"])
 def test_sd1_end_to_end_small_world(verifier):
@@ -461,19 +424,19 @@ def test_sd1_end_to_end_small_world(verifier):
     expected pooled); the same run (same seed) with the min(1, q/p) verifier of the zoo is rejected.
     (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
     a bound of 171 at 3000.)"""
-    from conformance.registry import _resolve
+    from conformance import registry
     from conformance.stats import check_counts
     from smallworld.tokenizer import tokenizer
 
-    target_name = {"reference": "reference.speculative:verify", "torch": "optimized.speculative:verify",
-                   "zoo:accept_q_over_p": "properties.zoo_speculative:accept_q_over_p"}[verifier]
+    impls = {i.name: i for i in registry.builtins("speculative")}
+    impls.update({f"zoo:{i.name}": i for i in registry.zoo("speculative")})
     models = _world(torch.float64)
     B, V = 3000, models["target"].cfg.vocab_size
     gen = torch.Generator().manual_seed(21)
     out, _ = ref.speculative_generate(models["target"], models["draft_poor"], _bos(B), 2, 2, generator=gen,
-                                      verify_fn=_resolve(target_name))
+                                      verify_fn=impls[verifier].verify)
     counts = np.bincount((out[:, 1] * V + out[:, 2]).numpy(), minlength=V * V)
-    exact = _first_two_exact(models["target"], tokenizer().bos_id)
+    exact = first_two_token_distribution(models["target"], tokenizer().bos_id)
     v = check_counts(counts, exact / exact.sum(), alpha=ALPHA, what=f"first two tokens, verifier {verifier}")
     if verifier.startswith("zoo:"):
         assert not v.ok, f"the end-to-end G-test accepted the known-bad {verifier}: {v.message()}"

@@ -26,14 +26,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hypothesis import example, given, note, settings
+from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 from conformance import results
 from conformance.stats import check_counts
 from conformance.tolerance import assert_close, assert_exact, check_exact
+from conformance.laws import Law
 from conformance.zoo import NotRejected, expect_rejected
 from optimized.speculative_engine import SpeculativeEngine
+from properties.speculative_cases import first_two_token_distribution
 from properties.zoo_speculative import ENGINE_ZOO
 from reference.speculative import process_logits
 from reference.transformer import generate, layer_kv
@@ -41,7 +43,6 @@ from reference.transformer import generate, layer_kv
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ALPHA = 1e-3
-_WORST: list[float] = []
 DRAFTS = ("draft_good", "draft_poor")
 
 
@@ -102,21 +103,16 @@ def check_caches(engine, buf, L, prev_L, gamma, worst: list) -> None:
             assert_close(out, want, what=f"{name} cache of row {b} vs the accepted tokens recomputed")
 
 
-@settings(max_examples=4)
-@given(draft=st.sampled_from(DRAFTS), gamma=st.integers(1, 5), greedy=st.booleans(),
-       batch=st.integers(1, 3), prompt_len=st.integers(1, 4), seed=st.integers(0, 2**16), adaptive=st.booleans())
-@example(draft="draft_poor", gamma=1, greedy=False, batch=3, prompt_len=1, seed=0, adaptive=False)  # most rejections
-@example(draft="draft_good", gamma=4, greedy=True, batch=2, prompt_len=3, seed=1, adaptive=False)   # all accepted
-@example(draft="draft_poor", gamma=5, greedy=False, batch=1, prompt_len=4, seed=2, adaptive=False)
-@example(draft="draft_good", gamma=6, greedy=False, batch=2, prompt_len=2, seed=3, adaptive=True)   # γ per round
-def law_sd8_caches_rolled_back(impl, draft, gamma, greedy, batch, prompt_len, seed, adaptive):
-    worst = _WORST
+def law_sd8_caches_rolled_back(run, draft, gamma, greedy, batch, prompt_len, seed, adaptive):
+    """SD-8 on one generation: the caches are checked after every round; each round's largest
+    |cached K, V - recomputed| is observed."""
+    worst: list[float] = []
     target, dr = _model("target", torch.float64), _model(draft, torch.float64)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.cat([torch.full((batch, 1), _tok().bos_id),
                         torch.randint(4, target.cfg.vocab_size, (batch, prompt_len - 1), generator=gen)], 1)
-    engine = impl.cls(target, dr, gamma=gamma, max_batch=batch, max_seq_len=target.cfg.max_seq_len,
-                      temperature=0.0 if greedy else 1.0, adaptive=adaptive, nan_fill=True)
+    engine = run.impl.cls(target, dr, gamma=gamma, max_batch=batch, max_seq_len=target.cfg.max_seq_len,
+                          temperature=0.0 if greedy else 1.0, adaptive=adaptive, nan_fill=True)
     prev = {"L": torch.full((batch,), prompt_len, dtype=torch.int64)}
     rounds = []
 
@@ -128,15 +124,29 @@ def law_sd8_caches_rolled_back(impl, draft, gamma, greedy, batch, prompt_len, se
     note(f"prompt {prompt.tolist()}")
     engine.generate(prompt, 12, generator=gen, on_round=on_round)
     assert rounds, "the engine ran no round"
+    for error in worst:
+        run.observe(error)
+
+
+#: SD-8's law, on the engine (not a registered implementation: the tests below pick it).
+SD8 = Law(
+    claim="SD-8", technique="speculative", body=law_sd8_caches_rolled_back, params=(),
+    given={"draft": st.sampled_from(DRAFTS), "gamma": st.integers(1, 5), "greedy": st.booleans(),
+           "batch": st.integers(1, 3), "prompt_len": st.integers(1, 4), "seed": st.integers(0, 2**16),
+           "adaptive": st.booleans()},
+    examples=(dict(draft="draft_poor", gamma=1, greedy=False, batch=3, prompt_len=1, seed=0, adaptive=False),  # most rejections
+              dict(draft="draft_good", gamma=4, greedy=True, batch=2, prompt_len=3, seed=1, adaptive=False),   # all accepted
+              dict(draft="draft_poor", gamma=5, greedy=False, batch=1, prompt_len=4, seed=2, adaptive=False),
+              dict(draft="draft_good", gamma=6, greedy=False, batch=2, prompt_len=2, seed=3, adaptive=True)),  # γ per round
+    max_examples=lambda n: 4)
 
 
 @pytest.mark.claim("SD-8")
 def test_sd8_caches_equal_the_accepted_prefix():
     """SD-8: after every round both caches hold exactly the accepted prefix (lengths and NaN past
     them exactly; keys and values those of decoding only the accepted tokens, float64 1e-12)."""
-    _WORST.clear()
-    law_sd8_caches_rolled_back(_good())
-    results.record("SD-8", measured=max(_WORST), bound="float64: 1e-12 x scale; lengths and NaN slots exact",
+    run = SD8(_good())
+    results.record("SD-8", measured=max(run.observations), bound="float64: 1e-12 x scale; lengths and NaN slots exact",
                    unit="max |cached K, V - recomputed over the accepted tokens|",
                    rule="checked after every round, target and draft caches", what="max abs error")
 
@@ -144,7 +154,7 @@ def test_sd8_caches_equal_the_accepted_prefix():
 @pytest.mark.claim("SD-8")
 @pytest.mark.parametrize("bad", ["forgets_rollback", "forgets_draft_rollback"])
 def test_sd8_zoo_rejected(bad):
-    text = expect_rejected(law_sd8_caches_rolled_back, _bad(bad))
+    text = expect_rejected(SD8, _bad(bad))
     results.record("SD-8", measured="rejected", unit="known-bad engine", rule="SD-8 cache check",
                    what=f"{bad}: {text[:120]}")
 
@@ -316,14 +326,13 @@ def test_process_logits_errors():
 def law_engine_first_two(impl, n: int = 3000, seed: int = 21, verify=None):
     """The first two tokens of ``n`` engine generations after ``<bos>`` (poor draft, γ = 2,
     temperature 1) against the target's own distribution of the first two tokens (G-test)."""
-    from properties.test_speculative import _first_two_exact
 
     target, dr = _model("target", torch.float32), _model("draft_poor", torch.float32)
     V = target.cfg.vocab_size
     engine = impl.cls(target, dr, gamma=2, max_batch=n, max_seq_len=16, verify=verify)
     out, _ = engine.generate(torch.full((n, 1), _tok().bos_id), 2, generator=torch.Generator().manual_seed(seed))
     counts = np.bincount((out[:, 1] * V + out[:, 2]).numpy(), minlength=V * V)
-    exact = _first_two_exact(_model("target", torch.float64), _tok().bos_id)
+    exact = first_two_token_distribution(_model("target", torch.float64), _tok().bos_id)
     return check_counts(counts, exact / exact.sum(), alpha=ALPHA, what=f"engine {impl.name}: first two tokens")
 
 

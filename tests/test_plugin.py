@@ -17,7 +17,7 @@ import torch
 
 from conformance import registry
 from conformance.results import read_rows
-from properties import test_contract_generic as generic
+from properties import generic_cases as generic
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -149,6 +149,31 @@ def test_reports_renders_only():
     assert importers == [], f"modules outside reports/ import it: {importers}"
 
 
+#: The one import of conformance/ that runs up a layer today (the ceilings probe does device work;
+#: it leaves conformance/ with the benchmark machinery, issue 20 item 6).
+UPWARD_IMPORTS_ALLOWED = {("conformance.ceilings", "reference.roofline")}
+
+
+def test_conformance_imports_no_layer_above_it():
+    """conformance/ (the contracts, the registry, the law runner, the tolerance policy) imports
+    nothing from properties/, optimized/ or reference/, at any depth of any function."""
+    graph = import_graph()
+    upward = sorted((m, d) for m, deps in graph.items() if m.split(".")[0] == "conformance"
+                    for d in deps if d.split(".")[0] in ("properties", "optimized", "reference")
+                    and (m, d) not in UPWARD_IMPORTS_ALLOWED)
+    assert not upward, f"conformance/ imports from the layers above it: {upward}"
+    assert "conformance.laws" in graph and "conformance.coverage" in graph["conformance.contracts.attention"]
+
+
+def test_no_test_module_imports_another():
+    """A module of properties/ imports cases modules (properties/*_cases.py, strategies), never
+    a test module: what two test files share lives in a module that is not collected."""
+    graph = import_graph()
+    tests = {m for m in graph if m.split(".")[-1].startswith("test_")}
+    crossing = sorted((m, d) for m in graph for d in graph[m] if d in tests)
+    assert not crossing, f"modules importing test modules: {crossing}"
+
+
 def _shape_names(text: str) -> set[str]:
     """Size names used in the shape tuples of a text: '(B, Hq, Tq, D)' -> {'B', 'Hq', 'Tq', 'D'}."""
     import re

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conformance.coverage import CoverageClass
 from conformance.registry import Contract
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
@@ -172,17 +173,11 @@ CONTRACT = Contract(
 # ----------------------------------------------------------------------------------------------
 # coverage table: the boundary classes the laws must hand every implementation under `ci`
 # ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CoverageClass:
-    """One boundary class of the attention kernels: ``laws`` (law function names) must hand an
-    implementation at least one call (a dict with B, Hq, Hkv, Tq, Tk, D, causal, scale, dtype,
-    num_splits; the recorder adds the logits' max_logit, rise64, rise128) for which ``test`` is
-    true. ``properties/test_attention_coverage.py`` records the calls under the ``ci`` profile
-    with a recording implementation and fails on a miss."""
-
-    name: str
-    laws: tuple
-    test: object
+# Each class is a conformance.coverage.CoverageClass whose observations are calls: dicts with B, Hq,
+# Hkv, Tq, Tk, D, causal, scale, dtype, num_splits and the logits' max_logit, rise64, rise128
+# (properties.attention_cases.call_profile). The law runner records, per implementation, which
+# classes each run reached; properties/test_attention_coverage.py fails on a class that FA-3's and
+# FA-7's laws and the production shapes leave unreached on the float64 reference under ``ci``.
 
 
 #: The laws that judge one call's values (FA-3's law and its production shapes).

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conformance.coverage import CoverageClass
 from conformance.registry import Contract
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
@@ -193,6 +194,48 @@ def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
             table.to(device), torch.tensor(lens, dtype=torch.int32, device=device))
         out.append((args, {"scale": D ** -0.5}))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# coverage table: the boundary classes PA-1's law must hand every implementation in every profile
+# ----------------------------------------------------------------------------------------------
+#: PA-1's law (properties/test_paged_attention.py).
+_PA1 = ("law_paged_equals_contiguous",)
+
+
+def _any_length(test):
+    """A class reached when some sequence length n of the call satisfies ``test(n, block_size)``."""
+    return lambda c: any(test(n, c.block_size) for n in c.lens)
+
+
+def _paged_coverage() -> tuple:
+    out = [CoverageClass(f"block size {b}", _PA1, lambda c, b=b: c.block_size == b) for b in (1, 16, 32, 256)]
+    out += [
+        CoverageClass("odd block size", _PA1, lambda c: c.block_size % 2 == 1 and c.block_size > 1),
+        CoverageClass("length 1", _PA1, _any_length(lambda n, bs: n == 1)),
+        CoverageClass("length at a block multiple", _PA1, _any_length(lambda n, bs: bs > 1 and n % bs == 0)),
+        CoverageClass("length block multiple - 1", _PA1,
+                      _any_length(lambda n, bs: bs > 1 and n % bs == bs - 1 and n > bs)),
+        CoverageClass("length block multiple + 1", _PA1, _any_length(lambda n, bs: bs > 1 and n % bs == 1 and n > bs)),
+        CoverageClass("more than 64 blocks", _PA1, _any_length(lambda n, bs: -(-n // bs) > 64)),
+        CoverageClass("more than 128 blocks", _PA1, _any_length(lambda n, bs: -(-n // bs) > 128)),
+        CoverageClass("B > 1, different lengths", _PA1, lambda c: len(c.lens) > 1 and len(set(c.lens)) > 1),
+        CoverageClass("group > 16, not a multiple of 16", _PA1,
+                      lambda c: c.Hq // c.Hkv > 16 and (c.Hq // c.Hkv) % 16 != 0),
+        CoverageClass("group not a power of two", _PA1,
+                      lambda c: c.Hq // c.Hkv > 1 and (c.Hq // c.Hkv) & (c.Hq // c.Hkv - 1) != 0),
+        # a scale folded into q in 16 bits moves large logits (~1e2)
+        CoverageClass("large logits, scale not a power of two", _PA1,
+                      lambda c: c.magnitude == "large" and c.scale != 0 and math.frexp(abs(c.scale))[0] != 0.5),
+    ]
+    out += [CoverageClass(f"head dim {d}", _PA1, lambda c, d=d: c.D == d) for d in (64, 72, 80, 96, 128, 192, 256)]
+    return tuple(out)
+
+
+#: The paged_attention contract's coverage table. Observations are the calls' cases: objects with
+#: ``lens`` (the sequence lengths), ``Hq``, ``Hkv``, ``D``, ``block_size``, ``scale`` and
+#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as properties.paged_attention_cases.PagedCase).
+COVERAGE = _paged_coverage()
 
 
 CONTRACT = Contract(

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance import tolerance
+from conformance.coverage import CoverageClass
 from conformance.registry import Contract
 
 #: Dtypes of w (and x) in the contract.
@@ -272,6 +273,48 @@ def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
         w[0, K // 2] = 1.0
         out.append(((w.to(device=device, dtype=dt),), {"bits": bits, "granularity": gran}))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# coverage table: the boundary classes QT-1's law must hand every implementation in every profile
+# ----------------------------------------------------------------------------------------------
+#: QT-1's law (properties/test_quantization.py).
+_QT1 = ("law_half_step",)
+#: The contents of a group that break quantizers (properties/quantization_cases.py draws them).
+GROUP_KINDS = ("normal", "zero", "pos", "neg", "outlier", "subnormal")
+
+
+def _group_size(c) -> int:
+    return c.granularity if isinstance(c.granularity, int) else c.K
+
+
+def _granularity_kind(c) -> str:
+    return c.granularity if isinstance(c.granularity, str) else "group"
+
+
+def _quant_coverage() -> tuple:
+    out = [CoverageClass(f"kind:{k}", _QT1, lambda c, k=k: k in c.kinds) for k in GROUP_KINDS]
+    out += [CoverageClass(f"granularity:{g}", _QT1, lambda c, g=g: _granularity_kind(c) == g)
+            for g in ("tensor", "channel", "group")]
+    out += [
+        CoverageClass("several groups per row", _QT1,
+                      lambda c: isinstance(c.granularity, int) and c.K // c.granularity >= 2 and c.N >= 2),
+        CoverageClass("group of one", _QT1, lambda c: c.granularity == 1),
+        CoverageClass("a group of subnormals only", _QT1, lambda c: "subnormal" in c.kinds and _group_size(c) <= 2),
+        CoverageClass("odd K", _QT1, lambda c: c.K % 2 == 1),
+        CoverageClass("N = 1", _QT1, lambda c: c.N == 1),
+        CoverageClass("M = 1", _QT1, lambda c: c.M == 1),
+        CoverageClass("M > 16", _QT1, lambda c: c.M > 16),
+    ]
+    out += [CoverageClass(f"bits:{b}", _QT1, lambda c, b=b: c.bits == b) for b in range(2, 9)]
+    return tuple(out)
+
+
+#: The quantization contract's coverage table. Observations are the quantize calls' cases:
+#: objects with ``N``, ``K``, ``bits``, ``granularity``, ``kinds`` (the GROUP_KINDS its cells
+#: cycle through) and ``M`` (the rows of x in the product laws), as
+#: properties.quantization_cases.QCase.
+COVERAGE = _quant_coverage()
 
 
 CONTRACT = Contract(

@@ -1,0 +1,332 @@
+"""The law runner: a law is declared once, and its tests are made from the declaration.
+
+A :class:`Law` names its claim and technique, its body, the strategies of its drawn arguments
+(or pinned cases only), its pinned examples, the dtypes its conformance test runs in, the
+known-bad implementations each of its zoo tests must reject (:class:`Kills`) and the contract's
+boundary classes (:mod:`conformance.coverage`) its examples must reach. The test module that
+declares it assigns the tests the runner makes, under the names the report reads::
+
+    FA3 = Law(claim="FA-3", technique="attention", body=law_matches_reference,
+              given={"case": cases(), "seed": S.seeds}, examples=(dict(case=..., seed=7), ...),
+              dtypes=DTYPES, kills=(Kills(ZOO_ALL, (torch.float64,)), Kills(ZOO_16BIT, (torch.bfloat16,))))
+    test_fa3_matches_float64_reference = FA3.conformance_test("test_fa3_matches_float64_reference")
+    test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.zoo_tests(
+        "test_fa3_zoo_rejected", "test_fa3_zoo_rejected_bfloat16")
+
+The body is ``body(run, *params, **drawn)``: ``run`` is the :class:`Run` of this law on one
+implementation (``run.impl``), ``params`` the law's parameters in order (fixtures such as
+``device``, and ``dtype``), ``drawn`` the arguments Hypothesis draws. ``law(impl, *params)`` runs
+it and returns the :class:`Run`: the examples that ran, the refusals with their reasons, the
+boundary classes reached, the worst comparison. Nothing is kept between runs.
+
+Refusals: inside :func:`refusal`, an implementation's ``NotImplementedError`` discards the
+example (the run keeps the reason); when every example was refused the test ends as
+"unsupported", never as a pass. Settings: a Triton kernel run under the interpreter
+(:func:`runs_interpreted`, decided per implementation when the law runs) gets the law's
+``interpreted_examples`` and the strategies ``given(interpreted=True)`` returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, NoReturn
+
+import pytest
+from hypothesis import Phase, example, given, note, reject, settings
+from hypothesis.control import currently_in_test_context
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+
+from conformance import results
+from conformance.coverage import CoverageClass, classes_reached, missing_classes
+from conformance.device import triton_interpreted
+from conformance.outcomes import unsupported
+from conformance.zoo import expect_rejected
+
+
+def runs_interpreted(impl) -> bool:
+    """True for a Triton kernel run under the interpreter (its module imports triton; an
+    implementation whose module is unknown counts as one): only those get fewer examples and
+    bounded sizes. A PyTorch implementation is checked at full size."""
+    if not triton_interpreted():
+        return False
+    if getattr(impl, "origin", "") == "builtin":   # a built-in declares the kernels it launches
+        return bool(getattr(impl, "kernel_modules", ()))
+    target = str(getattr(impl, "target", ""))
+    module = sys.modules.get(target.split(":", 1)[0]) if ":" in target else None
+    return module is None or getattr(module, "triton", None) is not None
+
+
+def dtype_id(dtype) -> str:
+    """The test id of a dtype parameter: ``torch.bfloat16`` -> "bfloat16"."""
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass
+class Run:
+    """What one run of a law on one implementation saw.
+
+    ``ran``: examples that ran (passed or failed); ``refused``: the reasons of the examples the
+    implementation refused; ``reached`` / ``refused_classes``: the boundary classes of the
+    law's coverage table that examples which ran / were refused reached; ``observations``: what
+    the examples that ran observed (:meth:`observe`); ``worst``: the worst comparison of the
+    tolerance policy in the test (a :class:`conformance.tolerance.Verdict`, or None)."""
+
+    law: str
+    implementation: str
+    impl: Any = field(repr=False)
+    interpreted: bool = False
+    coverage: tuple = field(default=(), repr=False)
+    ran: int = 0
+    refused: list = field(default_factory=list)
+    reached: set = field(default_factory=set)
+    refused_classes: set = field(default_factory=set)
+    observations: list = field(default_factory=list, repr=False)
+    worst: Any = None
+    _example: list = field(default_factory=list, repr=False)
+
+    def observe(self, observation: Any) -> None:
+        """Record what the running example hands the implementation; its boundary classes
+        count as reached once the example has run (as refused if it is refused)."""
+        self._example.append(observation)
+
+    def refuse(self, reason: str) -> NoReturn:
+        """Discard the running example: the implementation refused it (``reason`` is kept)."""
+        self.refused.append(reason)
+        note(reason)
+        reject()
+
+    def _begin_example(self) -> None:
+        self._example = []
+
+    def _end_example(self, refused: bool) -> None:
+        classes = set().union(*(classes_reached(self.coverage, self.law, o) for o in self._example))
+        if refused:
+            self.refused_classes |= classes
+        else:
+            self.ran += 1
+            self.reached |= classes
+            self.observations.extend(self._example)
+        self._example = []
+
+
+@contextmanager
+def refusal(run: Run | None, what: str) -> Iterator[None]:
+    """Inside the block, a ``NotImplementedError`` is the implementation refusing the input
+    (``what`` says who refused what): inside a law's example (``run`` given) the example is
+    discarded and the reason kept (:meth:`Run.refuse`); elsewhere the test ends as
+    "unsupported" (:func:`conformance.outcomes.unsupported`). Never a pass."""
+    try:
+        yield
+    except NotImplementedError as exc:
+        reason = f"{what}: {exc}"
+        if run is not None and currently_in_test_context():
+            run.refuse(reason)
+        unsupported(reason)
+
+
+@dataclass(frozen=True)
+class Kills:
+    """The known-bad implementations (zoo entry names) one zoo test of a law must reject, and
+    the dtypes it runs the law in: one dtype is fixed (the test has no dtype parameter), several
+    parametrize the test, none for a law without a dtype parameter."""
+
+    names: tuple
+    dtypes: tuple = ()
+    doc: str = ""
+
+
+def _parameters(names) -> inspect.Signature:
+    return inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+
+
+def _dtype_parameter(dtypes) -> Any:
+    return pytest.mark.parametrize("dtype", [pytest.param(d, id=dtype_id(d)) for d in dtypes])
+
+
+def _named(test: Callable, name: str, doc: str | None, module: str, marks: list) -> Callable:
+    test.__name__ = test.__qualname__ = name
+    test.__doc__ = doc
+    test.__module__ = module
+    for mark in reversed(marks):
+        test = mark(test)
+    return test
+
+
+@dataclass(frozen=True)
+class Law:
+    """One law, declared once (see the module's docstring).
+
+    ``given``: the strategies of the drawn arguments, by name, or a function of ``interpreted``
+    returning them; ``examples``: the pinned examples (dicts of the drawn arguments), run first
+    and in every profile; ``params``: the law's parameters after ``run``, in order ("dtype" is
+    the conformance test's parameter over ``dtypes``, the others are fixtures); ``kills``: one
+    :class:`Kills` per zoo test; ``coverage``: the contract's coverage table (the classes naming
+    this law are recorded per run); ``require_coverage``: the conformance test fails when a run
+    that refused nothing misses one of them; ``max_examples`` / ``interpreted_examples``: the
+    drawn examples (default: the profile's) for every implementation / for Triton kernels run
+    under the interpreter (default: ``max_examples``), each a function of the profile's number; ``explicit_only``: run the
+    pinned examples only; ``applies``: ``applies(impl)`` is None, or the reason the law does not
+    apply to ``impl`` (the conformance test skips with it); ``claims``: the claim ids of its
+    tests (default: ``claim``)."""
+
+    claim: str
+    technique: str
+    body: Callable
+    given: Mapping[str, Any] | Callable[[bool], Mapping[str, Any]] = field(default_factory=dict)
+    examples: tuple = ()
+    params: tuple = ("device", "dtype")
+    dtypes: tuple = ()
+    kills: tuple = ()
+    coverage: tuple = ()
+    require_coverage: bool = False
+    max_examples: Callable[[int], int] | None = None
+    interpreted_examples: Callable[[int], int] | None = None
+    explicit_only: bool = False
+    applies: Callable[[Any], str | None] | None = None
+    claims: tuple = ()
+
+    @property
+    def name(self) -> str:
+        """The law's name: its body's (the coverage tables name laws by it)."""
+        return self.body.__name__
+
+    def with_examples(self, examples: tuple, *, explicit_only: bool = True) -> Law:
+        """The same law on other pinned examples (only those, by default)."""
+        return dataclasses.replace(self, examples=tuple(examples), explicit_only=explicit_only)
+
+    def hypothesis_test(self, interpreted: bool) -> Callable:
+        """The Hypothesis test of the law for an implementation that runs interpreted or not:
+        ``test(run, *params)``."""
+        body = self.body
+
+        def example_body(run, *args, **drawn):
+            run._begin_example()
+            try:
+                body(run, *args, **drawn)
+            except UnsatisfiedAssumption:
+                run._end_example(refused=True)
+                raise
+            except BaseException:
+                run._end_example(refused=False)
+                raise
+            run._end_example(refused=False)
+
+        example_body.__signature__ = inspect.signature(body)          # what Hypothesis binds
+        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+            setattr(example_body, attr, getattr(body, attr))
+        # under ``derandomize`` the draws follow from the law's name (and this runner), not from the
+        # text of its body: editing a body does not move its draws
+        example_body._hypothesis_internal_add_digest = f"{self.technique}:{self.name}".encode()
+        strategies = self.given(interpreted) if callable(self.given) else self.given
+        test = given(**strategies)(example_body) if strategies else example_body
+        for pinned in reversed(self.examples):
+            test = example(**pinned)(test)
+        fewer = self.interpreted_examples if interpreted and self.interpreted_examples else self.max_examples
+        chosen: dict[str, Any] = {}
+        if fewer is not None:
+            chosen["max_examples"] = fewer(settings.default.max_examples)
+        if self.explicit_only:
+            chosen["phases"] = [Phase.explicit]
+        return settings(**chosen)(test) if chosen else test
+
+    def __call__(self, impl, *args) -> Run:
+        """Run the law on ``impl`` with its parameters ``args``; return what it saw.
+
+        Raises the law's failure (an AssertionError of the tolerance policy, ...), and
+        :class:`conformance.outcomes.Unsupported` when ``impl`` refused every example."""
+        interpreted = runs_interpreted(impl)
+        run = Run(self.name, getattr(impl, "name", str(impl)), impl, interpreted, tuple(self.coverage))
+        try:
+            self.hypothesis_test(interpreted)(run, *args)
+        except Unsatisfiable:
+            pass
+        if run.ran == 0 and run.refused:
+            unsupported(f"{run.refused[0]} (and every other example)")
+        run.worst = results.current.worst
+        return run
+
+    def missing_classes(self, run: Run) -> list[str]:
+        """The classes of the coverage table naming this law that ``run`` did not reach."""
+        return missing_classes(self.coverage, run.reached, self.name)
+
+    def pinned_coverage(self, argument: str = "case") -> dict[str, list[str]]:
+        """Class name -> the pinned examples ("example i", in order) whose ``argument`` reaches
+        it, over the coverage classes naming this law: what every profile reaches."""
+        table: dict[str, list[str]] = {}
+        for i, pinned in enumerate(self.examples):
+            for name in sorted(classes_reached(self.coverage, self.name, pinned[argument])):
+                table.setdefault(name, []).append(f"example {i}")
+        return dict(sorted(table.items()))
+
+    def record_pinned_coverage(self, rule: str) -> None:
+        """Record the claim's row of :meth:`pinned_coverage` (classes reached of those naming the
+        law, the table in ``coverage``) and fail (AssertionError naming them) on a missing one."""
+        table = self.pinned_coverage()
+        missing = missing_classes(self.coverage, table, self.name)
+        required = len(missing_classes(self.coverage, (), self.name))
+        results.record(self.claim, measured=required - len(missing), bound=required,
+                       unit="boundary classes reached by the pinned examples", rule=rule, coverage=table)
+        assert not missing, f"pinned examples miss {missing}"
+
+    def check_coverage(self, run: Run) -> None:
+        """Fail (AssertionError naming them) when the law requires its coverage and a run that
+        refused nothing missed classes."""
+        if not self.require_coverage or run.refused:
+            return
+        missing = self.missing_classes(run)
+        assert not missing, (f"the law's cases never reached these boundary classes: {missing} "
+                             f"(reached: {sorted(run.reached)})")
+
+    def _marks(self) -> list:
+        return [pytest.mark.technique(self.technique), pytest.mark.claim(*(self.claims or (self.claim,)))]
+
+    def _args(self, fixtures: Mapping[str, Any], dtype: Any) -> list:
+        return [dtype if p == "dtype" else fixtures[p] for p in self.params]
+
+    def conformance_test(self, name: str, doc: str | None = None,
+                         after: Callable[[Run], None] | None = None) -> Callable:
+        """The test of the law over the registry: ``name(impl, <params>)``, parametrized over
+        ``dtypes``; it skips where ``applies`` says the law does not apply, runs the law, checks
+        its coverage and calls ``after(run)`` (to record a figure from the run)."""
+        law = self
+
+        def test(impl, **fixtures):
+            reason = law.applies(impl) if law.applies else None
+            if reason:
+                pytest.skip(reason)
+            run = law(impl, *law._args(fixtures, fixtures.get("dtype")))
+            law.check_coverage(run)
+            if after is not None:
+                after(run)
+
+        test.__signature__ = _parameters(("impl", *self.params))
+        marks = self._marks() + ([_dtype_parameter(self.dtypes)] if "dtype" in self.params else [])
+        return _named(test, name, doc or self.body.__doc__, self.body.__module__, marks)
+
+    def zoo_tests(self, *names: str) -> tuple[Callable, ...]:
+        """One zoo test per :class:`Kills` of the law, named ``names`` in order:
+        ``name(bad_impl, <params but dtype>[, dtype])``, each known-bad implementation rejected
+        by the law (:func:`conformance.zoo.expect_rejected`)."""
+        if len(names) != len(self.kills):
+            raise ValueError(f"{self.name}: {len(self.kills)} zoo tests declared, {len(names)} names given")
+        return tuple(self._zoo_test(name, kills) for name, kills in zip(names, self.kills))
+
+    def _zoo_test(self, name: str, kills: Kills) -> Callable:
+        law = self
+        fixed = kills.dtypes[0] if len(kills.dtypes) == 1 else None
+        parametrized = len(kills.dtypes) > 1
+
+        def test(bad_impl, **fixtures):
+            expect_rejected(law, bad_impl, *law._args(fixtures, fixtures.get("dtype", fixed)))
+
+        own = [p for p in self.params if p != "dtype"] + (["dtype"] if parametrized else [])
+        test.__signature__ = _parameters(("bad_impl", *own))
+        marks = self._marks() + [pytest.mark.kills(*kills.names)]
+        marks += [_dtype_parameter(kills.dtypes)] if parametrized else []
+        return _named(test, name, kills.doc or None, self.body.__module__, marks)
+
+
+__all__ = ["CoverageClass", "Kills", "Law", "Run", "dtype_id", "refusal", "runs_interpreted"]
