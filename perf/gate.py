@@ -1,7 +1,7 @@
-"""``python -m perf.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.05]``
+"""``python -m perf.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.05] [--strict]``
 
-Compare a benchmark run with the stored history of the same device model and exit 1 on a
-regression. RUN.json is a history entry (``history/<series>/*.json``, written by
+Compare a benchmark run with the stored history of the same device and settings: exit 0 pass,
+1 regression, 2 usage or input error, 3 inconclusive (only with --strict). RUN.json is a history entry (``history/<series>/*.json``, written by
 ``python -m reports``) or a pytest-benchmark ``--benchmark-json`` file. The baseline defaults to
 the latest other entry of the run's series in ``history/``; a folder means its latest entry.
 
@@ -29,29 +29,37 @@ that follows the machine, about 0 for one that does not). The run's speed itself
 exp(median shift of all benchmarks), is judged by the plain between-run model as one more
 member of the family, ``(run speed: ...)``: a change that slows every benchmark alike fails
 there (with the wider spread of the machine's speed; when most benchmarks slow down, the
-unchanged rest look faster than the run's speed predicts and show as improvements). Its
-measured effect is in the calibration.
+unchanged rest look faster than the run's speed predicts and show as improvements). Each
+benchmark's own row cancels a uniform shift by construction, so the run-speed row is the only
+one that sees it: it holds half of alpha (:data:`RUN_SPEED_SHARE`, weighted Holm) rather than
+1/(m+1) of it. Its measured effect is in the calibration.
 
-With fewer entries the benchmark falls back to the **rounds** of the run and of the baseline
-(the former rule, which fails unchanged code often on a shared machine: a warning says so):
-r = median(run) / median(baseline), a bootstrap interval and one-sided Mann-Whitney U p-values.
+With fewer entries a benchmark is **inconclusive**: the rounds of the run and of the baseline
+give its ratio r = median(run) / median(baseline) (bootstrap interval, Mann-Whitney U), but the
+rounds of one run do not see the variance between runs (that rule fails unchanged code often
+on a shared machine), so they call no regression; the message points to the A/B mode.
 
-Family-wise control: the p-values of all the run's benchmarks are adjusted by Holm's step-down
-method, so ``alpha`` (default 0.05) bounds the **run-level** false-alarm rate, the probability
-that the gate fails a run of unchanged code whatever the number of benchmarks, as far as the
-model holds (its measured rate: ``perf/calibration/gate_calibration.json``). Then, per
-benchmark, with p the Holm-adjusted p-value:
+Family-wise control: the p-values of all the run's judged benchmarks are adjusted by Holm's
+step-down method, so ``alpha`` (default 0.05) bounds the **run-level** false-alarm rate, the
+probability that the gate fails a run of unchanged code whatever the number of benchmarks, as
+far as the model holds (its measured rate: ``perf/calibration/gate_calibration.json``). Then,
+per benchmark, with p the Holm-adjusted p-value:
 
-- **regression** (exit 1): r > 1 + threshold and p_slower < alpha: larger than the practical
+- **regression** (exit 1): r > ``--hard-limit`` (default 1.5), whatever the noise and in every
+  mode (the rounds too); or r > 1 + threshold and p_slower < alpha: larger than the practical
   threshold and statistically significant.
 - **improvement**: r < 1 - threshold and p_faster < alpha: the baseline should be updated.
-- **noisy** (a warning, exit 0): neither of the above, and either the interval reaches past
+- **noisy** (a warning; exit 0, 3 with ``--strict``): neither of the above, and either the interval reaches past
   1 + threshold (a regression larger than the threshold can be neither shown nor ruled out) or
   r is beyond the threshold without significance: the run cannot decide.
 - **ok**: otherwise: the interval rules out a slowdown larger than the threshold.
 
-Benchmarks only in the run are "new"; only in the baseline, "missing" (neither fails the gate).
-The interleaved A/B mode (:mod:`perf.ab`) applies the same rule to paired passes.
+Benchmarks only in the run are "new"; only in the baseline, "missing" (exit 2 unless
+``--allow-missing``). A damaged run file or history entry, no baseline, no benchmark in common
+with it and a baseline of another device exit 2 with one line naming the file, the entry and
+the field (``--allow-new-series``, ``--allow-corrupt-history`` accept the second and an
+unusable entry, which is then named). The interleaved A/B mode (:mod:`perf.ab`) applies the
+same rule to paired passes.
 """
 from __future__ import annotations
 
@@ -265,44 +273,24 @@ class InputError(Exception):
     """An input the gate cannot judge (exit :data:`EXIT_INPUT`): one line saying what and where."""
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or v != v:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+def _bounded(kind: type, ok, says: str):
+    """An argparse type: ``kind`` (float or int) for which ``ok(value)`` holds, else a usage
+    error saying ``says`` (argparse then exits :data:`EXIT_INPUT`)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {says}, got {text}")
+        return v
+    return parse
 
 
-def _alpha(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
-    return v
-
-
-def _hard_limit(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 1:
-        raise argparse.ArgumentTypeError(f"must be a ratio > 1 (inf: no hard limit), got {text}")
-    return v
-
-
-def _window(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+_positive_float = _bounded(float, lambda v: v > 0, "> 0")
+_alpha = _bounded(float, lambda v: 0 < v < 1, "in (0, 1)")
+_hard_limit = _bounded(float, lambda v: v > 1, "a ratio > 1 (inf: no hard limit)")
+_window = _bounded(int, lambda v: v >= 0, ">= 0")
 
 
 def parser() -> argparse.ArgumentParser:
