@@ -24,12 +24,16 @@ DEFAULT_ALPHA = 0.05
 MIN_HISTORY = 3
 #: Fewest benchmarks common to the run and every entry of the window to normalise by the run's speed.
 MIN_NORMALIZE = 4
+#: A ratio beyond this fails whatever the noise, in every mode (a 2x slowdown is never "noisy").
+DEFAULT_HARD_LIMIT = 1.5
+#: The exit codes of the gate: pass, regression, usage or input error, inconclusive (``--strict``).
+EXIT_PASS, EXIT_REGRESSION, EXIT_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 
 @dataclass
 class Decision:
     name: str
-    status: str  # regression | improvement | noisy | ok | new | missing
+    status: str  # regression | improvement | noisy | inconclusive | ok | new | missing
     ratio: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
@@ -55,22 +59,29 @@ class Test:
     detail: str = ""
 
 
-def holm(pvalues) -> np.ndarray:
+def holm(pvalues, weights=None) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error control, any dependence).
 
     p_(i) sorted ascending, adjusted_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)); reject where
-    adjusted < alpha. Raises ValueError for a p-value outside [0, 1] or not finite.
+    adjusted < alpha. With ``weights`` w_i > 0 (the weighted version of the same paper): order by
+    p_i / w_i and adjusted_(i) = max_{j <= i} min(1, p_(j) (sum_{k >= j} w_(k)) / w_(j)), so a
+    hypothesis of weight w gets the share w / sum(w) of alpha at the first step (equal weights:
+    the plain method). Raises ValueError for a p-value outside [0, 1] or not finite, or a weight
+    not finite and positive.
     Source: S. Holm, "A simple sequentially rejective multiple test procedure", Scand. J. Stat. 1979.
     """
     p = np.asarray(pvalues, dtype=float)
     if p.size and (not np.all(np.isfinite(p)) or np.any((p < 0) | (p > 1))):
         raise ValueError(f"p-values must be finite and in [0, 1], got {p.tolist()}")
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adj = np.empty(m)
+    w = np.ones(p.size) if weights is None else np.asarray(weights, dtype=float)
+    if w.shape != p.shape or (w.size and (not np.all(np.isfinite(w)) or np.any(w <= 0))):
+        raise ValueError(f"weights must be finite, positive and one per p-value, got {w.tolist()}")
+    order = np.argsort(p / w, kind="stable")
+    remaining = np.cumsum(w[order][::-1])[::-1]  # sum of the weights from each step on
+    adj = np.empty(p.size)
     running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
+    for step, i in enumerate(order):
+        running = max(running, min(1.0, p[i] * remaining[step] / w[i]))
         adj[i] = running
     return adj
 
@@ -224,15 +235,19 @@ def log_ratio_test(log_ratios, *, alpha: float = 0.05, label: str = "pairs") -> 
 
 
 def decide(name: str, t: Test, p_slow: float, p_fast: float, *, threshold: float, alpha: float,
-           family: int = 1) -> Decision:
+           family: int = 1, hard_limit: float | None = None) -> Decision:
     """The threshold-and-significance rule on one benchmark's evidence ``t``, with its
-    (Holm-adjusted, when ``family`` > 1) p-values."""
+    (Holm-adjusted, when ``family`` > 1) p-values; a ratio beyond ``hard_limit`` is a
+    regression whatever its p-value."""
     d = Decision(name, "ok", t.ratio, t.ci_low, t.ci_high, p_slow, p_fast, t.n_run, t.n_base, basis=t.basis)
     pct = f"{(t.ratio - 1) * 100:+.1f}%"
     padj = "Holm-adjusted over {} benchmarks ".format(family) if family > 1 else ""
     spread = " (within the run-to-run spread)" if t.basis == "between-run" else ""
     test = {"rounds": "Mann-Whitney", "between-run": "between-run t", "pairs": "paired t"}.get(t.basis, t.basis)
-    if t.ratio > 1 + threshold and p_slow < alpha:
+    if hard_limit is not None and t.ratio > hard_limit:
+        d.status, d.reason = "regression", (f"median {pct}, beyond the hard limit {hard_limit:g}x: fails whatever "
+                                            f"the noise ({test}, {padj}p={p_slow:.2g}; {t.detail})")
+    elif t.ratio > 1 + threshold and p_slow < alpha:
         d.status, d.reason = "regression", (f"median {pct} (> {threshold:.0%}), significant "
                                             f"({test}, {padj}p={p_slow:.2g} < {alpha:g}; {t.detail})")
     elif t.ratio < 1 - threshold and p_fast < alpha:
@@ -252,14 +267,15 @@ def decide(name: str, t: Test, p_slow: float, p_fast: float, *, threshold: float
 
 
 def judge_family(names: list[str], tests: list[Test], *, threshold: float = 0.10,
-                 alpha: float = DEFAULT_ALPHA) -> list[Decision]:
-    """Decisions for a family of benchmarks: Holm-adjusted p-values (slower and faster each),
-    then :func:`decide`; ``alpha`` is the family-wise (run-level) level."""
+                 alpha: float = DEFAULT_ALPHA, weights=None, hard_limit: float | None = None) -> list[Decision]:
+    """Decisions for a family of benchmarks: Holm-adjusted p-values (slower and faster each;
+    weighted by ``weights`` when given, :func:`holm`), then :func:`decide`; ``alpha`` is the
+    family-wise (run-level) level, ``hard_limit`` the ratio that fails whatever the noise."""
     if not tests:
         return []
-    ps, pf = holm([t.p_slower for t in tests]), holm([t.p_faster for t in tests])
-    return [decide(n, t, float(a), float(b), threshold=threshold, alpha=alpha, family=len(tests))
-            for n, t, a, b in zip(names, tests, ps, pf)]
+    ps, pf = holm([t.p_slower for t in tests], weights), holm([t.p_faster for t in tests], weights)
+    return [decide(n, t, float(a), float(b), threshold=threshold, alpha=alpha, family=len(tests),
+                   hard_limit=hard_limit) for n, t, a, b in zip(names, tests, ps, pf)]
 
 
 def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, threshold: float = 0.10,
@@ -273,25 +289,38 @@ def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, th
     return decide(name, t, t.p_slower, t.p_faster, threshold=threshold, alpha=alpha)
 
 
-def print_decisions(decisions: list[Decision], out=None) -> int:
-    """Print one line per decision and the counts; returns the exit code (1 on a regression)."""
+STATUSES = ("regression", "improvement", "noisy", "inconclusive", "ok", "new", "missing")
+
+
+def exit_code(decisions: list[Decision], strict: bool = False) -> int:
+    """:data:`EXIT_REGRESSION` on any regression; else, ``strict``, :data:`EXIT_INCONCLUSIVE`
+    when a benchmark is noisy or inconclusive; else :data:`EXIT_PASS`."""
+    if any(d.status == "regression" for d in decisions):
+        return EXIT_REGRESSION
+    if strict and any(d.status in ("noisy", "inconclusive") for d in decisions):
+        return EXIT_INCONCLUSIVE
+    return EXIT_PASS
+
+
+def print_decisions(decisions: list[Decision], out=None, strict: bool = False) -> int:
+    """Print one line per decision and the counts; returns the exit code (:func:`exit_code`)."""
     out = out or sys.stdout
     width = max([len(d.name) for d in decisions] + [10])
     for d in decisions:
         ratio = f"{d.ratio:.3f}" if d.ratio is not None else "-"
         print(f"  {d.status.upper():<12} {d.name:<{width}} ratio {ratio:>6}  {d.reason}", file=out)
-    counts = {s: sum(d.status == s for d in decisions) for s in ("regression", "improvement", "noisy", "ok", "new", "missing")}
+    counts = {s: sum(d.status == s for d in decisions) for s in STATUSES}
     print("gate: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), file=out)
-    rounds = sum(d.basis == "rounds" for d in decisions)
-    if rounds:
-        print(f"gate: WARNING: {rounds} benchmark(s) judged from the rounds of one run against one baseline "
-              f"(fewer than {MIN_HISTORY} earlier entries in the series): that test does not see the variance "
-              f"between runs and fails unchanged code far more often than alpha on a shared machine "
-              f"(perf/calibration/gate_calibration.json); commit more baseline runs or use python -m perf.ab",
-              file=out)
+    if counts["inconclusive"]:
+        print(f"gate: WARNING: {counts['inconclusive']} benchmark(s) inconclusive: fewer than {MIN_HISTORY} earlier "
+              f"entries of the series hold them, and the rounds of one run against one baseline do not see the "
+              f"variance between runs (its measured false-alarm rate: 'rounds only' in "
+              f"perf/calibration/gate_calibration.json); only a ratio beyond the hard limit fails there. Judge the "
+              f"change with the interleaved A/B mode (python -m perf.ab --a <base> --b <change>) or commit more "
+              f"baseline runs", file=out)
     if counts["noisy"]:
         print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)", file=out)
-    return 1 if counts["regression"] else 0
+    return exit_code(decisions, strict)
 
 
 def binomial_rate(hits: int, n: int) -> dict:
