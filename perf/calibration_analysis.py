@@ -10,8 +10,8 @@ import numpy as np
 
 from perf import ab, gate
 from perf.records import merge_passes
-from perf.stats import (DEFAULT_ALPHA, MIN_HISTORY, binomial_rate, detectable_slowdown, normalize_by_run_speed,
-                        pairs_needed)
+from perf.stats import (DEFAULT_ALPHA, MIN_HISTORY, binomial_rate, detectable_slowdown, judge_family,
+                        normalize_by_run_speed, pairs_needed, rounds_test)
 
 #: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
 HISTORY_PASSES = (3, 5)
@@ -82,6 +82,21 @@ def runs_of(passes: list[dict], m: int) -> list[dict]:
     return sorted(out, key=lambda r: r["start"])
 
 
+def rounds_rule(run: dict, base: dict, *, threshold: float, alpha: float) -> list:
+    """The former rule the calibration keeps measuring: every benchmark of ``run`` judged from its
+    rounds against the one ``base`` entry (:func:`perf.stats.rounds_test`, Holm over the family,
+    no hard limit). The gate itself no longer calls regressions this way (too few entries:
+    inconclusive)."""
+    base_by = {b["fullname"]: b for b in base["benchmarks"]}
+    names, tests = [], []
+    for b in run["benchmarks"]:
+        ref = base_by.get(b["fullname"])
+        if ref is not None:
+            names.append(b["fullname"])
+            tests.append(rounds_test(gate.samples(ref), gate.samples(b), alpha=alpha))
+    return judge_family(names, tests, threshold=threshold, alpha=alpha)
+
+
 def history_mode(passes: list[dict], targets: list[str], *, threshold: float, alpha: float, window: int,
                  rounds_only: bool = False, normalize: bool = True) -> dict:
     """Each pass (or run of passes, :func:`runs_of`) judged against the ``window`` unchanged ones
@@ -100,8 +115,11 @@ def history_mode(passes: list[dict], targets: list[str], *, threshold: float, al
         pool = [q for q in clean if q["session"] != p["session"]]
         if len(pool) >= need:
             hist = [_entry(q["benchmarks"]) for q in pool[-window:]]
-            decisions = gate.gate(_entry(p["benchmarks"]), hist[-1], threshold=threshold, alpha=alpha,
-                                  history=None if rounds_only else hist, normalize=normalize)
+            if rounds_only:
+                decisions = rounds_rule(_entry(p["benchmarks"]), hist[-1], threshold=threshold, alpha=alpha)
+            else:
+                decisions = gate.gate(_entry(p["benchmarks"]), hist[-1], threshold=threshold, alpha=alpha,
+                                      history=hist, normalize=normalize)
             regressed = {d.name for d in decisions if d.status == "regression"}
             if p["injected"]:
                 n_inj += 1

@@ -88,7 +88,8 @@ RUN_SPEED = "(run speed: the median shift of all benchmarks)"
 RUN_SPEED_SHARE = 0.5
 
 
-def _samples(rec: dict) -> list[float]:
+def samples(rec: dict) -> list[float]:
+    """A benchmark record's per-round times in seconds (its raw ``data``, else its median alone)."""
     data = rec.get("data") or []
     if data:
         return [float(x) for x in data]
@@ -181,7 +182,7 @@ def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAU
     meds = history_medians(history or [])
     run_meds = {}
     for rec in run.get("benchmarks", []):
-        rs = _samples(rec)
+        rs = samples(rec)
         med = (rec.get("stats") or {}).get("median") or (float(np.median(rs)) if rs else None)
         if med:
             run_meds[rec["fullname"]] = float(med)
@@ -194,14 +195,14 @@ def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAU
     for rec in run.get("benchmarks", []):
         name = rec["fullname"]
         seen.add(name)
-        rs, b = _samples(rec), base_by.get(name)
+        rs, b = samples(rec), base_by.get(name)
         h = meds.get(name, [])
         if speed and name in speed.y_run:
             tests.append(speed_test(speed, name, alpha=alpha))
         elif name in run_meds and len(h) >= max(2, min_history):
             tests.append(history_test(run_meds[name], h, alpha=alpha))
-        elif b is not None and _samples(b) and rs:
-            other[name] = _few_history(name, rounds_test(_samples(b), rs, alpha=alpha), len(h), threshold=threshold,
+        elif b is not None and samples(b) and rs:
+            other[name] = _few_history(name, rounds_test(samples(b), rs, alpha=alpha), len(h), threshold=threshold,
                                        alpha=alpha, hard_limit=hard_limit)
             continue
         else:

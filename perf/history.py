@@ -182,6 +182,18 @@ def series(slug: str, history: Path = HISTORY, errors: list | None = None) -> li
     return out
 
 
+def newest_series(fp: dict, history: Path = HISTORY) -> str:
+    """The series of this machine that holds the newest entry: a folder named
+    :func:`perf.env.device_slug` or that slug followed by a settings tag (the benchmarks' pinned
+    settings are part of the key, :func:`perf.env.series_key`); the bare slug when there is none."""
+    from perf.env import device_slug
+
+    slug = device_slug(fp)
+    folders = [d for d in Path(history).glob(f"{slug}*") if d.is_dir() and (d.name == slug or d.name.startswith(slug + "-"))]
+    dated = [(max((p.name for p in d.glob("*.json")), default=""), d.name) for d in folders]
+    return max(dated)[1] if dated else slug
+
+
 def all_series(history: Path = HISTORY) -> dict[str, list[tuple[Path, dict]]]:
     h = Path(history)
     if not h.is_dir():

@@ -238,9 +238,12 @@ def tolerance_rules() -> list[dict]:
 
 
 def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, ceilings: dict | None = None,
-            history_entries: list[tuple] | None = None, plot_dir: Path | None = None) -> dict:
-    """Everything the report shows, as one JSON-able dict (plots drawn into ``plot_dir``)."""
+            history_entries: list[tuple] | None = None, plot_dir: Path | None = None,
+            series_name: str | None = None) -> dict:
+    """Everything the report shows, as one JSON-able dict (plots drawn into ``plot_dir``);
+    ``series_name``: the history series shown (default: this device's slug)."""
     fp = fp or env.fingerprint(None)
+    series_name = series_name or env.device_slug(fp)
     ledger = claim_verdicts(rows, records)
     rates = kill_rates(rows)
     for k in rates.values():
@@ -263,7 +266,7 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
                 ceilings_text[f"matmul FLOP/s ({d})"] = _num(float(x)) if isinstance(x, (int, float)) else str(x)
         elif k in ("device_name", "method"):
             ceilings_text[k] = str(v)
-    return {"fingerprint": fp, "device_model": env.device_model(fp), "series": env.device_slug(fp),
+    return {"fingerprint": fp, "device_model": env.device_model(fp), "series": series_name,
             "summary": summary(ledger), "claims": ledger, "techniques": techniques, "killrates": rates,
             "benchmarks": [dict(r) for r in records], "ceilings": ceilings or {}, "ceiling_values": cvals,
             "ceilings_text": ceilings_text, "plots": plot_list,
@@ -330,12 +333,14 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
         bench_json = out / "benchmarks.json"
     records = benchmark_records.records(bench_json)
     fp = fp or env.fingerprint(next((r.device for r in rows if r.device), None))
-    series = hist.series(env.device_slug(fp), history_dir) if history_dir is not None else []
+    series_name = hist.newest_series(fp, history_dir) if history_dir is not None else env.device_slug(fp)
+    series = hist.series(series_name, history_dir) if history_dir is not None else []
     plot_dir = out / "plots"
     if plot_dir.exists():
         for p in plot_dir.glob("*.png"):
             p.unlink()
-    ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir)
+    ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir,
+                  series_name=series_name)
     paths = render(ctx, out)
     doc = dict(ctx, rows=[asdict(r) for r in rows])
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
