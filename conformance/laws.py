@@ -245,7 +245,7 @@ class Law:
             pass
         if run.ran == 0 and run.refused:
             unsupported(f"{run.refused[0]} (and every other example)")
-        run.worst = results.current.worst
+        run.worst = results.recorder().worst
         return run
 
     def missing_classes(self, run: Run) -> list[str]:

@@ -272,9 +272,26 @@ def device() -> str:
     return _STATE["device"]
 
 
+_RECORDER = pytest.StashKey[results.Recorder]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test item gets its own :class:`conformance.results.Recorder`, active from its setup
+    to its teardown; its rows are built from it (no state is shared between tests)."""
+    rec = item.stash.setdefault(_RECORDER, results.Recorder())
+    with results.recording(rec):
+        return (yield)
+
+
+@pytest.fixture
+def recorder(request) -> results.Recorder:
+    """The running test's recorder (what its result rows are built from)."""
+    return request.node.stash.setdefault(_RECORDER, results.Recorder())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    results.current.reset()
     if item.get_closest_marker("gpu") and _STATE["device"] != "cuda":
         pytest.skip("needs a CUDA device")
 
@@ -294,7 +311,7 @@ def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
                 implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
                 dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
                 device=_STATE["device"] or "", verdict=outcome, message=message[:2000])
-    cur = results.current
+    cur = item.stash.get(_RECORDER, None) or results.Recorder()
     rows = []
     for fig in cur.figures:
         rows.append(results.Row(claim=fig["claim"], measured=fig["measured"], lecture=fig["lecture"],

@@ -8,6 +8,8 @@ JSON lines (one file per pytest process, so pytest-xdist workers never share a f
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
@@ -44,13 +46,19 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-class _Current:
-    """What the running test has measured so far (reset by the plugin per test)."""
+class Recorder:
+    """What one test has measured: ``worst`` (the worst :class:`Verdict` of the tolerance policy,
+    by error / bound), ``count`` (comparisons made), ``figures`` (what :func:`record` recorded),
+    ``text`` (a zoo test's rejection). The plugin makes one per test item and keeps it on the
+    item (its rows are built from it); :func:`recording` makes it the one :func:`record` and the
+    tolerance policy write to while the test runs."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
+        """Forget what was recorded (a test whose failing comparisons are the point calls it
+        before its real check)."""
         self.worst = None
         self.count = 0
         self.figures: list[dict] = []
@@ -67,12 +75,32 @@ def _rank(v) -> float:
     return r if not math.isnan(r) else math.inf
 
 
-current = _Current()
+_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("conformance_recorder", default=None)
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder):
+    """Within the block, :func:`record` and the tolerance policy write to ``recorder``
+    (nested blocks restore the outer one). Raises TypeError for a non-Recorder."""
+    if not isinstance(recorder, Recorder):
+        raise TypeError(f"recorder must be a conformance.results.Recorder, got {type(recorder).__name__}")
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)
+
+
+def recorder() -> Recorder:
+    """The recorder of the running test; outside any test (a script judging a kernel), a fresh
+    one that nothing reads, so a comparison made there is never attributed to a test."""
+    active = _ACTIVE.get()
+    return active if active is not None else Recorder()
 
 
 def note_verdict(verdict) -> None:
     """Called by :mod:`conformance.tolerance` for every comparison."""
-    current.note(verdict)
+    recorder().note(verdict)
 
 
 def record(claim: str, *, measured: Any, lecture: Any = None, bound: Any = None, unit: str = "",
@@ -85,7 +113,7 @@ def record(claim: str, *, measured: Any, lecture: Any = None, bound: Any = None,
     type, raises ValueError.
     """
     fields.check(extra, where=f"record({claim!r})")
-    current.figures.append(dict(claim=claim, measured=measured, lecture=lecture, bound=bound,
+    recorder().figures.append(dict(claim=claim, measured=measured, lecture=lecture, bound=bound,
                                 unit=unit, rule=rule, extra=extra))
 
 

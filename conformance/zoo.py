@@ -29,7 +29,7 @@ def expect_rejected(law, bad_impl, *args, **kwargs) -> str:
         raise
     except Exception as exc:  # noqa: BLE001 - any falsifying failure is a rejection
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        results.current.text = text
+        results.recorder().text = text
         return text
     name = getattr(law, "name", None) or getattr(law, "__name__", law)
     raise NotRejected(f"law {name!r} accepted the known-bad "

@@ -70,7 +70,7 @@ def test_qt9_decode_zoo_rejected(bad_impl, device):
     """Rejected by the pinned M = 16 case; the bug stays invisible at M = 1 and on the tiled
     launch (M = 17), which is why the decode launch needs its own M > 1 examples."""
     QT9_ONE_ROW_AND_TILED(bad_impl, device, torch.float32)
-    results.current.reset()
+    results.recorder().reset()
     expect_rejected(QT9_BOTH_LAUNCHES, bad_impl, device, torch.float32)
 
 

@@ -204,7 +204,7 @@ def test_qt9_rule_rejects_zero_and_constant_outputs(dtype):
     for bad in (torch.zeros_like(out_pt), torch.full_like(out_pt, float(out_ref.mean()))):
         assert not check_close(bad, out_ref, out_pt=out_pt, rule="quant-matmul").ok
     assert check_close(ref.matmul(x, qw), out_ref, out_pt=out_pt, rule="quant-matmul").ok
-    results.current.reset()          # the failing comparisons above are the point, not this test's error
+    results.recorder().reset()          # the failing comparisons above are the point, not this test's error
     results.record("QT-9", measured=2, bound=2, unit="bad outputs (all-zero, constant) the rule rejects",
                    rule="quant-matmul is no bare atol")
 

@@ -63,7 +63,7 @@ def test_qt7_smoothquant_migration_keeps_the_product(M, N, K, alpha, outlier, se
     if alpha > 0.05 and outlier > 1 and N > 1:
         with pytest.raises(AssertionError):
             _smooth_product_law(_migrate_wrong_axis, x, w, alpha)
-        results.current.reset()
+        results.recorder().reset()
 
 
 @pytest.mark.claim("QT-7")
@@ -131,7 +131,7 @@ def test_qt4_exercise6_step_and_snr():
     snr_w_out = measured_snr(w_out)
     assert abs(snr_w / snr - 1) < 0.1, f"measured SNR {snr_w:.2f} vs the formula's {snr:.2f}"
     assert 0.8 < snr_w_out < 1.3, f"with the outlier the measured SNR is {snr_w_out:.2f}"
-    results.current.reset()
+    results.recorder().reset()
     results.record("QT-4", measured=round(snr, 2), lecture="s ≈ 0.046, SNR ≈ 25 (14 dB); outlier: s ≈ 0.43, SNR ≈ 0.3",
                    unit="SNR (formula std² / (s²/12))",
                    rule="exercise 6 recomputed: s = 0.0461, SNR 25.3 (14.0 dB); outlier: s = 0.429, SNR 0.29",

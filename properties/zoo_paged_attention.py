@@ -119,7 +119,7 @@ def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if match is not None and not re.search(match, str(exc)):
             raise
-        results.current.reset()
+        results.recorder().reset()
         results.record(claim, measured=f"rejected: {text[:200]}", unit="rejection")
         return text
     raise AssertionError(f"the law {getattr(law, '__name__', law)!r} accepted a known-bad implementation")
