@@ -323,7 +323,7 @@ def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
             row = results.Row(claim=cid, examples=cur.count, **base)
             if bad is not None and cur.text:
                 row.measured, row.unit = cur.text, "rejection"
-            elif w is not None and outcome in ("pass", "fail"):
+            elif w is not None and outcome in ("pass", "partial", "fail"):
                 row.measured, row.bound, row.rule = w.error, w.bound, w.rule
                 row.unit = "max abs error"
             rows.append(row)
@@ -346,7 +346,9 @@ def pytest_runtest_makereport(item, call):
             if crash is not None:
                 message = crash.message
         else:
-            outcome, message = "pass", ""
+            rec = item.stash.get(_RECORDER, None)
+            partial = rec.partial if rec is not None else ""
+            outcome, message = ("partial", partial) if partial else ("pass", "")
         rows = _rows_for(item, outcome, message)
         _STATE["rows"].extend(rows)
         _write(item.config, rows)
@@ -395,7 +397,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     verdicts = _STATE.get("verdicts", [])
     if not verdicts:
         return
-    order = ["pass", "skip", "unsupported", "error", "fail"]
+    order = ["pass", "skip", "unsupported", "partial", "error", "fail"]
     table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
     impls: list[str] = []
     for technique, law, claim, name, verdict in verdicts:

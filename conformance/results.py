@@ -26,7 +26,8 @@ class Row:
 
     ``measured`` / ``bound`` are numbers in ``unit`` (an error, a ratio, bytes, ...);
     ``lecture`` is the figure the lecture gives (text or number); ``verdict`` is one of
-    "pass", "fail", "skip", "unsupported", "error".
+    "pass", "partial" (passed on what the implementation accepted; it refused other examples:
+    ``message`` says which), "fail", "skip", "unsupported", "error".
     """
 
     claim: str
@@ -49,7 +50,8 @@ class Row:
 class Recorder:
     """What one test has measured: ``worst`` (the worst :class:`Verdict` of the tolerance policy,
     by error / bound), ``count`` (comparisons made), ``figures`` (what :func:`record` recorded),
-    ``text`` (a zoo test's rejection). The plugin makes one per test item and keeps it on the
+    ``text`` (a zoo test's rejection), ``partial`` (a law's "partial: refused ..." when the
+    implementation refused some of its examples). The plugin makes one per test item and keeps it on the
     item (its rows are built from it); :func:`recording` makes it the one :func:`record` and the
     tolerance policy write to while the test runs."""
 
@@ -63,6 +65,7 @@ class Recorder:
         self.count = 0
         self.figures: list[dict] = []
         self.text = ""
+        self.partial = ""
 
     def note(self, verdict) -> None:
         self.count += 1

@@ -206,7 +206,7 @@ class Rule:
     blind_to: str
     needs_out_pt: bool
 
-    def judge(self, out: torch.Tensor, out_ref: torch.Tensor, out_pt, what: str) -> Verdict:
+    def judge(self, out: torch.Tensor, out_ref: torch.Tensor, out_pt, what: str, magnitude: float | None = None) -> Verdict:
         raise NotImplementedError
 
 
@@ -220,7 +220,7 @@ class RelativeRule(Rule):
     blind_to: str = ""
     needs_out_pt: bool = False
 
-    def judge(self, out, out_ref, out_pt, what):
+    def judge(self, out, out_ref, out_pt, what, magnitude=None):
         err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
         bound = self.rel * scale
         rule = f"{self.name}: max|out-out_ref| <= {self.rel:g} * max|out_ref| ({scale:.3g})"
@@ -244,7 +244,7 @@ class MixedPrecisionRule(Rule):
     blind_to: str = ""
     needs_out_pt: bool = False
 
-    def judge(self, out, out_ref, out_pt, what):
+    def judge(self, out, out_ref, out_pt, what, magnitude=None):
         rule = (f"{self.name}: |out-out_mix| <= {self.element_ulps:g} ulp(out_mix) + "
                 f"{self.scale_ulps:g} ulp(max|out_ref|), out_mix = float64 result of the same "
                 f"{self.name} inputs rounded to {self.name}")
@@ -289,15 +289,18 @@ class NaiveMultipleRule(Rule):
     blind_to: str = ""
     needs_out_pt: bool = True
 
-    def judge(self, out, out_ref, out_pt, what):
+    def judge(self, out, out_ref, out_pt, what, magnitude=None):
         err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
         err_pt = max_abs_error(_as_tensor(out_pt), out_ref)
-        floor = self.floor_ulps * ulp(self.ulp_dtype or out.dtype) * scale
+        # the floor's scale: the output's, or the sum's own magnitude (max of sum |a|*|b|) when
+        # given: a sum that cancels to a small output still carries rounding of its terms' size
+        floor_scale = scale if magnitude is None else max(scale, float(magnitude))
+        floor = self.floor_ulps * ulp(self.ulp_dtype or out.dtype) * floor_scale
         cap = math.inf if self.cap_fraction is None else self.cap_fraction * scale
         naive = self.factor * err_pt if math.isfinite(err_pt) else 0.0
         bound = min(naive + floor, cap)
         rule = (f"{self.name}: max|out-out_ref| <= {self.factor:g} * max|out_pt-out_ref| ({err_pt:.3e}) "
-                f"+ {self.floor_ulps:g} ulp * scale ({floor:.3e})")
+                f"+ {self.floor_ulps:g} ulp * {'scale' if magnitude is None else 'max(scale, sum|a||b|)'} ({floor:.3e})")
         if self.cap_fraction is not None:
             rule = rule.replace(f"{self.name}: max|out-out_ref| <= ", f"{self.name}: max|out-out_ref| <= min(")
             rule += f", scale * {self.cap_fraction:g} ({cap:.3e}))"
@@ -384,13 +387,17 @@ def rule_for(key) -> Rule:
     return table[key]
 
 
-def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -> Verdict:
+def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None,
+                magnitude: float | None = None) -> Verdict:
     """Compare ``out`` with the float64 reference ``out_ref`` by the rule of ``out``'s dtype, or
     by the scheme ``rule`` names (a key of :func:`all_rules`, or a :class:`Rule` itself).
 
     ``out_pt`` (the naive reference computation in ``out``'s number format, never the
     implementation under test) is required by the naive-multiple rules (the 16-bit whole-model
-    rules and quantized schemes) and ignored by the others. Raises ValueError for a shape
+    rules and quantized schemes) and ignored by the others. ``magnitude`` (a sum's own scale:
+    max over outputs of sum_k |a_k| * |b_k|, e.g. ``(|x| @ |w|.T).max()``) sets the floor of the
+    naive-multiple rules where it exceeds the output's scale: any summation order rounds at the
+    terms' size, which a cancelling sum hides from ``out_ref``. Raises ValueError for a shape
     mismatch, a non-float ``out``, a missing ``out_pt`` or a dtype/scheme without a rule.
     """
     out, out_ref = _as_tensor(out), _as_tensor(out_ref)
@@ -400,7 +407,7 @@ def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -
     if r.needs_out_pt and out_pt is None:
         raise ValueError(f"out_pt (the naive computation in {out.dtype}) is required by the rule {r.name!r}")
     max_abs_error(out, out_ref)  # shape check before judging
-    return report_verdict(r.judge(out, out_ref, out_pt, what))
+    return report_verdict(r.judge(out, out_ref, out_pt, what, magnitude))
 
 
 def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-element bound") -> Verdict:

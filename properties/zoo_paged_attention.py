@@ -82,10 +82,14 @@ def _read_with_shape_strides(t: torch.Tensor) -> torch.Tensor:
 
 def table_stride_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scale):
     """Indexes block_table[b, i] as ptr + b * max_blocks + i (the row stride taken from the
-    shape): wrong when the table is a column slice of a wider one (table[:, :n])."""
+    shape): wrong when the table is a column slice of a wider one (table[:, :n]). The entries it
+    reads there may be any value (the contract leaves unused entries unspecified, out of range
+    included); like a kernel it then reads whatever block that offset lands in (taken modulo
+    the pool here), never raising."""
     validate(q, k_cache, v_cache, block_table, seq_lens, scale)
     table = _read_with_shape_strides(block_table)
-    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, table=lambda b, nb, row, shape: table[b, :nb])
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
+                  table=lambda b, nb, row, shape: table[b, :nb] % shape.num_blocks)
 
 
 def cache_strides_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scale):

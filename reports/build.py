@@ -21,7 +21,7 @@ from reports import plots
 from reports.killrate import kill_rates
 from reports.ledger import claims
 
-_ORDER = {"fail": 4, "error": 3, "pass": 2, "unsupported": 1, "skip": 0}
+_ORDER = {"fail": 5, "error": 4, "partial": 3, "pass": 2, "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The gate's calibration as ``python -m perf.calibrate analyse`` writes it.
@@ -82,7 +82,7 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
     out = []
     for c in claims():
         rs = by_claim.get(c.id, [])
-        judged = [r for r in rs if r.verdict in ("pass", "fail", "error")]
+        judged = [r for r in rs if r.verdict in ("pass", "partial", "fail", "error")]
         # the reference built-in is the oracle: its rows against itself count only where a claim
         # has no other judged row (an analytic figure the reference alone computes)
         others = [r for r in judged if r.implementation != "reference"]
@@ -90,7 +90,8 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
         judged = others or judged
         verdict = "not checked" if not rs else (
             max(judged, key=lambda r: _ORDER[r.verdict]).verdict if judged else "not measured")
-        verdict = {"pass": "holds", "fail": "fails", "error": "fails"}.get(verdict, verdict)
+        verdict = {"pass": "holds", "partial": "holds (partial)", "fail": "fails",
+                   "error": "fails"}.get(verdict, verdict)
         if c.kind == "trend" and verdict == "holds":
             # a trend is judged by the direction its benchmarks measured (figure rows carrying
             # extra["holds"]), never by a passing test alone; no such row: not measured here
@@ -148,7 +149,8 @@ def summary(ledger: list[dict]) -> dict:
     n = defaultdict(int)
     for c in ledger:
         n[c["verdict"]] += 1
-    return {"total": len(ledger), "checked": n["holds"] + n["fails"], "holding": n["holds"],
+    holding = n["holds"] + n["holds (partial)"]
+    return {"total": len(ledger), "checked": holding + n["fails"], "holding": holding, "partial": n["holds (partial)"],
             "failing": n["fails"], "not_measured": n["not measured"], "not_checked": n["not checked"]}
 
 

@@ -129,6 +129,21 @@ def test_generic_checks_reject_bad_functions():
         generic.check_repeatable(unrepeatable, (_x(),), {})
 
 
+def test_repeatable_reads_an_implementations_own_object_of_numpy_arrays():
+    """A quantized weight that is a dict of numpy arrays (the contract lets the implementation
+    choose) is compared array by array, never with ``==`` (numpy's ambiguous truth value)."""
+    import numpy as np
+
+    def quantize(w):
+        s = np.float32(np.abs(w.numpy()).max() / 127)
+        return {"codes": np.round(w.numpy() / s).astype(np.int8), "scale": s}
+
+    generic.check_repeatable(quantize, (_x(),), {})
+    drift = iter([0, 1])
+    with pytest.raises(AssertionError, match="repeatable"):
+        generic.check_repeatable(lambda w: {"codes": np.full(3, next(drift), dtype=np.int8)}, (_x(),), {})
+
+
 # --- outside adapters, against stand-ins that implement each library's documented layout ----
 
 

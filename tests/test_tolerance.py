@@ -187,3 +187,26 @@ def test_a_failure_names_the_worst_element_and_counts_nans():
     msg = tolerance.check_close(out, out_ref).message()
     assert "worst element (2, 3): out nan" in msg and "1 of 12 elements off by +inf" in msg
     assert tolerance.check_close(out_ref, out_ref).detail == ""
+
+
+def test_quant_matmul_floor_follows_the_products_magnitude_not_the_cancelled_output():
+    """QT-9's pinned cancelling row (one-sign weights, K = 43): a correct float64 product summed
+    in numpy's order differs from torch's by ~5e-16 where |out| is ~3e-2; judged at the output's
+    scale (floor 8 ulp x |out| = 5e-17) it was rejected, at the products' magnitude it passes,
+    and an error of one quantization step still fails."""
+    from properties.quantization_cases import EXAMPLE_SEEDS, EXAMPLES, make_weight, make_x
+    from reference import quantization as ref
+
+    case, seed = EXAMPLES[-1], EXAMPLE_SEEDS[-1]
+    w = make_weight(case, seed, torch.float64, "cpu", extreme=False)
+    qw = ref.quantize(w, bits=case.bits, granularity=case.granularity)
+    x, d = make_x(case, seed, torch.float64, "cpu"), ref.dequantize(qw)
+    out_ref, out_pt = x @ d.T, x @ d.T
+    out_np = torch.from_numpy(x.numpy() @ d.numpy().T)
+    mag = float((x.abs() @ d.abs().T).max())
+    assert not tolerance.check_close(out_np, out_ref, out_pt=out_pt, rule="quant-matmul").ok or \
+        tolerance.max_abs_error(out_np, out_ref) == 0.0      # the old floor's false alarm (where orders differ)
+    assert tolerance.check_close(out_np, out_ref, out_pt=out_pt, rule="quant-matmul", magnitude=mag).ok
+    step = float(qw.scales.max())
+    bad = out_ref + step * x.abs().max()
+    assert not tolerance.check_close(bad, out_ref, out_pt=out_pt, rule="quant-matmul", magnitude=mag).ok
