@@ -65,14 +65,18 @@ def is_partial(path: str | os.PathLike) -> bool:
     return _PARTIAL.match(Path(path).name) is not None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie, dead but not yet reaped, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return True
-    return True
 
 
 def sweep(folder: str | os.PathLike) -> list[Path]:
@@ -84,7 +88,7 @@ def sweep(folder: str | os.PathLike) -> list[Path]:
         return gone
     for p in folder.iterdir():
         m = _PARTIAL.match(p.name)
-        if m and p.is_file() and not _alive(int(m["pid"])):
+        if m and p.is_file() and not alive(int(m["pid"])):
             p.unlink(missing_ok=True)
             gone.append(p)
     return gone

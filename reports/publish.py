@@ -58,14 +58,7 @@ def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+alive = atomic.alive
 
 
 # ---- the marker ----
@@ -202,9 +195,11 @@ def runs(out: Path, *, holder: str | None = None, settle: bool = True) -> list[d
     d = Path(out) / RUNS
     found = []
     for p in sorted(d.iterdir(), reverse=True) if d.is_dir() else []:
-        m = read_manifest(p) if p.is_dir() else None
-        if m is None:
+        if not p.is_dir():
             continue
+        m = read_manifest(p) or {"format": FORMAT, "id": p.name, "kind": "run", "status": "running",
+                                 "pid": None, "started": None, "stage": "before its manifest was written",
+                                 "commands": [], "counts": {}}
         if settle and m.get("status") == "running" and m["id"] != holder:
             m.update(status="interrupted", reason=f"its process (pid {m.get('pid')}) ended during stage "
                                                   f"{m.get('stage')!r} without finishing (killed)",
