@@ -151,20 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         return _main(args, out, list(sys.argv[1:] if argv is None else argv))
-    except publish.Refused as exc:
-        print(f"python -m reports: {exc}", file=sys.stderr)
-        return 2
     except BaseException as exc:
         for proc in list(_Live.children):
             publish.kill_group(proc)
-        reason = exc.args[0] if isinstance(exc, Interrupted) else f"{type(exc).__name__}: {exc}"
-        if _Live.run is not None:
+        refused = isinstance(exc, publish.Refused)
+        reason = exc.args[0] if isinstance(exc, (Interrupted, publish.Refused)) else f"{type(exc).__name__}: {exc}"
+        if refused:
+            print(f"python -m reports: {reason}", file=sys.stderr)
+        if _Live.run is not None and _Live.run.manifest["status"] == "running":
             _Live.run.finish("interrupted", reason=f"{reason} during stage {_Live.run.manifest['stage']!r}")
             shown = publish.published(out)
             print(f"python -m reports: run {_Live.run.id} interrupted ({reason}); {out} still shows "
                   f"{'run ' + shown if shown else 'no report'}", file=sys.stderr)
         if isinstance(exc, Interrupted):
             return exc.args[1]
+        if refused:
+            return 2
         raise
     finally:
         for s, h in handlers.items():
@@ -190,9 +192,11 @@ def _main(args, out: Path, argv: list[str]) -> int:
     report_notes = []
     if source is not None and earlier[0]["status"] != "complete":
         report_notes.append(f"The newest run, {earlier[0]['id']} (started {earlier[0]['started']}), was interrupted: "
-                            f"{earlier[0].get('reason', '')}. These results are the rows of run {source['id']} "
-                            f"(complete, ended {source['ended']}).")
+                            f"{earlier[0].get('reason', '')}. {'These results are' if args.no_run else 'The properties are'}"
+                            f" the rows of run {source['id']} (complete, ended {source['ended']}).")
         print(f"python -m reports: {report_notes[-1]}", file=sys.stderr, flush=True)
+    if args.no_properties and not args.no_run and source is None:
+        print(f"note: {out} holds no complete run: this report has no property rows", file=sys.stderr, flush=True)
     rows_dir = run.folder / "rows"
     bench_json = run.folder / "benchmarks.json"
     history_dir = Path(args.history)
@@ -270,7 +274,7 @@ def _main(args, out: Path, argv: list[str]) -> int:
         run.update(history_entry=str(path))
     _stage(5, n_stages, "report")
     shown = {"id": run.id, "kind": run.manifest["kind"], "started": run.manifest["started"],
-             "rows_of": run.manifest["source_run"] or run.id, "notes": report_notes}
+             "rows_of": source["id"] if args.no_run else run.id, "notes": report_notes}
     build.write_report(rows_dir, run.folder, bench_json=bench_json, ceilings=ceilings, fp=fp,
                        history_dir=history_dir, run=shown)
     doc = json.loads((run.folder / "results.json").read_text())
