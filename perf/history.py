@@ -18,6 +18,7 @@ import math
 import sys
 from pathlib import Path
 
+from conformance import atomic
 from perf.env import ROOT, series_key
 from perf.records import fractions
 
@@ -56,12 +57,12 @@ def entry_name(entry: dict) -> str:
 
 
 def append(entry: dict, history: Path = HISTORY) -> Path:
-    """Write ``entry`` into its series folder; returns the path."""
+    """Write ``entry`` into its series folder, whole or not at all (a temporary file renamed
+    over the final name, :mod:`conformance.atomic`); returns the path. Temporary files a killed
+    writer left in that folder are removed."""
     folder = Path(history) / entry["series"]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / entry_name(entry)
-    path.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
-    return path
+    atomic.sweep(folder)
+    return atomic.write_text(folder / entry_name(entry), json.dumps(entry, indent=1, sort_keys=True) + "\n")
 
 
 def read_json(path: str | Path) -> dict:

@@ -3,7 +3,7 @@
 Steps (each prints its progress; a failing property never stops the report):
 
 1. the properties and the suite's analytic tests, in parallel (``pytest -n 2``, ci profile),
-   writing result rows (one JSON-lines file per pytest process) into ``reports/out/rows/``;
+   writing result rows (one JSON-lines file per pytest process);
 2. the benchmarks, serially (pytest-benchmark disables itself under xdist), with
    ``--benchmark-enable --benchmark-json`` (raw per-round samples included), in the pinned
    benchmark environment (:func:`perf.settings.bench_settings`: on the CPU, process CPU time,
@@ -12,11 +12,17 @@ Steps (each prints its progress; a failing property never stops the report):
 3. the device's ceilings (copy bandwidth, matmul peak) from ``perf/ceilings.py``;
 4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
    fingerprint), which ``python -m perf.gate`` compares later runs with;
-5. ``reports/out/index.html`` (static, opens from disk), ``report.md``, ``results.json`` and
-   ``plots/``.
+5. ``index.html`` (static, opens from disk), ``report.md``, ``results.json`` and ``plots/``.
 
-The exit status is 0 when the report was written, whatever the verdicts (``--strict``: 1 when
-a claim fails or a bug-zoo kill rate is below 100%).
+Each run writes into its own folder ``<out>/runs/<id>/`` with a manifest (complete or
+interrupted) and is published whole at the end (:mod:`reports.publish`): ``<out>/index.html``,
+``report.md``, ``results.json``, ``benchmarks.json``, ``plots``, ``rows`` and ``manifest.json``
+always belong to one complete run. One run at a time per output folder.
+
+Exit status: 0 when the report was written, whatever the verdicts (``--strict``: 1 when a claim
+fails or a bug-zoo kill rate is below 100%); 2 when the output folder is refused (not the
+suite's, in use by another run, nothing complete to render); 128 + N when stopped by signal N
+(the run is then marked interrupted and the published report stays the previous one).
 """
 from __future__ import annotations
 
@@ -25,24 +31,59 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from conformance import atomic
 from perf import env
 from perf import history as hist
 from perf.records import merge_passes, records as read_records
 from perf.settings import bench_settings
-from reports import build
+from reports import build, publish
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "reports" / "out"
 #: The suite's own tooling tests (browser, packaging) run in CI, not in the report.
 REPORT_IGNORES = ("tests/test_browser.py", "tests/test_plugin.py")
 
 
+class Interrupted(Exception):
+    """A signal (SIGTERM, SIGINT, SIGHUP) or a pytest child killed by one stopped the run."""
+
+
+def _on_signal(signum, _frame):
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}", 128 + signum)
+
+
+class _Live:
+    """The run in progress and its live children (killed, group by group, when it stops)."""
+    run: publish.Run | None = None
+    children: list[subprocess.Popen] = []
+
+
+def _child(cmd: list[str], point: str, env: dict | None = None) -> int:
+    """Run one pytest child in its own process group; a child killed by a signal stops the run."""
+    started = publish.now()
+    proc = publish.spawn(cmd, cwd=ROOT, env=env)
+    _Live.children.append(proc)
+    _Live.run.update(child_pgid=proc.pid)
+    atomic.kill_point(point)
+    rc = proc.wait()
+    _Live.children.remove(proc)
+    _Live.run.command(cmd, rc, started)
+    if rc < 0 or rc >= 128:
+        sig = -rc if rc < 0 else rc - 128
+        raise Interrupted(f"the {point} pytest process died of signal {sig}", 128 + sig)
+    return rc
+
+
 def _stage(i: int, n: int, text: str) -> None:
     print(f"\n=== [{i}/{n}] {text}", flush=True)
+    if _Live.run is not None:
+        _Live.run.update(stage=text.split(":")[0])
 
 
 def measure_ceilings(device: str, quick: bool = True) -> dict | None:
@@ -58,16 +99,22 @@ def measure_ceilings(device: str, quick: bool = True) -> dict | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "reports" / "out"), help="output folder")
+    ap.add_argument("--out", default=str(DEFAULT_OUT),
+                    help="output folder: a new or empty one, or one an earlier run made (it carries the "
+                         f"{publish.MARKER} marker); any other folder is refused")
     ap.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"])
     ap.add_argument("--profile", default="ci", help="Hypothesis profile (ci, dev, thorough)")
     ap.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for the properties ('0': none, 'auto')")
-    ap.add_argument("--no-run", action="store_true", help="only rebuild the report from existing rows")
+    ap.add_argument("--no-run", action="store_true",
+                    help="only rebuild the report from the rows of the newest complete run")
     ap.add_argument("--no-bench", action="store_true", help="skip the benchmarks (and the history entry)")
     ap.add_argument("--no-properties", action="store_true",
-                    help="skip the properties (keep the rows of the last run): benchmarks, ceilings, history, report")
+                    help="skip the properties (keep the rows of the last complete run): benchmarks, ceilings, "
+                         "history, report")
+    ap.add_argument("--select", action="append", default=None, metavar="PATH",
+                    help="the properties stage runs these test paths (repeatable) instead of properties/ and tests/")
     ap.add_argument("--bench-k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
     ap.add_argument("--no-history", action="store_true", help="do not append this run to history/")
     ap.add_argument("--bench-passes", type=int, default=1, metavar="M",
@@ -77,72 +124,141 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--history", default=str(hist.HISTORY), help="history folder")
     ap.add_argument("--bench-max-time", type=float, default=None,
                     help="pytest-benchmark --benchmark-max-time (default 0.2 s on cpu, 1 s on cuda)")
+    ap.add_argument("--quick-ceilings", action="store_true", help="measure the device's ceilings on tiny sizes")
     ap.add_argument("--model", default=None, metavar="PATH",
                     help="run the model-level claims (KV-1, KV-2, FA-3 on a real layer) on this checkpoint: a "
                          "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a claim fails or a kill rate < 100%%")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.bench_passes < 1:
         ap.error("--bench-passes must be >= 1")
+    out = Path(args.out).expanduser()
+    try:
+        notes = publish.prepare_out(out, default=DEFAULT_OUT)
+        lock = publish.Lock(out).acquire()
+    except publish.Refused as exc:
+        print(f"python -m reports: {exc}", file=sys.stderr)
+        return 2
+    for note in notes + [lock.note]:
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+    handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        return _main(args, out, list(sys.argv[1:] if argv is None else argv))
+    except BaseException as exc:
+        for proc in list(_Live.children):
+            publish.kill_group(proc)
+        refused = isinstance(exc, publish.Refused)
+        reason = exc.args[0] if isinstance(exc, (Interrupted, publish.Refused)) else f"{type(exc).__name__}: {exc}"
+        if refused:
+            print(f"python -m reports: {reason}", file=sys.stderr)
+        if _Live.run is not None and _Live.run.manifest["status"] == "running":
+            _Live.run.finish("interrupted", reason=f"{reason} during stage {_Live.run.manifest['stage']!r}")
+            shown = publish.published(out)
+            print(f"python -m reports: run {_Live.run.id} interrupted ({reason}); {out} still shows "
+                  f"{'run ' + shown if shown else 'no report'}", file=sys.stderr)
+        if isinstance(exc, Interrupted):
+            return exc.args[1]
+        if refused:
+            return 2
+        raise
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        _Live.run, _Live.children = None, []
+        lock.release()
+
+
+def _main(args, out: Path, argv: list[str]) -> int:
     from conformance.device import select_device
 
     device = select_device(args.device)
-    out = Path(args.out)
-    rows_dir = out / "rows"
-    bench_json = out / "benchmarks.json"
+    earlier = publish.runs(out)  # under the lock: runs left "running" are marked interrupted
+    publish.sweep(out)
+    complete = [m for m in earlier if m["status"] == "complete"]
+    if args.no_run and not complete:
+        raise publish.Refused(f"{out} holds no complete run to render from"
+                              + (f" (the newest, {earlier[0]['id']}, was {earlier[0]['status']})" if earlier else "")
+                              + ": run python -m reports without --no-run")
+    source = complete[0] if complete and (args.no_run or args.no_properties) else None
+    run = _Live.run = publish.Run(out, "render" if args.no_run else "run", argv,
+                                  source=source["id"] if source else None)
+    report_notes = []
+    if source is not None and earlier[0]["status"] != "complete":
+        report_notes.append(f"The newest run, {earlier[0]['id']} (started {earlier[0]['started']}), was interrupted: "
+                            f"{earlier[0].get('reason', '')}. {'These results are' if args.no_run else 'The properties are'}"
+                            f" the rows of run {source['id']} (complete, ended {source['ended']}).")
+        print(f"python -m reports: {report_notes[-1]}", file=sys.stderr, flush=True)
+    if args.no_properties and not args.no_run and source is None:
+        print(f"note: {out} holds no complete run: this report has no property rows", file=sys.stderr, flush=True)
+    rows_dir = run.folder / "rows"
+    bench_json = run.folder / "benchmarks.json"
     history_dir = Path(args.history)
     t0 = time.time()
     n_stages = 5
     ceilings = None
-    if not args.no_run:
-        bench_rows = rows_dir / "bench"
-        if not args.no_properties and rows_dir.exists():
-            shutil.rmtree(rows_dir)
-        if bench_rows.exists():
-            shutil.rmtree(bench_rows)
-        bench_rows.mkdir(parents=True)
-        if bench_json.exists():
-            bench_json.unlink()
+    settings = None
+    if args.no_run:
+        for name in ("rows", "benchmarks.json"):
+            src = source["folder"] / name
+            if src.is_dir():
+                shutil.copytree(src, run.folder / name)
+            elif src.is_file():
+                shutil.copy2(src, run.folder / name)
+        try:
+            ceilings = json.loads((source["folder"] / "results.json").read_text()).get("ceilings") or None
+        except (OSError, ValueError):
+            ceilings = None
+    else:
+        scratch = run.folder / publish.ROWS_PARTIAL
+        (scratch / "bench").mkdir(parents=True)
+        if args.no_properties and source is not None:
+            for f in (source["folder"] / "rows").glob("*.jsonl"):
+                shutil.copy2(f, scratch / f.name)
         common = ["-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}", f"--device={device}"]
         if args.model:
             common.append(f"--model={Path(args.model).resolve()}")
         if not args.no_properties:
-            cmd = [sys.executable, "-m", "pytest", "properties", "tests", "-q", "--benchmark-disable",
-                   f"--results={rows_dir}", "--durations=10", *common]
+            cmd = [sys.executable, "-m", "pytest", *(args.select or ["properties", "tests"]), "-q",
+                   "--benchmark-disable", f"--results={scratch}", "--durations=10", *common]
             cmd += [f"--ignore={p}" for p in REPORT_IGNORES]
             if args.workers not in ("0", "") and importlib.util.find_spec("xdist") is not None:
                 cmd += ["-n", args.workers]
             cmd += args.pytest_args
             _stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
-            subprocess.call(cmd, cwd=ROOT)
+            _child(cmd, "properties")
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
             settings = dict(bench_settings(device), passes=args.bench_passes)
-            jsons = ([bench_json] if args.bench_passes == 1 else
-                     [out / f"benchmarks-pass{i}.json" for i in range(args.bench_passes)])
-            for i, one_json in enumerate(jsons):
+            names = ["benchmarks.json"] if args.bench_passes == 1 else [
+                f"benchmarks-pass{i}.json" for i in range(args.bench_passes)]
+            for i, name in enumerate(names):
+                partial = run.folder / f".{name}.partial"
                 cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
-                       f"--benchmark-json={one_json}", f"--benchmark-max-time={max_time}",
+                       f"--benchmark-json={partial}", f"--benchmark-max-time={max_time}",
                        "--benchmark-min-rounds=5", "--durations=10", *settings["pytest_args"], *common]
-                cmd += [f"--results={bench_rows}"] if i == 0 else []  # the claims' rows: first pass only
+                cmd += [f"--results={scratch / 'bench'}"] if i == 0 else []  # the claims' rows: first pass only
                 if args.bench_k:
                     cmd += ["-k", args.bench_k]
                 cmd += args.pytest_args
-                _stage(2, n_stages, f"benchmarks, pass {i + 1}/{len(jsons)}: "
+                _stage(2, n_stages, f"benchmarks, pass {i + 1}/{len(names)}: "
                        + " ".join(f"{k}={v}" for k, v in settings["env"].items()) + " " + " ".join(cmd[2:]))
-                subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, **settings["env"]))
-            if len(jsons) > 1:
-                merged = merge_passes([read_records(j) for j in jsons])
-                bench_json.write_text(json.dumps({"benchmarks": merged, "passes": len(jsons)}))
+                _child(cmd, "benchmarks", env=dict(os.environ, **settings["env"]))
+                if partial.exists():
+                    os.replace(partial, run.folder / name)
+            if len(names) > 1:
+                merged = merge_passes([read_records(run.folder / j) for j in names])
+                atomic.write_text(bench_json, json.dumps({"benchmarks": merged, "passes": len(names)}))
             _stage(3, n_stages, f"device ceilings ({device})")
-            ceilings = measure_ceilings(device, quick=False)
+            ceilings = measure_ceilings(device, quick=args.quick_ceilings)
             print(f"ceilings: {ceilings}", flush=True)
-    elif (out / "results.json").exists():
-        try:
-            ceilings = json.loads((out / "results.json").read_text()).get("ceilings") or None
-        except ValueError:
-            ceilings = None
+        os.replace(scratch, rows_dir)
     fp = env.fingerprint(device)
     records = read_records(bench_json)
     # outside rows are named by their place (impl, impl2), not their target: never a series entry
@@ -155,17 +271,24 @@ def main(argv: list[str] | None = None) -> int:
         _stage(4, n_stages, "history")
         path = hist.append(hist.make_entry(fp, records, ceilings, settings=settings), history_dir)
         print(f"appended {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", flush=True)
+        run.update(history_entry=str(path))
     _stage(5, n_stages, "report")
-    paths = build.write_report(rows_dir, out, bench_json=bench_json, ceilings=ceilings, fp=fp,
-                               history_dir=history_dir)
-    doc = json.loads((out / "results.json").read_text())
+    shown = {"id": run.id, "kind": run.manifest["kind"], "started": run.manifest["started"],
+             "rows_of": source["id"] if args.no_run else run.id, "notes": report_notes}
+    build.write_report(rows_dir, run.folder, bench_json=bench_json, ceilings=ceilings, fp=fp,
+                       history_dir=history_dir, run=shown)
+    doc = json.loads((run.folder / "results.json").read_text())
     s = doc["summary"]
+    run.update(counts={"rows": doc["n_rows"], "benchmarks": doc["n_bench"],
+                       **{k: v for k, v in s.items()}})
+    run.finish("complete")
+    publish.publish(out, run)
+    publish.prune(out)
     print(f"{s['total']} claims: {s['checked']} checked, {s['holding']} holding, {s['failing']} failing, "
           f"{s['not_measured']} not measured on this device, {s['not_checked']} without a check")
     for t, k in doc["killrates"].items():
         print(f"bug zoo {t}: {k['killed']}/{k['total']} rejected")
-    for p in paths:
-        print(f"wrote {p}")
+    print(f"published run {run.id} in {out} (index.html, report.md, results.json -> {run.folder})")
     print(f"done in {time.time() - t0:.0f} s")
     if args.strict and (s["failing"] or any(k["rate"] not in (None, 1.0) for k in doc["killrates"].values())):
         return 1

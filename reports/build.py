@@ -13,11 +13,12 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
+from conformance import atomic
 from conformance.results import Row, read_rows
 from perf import env
 from perf import history as hist
 from perf import records as benchmark_records
-from reports import plots
+from reports import plots, publish
 from reports.killrate import kill_rates
 from reports.ledger import claims
 
@@ -241,9 +242,10 @@ def tolerance_rules() -> list[dict]:
 
 def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, ceilings: dict | None = None,
             history_entries: list[tuple] | None = None, plot_dir: Path | None = None,
-            series_name: str | None = None) -> dict:
+            series_name: str | None = None, run: dict | None = None) -> dict:
     """Everything the report shows, as one JSON-able dict (plots drawn into ``plot_dir``);
-    ``series_name``: the history series shown (default: this device's slug)."""
+    ``series_name``: the history series shown (default: this device's slug); ``run`` says which
+    run it shows (id, kind, started, ``rows_of``, ``notes``)."""
     fp = fp or env.fingerprint(None)
     series_name = series_name or env.device_slug(fp)
     ledger = claim_verdicts(rows, records)
@@ -276,7 +278,7 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
                          "commit": (e["fingerprint"].get("commit") or "")[:10], "n": len(e.get("benchmarks", []))}
                         for p, e in series],
             "world": world_cards(), "tolerance_rules": tolerance_rules(),
-            "n_rows": len(rows), "n_bench": len(records),
+            "n_rows": len(rows), "n_bench": len(records), "run": run,
             "gate_calibration": gate_calibration()}
 
 
@@ -315,16 +317,15 @@ def render(ctx: dict, out: Path) -> list[Path]:
                                 keep_trailing_newline=True)
     md_env.filters["md"] = lambda s: str(s or "").replace("|", "\\|").replace("\n", " ")
     md = md_env.get_template("report.md.j2").render(**common)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "index.html").write_text(html, encoding="utf-8")
-    (out / "report.md").write_text(md, encoding="utf-8")
-    return [out / "index.html", out / "report.md"]
+    return [atomic.write_text(out / "index.html", html), atomic.write_text(out / "report.md", md)]
 
 
 def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = None, ceilings: dict | None = None,
-                 fp: dict | None = None, history_dir: Path | None = hist.HISTORY) -> list[Path]:
+                 fp: dict | None = None, history_dir: Path | None = hist.HISTORY, run: dict | None = None) -> list[Path]:
     """Read rows (and benchmarks, ceilings, history) and write index.html, report.md,
-    results.json and plots/ into ``out``. Returns the written paths."""
+    results.json and plots/ into ``out``, each file whole or not at all; earlier plots are
+    removed only where the suite made ``out`` (:func:`reports.publish.is_marked`). Returns the
+    written paths."""
     out = Path(out)
     rows = []
     if Path(rows_dir).is_dir():
@@ -338,12 +339,11 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
     series_name = hist.newest_series(fp, history_dir) if history_dir is not None else env.device_slug(fp)
     series = hist.series(series_name, history_dir) if history_dir is not None else []
     plot_dir = out / "plots"
-    if plot_dir.exists():
+    if plot_dir.is_dir() and publish.is_marked(out):
         for p in plot_dir.glob("*.png"):
             p.unlink()
     ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir,
-                  series_name=series_name)
+                  series_name=series_name, run=run)
     paths = render(ctx, out)
     doc = dict(ctx, rows=[asdict(r) for r in rows])
-    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
-    return paths + [out / "results.json"]
+    return paths + [atomic.write_text(out / "results.json", json.dumps(doc, indent=1, default=str))]

@@ -16,10 +16,12 @@ and is skipped with a note when no points exist. Every field read is declared in
 """
 from __future__ import annotations
 
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
 
+from conformance import atomic
 from conformance.fields import FIELDS
 from perf import records as benchmark_records
 
@@ -89,11 +91,11 @@ def points(spec: dict, rows, records) -> dict[str, list[tuple]]:
 
 
 def _save(fig, out: Path, name: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.png"
-    fig.savefig(path, dpi=90, bbox_inches="tight")
+    """Draw ``fig`` to ``out/<name>.png``, whole or not at all (:mod:`conformance.atomic`)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     _plt().close(fig)
-    return path.name
+    return atomic.write_bytes(out / f"{name}.png", buf.getvalue()).name
 
 
 def plot_roofline(records, ceilings, out: Path) -> dict:
