@@ -32,7 +32,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pr
 
 
 def reports(out: Path, hist: Path, *args: str, kill_at: str | None = None, wait: bool = True):
-    e = dict(os.environ, CI="true")
+    # the run's own pytest children must not believe they are this test's xdist workers
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+    e["CI"] = "true"
     e.pop(atomic.KILL_ENV, None)
     if kill_at:
         e[atomic.KILL_ENV] = kill_at
