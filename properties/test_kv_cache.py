@@ -2,12 +2,20 @@
 engine, with the bug zoo (properties/zoo_kv_cache.py) that each law must reject.
 
 - KV-1: prefill of S tokens + T one-token decode steps gives the logits of one full forward
-  over the S + T tokens (the no-cache reference), per sequence, in float64, float32, bfloat16.
+  over the S + T tokens (the no-cache reference), per sequence, in float64, float32, bfloat16;
+  also past positions 64 and 128, up to a full cache, and after a second prefill on the same
+  engine.
 - KV-2: with generators of the same seed, generation with the cache samples exactly the tokens
   of generation without it (temperature > 0).
 - KV-4: the engine holds exactly 2 × layers × KV heads × head dim × bytes per value bytes per
-  cached token, and what it holds are the model's keys and values.
+  cached token, and what it holds are the model's keys and values (in bfloat16 past position
+  256 too).
 - KV-10: a sequence's logits do not depend on its batch-mates, their lengths or the padding.
+
+Each law is declared once (:class:`conformance.laws.Law`, technique "kv_cache": an
+implementation is an engine factory, ``impl.new_engine(model, max_batch, max_seq_len)``); its
+conformance test over the registry and its zoo tests are made from the declaration. The cases a
+law's examples run must reach the boundary classes of the contract's ``COVERAGE`` that name it.
 
 The test models are the reference transformer initialised with std = d_model^-1/2 (instead of the
 reference's 0.02) so that attention is far from uniform and a wrong position or a missing token
@@ -18,32 +26,34 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance import results
+from conformance.contracts.kv_cache import COVERAGE
+from conformance.laws import Kills, Law
 from conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
-from conformance.zoo import expect_rejected
 from properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
                                       examples, full_forward, model_for, run_engine, sequences)
 from properties.strategies import generator, randint
 from reference.transformer import TransformerConfig, generate, layer_kv, sample_next
 
 TECH = "kv_cache"
+#: The laws that need no 16-bit model: float64 and float32.
+FLOAT_DTYPES = (torch.float64, torch.float32)
+#: Every zoo test runs its law in float64 (rounding cannot hide a bug there).
+ZOO_DTYPE = (torch.float64,)
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------------------------------- KV-1
-@settings(max_examples=examples(8))
-@example(case=PINNED)
-@example(case=PINNED_TILE)
-@example(case=PINNED_B5)
-@given(case=cases())
-def law_prefill_then_decode_equals_full_forward(impl, dtype, device, case):
+def law_prefill_then_decode_equals_full_forward(run, device, dtype, case):
+    """KV-1: prefill of the padded prompts, then one-token decode steps, gives per sequence the
+    logits of the reference full forward (float64 model), by the model's tolerance rule."""
+    run.observe(case)
     cfg = case.cfg()
     model = model_for(cfg, case.seed, dtype, device)
-    _, per_row = run_engine(impl, model, case, device)
+    _, per_row = run_engine(run.impl, model, case, device)
     out = torch.cat(per_row)                                                    # (Σ(S_b + T), V)
     out_ref = torch.cat(full_forward(model_for(cfg, case.seed, torch.float64, device), case, device))
     out_pt = torch.cat(full_forward(model, case, device)) if dtype in HALF_DTYPES else None
@@ -66,19 +76,17 @@ def where_worst(out: torch.Tensor, out_ref: torch.Tensor, case: Case) -> str:
 
 KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached")
 
+#: KV-1's law: drawn configurations and the pinned boundary cases (a batch with different
+#: lengths, GQA group 3 and head dim 6; one full tile of 16; a batch of five).
+KV1 = Law(
+    claim="KV-1", technique=TECH, body=law_prefill_then_decode_equals_full_forward,
+    given={"case": cases()},
+    examples=(dict(case=PINNED), dict(case=PINNED_TILE), dict(case=PINNED_B5)),
+    dtypes=DTYPES, kills=(Kills(KV1_KILLS, ZOO_DTYPE),),
+    coverage=COVERAGE, require_coverage=True, max_examples=examples(8))
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-def test_prefill_then_decode_equals_full_forward(impl, dtype, device):
-    law_prefill_then_decode_equals_full_forward(impl, dtype, device)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.kills(*KV1_KILLS)
-def test_prefill_then_decode_rejects(bad_impl, device):
-    expect_rejected(law_prefill_then_decode_equals_full_forward, bad_impl, torch.float64, device)
+test_prefill_then_decode_equals_full_forward = KV1.conformance_test("test_prefill_then_decode_equals_full_forward")
+(test_prefill_then_decode_rejects,) = KV1.zoo_tests("test_prefill_then_decode_rejects")
 
 
 @pytest.mark.technique(TECH)
@@ -119,32 +127,29 @@ def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.
     return torch.cat(tokens, dim=1)                                             # (B, S + n)
 
 
-@settings(max_examples=examples(6))
-@example(case=Case(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, seed=3, prompt_lens=(4, 4), steps=6),
-         temperature=1.0)
-@given(case=cases(max_steps=8), temperature=st.floats(0.25, 2.0))
-def law_same_seed_same_tokens(impl, dtype, device, case, temperature):
+def law_same_seed_same_tokens(run, device, dtype, case, temperature):
+    """KV-2: with generators of the same seed, the engine's generation samples exactly the
+    tokens of the reference's generate() without a cache."""
+    run.observe(case)
     cfg = case.cfg()
     model = model_for(cfg, case.seed, dtype, device)
     S = case.prompt_lens[0]
     prompt = randint(0, case.vocab, (len(case.prompt_lens), S), case.seed, device)   # (B, S)
-    out = engine_generate(impl, model, prompt, case.steps, temperature, generator(case.seed + 11, device))
+    out = engine_generate(run.impl, model, prompt, case.steps, temperature, generator(case.seed + 11, device))
     out_ref, _ = generate(model, prompt, case.steps, temperature, generator(case.seed + 11, device))
     assert_exact(out, out_ref, what="tokens sampled with the cache vs without")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-2")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_same_seed_same_tokens(impl, dtype, device):
-    law_same_seed_same_tokens(impl, dtype, device)
+KV2 = Law(
+    claim="KV-2", technique=TECH, body=law_same_seed_same_tokens,
+    given={"case": cases(max_steps=8), "temperature": st.floats(0.25, 2.0)},
+    examples=(dict(case=Case(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, seed=3, prompt_lens=(4, 4), steps=6),
+                   temperature=1.0),),
+    dtypes=FLOAT_DTYPES, kills=(Kills(("reads_past_length", "drop_oldest", "no_rope_offset"), ZOO_DTYPE),),
+    max_examples=examples(6))
 
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-2")
-@pytest.mark.kills("reads_past_length", "drop_oldest", "no_rope_offset")
-def test_same_seed_same_tokens_rejects(bad_impl, device):
-    expect_rejected(law_same_seed_same_tokens, bad_impl, torch.float64, device)
+test_same_seed_same_tokens = KV2.conformance_test("test_same_seed_same_tokens")
+(test_same_seed_same_tokens_rejects,) = KV2.zoo_tests("test_same_seed_same_tokens_rejects")
 
 
 # ---------------------------------------------------------------------------------------- KV-4
@@ -164,14 +169,13 @@ def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> in
 LLAMA_KV_SHAPE = Case(n_layers=1, n_heads=8, n_kv_heads=8, head_dim=128, seed=5, prompt_lens=(9, 6), steps=2)
 
 
-@settings(max_examples=examples(6))
-@example(case=PINNED)
-@example(case=LLAMA_KV_SHAPE)
-@given(case=cases())
-def law_cache_holds_exactly_the_tokens(impl, dtype, device, case):
+def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
+    """KV-4: the engine's lengths, its cache_bytes() and the bytes of its kv() views are exactly
+    2·L·Hkv·D·bytes per cached token, and the cached K and V are the model's (float64 model)."""
+    run.observe(case)
     cfg = case.cfg()
     model = model_for(cfg, case.seed, dtype, device)
-    engine, _ = run_engine(impl, model, case, device)
+    engine, _ = run_engine(run.impl, model, case, device)
     expected_lens = torch.tensor(case.prompt_lens, dtype=torch.int64) + case.steps
     assert_exact(engine.lengths().cpu(), expected_lens, what="lengths()")
     n_tokens = int(expected_lens.sum())
@@ -198,18 +202,16 @@ def law_cache_holds_exactly_the_tokens(impl, dtype, device, case):
                  rule=model_rule(dtype), what="cached K and V vs the model's")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-4")
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-def test_cache_holds_exactly_the_tokens(impl, dtype, device):
-    law_cache_holds_exactly_the_tokens(impl, dtype, device)
+KV4 = Law(
+    claim="KV-4", technique=TECH, body=law_cache_holds_exactly_the_tokens,
+    given={"case": cases()}, examples=(dict(case=PINNED), dict(case=LLAMA_KV_SHAPE)),
+    dtypes=DTYPES,
+    kills=(Kills(("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached", "append_no_block_offset"),
+                 ZOO_DTYPE),),
+    coverage=COVERAGE, require_coverage=True, max_examples=examples(6))
 
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-4")
-@pytest.mark.kills("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached", "append_no_block_offset")
-def test_cache_holds_exactly_the_tokens_rejects(bad_impl, device):
-    expect_rejected(law_cache_holds_exactly_the_tokens, bad_impl, torch.float64, device)
+test_cache_holds_exactly_the_tokens = KV4.conformance_test("test_cache_holds_exactly_the_tokens")
+(test_cache_holds_exactly_the_tokens_rejects,) = KV4.zoo_tests("test_cache_holds_exactly_the_tokens_rejects")
 
 
 LLAMA_SHAPES = {
@@ -263,10 +265,11 @@ def test_gqa_cache_bytes_against_mha(impl, device):
 
 
 # --------------------------------------------------------------------------------------- KV-10
-@settings(max_examples=examples(5))
-@example(case=PINNED)
-@given(case=cases(min_batch=2))
-def law_batch_mates_change_nothing(impl, dtype, device, case):
+def law_batch_mates_change_nothing(run, device, dtype, case):
+    """KV-10: each sequence's logits in a padded batch equal those of its own tokens decoded
+    alone (in 16 bits: both judged against the float64 model)."""
+    run.observe(case)
+    impl = run.impl
     cfg = case.cfg()
     model = model_for(cfg, case.seed, dtype, device)
     _, batched = run_engine(impl, model, case, device)
@@ -295,18 +298,14 @@ def law_batch_mates_change_nothing(impl, dtype, device, case):
         assert_close(out, alone, what="batched logits vs the same sequences decoded alone")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-10")
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-def test_batch_mates_change_nothing(impl, dtype, device):
-    law_batch_mates_change_nothing(impl, dtype, device)
+KV10 = Law(
+    claim="KV-10", technique=TECH, body=law_batch_mates_change_nothing,
+    given={"case": cases(min_batch=2)}, examples=(dict(case=PINNED),),
+    dtypes=DTYPES, kills=(Kills(("shared_positions", "pads_cached"), ZOO_DTYPE),),
+    coverage=COVERAGE, require_coverage=True, max_examples=examples(5))
 
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-10")
-@pytest.mark.kills("shared_positions", "pads_cached")
-def test_batch_mates_change_nothing_rejects(bad_impl, device):
-    expect_rejected(law_batch_mates_change_nothing, bad_impl, torch.float64, device)
+test_batch_mates_change_nothing = KV10.conformance_test("test_batch_mates_change_nothing")
+(test_batch_mates_change_nothing_rejects,) = KV10.zoo_tests("test_batch_mates_change_nothing_rejects")
 
 
 # ------------------------------------------------------------- checks every contract gets
@@ -347,25 +346,19 @@ LONG = Case(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, seed=11, prompt_len
             max_seq_len=160)
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_long_sequences_past_64_and_128_positions(impl, dtype, device):
-    """Positions past 64 and 128 (RoPE tables, cache tiles and index arithmetic that only break
-    at length): a 70-token and a 3-token prompt decoded for 62 steps, to position 131."""
-    check_long_sequences(impl, dtype, device)
+def law_long_sequences(run, device, dtype):
+    """KV-1 past positions 64 and 128 (RoPE tables, cache tiles and index arithmetic that only
+    break at length): a 70-token and a 3-token prompt decoded for 62 steps, to position 131."""
+    law_prefill_then_decode_equals_full_forward(run, device, dtype, LONG)
 
 
-def check_long_sequences(impl, dtype, device):
-    law_prefill_then_decode_equals_full_forward.hypothesis.inner_test(impl, dtype, device, LONG)
+#: KV-1 on the one long case (no drawn arguments).
+KV1_LONG = Law(claim="KV-1", technique=TECH, body=law_long_sequences, dtypes=FLOAT_DTYPES,
+               kills=(Kills(("rope_off_after_64", "drop_oldest", "no_rope_offset"), ZOO_DTYPE),),
+               coverage=COVERAGE, require_coverage=True)
 
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.kills("rope_off_after_64", "drop_oldest", "no_rope_offset")
-def test_long_sequences_rejects(bad_impl, device):
-    expect_rejected(check_long_sequences, bad_impl, torch.float64, device)
-
+test_long_sequences_past_64_and_128_positions = KV1_LONG.conformance_test("test_long_sequences_past_64_and_128_positions")
+(test_long_sequences_rejects,) = KV1_LONG.zoo_tests("test_long_sequences_rejects")
 
 #: Positions past 256: bfloat16 holds integers exactly only up to 256 (257 rounds to 256), so a
 #: position or RoPE angle that passes through the model's 16-bit dtype shows only here.
@@ -373,79 +366,70 @@ PAST_256 = Case(n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, seed=19, prompt
                 max_seq_len=272)
 
 
-def check_past_256(impl, device):
-    law_cache_holds_exactly_the_tokens.hypothesis.inner_test(impl, torch.bfloat16, device, PAST_256)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-4")
-def test_bfloat16_cache_past_256_positions(impl, device):
+def law_bfloat16_cache_past_256_positions(run, device):
     """KV-4 in bfloat16 with a 257-token prompt decoded to position 259: the cached K and V
     equal the model's (positions are integers, never rounded to the model's dtype)."""
-    check_past_256(impl, device)
+    law_cache_holds_exactly_the_tokens(run, device, torch.bfloat16, PAST_256)
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-4")
-@pytest.mark.kills("positions_in_model_dtype")
-def test_bfloat16_cache_past_256_positions_rejects(bad_impl, device):
-    expect_rejected(check_past_256, bad_impl, device)
+#: KV-4 on the one case past position 256, in bfloat16 (no dtype parameter).
+KV4_PAST_256 = Law(claim="KV-4", technique=TECH, body=law_bfloat16_cache_past_256_positions, params=("device",),
+                   kills=(Kills(("positions_in_model_dtype",)),), coverage=COVERAGE, require_coverage=True)
+
+test_bfloat16_cache_past_256_positions = KV4_PAST_256.conformance_test("test_bfloat16_cache_past_256_positions")
+(test_bfloat16_cache_past_256_positions_rejects,) = KV4_PAST_256.zoo_tests(
+    "test_bfloat16_cache_past_256_positions_rejects")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_a_second_prefill_forgets_the_first(impl, dtype, device):
+def decode_case(engine, case: Case, device):
+    """Prefill ``case``'s padded prompts on ``engine`` and decode its steps; per row, the logits
+    (S_b + T, V) concatenated over the rows, as :func:`full_forward` gives them."""
+    full, prompt, lens = sequences(case, device)
+    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
+    steps = [engine.decode(full[torch.arange(len(lens), device=device), lens + i]) for i in range(case.steps)]
+    return torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)])
+
+
+def law_a_second_prefill_forgets_the_first(run, device, dtype):
     """One engine, two batches: after a prefill (and decodes) of other sequences, a new prefill
     starts fresh (the contract: a prefill forgets all earlier sequences)."""
-    check_second_prefill(impl, dtype, device)
-
-
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.kills("stale_after_reprefill")
-def test_a_second_prefill_rejects(bad_impl, device):
-    expect_rejected(check_second_prefill, bad_impl, torch.float64, device)
-
-
-def check_second_prefill(impl, dtype, device):
     first = Case(n_layers=2, n_heads=3, n_kv_heads=1, head_dim=6, seed=5, prompt_lens=(9, 4, 6), steps=5)
     second = PINNED
     cfg = second.cfg()
     assert first.cfg() == cfg
     model = model_for(cfg, second.seed, dtype, device)
-    engine = impl.new_engine(model, max_batch=4, max_seq_len=32)
-    full, prompt, lens = sequences(first, device)
-    engine.prefill(prompt, lens)
-    for i in range(first.steps):
-        engine.decode(full[torch.arange(len(lens), device=device), lens + i])
-    full, prompt, lens = sequences(second, device)
-    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
-    steps = [engine.decode(full[torch.arange(len(lens), device=device), lens + i]) for i in range(second.steps)]
-    out = torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(second.prompt_lens)])
+    engine = run.impl.new_engine(model, max_batch=4, max_seq_len=32)
+    decode_case(engine, first, device)
+    out = decode_case(engine, second, device)
     out_ref = torch.cat(full_forward(model_for(cfg, second.seed, torch.float64, device), second, device))
     assert_close(out, out_ref, what="logits after a second prefill on the same engine")
     assert_exact(engine.lengths(), torch.tensor([n + second.steps for n in second.prompt_lens]),
                  what="lengths after the second prefill")
 
 
-@pytest.mark.technique(TECH)
-@pytest.mark.claim("KV-1")
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_decode_to_full_capacity(impl, dtype, device):
+KV1_REPREFILL = Law(claim="KV-1", technique=TECH, body=law_a_second_prefill_forgets_the_first, dtypes=FLOAT_DTYPES,
+                    kills=(Kills(("stale_after_reprefill",), ZOO_DTYPE),))
+
+test_a_second_prefill_forgets_the_first = KV1_REPREFILL.conformance_test("test_a_second_prefill_forgets_the_first")
+(test_a_second_prefill_rejects,) = KV1_REPREFILL.zoo_tests("test_a_second_prefill_rejects")
+
+
+def law_decode_to_full_capacity(run, device, dtype):
     """The longest sequence fills the cache exactly (its last token goes to slot max_seq_len - 1)
     and the logits after it are still the full forward's."""
     case = PINNED
     cfg = case.cfg()
     model = model_for(cfg, case.seed, dtype, device)
-    full, prompt, lens = sequences(case, device)
-    B = len(case.prompt_lens)
-    engine = impl.new_engine(model, max_batch=B, max_seq_len=max(case.prompt_lens) + case.steps)
-    pre = engine.prefill(prompt, lens)
-    steps = [engine.decode(full[torch.arange(B, device=device), lens + i]) for i in range(case.steps)]
-    out = torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)])
+    engine = run.impl.new_engine(model, max_batch=len(case.prompt_lens), max_seq_len=max(case.prompt_lens) + case.steps)
+    out = decode_case(engine, case, device)
     out_ref = torch.cat(full_forward(model_for(cfg, case.seed, torch.float64, device), case, device))
     assert_close(out, out_ref, what="logits up to a full cache")
+
+
+#: KV-1 up to a full cache (no zoo entry fails only here).
+KV1_FULL = Law(claim="KV-1", technique=TECH, body=law_decode_to_full_capacity, dtypes=FLOAT_DTYPES)
+
+test_decode_to_full_capacity = KV1_FULL.conformance_test("test_decode_to_full_capacity")
 
 
 @pytest.mark.technique(TECH)

@@ -33,7 +33,7 @@ from conformance import results
 from conformance.stats import check_counts
 from conformance.tolerance import assert_close, assert_exact, check_exact
 from conformance.laws import Law
-from conformance.zoo import NotRejected, expect_rejected
+from conformance.zoo import expect_rejected
 from optimized.speculative_engine import SpeculativeEngine
 from properties.speculative_cases import first_two_token_distribution
 from properties.zoo_speculative import ENGINE_ZOO
@@ -62,12 +62,12 @@ def _tok():
 def _bad(name: str):
     """A zoo engine as expect_rejected expects a known-bad implementation."""
     return SimpleNamespace(name=name, target=f"properties.zoo_speculative:{ENGINE_ZOO[name].__name__}",
-                           cls=ENGINE_ZOO[name])
+                           cls=ENGINE_ZOO[name], origin="zoo")
 
 
 def _good():
     return SimpleNamespace(name="speculative_engine", target="optimized.speculative_engine:SpeculativeEngine",
-                           cls=SpeculativeEngine)
+                           cls=SpeculativeEngine, origin="builtin")
 
 
 # ------------------------------------------------------------------------------------ SD-8
@@ -160,16 +160,24 @@ def test_sd8_zoo_rejected(bad):
 
 
 # ------------------------------------------------------------------------------------ SD-7
-def law_sd7_engine_greedy(impl, draft: str, gamma: int, n_tokens: int = 24, adaptive: bool = False):
+def law_sd7_engine_greedy(run, draft: str, gamma: int, adaptive: bool, n_tokens: int = 24):
+    """SD-7 with the cached engine: greedy speculative output (3 rows from ``<bos>``) equals
+    greedy target decoding (no cache, float64) token for token; the run observes the tokens that
+    differ and the engine's statistics (acceptance, rounds, the γ of each round)."""
     target, dr = _model("target", torch.float64), _model(draft, torch.float64)
     prompt = torch.full((3, 1), _tok().bos_id)
-    engine = impl.cls(target, dr, gamma=gamma, max_batch=3, max_seq_len=target.cfg.max_seq_len, temperature=0.0,
-                      adaptive=adaptive)
+    engine = run.impl.cls(target, dr, gamma=gamma, max_batch=3, max_seq_len=target.cfg.max_seq_len,
+                          temperature=0.0, adaptive=adaptive)
     gammas = []
     out, st_ = engine.generate(prompt, n_tokens, on_round=lambda eng, buf, L: gammas.append(eng.last_gamma))
-    st_["gammas"] = gammas
     out_ref, _ = generate(target, prompt, n_tokens)
-    return out, out_ref, st_
+    run.observe(dict(st_, gammas=gammas, differing=int((out != out_ref).sum())))
+    assert_exact(out, out_ref, what=f"greedy speculative engine {run.implementation} ({draft}, gamma={gamma}) "
+                                    "vs greedy target")
+
+
+#: SD-7's law on one engine (the tests below pick the engine, the draft and γ).
+SD7 = Law(claim="SD-7", technique="speculative", body=law_sd7_engine_greedy, params=("draft", "gamma", "adaptive"))
 
 
 @pytest.mark.claim("SD-7")
@@ -180,22 +188,21 @@ def test_sd7_engine_greedy_equals_greedy_target(draft, gamma, adaptive):
     """SD-7 with the cached engine: greedy speculative output equals greedy target decoding
     (no cache, float64) token for token, whatever the draft, with a fixed γ or one chosen each
     round from the recent acceptance rate (up to 8)."""
-    out, out_ref, st_ = law_sd7_engine_greedy(_good(), draft, gamma, adaptive=adaptive)
-    results.record("SD-7", measured=int((out != out_ref).sum()), bound=0, unit="tokens differing",
+    (st_,) = SD7(_good(), draft, gamma, adaptive).observations
+    results.record("SD-7", measured=st_["differing"], bound=0, unit="tokens differing",
                    rule="exact (cached engine with rollback)", gamma=gamma, draft=draft,
                    alpha=st_["accepted"] / st_["drafted"], rounds=st_["rounds"],
                    what=f"adaptive gamma, mean {np.mean(st_['gammas']):.2f}" if adaptive else "fixed gamma")
-    assert_exact(out, out_ref, what=f"greedy speculative engine ({draft}, gamma={gamma}) vs greedy target")
 
 
 def test_sd7_engine_zoo():
     """An engine that forgets to roll back emits other tokens than greedy target decoding; one
     that forgets only the draft's rollback still emits the right ones (SD-7 cannot see it, SD-8
     does: ``test_sd8_zoo_rejected``)."""
-    out, out_ref, _ = law_sd7_engine_greedy(_bad("forgets_rollback"), "draft_poor", 3)
-    assert not torch.equal(out, out_ref), "forgets_rollback passed SD-7"
-    out, out_ref, _ = law_sd7_engine_greedy(_bad("forgets_draft_rollback"), "draft_poor", 3)
-    assert_exact(out, out_ref, what="forgets_draft_rollback: output still greedy target's (draft is only a proposal)")
+    SD7(_bad("forgets_draft_rollback"), "draft_poor", 3, False)      # passes: the draft is only a proposal
+    text = expect_rejected(SD7, _bad("forgets_rollback"), "draft_poor", 3, False)
+    results.record("SD-7", measured="rejected", unit="known-bad engine", rule="SD-7 greedy equality",
+                   what=f"forgets_rollback: {text[:120]}")
 
 
 # --------------------------------------------------------------- SD-1 at engine level (G-tests)
@@ -247,9 +254,20 @@ BF16_CASE = dict(target_name="draft_poor", draft_name="draft_good", prompt_words
                  settings_=(0.35, 0, 1.0), n=40_000, gamma=1)
 
 
-def law_engine_first_token(impl, seed: int = 3):
-    counts, exact, _ = _first_token_counts(impl, seed=seed, **BF16_CASE)
-    return check_counts(counts, exact, alpha=ALPHA, what="first token after '<bos> old', temperature 0.35")
+def law_engine_first_token(run, seed: int = 3):
+    """SD-1 at a context where bfloat16 rounding of the draft's logits moves q: the engine's
+    first emitted tokens over 40000 rows follow the processed target (G-test, alpha = 1e-3).
+    The G statistic is recorded for every engine, the known-bad ones too."""
+    counts, exact, _ = _first_token_counts(run.impl, seed=seed, **BF16_CASE)
+    v = check_counts(counts, exact, alpha=ALPHA, what="first token after '<bos> old', temperature 0.35")
+    what = f"{run.implementation} (known bad)" if run.impl.origin == "zoo" else "correct engine, '<bos> old', T=0.35"
+    results.record("SD-1", measured=round(v.error, 2), bound=round(v.bound, 2), unit="G statistic",
+                   rule="engine-level G-test, alpha=1e-3", what=what, temperature=0.35, trials=BF16_CASE["n"])
+    v.check()
+
+
+#: SD-1's draft-sampling law on one engine.
+SD1_DRAFT_Q = Law(claim="SD-1", technique="speculative", body=law_engine_first_token, params=())
 
 
 @pytest.mark.claim("SD-1")
@@ -258,18 +276,9 @@ def test_sd1_engine_draft_sampled_from_q():
     where bfloat16 rounding of the draft's logits moves q (KL about 1.6e-3), 40000 rows follow
     the target (G-test); the engine that samples from a bfloat16 softmax while passing the float32
     q, and the one that samples from the float32 softmax while passing a bfloat16 q, are rejected."""
-    v = law_engine_first_token(_good())
-    results.record("SD-1", measured=round(v.error, 2), bound=round(v.bound, 2), unit="G statistic",
-                   rule="engine-level G-test, alpha=1e-3", what="correct engine, '<bos> old', T=0.35",
-                   temperature=0.35, trials=BF16_CASE["n"])
-    v.check()
+    SD1_DRAFT_Q(_good())
     for name in ("bfloat16_draft_sampling", "bfloat16_draft_q"):
-        bad = law_engine_first_token(_bad(name))
-        results.record("SD-1", measured=round(bad.error, 2), bound=round(bad.bound, 2), unit="G statistic",
-                       rule="engine-level G-test, alpha=1e-3", what=f"{name} (known bad)",
-                       temperature=0.35, trials=BF16_CASE["n"])
-        if bad.ok:
-            raise NotRejected(f"the engine-level G-test accepted {name}: {bad.message()}")
+        expect_rejected(SD1_DRAFT_Q, _bad(name))
 
 
 def _naive_process(logits: list[float], T: float, k: int, top_p: float) -> list[float]:
@@ -323,17 +332,24 @@ def test_process_logits_errors():
                           max_batch=1, max_seq_len=16)
 
 
-def law_engine_first_two(impl, n: int = 3000, seed: int = 21, verify=None):
-    """The first two tokens of ``n`` engine generations after ``<bos>`` (poor draft, γ = 2,
-    temperature 1) against the target's own distribution of the first two tokens (G-test)."""
-
+def law_engine_first_two(run, verify, n: int = 3000, seed: int = 21):
+    """SD-1 end to end: the first two tokens of ``n`` engine generations after ``<bos>`` (poor
+    draft, γ = 2, temperature 1, the engine's verifier ``verify``: None for its own) follow the
+    target's own distribution of the first two tokens (G-test); the verdict is observed."""
+    impl = run.impl
     target, dr = _model("target", torch.float32), _model("draft_poor", torch.float32)
     V = target.cfg.vocab_size
     engine = impl.cls(target, dr, gamma=2, max_batch=n, max_seq_len=16, verify=verify)
     out, _ = engine.generate(torch.full((n, 1), _tok().bos_id), 2, generator=torch.Generator().manual_seed(seed))
     counts = np.bincount((out[:, 1] * V + out[:, 2]).numpy(), minlength=V * V)
     exact = first_two_token_distribution(_model("target", torch.float64), _tok().bos_id)
-    return check_counts(counts, exact / exact.sum(), alpha=ALPHA, what=f"engine {impl.name}: first two tokens")
+    v = check_counts(counts, exact / exact.sum(), alpha=ALPHA, what=f"engine {impl.name}: first two tokens")
+    run.observe(v)
+    v.check()
+
+
+#: SD-1's end-to-end law on one engine and verifier.
+SD1_FIRST_TWO = Law(claim="SD-1", technique="speculative", body=law_engine_first_two, params=("verify",))
 
 
 @pytest.mark.claim("SD-1")
@@ -343,12 +359,10 @@ def test_sd1_engine_first_two_tokens():
     same engine with the min(1, q/p) verifier of the zoo is rejected by the same test. (Forgetting
     the rollback is too subtle here, G = 108 against 171: it shows only from the second round;
     SD-8 and SD-7 reject it.)"""
-    v = law_engine_first_two(_good())
+    (v,) = SD1_FIRST_TWO(_good(), None).observations
     results.record("SD-1", measured=round(v.error, 2), bound=round(v.bound, 2), unit="G statistic",
                    rule="engine end to end: first two tokens vs the target's own sampling, alpha=1e-3",
                    what="cached engine, first two tokens", trials=3000, draft="draft_poor", gamma=2)
-    v.check()
     from properties.zoo_speculative import accept_q_over_p
 
-    bad = law_engine_first_two(_good(), verify=accept_q_over_p)
-    assert not bad.ok, f"the end-to-end G-test accepted the engine with accept_q_over_p: {bad.message()}"
+    expect_rejected(SD1_FIRST_TWO, _good(), accept_q_over_p)

@@ -55,7 +55,55 @@ Names (B, S, V, Hkv, D, L) as in :mod:`conformance.contracts.glossary`.
 Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache, experiments of §2.2 and sizes of
 §2.3), §1.3 (batching); CS336 lecture 10 part 3. Claims KV-1, KV-2, KV-3, KV-4, KV-10, AI-8, AI-9.
 """
+from conformance.coverage import CoverageClass
 from conformance.registry import Contract
+
+# ----------------------------------------------------------------------------------------------
+# coverage table: the boundary classes the laws of properties/test_kv_cache.py must hand every
+# engine in every profile (their pinned cases reach them; the drawn ones may too)
+# ----------------------------------------------------------------------------------------------
+_KV1 = "law_prefill_then_decode_equals_full_forward"
+_KV4 = "law_cache_holds_exactly_the_tokens"
+_KV10 = "law_batch_mates_change_nothing"
+
+
+def _group(c) -> int:
+    return c.n_heads // c.n_kv_heads
+
+
+def _last_position(c) -> int:
+    """The highest RoPE position the case writes: its longest prompt plus its decode steps, less one."""
+    return max(c.prompt_lens) + c.steps - 1
+
+
+#: The kv_cache contract's coverage table. Observations are the laws' cases: objects with
+#: ``prompt_lens`` (one per sequence), ``steps`` (decode steps), ``n_layers``, ``n_heads``,
+#: ``n_kv_heads`` and ``head_dim`` (as properties.kv_cache_cases.Case).
+COVERAGE = (
+    CoverageClass("B > 1, different prompt lengths", (_KV1, _KV4, _KV10),
+                  lambda c: len(set(c.prompt_lens)) > 1),
+    # a per-row position, slot or RoPE offset wrong from row 4 on
+    CoverageClass("batch of five or more", (_KV1,), lambda c: len(c.prompt_lens) >= 5),
+    CoverageClass("prompt of one token", (_KV1,), lambda c: min(c.prompt_lens) == 1),
+    # a prompt that fills a tile of 16 exactly (a prefill that drops a full tile's last token)
+    CoverageClass("prompt of 16 tokens (one full tile)", (_KV1,), lambda c: 16 in c.prompt_lens),
+    CoverageClass("more than one layer", (_KV1, _KV4, _KV10), lambda c: c.n_layers > 1),
+    CoverageClass("one KV head (MQA)", (_KV1, _KV4, _KV10), lambda c: c.n_kv_heads == 1),
+    CoverageClass("GQA group not a power of two", (_KV1, _KV4, _KV10),
+                  lambda c: _group(c) > 1 and _group(c) & (_group(c) - 1) != 0),
+    CoverageClass("head dim not a power of two", (_KV1, _KV4, _KV10),
+                  lambda c: c.head_dim & (c.head_dim - 1) != 0),
+    # Llama's 8 KV heads x 128: an append tiled in blocks of 4096 // (Hkv x D) = 4 tokens spans
+    # several blocks (at the drawn shapes one block holds the whole prompt)
+    CoverageClass("KV heads x head dim >= 1024, prompt over 4 tokens", (_KV4,),
+                  lambda c: c.n_kv_heads * c.head_dim >= 1024 and max(c.prompt_lens) > 4),
+    # RoPE tables, cache tiles and index arithmetic that break only at length
+    CoverageClass("positions past 64 and 128", ("law_long_sequences",),
+                  lambda c: max(c.prompt_lens) > 64 and _last_position(c) > 128),
+    # bfloat16 holds integers exactly only up to 256: a position passed through it rounds
+    CoverageClass("positions past 256", ("law_bfloat16_cache_past_256_positions",),
+                  lambda c: _last_position(c) > 256),
+)
 
 CONTRACT = Contract(
     technique="kv_cache",
