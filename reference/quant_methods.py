@@ -275,18 +275,21 @@ def gptq(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, damp: flo
     return dequantize64(gptq_quantize(w, x, bits=bits, group_size=group_size, act_order=act_order, damp=damp))
 
 
-def awq(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, grid: int = 20) -> torch.Tensor:
+def awq(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, grid: int = 20, *,
+        identity: bool = True, magnitudes: torch.Tensor | None = None) -> torch.Tensor:
     """AWQ (Lin et al. 2024), naive: per-input-channel scales s_j = mean|x_j|^alpha, searched over
     alpha in {0, 1/grid, ..., 1}; w diag(s) is rounded to nearest and divided back by s; the
     alpha whose output X w_hat^T is closest to X w^T on the calibration inputs x (n, K) wins.
-    alpha = 0 is plain round-to-nearest, so AWQ is never worse than it on x. Returns the
-    dequantized weight (N, K) float64."""
+    alpha = 0 is plain round-to-nearest, so with ``identity`` AWQ is never worse than it on x
+    (by construction: judge it on other inputs); ``identity=False`` searches alpha >= 1/grid
+    only. ``magnitudes`` (K,) replaces mean|x_j| (a known-bad AWQ passes scales unrelated to the
+    activations). Returns the dequantized weight (N, K) float64."""
     W = w.detach().to(torch.float64)
     X = x.detach().to(torch.float64).reshape(-1, W.shape[1])
-    mag = X.abs().mean(dim=0).clamp(min=1e-12)
+    mag = (X.abs().mean(dim=0) if magnitudes is None else magnitudes.to(torch.float64)).clamp(min=1e-12)
     ref_out = X @ W.T
     best, best_err = None, math.inf
-    for a in range(grid + 1):
+    for a in range(0 if identity else 1, grid + 1):
         s = mag ** (a / grid)
         s = s / (s.max() * s.min()).sqrt()
         Wq = rtn_absmax(W * s, bits, group_size) / s
