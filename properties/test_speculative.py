@@ -36,7 +36,8 @@ from reference import speculative as ref
 
 TECH = "speculative"
 ZOO_ALL = ("late_rejection", "resample_from_p", "accept_q_over_p", "continue_after_rejection",
-           "drops_bonus_token", "unnormalised_residual", "acceptance_times_097")
+           "drops_bonus_token", "unnormalised_residual", "acceptance_times_097", "residual_toward_q",
+           "bonus_from_q")
 #: The exact rule of SD-1: the enumerated distribution equals the target's to this bound (float64).
 EXACT_BOUND = 1e-12
 
