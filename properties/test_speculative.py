@@ -24,14 +24,23 @@ from conformance.tolerance import Verdict, report_verdict, assert_exact
 from conformance.laws import Kills, Law
 from properties.speculative_cases import (
     ALPHA,
+    OUTCOMES,
     PINNED,
     STAT_CONFIGS,
+    STAT_SIZES,
+    SUBTLE_BIASES,
     certain_cases,
     extend,
     first_two_token_distribution,
+    law_rejections,
+    marginals,
+    outcome_counts,
     pq_pairs,
+    run_trials,
     sd1_law_verdicts,
+    verifier_outcomes,
 )
+from conformance.stats import check_counts, upper_bound
 from reference import speculative as ref
 
 TECH = "speculative"
@@ -132,6 +141,95 @@ test_sd1_statistical = SD1_STATISTICAL.conformance_test(
     accepted follow the exact distributions, for two dense pairs and three boundary classes
     (G-tests, family-wise false-alarm rate 1e-3 over the whole law, fixed seeds).""")
 (test_sd1_zoo_rejected,) = SD1_STATISTICAL.zoo_tests("test_sd1_zoo_rejected")
+
+
+# --------------------------------------- the statistical law's own error rates, exactly
+#: Exact multinomial draws of the whole law under ``ci`` (``benchmarks/bench_speculative.py``
+#: makes 20,000): the false-alarm count is judged against binom.ppf(1 − 1e-3, draws, ALPHA).
+LAW_DRAWS, POWER_DRAWS = 2000, 1000
+
+
+def _law_limit(draws):
+    from scipy import stats as sps
+
+    return int(sps.binom.ppf(1 - 1e-3, draws, ALPHA))
+
+
+@pytest.mark.claim("SD-1")
+def test_verifier_outcomes_equal_the_enumeration():
+    """The closed form of a round's distribution (speculative_cases.verifier_outcomes, unbiased)
+    equals the reference's walk over every path, on the law's pairs and the pinned classes."""
+    for pq in (*STAT_CONFIGS.values(), *PINNED):
+        a, b = verifier_outcomes(pq.q, pq.p), ref.round_outcomes(pq.q, pq.p)
+        err = max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+        assert err <= EXACT_BOUND, f"{pq!r}: closed form vs enumeration differ by {err:.3g}"
+
+
+def sd1_law_false_alarms(draws: int, seed: int = 0):
+    """The statistical SD-1 law's false alarms on ``draws`` exact multinomial draws of a correct
+    verifier's rounds, recorded with the limit and the calibration's power against a law whose
+    real rate is 1e-2; returns (false alarms, limit)."""
+    from scipy import stats as sps
+
+    k, _ = law_rejections(draws, seed)
+    limit = _law_limit(draws)
+    power = float(sps.binom.sf(limit, draws, 1e-2))
+    results.record("SD-1", measured=k / draws, bound=ALPHA,
+                   unit="false-alarm rate of the statistical law (exact multinomial draws of a correct verifier)",
+                   rule=f"{draws} draws of every pair's rounds {STAT_SIZES}; false alarms <= {limit} "
+                        f"(binomial tail 1e-3 at rate {ALPHA:g}); power against a rate of 1e-2: {power:.3f}",
+                   what=f"99.9% upper bound of the rate {upper_bound(k, draws):.2g}",
+                   false_alarms=k, runs=draws, power=power)
+    return k, limit
+
+
+@pytest.mark.claim("SD-1")
+def test_sd1_law_false_alarm_rate_exact_draws():
+    """The law's family-wise false-alarm rate is at most ALPHA = 1e-3: on 2000 exact draws
+    (ci; 20,000 in the report) its false alarms do not exceed binom.ppf(0.999, 2000, 1e-3) = 8.
+    That check rejects a law whose real rate is 1e-2 with probability 0.998."""
+    k, limit = sd1_law_false_alarms(LAW_DRAWS)
+    assert k <= limit, f"{k} false alarms in {LAW_DRAWS} exact draws (limit {limit})"
+
+
+def test_sd1_law_calibration_rejects_a_law_without_bonferroni():
+    """The calibration can fail: the same law with every G-test at ALPHA (no division over the
+    24 tests, a family-wise rate near 1e-2) exceeds the limit on the same draws."""
+    k, _ = law_rejections(LAW_DRAWS, 0, alpha=ALPHA * len(OUTCOMES) * len(STAT_CONFIGS))
+    assert k > _law_limit(LAW_DRAWS), f"a law without Bonferroni passed the calibration ({k} false alarms)"
+
+
+@pytest.mark.claim("SD-1")
+@pytest.mark.parametrize("bias", sorted(SUBTLE_BIASES))
+def test_sd1_law_power_against_subtle_biases(bias):
+    """The law's power against each known-bad verifier of a few percent bias (the zoo's
+    acceptance x 0.97, residual mixed 3% toward q, bonus from q 3%), on 1000 exact draws of its
+    rounds: at least 0.9 with 99.9% confidence (Clopper-Pearson lower bound), each check's
+    rejection rate recorded."""
+    k, per_check = law_rejections(POWER_DRAWS, 1, **SUBTLE_BIASES[bias])
+    lower = 1 - upper_bound(POWER_DRAWS - k, POWER_DRAWS)
+    strong = {c: round(n / POWER_DRAWS, 3) for c, n in sorted(per_check.items(), key=lambda x: -x[1])[:4] if n}
+    results.record("SD-1", measured=k / POWER_DRAWS, bound=0.9, unit=f"power of the statistical law against {bias}",
+                   rule=f"{POWER_DRAWS} exact draws of the biased rounds, rounds per pair {STAT_SIZES}; "
+                        f"99.9% lower bound {lower:.3f} >= 0.9", what=f"strongest checks {strong}",
+                   power=k / POWER_DRAWS, power_runs=POWER_DRAWS, draft=bias)
+    assert lower >= 0.9, f"power against {bias}: {k}/{POWER_DRAWS} (lower bound {lower:.3f})"
+
+
+@pytest.mark.parametrize("bias", sorted(SUBTLE_BIASES))
+def test_subtle_zoo_entries_follow_their_enumeration(bias):
+    """Each of those zoo verifiers emits the distribution verifier_outcomes gives for its bias
+    (G-tests at 1e-3 on every pair), so the power stated above is that entry's power."""
+    from conformance import registry
+
+    impl = {i.name: i for i in registry.zoo("speculative")}[bias]
+    for name, pq in STAT_CONFIGS.items():
+        tokens, n = run_trials(impl, pq, STAT_SIZES[name], seed=5, device="cpu")
+        counts = outcome_counts(tokens, n, pq.V, pq.gamma)
+        exact = marginals(verifier_outcomes(pq.q, pq.p, **SUBTLE_BIASES[bias]), pq.V, pq.gamma)
+        for k in OUTCOMES:
+            check_counts(counts[k], exact[k], alpha=ALPHA / len(OUTCOMES) / len(STAT_CONFIGS),
+                         what=f"{bias} on {name}: {k} vs its own enumerated distribution").check()
 
 
 # ------------------------------------------------ SD-1 structure: decisions that are certain
@@ -249,7 +347,6 @@ def law_sd1_extreme_ratios(run, device, dtype):
     residual's whole mass is tiny (p(x) = 0 with q(x) = 1e-12 beside it), it is still normalised:
     the correction is its one token in every round."""
     impl = run.impl
-    from conformance.stats import check_counts
 
     B = 4000
     tok, qb, pb, q, p = _extreme_inputs(B, dtype, device)
@@ -426,7 +523,6 @@ def test_sd1_end_to_end_small_world(verifier):
     (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
     a bound of 171 at 3000.)"""
     from conformance import registry
-    from conformance.stats import check_counts
     from smallworld.tokenizer import tokenizer
 
     impls = {i.name: i for i in registry.builtins("speculative")}
