@@ -453,6 +453,44 @@ def _bos(B):
 
 #: SD-5 on the small world: rounds of B = 8 documents, 32 new tokens each (256 per γ), γ = 1..10.
 SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
+#: The claim's figures (lecture 002 §2): α of each draft, tokens per call (γ = 8 for the good
+#: draft; every γ >= 4 for the poor one, "about 3 whatever γ"), and the tolerances "≈" and
+#: "about" are read with: α within 0.03, tokens per call within 0.5.
+SD5_LECTURE = {"draft_good": dict(alpha=0.92, tokens=6.0, gammas=(8,)),
+               "draft_poor": dict(alpha=0.69, tokens=3.0, gammas=tuple(g for g in SD5_GAMMAS if g >= 4))}
+SD5_ALPHA_TOL, SD5_TOKENS_TOL = 0.03, 0.5
+#: "Measured slightly below the formula", one-sided: measured tokens per call not above the
+#: formula at the measured α (pooled z over every round of γ = 1..10 at most z_0.99 = 2.326),
+#: and not more than 20% below it (a round loop that loses tokens is).
+SD5_Z, SD5_LOW = 2.326, 0.8
+
+
+class _RoundLog:
+    """A verify that records, per call, the emitted tokens (num_accepted + 1) of every row still
+    generating (``speculative_generate`` advances a row by num_accepted + 1 until it has
+    ``new_tokens``; finished rows are verified but not counted)."""
+
+    def __init__(self, B, new_tokens):
+        self.lengths, self.goal, self.emitted = np.zeros(B, dtype=np.int64), new_tokens, []
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, *, generator):
+        tokens, n = ref.verify(draft_tokens, draft_probs, target_probs, generator=generator)
+        active = self.lengths < self.goal
+        e = n.numpy() + 1
+        self.emitted += e[active].tolist()
+        self.lengths += np.where(active, e, 0)
+        return tokens, n
+
+
+def _sd5_below_formula(by_gamma):
+    """(z, mean ratio, the smallest relative excess over the formula found with probability 0.9)
+    of measured tokens per call against the formula, pooled over γ: z = Σ (e − f_γ) / √Σ (e − ē_γ)²
+    over every round's emitted count e."""
+    excess = sum(float(np.sum(np.asarray(e) - f)) for _, e, f in by_gamma.values())
+    var = sum(float(np.sum((np.asarray(e) - np.mean(e)) ** 2)) for _, e, _ in by_gamma.values())
+    total_formula = sum(len(e) * f for _, e, f in by_gamma.values())
+    ratio = float(np.mean([np.mean(e) / f for _, e, f in by_gamma.values()]))
+    return excess / var ** 0.5, ratio, (SD5_Z + 1.2816) * var ** 0.5 / total_formula
 
 
 @pytest.mark.claim("SD-5")
@@ -460,24 +498,28 @@ SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
 def test_sd5_tokens_per_call_on_small_world(draft):
     """SD-5: speculative sampling on the small world (reference verifier, no cache) for γ = 1..10:
     measured α (mean Σ min(p, q) over verified positions) and tokens per target call, recorded
-    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α, and the estimated speedup
-    tokens per call / (1 + γc), c from the parameter counts (draft / target). The measured tokens per call
-    must agree with the formula within sampling noise (mean ratio in [0.8, 1.2]) -- a verifier
-    or a round loop that lost tokens would not."""
+    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α and the estimated speedup
+    tokens per call / (1 + γc), c from the parameter counts (draft / target). The claim is judged
+    as written, part by part (rows with ``holds``): the lecture's α and tokens per call within
+    the stated tolerances ("not reproduced with the shipped drafts" where not), and "measured
+    slightly below the formula" one-sided (not above it beyond sampling noise, z <= 2.326, and
+    at most 20% below). The test fails only when measured is more than 20% below the formula:
+    a verifier or a round loop that lost tokens."""
 
     models = _world(torch.float32)
     c = (sum(p.numel() for p in models[draft].parameters())
          / sum(p.numel() for p in models["target"].parameters()))
-    ratios, by_gamma = [], {}
+    by_gamma = {}
     for gamma in SD5_GAMMAS:
         gen = torch.Generator().manual_seed(gamma)
+        log = _RoundLog(SD5_ROWS, SD5_TOKENS)
         _, st = ref.speculative_generate(models["target"], models[draft], _bos(SD5_ROWS), SD5_TOKENS, gamma,
-                                         generator=gen)
+                                         generator=gen, verify_fn=log)
+        assert len(log.emitted) == st["rounds"] and sum(log.emitted) == st["emitted"]
         alpha = ref.overlap_alpha(st)
         tpc = st["emitted"] / st["rounds"]
         formula = ref.tokens_per_call(alpha, gamma)
-        ratios.append(tpc / formula)
-        by_gamma[gamma] = (alpha, tpc, formula)
+        by_gamma[gamma] = (alpha, log.emitted, formula)
         results.record("SD-5", measured=tpc, lecture=formula, unit="tokens per target call",
                        rule="measured on the small world; lecture column: the formula at the measured alpha",
                        gamma=gamma, tokens_per_call=tpc, alpha=round(alpha, 3), draft=draft,
@@ -488,13 +530,29 @@ def test_sd5_tokens_per_call_on_small_world(draft):
                        rule="(1 - a^(g+1)) / (1 - a) at the measured alpha",
                        gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)",
                        estimated_speedup=round(ref.speedup(min(alpha, 1.0), gamma, c), 3), c_params=round(c, 4))
+    lec = SD5_LECTURE[draft]
     mean_alpha = float(np.mean([a for a, _, _ in by_gamma.values()]))
-    results.record("SD-5", measured=round(mean_alpha, 3), unit="alpha (mean over gamma = 1..10)",
-                   lecture="good draft 0.92, poor 0.69", draft=draft, alpha=mean_alpha,
-                   what=f"tokens per call at gamma=8: {by_gamma[8][1]:.2f} (formula {by_gamma[8][2]:.2f})")
-    mean_ratio = float(np.mean(ratios))
-    assert 0.8 <= mean_ratio <= 1.2, (f"{draft}: measured tokens per call / formula averages {mean_ratio:.3f} "
-                                      f"over gamma=1..10 (expected about 1)")
+    tokens = {g: float(np.mean(by_gamma[g][1])) for g in lec["gammas"]}
+    far = {g: round(t, 2) for g, t in tokens.items() if abs(t - lec["tokens"]) > SD5_TOKENS_TOL}
+    shipped = "" if abs(mean_alpha - lec["alpha"]) <= SD5_ALPHA_TOL else " (not reproduced with the shipped drafts)"
+    results.record("SD-5", measured=round(mean_alpha, 3), lecture=lec["alpha"], unit="alpha (mean over gamma = 1..10)",
+                   draft=draft, alpha=mean_alpha, holds=not shipped,
+                   trend_rule=f"{draft}: alpha within {SD5_ALPHA_TOL} of the lecture's {lec['alpha']}{shipped}")
+    where = "at gamma = 8" if draft == "draft_good" else "at every gamma >= 4"
+    results.record("SD-5", measured={g: round(t, 2) for g, t in tokens.items()}, lecture=lec["tokens"],
+                   unit="tokens per target call", draft=draft, holds=not far,
+                   trend_rule=f"{draft}: about {lec['tokens']:g} tokens per call {where} (within {SD5_TOKENS_TOL})"
+                              + (f"; not reproduced with the shipped drafts at gamma {sorted(far)}" if far else ""))
+    z, ratio, detectable = _sd5_below_formula(by_gamma)
+    below = z <= SD5_Z and ratio >= SD5_LOW
+    results.record("SD-5", measured=round(ratio, 3), lecture="slightly below the formula", unit="measured / formula (mean over gamma)",
+                   rule=f"one-sided: pooled z of measured - formula <= {SD5_Z} (1%) and ratio >= {SD5_LOW}; "
+                        f"an excess of {detectable:.1%} is found with probability 0.9",
+                   what=f"z = {z:.2f}", draft=draft, holds=bool(below),
+                   trend_rule=f"{draft}: measured not above the formula (z <= {SD5_Z}), at most {1 - SD5_LOW:.0%} below"
+                              + ("" if z <= SD5_Z else f"; measured ABOVE the formula (z = {z:.1f}): not reproduced"))
+    assert ratio >= SD5_LOW, (f"{draft}: measured tokens per call / formula averages {ratio:.3f} over gamma=1..10 "
+                              f"(more than {1 - SD5_LOW:.0%} below the formula: tokens lost)")
 
 
 @pytest.mark.claim("SD-7")
