@@ -86,8 +86,7 @@ def test_sd1_law_calibration(device):
     verifier of a few percent bias over 50 runs of its real code."""
     from scipy import stats as sps  # here: every benchmark process imports this module
 
-    from properties.speculative_cases import SUBTLE_BIASES
-    from properties.test_speculative import sd1_law_false_alarms
+    from properties.speculative_cases import SUBTLE_BIASES, sd1_law_false_alarms
 
     exact_k, exact_limit = sd1_law_false_alarms(EXACT_DRAWS, seed=1)
     good = load("speculative", "torch", "optimized.speculative:verify", "builtin")

@@ -14,6 +14,9 @@
   :func:`reference.speculative.outcome_probabilities`, each compared with a G-test;
   :func:`sd1_law_verdicts`: every pair, the whole law's tests sharing the family-wise
   false-alarm rate :data:`ALPHA` (Bonferroni: α / (4 tests × pairs) each).
+- :func:`verifier_outcomes` / :func:`law_rejections`: the exact round distribution of a correct
+  or slightly biased verifier (:data:`SUBTLE_BIASES`), and the whole law run on exact
+  multinomial draws of it: its false-alarm rate (:func:`sd1_law_false_alarms`) and its power.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.contracts.speculative import PAD
-from conformance.stats import GTest, check_counts, multinomial_counts
+from conformance import results
+from conformance.stats import GTest, check_counts, multinomial_counts, upper_bound
 from reference.speculative import outcome_probabilities
 
 #: Family-wise false-alarm rate of the whole statistical law on a correct verifier (every pair,
@@ -369,3 +373,28 @@ def law_rejections(draws: int, seed: int, alpha: float = ALPHA, **bias) -> tuple
             per_check[f"{name}: {k}"] = int(rejected.sum())
             any_reject |= rejected
     return int(any_reject.sum()), per_check
+
+
+def law_limit(draws: int) -> int:
+    """The most false alarms of the law in ``draws`` runs at rate ALPHA (binomial tail 1e-3)."""
+    from scipy import stats as sps
+
+    return int(sps.binom.ppf(1 - 1e-3, draws, ALPHA))
+
+
+def sd1_law_false_alarms(draws: int, seed: int = 0):
+    """The statistical SD-1 law's false alarms on ``draws`` exact multinomial draws of a correct
+    verifier's rounds, recorded with the limit and the calibration's power against a law whose
+    real rate is 1e-2; returns (false alarms, limit)."""
+    from scipy import stats as sps
+
+    k, _ = law_rejections(draws, seed)
+    limit = law_limit(draws)
+    power = float(sps.binom.sf(limit, draws, 1e-2))
+    results.record("SD-1", measured=k / draws, bound=ALPHA,
+                   unit="false-alarm rate of the statistical law (exact multinomial draws of a correct verifier)",
+                   rule=f"{draws} draws of every pair's rounds {STAT_SIZES}; false alarms <= {limit} "
+                        f"(binomial tail 1e-3 at rate {ALPHA:g}); power against a rate of 1e-2: {power:.3f}",
+                   what=f"99.9% upper bound of the rate {upper_bound(k, draws):.2g}",
+                   false_alarms=k, runs=draws, power=power)
+    return k, limit

@@ -32,11 +32,13 @@ from properties.speculative_cases import (
     certain_cases,
     extend,
     first_two_token_distribution,
+    law_limit,
     law_rejections,
     marginals,
     outcome_counts,
     pq_pairs,
     run_trials,
+    sd1_law_false_alarms,
     sd1_law_verdicts,
     verifier_outcomes,
 )
@@ -149,12 +151,6 @@ test_sd1_statistical = SD1_STATISTICAL.conformance_test(
 LAW_DRAWS, POWER_DRAWS = 2000, 1000
 
 
-def _law_limit(draws):
-    from scipy import stats as sps
-
-    return int(sps.binom.ppf(1 - 1e-3, draws, ALPHA))
-
-
 @pytest.mark.claim("SD-1")
 def test_verifier_outcomes_equal_the_enumeration():
     """The closed form of a round's distribution (speculative_cases.verifier_outcomes, unbiased)
@@ -163,24 +159,6 @@ def test_verifier_outcomes_equal_the_enumeration():
         a, b = verifier_outcomes(pq.q, pq.p), ref.round_outcomes(pq.q, pq.p)
         err = max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
         assert err <= EXACT_BOUND, f"{pq!r}: closed form vs enumeration differ by {err:.3g}"
-
-
-def sd1_law_false_alarms(draws: int, seed: int = 0):
-    """The statistical SD-1 law's false alarms on ``draws`` exact multinomial draws of a correct
-    verifier's rounds, recorded with the limit and the calibration's power against a law whose
-    real rate is 1e-2; returns (false alarms, limit)."""
-    from scipy import stats as sps
-
-    k, _ = law_rejections(draws, seed)
-    limit = _law_limit(draws)
-    power = float(sps.binom.sf(limit, draws, 1e-2))
-    results.record("SD-1", measured=k / draws, bound=ALPHA,
-                   unit="false-alarm rate of the statistical law (exact multinomial draws of a correct verifier)",
-                   rule=f"{draws} draws of every pair's rounds {STAT_SIZES}; false alarms <= {limit} "
-                        f"(binomial tail 1e-3 at rate {ALPHA:g}); power against a rate of 1e-2: {power:.3f}",
-                   what=f"99.9% upper bound of the rate {upper_bound(k, draws):.2g}",
-                   false_alarms=k, runs=draws, power=power)
-    return k, limit
 
 
 @pytest.mark.claim("SD-1")
@@ -196,7 +174,7 @@ def test_sd1_law_calibration_rejects_a_law_without_bonferroni():
     """The calibration can fail: the same law with every G-test at ALPHA (no division over the
     24 tests, a family-wise rate near 1e-2) exceeds the limit on the same draws."""
     k, _ = law_rejections(LAW_DRAWS, 0, alpha=ALPHA * len(OUTCOMES) * len(STAT_CONFIGS))
-    assert k > _law_limit(LAW_DRAWS), f"a law without Bonferroni passed the calibration ({k} false alarms)"
+    assert k > law_limit(LAW_DRAWS), f"a law without Bonferroni passed the calibration ({k} false alarms)"
 
 
 @pytest.mark.claim("SD-1")
