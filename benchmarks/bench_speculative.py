@@ -68,44 +68,61 @@ def test_bench_verify(benchmark, device, B, gamma):
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
 
 
-#: Reseeded runs of the calibration: correct verifier, and the 0.97-acceptance one.
-CALIBRATION_RUNS, POWER_RUNS = 200, 50
+#: Reseeded runs of the calibration on the batched verifier: false alarms are judged against
+#: binom.ppf(0.999, 1000, 1e-3) = 5, a check that rejects a verifier or law at 1e-2 false
+#: alarms with probability 0.93 (200 runs, the former size, had a limit of 3 and power 0.14);
+#: runs per subtle zoo entry; exact multinomial draws of the whole law (limit 35; power 1.0
+#: against 1e-2, 0.9997 against 3e-3).
+CALIBRATION_RUNS, POWER_RUNS, EXACT_DRAWS = 1000, 50, 20_000
 
 
 @pytest.mark.claim("SD-1")
 @pytest.mark.skipif(os.environ.get("CI", "").lower() in ("1", "true", "yes"),
-                    reason="slow calibration run (about a minute on one core): run by python -m reports, not by CI")
+                    reason="slow calibration run (several minutes on one core): run by python -m reports, not by CI")
 def test_sd1_law_calibration(device):
-    """The statistical SD-1 law's error rates at the sizes CI uses: false alarms of the batched
-    (correct) verifier over 200 reseeded runs, power against acceptance x 0.97 over 50."""
+    """The statistical SD-1 law's error rates at the sizes CI uses: its false-alarm rate on
+    20,000 exact multinomial draws of a correct verifier's rounds, the batched (correct)
+    verifier's false alarms over 1000 reseeded runs, and the power against each known-bad
+    verifier of a few percent bias over 50 runs of its real code."""
+    from scipy import stats as sps  # here: every benchmark process imports this module
+
+    from properties.speculative_cases import SUBTLE_BIASES, sd1_law_false_alarms
+
+    exact_k, exact_limit = sd1_law_false_alarms(EXACT_DRAWS, seed=1)
     good = load("speculative", "torch", "optimized.speculative:verify", "builtin")
-    bad = load("speculative", "acceptance_times_097", "properties.zoo_speculative:acceptance_times_097", "zoo")
 
     def rejected(impl, seed):
         return any(not v.ok for v in sd1_law_verdicts(impl, 1000 + seed, device))
 
     false_alarms = sum(rejected(good, s) for s in range(CALIBRATION_RUNS))
-    detections = sum(rejected(bad, s) for s in range(POWER_RUNS))
+    detections = {name: sum(rejected(load("speculative", name, f"properties.zoo_speculative:{name}", "zoo"), s)
+                            for s in range(POWER_RUNS)) for name in sorted(SUBTLE_BIASES)}
     stated = ALPHA                                          # the whole law's family-wise rate (Bonferroni)
-    # the count of false alarms must not exceed the binomial(runs, stated) upper tail at 1e-3
-    from scipy import stats as sps  # here: every benchmark process imports this module
-
     limit = int(sps.binom.ppf(1 - 1e-3, CALIBRATION_RUNS, stated))
+    power_1e2 = float(sps.binom.sf(limit, CALIBRATION_RUNS, 1e-2))
     results.record("SD-1", measured=false_alarms / CALIBRATION_RUNS, bound=stated,
                    unit="false-alarm rate of the statistical law (correct verifier)",
                    rule=f"{CALIBRATION_RUNS} reseeded runs, rounds per pair {STAT_SIZES}; "
-                        f"false alarms <= {limit} (binomial tail 1e-3)",
-                   what=f"power against acceptance x 0.97: {detections}/{POWER_RUNS}",
-                   false_alarms=false_alarms, runs=CALIBRATION_RUNS, power=detections / POWER_RUNS,
+                        f"false alarms <= {limit} (binomial tail 1e-3); power against a rate of 1e-2: {power_1e2:.2f}",
+                   what="power against " + ", ".join(f"{n}: {k}/{POWER_RUNS}" for n, k in detections.items()),
+                   false_alarms=false_alarms, runs=CALIBRATION_RUNS, power=min(detections.values()) / POWER_RUNS,
                    power_runs=POWER_RUNS, trials=sum(STAT_SIZES.values()))
+    assert exact_k <= exact_limit, f"{exact_k} false alarms in {EXACT_DRAWS} exact draws (limit {exact_limit})"
     assert false_alarms <= limit, f"{false_alarms} false alarms in {CALIBRATION_RUNS} runs (limit {limit})"
-    assert detections / POWER_RUNS >= 0.95, f"power {detections}/{POWER_RUNS} against acceptance x 0.97"
+    weak = {n: k for n, k in detections.items() if k < 0.9 * POWER_RUNS}
+    assert not weak, f"power below 0.9 against {weak} (of {POWER_RUNS} runs)"
 
 
 # ------------------------------------------------------------------------ SD-3 (report experiment)
 #: SD-3: documents per arm, the poor draft's γ, the token cap every arm shares (the engine needs
 #: 2γ + 2 free slots in the models' 128 positions), rows per engine batch.
-SD3_DOCS, SD3_GAMMA, SD3_MAX_TOKENS, SD3_BATCH = 1000, 4, 118, 250
+SD3_DOCS, SD3_GAMMA, SD3_MAX_TOKENS, SD3_BATCH = 4000, 4, 118, 250
+#: SD-3's equivalence test (two one-sided tests at 5% each): speculative and target are "as
+#: grammatical" when the 90% interval of their difference lies within ±SD3_MARGIN (2 points,
+#: about twice the typical change of seed at 1000 documents). At 4000 documents per arm and a
+#: grammatical rate of 0.93 it declares equivalence with probability 0.94 when they
+#: are equal, and at most 5% when the output is 2 points less grammatical (:func:`_tost_pass`).
+SD3_MARGIN, SD3_Z = 0.02, 1.644854
 
 
 def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -116,23 +133,48 @@ def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def _diff_ci(k1: int, k2: int, n: int, z: float = 1.959964) -> tuple[float, float, float]:
-    """Difference of two proportions k1/n - k2/n with its 95% normal (Wald) interval."""
-    p1, p2 = k1 / n, k2 / n
-    half = z * ((p1 * (1 - p1) + p2 * (1 - p2)) / n) ** 0.5
+def _diff_ci(k1: int, n1: int, k2: int, n2: int, z: float) -> tuple[float, float, float]:
+    """Difference of two proportions k1/n1 - k2/n2 with its two-sided normal (Wald) interval at z."""
+    p1, p2 = k1 / n1, k2 / n2
+    half = z * (p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2) ** 0.5
     return p1 - p2, p1 - p2 - half, p1 - p2 + half
+
+
+def _tost_pass(n: int, p_spec: float, p_target: float) -> float:
+    """Probability that SD-3's equivalence test passes when speculative and target write
+    grammatical documents at the rates p_spec and p_target (exact: every pair of binomial(n)
+    counts)."""
+    import numpy as np
+    from scipy import stats as sps
+
+    k = np.arange(n + 1)
+    w1, w2 = sps.binom.pmf(k, n, p_spec), sps.binom.pmf(k, n, p_target)
+    total = 0.0
+    for k1 in np.flatnonzero(w1 > 1e-15):
+        _, lo, hi = _diff_ci(int(k1), n, k, n, SD3_Z)
+        total += w1[k1] * float(w2[(lo > -SD3_MARGIN) & (hi < SD3_MARGIN)].sum())
+    return total
+
+
+def test_sd3_equivalence_test_power():
+    """SD-3's verdict can fail as stated: at 4000 documents per arm its equivalence test passes
+    an output 2 points less grammatical (0.91 against 0.93) with probability at most 5%, and
+    equal ones with probability at least 0.9 (the former rule, an interval containing 0 at 1000
+    documents, passed the 2-point deficit more often than not)."""
+    assert _tost_pass(SD3_DOCS, 0.93 - SD3_MARGIN, 0.93) <= 0.051
+    assert _tost_pass(SD3_DOCS, 0.93, 0.93) >= 0.9
 
 
 @pytest.mark.claim("SD-3")
 @pytest.mark.skipif(os.environ.get("CI", "").lower() in ("1", "true", "yes"),
-                    reason="report experiment (about a minute on one core): run by python -m reports, not by CI")
+                    reason="report experiment (a few minutes on one core): run by python -m reports, not by CI")
 def test_sd3_grammatical_fraction():
-    """SD-3 on the small world: 1000 documents each from the poor draft alone, the target alone
+    """SD-3 on the small world: 4000 documents each from the poor draft alone, the target alone
     (two seeds: the size of a change of seed) and speculative sampling (the cached engine, poor
     draft, γ = 4), every arm capped at the same number of tokens; the grammatical fraction of
-    each with its 95% Wilson interval, and speculative minus target with a 95% interval. The
-    claim holds when that interval contains 0 or the difference is no larger than the change of
-    seed."""
+    each with its 95% Wilson interval, and speculative minus target judged by an equivalence
+    test: the claim holds when the 90% interval of the difference lies within ±2 points (power
+    and size stated in the row)."""
     from optimized.speculative_engine import SpeculativeEngine
     from smallworld.checker import is_grammatical
     from smallworld.checkpoints import load_model
@@ -168,25 +210,29 @@ def test_sd3_grammatical_fraction():
         k[name] = sum(is_grammatical(d) for d in docs)
         lo, hi = _wilson(k[name], SD3_DOCS)
         results.record("SD-3", measured=k[name] / SD3_DOCS, lecture=lecture.get(name), unit="grammatical fraction",
-                       rule="1000 documents at temperature 1, capped at 118 tokens; 95% Wilson interval",
+                       rule=f"{SD3_DOCS} documents at temperature 1, capped at 118 tokens; 95% Wilson interval",
                        what=name, documents=SD3_DOCS, grammatical=k[name] / SD3_DOCS, ci_low=lo, ci_high=hi,
                        draft="draft_poor", gamma=SD3_GAMMA)
     spec = f"speculative (draft_poor, gamma={SD3_GAMMA})"
-    d, lo, hi = _diff_ci(k[spec], k["target alone (seed 0)"], SD3_DOCS)
+    d, lo, hi = _diff_ci(k[spec], SD3_DOCS, k["target alone (seed 0)"], SD3_DOCS, SD3_Z)
     seed_change = abs(k["target alone (seed 1)"] - k["target alone (seed 0)"]) / SD3_DOCS
-    holds = lo <= 0 <= hi or abs(d) <= seed_change
+    holds = -SD3_MARGIN < lo and hi < SD3_MARGIN
+    power0, size = _tost_pass(SD3_DOCS, 0.93, 0.93), _tost_pass(SD3_DOCS, 0.93 - SD3_MARGIN, 0.93)
     results.record("SD-3", measured=d, lecture="no larger than a change of seed", unit="fraction (speculative - target)",
-                   rule="95% interval of the difference contains 0, or |difference| <= the change of seed",
-                   what=f"change of seed: {seed_change:.3f}; draft acceptance {acc_rate:.3f}",
-                   ci_low=lo, ci_high=hi, holds=holds, trend_rule="speculative as grammatical as the target",
+                   rule=f"equivalence (two one-sided tests at 5%): the 90% interval of the difference within "
+                        f"±{SD3_MARGIN}; passes with probability {power0:.2f} when both are 0.93 grammatical, "
+                        f"{size:.3f} when speculative is {SD3_MARGIN} less",
+                   what=f"90% interval [{lo:.3f}, {hi:.3f}]; change of seed: {seed_change:.3f}; draft acceptance "
+                        f"{acc_rate:.3f}", ci_low=lo, ci_high=hi, holds=holds, power=power0,
+                   trend_rule=f"speculative as grammatical as the target (within ±{SD3_MARGIN})",
                    documents=SD3_DOCS)
-    assert holds, (f"speculative - target = {d:.3f} (95% interval [{lo:.3f}, {hi:.3f}]), change of seed "
-                   f"{seed_change:.3f}")
+    assert holds, (f"speculative - target = {d:.3f} (90% interval [{lo:.3f}, {hi:.3f}]) not within "
+                   f"±{SD3_MARGIN}; change of seed {seed_change:.3f}")
 
 
 # ------------------------------------------------------------------------ SD-9 (wall clock)
 #: SD-9: γ values, tokens generated per run (B = 1), per device.
-SD9_GAMMAS = {"cuda": tuple(range(1, 9)), "cpu": (1, 2, 4, 8)}
+SD9_GAMMAS = {"cuda": tuple(range(1, 9)), "cpu": tuple(range(1, 9))}
 SD9_TOKENS = 96
 
 
@@ -194,7 +240,7 @@ SD9_TOKENS = 96
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 def test_sd9_speculative_vs_target_only(benchmark, device, mode):
     """SD-9 on the small world at B = 1: wall-clock tokens/s of the speculative engine (both
-    drafts, γ = 1..8; 1, 2, 4, 8 on the CPU) against target-only decoding through the same cached
+    drafts, γ = 1..8) against target-only decoding through the same cached
     engine, next to the SD-4 formula at the measured α and the measured c (one draft step / one
     target step); the cost of scoring γ + 1 tokens in one target forward relative to a one-token
     step. Goals (issue, not asserted): verifying up to 8 tokens <= 1.15x a one-token step when
@@ -291,9 +337,10 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
                              goal="measured >= 0.85x the formula" + unmeasured))
     good, poor = best["draft_good"], best["draft_poor"]
     # the verdict only from a real benchmark run (the CI smoke run times one repeat of 24 tokens)
-    verdict = {} if benchmark.disabled else dict(
+    # judged only on every γ of 1..8 (on {1, 2, 4, 8} "best γ <= 4" held by construction: 3 of 4)
+    verdict = {} if benchmark.disabled or tuple(gammas) != tuple(range(1, 9)) else dict(
         holds=bool(good[0] > 1.0 and poor[1] <= 4),
-        trend_rule="good draft faster than target-only; poor draft's best gamma <= 4")
+        trend_rule="good draft faster than target-only; poor draft's best gamma (of 1..8) <= 4")
     results.record("SD-9", measured=round(good[0], 3), unit=f"best speedup of the good draft ({mode})",
                    lecture="faster than target-only; speedup >= 0.85x the formula" + unmeasured,
                    what=f"good draft best gamma {good[1]}; poor draft best gamma {poor[1]} (speedup {poor[0]:.2f})",

@@ -73,41 +73,97 @@ def total_variation(p, q) -> float:
     return 0.5 * float(np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64)).sum())
 
 
+class GTest:
+    """The G-test (log-likelihood ratio) of :func:`check_counts` at one (``probs``, ``n``,
+    ``alpha``), vectorised over many count vectors: the same bins, statistic and critical value,
+    so that its false-alarm rate and power can be measured on exact multinomial draws
+    (:func:`multinomial_counts`).
+
+    Categories of probability 0 are "impossible": any count there rejects. The others are binned:
+    a category of expected count >= MIN_EXPECTED is its own bin; the rest share one pooled bin
+    (chi-square validity), kept apart however small its expected count (an observation in a
+    pooled bin of expected count 1e-8 is as good as impossible, and the bin only adds a degree of
+    freedom: conservative).
+    """
+
+    def __init__(self, probs, n: int, alpha: float = DEFAULT_ALPHA):
+        p = np.asarray(probs, dtype=np.float64).reshape(-1)
+        if (p < 0).any() or abs(p.sum() - 1.0) > 1e-6:
+            raise ValueError(f"probs must be a distribution (non-negative, sum 1), got sum {p.sum():.6g}")
+        if n < 20:
+            raise ValueError(f"need at least 20 observations for a goodness-of-fit test, got {n:g}")
+        from scipy import stats as sps  # here, not at import: benchmark processes import this module
+
+        self.n, self.alpha = n, alpha
+        self.support = p > 0
+        self.expected_all = np.where(self.support, p / p[self.support].sum() * n, 0.0)
+        small = self.support & (self.expected_all < MIN_EXPECTED)
+        own = self.support & ~small
+        #: bin of each category (-1: impossible); the pooled small bin, if any, last
+        self.bin = np.full(p.size, -1, dtype=np.int64)
+        self.bin[own] = np.arange(int(own.sum()))
+        if small.any():
+            self.bin[small] = int(own.sum())
+        self.bins = int(self.bin.max()) + 1
+        self.expected = np.bincount(self.bin[self.support], weights=self.expected_all[self.support],
+                                    minlength=self.bins)
+        self.dof = self.bins - 1
+        self.critical = float(sps.chi2.ppf(1 - alpha, self.dof)) if self.dof > 0 else float("inf")
+
+    def binned(self, counts: np.ndarray) -> np.ndarray:
+        """(m, k) category counts -> (m, bins) binned counts."""
+        counts = np.asarray(counts, dtype=np.float64)
+        out = np.zeros((counts.shape[0], self.bins))
+        np.add.at(out.T, self.bin[self.support], counts[:, self.support].T)
+        return out
+
+    def statistics(self, counts) -> np.ndarray:
+        """G = 2 Σ O ln(O / E) over the bins, (m,) for (m, k) counts; +inf where an impossible
+        category has a count."""
+        counts = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+        obs = self.binned(counts)
+        exp = self.expected * (obs.sum(1, keepdims=True) / self.n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(obs > 0, obs * np.log(obs / exp), 0.0)
+        g = 2.0 * terms.sum(1)
+        return np.where(counts[:, ~self.support].sum(1) > 0, np.inf, g)
+
+    def rejects(self, counts) -> np.ndarray:
+        """(m,) bool: the G-test rejects each of (m, k) counts at ``alpha``."""
+        return self.statistics(counts) > self.critical
+
+
 def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "counts") -> Verdict:
     """G-test (log-likelihood ratio) of category ``observed`` counts (k,) against ``probs`` (k,).
 
     Rejects with probability ``alpha`` when the counts are multinomial(n, probs) (asymptotically;
-    bins with expected count below MIN_EXPECTED are pooled). A count in a category of probability
-    0 is an immediate failure. Raises ValueError for probabilities that are negative or do not
-    sum to 1 (within 1e-6), mismatched sizes, or fewer than 20 observations.
+    bins with expected count below MIN_EXPECTED are pooled: :class:`GTest`; its false-alarm rate
+    at the sizes the laws use is measured on exact multinomial draws by ``tests/test_stats.py``).
+    A count in a category of probability 0 is an immediate failure. Raises ValueError for
+    probabilities that are negative or do not sum to 1 (within 1e-6), mismatched sizes, or fewer
+    than 20 observations.
     """
     obs_all = np.asarray(observed, dtype=np.float64).reshape(-1)
     p = np.asarray(probs, dtype=np.float64).reshape(-1)
     if obs_all.shape != p.shape:
         raise ValueError(f"observed has {obs_all.size} categories, probs {p.size}")
-    if (p < 0).any() or abs(p.sum() - 1.0) > 1e-6:
-        raise ValueError(f"probs must be a distribution (non-negative, sum 1), got sum {p.sum():.6g}")
     n = obs_all.sum()
-    if n < 20:
-        raise ValueError(f"need at least 20 observations for a goodness-of-fit test, got {n:g}")
-    impossible = obs_all[p == 0].sum()
+    test = GTest(p, n, alpha)
+    impossible = obs_all[~test.support].sum()
     if impossible:
-        k = int(np.flatnonzero((p == 0) & (obs_all > 0))[0])
+        k = int(np.flatnonzero(~test.support & (obs_all > 0))[0])
         return report_verdict(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
                                0.0, what, f"{int(impossible)} observations in zero-probability categories "
                                f"(e.g. outcome {k}: observed {int(obs_all[k])} vs expected 0)"))
-    support = p > 0
-    obs, exp = _merge_small_bins(obs_all[support], p[support] / p[support].sum() * n)
-    exp_all = np.where(support, p / p[support].sum() * n, 0.0)
-    z = np.where(support, np.abs(obs_all - exp_all) / np.sqrt(np.maximum(exp_all, 1e-300)), 0.0)
+    exp_all = test.expected_all
+    z = np.where(test.support, np.abs(obs_all - exp_all) / np.sqrt(np.maximum(exp_all, 1e-300)), 0.0)
     worst = int(np.argmax(z))
-    if obs.size < 2:
+    if test.dof < 1:
         return report_verdict(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
     from scipy import stats as sps  # here, not at import: benchmark processes import this module
 
-    stat = float(sps.power_divergence(obs, exp, lambda_="log-likelihood").statistic)
-    dof = obs.size - 1
-    critical = float(sps.chi2.ppf(1 - alpha, dof))
+    stat = float(test.statistics(obs_all[None])[0])
+    critical, dof = test.critical, test.dof
     pvalue = float(sps.chi2.sf(stat, dof))
     rule = (f"statistical: G-test({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:g}, "
             f"n={int(n)}, p-value {pvalue:.3g})")
@@ -115,3 +171,16 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
               f"(dof {dof}, alpha {alpha:g}); most discrepant outcome {worst}: observed "
               f"{int(obs_all[worst])} vs expected {exp_all[worst]:.1f}")
     return report_verdict(Verdict(stat <= critical, rule, stat, critical, what, detail))
+
+
+def multinomial_counts(probs, n: int, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """(draws, k) exact multinomial(n, probs) count vectors (what a correct sampler's counts are)."""
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    return rng.multinomial(n, p / p.sum(), size=draws)
+
+
+def upper_bound(k: int, m: int, confidence: float = 0.999) -> float:
+    """One-sided Clopper-Pearson upper confidence bound of a binomial proportion k / m."""
+    from scipy import stats as sps
+
+    return 1.0 if k >= m else float(sps.beta.ppf(confidence, k + 1, m - k))

@@ -24,19 +24,31 @@ from conformance.tolerance import Verdict, report_verdict, assert_exact
 from conformance.laws import Kills, Law
 from properties.speculative_cases import (
     ALPHA,
+    OUTCOMES,
     PINNED,
     STAT_CONFIGS,
+    STAT_SIZES,
+    SUBTLE_BIASES,
     certain_cases,
     extend,
     first_two_token_distribution,
+    law_limit,
+    law_rejections,
+    marginals,
+    outcome_counts,
     pq_pairs,
+    run_trials,
+    sd1_law_false_alarms,
     sd1_law_verdicts,
+    verifier_outcomes,
 )
+from conformance.stats import check_counts, upper_bound
 from reference import speculative as ref
 
 TECH = "speculative"
 ZOO_ALL = ("late_rejection", "resample_from_p", "accept_q_over_p", "continue_after_rejection",
-           "drops_bonus_token", "unnormalised_residual", "acceptance_times_097")
+           "drops_bonus_token", "unnormalised_residual", "acceptance_times_097", "residual_toward_q",
+           "bonus_from_q")
 #: The exact rule of SD-1: the enumerated distribution equals the target's to this bound (float64).
 EXACT_BOUND = 1e-12
 
@@ -131,6 +143,71 @@ test_sd1_statistical = SD1_STATISTICAL.conformance_test(
     accepted follow the exact distributions, for two dense pairs and three boundary classes
     (G-tests, family-wise false-alarm rate 1e-3 over the whole law, fixed seeds).""")
 (test_sd1_zoo_rejected,) = SD1_STATISTICAL.zoo_tests("test_sd1_zoo_rejected")
+
+
+# --------------------------------------- the statistical law's own error rates, exactly
+#: Exact multinomial draws of the whole law under ``ci`` (``benchmarks/bench_speculative.py``
+#: makes 20,000): the false-alarm count is judged against binom.ppf(1 − 1e-3, draws, ALPHA).
+LAW_DRAWS, POWER_DRAWS = 2000, 1000
+
+
+@pytest.mark.claim("SD-1")
+def test_verifier_outcomes_equal_the_enumeration():
+    """The closed form of a round's distribution (speculative_cases.verifier_outcomes, unbiased)
+    equals the reference's walk over every path, on the law's pairs and the pinned classes."""
+    for pq in (*STAT_CONFIGS.values(), *PINNED):
+        a, b = verifier_outcomes(pq.q, pq.p), ref.round_outcomes(pq.q, pq.p)
+        err = max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+        assert err <= EXACT_BOUND, f"{pq!r}: closed form vs enumeration differ by {err:.3g}"
+
+
+@pytest.mark.claim("SD-1")
+def test_sd1_law_false_alarm_rate_exact_draws():
+    """The law's family-wise false-alarm rate is at most ALPHA = 1e-3: on 2000 exact draws
+    (ci; 20,000 in the report) its false alarms do not exceed binom.ppf(0.999, 2000, 1e-3) = 8.
+    That check rejects a law whose real rate is 1e-2 with probability 0.998."""
+    k, limit = sd1_law_false_alarms(LAW_DRAWS)
+    assert k <= limit, f"{k} false alarms in {LAW_DRAWS} exact draws (limit {limit})"
+
+
+def test_sd1_law_calibration_rejects_a_law_without_bonferroni():
+    """The calibration can fail: the same law with every G-test at ALPHA (no division over the
+    24 tests, a family-wise rate near 1e-2) exceeds the limit on the same draws."""
+    k, _ = law_rejections(LAW_DRAWS, 0, alpha=ALPHA * len(OUTCOMES) * len(STAT_CONFIGS))
+    assert k > law_limit(LAW_DRAWS), f"a law without Bonferroni passed the calibration ({k} false alarms)"
+
+
+@pytest.mark.claim("SD-1")
+@pytest.mark.parametrize("bias", sorted(SUBTLE_BIASES))
+def test_sd1_law_power_against_subtle_biases(bias):
+    """The law's power against each known-bad verifier of a few percent bias (the zoo's
+    acceptance x 0.97, residual mixed 3% toward q, bonus from q 3%), on 1000 exact draws of its
+    rounds: at least 0.9 with 99.9% confidence (Clopper-Pearson lower bound), each check's
+    rejection rate recorded."""
+    k, per_check = law_rejections(POWER_DRAWS, 1, **SUBTLE_BIASES[bias])
+    lower = 1 - upper_bound(POWER_DRAWS - k, POWER_DRAWS)
+    strong = {c: round(n / POWER_DRAWS, 3) for c, n in sorted(per_check.items(), key=lambda x: -x[1])[:4] if n}
+    results.record("SD-1", measured=k / POWER_DRAWS, bound=0.9, unit=f"power of the statistical law against {bias}",
+                   rule=f"{POWER_DRAWS} exact draws of the biased rounds, rounds per pair {STAT_SIZES}; "
+                        f"99.9% lower bound {lower:.3f} >= 0.9", what=f"strongest checks {strong}",
+                   power=k / POWER_DRAWS, power_runs=POWER_DRAWS, draft=bias)
+    assert lower >= 0.9, f"power against {bias}: {k}/{POWER_DRAWS} (lower bound {lower:.3f})"
+
+
+@pytest.mark.parametrize("bias", sorted(SUBTLE_BIASES))
+def test_subtle_zoo_entries_follow_their_enumeration(bias):
+    """Each of those zoo verifiers emits the distribution verifier_outcomes gives for its bias
+    (G-tests at 1e-3 on every pair), so the power stated above is that entry's power."""
+    from conformance import registry
+
+    impl = {i.name: i for i in registry.zoo("speculative")}[bias]
+    for name, pq in STAT_CONFIGS.items():
+        tokens, n = run_trials(impl, pq, STAT_SIZES[name], seed=5, device="cpu")
+        counts = outcome_counts(tokens, n, pq.V, pq.gamma)
+        exact = marginals(verifier_outcomes(pq.q, pq.p, **SUBTLE_BIASES[bias]), pq.V, pq.gamma)
+        for k in OUTCOMES:
+            check_counts(counts[k], exact[k], alpha=ALPHA / len(OUTCOMES) / len(STAT_CONFIGS),
+                         what=f"{bias} on {name}: {k} vs its own enumerated distribution").check()
 
 
 # ------------------------------------------------ SD-1 structure: decisions that are certain
@@ -248,7 +325,6 @@ def law_sd1_extreme_ratios(run, device, dtype):
     residual's whole mass is tiny (p(x) = 0 with q(x) = 1e-12 beside it), it is still normalised:
     the correction is its one token in every round."""
     impl = run.impl
-    from conformance.stats import check_counts
 
     B = 4000
     tok, qb, pb, q, p = _extreme_inputs(B, dtype, device)
@@ -355,6 +431,44 @@ def _bos(B):
 
 #: SD-5 on the small world: rounds of B = 8 documents, 32 new tokens each (256 per γ), γ = 1..10.
 SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
+#: The claim's figures (lecture 002 §2): α of each draft, tokens per call (γ = 8 for the good
+#: draft; every γ >= 4 for the poor one, "about 3 whatever γ"), and the tolerances "≈" and
+#: "about" are read with: α within 0.03, tokens per call within 0.5.
+SD5_LECTURE = {"draft_good": dict(alpha=0.92, tokens=6.0, gammas=(8,)),
+               "draft_poor": dict(alpha=0.69, tokens=3.0, gammas=tuple(g for g in SD5_GAMMAS if g >= 4))}
+SD5_ALPHA_TOL, SD5_TOKENS_TOL = 0.03, 0.5
+#: "Measured slightly below the formula", one-sided: measured tokens per call not above the
+#: formula at the measured α (pooled z over every round of γ = 1..10 at most z_0.99 = 2.326),
+#: and not more than 20% below it (a round loop that loses tokens is).
+SD5_Z, SD5_LOW = 2.326, 0.8
+
+
+class _RoundLog:
+    """A verify that records, per call, the emitted tokens (num_accepted + 1) of every row still
+    generating (``speculative_generate`` advances a row by num_accepted + 1 until it has
+    ``new_tokens``; finished rows are verified but not counted)."""
+
+    def __init__(self, B, new_tokens):
+        self.lengths, self.goal, self.emitted = np.zeros(B, dtype=np.int64), new_tokens, []
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, *, generator):
+        tokens, n = ref.verify(draft_tokens, draft_probs, target_probs, generator=generator)
+        active = self.lengths < self.goal
+        e = n.numpy() + 1
+        self.emitted += e[active].tolist()
+        self.lengths += np.where(active, e, 0)
+        return tokens, n
+
+
+def _sd5_below_formula(by_gamma):
+    """(z, mean ratio, the smallest relative excess over the formula found with probability 0.9)
+    of measured tokens per call against the formula, pooled over γ: z = Σ (e − f_γ) / √Σ (e − ē_γ)²
+    over every round's emitted count e."""
+    excess = sum(float(np.sum(np.asarray(e) - f)) for _, e, f in by_gamma.values())
+    var = sum(float(np.sum((np.asarray(e) - np.mean(e)) ** 2)) for _, e, _ in by_gamma.values())
+    total_formula = sum(len(e) * f for _, e, f in by_gamma.values())
+    ratio = float(np.mean([np.mean(e) / f for _, e, f in by_gamma.values()]))
+    return excess / var ** 0.5, ratio, (SD5_Z + 1.2816) * var ** 0.5 / total_formula
 
 
 @pytest.mark.claim("SD-5")
@@ -362,24 +476,28 @@ SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
 def test_sd5_tokens_per_call_on_small_world(draft):
     """SD-5: speculative sampling on the small world (reference verifier, no cache) for γ = 1..10:
     measured α (mean Σ min(p, q) over verified positions) and tokens per target call, recorded
-    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α, and the estimated speedup
-    tokens per call / (1 + γc), c from the parameter counts (draft / target). The measured tokens per call
-    must agree with the formula within sampling noise (mean ratio in [0.8, 1.2]) -- a verifier
-    or a round loop that lost tokens would not."""
+    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α and the estimated speedup
+    tokens per call / (1 + γc), c from the parameter counts (draft / target). The claim is judged
+    as written, part by part (rows with ``holds``): the lecture's α and tokens per call within
+    the stated tolerances ("not reproduced with the shipped drafts" where not), and "measured
+    slightly below the formula" one-sided (not above it beyond sampling noise, z <= 2.326, and
+    at most 20% below). The test fails only when measured is more than 20% below the formula:
+    a verifier or a round loop that lost tokens."""
 
     models = _world(torch.float32)
     c = (sum(p.numel() for p in models[draft].parameters())
          / sum(p.numel() for p in models["target"].parameters()))
-    ratios, by_gamma = [], {}
+    by_gamma = {}
     for gamma in SD5_GAMMAS:
         gen = torch.Generator().manual_seed(gamma)
+        log = _RoundLog(SD5_ROWS, SD5_TOKENS)
         _, st = ref.speculative_generate(models["target"], models[draft], _bos(SD5_ROWS), SD5_TOKENS, gamma,
-                                         generator=gen)
+                                         generator=gen, verify_fn=log)
+        assert len(log.emitted) == st["rounds"] and sum(log.emitted) == st["emitted"]
         alpha = ref.overlap_alpha(st)
         tpc = st["emitted"] / st["rounds"]
         formula = ref.tokens_per_call(alpha, gamma)
-        ratios.append(tpc / formula)
-        by_gamma[gamma] = (alpha, tpc, formula)
+        by_gamma[gamma] = (alpha, log.emitted, formula)
         results.record("SD-5", measured=tpc, lecture=formula, unit="tokens per target call",
                        rule="measured on the small world; lecture column: the formula at the measured alpha",
                        gamma=gamma, tokens_per_call=tpc, alpha=round(alpha, 3), draft=draft,
@@ -390,13 +508,29 @@ def test_sd5_tokens_per_call_on_small_world(draft):
                        rule="(1 - a^(g+1)) / (1 - a) at the measured alpha",
                        gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)",
                        estimated_speedup=round(ref.speedup(min(alpha, 1.0), gamma, c), 3), c_params=round(c, 4))
+    lec = SD5_LECTURE[draft]
     mean_alpha = float(np.mean([a for a, _, _ in by_gamma.values()]))
-    results.record("SD-5", measured=round(mean_alpha, 3), unit="alpha (mean over gamma = 1..10)",
-                   lecture="good draft 0.92, poor 0.69", draft=draft, alpha=mean_alpha,
-                   what=f"tokens per call at gamma=8: {by_gamma[8][1]:.2f} (formula {by_gamma[8][2]:.2f})")
-    mean_ratio = float(np.mean(ratios))
-    assert 0.8 <= mean_ratio <= 1.2, (f"{draft}: measured tokens per call / formula averages {mean_ratio:.3f} "
-                                      f"over gamma=1..10 (expected about 1)")
+    tokens = {g: float(np.mean(by_gamma[g][1])) for g in lec["gammas"]}
+    far = {g: round(t, 2) for g, t in tokens.items() if abs(t - lec["tokens"]) > SD5_TOKENS_TOL}
+    shipped = "" if abs(mean_alpha - lec["alpha"]) <= SD5_ALPHA_TOL else " (not reproduced with the shipped drafts)"
+    results.record("SD-5", measured=round(mean_alpha, 3), lecture=lec["alpha"], unit="alpha (mean over gamma = 1..10)",
+                   draft=draft, alpha=mean_alpha, holds=not shipped,
+                   trend_rule=f"{draft}: alpha within {SD5_ALPHA_TOL} of the lecture's {lec['alpha']}{shipped}")
+    where = "at gamma = 8" if draft == "draft_good" else "at every gamma >= 4"
+    results.record("SD-5", measured={g: round(t, 2) for g, t in tokens.items()}, lecture=lec["tokens"],
+                   unit="tokens per target call", draft=draft, holds=not far,
+                   trend_rule=f"{draft}: about {lec['tokens']:g} tokens per call {where} (within {SD5_TOKENS_TOL})"
+                              + (f"; not reproduced with the shipped drafts at gamma {sorted(far)}" if far else ""))
+    z, ratio, detectable = _sd5_below_formula(by_gamma)
+    below = z <= SD5_Z and ratio >= SD5_LOW
+    results.record("SD-5", measured=round(ratio, 3), lecture="slightly below the formula", unit="measured / formula (mean over gamma)",
+                   rule=f"one-sided: pooled z of measured - formula <= {SD5_Z} (1%) and ratio >= {SD5_LOW}; "
+                        f"an excess of {detectable:.1%} is found with probability 0.9",
+                   what=f"z = {z:.2f}", draft=draft, holds=bool(below),
+                   trend_rule=f"{draft}: measured not above the formula (z <= {SD5_Z}), at most {1 - SD5_LOW:.0%} below"
+                              + ("" if z <= SD5_Z else f"; measured ABOVE the formula (z = {z:.1f}): not reproduced"))
+    assert ratio >= SD5_LOW, (f"{draft}: measured tokens per call / formula averages {ratio:.3f} over gamma=1..10 "
+                              f"(more than {1 - SD5_LOW:.0%} below the formula: tokens lost)")
 
 
 @pytest.mark.claim("SD-7")
@@ -425,7 +559,6 @@ def test_sd1_end_to_end_small_world(verifier):
     (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
     a bound of 171 at 3000.)"""
     from conformance import registry
-    from conformance.stats import check_counts
     from smallworld.tokenizer import tokenizer
 
     impls = {i.name: i for i in registry.builtins("speculative")}

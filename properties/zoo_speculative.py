@@ -14,7 +14,7 @@ from conformance.contracts.speculative import PAD, validate
 
 def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0, q_over_p=False,
             late=False, resample_p=False, continue_after=False, drop_bonus=False, unnormalised=False,
-            fp16=False, guard_q=0.0, unnormalised_below=0.0):
+            fp16=False, guard_q=0.0, unnormalised_below=0.0, residual_mix=0.0, bonus_mix=0.0):
     validate(draft_tokens, draft_probs, target_probs, generator)
     B, gamma = draft_tokens.shape
     V = draft_probs.shape[-1]
@@ -44,6 +44,11 @@ def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=
         p_n = p.gather(1, idx)[:, 0]
         w = p_n if resample_p else (p_n - q_pad.gather(1, idx)[:, 0]).clamp_min(0.0)
         w = torch.where(w.sum(-1, keepdim=True) <= 0, p_n, w)
+        if residual_mix or bonus_mix:   # a fraction of the draw from q, on the right support
+            bonus = (n == gamma)[:, None]
+            toward = torch.where(bonus, q[:, gamma - 1], q_pad.gather(1, idx)[:, 0]) * (w > 0)
+            m = torch.where(bonus, bonus_mix, residual_mix) * (toward.sum(-1, keepdim=True) > 0)
+            w = (1 - m) * w / w.sum(-1, keepdim=True) + m * toward / toward.sum(-1, keepdim=True).clamp_min(1e-300)
         if unnormalised or unnormalised_below:  # inverse CDF against the raw residual: mass past its sum falls on V-1
             uu = v[:, 0] if i is None else v[:, i]
             cum = w.cumsum(-1)
@@ -106,6 +111,19 @@ def unnormalised_residual(draft_tokens, draft_probs, target_probs, *, generator)
     """Samples the correction by inverse CDF against max(0, p − q) without dividing by its sum
     (the mass past the sum falls on the last token)."""
     return _verify(draft_tokens, draft_probs, target_probs, generator, unnormalised=True)
+
+
+def residual_toward_q(draft_tokens, draft_probs, target_probs, *, generator):
+    """Draws the correction from the residual norm(max(0, p − q)) mixed 3% toward q on the
+    residual's support ("smoothing" the residual with the draft): a bias of a few percent with no
+    impossible outcome, which only the G-tests can see."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, residual_mix=0.03)
+
+
+def bonus_from_q(draft_tokens, draft_probs, target_probs, *, generator):
+    """Draws the bonus token from p[γ] mixed 3% toward the draft's last row q[γ−1] (on p[γ]'s
+    support): 3% of bonus draws read the wrong model's distribution, no outcome impossible."""
+    return _verify(draft_tokens, draft_probs, target_probs, generator, bonus_mix=0.03)
 
 
 def acceptance_times_097(draft_tokens, draft_probs, target_probs, *, generator):
@@ -223,6 +241,10 @@ def implementations():
         known_bad("speculative", "drops_bonus_token", drops_bonus_token),
         known_bad("speculative", "unnormalised_residual", unnormalised_residual),
         known_bad("speculative", "acceptance_times_097", acceptance_times_097),
+        known_bad("speculative", "residual_toward_q", residual_toward_q,
+                  bug="The correction drawn from the residual mixed 3% toward q (on its support)"),
+        known_bad("speculative", "bonus_from_q", bonus_from_q,
+                  bug="The bonus token drawn from q[γ−1] 3% of the time (on p[γ]'s support)"),
         known_bad("speculative", "accept_fp16", accept_fp16),
         known_bad("speculative", "row0_probs", row0_probs),
         known_bad("speculative", "long_gamma_bonus", long_gamma_bonus),
