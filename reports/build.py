@@ -66,11 +66,34 @@ def _fig_text(r: Row, value) -> str:
     return f"{what}: {text}" if what else text
 
 
+_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails"}
+
+
+def _verdict_of(rs: list[Row], kind: str) -> str:
+    """The verdict of a claim's rows (all of one implementation, or all of them): the worst
+    judged row; "not measured" when every row was skipped; a trend or figure claim whose rows
+    carry ``extra["holds"]`` (the claim's own figure compared with the lecture's) fails where
+    one of them is false, and a trend without such rows is "not measured" (a passing test alone
+    never shows a direction)."""
+    judged = [r for r in rs if r.verdict in _VERDICT_WORDS]
+    if not judged:
+        return "not measured"
+    verdict = _VERDICT_WORDS[max(judged, key=lambda r: _ORDER[r.verdict]).verdict]
+    held = [r.extra.get("holds") for r in rs if isinstance(r.extra, dict) and "holds" in r.extra]
+    if verdict.startswith("holds") and kind in ("trend", "figure"):
+        if held:
+            verdict = verdict if all(held) else "fails"
+        elif kind == "trend":
+            verdict = "not measured"
+    return verdict
+
+
 def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[dict]:
-    """One entry per ledger claim: the worst verdict of its (non-zoo) rows, "not measured" when
-    every row was skipped (e.g. GPU-only on a CPU run), "not checked" without rows. Rows of the
-    ``reference`` implementation (the oracle checked against itself) do not count where the claim
-    has other judged rows."""
+    """One entry per ledger claim: its verdict over every (non-zoo) row, the reference's
+    included (a failing oracle fails the claim), and its verdict per implementation
+    (``by_impl``: implementation -> verdict, so one adapter's failure reads as that adapter's);
+    "not measured" when every row was skipped (e.g. GPU-only on a CPU run), "not checked"
+    without rows."""
     by_claim: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         if r.claim and not _is_zoo(r):
@@ -83,21 +106,9 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
     out = []
     for c in claims():
         rs = by_claim.get(c.id, [])
-        judged = [r for r in rs if r.verdict in ("pass", "partial", "fail", "error")]
-        # the reference built-in is the oracle: its rows against itself count only where a claim
-        # has no other judged row (an analytic figure the reference alone computes)
-        others = [r for r in judged if r.implementation != "reference"]
-        oracle_rows = len(judged) - len(others)
-        judged = others or judged
-        verdict = "not checked" if not rs else (
-            max(judged, key=lambda r: _ORDER[r.verdict]).verdict if judged else "not measured")
-        verdict = {"pass": "holds", "partial": "holds (partial)", "fail": "fails",
-                   "error": "fails"}.get(verdict, verdict)
-        if c.kind == "trend" and verdict == "holds":
-            # a trend is judged by the direction its benchmarks measured (figure rows carrying
-            # extra["holds"]), never by a passing test alone; no such row: not measured here
-            judged_trend = [r.extra.get("holds") for r in rs if isinstance(r.extra, dict) and "holds" in r.extra]
-            verdict = ("not measured" if not judged_trend else "holds" if all(judged_trend) else "fails")
+        verdict = "not checked" if not rs else _verdict_of(rs, c.kind)
+        impls = sorted({r.implementation for r in rs if r.implementation})
+        by_impl = {i: _verdict_of([r for r in rs if r.implementation == i], c.kind) for i in impls}
         figures = [r for r in rs if r.lecture is not None or (r.unit and r.unit not in ("max abs error", "rejection"))]
         seen, lect, meas = set(), [], []
         for r in figures:
@@ -120,7 +131,8 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
                     "lecture_text": "; ".join(lect) if any(x != "—" for x in lect) else "", "measured_text": measured_text or "",
                     "devices": sorted({r.device for r in rs if r.device}),
                     "counts": {v: sum(r.verdict == v for r in rs) for v in _ORDER if any(r.verdict == v for r in rs)},
-                    "oracle_rows_not_counted": oracle_rows if others else 0})
+                    "by_impl": by_impl,
+                    "by_impl_text": ", ".join(f"{i}: {v}" for i, v in by_impl.items()) if len(by_impl) > 1 else ""})
     return out
 
 

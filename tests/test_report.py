@@ -197,15 +197,20 @@ def test_report_states_what_each_tolerance_rule_sees_and_cannot_see(report):
         assert rule.blind_to.split(" (")[0].replace("|", "\\|") in md, name
 
 
-def test_the_oracle_checked_against_itself_does_not_decide_a_verdict():
-    """A failing row of the reference implementation does not sink a claim that other
-    implementations pass, and a passing one does not rescue a claim they fail."""
-    def row(impl, verdict):
-        return Row("FA-3", f"p.py::law[{impl}]", "attention", impl, verdict=verdict)
+def test_every_row_counts_and_the_claim_shows_its_verdict_per_implementation():
+    """A failing reference (the oracle) fails the claim like any other row; the ledger shows
+    each implementation's verdict, so one adapter's failure reads as that adapter's; a figure
+    claim whose rows say their figure is not reproduced fails although its test passed."""
+    def row(impl, verdict, claim="FA-3", **extra):
+        return Row(claim, f"p.py::law[{impl}]", "attention", impl, verdict=verdict, extra=extra)
 
     verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "fail"), row("triton", "pass")])}
-    assert verdicts["FA-3"]["verdict"] == "holds" and verdicts["FA-3"]["oracle_rows_not_counted"] == 1
-    verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "pass"), row("triton", "fail")])}
     assert verdicts["FA-3"]["verdict"] == "fails"
+    assert verdicts["FA-3"]["by_impl"] == {"reference": "fails", "triton": "holds"}
+    assert "reference: fails" in verdicts["FA-3"]["by_impl_text"]
+    verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "pass"), row("triton", "partial")])}
+    assert verdicts["FA-3"]["verdict"] == "holds (partial)" and verdicts["FA-3"]["by_impl"]["reference"] == "holds"
     verdicts = {c["id"]: c for c in build.claim_verdicts([row("reference", "pass")])}
-    assert verdicts["FA-3"]["verdict"] == "holds"
+    assert verdicts["FA-3"]["verdict"] == "holds" and verdicts["FA-3"]["by_impl_text"] == ""
+    sd5 = [row("reference", "pass", "SD-5", holds=True), row("reference", "pass", "SD-5", holds=False)]
+    assert {c["id"]: c for c in build.claim_verdicts(sd5)}["SD-5"]["verdict"] == "fails"
