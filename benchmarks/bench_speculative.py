@@ -19,7 +19,6 @@ verification from the engine's overhead).
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -77,8 +76,7 @@ CALIBRATION_RUNS, POWER_RUNS, EXACT_DRAWS = 1000, 50, 20_000
 
 
 @pytest.mark.claim("SD-1")
-@pytest.mark.skipif(os.environ.get("CI", "").lower() in ("1", "true", "yes"),
-                    reason="slow calibration run (several minutes on one core): run by python -m reports, not by CI")
+@pytest.mark.experiment("slow calibration run (several minutes on one core)")
 def test_sd1_law_calibration(device):
     """The statistical SD-1 law's error rates at the sizes CI uses: its false-alarm rate on
     20,000 exact multinomial draws of a correct verifier's rounds, the batched (correct)
@@ -166,8 +164,7 @@ def test_sd3_equivalence_test_power():
 
 
 @pytest.mark.claim("SD-3")
-@pytest.mark.skipif(os.environ.get("CI", "").lower() in ("1", "true", "yes"),
-                    reason="report experiment (a few minutes on one core): run by python -m reports, not by CI")
+@pytest.mark.experiment("report experiment (a few minutes on one core)")
 def test_sd3_grammatical_fraction():
     """SD-3 on the small world: 4000 documents each from the poor draft alone, the target alone
     (two seeds: the size of a change of seed) and speculative sampling (the cached engine, poor

@@ -7,6 +7,8 @@ Options:
   --results DIR                  write one JSON-lines file of result rows per process into DIR
                                  (appended after every test, so a crashed worker loses nothing).
   --zoo-only                     run only the bug-zoo tests (those taking ``bad_impl``).
+  --experiments                  run the main job's slow experiments (marked ``experiment``);
+                                 ``python -m reports`` passes it, whatever ``CI`` says.
   --list-impls                   print every registered implementation (technique, name, origin,
                                  available or why not) and exit.
   --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
@@ -71,6 +73,9 @@ def pytest_addoption(parser):
     group.addoption("--model", default=None, metavar="PATH",
                     help="checkpoint the model-level claims (KV-1, KV-2, FA-3 on a real layer) run on: a "
                          "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
+    group.addoption("--experiments", action="store_true", default=False,
+                    help="run the main job's slow experiments (tests marked experiment); python -m "
+                         "reports passes it, whatever CI says")
     group.addoption("--list-impls", action="store_true", default=False,
                     help="list every registered implementation (technique, name, origin, available "
                          "on --device or why not) and exit")
@@ -158,6 +163,7 @@ def pytest_configure(config):
                  "claim(*ids): claim ids of the ledger (CLAIMS.md) the test checks",
                  "kills(*names): known-bad implementations the law must reject",
                  "gpu: needs a CUDA device (skipped elsewhere)",
+                 "experiment(why): a slow experiment of the main job, run only with --experiments",
                  "outside_bench(technique): a benchmark row timing an outside implementation (--impl)"):
         config.addinivalue_line("markers", line)
     settings.load_profile(_profile_name(config))
@@ -292,6 +298,10 @@ def recorder(request) -> results.Recorder:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    exp = item.get_closest_marker("experiment")
+    if exp is not None and not item.config.getoption("experiments", default=False):
+        pytest.skip(f"{exp.args[0] if exp.args else 'an experiment'}: run by python -m reports "
+                    "(pytest --experiments)")
     if item.get_closest_marker("gpu") and _STATE["device"] != "cuda":
         pytest.skip("needs a CUDA device")
 

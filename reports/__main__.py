@@ -242,7 +242,7 @@ def _main(args, out: Path, argv: list[str]) -> int:
                 partial = run.folder / f".{name}.partial"
                 cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
                        f"--benchmark-json={partial}", f"--benchmark-max-time={max_time}",
-                       "--benchmark-min-rounds=5", "--durations=10", *settings["pytest_args"], *common]
+                       "--benchmark-min-rounds=5", "--durations=10", "--experiments", *settings["pytest_args"], *common]
                 cmd += [f"--results={scratch / 'bench'}"] if i == 0 else []  # the claims' rows: first pass only
                 if args.bench_k:
                     cmd += ["-k", args.bench_k]

@@ -284,6 +284,8 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
             ceilings_text[k] = str(v)
     return {"fingerprint": fp, "device_model": env.device_model(fp), "series": series_name,
             "summary": summary(ledger), "claims": ledger, "techniques": techniques, "killrates": rates,
+            "unclaimed_failures": [{"check": r.check, "verdict": r.verdict, "message": r.message[:300]}
+                                   for r in rows if not r.claim and r.verdict in ("fail", "error")],
             "benchmarks": [dict(r) for r in records], "ceilings": ceilings or {}, "ceiling_values": cvals,
             "ceilings_text": ceilings_text, "plots": plot_list,
             "history": [{"file": p.name, "date": e["fingerprint"].get("date"),

@@ -214,3 +214,18 @@ def test_every_row_counts_and_the_claim_shows_its_verdict_per_implementation():
     assert verdicts["FA-3"]["verdict"] == "holds" and verdicts["FA-3"]["by_impl_text"] == ""
     sd5 = [row("reference", "pass", "SD-5", holds=True), row("reference", "pass", "SD-5", holds=False)]
     assert {c["id"]: c for c in build.claim_verdicts(sd5)}["SD-5"]["verdict"] == "fails"
+
+
+def test_a_failing_test_without_a_claim_is_shown(tmp_path):
+    """A failing test that carries no claim id reaches no verdict; the report lists it apart."""
+    rows = [Row("", "tests/test_x.py::test_tooling", verdict="fail", message="AssertionError: broken"),
+            Row("", "tests/test_x.py::test_fine", verdict="pass"),
+            Row("FA-3", "p.py::law[triton]", "attention", "triton", verdict="pass")]
+    ctx = build.context(rows, [])
+    assert [f["check"] for f in ctx["unclaimed_failures"]] == ["tests/test_x.py::test_tooling"]
+    paths = build.render(ctx, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    html = (tmp_path / "index.html").read_text()
+    assert "Failing tests that check no claim" in md and "test_tooling" in md and "test_fine" not in md
+    assert 'id="unclaimed"' in html and "test_tooling" in html
+    assert paths
