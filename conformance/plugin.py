@@ -39,6 +39,7 @@ import os
 from collections import defaultdict
 from contextlib import nullcontext
 
+import hypothesis.configuration
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -48,6 +49,21 @@ from conformance.outcomes import Unsupported, refusal_is_unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
              HealthCheck.function_scoped_fixture]
+#: Where the suite keeps what Hypothesis and pytest-benchmark store between runs (environment
+#: variable INFERENCE_CONFORMANCE_DIR, default ~/.cache/inference-conformance), never in the
+#: project that runs it.
+STORAGE_ENV = "INFERENCE_CONFORMANCE_DIR"
+
+
+def storage_dir() -> str:
+    """The suite-owned folder for Hypothesis's example database and benchmark storage."""
+    base = os.environ.get(STORAGE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "inference-conformance")
+    return os.path.abspath(base)
+
+
+# Hypothesis's home (its example database, its caches) under the suite's own folder
+hypothesis.configuration.set_hypothesis_home_dir(os.path.join(storage_dir(), "hypothesis"))
 settings.register_profile("ci", max_examples=10, derandomize=True, deadline=None,
                           suppress_health_check=_SUPPRESS, print_blob=True)
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SUPPRESS,
@@ -167,7 +183,10 @@ def pytest_configure(config):
                  "outside_bench(technique): a benchmark row timing an outside implementation (--impl)"):
         config.addinivalue_line("markers", line)
     settings.load_profile(_profile_name(config))
-    device = select_device(config.getoption("device"))
+    try:
+        device = select_device(config.getoption("device"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--device {config.getoption('device')}: {exc}") from exc
     _STATE["device"] = device
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if device == "cpu" and worker.startswith("gw"):
@@ -191,10 +210,49 @@ def pytest_configure(config):
         for name, target in targets:
             try:
                 impls.append(registry.load_outside(technique, target))
-            except (ImportError, AttributeError, TypeError) as exc:
-                raise pytest.UsageError(f"--impl {technique}={target}: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - any failure to import the user's code: one line
+                raise pytest.UsageError(_load_error(technique, target, exc)) from exc
         loaded[technique] = impls
     _STATE["outside"] = loaded
+    if loaded:
+        _isolate_crashes(config)
+    _suite_owned_storage(config)
+
+
+def _load_error(technique: str, target: str, exc: BaseException) -> str:
+    """One line on why ``--impl technique=target`` could not be loaded (a syntax error names its
+    file and line)."""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" ({exc.filename}, line {exc.lineno})"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"--impl {technique}={target}: cannot load it: {type(exc).__name__}{where}: {text}"
+
+
+def _isolate_crashes(config) -> None:
+    """An outside implementation may kill its process (a segfault, ``os._exit``): with
+    pytest-xdist every collected test must still run, so the worker-restart limit (4 per worker
+    by default, after which xdist stops scheduling) is lifted unless the user set one; without
+    xdist a crash ends the run, so say how to isolate it."""
+    if not hasattr(config.option, "maxworkerrestart"):
+        return
+    if getattr(config.option, "numprocesses", None):
+        if config.option.maxworkerrestart is None:
+            config.option.maxworkerrestart = str(10 ** 6)
+    elif not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.issue_config_time_warning(pytest.PytestWarning(
+            "--impl without pytest-xdist: an implementation that crashes the process (segfault, "
+            "os._exit) ends the run with no summary; add -n 1 to run each crash in a worker that is "
+            "restarted, so every test runs and the crash is reported as that test's error"), stacklevel=2)
+
+
+def _suite_owned_storage(config) -> None:
+    """pytest-benchmark's storage (for --benchmark-autosave / --benchmark-save) under
+    :func:`storage_dir` unless the user named one; Hypothesis's database is set in the profiles."""
+    root = storage_dir()
+    opt = config.option
+    if getattr(opt, "benchmark_storage", None) in (None, "file://./.benchmarks"):
+        opt.benchmark_storage = "file://" + os.path.join(root, "benchmarks")
 
 
 def _technique(node) -> str | None:

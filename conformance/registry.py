@@ -52,6 +52,9 @@ class Contract:
     ``out`` that is a tensor is an output buffer the contract hands over: the generic checks
     pre-fill it with NaN. ``rules``: the tolerance rules the technique's laws judge by, by scheme
     name (``conformance.tolerance.rule_for`` finds them; the dtype rules are the policy's own).
+    ``returns``: function name -> the type (or tuple of types) its result must be; every call
+    through an :class:`Implementation` is checked before any law reads the result (a tuple,
+    None or a numpy array where a tensor is due is a TypeError naming the function).
     """
 
     technique: str
@@ -59,6 +62,7 @@ class Contract:
     doc: str
     cases: Callable[[int, str], list] | None = None
     rules: Mapping[str, Any] = field(default_factory=dict)
+    returns: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ class Implementation:
     unavailable: str | None = None
     adapter: bool = False
     kernel_modules: tuple = ()
+    returns: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def outside(self) -> bool:
@@ -173,16 +178,33 @@ class Implementation:
         return getattr(self, self.functions[0])(*args, **kwargs)
 
     def __getattr__(self, item):
-        if item in ("namespace", "functions"):
+        if item in ("namespace", "functions", "returns"):
             raise AttributeError(item)
         if item in self.functions:
-            return getattr(self.namespace, item)
+            fn = getattr(self.namespace, item)
+            want = self.returns.get(item) if self.returns else None
+            return fn if want is None else _checked_result(fn, want, f"{self.name}.{item}")
         raise AttributeError(f"implementation {self.name!r} of {self.technique!r} has no {item!r}")
 
     def __repr__(self) -> str:
         # short, as Hypothesis prints it in every falsifying example; ``target`` and ``origin``
         # are attributes for whoever needs them
         return f"Implementation({self.technique!r}, {self.name!r})"
+
+
+def _checked_result(fn: Callable, want: Any, who: str) -> Callable:
+    """``fn`` whose result must be an instance of ``want`` (a type or a tuple of types), else a
+    TypeError naming ``who`` and both types."""
+    def call(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if not isinstance(out, want):
+            names = [w.__name__ for w in want] if isinstance(want, tuple) else [want.__name__]
+            raise TypeError(f"{who} returned {type(out).__module__}.{type(out).__qualname__}, the contract "
+                            f"returns {' or '.join(names)}")
+        return out
+    call.__name__ = getattr(fn, "__name__", "call")
+    call.__wrapped__ = fn
+    return call
 
 
 def contracts() -> dict[str, Contract]:
@@ -287,7 +309,7 @@ def registrations(technique: str) -> tuple[list[Registration], list[tuple[str, s
 
 def _load_registration(c: Contract, r: Registration, device: str | None) -> Implementation:
     base = dict(technique=r.technique, name=r.name, target=r.target, origin=r.origin,
-                functions=c.functions, adapter=r.adapter, kernel_modules=r.kernel_modules)
+                functions=c.functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns)
     if r.needs is not None and not importable(r.needs):
         return Implementation(namespace=None, unavailable=f"{r.name} needs the {r.needs!r} package, "
                               "which is not installed", **base)
@@ -325,7 +347,8 @@ def load(technique: str, name: str, target: str, origin: str, device: str | None
     failure raises (ImportError), a target that misses a contract function raises TypeError."""
     c = contract(technique)
     obj = _resolve(target)
-    return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.functions)
+    return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.functions,
+                          returns=c.returns)
 
 
 def cases(technique: str, seed: int, device: str) -> list[tuple[tuple, dict]]:

@@ -167,6 +167,7 @@ CONTRACT = Contract(
     functions=("attention",),
     doc=__doc__,
     cases=cases,
+    returns={"attention": torch.Tensor},
 )
 
 

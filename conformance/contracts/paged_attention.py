@@ -243,4 +243,5 @@ CONTRACT = Contract(
     functions=("paged_attention",),
     doc=__doc__,
     cases=cases,
+    returns={"paged_attention": torch.Tensor},
 )

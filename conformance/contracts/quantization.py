@@ -325,4 +325,5 @@ CONTRACT = Contract(
     doc=__doc__,
     cases=cases,
     rules={"quant-matmul": QUANT_MATMUL_RULE},
+    returns={"dequantize": torch.Tensor, "matmul": torch.Tensor},
 )

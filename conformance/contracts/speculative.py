@@ -185,4 +185,5 @@ CONTRACT = Contract(
     functions=("verify",),
     doc=__doc__,
     cases=cases,
+    returns={"verify": tuple},
 )
