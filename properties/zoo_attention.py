@@ -218,6 +218,26 @@ def scale_folded_in_16bit(q, k, v, *, causal, scale):
     return _attend(q, k, v, causal=causal, scale=scale)
 
 
+def nan_rows_zeroed(q, k, v, *, causal, scale):
+    """A "safe softmax": a row whose scores are all NaN (a NaN query, or a NaN key it sees)
+    comes out 0 instead of NaN (what PyTorch's CPU SDPA does for a NaN query row)."""
+    from reference.attention import attention as attention_ref
+
+    return torch.nan_to_num(attention_ref(q, k, v, causal=causal, scale=scale), nan=0.0)
+
+
+def additive_mask_leaks_nan(q, k, v, *, causal, scale):
+    """The causal mask added as -inf to the scores instead of selecting them: NaN + (-inf) is
+    NaN, so a NaN in a key the mask hides reaches rows that cannot see it."""
+    shape = validate(q, k, v, causal, scale)
+    kf = k.to(torch.float64).repeat_interleave(shape.group, dim=1)
+    vf = v.to(torch.float64).repeat_interleave(shape.group, dim=1)
+    s = (q.to(torch.float64) @ kf.transpose(-1, -2)) * scale
+    if causal:
+        s = s + torch.where(causal_mask(shape.Tq, shape.Tk, q.device), 0.0, float("-inf")).to(s.dtype)
+    return (torch.softmax(s, dim=-1) @ vf).to(q.dtype)
+
+
 def implementations():
     """The known-bad attention implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
@@ -225,6 +245,8 @@ def implementations():
 
     return (
         known_bad("attention", "no_max_subtract", no_max_subtract),
+        known_bad("attention", "nan_rows_zeroed", nan_rows_zeroed),
+        known_bad("attention", "additive_mask_leaks_nan", additive_mask_leaks_nan),
         known_bad("attention", "top_left_causal", top_left_causal),
         known_bad("attention", "gqa_modulo", gqa_modulo),
         known_bad("attention", "drops_last_key", drops_last_key),

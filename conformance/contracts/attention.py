@@ -26,6 +26,16 @@ it in that precision: a float64 call whose scale is rounded to float32 (what com
 with a Python float kernel argument) is wrong by ~1e-8 and fails. When finite scores
 (scale · q·k) exceed the float32 range for non-float64 inputs, the result is unspecified.
 
+NaN: a NaN in the inputs is NaN in exactly the output rows that see it, and nowhere else. A NaN
+anywhere in ``q[b, h, i]`` makes all of ``out[b, h, i]`` NaN; a NaN in ``k[b, g, j]`` makes NaN
+all of the rows ``out[b, h, i]`` of the heads reading KV head ``g`` whose query may attend key
+``j`` (all of them without ``causal``; ``j <= i + (Tk - Tq)`` with it); a NaN in
+``v[b, g, j, d]`` makes component ``d`` of those rows NaN. Every other element is what it would
+be without the NaN: a key the mask hides must not leak. (Only component ``d`` of the rows that
+cannot see a NaN value is unspecified: a kernel may multiply its zero weight by it.) Returning
+zeros for a NaN row, or NaN for a row that cannot see a NaN key, breaks the contract
+(``properties/test_attention_nan.py``).
+
 Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`conformance.contracts.glossary`.
 
 Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
