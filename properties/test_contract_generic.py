@@ -24,6 +24,7 @@ pytest-xdist), never the whole run. The checks are plain functions (``check_*``,
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -70,14 +71,25 @@ def _impls(technique: str, device: str) -> list:
     return out
 
 
+def _invalid_calls(technique: str, device: str) -> list:
+    """The contract's invalid calls; for a contract whose bad calls need objects of a layer above
+    conformance/ (the kv_cache engines need a reference model), ``invalid_calls(device)`` of
+    ``properties/<technique>_cases.py``."""
+    calls = registry.invalid_calls(technique, device)
+    if not calls and registry.importable(f"properties.{technique}_cases"):
+        module = importlib.import_module(f"properties.{technique}_cases")
+        calls = list(getattr(module, "invalid_calls", lambda device: [])(device))
+    return calls
+
+
 def pytest_generate_tests(metafunc):
     if "impl" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("technique"):
         return
     device = plugin._STATE.get("device") or "cpu"
     if "call" in metafunc.fixturenames:
         params = [pytest.param(i, call, id=f"{t}-{i.name}-{call.what}", marks=marks)
-                  for t in sorted(t for t, c in registry.contracts().items() if c.invalid)
-                  for call in registry.invalid_calls(t, device) for i, marks in _impls(t, device)]
+                  for t in sorted(registry.contracts())
+                  for call in _invalid_calls(t, device) for i, marks in _impls(t, device)]
         if not params:
             params = [pytest.param(None, None, id="none", marks=pytest.mark.skip(reason="no contract sets `invalid`"))]
         metafunc.parametrize("impl,call", params)
