@@ -55,6 +55,10 @@ class Contract:
     ``returns``: function name -> the type (or tuple of types) its result must be; every call
     through an :class:`Implementation` is checked before any law reads the result (a tuple,
     None or a numpy array where a tensor is due is a TypeError naming the function).
+    ``invalid`` (optional): a function ``invalid(device) -> list[InvalidCall]``, the contract's
+    bad calls; a contract that sets it gets ``test_invalid_call_raises`` of
+    ``properties/test_contract_generic.py`` for every implementation (a documented exception
+    type, raised before an ``out`` buffer is written, its message naming the argument).
     """
 
     technique: str
@@ -63,6 +67,31 @@ class Contract:
     cases: Callable[[int, str], list] | None = None
     rules: Mapping[str, Any] = field(default_factory=dict)
     returns: Mapping[str, Any] = field(default_factory=dict)
+    invalid: Callable[[str], list] | None = None
+
+
+@dataclass(frozen=True)
+class InvalidCall:
+    """One call a contract documents as invalid (``Contract.invalid``).
+
+    ``what``: a short id. ``function``: the contract function called (None: the main one).
+    ``args``, ``kwargs``: its arguments; ``args`` may instead be a function of the receiver
+    returning them, for arguments only the implementation can make (its own quantized weight).
+    ``raises``: the exception types the contract documents for it. ``argument``: the name its
+    message must contain (case-insensitive; None where the contract names none). ``on``: a
+    function of the implementation returning the object whose ``function`` is called (an engine
+    the implementation builds; None: the implementation). ``state``: a function of that object
+    returning what the rejected call must leave unchanged (a tensor or a tuple of them).
+    """
+
+    what: str
+    args: Any = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    raises: tuple[type[BaseException], ...] = (TypeError, ValueError)
+    argument: str | None = None
+    function: str | None = None
+    on: Callable[[Any], Any] | None = None
+    state: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +386,12 @@ def cases(technique: str, seed: int, device: str) -> list[tuple[tuple, dict]]:
     if c.cases is None:
         return []
     return list(c.cases(seed, device))
+
+
+def invalid_calls(technique: str, device: str) -> list[InvalidCall]:
+    """The contract's invalid calls (``Contract.invalid``); [] when the contract sets none."""
+    c = contract(technique)
+    return [] if c.invalid is None else list(c.invalid(device))
 
 
 def parse_impl_option(values: list[str]) -> dict[str, list[tuple[str, str]]]:

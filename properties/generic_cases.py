@@ -6,14 +6,17 @@ call's arguments, so that tests can show each one rejects a known-bad function:
   buffer excepted);
 - :func:`check_output_fully_written`: every element of the output is written and finite where
   the oracle's is;
-- :func:`check_repeatable`: two calls on the same inputs give bit-identical results.
+- :func:`check_repeatable`: two calls on the same inputs give bit-identical results;
+- :func:`check_invalid_call`: a call the contract documents as invalid raises a documented type,
+  naming the argument, before anything is written.
 
 Each raises AssertionError when the check fails and :class:`Refused` when the callable raised
-NotImplementedError for the call.
+NotImplementedError for the call (for an invalid call: for the valid setup it needs).
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import torch
@@ -133,3 +136,73 @@ def _fresh(args, kwargs):
     if isinstance(kwargs.get("out"), torch.Tensor):
         kwargs["out"].fill_(float("nan"))
     return args, kwargs
+
+
+def names(message: str, argument) -> bool:
+    """True when ``message`` names ``argument`` (a name, or a tuple of names any of which will
+    do): case-insensitive, not inside a longer identifier ("q" is named by "q must be" and
+    "q.shape", not by "unique")."""
+    alternatives = (argument,) if isinstance(argument, str) else tuple(argument)
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(a)}(?![A-Za-z0-9_])", message, re.IGNORECASE)
+               for a in alternatives)
+
+
+def _snapshot(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (tuple, list)):
+        return tuple(_snapshot(v) for v in x)
+    return x
+
+
+def _assert_same(now: Any, before: Any, what: str) -> None:
+    if isinstance(before, torch.Tensor):
+        tolerance.assert_exact(now, before, what=what)
+    elif isinstance(before, tuple):
+        assert isinstance(now, (tuple, list)) and len(now) == len(before), f"{what}: {now!r} instead of {before!r}"
+        for i, (a, b) in enumerate(zip(now, before)):
+            _assert_same(a, b, f"{what}[{i}]")
+    else:
+        assert now == before, f"{what}: {now!r} instead of {before!r}"
+
+
+def check_invalid_call(impl, call) -> None:
+    """Make ``call`` (a :class:`conformance.registry.InvalidCall`) on ``impl`` and assert it
+    raises one of ``call.raises`` whose message names ``call.argument``, leaving an ``out``
+    buffer (pre-filled with NaN) and ``call.state`` as they were. No exception, another type (a
+    NotImplementedError included: unsupported is no answer to an invalid call) or a message not
+    naming the argument fails, saying which. A NotImplementedError while building the valid
+    parts of the call (``on``, ``args``) is :class:`Refused`."""
+    try:
+        receiver = impl if call.on is None else call.on(impl)
+        args = call.args(receiver) if callable(call.args) else call.args
+    except NotImplementedError as exc:
+        raise Refused(f"{call.what}: the valid setup was refused ({exc})") from exc
+    fn = receiver if call.function is None else getattr(receiver, call.function)
+    kwargs = dict(call.kwargs)
+    out_buf = kwargs.get("out")
+    if isinstance(out_buf, torch.Tensor) and out_buf.is_floating_point():
+        out_buf.fill_(float("nan"))
+    before = _snapshot(call.state(receiver)) if call.state is not None else None
+    documented = " or ".join(t.__name__ for t in call.raises)
+    try:
+        fn(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise AssertionError(f"{call.what}: raised NotImplementedError ({exc}) for an invalid call; the "
+                             f"contract documents {documented} (unsupported is not an answer)") from exc
+    except call.raises as exc:
+        error = exc
+    except Exception as exc:
+        raise AssertionError(f"{call.what}: raised {type(exc).__name__} ({exc}); the contract documents "
+                             f"{documented}") from exc
+    else:
+        raise AssertionError(f"{call.what}: the invalid call returned without an exception; the contract "
+                             f"documents {documented}")
+    if call.argument is not None and not names(str(error), call.argument):
+        raise AssertionError(f"{call.what}: raised {type(error).__name__}({str(error)!r}), whose message does "
+                             f"not name the argument {call.argument!r}")
+    if isinstance(out_buf, torch.Tensor) and out_buf.is_floating_point():
+        written = int((~torch.isnan(out_buf)).sum())
+        assert written == 0, f"{call.what}: {written} elements of out written before the call was rejected"
+    if call.state is not None:
+        _assert_same(_snapshot(call.state(receiver)), before, f"{call.what}: state after the rejected call")

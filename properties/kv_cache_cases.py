@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from conformance.registry import InvalidCall
 from properties.strategies import gqa_heads, randint, seeds
 from reference.transformer import Transformer, TransformerConfig, init_weights
 
@@ -102,3 +103,75 @@ def full_forward(model, case: Case, device):
     full, _, _ = sequences(case, device)
     with torch.no_grad():
         return [model(full[b:b + 1, :n + case.steps])[0] for b, n in enumerate(case.prompt_lens)]
+
+
+def _tiny_model(device):
+    """A tiny float32 reference model: V = 19, 2 layers, 3 query heads over 1 KV head, D = 4."""
+    cfg = TransformerConfig(vocab_size=19, d_model=12, n_layers=2, n_heads=3, n_kv_heads=1, d_ff=16,
+                            max_seq_len=16, head_dim=4)
+    return model_for(cfg, 0, torch.float32, device)
+
+
+def invalid_calls(device) -> list[InvalidCall]:
+    """The kv_cache contract's invalid calls, with the argument each message must name.
+    ``prefill`` and ``decode`` go to an engine the implementation builds (max_batch 3,
+    max_seq_len 6) holding two sequences of lengths 3 and 1; a rejected call must leave its
+    lengths, cache bytes and cached K/V as they were."""
+    def t(x, **kw):
+        return torch.tensor(x, device=device, **kw)
+
+    def engine(impl):
+        e = impl.new_engine(_tiny_model(device), max_batch=3, max_seq_len=6)
+        e.prefill(t([[1, 2, 3], [4, 0, 0]]), t([3, 1]))
+        return e
+
+    def full(impl):
+        e = engine(impl)
+        for _ in range(3):                                  # the first sequence reaches 6 tokens
+            e.decode(t([5, 6]))
+        return e
+
+    def state(e):
+        return (e.lengths(), e.cache_bytes(), *e.kv(0, 0), *e.kv(1, 1))
+
+    ok = t([[1, 2]])
+    prefill = [  # (what, (tokens, lengths), raises, argument)
+        ("tokens-not-a-tensor", ([[1, 2]], t([2])), TypeError, "tokens"),
+        ("int32-tokens", (t([[1, 2]], dtype=torch.int32), t([2])), TypeError, "tokens"),
+        ("float-tokens", (t([[1.0, 2.0]]), t([2])), TypeError, "tokens"),
+        ("tokens-1-d", (t([1, 2]), t([2])), ValueError, "tokens"),
+        ("lengths-not-a-tensor", (ok, [2]), TypeError, "lengths"),
+        ("float-lengths", (ok, t([2.0])), TypeError, "lengths"),
+        ("lengths-shape", (ok, t([2, 2])), ValueError, "lengths"),
+        ("length-0", (ok, t([0])), ValueError, "lengths"),
+        ("length-above-s", (ok, t([3])), ValueError, "lengths"),
+        ("token-id-v", (t([[1, 19]]), t([2])), ValueError, "tokens"),
+        ("token-id-negative", (t([[-1, 2]]), t([2])), ValueError, "tokens"),
+        ("batch-above-max-batch", (torch.zeros(4, 2, dtype=torch.int64, device=device), t([2] * 4)), ValueError,
+         ("tokens", "max_batch")),
+        ("length-above-max-seq-len", (torch.zeros(1, 7, dtype=torch.int64, device=device), t([7])), ValueError,
+         ("tokens", "max_seq_len")),
+        ("tokens-on-another-device", (ok.to("meta"), t([2])), ValueError, "tokens"),
+    ]
+    out = [InvalidCall(f"prefill-{what}", args, raises=(exc,), argument=argument, function="prefill", on=engine,
+                       state=state) for what, args, exc, argument in prefill]
+    decode = [  # (what, next_tokens, raises, argument)
+        ("next-tokens-not-a-tensor", [1, 2], TypeError, "next_tokens"),
+        ("int32-next-tokens", t([1, 2], dtype=torch.int32), TypeError, "next_tokens"),
+        ("next-tokens-shape", t([1, 2, 3]), ValueError, "next_tokens"),
+        ("next-token-id-v", t([1, 19]), ValueError, "next_tokens"),
+    ]
+    out += [InvalidCall(f"decode-{what}", (tokens,), raises=(exc,), argument=argument, function="decode", on=engine,
+                        state=state) for what, tokens, exc, argument in decode]
+    out += [
+        InvalidCall("decode-past-max-seq-len", (t([5, 6]),), raises=(ValueError,), argument=("next_tokens", "max_seq_len"),
+                    function="decode", on=full, state=state),
+        # the contract names no argument for this one
+        InvalidCall("decode-before-prefill", (t([1, 2]),), raises=(RuntimeError,), function="decode",
+                    on=lambda impl: impl.new_engine(_tiny_model(device), max_batch=3, max_seq_len=6)),
+        InvalidCall("new-engine-max-batch-0", raises=(ValueError,), argument="max_batch",
+                    args=lambda impl: (_tiny_model(device),), kwargs={"max_batch": 0, "max_seq_len": 6}),
+        InvalidCall("new-engine-max-seq-len-above-the-model", raises=(ValueError,), argument="max_seq_len",
+                    args=lambda impl: (_tiny_model(device),), kwargs={"max_batch": 1, "max_seq_len": 17}),
+    ]
+    return out

@@ -11,6 +11,12 @@ registered implementation (or the ``--impl`` ones):
   named ``reference``, else the first available built-in);
 - ``test_repeatable``: two calls on the same inputs give bit-identical results.
 
+A contract that sets ``Contract.invalid`` (``invalid(device) -> [InvalidCall]``, the calls it
+documents as invalid) gets ``test_invalid_call_raises`` for every implementation and every one of
+those calls: it raises a documented type (TypeError / ValueError, or what the call names), before
+an ``out`` buffer is written, and the message names the argument; no exception, another type (a
+NotImplementedError too) or a message not naming the argument fails, saying which.
+
 An implementation that raises ``NotImplementedError`` for a case is "unsupported" for it, never a
 pass; a crash or hang of an outside implementation fails its own test (``--impl-timeout``,
 pytest-xdist), never the whole run. The checks are plain functions (``check_*``, in
@@ -18,6 +24,7 @@ pytest-xdist), never the whole run. The checks are plain functions (``check_*``,
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -27,6 +34,7 @@ from conformance.outcomes import unsupported
 from properties.generic_cases import (
     Refused,
     check_inputs_not_mutated,
+    check_invalid_call,
     check_output_fully_written,
     check_repeatable,
 )
@@ -50,19 +58,44 @@ def _contracts_with_cases() -> list[str]:
     return sorted(t for t, c in registry.contracts().items() if c.cases)
 
 
+def _impls(technique: str, device: str) -> list:
+    """The ``--impl`` implementations of ``technique``, else the registry's, each with its marks
+    (the technique, so ``--impl`` keeps it; a skip with the reason where it is unavailable)."""
+    outside = plugin._STATE["outside"].get(technique)
+    out = []
+    for i in outside if outside else registry.builtins(technique, device):
+        marks = [pytest.mark.technique(technique)]
+        if i.unavailable:
+            marks.append(pytest.mark.skip(reason=i.unavailable))
+        out.append((i, marks))
+    return out
+
+
+def _invalid_calls(technique: str, device: str) -> list:
+    """The contract's invalid calls; for a contract whose bad calls need objects of a layer above
+    conformance/ (the kv_cache engines need a reference model), ``invalid_calls(device)`` of
+    ``properties/<technique>_cases.py``."""
+    calls = registry.invalid_calls(technique, device)
+    if not calls and registry.importable(f"properties.{technique}_cases"):
+        module = importlib.import_module(f"properties.{technique}_cases")
+        calls = list(getattr(module, "invalid_calls", lambda device: [])(device))
+    return calls
+
+
 def pytest_generate_tests(metafunc):
     if "impl" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("technique"):
         return
     device = plugin._STATE.get("device") or "cpu"
-    params = []
-    for t in _contracts_with_cases():
-        outside = plugin._STATE["outside"].get(t)
-        impls = outside if outside else registry.builtins(t, device)
-        for i in impls:
-            marks = [pytest.mark.technique(t)]
-            if i.unavailable:
-                marks.append(pytest.mark.skip(reason=i.unavailable))
-            params.append(pytest.param(i, id=f"{t}-{i.name}", marks=marks))
+    if "call" in metafunc.fixturenames:
+        params = [pytest.param(i, call, id=f"{t}-{i.name}-{call.what}", marks=marks)
+                  for t in sorted(registry.contracts())
+                  for call in _invalid_calls(t, device) for i, marks in _impls(t, device)]
+        if not params:
+            params = [pytest.param(None, None, id="none", marks=pytest.mark.skip(reason="no contract sets `invalid`"))]
+        metafunc.parametrize("impl,call", params)
+        return
+    params = [pytest.param(i, id=f"{t}-{i.name}", marks=marks)
+              for t in _contracts_with_cases() for i, marks in _impls(t, device)]
     if not params:
         params = [pytest.param(None, id="none", marks=pytest.mark.skip(reason="no contract sets `cases` yet"))]
     metafunc.parametrize("impl", params)
@@ -98,3 +131,13 @@ def test_output_fully_written(impl, device):
 
 def test_repeatable(impl, device):
     _each_case(impl, device, lambda args, kwargs: check_repeatable(impl, args, kwargs))
+
+
+def test_invalid_call_raises(impl, call):
+    """An invalid call raises a documented type naming the argument, before anything is written
+    (:func:`properties.generic_cases.check_invalid_call`); an implementation that refuses the
+    valid parts the call needs is "unsupported" for it."""
+    try:
+        check_invalid_call(impl, call)
+    except Refused as exc:
+        unsupported(str(exc))

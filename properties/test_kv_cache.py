@@ -430,27 +430,3 @@ def law_decode_to_full_capacity(run, device, dtype):
 KV1_FULL = Law(claim="KV-1", technique=TECH, body=law_decode_to_full_capacity, dtypes=FLOAT_DTYPES)
 
 test_decode_to_full_capacity = KV1_FULL.conformance_test("test_decode_to_full_capacity")
-
-
-@pytest.mark.technique(TECH)
-def test_invalid_calls_raise(impl, device):
-    """The contract's errors, for every engine (outside ones too): decode before prefill is a
-    RuntimeError; a write past capacity, a length outside [1, S] or an id outside [0, V) is a
-    ValueError, raised before anything changes."""
-    case = PINNED
-    model = model_for(case.cfg(), case.seed, torch.float32, device)
-    full, prompt, lens = sequences(case, device)
-    B = len(case.prompt_lens)
-    engine = impl.new_engine(model, max_batch=B, max_seq_len=max(case.prompt_lens) + 1)
-    with pytest.raises(RuntimeError):
-        engine.decode(full[:, 0])
-    with pytest.raises(ValueError):
-        engine.prefill(prompt, torch.full_like(lens, prompt.shape[1] + 1))
-    with pytest.raises(ValueError):
-        engine.prefill(torch.full_like(prompt, case.vocab), lens)
-    engine.prefill(prompt, lens)
-    engine.decode(full[torch.arange(B, device=device), lens])         # the longest row is now full
-    kept = engine.lengths().clone()
-    with pytest.raises(ValueError):
-        engine.decode(full[torch.arange(B, device=device), lens + 1])
-    assert_exact(engine.lengths(), kept, what="lengths after a rejected decode")

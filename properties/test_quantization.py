@@ -209,58 +209,6 @@ def test_qt9_rule_rejects_zero_and_constant_outputs(dtype):
                    rule="quant-matmul is no bare atol")
 
 
-# ------------------------------------------------------------------------------- bad input
-def _bad_calls(w, x, qw):
-    return {
-        "bits 1": lambda impl: impl.quantize(w, bits=1, granularity="channel"),
-        "bits 9": lambda impl: impl.quantize(w, bits=9, granularity="channel"),
-        "bits as a string": lambda impl: impl.quantize(w, bits="4", granularity="channel"),
-        "bits True": lambda impl: impl.quantize(w, bits=True, granularity="channel"),
-        "group size not dividing K": lambda impl: impl.quantize(w, bits=4, granularity=5),
-        "group size 0": lambda impl: impl.quantize(w, bits=4, granularity=0),
-        "unknown granularity": lambda impl: impl.quantize(w, bits=4, granularity="row"),
-        "float granularity": lambda impl: impl.quantize(w, bits=4, granularity=4.0),
-        "w 1-D": lambda impl: impl.quantize(w[0], bits=4, granularity="channel"),
-        "w integer": lambda impl: impl.quantize(w.to(torch.int32), bits=4, granularity="channel"),
-        "w not a tensor": lambda impl: impl.quantize(w.tolist(), bits=4, granularity="channel"),
-        "w with NaN": lambda impl: impl.quantize(torch.where(w > 0, w, float("nan")), bits=4, granularity="channel"),
-        "x with the wrong K": lambda impl: impl.matmul(x[:, :-1], qw(impl)),
-        "x of another dtype": lambda impl: impl.matmul(x.double(), qw(impl)),
-        "x 1-D": lambda impl: impl.matmul(x[0], qw(impl)),
-        "qw not a quantized weight": lambda impl: impl.dequantize(w),
-        "matmul of a raw weight": lambda impl: impl.matmul(x, w),
-    }
-
-
-@pytest.mark.technique(TECH)
-def test_invalid_calls_raise(impl, device):
-    """Every invalid call raises ValueError or TypeError (never NotImplementedError, never a
-    result): bits outside 2..8, a group size that does not divide K, an unknown granularity, w of
-    the wrong rank or dtype, x of the wrong K or dtype, a qw that is not a quantized weight."""
-    w = S.randn((4, 8), 1, dtype=torch.float32, device=device)
-    x = S.randn((3, 8), 2, dtype=torch.float32, device=device)
-    cache = {}
-
-    def qw(impl):
-        """A valid qw: 4 bits in groups of 4, else 8 bits per channel (an implementation that
-        refuses both has its matmul calls skipped)."""
-        if "qw" not in cache:
-            for bits, gran in ((4, 4), (8, "channel")):
-                try:
-                    cache["qw"] = impl.quantize(w, bits=bits, granularity=gran)
-                    break
-                except NotImplementedError:
-                    continue
-            else:
-                pytest.skip(f"{impl.name} refuses 4 bits in groups of 4 and 8 bits per channel")
-        return cache["qw"]
-
-    for what, call in _bad_calls(w, x, qw).items():
-        with pytest.raises((ValueError, TypeError)):
-            call(impl)
-            pytest.fail(f"{impl.name} accepted an invalid call ({what})")
-
-
 # ------------------------------------------------------------------- act-order (g_idx), QT-1/QT-9
 #: Pinned act-order cases: groups of different magnitudes (and an all-zero one), so a column
 #: dequantized with another group's scale shows; K // g = 4 and 3 groups, decode and tiled M;

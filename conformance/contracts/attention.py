@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance.coverage import CoverageClass
-from conformance.registry import Contract
+from conformance.registry import Contract, InvalidCall
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -172,12 +172,47 @@ def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
     return out
 
 
+def _qkv(device, B=1, Hq=4, Hkv=2, Tq=3, Tk=5, D=8):
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(B, h, t, D, generator=g).to(device) for h, t in ((Hq, Tq), (Hkv, Tk), (Hkv, Tk)))
+
+
+def invalid(device: str) -> list[InvalidCall]:
+    """The calls this contract documents as invalid (tiny float32 tensors; causal=False and
+    scale=0.3 unless the call is about them), with the argument each message must name."""
+    q, k, v = _qkv(device)
+    meta = torch.device("meta")
+    calls = [  # (what, (q, k, v), kwargs, raises, argument)
+        ("q-not-a-tensor", (q.tolist(), k, v), {}, TypeError, "q"),
+        ("k-with-3-dims", (q, k[0], v), {}, ValueError, "k"),
+        ("integer-dtype", (q.long(), k.long(), v.long()), {}, TypeError, "q"),
+        ("mixed-dtypes", (q, k.double(), v), {}, TypeError, "k"),
+        ("k-v-shapes-differ", (q, k, v[:, :, :4]), {}, ValueError, "v"),
+        ("batch-differs", (q, torch.cat([k, k]), torch.cat([v, v])), {}, ValueError, ("k", "batch")),
+        ("head-dim-differs", (q, k[..., :4], v[..., :4]), {}, ValueError, ("k", "head dim")),
+        ("hq-not-a-multiple-of-hkv", (q[:, :3], k, v), {}, ValueError, ("q", "k", "Hq", "Hkv", "heads")),
+        ("head-dim-257", _qkv(device, D=257), {}, ValueError, ("q", "D", "head dim")),
+        ("tq-0", _qkv(device, Tq=0), {}, ValueError, ("q", "Tq")),
+        ("tk-0", _qkv(device, Tk=0), {}, ValueError, ("k", "Tk")),
+        ("causal-not-a-bool", (q, k, v), {"causal": 1}, TypeError, "causal"),
+        ("scale-a-string", (q, k, v), {"scale": "0.3"}, TypeError, "scale"),
+        ("scale-a-bool", (q, k, v), {"scale": True}, TypeError, "scale"),
+        ("scale-nan", (q, k, v), {"scale": math.nan}, ValueError, "scale"),
+        ("scale-1e40-float32", (q, k, v), {"scale": 1e40}, ValueError, "scale"),
+        ("causal-with-tq-above-tk", _qkv(device, Tq=6, Tk=5), {"causal": True}, ValueError, ("causal", "Tq", "Tk")),
+        ("k-on-another-device", (q, k.to(meta), v), {}, ValueError, "k"),
+    ]
+    return [InvalidCall(what, args, {"causal": False, "scale": 0.3, **kw}, (exc,), argument)
+            for what, args, kw, exc, argument in calls]
+
+
 CONTRACT = Contract(
     technique="attention",
     functions=("attention",),
     doc=__doc__,
     cases=cases,
     returns={"attention": torch.Tensor},
+    invalid=invalid,
 )
 
 

@@ -41,7 +41,9 @@ The engine provides:
 Errors: a non-tensor or a non-int64 ``tokens``/``lengths``/``next_tokens`` raises TypeError; a
 wrong shape, a wrong device, an id outside [0, V), a length outside [1, S], a batch above
 max_batch or a write past max_seq_len raises ValueError naming the argument, before anything is
-written; ``decode`` before any ``prefill`` raises RuntimeError.
+written; ``decode`` before any ``prefill`` raises RuntimeError. ``new_engine`` raises ValueError
+naming ``max_batch`` or ``max_seq_len`` when either is below 1 or ``max_seq_len`` is above
+``model.cfg.max_seq_len``.
 
 Oracle: the reference model's full forward without a cache (``reference.transformer``:
 ``model(tokens)`` and ``generate``), which recomputes the whole prefix every step.
@@ -110,3 +112,5 @@ CONTRACT = Contract(
     functions=("new_engine",),
     doc=__doc__,
 )
+# The engines' bad calls need a reference model, a layer above this one: they are
+# properties.kv_cache_cases.invalid_calls, which the bad-input law finds by the technique's name.

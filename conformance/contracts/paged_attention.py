@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance.coverage import CoverageClass
-from conformance.registry import Contract
+from conformance.registry import Contract, InvalidCall
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -238,10 +238,51 @@ def _paged_coverage() -> tuple:
 COVERAGE = _paged_coverage()
 
 
+def invalid(device: str) -> list[InvalidCall]:
+    """The calls this contract documents as invalid, with the argument each message must name:
+    two sequences (lengths 5 and 3) in blocks of 2, Hq 4, Hkv 2, D 16, float32, scale 0.25."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, generator=g).to(device)
+    kc, vc = (torch.randn(6, 2, 2, 16, generator=g).to(device) for _ in range(2))
+    bt = torch.tensor([[0, 2, 4], [1, 3, 5]], dtype=torch.int32, device=device)
+    sl = torch.tensor([5, 3], dtype=torch.int32, device=device)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    def table_with(idx, value):
+        t = bt.clone()
+        t[idx] = value
+        return t
+
+    calls = [  # (what, (q, k_cache, v_cache, block_table, seq_lens), raises, argument)
+        ("q-not-a-tensor", (q.tolist(), kc, vc, bt, sl), TypeError, "q"),
+        ("q-with-4-dims", (q[None], kc, vc, bt, sl), ValueError, "q"),
+        ("int64-block-table", (q, kc, vc, bt.long(), sl), TypeError, "block_table"),
+        ("int64-seq-lens", (q, kc, vc, bt, sl.long()), TypeError, "seq_lens"),
+        ("float64-caches-float32-q", (q, kc.double(), vc.double(), bt, sl), TypeError, ("k_cache", "v_cache")),
+        ("integer-caches", (q, kc.int(), vc.int(), bt, sl), TypeError, ("k_cache", "v_cache")),
+        ("block-sizes-differ", (q, kc, vc[:, :1], bt, sl), ValueError, ("k_cache", "v_cache")),
+        ("head-dims-differ", (q[..., :8], kc, vc, bt, sl), ValueError, ("q", "k_cache", "head dim")),
+        ("hq-not-a-multiple-of-hkv", (q[:, :3], kc, vc, bt, sl), ValueError, ("q", "k_cache", "Hq", "Hkv", "heads")),
+        ("seq-lens-0", (q, kc, vc, bt, i32([5, 0])), ValueError, "seq_lens"),
+        ("seq-lens-above-capacity", (q, kc, vc, bt, i32([5, 7])), ValueError, "seq_lens"),
+        ("seq-lens-shape", (q, kc, vc, bt, i32([5])), ValueError, "seq_lens"),
+        ("block-table-rows", (q, kc, vc, bt[:1], sl), ValueError, "block_table"),
+        ("live-entry-out-of-range", (q, kc, vc, table_with((1, 1), 6), sl), ValueError, "block_table"),
+        ("live-entry-negative", (q, kc, vc, table_with((0, 2), -1), sl), ValueError, "block_table"),
+    ]
+    out = [InvalidCall(what, args, {"scale": 0.25}, (exc,), argument) for what, args, exc, argument in calls]
+    out += [InvalidCall("scale-a-string", (q, kc, vc, bt, sl), {"scale": "0.25"}, (TypeError,), "scale"),
+            InvalidCall("scale-inf", (q, kc, vc, bt, sl), {"scale": math.inf}, (ValueError,), "scale")]
+    return out
+
+
 CONTRACT = Contract(
     technique="paged_attention",
     functions=("paged_attention",),
     doc=__doc__,
     cases=cases,
     returns={"paged_attention": torch.Tensor},
+    invalid=invalid,
 )

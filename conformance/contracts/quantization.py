@@ -70,7 +70,7 @@ import torch
 
 from conformance import tolerance
 from conformance.coverage import CoverageClass
-from conformance.registry import Contract
+from conformance.registry import Contract, InvalidCall
 
 #: Dtypes of w (and x) in the contract.
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -319,11 +319,61 @@ def _quant_coverage() -> tuple:
 COVERAGE = _quant_coverage()
 
 
+def _valid_qw(impl, w):
+    """The implementation's own quantized weight of ``w``: 4 bits in groups of 4, else 8 bits
+    per channel (NotImplementedError where it refuses both)."""
+    for bits, gran in ((4, 4), (8, "channel")):
+        try:
+            return impl.quantize(w, bits=bits, granularity=gran)
+        except NotImplementedError:
+            continue
+    raise NotImplementedError(f"{impl!r} refuses 4 bits in groups of 4 and 8 bits per channel")
+
+
+def invalid(device: str) -> list[InvalidCall]:
+    """The calls this contract documents as invalid, with the argument each message must name:
+    w (4, 8) and x (3, 8) in float32; matmul calls get the implementation's own valid qw."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 8, generator=g).to(device)
+    x = torch.randn(3, 8, generator=g).to(device)
+    quantize = [  # (what, w, bits, granularity, raises, argument)
+        ("bits-1", w, 1, "channel", ValueError, "bits"),
+        ("bits-9", w, 9, "channel", ValueError, "bits"),
+        ("bits-a-string", w, "4", "channel", TypeError, "bits"),
+        ("bits-a-float", w, 4.0, "channel", TypeError, "bits"),
+        ("bits-true", w, True, "channel", TypeError, "bits"),
+        ("group-size-not-dividing-k", w, 4, 3, ValueError, "granularity"),
+        ("group-size-0", w, 4, 0, ValueError, "granularity"),
+        ("unknown-granularity", w, 4, "row", ValueError, "granularity"),
+        ("float-granularity", w, 4, 4.0, TypeError, "granularity"),
+        ("bool-granularity", w, 4, True, TypeError, "granularity"),
+        ("w-1-d", w[0], 4, "channel", ValueError, "w"),
+        ("w-empty", w[:, :0], 4, "channel", ValueError, "w"),
+        ("w-integer", w.int(), 4, "channel", TypeError, "w"),
+        ("w-not-a-tensor", w.tolist(), 4, "channel", TypeError, "w"),
+        ("w-with-nan", torch.where(w > 0, w, float("nan")), 4, "channel", ValueError, "w"),
+    ]
+    out = [InvalidCall(what, (ww,), {"bits": bits, "granularity": gran}, (exc,), argument)
+           for what, ww, bits, gran, exc, argument in quantize]
+    matmul = [  # (what, x, raises, argument); x's dtype: the text says ValueError, validate_matmul TypeError
+        ("x-with-the-wrong-k", x[:, :-1], (ValueError,), "x"),
+        ("x-of-another-dtype", x.double(), (TypeError, ValueError), "x"),
+        ("x-1-d", x[0], (ValueError,), "x"),
+        ("x-not-a-tensor", x.tolist(), (TypeError,), "x"),
+    ]
+    out += [InvalidCall(what, lambda impl, xx=xx: (xx, _valid_qw(impl, w)), raises=exc, argument=argument,
+                        function="matmul") for what, xx, exc, argument in matmul]
+    out += [InvalidCall("dequantize-a-raw-weight", (w,), raises=(TypeError,), argument="qw", function="dequantize"),
+            InvalidCall("matmul-of-a-raw-weight", (x, w), raises=(TypeError,), argument="qw", function="matmul")]
+    return out
+
+
 CONTRACT = Contract(
     technique="quantization",
     functions=("quantize", "dequantize", "matmul"),
     doc=__doc__,
     cases=cases,
+    invalid=invalid,
     rules={"quant-matmul": QUANT_MATMUL_RULE},
     returns={"dequantize": torch.Tensor, "matmul": torch.Tensor},
 )

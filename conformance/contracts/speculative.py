@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.registry import Contract
+from conformance.registry import Contract, InvalidCall
 
 #: Dtypes of the probability tensors.
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -180,10 +180,50 @@ def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
     return out
 
 
+def invalid(device: str) -> list[InvalidCall]:
+    """The calls this contract documents as invalid, with the argument each message must name:
+    B = 2, γ = 3, V = 5, float32, draft tokens drawn from q, a seeded generator."""
+    g = torch.Generator().manual_seed(0)
+    q = random_distributions((2, 3, 5), g)
+    p = random_distributions((2, 4, 5), g)
+    tok = torch.multinomial(q.reshape(-1, 5), 1, generator=g).reshape(2, 3).to(device)
+    q, p = q.float().to(device), p.float().to(device)
+
+    def edit(t, idx, value):
+        t = t.clone()
+        t[idx] = value
+        return t
+
+    q_zero = edit(edit(q, (0, 1), 0.0), (0, 1, (int(tok[0, 1]) + 1) % 5), 1.0)   # q = 0 at draft_tokens[0, 1]
+    q_neg = edit(edit(q, (0, 0, 0), -0.1), (0, 0, 1), float(q[0, 0, 1]) + 0.1)    # still sums to 1
+    calls = [  # (what, (draft_tokens, draft_probs, target_probs), raises, argument)
+        ("draft-tokens-not-a-tensor", (tok.tolist(), q, p), TypeError, "draft_tokens"),
+        ("int32-draft-tokens", (tok.int(), q, p), TypeError, "draft_tokens"),
+        ("integer-draft-probs", (tok, q.long(), p), TypeError, "draft_probs"),
+        ("mixed-dtypes", (tok, q.double(), p), TypeError, ("draft_probs", "target_probs")),
+        ("draft-tokens-1-d", (tok[0], q, p), ValueError, "draft_tokens"),
+        ("target-one-position-short", (tok, q, p[:, :3]), ValueError, "target_probs"),
+        ("draft-gamma-differs", (tok, q[:, :2], p), ValueError, "draft_probs"),
+        ("vocab-differs", (tok, q, p[..., :4]), ValueError, "target_probs"),
+        ("gamma-0", (tok[:, :0], q[:, :0], p[:, :1]), ValueError, ("draft_tokens", "gamma")),
+        ("token-out-of-range", (torch.full_like(tok, 5), q, p), ValueError, "draft_tokens"),
+        ("negative-token", (torch.full_like(tok, -1), q, p), ValueError, "draft_tokens"),
+        ("q-0-at-a-draft-token", (tok, q_zero, p), ValueError, ("draft_probs", "draft_tokens")),
+        ("row-not-summing-to-1", (tok, q, p * 1.5), ValueError, "target_probs"),
+        ("negative-probability", (tok, q_neg, p), ValueError, "draft_probs"),
+        ("nan-probability", (tok, q, torch.full_like(p, float("nan"))), ValueError, "target_probs"),
+    ]
+    out = [InvalidCall(what, args, {"generator": torch.Generator(device=device).manual_seed(0)}, (exc,), argument)
+           for what, args, exc, argument in calls]
+    out.append(InvalidCall("generator-not-a-generator", (tok, q, p), {"generator": 0}, (TypeError,), "generator"))
+    return out
+
+
 CONTRACT = Contract(
     technique="speculative",
     functions=("verify",),
     doc=__doc__,
     cases=cases,
     returns={"verify": tuple},
+    invalid=invalid,
 )
