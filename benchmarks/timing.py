@@ -68,24 +68,29 @@ def rounds(benchmark, seconds_per_call: float, minimum: int) -> int:
     return int(min(MAX_ROUNDS, max(minimum, math.ceil(budget / seconds_per_call))))
 
 
+def interleaved_times(fns: dict, device: str, repeats: int, setups: dict | None = None,
+                      warmup: bool = True) -> dict[str, list[float]]:
+    """Wall times of every callable of ``fns`` (name -> callable) over ``repeats`` rounds, each
+    round timing each once back to back, in the dict's order on even rounds and in reverse on odd
+    ones (a, b, b, a, ...), so that a change of load on a shared machine moves every arm of a
+    round alike: round i's ratios are paired measurements. ``setups`` (name -> callable) run
+    untimed before each; one untimed warm-up call of each first unless ``warmup`` is False."""
+    setups = setups or {}
+    names = list(fns)
+    for name in names if warmup else ():
+        seconds_once(fns[name], device, setups.get(name))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        for name in (reversed(names) if i % 2 else names):
+            times[name].append(seconds_once(fns[name], device, setups.get(name)))
+    return times
+
+
 def paired_ratios(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> list[float]:
     """``repeats`` ratios time(fn_a) / time(fn_b), the two timed back to back in alternating
-    order (a, b, b, a, ...), so that a change of load on a shared machine moves both sides of a
-    ratio alike; ``setup_a``/``setup_b`` run untimed before each; one untimed warm-up call of
-    each first."""
-    def once(fn, setup):
-        return seconds_once(fn, device, setup)
-
-    once(fn_a, setup_a)
-    once(fn_b, setup_b)
-    ratios = []
-    for i in range(repeats):
-        if i % 2:
-            tb, ta = once(fn_b, setup_b), once(fn_a, setup_a)
-        else:
-            ta, tb = once(fn_a, setup_a), once(fn_b, setup_b)
-        ratios.append(ta / tb)
-    return ratios
+    order (:func:`interleaved_times`)."""
+    t = interleaved_times({"a": fn_a, "b": fn_b}, device, repeats, {"a": setup_a, "b": setup_b})
+    return [ta / tb for ta, tb in zip(t["a"], t["b"])]
 
 
 def paired_ratio(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> float:
