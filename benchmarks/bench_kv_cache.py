@@ -13,10 +13,13 @@ Source: lecture 001 §1.3 (prefill vs decode, batching), §2.2 (the cache's spee
 """
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, rounds
+from benchmarks.timing import (interleaved_times, median_seconds, paired_ratios, ratio_estimate, rounds,
+                               trend_fields)
 from conformance import results
 from reference.transformer import TransformerConfig, build, generate
 
@@ -95,17 +98,18 @@ def test_ai8_prefill_vs_decode(benchmark, impl, device):
         for t in range(1, n):
             engine.decode(tokens[:, t])
 
-    repeats = 1 if benchmark.disabled else 5
-    t_prefill = median_seconds(prefill, device, repeats)
-    t_decode = median_seconds(one_by_one, device, repeats, warmup=not benchmark.disabled)
-    ratio = t_decode / t_prefill
+    repeats = 3 if benchmark.disabled else 15
+    times = interleaved_times({"decode": one_by_one, "prefill": prefill}, device, repeats)
+    t_prefill, t_decode = (statistics.median(times[k]) for k in ("prefill", "decode"))
+    est = ratio_estimate([d / p for d, p in zip(times["decode"], times["prefill"])])
     figures = dict(tokens=n, prefill_ms=1e3 * t_prefill, decode_ms=1e3 * t_decode,
-                   prefill_tokens_per_s=n / t_prefill, decode_tokens_per_s=n / t_decode, ratio=ratio)
+                   prefill_tokens_per_s=n / t_prefill, decode_tokens_per_s=n / t_decode, ratio=est.estimate)
     _info(benchmark, impl, device, claim="AI-8", **figures)
     benchmark.pedantic(one_by_one, rounds=rounds(benchmark, t_decode, repeats), warmup_rounds=0)
-    results.record("AI-8", measured=ratio, lecture="3.5 ms vs 95.2 ms, ≈27× (CPU)",
+    # the mark is the claim's "far faster" (5x), not the lecture's 27x on its own CPU (shown beside)
+    results.record("AI-8", measured=est.estimate, lecture="3.5 ms vs 95.2 ms, ≈27× (CPU)",
                    unit="time of 256 one-token decode steps / one 256-token prefill",
-                   holds=bool(ratio >= 5), trend_rule="far faster: ratio >= 5", **figures)
+                   **trend_fields(est, ">", 5, "prefill far faster than one-token decode steps"), **figures)
 
 
 # ----------------------------------------------------------------------------------------- KV-3
@@ -134,10 +138,21 @@ def test_kv3_generation_with_and_without_cache(benchmark, impl, device):
     def uncached(n):
         generate(model, prompt, n)
 
-    repeats = 1 if benchmark.disabled else 3
+    # every length with and without the cache timed once per round, rounds alternating in order:
+    # each round's ratios are paired (a change of load moves both sides alike)
+    repeats = 1 if benchmark.disabled else 5
     cached(16), uncached(16)  # warm-up
-    t_cache = {n: median_seconds(lambda n=n: cached(n), device, repeats, warmup=False) for n in lengths}
-    t_plain = {n: median_seconds(lambda n=n: uncached(n), device, repeats, warmup=False) for n in lengths}
+    arms = {**{("cache", n): (lambda n=n: cached(n)) for n in lengths},
+            **{("plain", n): (lambda n=n: uncached(n)) for n in lengths}}
+    times = interleaved_times(arms, device, repeats, warmup=False)
+    t_cache = {n: statistics.median(times["cache", n]) for n in lengths}
+    t_plain = {n: statistics.median(times["plain", n]) for n in lengths}
+
+    def paired(x, y):
+        return ratio_estimate([tx / ty for tx, ty in zip(times[x], times[y])])
+
+    plain_doubling, cache_doubling = paired(("plain", b), ("plain", a)), paired(("cache", b), ("cache", a))
+    speedup = paired(("plain", b), ("cache", b))
     figures = dict(
         seconds_with_cache=t_cache, seconds_without_cache=t_plain,
         doubling_without_cache={f"{a}->{b}": t_plain[b] / t_plain[a] for a, b in zip(lengths, lengths[1:])},
@@ -145,17 +160,18 @@ def test_kv3_generation_with_and_without_cache(benchmark, impl, device):
         speedup={n: t_plain[n] / t_cache[n] for n in lengths})
     _info(benchmark, impl, device, claim="KV-3", **figures)
     benchmark.pedantic(cached, args=(max(lengths),), rounds=max(repeats, 1), warmup_rounds=0)
-    results.record("KV-3", measured=t_plain[b] / t_plain[a], lecture="> 4× when the length doubles",
+    results.record("KV-3", measured=plain_doubling.estimate, lecture="> 4× when the length doubles",
                    unit=f"time ratio without the cache, {a} -> {b} tokens",
-                   holds=bool(t_plain[b] / t_plain[a] > 4), trend_rule="> 4", **figures)
-    results.record("KV-3", measured=t_cache[b] / t_cache[a], lecture="≈ 2× when the length doubles",
+                   **trend_fields(plain_doubling, ">", 4, "without the cache doubling the length costs more than 4x"),
+                   **figures)
+    results.record("KV-3", measured=cache_doubling.estimate, lecture="≈ 2× when the length doubles",
                    unit=f"time ratio with the cache, {a} -> {b} tokens",
-                   holds=bool(t_cache[b] / t_cache[a] < 3), trend_rule="< 3 (linear, not quadratic)")
-    # the lecture's figure is at 512 tokens: judged there only (the short CPU run records the figure)
-    verdict = (dict(holds=bool(t_plain[b] / t_cache[b] >= 7.7), trend_rule=">= 7.7 at 512 tokens (the lecture's figure)")
-               if b == 512 else {})
-    results.record("KV-3", measured=t_plain[b] / t_cache[b], lecture="7.7× faster at 512 tokens",
-                   unit=f"speed-up of the cache at {b} tokens", **verdict)
+                   **trend_fields(cache_doubling, "<", 3, "with the cache about 2x (linear, not quadratic)"))
+    # the lecture's 7.7x was measured on its own machine: shown beside the measured speed-up, not a
+    # mark (the claim's trend is the two doublings above)
+    results.record("KV-3", measured=speedup.estimate, lecture="7.7× faster at 512 tokens (the lecture's CPU)",
+                   unit=f"speed-up of the cache at {b} tokens", ci_low=speedup.low, ci_high=speedup.high,
+                   pairs=speedup.pairs)
 
 
 # ----------------------------------------------------------------------------------------- AI-9
@@ -204,11 +220,16 @@ def test_ai9_batch_scaling(benchmark, impl, device):
     _info(benchmark, impl, device, claim="AI-9", **figures)
     setup, step = _batched_step(impl, model, 64, device)
     benchmark.pedantic(step, setup=setup, rounds=repeats, warmup_rounds=0)
-    results.record("AI-9", measured=step_s[64] / step_s[1],
+    def paired(x, y, scale=1.0):
+        (setup_x, step_x), (setup_y, step_y) = _batched_step(impl, model, x, device), _batched_step(impl, model, y, device)
+        return ratio_estimate([scale * r for r in paired_ratios(step_x, step_y, device, repeats, setup_x, setup_y)])
+
+    growth, saturation = paired(64, 1), paired(64, 256, scale=256 / 64)   # throughput ratio = 4 t64 / t256
+    results.record("AI-9", measured=growth.estimate,
                    lecture="step time grows much more slowly than B at small B (B ×64 here)",
-                   unit="decode step time B=64 / B=1", holds=bool(step_s[64] / step_s[1] < 16),
-                   trend_rule="< 16 (a quarter of the batch growth)", **figures)
-    results.record("AI-9", measured=throughput[256] / throughput[64],
+                   unit="decode step time B=64 / B=1",
+                   **trend_fields(growth, "<", 16, "step time grows at most a quarter as fast as the batch"), **figures)
+    results.record("AI-9", measured=saturation.estimate,
                    lecture="throughput saturates; on the lecture's CPU B=256 is slower than B=64 (< 1)",
-                   unit="throughput B=256 / B=64", holds=bool(throughput[256] / throughput[64] <= 1.25),
-                   trend_rule="<= 1.25: saturated (4x the batch buys at most 25% more throughput)")
+                   unit="throughput B=256 / B=64",
+                   **trend_fields(saturation, "<", 1.25, "saturated (4x the batch buys at most 25% more throughput)"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, paired_ratio
+from benchmarks.timing import median_seconds, paired_ratio, paired_ratios, ratio_estimate, trend_fields
 from conformance import results
 from conformance.registry import load
 from properties.speculative_cases import ALPHA, STAT_SIZES, sd1_law_verdicts
@@ -311,7 +311,8 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
                 gen = torch.Generator(device=device).manual_seed(0)
                 stats.update(engine.generate(prompt, n_tokens, generator=gen)[1])
 
-            measured = paired_ratio(target_only, run, device, repeats)     # target-only time / speculative
+            est = ratio_estimate(paired_ratios(target_only, run, device, repeats))  # target-only time / speculative
+            measured = est.estimate
             t = t_target / measured
             alpha = measured_alpha(stats)
             formula = speedup(min(alpha, 1.0), gamma, c)
@@ -320,7 +321,7 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
             # measurement is the engine's overhead per round
             r = verify_ratio[gamma + 1]
             formula_v = tokens_per_call(min(alpha, 1.0), gamma) / (gamma * c + r)
-            best[name] = max(best.get(name, (0.0, 0)), (measured, gamma))
+            best[name] = max(best.get(name, (0.0, 0, est)), (measured, gamma, est), key=lambda m: m[:2])
             rows.append(dict(measured=round(measured, 3), lecture=round(formula, 3),
                              unit="x target-only (wall clock, B = 1)",
                              rule="lecture column: (1 - a^(g+1)) / ((1 - a)(1 + g c)) at the measured alpha and c "
@@ -335,9 +336,12 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
     good, poor = best["draft_good"], best["draft_poor"]
     # the verdict only from a real benchmark run (the CI smoke run times one repeat of 24 tokens)
     # judged only on every γ of 1..8 (on {1, 2, 4, 8} "best γ <= 4" held by construction: 3 of 4)
-    verdict = {} if benchmark.disabled or tuple(gammas) != tuple(range(1, 9)) else dict(
-        holds=bool(good[0] > 1.0 and poor[1] <= 4),
-        trend_rule="good draft faster than target-only; poor draft's best gamma (of 1..8) <= 4")
+    # the good draft's speed-up at its best γ judged by its interval against 1 (the best of 8 is
+    # picked from the same run: its interval leans high, the poor draft's best γ is a point)
+    verdict = {} if benchmark.disabled or tuple(gammas) != tuple(range(1, 9)) else trend_fields(
+        good[2], ">", 1, "good draft faster than target-only; poor draft's best gamma (of 1..8) <= 4")
+    if verdict and poor[1] > 4:
+        verdict.update(trend="fails", holds=False)
     results.record("SD-9", measured=round(good[0], 3), unit=f"best speedup of the good draft ({mode})",
                    lecture="faster than target-only; speedup >= 0.85x the formula" + unmeasured,
                    what=f"good draft best gamma {good[1]}; poor draft best gamma {poor[1]} (speedup {poor[0]:.2f})",

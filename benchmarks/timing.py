@@ -3,14 +3,22 @@
 pytest-benchmark times the benchmarked call itself; a benchmark that states a ratio (prefill vs
 decode, split vs unsplit, with vs without the cache) also times its comparison points with
 :func:`median_seconds`, so the ratio exists even when pytest-benchmark is disabled (CI smoke runs).
+
+A trend claim ("doubling the length costs more than 4x") is judged by :func:`ratio_estimate`
+over repeated paired ratios (:func:`paired_ratios`): holds when the ratio's confidence interval
+lies on the claimed side of the claim's mark, fails when it lies on the other, inconclusive when
+it straddles the mark (:func:`trend_fields` writes the figure row's fields).
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+from scipy import stats
 
 
 def sync(device: str) -> None:
@@ -60,21 +68,88 @@ def rounds(benchmark, seconds_per_call: float, minimum: int) -> int:
     return int(min(MAX_ROUNDS, max(minimum, math.ceil(budget / seconds_per_call))))
 
 
-def paired_ratio(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> float:
-    """Median over ``repeats`` of time(fn_a) / time(fn_b), the two timed back to back in
-    alternating order (a, b, b, a, ...), so that a change of load on a shared machine moves both
-    sides of a ratio alike; ``setup_a``/``setup_b`` run untimed before each; one untimed warm-up
-    call of each first."""
-    def once(fn, setup):
-        return seconds_once(fn, device, setup)
-
-    once(fn_a, setup_a)
-    once(fn_b, setup_b)
-    ratios = []
+def interleaved_times(fns: dict, device: str, repeats: int, setups: dict | None = None,
+                      warmup: bool = True) -> dict[str, list[float]]:
+    """Wall times of every callable of ``fns`` (name -> callable) over ``repeats`` rounds, each
+    round timing each once back to back, in the dict's order on even rounds and in reverse on odd
+    ones (a, b, b, a, ...), so that a change of load on a shared machine moves every arm of a
+    round alike: round i's ratios are paired measurements. ``setups`` (name -> callable) run
+    untimed before each; one untimed warm-up call of each first unless ``warmup`` is False."""
+    setups = setups or {}
+    names = list(fns)
+    for name in names if warmup else ():
+        seconds_once(fns[name], device, setups.get(name))
+    times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(repeats):
-        if i % 2:
-            tb, ta = once(fn_b, setup_b), once(fn_a, setup_a)
-        else:
-            ta, tb = once(fn_a, setup_a), once(fn_b, setup_b)
-        ratios.append(ta / tb)
-    return statistics.median(ratios)
+        for name in (reversed(names) if i % 2 else names):
+            times[name].append(seconds_once(fns[name], device, setups.get(name)))
+    return times
+
+
+def paired_ratios(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> list[float]:
+    """``repeats`` ratios time(fn_a) / time(fn_b), the two timed back to back in alternating
+    order (:func:`interleaved_times`)."""
+    t = interleaved_times({"a": fn_a, "b": fn_b}, device, repeats, {"a": setup_a, "b": setup_b})
+    return [ta / tb for ta, tb in zip(t["a"], t["b"])]
+
+
+def paired_ratio(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> float:
+    """Median of :func:`paired_ratios`."""
+    return statistics.median(paired_ratios(fn_a, fn_b, device, repeats, setup_a, setup_b))
+
+
+# ------------------------------------------------------------------------------ trend verdicts
+#: Confidence level of a trend's interval.
+TREND_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """A ratio estimated from repeated paired measurements: the geometric mean of the per-pair
+    ratios (``estimate``) and a ``level`` confidence interval [``low``, ``high``] (None, None
+    with fewer than two pairs: no interval, so no verdict)."""
+
+    estimate: float
+    low: float | None
+    high: float | None
+    pairs: int
+    level: float = TREND_LEVEL
+
+    def verdict(self, side: str, mark: float) -> str:
+        """"holds" when the whole interval lies on the claimed ``side`` (">" or "<") of
+        ``mark``, "fails" when it lies wholly on the other side, "inconclusive" when it
+        straddles the mark (or there is no interval)."""
+        if side not in (">", "<"):
+            raise ValueError(f"side must be '>' or '<', got {side!r}")
+        if self.low is None or self.high is None:
+            return "inconclusive"
+        above, below = self.low > mark, self.high < mark
+        if above or below:
+            return "holds" if above == (side == ">") else "fails"
+        return "inconclusive"
+
+
+def ratio_estimate(ratios, level: float = TREND_LEVEL) -> RatioEstimate:
+    """The geometric mean of positive ``ratios`` with a Student-t interval on their logs at
+    ``level`` (a ratio's noise is multiplicative: a load spike scales a time, it does not add a
+    constant to it)."""
+    values = np.asarray(list(ratios), dtype=np.float64)
+    if values.size == 0 or not np.all((values > 0) & np.isfinite(values)):
+        raise ValueError(f"ratios must be positive and finite, got {values.tolist()}")
+    logs = np.log(values)
+    centre = float(logs.mean())
+    if logs.size < 2:
+        return RatioEstimate(math.exp(centre), None, None, int(logs.size), level)
+    sem = float(stats.sem(logs))
+    lo, hi = (centre, centre) if sem == 0 else stats.t.interval(level, logs.size - 1, loc=centre, scale=sem)
+    return RatioEstimate(math.exp(centre), math.exp(lo), math.exp(hi), int(logs.size), level)
+
+
+def trend_fields(est: RatioEstimate, side: str, mark: float, rule: str) -> dict:
+    """The figure row's verdict fields for a trend judged by ``est`` against ``mark``: ``trend``
+    (holds / fails / inconclusive), ``holds`` (True / False / None), the interval (``ci_low``,
+    ``ci_high``), ``pairs``, ``mark`` and ``trend_rule`` (``rule``: the claim's words)."""
+    trend = est.verdict(side, mark)
+    return dict(trend=trend, holds={"holds": True, "fails": False}.get(trend), ci_low=est.low, ci_high=est.high,
+                pairs=est.pairs, mark=mark,
+                trend_rule=f"{side} {mark:g}, the {est.level:.0%} interval on one side: {rule}")

@@ -45,7 +45,10 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("dtype", (str,), "", "torch dtype name without 'torch.'"),
     Field("device", (str,), "", "cpu or cuda"),
     # verdicts of trend claims
-    Field("holds", (bool,), "", "whether the measured direction holds the claim's rule"),
+    Field("holds", (bool,), "", "whether the measured direction holds the claim's rule (None: inconclusive)"),
+    Field("trend", (str,), "", "a trend's verdict from its interval: holds, fails or inconclusive"),
+    Field("mark", _NUM, "", "the claim's threshold a trend's interval is judged against"),
+    Field("pairs", (int,), "pairs", "paired measurements behind a trend's interval"),
     Field("trend_rule", (str,), "", "the rule 'holds' was judged by, in the claim's words"),
     Field("what", (str,), "", "what the measured figure is, when it is not the row's unit"),
     Field("goal", (str,), "", "a performance goal of an issue, shown next to a benchmark"),

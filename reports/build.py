@@ -62,7 +62,11 @@ def _fig_text(r: Row, value) -> str:
     if r.unit and value is not None and not isinstance(value, str):
         text += f" {r.unit}"
     if value is r.measured and isinstance(r.extra, dict) and "holds" in r.extra:
-        text += f" [{'holds' if r.extra['holds'] else 'NOT reproduced'}: {r.extra.get('trend_rule', '')}]"
+        lo, hi = r.extra.get("ci_low"), r.extra.get("ci_high")
+        if "pairs" in r.extra and lo is not None and hi is not None:
+            text += f" ({r.extra.get('pairs')} pairs, interval {_num(lo)}–{_num(hi)})"
+        word = {True: "holds", False: "NOT reproduced", None: "inconclusive"}.get(r.extra["holds"], "NOT reproduced")
+        text += f" [{word}: {r.extra.get('trend_rule', '')}]"
     return f"{what}: {text}" if what else text
 
 
@@ -73,8 +77,9 @@ def _verdict_of(rs: list[Row], kind: str) -> str:
     """The verdict of a claim's rows (all of one implementation, or all of them): the worst
     judged row; "not measured" when every row was skipped; a trend or figure claim whose rows
     carry ``extra["holds"]`` (the claim's own figure compared with the lecture's) fails where
-    one of them is false, and a trend without such rows is "not measured" (a passing test alone
-    never shows a direction)."""
+    one of them is false, is "inconclusive" where none is false and one is None (its interval
+    straddles the claim's mark: the run cannot tell), and a trend without such rows is "not
+    measured" (a passing test alone never shows a direction)."""
     judged = [r for r in rs if r.verdict in _VERDICT_WORDS]
     if not judged:
         return "not measured"
@@ -82,7 +87,8 @@ def _verdict_of(rs: list[Row], kind: str) -> str:
     held = [r.extra.get("holds") for r in rs if isinstance(r.extra, dict) and "holds" in r.extra]
     if verdict.startswith("holds") and kind in ("trend", "figure"):
         if held:
-            verdict = verdict if all(held) else "fails"
+            verdict = ("fails" if any(h is False for h in held) else "inconclusive" if any(h is None for h in held)
+                       else verdict)
         elif kind == "trend":
             verdict = "not measured"
     return verdict
@@ -163,8 +169,9 @@ def summary(ledger: list[dict]) -> dict:
     for c in ledger:
         n[c["verdict"]] += 1
     holding = n["holds"] + n["holds (partial)"]
-    return {"total": len(ledger), "checked": holding + n["fails"], "holding": holding, "partial": n["holds (partial)"],
-            "failing": n["fails"], "not_measured": n["not measured"], "not_checked": n["not checked"]}
+    return {"total": len(ledger), "checked": holding + n["fails"] + n["inconclusive"], "holding": holding,
+            "partial": n["holds (partial)"], "failing": n["fails"], "inconclusive": n["inconclusive"],
+            "not_measured": n["not measured"], "not_checked": n["not checked"]}
 
 
 #: The column of laws that are not parametrized over implementations (one fixed setup: an

@@ -185,6 +185,32 @@ def test_a_trend_is_judged_by_its_measured_direction_not_by_a_passing_test():
     assert exact["KV-1"]["verdict"] == "holds"  # an exact claim is judged by its test
 
 
+def test_a_trend_whose_interval_straddles_its_mark_is_inconclusive(tmp_path):
+    """A row with ``holds`` None (its interval straddles the mark) makes the trend
+    "inconclusive": neither holding nor failing, counted apart in the summary and shown in both
+    reports; a false row still fails the claim."""
+    def row(claim, holds):
+        r = _trend_row(claim, holds=holds)
+        r.extra.update(holds=holds, trend={True: "holds", False: "fails", None: "inconclusive"}[holds], ci_low=2.9,
+                       ci_high=5.1, trend_rule="> 4", pairs=8, mark=4)
+        return r
+
+    ledger = build.claim_verdicts([row("KV-3", None), row("KV-3", True), row("AI-8", True), row("AI-8", False),
+                                   row("AI-9", True)])
+    by = {c["id"]: c for c in ledger}
+    assert by["KV-3"]["verdict"] == "inconclusive" and "inconclusive" in by["KV-3"]["measured_text"]
+    assert "8 pairs, interval 2.9–5.1" in by["KV-3"]["measured_text"]
+    assert by["AI-8"]["verdict"] == "fails" and by["AI-9"]["verdict"] == "holds"
+    s = build.summary(ledger)
+    assert (s["inconclusive"], s["failing"]) == (1, 1) and s["checked"] == s["holding"] + 2
+    ctx = build.context([row("KV-3", None)], [])
+    assert ctx["summary"]["inconclusive"] == 1
+    build.render(ctx, tmp_path)
+    assert "1 inconclusive" in (tmp_path / "report.md").read_text()
+    html = (tmp_path / "index.html").read_text()
+    assert 'data-count="inconclusive"><div class="n">1<' in html and 'data-verdict="inconclusive"' in html
+
+
 def test_report_states_what_each_tolerance_rule_sees_and_cannot_see(report):
     from conformance import tolerance
 
