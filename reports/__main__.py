@@ -284,7 +284,8 @@ def _main(args, out: Path, argv: list[str]) -> int:
     run.finish("complete")
     publish.publish(out, run)
     publish.prune(out)
-    print(f"{s['total']} claims: {s['checked']} checked, {s['holding']} holding, {s['failing']} failing, "
+    print(f"{s['total']} claims: {s['checked']} checked, {s['holding']} holding ({s.get('partial', 0)} partially), "
+          f"{s['failing']} failing, {s.get('inconclusive', 0)} inconclusive, "
           f"{s['not_measured']} not measured on this device, {s['not_checked']} without a check")
     for t, k in doc["killrates"].items():
         print(f"bug zoo {t}: {k['killed']}/{k['total']} rejected")
