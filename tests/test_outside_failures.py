@@ -32,15 +32,32 @@ def _pytest(tmp_path: Path, *args: str, cwd: Path = ROOT) -> subprocess.Complete
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+TINY_LAWS = '''
+import pytest
+import torch
+
+@pytest.mark.technique("attention")
+@pytest.mark.parametrize("n", range(6))
+def test_calls_the_implementation(impl, n):
+    q = torch.zeros(1, 1, 2, 4)
+    impl(q, q, q, causal=False, scale=0.5)
+'''
+
+
 def test_a_crashing_implementation_does_not_stop_the_run(tmp_path):
-    """os._exit in the implementation under -n 1: every collected test runs (more than xdist's
-    default restart limit of 4) and each reports the crash as its failure."""
+    """os._exit in the implementation under -n 1: every collected test runs (six, more than
+    xdist's default restart limit of 4 for one worker) and each reports the crash as its failure."""
     (tmp_path / "crashing_attention.py").write_text(CRASHING)
-    r = _pytest(tmp_path, "-n", "1", "properties/test_attention.py", "-k", "production_shapes and float32",
-                "--impl", "attention=crashing_attention:attention")
+    laws = tmp_path / "laws"
+    laws.mkdir()
+    (laws / "test_tiny_laws.py").write_text(TINY_LAWS)
+    installed = any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "conformance.plugin"]
+    r = _pytest(tmp_path, "-n", "1", *plugin, str(laws), "--impl", "attention=crashing_attention:attention",
+                cwd=laws)
     out = r.stdout + r.stderr
     crashed = [line for line in out.splitlines() if line.startswith("FAILED") and "crashed" in line]
-    assert len(crashed) > 4, out[-3000:]
+    assert len(crashed) == 6, out[-3000:]
     assert "maximum crashed workers reached" not in out, out[-3000:]
     assert r.returncode == 1
 
