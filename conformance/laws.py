@@ -87,6 +87,10 @@ class Run:
     worst: Any = None
     _example: list = field(default_factory=list, repr=False)
 
+    def __repr__(self) -> str:
+        # short: Hypothesis prints it in every falsifying example, before the case that matters
+        return f"Run({self.law!r}, {self.implementation!r})"
+
     def observe(self, observation: Any) -> None:
         """Record what the running example hands the implementation; its boundary classes
         count as reached once the example has run (as refused if it is refused)."""

@@ -96,7 +96,7 @@ def pytest_addoption(parser):
                     help="list every registered implementation (technique, name, origin, available "
                          "on --device or why not) and exit")
     group.addoption("--impl-timeout", type=float, default=OUTSIDE_TIMEOUT_S, metavar="SECONDS",
-                    help="per-test timeout for outside implementations (pytest-timeout; 0: none)")
+                    help="per-test timeout for outside implementations (pytest-timeout; 0: none; default %(default)s)")
 
 
 def outside(technique: str) -> list:

@@ -2,18 +2,20 @@
 
 Check it against the suite with no change to the suite:
 
-    PYTHONPATH=examples pytest properties --impl attention=my_attention:attention
+    CI=true PYTHONPATH=examples pytest -n 1 properties --impl attention=my_attention:attention
 
 ``attention`` streams the keys in chunks with an online softmax (FlashAttention's recurrence,
 without a kernel); ``wrong_attention`` is the same call with a classic bug (PyTorch's top-left
 ``is_causal`` mask used for Tq < Tk), which the suite rejects:
 
-    PYTHONPATH=examples pytest properties --impl attention=my_attention:wrong_attention
+    CI=true PYTHONPATH=examples pytest -n 1 properties --impl attention=my_attention:wrong_attention
 """
 import math
 
 import torch
 import torch.nn.functional as F
+
+from conformance.contracts.attention import validate
 
 CHUNK = 64
 
@@ -21,17 +23,9 @@ CHUNK = 64
 def attention(q, k, v, *, causal, scale):
     """q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype; causal masks are
     bottom-right aligned (query i sees keys j <= i + Tk - Tq)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D)")
+    validate(q, k, v, causal, scale)   # the contract's argument checks: TypeError / ValueError naming the argument
     B, Hq, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    if Hq % Hkv:
-        raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv})")
-    if k.shape != (B, Hkv, Tk, D) or v.shape != k.shape:
-        raise ValueError(f"k and v must have shape (B={B}, Hkv, Tk, D={D}), got {tuple(k.shape)} and {tuple(v.shape)}")
-    if causal and Tq > Tk:
-        raise ValueError("causal attention needs Tq <= Tk")
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = Hq // Hkv
     qf = q.to(acc_dtype)
@@ -58,6 +52,7 @@ def attention(q, k, v, *, causal, scale):
 
 def wrong_attention(q, k, v, *, causal, scale):
     """A known-bad adapter: torch's is_causal aligns the mask top-left, wrong when Tq < Tk."""
+    validate(q, k, v, causal, scale)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)

@@ -47,7 +47,7 @@ from properties.quantization_cases import (
 )
 
 TECH = "quantization"
-QT1_ZOO = ("floor_not_round", "scale_pow2_clamped", "scales_wrong_groups", "zero_point_off_by_one",
+QT1_ZOO = ("floor_not_round", "scale_pow2_clamped", "scales_wrong_groups", "zero_point_off_by_one", "finer_groups",
            "zero_points_wrong_interleave")
 ACT_ORDER_ZOO = ("g_idx_ignored",)
 ACT_ORDER_KERNEL_ZOO = ("triton_kernel_ignores_g_idx",)
@@ -67,6 +67,21 @@ def law_half_step(run, device, dtype, case, seed):
     assert d.device == w.device, f"dequantize returned a tensor on {d.device}, w is on {w.device}"
     bound = contract.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl))
     check_within(d, w, bound, what=f"reconstruction of w ({case})", rule="QT-1 half step").check()
+    check_levels(d, case)
+
+
+def check_levels(d: torch.Tensor, case) -> None:
+    """w_hat = (u - z) * s with one s and z per requested group and u in 0..2^b - 1: at most 2^b
+    distinct values in each group (finer groups than asked pass the half-step bound; this sees
+    them)."""
+    N, K = d.shape
+    g = K if case.granularity == "channel" else (N * K if case.granularity == "tensor" else case.granularity)
+    rows = d.detach().to("cpu", torch.float64)
+    groups = rows.reshape(1, -1) if case.granularity == "tensor" else rows.reshape(N * (K // g), g)
+    worst = max(int(torch.unique(row).numel()) for row in groups)
+    assert worst <= 2 ** case.bits, (f"a group of the requested granularity {case.granularity!r} holds {worst} "
+                                     f"distinct dequantized values, more than 2^{case.bits} = {2 ** case.bits} "
+                                     f"levels: the scales do not follow the requested groups ({case})")
 
 
 def _record_worst(run) -> None:

@@ -228,6 +228,29 @@ W8A8_ZOO = {z.name: z for z in (
 )}
 
 
+class _FinerGroups:
+    """Scales over groups of 8 columns whenever 8 divides the requested group (per tensor and
+    per channel included): each element is within half a step of its (finer) group, so only the
+    number of levels per requested group shows the wrong layout (a checkpoint measured with it
+    reports the memory and the error of a granularity it did not use)."""
+
+    symmetric = True
+
+    def quantize(self, w, *, bits, granularity):
+        shape = validate_quantize(w, bits, granularity)
+        fine = 8 if shape.group_size % 8 == 0 and shape.group_size > 8 else granularity
+        return quant_torch.quantize(w, bits=bits, granularity=fine)
+
+    def dequantize(self, qw):
+        return quant_torch.dequantize(qw)
+
+    def matmul(self, x, qw):
+        return quant_torch.matmul(x, qw)
+
+
+finer_groups = _FinerGroups()
+
+
 def implementations():
     """The known-bad quantization implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
@@ -235,6 +258,7 @@ def implementations():
 
     return (
         known_bad("quantization", "g_idx_ignored", g_idx_ignored),
+        known_bad("quantization", "finer_groups", finer_groups),
         known_bad("quantization", "triton_kernel_ignores_g_idx", triton_kernel_ignores_g_idx),
         known_bad("quantization", "floor_not_round", floor_not_round),
         known_bad("quantization", "scale_pow2_clamped", scale_pow2_clamped),
