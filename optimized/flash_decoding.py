@@ -24,7 +24,7 @@ from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
 from optimized.attention_tiles import (attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
                                        split_kv_merge_kernel, two_stage)
-from optimized.triton_shared import DOT_SUM, check_device, dot_mode, sm_count
+from optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
 
 
 @triton.jit
@@ -38,13 +38,17 @@ def _split_kv_kernel(
         Hq, Tq, Tk, D, GROUP, NUM_SPLITS, scale,
         CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (cdiv(Tq, BLOCK_M), B * Hq, NUM_SPLITS). Split s covers keys
-    [s·Tk // NUM_SPLITS, (s+1)·Tk // NUM_SPLITS). Writes o_s (B·Hq, Tq, S, D) and lse_s
-    (B·Hq, Tq, S); a split with no visible key for a row writes o = 0, lse = -inf."""
-    pid_bh = tl.program_id(1)
-    split = tl.program_id(2)
+    """1-D grid of cdiv(Tq, BLOCK_M) · NUM_SPLITS · B · Hq programs: program
+    pid_m + cdiv(Tq, BLOCK_M) · (split + NUM_SPLITS · pid_bh) (nothing on CUDA's axes 1 and 2,
+    which stop at 65,535). Split s covers keys [s·Tk // NUM_SPLITS, (s+1)·Tk // NUM_SPLITS).
+    Writes o_s (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S); a split with no visible key for a row
+    writes o = 0, lse = -inf."""
+    tiles_m = tl.cdiv(Tq, BLOCK_M)
+    rest = tl.program_id(0) // tiles_m
+    split = rest % NUM_SPLITS
+    pid_bh = rest // NUM_SPLITS
     b, h, offs_m, offs_d, io_mask, o, lse = attend_q_tile(
-        Q_ptr, K_ptr, V_ptr, tl.program_id(0), pid_bh,
+        Q_ptr, K_ptr, V_ptr, tl.program_id(0) % tiles_m, pid_bh,
         (split * Tk) // NUM_SPLITS, ((split + 1) * Tk) // NUM_SPLITS,
         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale,
@@ -106,7 +110,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
     o_part = torch.empty(shape.B * shape.Hq, shape.Tq, S, shape.D, dtype=part_dtype, device=q.device)
     lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=part_dtype, device=q.device)
-    grid = (triton.cdiv(shape.Tq, bm), shape.B * shape.Hq, S)
+    grid = flat_grid(triton.cdiv(shape.Tq, bm), S, shape.B * shape.Hq)
     _split_kv_kernel[grid](
         q, k, v, o_part, lse, *q.stride(), *k.stride(), *v.stride(), *o_part.stride(), *lse.stride(),
         shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, S, float(scale),

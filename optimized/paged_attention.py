@@ -31,7 +31,7 @@ import triton.language as tl
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
 from optimized.attention_tiles import fold_scale, merge_splits, split_kv_merge_kernel
-from optimized.triton_shared import check_device, sm_count, tile_loop
+from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
 
 
 @triton.jit
@@ -74,14 +74,16 @@ def _paged_decode_kernel(
         stride_ob, stride_oh, stride_od,
         stride_pb, stride_ph, stride_ps, stride_pd,
         stride_lb, stride_lh, stride_ls,
-        Hkv, D, GROUP, TOKENS_PER_SPLIT, scale,
+        Hkv, D, GROUP, TOKENS_PER_SPLIT, NUM_SPLITS, scale,
         PAGE: tl.constexpr, SPLIT: tl.constexpr, ACC64: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (B * Hkv, num_splits). Split s covers tokens [s·TOKENS_PER_SPLIT,
-    (s+1)·TOKENS_PER_SPLIT) ∩ [0, seq_len). Without SPLIT writes out (B, Hq, D); with SPLIT
-    writes o_s (B, Hq, S, D) and lse_s (B, Hq, S) (o = 0, lse = -inf for an empty split)."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
+    """1-D grid of NUM_SPLITS · B · Hkv programs: program split + NUM_SPLITS · (b·Hkv + kvh)
+    (nothing on CUDA's axes 1 and 2, which stop at 65,535). Split s covers tokens
+    [s·TOKENS_PER_SPLIT, (s+1)·TOKENS_PER_SPLIT) ∩ [0, seq_len). Without SPLIT writes out
+    (B, Hq, D); with SPLIT writes o_s (B, Hq, S, D) and lse_s (B, Hq, S) (o = 0, lse = -inf
+    for an empty split)."""
+    pid = tl.program_id(0) // NUM_SPLITS
+    split = tl.program_id(0) % NUM_SPLITS
     b = (pid // Hkv).to(tl.int64)
     kvh = (pid % Hkv).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -207,11 +209,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         o_part = out.unsqueeze(2)                                            # unused (SPLIT is off)
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-    _paged_decode_kernel[(shape.B * shape.Hkv, S)](
+    _paged_decode_kernel[flat_grid(S, shape.B * shape.Hkv)](
         q, k_cache, v_cache, block_table, seq_lens, out, o_part, lse,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
         *out.stride(), *o_part.stride(), *lse.stride(),
-        shape.Hkv, shape.D, shape.group, per, scale,
+        shape.Hkv, shape.D, shape.group, per, S, scale,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     if S > 1:   # the split-KV merge, with each sequence as one query row: (B·Hq, 1, S, D)
@@ -274,7 +276,7 @@ def write_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     check_device(k_cache, "k_cache")
     if N == 0:
         return
-    _write_kv_kernel[(N,)](
+    _write_kv_kernel[flat_grid(N)](
         k, v, k_cache, v_cache, slot_mapping, *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
         Hkv, D, PAGE=k_cache.shape[1], BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D))
 
