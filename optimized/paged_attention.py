@@ -225,8 +225,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def validate_write(k_cache, v_cache, k, v, slot_mapping) -> tuple[int, int, int]:
     """Check a cache write; return (N, Hkv, D).
 
-    k_cache, v_cache (num_blocks, block_size, Hkv, D) of one floating dtype; k, v (N, Hkv, D) of
-    the caches' dtype; slot_mapping (N,) int32 or int64, each slot in [0, num_blocks·block_size)
+    k_cache, v_cache (num_blocks, block_size, Hkv, D) of one floating dtype, two buffers (not one
+    tensor twice) whose slots do not share memory (no stride 0, as an expanded view has);
+    k, v (N, Hkv, D) of the caches' dtype; slot_mapping (N,) int32 or int64, each slot in [0, num_blocks·block_size)
     and no slot twice. Raises TypeError / ValueError naming the argument.
     """
     for name, t, rank in (("k_cache", k_cache, 4), ("v_cache", v_cache, 4), ("k", k, 3), ("v", v, 3)):
@@ -238,6 +239,14 @@ def validate_write(k_cache, v_cache, k, v, slot_mapping) -> tuple[int, int, int]
             raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
+    if v_cache.data_ptr() == k_cache.data_ptr():
+        raise ValueError("v_cache must be a separate buffer from k_cache (they start at one address: the values "
+                         "would overwrite the keys)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        shared = [d for d in range(4) if t.shape[d] > 1 and t.stride(d) == 0]
+        if shared:
+            raise ValueError(f"{name} has stride 0 along dimension {shared[0]} (an expanded view, strides "
+                             f"{t.stride()}): its slots share memory, so one write would land in several")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
     num_blocks, block_size, Hkv, D = k_cache.shape
