@@ -46,7 +46,7 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
 
     Returns (b, h, offs_m, offs_d, io_mask, o, lse): b and h as int64, the tile's rows and head
     dims, its (BLOCK_M, BLOCK_D) in-bounds mask, o = acc / l (BLOCK_M, BLOCK_D) and lse = m + log l
-    (BLOCK_M,); a row that saw no key gets o = 0 and lse = −inf (which the merge weighs 0)."""
+    (BLOCK_M,) in float64 (:func:`log_sum_exp`); a row that saw no key gets o = 0 and lse = −inf (which the merge weighs 0)."""
     b = (pid_bh // Hq).to(tl.int64)
     h = pid_bh % Hq
     kvh = (h // GROUP).to(tl.int64)
@@ -91,8 +91,16 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
         BLOCK_N, _attn_tile, (True, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N))
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe))
-    return b, h, offs_m, offs_d, io_mask, o, lse
+    return b, h, offs_m, offs_d, io_mask, o, log_sum_exp(m_i, l_i)
+
+
+@triton.jit
+def log_sum_exp(m_i, l_i):
+    """lse = m + log l of an online-softmax state, in float64 (−inf where l = 0: no key). In
+    float32 the sum would round at m's size: at logits of ~1,600 its ulp is 1.2e-4, and the
+    merge's weights exp(lse_s − max lse) would carry that error, 10x the float32 rule."""
+    l64 = l_i.to(tl.float64)
+    return tl.where(l64 == 0.0, float("-inf"), m_i.to(tl.float64) + tl.log(tl.where(l64 == 0.0, 1.0, l64)))
 
 
 @triton.jit
@@ -177,11 +185,12 @@ def split_kv_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
     ls_mask = row_ok[:, None] & (offs_s[None, :] < NUM_SPLITS)
     lse = tl.load(LSE_ptr + (bh * stride_lbh + m * stride_lm)[:, None] + offs_s[None, :] * stride_ls,
                   mask=ls_mask, other=float("-inf"))                       # (BLOCK_M, BLOCK_S)
+    lse = lse.to(tl.float64)                                               # (float32 callers too)
     mx = tl.max(lse, 1)
     mx = tl.where(mx == float("-inf"), 0.0, mx)                            # every split empty
     w = tl.exp(lse - mx[:, None])
     w_sum = tl.sum(w, 1)
-    w = w / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]                   # (and rows past ROWS)
+    w = (w / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]).to(OP_ptr.dtype.element_ty)  # (and rows past ROWS)
     o_mask = ls_mask[:, :, None] & (offs_d[None, None, :] < D)
     o = tl.load(OP_ptr + (bh * stride_pbh + m * stride_pm)[:, None, None]
                 + offs_s[None, :, None] * stride_ps + offs_d[None, None, :] * stride_pd,
@@ -252,8 +261,10 @@ def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
 def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The split-KV merge (claim FA-7) of :func:`split_kv_merge_kernel`, in place into ``out``.
 
-    o_part (B·Hq, Tq, S, D) and lse (B·Hq, Tq, S), float32 or float64 (lse = -inf marks a split
-    that saw no key: it weighs 0; a row with every split empty gets 0); out (B, Hq, Tq, D), any
+    o_part (B·Hq, Tq, S, D) float32 or float64 and lse (B·Hq, Tq, S), float64 (the kernels write
+    it so: :func:`log_sum_exp`) or float32 (the weights are computed in float64 either way);
+    lse = -inf marks a split that saw no key: it weighs 0; a row with every split empty gets 0;
+    out (B, Hq, Tq, D), any
     floating dtype (strided views welcome: decode callers pass (B, Hq, 1, D) views of
     (B, Hq, D)). Returns ``out``. ValueError when the shapes disagree."""
     B, Hq, Tq, D = out.shape
@@ -301,7 +312,7 @@ def compile_variants():
     BLOCK_M · BLOCK_S · BLOCK_D within 8192)."""
     from optimized.triton_shared import CompileVariant
 
-    types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp32", "O_ptr": "*fp16"}
+    types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp64", "O_ptr": "*fp16"}
     return [CompileVariant("merge fp32", split_kv_merge_kernel, types, dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64)),
             CompileVariant("merge fp32 BLOCK_M=2", split_kv_merge_kernel, types, dict(BLOCK_M=2, BLOCK_S=8, BLOCK_D=64))]
 

@@ -5,7 +5,8 @@ At decode time Tq is 1 (or a few draft tokens) and the KV cache is long: the Fla
 (query tiles × heads) then has only B·Hq programs, too few to fill the GPU. Flash-Decoding
 (Dao, Haziza, Massa, Sizov 2023) also splits the keys into ``num_splits`` ranges: each program
 streams one range and writes a partial output o_s, normalised over its own keys, and the
-log-sum-exp lse_s = m_s + log l_s of its scores; a second kernel merges the partials exactly:
+log-sum-exp lse_s = m_s + log l_s of its scores (in float64: at logits of ~1e3 a float32 lse
+rounds by ~1e-4, which the weights below would carry); a second kernel merges the partials exactly:
 
     out = sum_s w_s o_s,   w_s = exp(lse_s − max_s lse_s) / sum_s exp(lse_s − max_s lse_s)
 
@@ -109,7 +110,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     S = min(num_splits, shape.Tk)
     part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
     o_part = torch.empty(shape.B * shape.Hq, shape.Tq, S, shape.D, dtype=part_dtype, device=q.device)
-    lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=part_dtype, device=q.device)
+    lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
     grid = flat_grid(triton.cdiv(shape.Tq, bm), S, shape.B * shape.Hq)
     _split_kv_kernel[grid](
         q, k, v, o_part, lse, *q.stride(), *k.stride(), *v.stride(), *o_part.stride(), *lse.stride(),
@@ -132,7 +133,7 @@ def compile_variants():
     from optimized.triton_shared import DOT_NATIVE, CompileVariant
 
     return [CompileVariant("split_kv fp16 causal", _split_kv_kernel,
-                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp32",
+                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
                             "scale": "fp32"},
                            dict(CAUSAL=True, EVEN_D=True, DOT_MODE=DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
                                 BLOCK_D=64), min_for_loops=2)]

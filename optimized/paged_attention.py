@@ -30,7 +30,7 @@ import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import fold_scale, merge_splits, split_kv_merge_kernel
+from optimized.attention_tiles import fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
 from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
 
 
@@ -111,7 +111,7 @@ def _paged_decode_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe))
+        lse = log_sum_exp(m_i, l_i)                                         # float64
         tl.store(OP_ptr + b * stride_pb + h[:, None] * stride_ph + split * stride_ps + offs_d[None, :] * stride_pd,
                  o.to(OP_ptr.dtype.element_ty), mask=hd_mask)
         tl.store(LSE_ptr + b * stride_lb + h * stride_lh + split * stride_ls, lse.to(LSE_ptr.dtype.element_ty),
@@ -205,7 +205,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if S > 1:
         part_dtype = torch.float64 if acc64 else torch.float32
         o_part = torch.empty(shape.B, shape.Hq, S, shape.D, dtype=part_dtype, device=q.device)
-        lse = torch.empty(shape.B, shape.Hq, S, dtype=part_dtype, device=q.device)
+        lse = torch.empty(shape.B, shape.Hq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
     else:
         o_part = out.unsqueeze(2)                                            # unused (SPLIT is off)
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
@@ -326,7 +326,7 @@ def compile_variants():
         out.append(CompileVariant(
             f"paged_decode {dt[1:]} split={split}", _paged_decode_kernel,
             {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
-             "OP_ptr": "*fp32", "LSE_ptr": "*fp32", "scale": "fp32"},
+             "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32"},
             dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=16, BLOCK_N=32, BLOCK_D=64), min_for_loops=1))
     out.append(CompileVariant("paged write fp16", _write_kv_kernel,
                               {"K_ptr": "*fp16", "V_ptr": "*fp16", "KC_ptr": "*fp16", "VC_ptr": "*fp16", "SLOT_ptr": "*i64"},
