@@ -215,6 +215,11 @@ def _any_length(test):
     return lambda c: any(test(n, c.block_size) for n in c.lens)
 
 
+def _past_128(block_size: int) -> bool:
+    """A block size above 128 that is not a multiple of 128 (144, 200)."""
+    return block_size > 128 and block_size % 128 != 0
+
+
 def _paged_coverage() -> tuple:
     out = [CoverageClass(f"block size {b}", _PA1, lambda c, b=b: c.block_size == b) for b in (1, 16, 32, 256)]
     out += [
@@ -225,6 +230,13 @@ def _paged_coverage() -> tuple:
                       _any_length(lambda n, bs: bs > 1 and n % bs == bs - 1 and n > bs)),
         CoverageClass("length block multiple + 1", _PA1, _any_length(lambda n, bs: bs > 1 and n % bs == 1 and n > bs)),
         CoverageClass("more than 64 blocks", _PA1, _any_length(lambda n, bs: -(-n // bs) > 64)),
+        # a walk over each block in tiles of 128 slots skips the last block_size % 128 of each
+        CoverageClass("block size > 128, not a multiple of 128, length at a block multiple", _PA1,
+                      _any_length(lambda n, bs: _past_128(bs) and n % bs == 0 and n > bs)),
+        CoverageClass("block size > 128, not a multiple of 128, length block multiple - 1", _PA1,
+                      _any_length(lambda n, bs: _past_128(bs) and n % bs == bs - 1 and n > bs)),
+        CoverageClass("block size > 128, not a multiple of 128, length block multiple + 1", _PA1,
+                      _any_length(lambda n, bs: _past_128(bs) and n % bs == 1 and n > bs)),
         CoverageClass("more than 128 blocks", _PA1, _any_length(lambda n, bs: -(-n // bs) > 128)),
         CoverageClass("B > 1, different lengths", _PA1, lambda c: len(c.lens) > 1 and len(set(c.lens)) > 1),
         CoverageClass("group > 16, not a multiple of 16", _PA1,
