@@ -204,6 +204,11 @@ def split_kv_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
 # host side
 # ----------------------------------------------------------------------------------------------
 
+#: Most splits a split-KV call makes (a larger ``num_splits`` is capped here): the merge holds
+#: all splits of a row in one (BLOCK_M, BLOCK_S, BLOCK_D) tile, which a compiled kernel must keep
+#: within Triton's 2^20 elements and the registers (at 128 splits and D = 256: 2 x 128 x 256).
+MAX_SPLITS = 128
+
 #: Block sizes under the interpreter (each program instance costs ~10 ms there, each key tile ~3 ms).
 INTERPRET_BLOCK_M = 16
 INTERPRET_BLOCK_N = 32

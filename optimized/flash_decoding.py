@@ -23,7 +23,7 @@ import triton.language as tl
 
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import (attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
+from optimized.attention_tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
                                        split_kv_merge_kernel, two_stage)
 from optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
 
@@ -78,7 +78,7 @@ def default_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, device: 
     sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
     programs = triton.cdiv(Tq, block_m) * B * Hq
     want = triton.cdiv(2 * sms, programs)
-    return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, 128))
+    return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
 def _blocks(dtype: torch.dtype, D: int, Tq: int) -> tuple[int, int, int, int]:
@@ -91,7 +91,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                    num_splits: int | None = None) -> torch.Tensor:
     """Split-KV attention: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype.
 
-    ``num_splits``: number of key ranges (1..Tk; larger values are capped at Tk); None chooses
+    ``num_splits``: number of key ranges (larger values are capped at min(Tk, MAX_SPLITS)); None chooses
     from the grid size (:func:`default_num_splits`). Raises TypeError / ValueError as the
     contract's ``validate`` does, ValueError for a bad ``num_splits`` or CPU tensors without
     the interpreter.
@@ -107,7 +107,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     bm, bn, warps, stages = _blocks(q.dtype, shape.D, shape.Tq)
     if num_splits is None:
         num_splits = default_num_splits(shape.B, shape.Hq, shape.Tq, shape.Tk, bm, q.device)
-    S = min(num_splits, shape.Tk)
+    S = min(num_splits, shape.Tk, MAX_SPLITS)
     part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
     o_part = torch.empty(shape.B * shape.Hq, shape.Tq, S, shape.D, dtype=part_dtype, device=q.device)
     lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=torch.float64, device=q.device)   # log_sum_exp

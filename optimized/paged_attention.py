@@ -30,7 +30,7 @@ import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
+from optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
 from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
 
 
@@ -172,12 +172,12 @@ def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
 def _tokens_per_split(B: int, Hkv: int, max_len: int, block_n: int, device: torch.device,
                       num_splits: int | None) -> int:
     if num_splits is not None:
-        per = -(-max_len // num_splits)
+        per = -(-max_len // min(num_splits, MAX_SPLITS))
     elif triton_interpreted() or device.type != "cuda":
         per = max_len if max_len <= INTERPRET_TOKENS_PER_SPLIT else -(-max_len // 2)
     else:
         sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        want = max(1, -(-2 * sms // (B * Hkv)))
+        want = max(1, min(MAX_SPLITS, -(-2 * sms // (B * Hkv))))
         per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
     return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N
 
@@ -187,8 +187,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Paged decode attention: q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D);
     block_table (B, max_blocks) int32; seq_lens (B,) int32 -> (B, Hq, D) in q's dtype.
 
-    ``num_splits``: split each sequence's tokens into this many ranges (merged exactly); None
-    chooses from the grid size. Raises TypeError / ValueError as the contract's ``validate``,
+    ``num_splits``: split each sequence's tokens into this many ranges (merged exactly; at most
+    MAX_SPLITS, and never ranges shorter than a tile of BLOCK_N tokens); None chooses from the
+    grid size. Raises TypeError / ValueError as the contract's ``validate``,
     ValueError for a bad ``num_splits`` or CPU tensors without the interpreter.
     """
     shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)

@@ -114,7 +114,8 @@ def _quant(M: int, N: int):
 
         def check(out):
             w = (codes.double() - zeros.double()) * scales.double()
-            assert_close(out, (x.double() @ w.T).to(device), what=f"quant_matmul, N = {N}", rule="quant-matmul")
+            assert_close(out, (x.double() @ w.T).to(device), out_pt=(x @ w.float().T).to(device),
+                         what=f"quant_matmul, N = {N}", rule="quant-matmul")
         return (lambda: quant_matmul(*dev, bits=8, group_size=2, N=N, K=2)), check
     return make
 
@@ -168,12 +169,13 @@ LAUNCHES = {
     # (1, B·Hq, S) and the merge's (1, B·Hq)
     "split_kv-65536-heads": Launch(((FD, "_split_kv_kernel"), MERGE),
                                    _attention("flash_decoding", 4096, 16, 16, 2, num_splits=2)),
-    # (1, 1, S): splits on axis 2
+    # (1, 1, S): splits on axis 2 (now capped at MAX_SPLITS: the merge holds a row's splits in one tile)
     "split_kv-65536-splits": Launch(((FD, "_split_kv_kernel"), MERGE),
                                     _attention("flash_decoding", 1, 1, 1, PAST, num_splits=PAST)),
     # decode (B·Hkv, S) = (512, 2) (129 tokens: two splits), then the merge's (1, B·Hq) = (1, 65536)
     "paged-65536-heads": Launch(((PA, "_paged_decode_kernel"), MERGE), _paged(512, 128, 1, 129, 16, 2)),
-    # decode (1, S) with S = 65536 splits of 128 tokens (the interpreter's BLOCK_N)
+    # decode (1, S) with S = 65536 splits of 128 tokens (the interpreter's BLOCK_N; now capped
+    # at MAX_SPLITS)
     "paged-65536-splits": Launch(((PA, "_paged_decode_kernel"), MERGE),
                                  _paged(1, 1, 1, PAST * 128, 2048, PAST), launchable=False),
     # tiled (cdiv(M, 32), cdiv(N, 32)) with N = 65536 · 32
