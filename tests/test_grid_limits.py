@@ -190,6 +190,24 @@ LAUNCHES = {
 }
 
 
+def _write_kv(N: int):
+    def make(device, real):
+        from optimized.paged_attention import write_kv_cache
+
+        caches = [torch.full((N // 16, 16, 1, 1), float("nan"), device=device) for _ in "kv"]
+        new = [torch.randn(N, 1, 1, generator=torch.Generator().manual_seed(i)).to(device) for i in range(2)]
+        slots = torch.randperm(N, generator=torch.Generator().manual_seed(2)).to(device)
+
+        def check(_):
+            for c, t in zip(caches, new):
+                assert_exact(c.reshape(N, 1, 1)[slots], t, what=f"write_kv_cache of {N} tokens")
+        return (lambda: write_kv_cache(*caches, *new, slots)), check
+    return make
+
+
+LAUNCHES["paged_write-65536-tokens"] = Launch(((PA, "_write_kv_kernel"),), _write_kv(PAST))   # (N,): axis 0
+
+
 def _record(monkeypatch, launch: Launch, device: str, run: bool):
     grids = []
     for mod_name, name in launch.kernels:
@@ -221,3 +239,18 @@ def test_triton_launch_past_65535_programs(monkeypatch, device, name):
     torch.cuda.synchronize()
     check(out)
     assert {n for n, _ in grids} == {n for _, n in LAUNCHES[name].kernels}, f"{name}: launched {grids}"
+
+
+def test_every_triton_kernel_has_a_grid_check():
+    """Every ``@triton.jit`` ``*_kernel`` of optimized/ is launched by some entry of LAUNCHES, and
+    no kernel reads program_id(1) or program_id(2) (its grid would have a second axis)."""
+    import re
+
+    from optimized.triton_shared import kernel_modules
+
+    checked = {id(getattr(importlib.import_module(m), n)) for launch in LAUNCHES.values() for m, n in launch.kernels}
+    for mod in kernel_modules():
+        src = open(mod.__file__, encoding="utf-8").read()
+        assert not re.search(r"program_id\((1|2|axis=[12])\)", src), f"{mod.__name__} reads a second grid axis"
+        for name in re.findall(r"@triton\.jit\s*\n\s*def (\w+_kernel)\(", src):
+            assert id(getattr(mod, name)) in checked, f"{mod.__name__}.{name} has no entry in LAUNCHES"
