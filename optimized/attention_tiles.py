@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from conformance.device import triton_interpreted
-from optimized.triton_shared import tile_loop
+from optimized.triton_shared import flat_grid, tile_loop
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
 
     Returns (b, h, offs_m, offs_d, io_mask, o, lse): b and h as int64, the tile's rows and head
     dims, its (BLOCK_M, BLOCK_D) in-bounds mask, o = acc / l (BLOCK_M, BLOCK_D) and lse = m + log l
-    (BLOCK_M,); a row that saw no key gets o = 0 and lse = −inf (which the merge weighs 0)."""
+    (BLOCK_M,) in float64 (:func:`log_sum_exp`); a row that saw no key gets o = 0 and lse = −inf (which the merge weighs 0)."""
     b = (pid_bh // Hq).to(tl.int64)
     h = pid_bh % Hq
     kvh = (h // GROUP).to(tl.int64)
@@ -91,8 +91,16 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
         BLOCK_N, _attn_tile, (True, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N))
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe))
-    return b, h, offs_m, offs_d, io_mask, o, lse
+    return b, h, offs_m, offs_d, io_mask, o, log_sum_exp(m_i, l_i)
+
+
+@triton.jit
+def log_sum_exp(m_i, l_i):
+    """lse = m + log l of an online-softmax state, in float64 (−inf where l = 0: no key). In
+    float32 the sum would round at m's size: at logits of ~1,600 its ulp is 1.2e-4, and the
+    merge's weights exp(lse_s − max lse) would carry that error, 10x the float32 rule."""
+    l64 = l_i.to(tl.float64)
+    return tl.where(l64 == 0.0, float("-inf"), m_i.to(tl.float64) + tl.log(tl.where(l64 == 0.0, 1.0, l64)))
 
 
 @triton.jit
@@ -159,38 +167,47 @@ def split_kv_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
                           stride_pbh, stride_pm, stride_ps, stride_pd,
                           stride_lbh, stride_lm, stride_ls,
                           stride_ob, stride_oh, stride_om, stride_od,
-                          Hq, Tq, D, NUM_SPLITS,
+                          Hq, Tq, D, NUM_SPLITS, ROWS,
                           BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (cdiv(Tq, BLOCK_M), B * Hq): out = sum_s softmax_s(lse) o_s, exactly, from o_s
-    (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S) into out (B, Hq, Tq, D). A split with lse = -inf
-    (no key) weighs 0; a row whose splits all saw no key gets 0, never NaN."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = (pid_bh % Hq).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """1-D grid of cdiv(ROWS, BLOCK_M) programs over the ROWS = B·Hq·Tq output rows (row
+    r = (b·Hq + h)·Tq + m; a tile may span heads, so a decode merge with Tq = 1 fills its tiles and
+    no count reaches CUDA's axes 1 and 2, which stop at 65,535): out = sum_s softmax_s(lse) o_s,
+    exactly, from o_s (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S) into out (B, Hq, Tq, D). A split
+    with lse = -inf (no key) weighs 0; a row whose splits all saw no key gets 0, never NaN."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    row_ok = rows < ROWS
+    bh = rows // Tq
+    m = rows % Tq
+    b = bh // Hq
+    h = bh % Hq
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    ls_mask = (offs_m[:, None] < Tq) & (offs_s[None, :] < NUM_SPLITS)
-    lse = tl.load(LSE_ptr + pid_bh * stride_lbh + offs_m[:, None] * stride_lm + offs_s[None, :] * stride_ls,
+    ls_mask = row_ok[:, None] & (offs_s[None, :] < NUM_SPLITS)
+    lse = tl.load(LSE_ptr + (bh * stride_lbh + m * stride_lm)[:, None] + offs_s[None, :] * stride_ls,
                   mask=ls_mask, other=float("-inf"))                       # (BLOCK_M, BLOCK_S)
+    lse = lse.to(tl.float64)                                               # (float32 callers too)
     mx = tl.max(lse, 1)
     mx = tl.where(mx == float("-inf"), 0.0, mx)                            # every split empty
     w = tl.exp(lse - mx[:, None])
     w_sum = tl.sum(w, 1)
-    w = w / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]                   # (and rows past Tq)
+    w = (w / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]).to(OP_ptr.dtype.element_ty)  # (and rows past ROWS)
     o_mask = ls_mask[:, :, None] & (offs_d[None, None, :] < D)
-    o = tl.load(OP_ptr + pid_bh * stride_pbh + offs_m[:, None, None] * stride_pm
+    o = tl.load(OP_ptr + (bh * stride_pbh + m * stride_pm)[:, None, None]
                 + offs_s[None, :, None] * stride_ps + offs_d[None, None, :] * stride_pd,
                 mask=o_mask, other=0.0)                                    # (BLOCK_M, BLOCK_S, BLOCK_D)
     out = tl.sum(w[:, :, None] * o, axis=1)                                # (BLOCK_M, BLOCK_D)
-    tl.store(O_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(O_ptr.dtype.element_ty), mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
+    tl.store(O_ptr + (b * stride_ob + h * stride_oh + m * stride_om)[:, None] + offs_d[None, :] * stride_od,
+             out.to(O_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
 
 
 # ----------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------
+
+#: Most splits a split-KV call makes (a larger ``num_splits`` is capped here): the merge holds
+#: all splits of a row in one (BLOCK_M, BLOCK_S, BLOCK_D) tile, which a compiled kernel must keep
+#: within Triton's 2^20 elements and the registers (at 128 splits and D = 256: 2 x 128 x 256).
+MAX_SPLITS = 128
 
 #: Block sizes under the interpreter (each program instance costs ~10 ms there, each key tile ~3 ms).
 INTERPRET_BLOCK_M = 16
@@ -249,8 +266,10 @@ def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
 def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The split-KV merge (claim FA-7) of :func:`split_kv_merge_kernel`, in place into ``out``.
 
-    o_part (B·Hq, Tq, S, D) and lse (B·Hq, Tq, S), float32 or float64 (lse = -inf marks a split
-    that saw no key: it weighs 0; a row with every split empty gets 0); out (B, Hq, Tq, D), any
+    o_part (B·Hq, Tq, S, D) float32 or float64 and lse (B·Hq, Tq, S), float64 (the kernels write
+    it so: :func:`log_sum_exp`) or float32 (the weights are computed in float64 either way);
+    lse = -inf marks a split that saw no key: it weighs 0; a row with every split empty gets 0;
+    out (B, Hq, Tq, D), any
     floating dtype (strided views welcome: decode callers pass (B, Hq, 1, D) views of
     (B, Hq, D)). Returns ``out``. ValueError when the shapes disagree."""
     B, Hq, Tq, D = out.shape
@@ -260,14 +279,15 @@ def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> 
     S = o_part.shape[2]
     BLOCK_S = triton.next_power_of_2(S)
     BLOCK_D = block_d(D)
+    rows = B * Hq * Tq
     if triton_interpreted():
-        bm = min(16, triton.next_power_of_2(Tq))
+        bm = min(16, triton.next_power_of_2(rows))
     else:
-        bm = max(2, min(16, triton.next_power_of_2(Tq), 8192 // (BLOCK_S * BLOCK_D)))
+        bm = max(2, min(16, triton.next_power_of_2(rows), 8192 // (BLOCK_S * BLOCK_D)))
         bm = 1 << (bm.bit_length() - 1)  # a power of two
-    split_kv_merge_kernel[(triton.cdiv(Tq, bm), B * Hq)](
+    split_kv_merge_kernel[flat_grid(triton.cdiv(rows, bm))](
         o_part, lse, out, *o_part.stride(), *lse.stride(), *out.stride(),
-        Hq, Tq, D, S, BLOCK_M=bm, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D)
+        Hq, Tq, D, S, rows, BLOCK_M=bm, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D)
     return out
 
 
@@ -293,11 +313,11 @@ def attention_smoke(fn, device: str, dtype: torch.dtype, Tq: int, Tk: int, causa
 
 
 def compile_variants():
-    """The merge at a dense split-KV launch (16 query rows) and at the paged decode launch (one
-    row per sequence: BLOCK_M=2)."""
+    """The merge at 16 rows a tile and at 2 (many splits of a wide head: the wrapper keeps
+    BLOCK_M · BLOCK_S · BLOCK_D within 8192)."""
     from optimized.triton_shared import CompileVariant
 
-    types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp32", "O_ptr": "*fp16"}
+    types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp64", "O_ptr": "*fp16"}
     return [CompileVariant("merge fp32", split_kv_merge_kernel, types, dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64)),
             CompileVariant("merge fp32 BLOCK_M=2", split_kv_merge_kernel, types, dict(BLOCK_M=2, BLOCK_S=8, BLOCK_D=64))]
 

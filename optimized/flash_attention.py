@@ -28,7 +28,7 @@ from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
 from optimized.attention_tiles import attend_q_tile, block_d, fixed_blocks, fold_scale, two_stage
 from optimized.flash_decoding import flash_decoding
-from optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode
+from optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode, flat_grid
 
 @triton.jit
 def _flash_attn_fwd_kernel(
@@ -40,11 +40,14 @@ def _flash_attn_fwd_kernel(
         Hq, Tq, Tk, D, GROUP, scale, LEN_BUCKET,
         CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (cdiv(Tq, BLOCK_M), B * Hq). LEN_BUCKET only keys the autotuner's cache.
-    TWO_STAGE: first stream the whole visible tiles without masks, then the masked rest (on
-    GPU); without it one masked pass (the interpreter, where each stage costs a nested call)."""
+    """1-D grid of cdiv(Tq, BLOCK_M) · B · Hq programs: program pid_m + cdiv(Tq, BLOCK_M) · pid_bh
+    (query tiles vary fastest; nothing on CUDA's axes 1 and 2, which stop at 65,535). LEN_BUCKET
+    only keys the autotuner's cache. TWO_STAGE: first stream the whole visible tiles without
+    masks, then the masked rest (on GPU); without it one masked pass (the interpreter, where each
+    stage costs a nested call)."""
+    tiles_m = tl.cdiv(Tq, BLOCK_M)
     b, h, offs_m, offs_d, io_mask, out, _ = attend_q_tile(
-        Q_ptr, K_ptr, V_ptr, tl.program_id(0), tl.program_id(1), 0, Tk,
+        Q_ptr, K_ptr, V_ptr, tl.program_id(0) % tiles_m, tl.program_id(0) // tiles_m, 0, Tk,
         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale,
         CAUSAL, EVEN_D, DOT_MODE, TWO_STAGE, BLOCK_M, BLOCK_N, BLOCK_D)
@@ -124,10 +127,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     if fixed:
         bm, bn = fixed_blocks(q.dtype, shape.D, shape.Tq)
         bm, bn = block_m or bm, block_n or bn
-        grid = (triton.cdiv(shape.Tq, bm), shape.B * shape.Hq)
+        grid = flat_grid(triton.cdiv(shape.Tq, bm), shape.B * shape.Hq)
         _flash_attn_fwd_kernel[grid](*args, **consts, BLOCK_M=bm, BLOCK_N=bn)
     else:
-        grid = lambda meta: (triton.cdiv(shape.Tq, meta["BLOCK_M"]), shape.B * shape.Hq)  # noqa: E731
+        grid = lambda meta: flat_grid(triton.cdiv(shape.Tq, meta["BLOCK_M"]), shape.B * shape.Hq)  # noqa: E731
         _autotuned_kernel()[grid](*args, **consts)
     return out
 

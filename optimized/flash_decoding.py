@@ -5,7 +5,8 @@ At decode time Tq is 1 (or a few draft tokens) and the KV cache is long: the Fla
 (query tiles × heads) then has only B·Hq programs, too few to fill the GPU. Flash-Decoding
 (Dao, Haziza, Massa, Sizov 2023) also splits the keys into ``num_splits`` ranges: each program
 streams one range and writes a partial output o_s, normalised over its own keys, and the
-log-sum-exp lse_s = m_s + log l_s of its scores; a second kernel merges the partials exactly:
+log-sum-exp lse_s = m_s + log l_s of its scores (in float64: at logits of ~1e3 a float32 lse
+rounds by ~1e-4, which the weights below would carry); a second kernel merges the partials exactly:
 
     out = sum_s w_s o_s,   w_s = exp(lse_s − max_s lse_s) / sum_s exp(lse_s − max_s lse_s)
 
@@ -22,9 +23,9 @@ import triton.language as tl
 
 from conformance.contracts.attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import (attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
+from optimized.attention_tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
                                        split_kv_merge_kernel, two_stage)
-from optimized.triton_shared import DOT_SUM, check_device, dot_mode, sm_count
+from optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
 
 
 @triton.jit
@@ -38,13 +39,17 @@ def _split_kv_kernel(
         Hq, Tq, Tk, D, GROUP, NUM_SPLITS, scale,
         CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (cdiv(Tq, BLOCK_M), B * Hq, NUM_SPLITS). Split s covers keys
-    [s·Tk // NUM_SPLITS, (s+1)·Tk // NUM_SPLITS). Writes o_s (B·Hq, Tq, S, D) and lse_s
-    (B·Hq, Tq, S); a split with no visible key for a row writes o = 0, lse = -inf."""
-    pid_bh = tl.program_id(1)
-    split = tl.program_id(2)
+    """1-D grid of cdiv(Tq, BLOCK_M) · NUM_SPLITS · B · Hq programs: program
+    pid_m + cdiv(Tq, BLOCK_M) · (split + NUM_SPLITS · pid_bh) (nothing on CUDA's axes 1 and 2,
+    which stop at 65,535). Split s covers keys [s·Tk // NUM_SPLITS, (s+1)·Tk // NUM_SPLITS).
+    Writes o_s (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S); a split with no visible key for a row
+    writes o = 0, lse = -inf."""
+    tiles_m = tl.cdiv(Tq, BLOCK_M)
+    rest = tl.program_id(0) // tiles_m
+    split = rest % NUM_SPLITS
+    pid_bh = rest // NUM_SPLITS
     b, h, offs_m, offs_d, io_mask, o, lse = attend_q_tile(
-        Q_ptr, K_ptr, V_ptr, tl.program_id(0), pid_bh,
+        Q_ptr, K_ptr, V_ptr, tl.program_id(0) % tiles_m, pid_bh,
         (split * Tk) // NUM_SPLITS, ((split + 1) * Tk) // NUM_SPLITS,
         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale,
@@ -73,7 +78,7 @@ def default_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, device: 
     sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
     programs = triton.cdiv(Tq, block_m) * B * Hq
     want = triton.cdiv(2 * sms, programs)
-    return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, 128))
+    return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
 def _blocks(dtype: torch.dtype, D: int, Tq: int) -> tuple[int, int, int, int]:
@@ -86,7 +91,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                    num_splits: int | None = None) -> torch.Tensor:
     """Split-KV attention: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype.
 
-    ``num_splits``: number of key ranges (1..Tk; larger values are capped at Tk); None chooses
+    ``num_splits``: number of key ranges (larger values are capped at min(Tk, MAX_SPLITS)); None chooses
     from the grid size (:func:`default_num_splits`). Raises TypeError / ValueError as the
     contract's ``validate`` does, ValueError for a bad ``num_splits`` or CPU tensors without
     the interpreter.
@@ -102,11 +107,11 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     bm, bn, warps, stages = _blocks(q.dtype, shape.D, shape.Tq)
     if num_splits is None:
         num_splits = default_num_splits(shape.B, shape.Hq, shape.Tq, shape.Tk, bm, q.device)
-    S = min(num_splits, shape.Tk)
+    S = min(num_splits, shape.Tk, MAX_SPLITS)
     part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
     o_part = torch.empty(shape.B * shape.Hq, shape.Tq, S, shape.D, dtype=part_dtype, device=q.device)
-    lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=part_dtype, device=q.device)
-    grid = (triton.cdiv(shape.Tq, bm), shape.B * shape.Hq, S)
+    lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
+    grid = flat_grid(triton.cdiv(shape.Tq, bm), S, shape.B * shape.Hq)
     _split_kv_kernel[grid](
         q, k, v, o_part, lse, *q.stride(), *k.stride(), *v.stride(), *o_part.stride(), *lse.stride(),
         shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, S, float(scale),
@@ -128,7 +133,7 @@ def compile_variants():
     from optimized.triton_shared import DOT_NATIVE, CompileVariant
 
     return [CompileVariant("split_kv fp16 causal", _split_kv_kernel,
-                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp32",
+                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
                             "scale": "fp32"},
                            dict(CAUSAL=True, EVEN_D=True, DOT_MODE=DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
                                 BLOCK_D=64), min_for_loops=2)]

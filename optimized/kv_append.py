@@ -40,13 +40,16 @@ if triton is not None:
         stride_knb, stride_knh, stride_knt, stride_knd,  # new keys   (B, Hkv, T, D)
         stride_vnb, stride_vnh, stride_vnt, stride_vnd,  # new values (B, Hkv, T, D)
         stride_cb, stride_ch, stride_cs, stride_cd,      # one layer of the cache (max_batch, Hkv, S_max, D)
+        T_TILES,
         BLOCK_T: tl.constexpr, BLOCK_KH: tl.constexpr,
     ):
-        # Program (b, j) copies the new tokens t in [j*BLOCK_T, (j+1)*BLOCK_T) with t < count[b]
-        # of sequence b, all KV heads at once (heads and head dims flattened into BLOCK_KH lanes),
-        # to cache slots start[b] + t. Every load and store is masked.
-        b = tl.program_id(0).to(tl.int64)
-        j = tl.program_id(1)
+        # Program j + T_TILES*b of the 1-D grid (B * T_TILES programs: a count of token tiles on
+        # CUDA's axis 1 would stop at 65,535) copies the new tokens t in [j*BLOCK_T,
+        # (j+1)*BLOCK_T) with t < count[b] of sequence b, all KV heads at once (heads and head
+        # dims flattened into BLOCK_KH lanes), to cache slots start[b] + t. Every load and store
+        # is masked.
+        b = (tl.program_id(0) // T_TILES).to(tl.int64)
+        j = tl.program_id(0) % T_TILES
         start = tl.load(start_ptr + b)                         # slot of the first new token
         count = tl.load(count_ptr + b)                         # new tokens of sequence b
         t = (j * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # (BLOCK_T,)
@@ -159,10 +162,12 @@ def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
     start, count = start.contiguous(), count.contiguous()  # the kernel reads them at unit stride
     block_kh = triton.next_power_of_2(Hkv * D)
     block_t = max(1, min(triton.next_power_of_2(T), 4096 // block_kh))
-    grid = (B, triton.cdiv(T, block_t))
-    kv_append_kernel[grid](
+    from optimized.triton_shared import flat_grid   # (Triton is optional for this module)
+
+    t_tiles = triton.cdiv(T, block_t)
+    kv_append_kernel[flat_grid(t_tiles, B)](
         k_new, v_new, k_cache, v_cache, start, count, Hkv, D,
-        *k_new.stride(), *v_new.stride(), *k_cache.stride(),
+        *k_new.stride(), *v_new.stride(), *k_cache.stride(), t_tiles,
         BLOCK_T=block_t, BLOCK_KH=block_kh,
     )
 

@@ -30,8 +30,8 @@ import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import fold_scale, merge_splits, split_kv_merge_kernel
-from optimized.triton_shared import check_device, sm_count, tile_loop
+from optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
+from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
 
 
 @triton.jit
@@ -74,14 +74,16 @@ def _paged_decode_kernel(
         stride_ob, stride_oh, stride_od,
         stride_pb, stride_ph, stride_ps, stride_pd,
         stride_lb, stride_lh, stride_ls,
-        Hkv, D, GROUP, TOKENS_PER_SPLIT, scale,
+        Hkv, D, GROUP, TOKENS_PER_SPLIT, NUM_SPLITS, scale,
         PAGE: tl.constexpr, SPLIT: tl.constexpr, ACC64: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (B * Hkv, num_splits). Split s covers tokens [s·TOKENS_PER_SPLIT,
-    (s+1)·TOKENS_PER_SPLIT) ∩ [0, seq_len). Without SPLIT writes out (B, Hq, D); with SPLIT
-    writes o_s (B, Hq, S, D) and lse_s (B, Hq, S) (o = 0, lse = -inf for an empty split)."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
+    """1-D grid of NUM_SPLITS · B · Hkv programs: program split + NUM_SPLITS · (b·Hkv + kvh)
+    (nothing on CUDA's axes 1 and 2, which stop at 65,535). Split s covers tokens
+    [s·TOKENS_PER_SPLIT, (s+1)·TOKENS_PER_SPLIT) ∩ [0, seq_len). Without SPLIT writes out
+    (B, Hq, D); with SPLIT writes o_s (B, Hq, S, D) and lse_s (B, Hq, S) (o = 0, lse = -inf
+    for an empty split)."""
+    pid = tl.program_id(0) // NUM_SPLITS
+    split = tl.program_id(0) % NUM_SPLITS
     b = (pid // Hkv).to(tl.int64)
     kvh = (pid % Hkv).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -109,7 +111,7 @@ def _paged_decode_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe))
+        lse = log_sum_exp(m_i, l_i)                                         # float64
         tl.store(OP_ptr + b * stride_pb + h[:, None] * stride_ph + split * stride_ps + offs_d[None, :] * stride_pd,
                  o.to(OP_ptr.dtype.element_ty), mask=hd_mask)
         tl.store(LSE_ptr + b * stride_lb + h * stride_lh + split * stride_ls, lse.to(LSE_ptr.dtype.element_ty),
@@ -170,12 +172,12 @@ def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
 def _tokens_per_split(B: int, Hkv: int, max_len: int, block_n: int, device: torch.device,
                       num_splits: int | None) -> int:
     if num_splits is not None:
-        per = -(-max_len // num_splits)
+        per = -(-max_len // min(num_splits, MAX_SPLITS))
     elif triton_interpreted() or device.type != "cuda":
         per = max_len if max_len <= INTERPRET_TOKENS_PER_SPLIT else -(-max_len // 2)
     else:
         sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        want = max(1, -(-2 * sms // (B * Hkv)))
+        want = max(1, min(MAX_SPLITS, -(-2 * sms // (B * Hkv))))
         per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
     return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N
 
@@ -185,8 +187,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Paged decode attention: q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D);
     block_table (B, max_blocks) int32; seq_lens (B,) int32 -> (B, Hq, D) in q's dtype.
 
-    ``num_splits``: split each sequence's tokens into this many ranges (merged exactly); None
-    chooses from the grid size. Raises TypeError / ValueError as the contract's ``validate``,
+    ``num_splits``: split each sequence's tokens into this many ranges (merged exactly; at most
+    MAX_SPLITS, and never ranges shorter than a tile of BLOCK_N tokens); None chooses from the
+    grid size. Raises TypeError / ValueError as the contract's ``validate``,
     ValueError for a bad ``num_splits`` or CPU tensors without the interpreter.
     """
     shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
@@ -203,15 +206,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if S > 1:
         part_dtype = torch.float64 if acc64 else torch.float32
         o_part = torch.empty(shape.B, shape.Hq, S, shape.D, dtype=part_dtype, device=q.device)
-        lse = torch.empty(shape.B, shape.Hq, S, dtype=part_dtype, device=q.device)
+        lse = torch.empty(shape.B, shape.Hq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
     else:
         o_part = out.unsqueeze(2)                                            # unused (SPLIT is off)
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-    _paged_decode_kernel[(shape.B * shape.Hkv, S)](
+    _paged_decode_kernel[flat_grid(S, shape.B * shape.Hkv)](
         q, k_cache, v_cache, block_table, seq_lens, out, o_part, lse,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
         *out.stride(), *o_part.stride(), *lse.stride(),
-        shape.Hkv, shape.D, shape.group, per, scale,
+        shape.Hkv, shape.D, shape.group, per, S, scale,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     if S > 1:   # the split-KV merge, with each sequence as one query row: (B·Hq, 1, S, D)
@@ -223,8 +226,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def validate_write(k_cache, v_cache, k, v, slot_mapping) -> tuple[int, int, int]:
     """Check a cache write; return (N, Hkv, D).
 
-    k_cache, v_cache (num_blocks, block_size, Hkv, D) of one floating dtype; k, v (N, Hkv, D) of
-    the caches' dtype; slot_mapping (N,) int32 or int64, each slot in [0, num_blocks·block_size)
+    k_cache, v_cache (num_blocks, block_size, Hkv, D) of one floating dtype, two buffers (not one
+    tensor twice) whose slots do not share memory (no stride 0, as an expanded view has);
+    k, v (N, Hkv, D) of the caches' dtype; slot_mapping (N,) int32 or int64, each slot in [0, num_blocks·block_size)
     and no slot twice. Raises TypeError / ValueError naming the argument.
     """
     for name, t, rank in (("k_cache", k_cache, 4), ("v_cache", v_cache, 4), ("k", k, 3), ("v", v, 3)):
@@ -236,6 +240,14 @@ def validate_write(k_cache, v_cache, k, v, slot_mapping) -> tuple[int, int, int]
             raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
+    if v_cache.data_ptr() == k_cache.data_ptr():
+        raise ValueError("v_cache must be a separate buffer from k_cache (they start at one address: the values "
+                         "would overwrite the keys)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        shared = [d for d in range(4) if t.shape[d] > 1 and t.stride(d) == 0]
+        if shared:
+            raise ValueError(f"{name} has stride 0 along dimension {shared[0]} (an expanded view, strides "
+                             f"{t.stride()}): its slots share memory, so one write would land in several")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
     num_blocks, block_size, Hkv, D = k_cache.shape
@@ -274,7 +286,7 @@ def write_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     check_device(k_cache, "k_cache")
     if N == 0:
         return
-    _write_kv_kernel[(N,)](
+    _write_kv_kernel[flat_grid(N)](
         k, v, k_cache, v_cache, slot_mapping, *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
         Hkv, D, PAGE=k_cache.shape[1], BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D))
 
@@ -315,7 +327,7 @@ def compile_variants():
         out.append(CompileVariant(
             f"paged_decode {dt[1:]} split={split}", _paged_decode_kernel,
             {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
-             "OP_ptr": "*fp32", "LSE_ptr": "*fp32", "scale": "fp32"},
+             "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32"},
             dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=16, BLOCK_N=32, BLOCK_D=64), min_for_loops=1))
     out.append(CompileVariant("paged write fp16", _write_kv_kernel,
                               {"K_ptr": "*fp16", "V_ptr": "*fp16", "KC_ptr": "*fp16", "VC_ptr": "*fp16", "SLOT_ptr": "*i64"},

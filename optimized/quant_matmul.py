@@ -24,11 +24,14 @@ Two launches, chosen by M in :func:`quant_matmul` (``path``):
 
 - ``"gemv"`` (decode, M <= :data:`GEMV_MAX_M`): :func:`quant_gemv_kernel`. Each program owns a
   block of BLOCK_N outputs for all M rows (one 16-row tile) and streams one range of K (split-K:
-  a grid of (N / BLOCK_N, splits), so that a product with few column blocks still fills the
+  N / BLOCK_N column blocks x splits programs, on one grid axis, so that a product with few column blocks still fills the
   device: about four programs per SM on a GPU); it writes float32 partial sums (splits, M, N)
   that the host adds and rounds once to x's dtype.
 - ``"tiled"`` (larger M): :func:`quant_matmul_kernel`, (BLOCK_M, BLOCK_N) tiles of 32 or 64 rows
   over all of K.
+
+Both grids are 1-D (:func:`optimized.triton_shared.flat_grid`): a count of column blocks on
+CUDA's axis 1 would stop at 65,535 (N past 2M columns).
 
 Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
 ``tl.dot``), bits 2..8, every granularity, symmetric (``SYMMETRIC``) or zero point
@@ -44,8 +47,8 @@ import triton.language as tl
 
 from conformance.contracts.quantization import validate_bits, validate_matmul
 from conformance.device import triton_interpreted
-from optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, output_tile, round_to_bf16, sm_count,
-                                     tile_loop)
+from optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, flat_grid, output_tile, round_to_bf16,
+                                     sm_count, tile_loop)
 from reference.quantization import codes_per_byte
 
 #: Dtypes the kernel takes for x (and w).
@@ -122,11 +125,13 @@ def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, part_p
                       stride_zn, stride_zg, stride_ps, stride_pm, stride_pn,
                       BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr):
-    """Decode (M <= BLOCK_M): program (pid_n, pid_s) writes part[pid_s, m, n] = sum over
-    k in [pid_s * k_per_split, (pid_s + 1) * k_per_split) of x[m, k] * w[n, k], for all M rows
-    and its BLOCK_N columns (k_per_split a multiple of BLOCK_K)."""
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
+    """Decode (M <= BLOCK_M): program pid_n + tiles_n · pid_s of the 1-D grid writes
+    part[pid_s, m, n] = sum over k in [pid_s * k_per_split, (pid_s + 1) * k_per_split) of
+    x[m, k] * w[n, k], for all M rows and its BLOCK_N columns (k_per_split a multiple of
+    BLOCK_K)."""
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_n = tl.program_id(0) % tiles_n
+    pid_s = tl.program_id(0) // tiles_n
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -249,13 +254,13 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
         splits, k_per_split = gemv_splits(N, K, x.device)
         bn, bk = GEMV_BLOCKS
         part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-        quant_gemv_kernel[(triton.cdiv(N, bn), splits)](
+        quant_gemv_kernel[flat_grid(triton.cdiv(N, bn), splits)](
             *packed, part, M, N, K, group_size, k_per_split, *weight_args,
             part.stride(0), part.stride(1), part.stride(2), BLOCK_M=GEMV_MAX_M, BLOCK_N=bn, BLOCK_K=bk, **consts)
         return (part[0] if splits == 1 else part.sum(dim=0)).to(x.dtype)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     bm, bn, bk = _blocks(M)
-    quant_matmul_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
+    quant_matmul_kernel[flat_grid(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         *packed, out, M, N, K, group_size, *weight_args, out.stride(0), out.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **consts)
     return out

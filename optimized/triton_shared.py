@@ -1,6 +1,6 @@
 """Triton pieces shared by every kernel of the suite, whatever its technique: the loop over tiles
-(``tile_loop``, with the interpreter switch ``RANGE_LOOP``), the output tile of a program of a
-2-D grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``, ``dot_mode``),
+(``tile_loop``, with the interpreter switch ``RANGE_LOOP``), the 1-D grids every kernel launches
+(``flat_grid``) and the output tile of a program of a matmul's grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``, ``dot_mode``),
 float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels (:mod:`optimized.attention_tiles`,
 :mod:`optimized.flash_attention`, :mod:`optimized.flash_decoding`,
 :mod:`optimized.paged_attention`) and the quantized matmuls (:mod:`optimized.quant_matmul`,
@@ -76,10 +76,13 @@ def tile_loop(state, args, start, end, STEP: tl.constexpr, BODY: tl.constexpr, C
 
 @triton.jit
 def output_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The (BLOCK_M, BLOCK_N) tile of an (M, N) output that program (program_id(0),
-    program_id(1)) owns: (offs_m (BLOCK_M,), offs_n (BLOCK_N,), offs_m < M, offs_n < N)."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """The (BLOCK_M, BLOCK_N) tile of an (M, N) output that program program_id(0) of the 1-D
+    grid ``flat_grid(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))`` owns (M tiles vary fastest):
+    (offs_m (BLOCK_M,), offs_n (BLOCK_N,), offs_m < M, offs_n < N)."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    offs_m = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
     return offs_m, offs_n, offs_m < M, offs_n < N
 
 
@@ -103,6 +106,25 @@ def dot_mode(dtype: torch.dtype) -> int:
     if dtype == torch.float32:
         return DOT_IEEE
     return DOT_UPCAST if triton_interpreted() else DOT_NATIVE
+
+
+#: Most programs a CUDA grid may have on axis 0 (x), and on axes 1 and 2 (y, z).
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+
+
+def flat_grid(*counts: int) -> tuple[int]:
+    """The 1-D grid of ``prod(counts)`` programs that every kernel here launches: a kernel
+    splits program_id(0) back into its coordinates (the first count varying fastest), so no
+    count of batch x heads, rows or tiles lands on axis 1 or 2, where CUDA allows only
+    MAX_GRID_YZ programs. ValueError when the product passes MAX_GRID_X."""
+    n = 1
+    for c in counts:
+        n *= int(c)
+    if n > MAX_GRID_X:
+        raise ValueError(f"the launch needs {n} programs ({' x '.join(str(int(c)) for c in counts)}), "
+                         f"more than a CUDA grid holds ({MAX_GRID_X})")
+    return (n,)
 
 
 def check_device(t: torch.Tensor, name: str = "q") -> None:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from conformance.device import triton_interpreted
-from optimized.triton_shared import check_device, output_tile, round_to_bf16, tile_loop
+from optimized.triton_shared import check_device, flat_grid, output_tile, round_to_bf16, tile_loop
 
 #: Largest int8 code of the symmetric scheme (-128 is never produced by the quantizers).
 QMAX = 127
@@ -171,7 +171,7 @@ def w8a8_matmul(x_q: torch.Tensor, x_scales: torch.Tensor, w_q: torch.Tensor, w_
     check_device(x_q)
     out = torch.empty(M, N, dtype=out_dtype, device=x_q.device)
     bm, bn, bk = _blocks(M)
-    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
+    grid = flat_grid(triton.cdiv(M, bm), triton.cdiv(N, bn))
     w8a8_matmul_kernel[grid](
         x_q, w_q, x_scales, w_scales, out, M, N, K,
         x_q.stride(0), x_q.stride(1), w_q.stride(0), w_q.stride(1), out.stride(0), out.stride(1),

@@ -244,6 +244,12 @@ BOUNDARY_CASES = (
     Case(B=1, Hq=64, Hkv=1, Tq=4, Tk=33, D=256, causal=True, scale=1 / 16),
     Case(B=1, Hq=2, Hkv=1, Tq=130, Tk=130, D=16, causal=True, scale=0.25),
 )
+#: Large integer logits of up to 4,096 in float32 (D = 1, amplitude 40, no mask, two query rows,
+#: 26 keys: two splits of 13 under the interpreter): a split-KV merge whose log-sum-exp is kept
+#: in float32 rounds it by up to 2.4e-4 and fails the float32 rule (8.0e-5 relative here, the
+#: bound 1e-5; the unsplit kernel and naive float32 attention stay near 1.4e-7). Seed 25.
+EXAMPLE_SPLIT_LSE_ROUNDING = Case(B=1, Hq=8, Hkv=8, Tq=2, Tk=26, D=1, causal=False, scale=1.0,
+                                  magnitude="large", amp=40.0)
 
 
 
@@ -270,7 +276,7 @@ FA3 = Law(
     given={"case": cases(bounded=False), "seed": S.seeds},
     examples=(dict(case=EXAMPLE_GQA_CAUSAL, seed=7), dict(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7),
               dict(case=EXAMPLE_LARGE_LOGITS, seed=11), dict(case=EXAMPLE_LONG_KEYS, seed=5),
-              dict(case=EXAMPLE_DIAGONAL_TILE, seed=3))
+              dict(case=EXAMPLE_DIAGONAL_TILE, seed=3), dict(case=EXAMPLE_SPLIT_LSE_ROUNDING, seed=25))
              + _seeded(SCALE_MASK_CASES, 20) + _seeded(BOUNDARY_CASES, 40) + _seeded(LATE_MAX_CASES, 60)
              + _seeded(LARGE_NONPOW2_CASES, 70),
     dtypes=S.FLOAT_DTYPES,
@@ -335,7 +341,12 @@ FA7 = Law(
     claim="FA-7", technique="attention", body=law_split_equals_unsplit, given=_split_strategies,
     examples=(dict(case=Case(1, 4, 2, 1, 150, 64, False, 0.125), seed=3, num_splits=5),
               dict(case=Case(1, 3, 1, 4, 97, 72, True, 0.25, "large", 40.0), seed=4, num_splits=3),
-              dict(case=Case(2, 1, 1, 1, 1024, 64, False, 0.125), seed=6, num_splits=2)),   # B > 1, split
+              dict(case=Case(2, 1, 1, 1, 1024, 64, False, 0.125), seed=6, num_splits=2),    # B > 1, split
+              # GQA groups above 16 that are not multiples of 16, 20 and 24 (one KV head: each query
+              # head is a program per split under the interpreter; Hq = 40 over two KV heads is a
+              # production shape of FA-3)
+              dict(case=Case(1, 20, 1, 1, 33, 8, False, 0.3), seed=8, num_splits=2),
+              dict(case=Case(1, 24, 1, 2, 33, 8, True, 0.25), seed=9, num_splits=2)),
     dtypes=S.FLOAT_DTYPES,
     kills=(Kills(("split_no_rescale", "split_batch_stride_zero"), (torch.float64, torch.bfloat16)),),
     coverage=COVERAGE,
@@ -360,6 +371,10 @@ PRODUCTION_CASES = {
     "decode-B5-Tk2049": Case(B=5, Hq=2, Hkv=1, Tq=1, Tk=2049, D=8, causal=False, scale=0.3),
     "group9-Hkv2-causal": Case(B=1, Hq=18, Hkv=2, Tq=3, Tk=40, D=16, causal=True, scale=0.25),
     "group9-Hkv1": Case(B=2, Hq=9, Hkv=1, Tq=2, Tk=33, D=8, causal=False, scale=0.3),
+    # decode-shaped groups above 16 that are not multiples of 16 (the interpreter budget shrinks
+    # the drawn and pinned FA-3 cases below them): 20 with two KV heads, 24 with one
+    "decode-group20-Hkv2": Case(B=1, Hq=40, Hkv=2, Tq=1, Tk=40, D=8, causal=False, scale=0.3),
+    "decode-group24-Hkv1": Case(B=1, Hq=24, Hkv=1, Tq=2, Tk=33, D=8, causal=True, scale=0.25),
     # large logits whose maximum arrives in the last tile, past the first 128 keys (a running
     # max frozen after the first tile overflows), and large logits with a scale that is not a
     # power of two (a scale folded into q in 16 bits moves them)

@@ -20,8 +20,9 @@ from conformance.tolerance import assert_close
 from properties import strategies as S
 from reference import attention as ref
 
-#: Block sizes drawn: 1, odd ones, powers of two and 256 (a block longer than most sequences).
-BLOCK_SIZES = (1, 2, 3, 5, 7, 16, 17, 32, 256)
+#: Block sizes drawn: 1, odd ones, powers of two, 256 (a block longer than most sequences) and
+#: 144 and 200 (above 128, not multiples of 128).
+BLOCK_SIZES = (1, 2, 3, 5, 7, 16, 17, 32, 144, 200, 256)
 #: Head configurations beyond the small drawn ratios: production GQA and groups above 16 that
 #: are not multiples of 16.
 HEAD_CONFIGS = ((8, 8), (8, 2), (12, 4), (24, 1), (40, 2))
@@ -44,6 +45,8 @@ class PagedCase:
     spare_cols: int = 1
     magnitude: str = "normal"
     amp: float = 1.0
+    #: Place the live blocks past element 2^31 of the caches (see :func:`make_inputs`).
+    far_blocks: bool = False
 
     @property
     def B(self) -> int:
@@ -150,16 +153,28 @@ def make_inputs(case: PagedCase, seed: int, dtype: torch.dtype, device: str) -> 
     """Inputs for ``case`` from ``seed``: contiguous K/V per sequence (drawn in float64, cast to
     ``dtype``), cut into blocks placed by a random permutation of a pool with
     ``case.spare_blocks`` spare blocks; table entries past a sequence's blocks hold values out
-    of range (num_blocks + 7, -1, 2**31 - 1 in turn) and slots past its length hold NaN."""
+    of range (num_blocks + 7, -1, 2**31 - 1 in turn) and slots past its length hold NaN.
+
+    ``case.far_blocks``: the caches are k = kv[:, 0], v = kv[:, 1] of one lazily allocated
+    (num_blocks, 2, block_size, Hkv, D) tensor of more than 2^31 elements (``torch.empty``: only
+    the pages of the blocks written are ever backed, about 4 GB of address space in 16 bits), the
+    pool's blocks (NaN-filled) being its last ones: every block id x block stride passes 2^31."""
     bs, need = case.block_size, case.blocks()
-    num_blocks = sum(need) + case.spare_blocks
+    pool = sum(need) + case.spare_blocks
+    first = -(-(2**31) // (2 * bs * case.Hkv * case.D)) if case.far_blocks else 0   # the pool's first id
+    num_blocks = first + pool
     max_blocks = max(need) + case.spare_cols
     g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(num_blocks, generator=g).tolist()
+    perm = [first + i for i in torch.randperm(pool, generator=g).tolist()]
     junk = [num_blocks + 7, -1, 2**31 - 1]
     table = torch.tensor([[junk[(b + i) % 3] for i in range(max_blocks)] for b in range(case.B)], dtype=torch.int32)
-    k_cache = torch.full((num_blocks, bs, case.Hkv, case.D), float("nan"), dtype=dtype)
-    v_cache = torch.full_like(k_cache, float("nan"))
+    if case.far_blocks:
+        kv = torch.empty((num_blocks, 2, bs, case.Hkv, case.D), dtype=dtype, device=device)
+        kv[first:] = float("nan")
+        k_cache, v_cache = kv[:, 0], kv[:, 1]
+    else:
+        k_cache = torch.full((num_blocks, bs, case.Hkv, case.D), float("nan"), dtype=dtype)
+        v_cache = torch.full_like(k_cache, float("nan"))
     ks, vs, used = [], [], 0
     for b, n in enumerate(case.lens):
         if case.magnitude == "large":

@@ -40,7 +40,7 @@ from properties.strategies import KernelLaunchCapture
 
 TECH = "paged_attention"
 ZOO_ALL = ("ignores_partial_block", "reads_nan_slots", "identity_table", "off_by_one_length", "gqa_modulo",
-           "walk_capped_64_blocks")
+           "walk_capped_64_blocks", "tiles_of_128_skip_block_tail")
 #: Bugs only 16-bit inputs show: rejected in bfloat16.
 ZOO_16BIT = ("scale_folded_in_16bit",)
 
@@ -64,6 +64,10 @@ EXAMPLES = (
     # large logits (~1e2) with a scale that is not a power of two: a scale folded into q in 16
     # bits (q * scale rounded to bfloat16 / float16) moves them; the contract scales in float32
     _c((40, 23), 6, 2, 16, 5, magnitude="large", amp=12.0, c=0.3 * math.sqrt(16)),
+    # blocks above 128 slots that are not multiples of 128, each length class over three blocks
+    # (a multiple, one short, one past): a walk in tiles of 128 slots skips slots 128.. of each
+    _c((432, 431, 289), 2, 1, 8, 144),
+    _c((400, 599, 201), 3, 1, 16, 200),
 )
 
 
@@ -173,6 +177,50 @@ PA1_STRIDED = Law(claim="PA-1", technique=TECH, body=law_strided_inputs, params=
 
 test_pa1_noncontiguous_inputs = PA1_STRIDED.conformance_test("test_pa1_noncontiguous_inputs", doc="")
 (test_pa1_noncontiguous_zoo_rejected,) = PA1_STRIDED.zoo_tests("test_pa1_noncontiguous_zoo_rejected")
+
+
+# ------------------------------------------------------------ element offsets past 2^31
+#: Two sequences whose blocks all lie past element 2^31 of the caches (kv[:, 0] and kv[:, 1] of one
+#: lazily allocated tensor: block stride 512 elements, the pool from block 4,194,304 on; only the
+#: pool's pages are touched), bfloat16.
+FAR_CASE = _c((37, 20), 4, 2, 8, 16, far_blocks=True)
+
+
+def law_offsets_past_2_31(run, device, dtype=torch.bfloat16):
+    """PA-1 with every live block past element 2^31 of the caches: block id x block stride must
+    not be computed in 32 bits."""
+    inp = make_inputs(FAR_CASE, 41, dtype, device)
+    check_against_contiguous(call(run.impl, inp, FAR_CASE, run=run), inp, FAR_CASE,
+                             what="paged attention, blocks past element 2^31")
+
+
+#: PA-1 on one pinned call with offsets past 2^31 (no drawn arguments), bfloat16.
+PA1_FAR = Law(claim="PA-1", technique=TECH, body=law_offsets_past_2_31, params=("device",),
+              kills=(Kills(("block_offsets_in_int32",)),))
+
+test_pa1_offsets_past_2_31 = PA1_FAR.conformance_test("test_pa1_offsets_past_2_31", doc="")
+(test_pa1_offsets_past_2_31_zoo_rejected,) = PA1_FAR.zoo_tests("test_pa1_offsets_past_2_31_zoo_rejected")
+
+
+@pytest.mark.claim("PA-1")
+def test_triton_slot_write_past_2_31(device):
+    """write_kv_cache into slots past element 2^31 of FAR_CASE's caches: each token lands in its
+    slot, bit for bit, and the other slots of its block stay NaN."""
+    pa = pytest.importorskip("optimized.paged_attention")
+    inp = make_inputs(FAR_CASE, 43, torch.bfloat16, device)
+    kc, vc = inp.k_cache, inp.v_cache
+    bs, last = FAR_CASE.block_size, kc.shape[0] - 1
+    slots = torch.tensor([last * bs + bs - 1, (last - 1) * bs, last * bs], device=device)
+    k = S.randn((3, FAR_CASE.Hkv, FAR_CASE.D), 5, dtype=torch.bfloat16, device=device)
+    v = S.randn((3, FAR_CASE.Hkv, FAR_CASE.D), 6, dtype=torch.bfloat16, device=device)
+    kc[last - 1:] = float("nan")
+    vc[last - 1:] = float("nan")
+    pa.write_kv_cache(kc, vc, k, v, slots)
+    for cache, new in ((kc, k), (vc, v)):
+        assert_exact(cache[last, bs - 1], new[0], what="slot write past 2^31")
+        assert_exact(cache[last - 1, 0], new[1], what="slot write past 2^31")
+        assert_exact(cache[last, 0], new[2], what="slot write past 2^31")
+        assert torch.isnan(cache[last, 1:bs - 1]).all() and torch.isnan(cache[last - 1, 1:]).all(), "a write hit another slot"
 
 
 # ------------------------------------------------ the Triton kernel's own paths (split, write)

@@ -15,9 +15,11 @@ from conformance.contracts.paged_attention import validate
 CAPPED_BLOCKS = 64
 
 
-def _paged(q, k_cache, v_cache, block_table, seq_lens, scale, *, read_len=None, table=None, head_map=None):
+def _paged(q, k_cache, v_cache, block_table, seq_lens, scale, *, read_len=None, table=None, head_map=None,
+           skip_slot=None):
     """Paged decode with the bug injected: ``read_len(n, block_size)`` tokens read per sequence
-    (default n), ``table(b, n_blocks, row, shape)`` the physical blocks, ``head_map(h, Hq, Hkv)``."""
+    (default n), ``table(b, n_blocks, row, shape)`` the physical blocks, ``head_map(h, Hq, Hkv)``,
+    ``skip_slot(slots, block_size)`` the tokens (a bool mask over their slots in their blocks) never read."""
     shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     bs = shape.block_size
@@ -30,6 +32,9 @@ def _paged(q, k_cache, v_cache, block_table, seq_lens, scale, *, read_len=None, 
         blocks = (table(b, nb, block_table[b], shape) if table else block_table[b, :nb]).to(torch.int64)
         k = k_cache[blocks].reshape(nb * bs, shape.Hkv, shape.D)[:m].to(acc)[:, heads]    # (m, Hq, D)
         v = v_cache[blocks].reshape(nb * bs, shape.Hkv, shape.D)[:m].to(acc)[:, heads]
+        if skip_slot is not None:
+            kept = ~skip_slot(torch.arange(m, device=q.device) % bs, bs)
+            k, v = k[kept], v[kept]
         s = torch.einsum("hd,thd->ht", q[b].to(acc), k) * scale                           # (Hq, m)
         p = torch.softmax(s, dim=-1)
         out[b] = torch.einsum("ht,thd->hd", p, v).to(q.dtype)
@@ -61,6 +66,13 @@ def off_by_one_length(q, k_cache, v_cache, block_table, seq_lens, *, scale):
 def gqa_modulo(q, k_cache, v_cache, block_table, seq_lens, *, scale):
     """Query head h reads KV head h % Hkv instead of h // (Hq // Hkv)."""
     return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, head_map=lambda h, hq, hkv: h % hkv)
+
+
+def tiles_of_128_skip_block_tail(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Walks each block in tiles of 128 slots, block_size // 128 of them: a block above 128
+    slots that is not a multiple of 128 (144, 200) loses its last block_size % 128 slots."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
+                  skip_slot=lambda slot, bs: (slot >= 128 * (bs // 128)) & (bs > 128))
 
 
 def walk_capped_64_blocks(q, k_cache, v_cache, block_table, seq_lens, *, scale):
@@ -99,6 +111,17 @@ def cache_strides_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scal
     validate(q, k_cache, v_cache, block_table, seq_lens, scale)
     return _paged(q, _read_with_shape_strides(k_cache), _read_with_shape_strides(v_cache), block_table,
                   seq_lens, scale)
+
+
+def block_offsets_in_int32(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Computes a block's element offset, block id x block stride, in int32: past 2^31 it wraps
+    (negative), and like a kernel it reads whatever block the wrapped offset lands in (taken
+    modulo the pool here), never raising."""
+    def table(b, nb, row, shape):
+        off = row[:nb].to(torch.int64) * k_cache.stride(0)
+        wrapped = (off + 2**31) % 2**32 - 2**31                           # the int32 product
+        return torch.div(wrapped, k_cache.stride(0), rounding_mode="floor") % shape.num_blocks
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, table=table)
 
 
 def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
@@ -174,7 +197,9 @@ def implementations():
         known_bad("paged_attention", "off_by_one_length", off_by_one_length),
         known_bad("paged_attention", "gqa_modulo", gqa_modulo),
         known_bad("paged_attention", "walk_capped_64_blocks", walk_capped_64_blocks),
+        known_bad("paged_attention", "tiles_of_128_skip_block_tail", tiles_of_128_skip_block_tail),
         known_bad("paged_attention", "table_stride_from_shape", table_stride_from_shape),
         known_bad("paged_attention", "cache_strides_from_shape", cache_strides_from_shape),
         known_bad("paged_attention", "scale_folded_in_16bit", scale_folded_in_16bit),
+        known_bad("paged_attention", "block_offsets_in_int32", block_offsets_in_int32),
     )

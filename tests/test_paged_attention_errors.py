@@ -61,7 +61,11 @@ CASES = {
     "live entry negative": (lambda a, d: a[:3] + (_with(a[3], (0, 2), -1), a[4]), ValueError,
                             r"block_table\[0, 2\] = -1 is a live block"),
     "scale not a number": (lambda a, d: a, TypeError, "scale must be a real number"),
+    # float32 inputs: scores are computed in float32, where 1e40 is inf (the kernel gave all NaN)
+    "scale past float32": (lambda a, d: a, ValueError, "scale must be representable in float32"),
 }
+#: The scale each case passes (the others: 0.25).
+BAD_SCALES = {"scale not a number": "0.25", "scale past float32": 1e40}
 
 
 def _with(t, idx, value):
@@ -76,7 +80,7 @@ def test_paged_attention_rejects_bad_input(which, what, call_args, device):
     fn = _load(IMPLS[which])
     make, error, match = CASES[what]
     args = make(call_args, device)
-    scale = "0.25" if what == "scale not a number" else 0.25
+    scale = BAD_SCALES.get(what, 0.25)
     with pytest.raises(error, match=match):
         fn(*args, scale=scale)
 
@@ -146,6 +150,12 @@ WRITE_CASES = {
     "k dtype": (lambda a: (a[0], a[1], a[2].double(), a[3], a[4]), TypeError, "k has dtype"),
     "k heads": (lambda a: (a[0], a[1], a[2][:, :1], a[3][:, :1], a[4]), ValueError, r"k must have shape \(N, Hkv, D\)"),
     "caches differ": (lambda a: (a[0], a[1][:, :1], a[2], a[3], a[4]), ValueError, "must have one shape"),
+    "k_cache is v_cache": (lambda a: (a[0], a[0]) + a[2:], ValueError, "v_cache must be a separate buffer"),
+    # one block of slots expanded over all blocks: a write to block 0 would show in every block
+    "k_cache expanded over blocks": (lambda a: (a[0][:1].expand_as(a[0]),) + a[1:], ValueError,
+                                     r"k_cache has stride 0 along dimension 0"),
+    "v_cache expanded over blocks": (lambda a: (a[0], a[1][:1].expand_as(a[1])) + a[2:], ValueError,
+                                     r"v_cache has stride 0 along dimension 0"),
 }
 
 

@@ -86,3 +86,28 @@ def test_paged_splits_past_a_short_sequence_weigh_zero(device, monkeypatch):
     assert seen == [3]
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, paged_ref(*inp.args(), scale=case.scale), rtol=1e-12, atol=1e-12)
+
+
+def test_triton_num_splits_past_max_splits_is_capped(device, monkeypatch):
+    """A num_splits above MAX_SPLITS (here a million) makes MAX_SPLITS splits (the merge holds a
+    row's splits in one tile), dense and paged, with the exact result."""
+    fd = pytest.importorskip("optimized.flash_decoding")
+    pa = pytest.importorskip("optimized.paged_attention")
+    from optimized.attention_tiles import MAX_SPLITS
+    from reference.attention import attention_naive
+    from reference.paged_attention import paged_attention as paged_ref
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, 1, 1, generator=g, dtype=torch.float64).to(device)
+    k, v = (torch.randn(1, 1, MAX_SPLITS + 9, 1, generator=g, dtype=torch.float64).to(device) for _ in range(2))
+    seen = _spy_merge(monkeypatch, fd)
+    out = fd.flash_decoding(q, k, v, causal=False, scale=0.5, num_splits=10**6)
+    assert seen == [MAX_SPLITS]
+    torch.testing.assert_close(out, attention_naive(q, k, v, causal=False, scale=0.5, dtype=torch.float64),
+                               rtol=1e-12, atol=1e-12)
+    case = PagedCase((300, 5), 2, 1, 8, 16, 0.25)
+    inp = make_inputs(case, 4, torch.float64, device)
+    seen = _spy_merge(monkeypatch, pa)
+    out = pa.paged_attention(*inp.args(), scale=case.scale, num_splits=10**6)
+    assert len(seen) == 1 and 1 < seen[0] <= MAX_SPLITS, seen
+    torch.testing.assert_close(out, paged_ref(*inp.args(), scale=case.scale), rtol=1e-12, atol=1e-12)

@@ -273,8 +273,11 @@ def _coverage() -> tuple:
                       lambda c: c["dtype"] in (torch.float16, torch.bfloat16) and max(c["Tq"], c["Tk"]) >= 1024),
     ]
     for g, what in ((1, "1 (multi-head)"), (3, "3 (not a power of two)"), (8, "8"), (9, "9 (odd, > 8)"), (16, "16"),
-                    (24, "24 (> 16, not a multiple of 16)"), (64, "64")):
+                    (20, "20 (> 16, not a multiple of 16)"), (24, "24 (> 16, not a multiple of 16)"), (64, "64")):
         out.append(CoverageClass(f"group size {what}", _FA3, lambda c, g=g: c["Hq"] // c["Hkv"] == g))
+    for g in (20, 24):    # the split kernel's GQA map past 16 query heads per KV head
+        out.append(CoverageClass(f"split-KV, group size {g}", _FA7,
+                                 lambda c, g=g: c["Hq"] // c["Hkv"] == g and (c["num_splits"] or 1) > 1))
     for d in MODEL_HEAD_DIMS:
         out.append(CoverageClass(f"head dim {d}", _FA3, lambda c, d=d: c["D"] == d))
     for mask, pred in (("no mask", lambda c: not c["causal"]),

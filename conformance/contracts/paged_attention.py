@@ -26,8 +26,9 @@ device; any strides). An implementation may raise ``NotImplementedError`` for a 
 block_size) it does not support: the suite reports "unsupported", never a pass. Invalid
 arguments raise ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong shape, device or
 value: a live table entry out of range, a length outside 1..capacity, caches whose block size
-or head count disagree, Hq not a multiple of Hkv) naming the argument, before any kernel
-launch (:func:`validate`).
+or head count disagree, Hq not a multiple of Hkv, a scale that is not finite or, for inputs
+other than float64, whose magnitude float32 cannot hold (scores are computed in float32 there,
+as in the attention contract)) naming the argument, before any kernel launch (:func:`validate`).
 
 Oracle: the float64 reference (``reference.paged_attention.paged_attention``) gathers each sequence's
 blocks into a contiguous cache and calls the reference attention; the laws compare every
@@ -87,7 +88,8 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
     int32, ``scale`` not a real number) or ValueError (wrong rank, caches whose shapes disagree,
     Hq not a multiple of Hkv, D outside 1..256, mixed devices, ``seq_lens`` below 1 or above
     the table's capacity max_blocks * block_size, a live block-table entry outside
-    [0, num_blocks), non-finite scale), each naming the argument. Reads ``block_table`` and
+    [0, num_blocks), a non-finite scale or one past the float32 range for inputs other than
+    float64), each naming the argument. Reads ``block_table`` and
     ``seq_lens`` on the host (one synchronisation on CUDA).
     """
     for name, t, rank, dims in (("q", q, 3, "(B, Hq, D)"),
@@ -137,6 +139,11 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
         raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
     if not math.isfinite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if abs(float(scale)) > torch.finfo(acc).max:
+        raise ValueError(f"scale must be representable in {str(acc).replace('torch.', '')}, the dtype the "
+                         f"scores of {str(q.dtype).replace('torch.', '')} inputs are computed in "
+                         f"(|scale| <= {torch.finfo(acc).max:.4g}), got {scale}")
     max_blocks = block_table.shape[1]
     lens = seq_lens.detach().to("cpu", torch.int64)
     capacity = max_blocks * block_size
@@ -208,6 +215,11 @@ def _any_length(test):
     return lambda c: any(test(n, c.block_size) for n in c.lens)
 
 
+def _past_128(block_size: int) -> bool:
+    """A block size above 128 that is not a multiple of 128 (144, 200)."""
+    return block_size > 128 and block_size % 128 != 0
+
+
 def _paged_coverage() -> tuple:
     out = [CoverageClass(f"block size {b}", _PA1, lambda c, b=b: c.block_size == b) for b in (1, 16, 32, 256)]
     out += [
@@ -218,6 +230,13 @@ def _paged_coverage() -> tuple:
                       _any_length(lambda n, bs: bs > 1 and n % bs == bs - 1 and n > bs)),
         CoverageClass("length block multiple + 1", _PA1, _any_length(lambda n, bs: bs > 1 and n % bs == 1 and n > bs)),
         CoverageClass("more than 64 blocks", _PA1, _any_length(lambda n, bs: -(-n // bs) > 64)),
+        # a walk over each block in tiles of 128 slots skips the last block_size % 128 of each
+        CoverageClass("block size > 128, not a multiple of 128, length at a block multiple", _PA1,
+                      _any_length(lambda n, bs: _past_128(bs) and n % bs == 0 and n > bs)),
+        CoverageClass("block size > 128, not a multiple of 128, length block multiple - 1", _PA1,
+                      _any_length(lambda n, bs: _past_128(bs) and n % bs == bs - 1 and n > bs)),
+        CoverageClass("block size > 128, not a multiple of 128, length block multiple + 1", _PA1,
+                      _any_length(lambda n, bs: _past_128(bs) and n % bs == 1 and n > bs)),
         CoverageClass("more than 128 blocks", _PA1, _any_length(lambda n, bs: -(-n // bs) > 128)),
         CoverageClass("B > 1, different lengths", _PA1, lambda c: len(c.lens) > 1 and len(set(c.lens)) > 1),
         CoverageClass("group > 16, not a multiple of 16", _PA1,
