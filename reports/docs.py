@@ -125,6 +125,8 @@ def render_index(techniques: list[str], root: Path = ROOT) -> str:
              "registry and `CLAIMS.md`; `pytest --list-impls` shows which implementations run on "
              "this machine.", ""]
     lines += [f"- [`{t}`]({t}.md)" for t in techniques]
+    lines += ["", "[What makes each claim fail](claims.md): claim by claim, the known-bad implementations "
+              "its laws reject."]
     if (root / "docs" / "guide" / "index.md").is_file():
         lines += ["", "The laws, measured figures and benchmarks of each technique, the tolerance policy, "
                   "the report and the regression gate are in the hand-written [guide](guide/index.md)."]
@@ -138,6 +140,9 @@ def pages(root: Path = ROOT) -> dict[str, str]:
     techniques = sorted(registry.contracts())
     out = {f"{t}.md": render_technique(t, root) for t in techniques}
     out["index.md"] = render_index(techniques, root)
+    from reports import falsifiers
+
+    out["claims.md"] = falsifiers.render(root)
     return out
 
 
