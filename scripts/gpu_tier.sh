@@ -3,7 +3,8 @@
 # hypothesis, pytest-benchmark, pytest-xdist, pytest-timeout, scipy, matplotlib, jinja2 and
 # safetensors (nothing is installed: the checkout runs from PYTHONPATH, and the root conftest loads
 # the plugin). Writes everything under $OUT (default reports/out/gpu):
-#   $OUT/report/      index.html, report.md, results.json, benchmarks.json, plots/
+#   $OUT/report/      index.html, report.md, results.json, benchmarks.json, plots/ (links into
+#                     its run folder runs/<id>/); $OUT/published/ the same files, plain copies
 #   $OUT/history/     the history folder with this run appended (copy the new entry into history/)
 #   $OUT/*.log        the console of each step
 # First (seconds): the versions, and each Triton kernel compiled and run once on a tiny input
@@ -29,5 +30,10 @@ rm -rf "$OUT/history" && cp -r history "$OUT/history"
 # properties and tests: compiled kernels, 4 workers; benchmarks serially; ceilings; history; report
 $PY -m reports --device cuda -n 4 --out "$OUT/report" --history "$OUT/history" "$@" > "$OUT/reports.log" 2>&1
 status=$?
+# the published names in $OUT/report are links into its run folder: a plain copy for whoever
+# collects $OUT and does not follow links
+if [ -e "$OUT/report/current" ]; then
+    rm -rf "$OUT/published" && cp -rL "$OUT/report/current" "$OUT/published"
+fi
 tail -n 25 "$OUT/reports.log"
 exit $status
