@@ -444,12 +444,13 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         entry = _expected(item) if _STATE["expect"] else None
-        xpass = isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]")
-        if hasattr(report, "wasxfail") and report.skipped:
+        # only an --expect entry's xfail: a test's own xfail marker keeps its old rows (skip / fail)
+        xpass = entry is not None and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]")
+        if entry is not None and hasattr(report, "wasxfail") and report.skipped:
             outcome = "expected fail"
             crash = getattr(report.longrepr, "reprcrash", None)
             message = crash.message if crash is not None else str(report.wasxfail)
-        elif (hasattr(report, "wasxfail") and report.passed) or xpass:
+        elif (entry is not None and hasattr(report, "wasxfail") and report.passed) or xpass:
             outcome, message = "unexpected pass", f"passed; expected to fail: {report.wasxfail if not xpass else report.longrepr}"
         elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

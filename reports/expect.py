@@ -59,6 +59,7 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
         raise ValueError(f"--out {out}: one file, but the run has {len(by_impl)} implementations "
                          f"({', '.join(sorted(by_impl))}); give a folder or --impl NAME")
     written = []
+    by_impl = {i: rs for i, rs in by_impl.items() if any(r.verdict != "skip" for r in rs)}  # not run: no file
     for impl, rs in sorted(by_impl.items()):
         path = out if single else out / file_name(impl)
         old = expectations.parse(path.read_text(encoding="utf-8"), str(path)) if path.exists() else None
