@@ -13,6 +13,11 @@ Options:
                                  available or why not) and exit.
   --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
                                  pytest-timeout): a hang fails that test with the reason.
+  --expect PATH                  expectation file or folder of them (repeatable; see
+                                 conformance.expectations): a listed failure of that implementation
+                                 is an expected failure (row verdict "expected fail", the run stays
+                                 green); a listed test that passes fails the run (strict) ...
+  --allow-unexpected-pass        ... unless this is given: then it is reported ("unexpected pass").
 
 A crash of an implementation under pytest-xdist (``-n``) fails that test (error row "worker
 crashed") and the run goes on; run outside implementations with ``-n 1`` or more for that.
@@ -43,7 +48,7 @@ import hypothesis.configuration
 import pytest
 from hypothesis import HealthCheck, settings
 
-from conformance import registry, results
+from conformance import expectations, registry, results
 from conformance.device import select_device
 from conformance.outcomes import Unsupported, refusal_is_unsupported
 
@@ -71,7 +76,7 @@ settings.register_profile("dev", max_examples=30, deadline=None, suppress_health
 settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=_SUPPRESS, print_blob=True)
 
-_STATE: dict = {"rows": [], "outside": {}, "device": None}
+_STATE: dict = {"rows": [], "outside": {}, "device": None, "expect": []}
 #: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``).
 OUTSIDE_TIMEOUT_S = 300.0
 
@@ -97,6 +102,10 @@ def pytest_addoption(parser):
                          "on --device or why not) and exit")
     group.addoption("--impl-timeout", type=float, default=OUTSIDE_TIMEOUT_S, metavar="SECONDS",
                     help="per-test timeout for outside implementations (pytest-timeout; 0: none; default %(default)s)")
+    group.addoption("--expect", action="append", default=[], metavar="PATH",
+                    help="expectation file (TOML) or folder of them: listed failures are expected (repeatable)")
+    group.addoption("--allow-unexpected-pass", action="store_true", default=False,
+                    help="with --expect: a listed test that passes is reported, not a failure of the run")
 
 
 def outside(technique: str) -> list:
@@ -214,6 +223,10 @@ def pytest_configure(config):
                 raise pytest.UsageError(_load_error(technique, target, exc)) from exc
         loaded[technique] = impls
     _STATE["outside"] = loaded
+    try:
+        _STATE["expect"] = expectations.load(config.getoption("expect") or [])
+    except (ValueError, OSError) as exc:
+        raise pytest.UsageError(f"--expect: {exc}") from exc
     if loaded:
         _isolate_crashes(config)
     _suite_owned_storage(config)
@@ -299,6 +312,12 @@ def pytest_collection_modifyitems(config, items):
             if (_is_outside(_param(item, "impl")) or _outside_bench(item)) \
                     and item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(timeout))
+    if _STATE["expect"]:
+        strict = not config.getoption("allow_unexpected_pass", default=False)
+        for item in items:
+            entry = _expected(item)
+            if entry is not None and entry.expected == "fail":
+                item.add_marker(pytest.mark.xfail(strict=strict, reason=_expect_reason(entry)))
     if config.getoption("zoo_only", default=False):
         keep = [i for i in items if "bad_impl" in getattr(i, "fixturenames", ())]
         drop = [i for i in items if "bad_impl" not in getattr(i, "fixturenames", ())]
@@ -316,6 +335,28 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+_EXPECTED = pytest.StashKey[object]()
+
+
+def _expected(item):
+    """The :class:`conformance.expectations.Entry` for ``item`` (its ``impl``'s file lists it), or None."""
+    if _EXPECTED in item.stash:
+        return item.stash[_EXPECTED]
+    impl = _param(item, "impl")
+    entry = None
+    if impl is not None and _STATE["expect"]:
+        dtype = _param(item, "dtype")
+        entry = expectations.lookup(_STATE["expect"], impl.name, item.name, law=getattr(item, "originalname", ""),
+                                    dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
+                                    impl_target=getattr(impl, "target", "") or "")
+    item.stash[_EXPECTED] = entry
+    return entry
+
+
+def _expect_reason(entry) -> str:
+    return f"expected {entry.expected} ({entry.source}): {entry.reason}" + (f" [{entry.link}]" if entry.link else "")
 
 
 @pytest.fixture
@@ -402,7 +443,16 @@ def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
 def pytest_runtest_makereport(item, call):
     report = yield
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        if report.skipped:
+        entry = _expected(item) if _STATE["expect"] else None
+        # only an --expect entry's xfail: a test's own xfail marker keeps its old rows (skip / fail)
+        xpass = entry is not None and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]")
+        if entry is not None and hasattr(report, "wasxfail") and report.skipped:
+            outcome = "expected fail"
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else str(report.wasxfail)
+        elif (entry is not None and hasattr(report, "wasxfail") and report.passed) or xpass:
+            outcome, message = "unexpected pass", f"passed; expected to fail: {report.wasxfail if not xpass else report.longrepr}"
+        elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             refused = call.excinfo is not None and isinstance(call.excinfo.value, Unsupported)
             outcome = "unsupported" if refused else "skip"
@@ -417,6 +467,13 @@ def pytest_runtest_makereport(item, call):
             rec = item.stash.get(_RECORDER, None)
             partial = rec.partial if rec is not None else ""
             outcome, message = ("partial", partial) if partial else ("pass", "")
+            if entry is not None and entry.expected in ("unsupported", "partial") and outcome == "pass":
+                # listed as refused (in all or part): a full pass is a fix, said like wptrunner
+                outcome = "unexpected pass"
+                message = f"passed; {_expect_reason(entry)}"
+                if not item.config.getoption("allow_unexpected_pass", default=False):
+                    report.outcome = "failed"
+                    report.longrepr = f"[XPASS(strict)] {message}"
         rows = _rows_for(item, outcome, message)
         _STATE["rows"].extend(rows)
         _write(item.config, rows)
@@ -465,7 +522,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     verdicts = _STATE.get("verdicts", [])
     if not verdicts:
         return
-    order = ["pass", "skip", "unsupported", "partial", "error", "fail"]
+    order = ["pass", "skip", "unsupported", "partial", "unexpected pass", "expected fail", "error", "fail"]
     table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
     impls: list[str] = []
     for technique, law, claim, name, verdict in verdicts:

@@ -22,7 +22,10 @@ from reports import plots, publish
 from reports.killrate import kill_rates
 from reports.ledger import claims
 
-_ORDER = {"fail": 5, "error": 4, "partial": 3, "pass": 2, "unsupported": 1, "skip": 0}
+#: Verdicts worst first; an "expected fail" (listed in an --expect file) is still a failure of the
+#: law, ranked under a new one; an "unexpected pass" holds (the listed bug is fixed).
+_ORDER = {"fail": 7, "error": 6, "expected fail": 5, "unexpected pass": 4, "partial": 3, "pass": 2,
+          "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The gate's calibration as ``python -m perf.calibrate analyse`` writes it.
@@ -70,7 +73,8 @@ def _fig_text(r: Row, value) -> str:
     return f"{what}: {text}" if what else text
 
 
-_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails"}
+_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails",
+                  "expected fail": "fails (expected)", "unexpected pass": "holds (unexpected pass)"}
 
 
 def _verdict_of(rs: list[Row], kind: str) -> str:
@@ -168,9 +172,10 @@ def summary(ledger: list[dict]) -> dict:
     n = defaultdict(int)
     for c in ledger:
         n[c["verdict"]] += 1
-    holding = n["holds"] + n["holds (partial)"]
-    return {"total": len(ledger), "checked": holding + n["fails"] + n["inconclusive"], "holding": holding,
-            "partial": n["holds (partial)"], "failing": n["fails"], "inconclusive": n["inconclusive"],
+    holding = n["holds"] + n["holds (partial)"] + n["holds (unexpected pass)"]
+    failing = n["fails"] + n["fails (expected)"]
+    return {"total": len(ledger), "checked": holding + failing + n["inconclusive"], "holding": holding,
+            "partial": n["holds (partial)"], "failing": failing, "inconclusive": n["inconclusive"],
             "not_measured": n["not measured"], "not_checked": n["not checked"]}
 
 
@@ -203,7 +208,7 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
         elif r.unit == "rejection":
             cell["error_text"] = ""
         prev = prop["cells"].get(impl)
-        if prev is None or (_ORDER.get(r.verdict, 4), ratio) > (_ORDER.get(prev["verdict"], 4), prev["ratio"]):
+        if prev is None or (_ORDER.get(r.verdict, _ORDER["error"]), ratio) > (_ORDER.get(prev["verdict"], _ORDER["error"]), prev["ratio"]):
             prop["cells"][impl] = cell
     return {t: {"impls": v["impls"], "properties": sorted(v["props"].values(), key=lambda p: (p["law"], p["claim"], p["dtype"]))}
             for t, v in sorted(tables.items())}

@@ -1,0 +1,199 @@
+"""Expectation files: the known failures of one implementation, checked in beside the code that
+uses the suite, so that a CI run is green while nothing new breaks (``pytest --expect PATH``).
+
+One TOML file per implementation::
+
+    [implementation]
+    name = "my_pkg.attention:attention"     # as the result rows name it (an --impl target)
+    technique = "attention"                 # optional
+
+    [tests."test_fa3_production_shapes[my_pkg.attention:attention-llama-bfloat16]"]
+    expected = "fail"                       # "fail" | "unsupported" | "partial"
+    reason = "bfloat16 accumulation in the PV product"
+    measured = "max abs error 0.31 > bound 0.0625"   # the error text seen (optional)
+    link = "https://example.org/issue/12"           # optional
+
+A key is a test id: the law's function name with its parameters, as pytest prints it. ``*`` and
+``?`` are wildcards (brackets are literal); a bare law name (no parameters) covers all of its
+parameters, and an entry's optional ``dtype`` narrows it to one dtype. A damaged file raises
+ValueError naming the file, the entry and the field.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the oldest stack
+    import tomli as tomllib
+
+EXPECTED = ("fail", "unsupported", "partial")
+_ENTRY_FIELDS = {"expected", "reason", "measured", "link", "dtype"}
+_IMPL_FIELDS = {"name", "target", "technique"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One expected outcome: ``key`` (a test id pattern), ``expected``, ``reason``, ``measured``,
+    ``link``, ``dtype`` ("" for any), ``source`` (the file it came from)."""
+
+    key: str
+    expected: str
+    reason: str = ""
+    measured: str = ""
+    link: str = ""
+    dtype: str = ""
+    source: str = ""
+
+    def matches(self, test_name: str, law: str = "", dtype: str = "") -> bool:
+        if self.dtype and self.dtype != dtype:
+            return False
+        if law and self.key == law:
+            return True
+        return _pattern(self.key).fullmatch(test_name) is not None
+
+
+@dataclass
+class Expectations:
+    """One implementation's expectations: ``name`` (as rows name it), ``target``, ``technique``,
+    ``entries`` (key -> :class:`Entry`), ``source`` (the file)."""
+
+    name: str
+    target: str = ""
+    technique: str = ""
+    entries: dict[str, Entry] = field(default_factory=dict)
+    source: str = ""
+
+    def covers(self, impl_name: str, impl_target: str = "") -> bool:
+        return impl_name in (self.name, self.target) or bool(impl_target and impl_target in (self.name, self.target))
+
+    def find(self, test_name: str, law: str = "", dtype: str = "") -> Entry | None:
+        """The entry for a test: an exact key first, then the first pattern that matches."""
+        hit = self.entries.get(test_name)
+        if hit is not None and hit.matches(test_name, law, dtype):
+            return hit
+        return next((e for e in self.entries.values() if e.matches(test_name, law, dtype)), None)
+
+
+def _pattern(key: str) -> re.Pattern:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in key))
+
+
+def parse(text: str, source: str = "<string>") -> Expectations:
+    """One expectation file's text; ValueError naming ``source``, the entry and the field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML: {exc}") from None
+    impl = data.get("implementation")
+    if not isinstance(impl, dict):
+        raise ValueError(f"{source}: missing [implementation] table (name = \"<implementation>\")")
+    unknown = set(data) - {"implementation", "tests"}
+    if unknown:
+        raise ValueError(f"{source}: unknown table(s) {sorted(unknown)}; expected [implementation] and [tests.\"<test id>\"]")
+    bad = set(impl) - _IMPL_FIELDS
+    if bad:
+        raise ValueError(f"{source}: [implementation]: unknown field(s) {sorted(bad)}; known: {sorted(_IMPL_FIELDS)}")
+    for key in _IMPL_FIELDS & set(impl):
+        if not isinstance(impl[key], str):
+            raise ValueError(f"{source}: [implementation]: field {key!r} must be a string, got {impl[key]!r}")
+    if not impl.get("name"):
+        raise ValueError(f"{source}: [implementation]: field 'name' is missing or empty")
+    tests = data.get("tests", {})
+    if not isinstance(tests, dict):
+        raise ValueError(f"{source}: 'tests' must be a table of [tests.\"<test id>\"] entries")
+    out = Expectations(name=impl["name"], target=impl.get("target", ""), technique=impl.get("technique", ""),
+                       source=source)
+    for key, entry in tests.items():
+        where = f"{source}: entry {key!r}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: must be a table (expected = ..., reason = ...), got {entry!r}")
+        bad = set(entry) - _ENTRY_FIELDS
+        if bad:
+            raise ValueError(f"{where}: unknown field(s) {sorted(bad)}; known: {sorted(_ENTRY_FIELDS)}")
+        if "expected" not in entry:
+            raise ValueError(f"{where}: field 'expected' is missing (one of {', '.join(EXPECTED)})")
+        if entry["expected"] not in EXPECTED:
+            raise ValueError(f"{where}: field 'expected' is {entry['expected']!r}; must be one of {', '.join(EXPECTED)}")
+        if "reason" not in entry:
+            raise ValueError(f"{where}: field 'reason' is missing (say why it is expected)")
+        for name in _ENTRY_FIELDS & set(entry):
+            if not isinstance(entry[name], str):
+                raise ValueError(f"{where}: field {name!r} must be a string, got {entry[name]!r}")
+        out.entries[key] = Entry(key=key, source=source, **entry)
+    return out
+
+
+def load(paths) -> list[Expectations]:
+    """The expectation files at ``paths`` (files, or folders of ``*.toml``); files of the same
+    implementation are merged, and one test listed twice for it is a ValueError."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.glob("*.toml"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ValueError(f"{p}: no such expectation file or folder")
+    merged: dict[str, Expectations] = {}
+    for f in files:
+        exp = parse(f.read_text(encoding="utf-8"), str(f))
+        have = merged.get(exp.name)
+        if have is None:
+            merged[exp.name] = exp
+            continue
+        for key, e in exp.entries.items():
+            if key in have.entries:
+                raise ValueError(f"{f}: entry {key!r} for {exp.name!r} is listed in {have.entries[key].source} too")
+            have.entries[key] = e
+    return list(merged.values())
+
+
+def lookup(loaded: list[Expectations], impl_name: str, test_name: str, law: str = "", dtype: str = "",
+           impl_target: str = "") -> Entry | None:
+    """The expectation for one test of one implementation, or None."""
+    for exp in loaded:
+        if exp.covers(impl_name, impl_target):
+            hit = exp.find(test_name, law, dtype)
+            if hit is not None:
+                return hit
+    return None
+
+
+def _string(s: str) -> str:
+    out = []
+    for c in s:
+        if c == "\\":
+            out.append("\\\\")
+        elif c == '"':
+            out.append('\\"')
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def dumps(exp: Expectations, header: str = "") -> str:
+    """The TOML text of ``exp`` (:func:`parse` reads it back unchanged); entries sorted by key."""
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += ["[implementation]", f"name = {_string(exp.name)}"]
+    if exp.target and exp.target != exp.name:
+        lines.append(f"target = {_string(exp.target)}")
+    if exp.technique:
+        lines.append(f"technique = {_string(exp.technique)}")
+    for key in sorted(exp.entries):
+        e = exp.entries[key]
+        lines += ["", f"[tests.{_string(key)}]", f"expected = {_string(e.expected)}", f"reason = {_string(e.reason)}"]
+        for name in ("measured", "link", "dtype"):
+            if getattr(e, name):
+                lines.append(f"{name} = {_string(getattr(e, name))}")
+    return "\n".join(lines) + "\n"
+

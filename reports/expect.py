@@ -1,0 +1,121 @@
+"""Write or refresh expectation files (:mod:`conformance.expectations`) from a run's rows.
+
+    python -m reports.expect update RUN --out PATH [--builtins] [--impl NAME ...]
+
+RUN is the ``--results DIR`` folder (or one rows file) of any pytest run. One file per outside
+implementation (``--builtins``: the built-ins too) lists the tests it failed, refused
+("unsupported") or passed only in part, with the measured error text. PATH is a folder (one
+``<implementation>.toml`` per implementation) or, for one implementation, a ``.toml`` file. An
+existing file is refreshed: its reasons and links are kept, the measured text is the run's, an
+entry whose test ran and passed is dropped (the ratchet), and an entry whose test did not run is
+kept. Each file is written whole or not at all.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from conformance import atomic, expectations
+from conformance.results import Row, read_rows
+
+#: row verdict -> the outcome an expectation lists
+_LISTED = {"fail": "fail", "error": "fail", "expected fail": "fail", "unsupported": "unsupported",
+           "partial": "partial"}
+#: how bad a listed outcome is, when one test has several rows
+_RANK = {"fail": 2, "partial": 1, "unsupported": 0}
+NEW_REASON = "new in this run: say why it is expected"
+
+
+def is_outside(name: str) -> bool:
+    """An ``--impl`` target (``module:attr``), not a built-in or a zoo entry."""
+    return ":" in name and not name.startswith("zoo:")
+
+
+def test_id(check: str) -> str:
+    """The test's id without its file: ``path.py::test_x[p-q]`` -> ``test_x[p-q]``."""
+    head, bracket, params = check.partition("[")
+    return head.rsplit("::", 1)[-1] + bracket + params
+
+
+def file_name(impl: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", impl).strip("_") + ".toml"
+
+
+def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str] | None = None) -> list[Path]:
+    """Write the expectation files for ``rows`` under ``out`` (see the module doc); returns them."""
+    by_impl: dict[str, list[Row]] = {}
+    for r in rows:
+        if not r.implementation or r.implementation.startswith("zoo:"):
+            continue
+        if only and r.implementation not in only:
+            continue
+        if not only and not (builtins or is_outside(r.implementation)):
+            continue
+        by_impl.setdefault(r.implementation, []).append(r)
+    single = out.suffix == ".toml"
+    if single and len(by_impl) > 1:
+        raise ValueError(f"--out {out}: one file, but the run has {len(by_impl)} implementations "
+                         f"({', '.join(sorted(by_impl))}); give a folder or --impl NAME")
+    written = []
+    by_impl = {i: rs for i, rs in by_impl.items() if any(r.verdict != "skip" for r in rs)}  # not run: no file
+    for impl, rs in sorted(by_impl.items()):
+        path = out if single else out / file_name(impl)
+        old = expectations.parse(path.read_text(encoding="utf-8"), str(path)) if path.exists() else None
+        ran, failing = {}, {}
+        technique = ""
+        for r in rs:
+            key = test_id(r.check)
+            ran[key] = r.dtype
+            technique = technique or r.technique
+            listed = _LISTED.get(r.verdict)
+            if listed is None:
+                continue
+            prev = failing.get(key)
+            if prev is None or _RANK[listed] > _RANK[prev[0]]:
+                failing[key] = (listed, " ".join(str(r.message).split())[:500])
+        exp = expectations.Expectations(name=impl, technique=technique or (old.technique if old else ""),
+                                        target=old.target if old else "")
+        if old is not None:
+            for key, e in old.entries.items():
+                if not any(e.matches(k, k.split("[")[0], d) for k, d in ran.items()):
+                    exp.entries[key] = e          # not run this time: kept as it was
+        for key, (listed, measured) in failing.items():
+            kept = old.find(key, key.split("[")[0], ran[key]) if old is not None else None
+            exp.entries[key] = expectations.Entry(
+                key=key, expected=listed, measured=measured,
+                reason=kept.reason if kept is not None else NEW_REASON,
+                link=kept.link if kept is not None else "")
+        header = (f"Expected outcomes of {impl} in the conformance suite (pytest --expect {path.name}).\n"
+                  "Refreshed by: python -m reports.expect update RUN --out PATH (reasons and links are kept).")
+        atomic.write_text(path, expectations.dumps(exp, header))
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reports.expect", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("update", help="write or refresh expectation files from a run's rows")
+    up.add_argument("run", type=Path, help="the run's --results folder (or one rows file)")
+    up.add_argument("--out", type=Path, required=True, help="folder of expectation files, or one .toml file")
+    up.add_argument("--builtins", action="store_true", help="the built-in implementations too")
+    up.add_argument("--impl", action="append", default=[], metavar="NAME", help="only this implementation (repeatable)")
+    args = ap.parse_args(argv)
+    if not args.run.exists():
+        ap.error(f"{args.run}: no such run folder or rows file")
+    try:
+        written = update(read_rows(args.run), args.out, builtins=args.builtins, only=args.impl)
+    except ValueError as exc:
+        print(f"python -m reports.expect: {exc}", file=sys.stderr)
+        return 2
+    for p in written:
+        print(p)
+    if not written:
+        print("no implementation in the run's rows to write expectations for", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
