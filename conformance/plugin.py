@@ -479,7 +479,8 @@ def pytest_runtest_makereport(item, call):
         _write(item.config, rows)
         report.user_properties.append(("conformance_rows", len(rows)))
         report.user_properties.append(("conformance_verdicts", [
-            (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict)
+            (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict,
+             _number(r.measured), _number(r.bound))
             for r in rows if r.technique]))
     return report
 
@@ -518,23 +519,51 @@ def pytest_handlecrashitem(crashitem, report, sched):
         _write(config, [row])
 
 
+def _number(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+_SHORT = {"unsupported": "unsup", "expected fail": "xfail", "unexpected pass": "xpass"}
+
+
+def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[str]) -> str:
+    """One law x implementation cell: its outcome over the law's parameters (dtypes, cases), with
+    the counts where they differ ("pass:3,unsup:1"), and for a failure its worst measured error
+    and bound ("fail(3.6e-01>5.6e-13)"); no spaces, one token per cell."""
+    counts: dict[str, int] = {}
+    for verdict, _, _ in outcomes:
+        counts[verdict] = counts.get(verdict, 0) + 1
+    rank = {v: order.index(v) if v in order else len(order) for v in counts}
+    parts = sorted(counts, key=lambda v: -rank[v])
+    text = parts[0] if len(parts) == 1 else ",".join(f"{_SHORT.get(v, v)}:{counts[v]}" for v in parts)
+    failed = [(m / b if b else float("inf"), m, b) for v, m, b in outcomes
+              if v in ("fail", "error") and m is not None and b is not None]
+    if failed:
+        _, m, b = max(failed)
+        text += f"({m:.1e}>{b:.1e})"
+    return text.replace(" ", "_")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     verdicts = _STATE.get("verdicts", [])
     if not verdicts:
         return
     order = ["pass", "skip", "unsupported", "partial", "unexpected pass", "expected fail", "error", "fail"]
-    table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    outcomes: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
     impls: list[str] = []
-    for technique, law, claim, name, verdict in verdicts:
+    for technique, law, claim, name, verdict, *figures in verdicts:
         key = (technique, f"{law} {claim}".strip())
         if name not in impls:
             impls.append(name)
-        prev = table[key].get(name)
-        if prev is None or order.index(verdict if verdict in order else "fail") > order.index(prev):
-            table[key][name] = verdict
+        measured, bound = (figures + [None, None])[:2]
+        outcomes[key][name].append((verdict, measured, bound))
+    table = {key: {name: _cell(cells, order) for name, cells in row.items()} for key, row in outcomes.items()}
     tr = terminalreporter
-    tr.section("conformance verdicts (worst over parameters)")
+    tr.section("conformance verdicts (per law and implementation, over its parameters)")
     width = max(len(f"{t}: {k}") for t, k in table) + 2
-    tr.write_line(" " * width + "  ".join(f"{i:>12}" for i in impls))
+    col = max(12, *(len(c) for row in table.values() for c in row.values()), *(len(i) for i in impls))
+    tr.write_line(" " * width + "  ".join(f"{i:>{col}}" for i in impls))
     for (t, k), row in sorted(table.items()):
-        tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{row.get(i, '.'):>12}" for i in impls))
+        tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{row.get(i, '.'):>{col}}" for i in impls))
+    tr.write_line("a cell: the outcome over the law's parameters (counts where they differ; unsup = "
+                  "unsupported), a failure with its worst measured error > bound; '.': not run there")
