@@ -16,11 +16,11 @@ atomically (a temporary file, then a rename), so an interrupted run leaves each 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from conformance import atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 CLAIM_ID = re.compile(r"\b(AI|KV|FA|PA|QT|SD|WD)-(\d+)\b")
@@ -146,17 +146,6 @@ def pages(root: Path = ROOT) -> dict[str, str]:
     return out
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def stale(out: Path, root: Path = ROOT) -> list[str]:
     """Pages under ``out`` that are missing or differ from what the code gives."""
     return [name for name, text in pages(root).items()
@@ -178,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
     for name, text in pages().items():
-        _write_atomic(a.out / name, text)
+        atomic.write_text(a.out / name, text)
     print(f"wrote {len(pages())} pages to {a.out}")
     return 0
 

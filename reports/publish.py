@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 

@@ -136,7 +136,7 @@ def test_a_truncated_newest_history_entry_is_named_and_fails(tmp_path):
     line = _one_error_line(proc)
     assert str(newest) in line and "not valid JSON" in line and "--allow-corrupt-history" in line
     proc = _gate(run, "--history", h, "--allow-corrupt-history")
-    assert proc.returncode != stats.EXIT_INPUT and f"skipped an unusable history entry" in proc.stdout
+    assert proc.returncode != stats.EXIT_INPUT and "skipped an unusable history entry" in proc.stdout
     assert str(newest) in proc.stdout and newest.name not in proc.stdout.split("vs baseline")[1].split("(")[0]
 
 

@@ -34,27 +34,21 @@ def test_every_builtin_resolves_or_says_why_not(technique):
 
 
 @pytest.fixture(scope="module")
-def zoo_test_ids() -> list[str]:
-    """The ids of every zoo test the suite collects (the plugin parametrizes ``bad_impl`` over
-    each law's ``kills``: ``...[zoo-<name>]``)."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                          "--zoo-only", "--device", "cpu", "properties"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return [line for line in out.stdout.splitlines() if "[zoo-" in line]
+def zoo_tests() -> list[dict]:
+    """Every zoo test the suite collects, with its technique and zoo entry (the plugin
+    parametrizes ``bad_impl`` over each law's ``kills``), as ``reports.falsifiers`` reads them."""
+    from reports import falsifiers
+
+    return [z for z in falsifiers.zoo_tests(ROOT) if z["zoo"] is not None]
 
 
 @pytest.mark.parametrize("technique", TECHNIQUES)
-def test_every_zoo_entry_resolves_and_is_killed_by_some_law(technique, zoo_test_ids):
+def test_every_zoo_entry_resolves_and_is_killed_by_some_law(technique, zoo_tests):
     """Every registered zoo entry meets its contract and some collected zoo test of a law of its
     technique must reject it (no entry is registered and forgotten)."""
     zoo = registry.zoo(technique)
     assert zoo, f"{technique!r} has no known-bad implementation"
-    modules = {path.name for path in (ROOT / "properties").glob("test_*.py")
-               if re.search(rf"""(TECH\s*=\s*|technique\s*=\s*|technique\()["']{technique}["']""",
-                            path.read_text(encoding="utf-8"))}
-    killed = {re.search(r"\[(?:.*-)?zoo-(\w+)", i).group(1) for i in zoo_test_ids
-              if i.split("::")[0].split("/")[-1] in modules}
+    killed = {z["zoo"] for z in zoo_tests if z["technique"] == technique}
     for impl in zoo:
         assert impl.origin == "zoo" and impl.namespace is not None
         assert impl.name in killed, f"zoo entry {technique}:{impl.name} is rejected by no collected zoo test"
