@@ -4,7 +4,9 @@ against FLOPs and bytes counted from real tensors, and as Hypothesis properties 
 Claims: AI-1..AI-7 (CS336 lecture 10 part 1; lecture 001 §1.2 and exercise 1), KV-4, KV-5
 (001 §2.3, exercise 2) and the cache-size part of KV-6.
 
-Where a lecture figure is rounded, the band below states the relative error allowed and why.
+The figure checks are functions of the formula or model (properties/roofline_cases.py, where each
+band states the relative error allowed and why; test_roofline_rejections.py feeds them known-bad
+formulas).
 Every figure is recorded with :func:`conformance.results.record` (lecture figure next to the
 model's), so the report shows both. Two lecture figures do not follow exactly from the lecture's
 own formula; the model's value is tested and the lecture's recorded beside it:
