@@ -18,9 +18,10 @@ import statistics
 import pytest
 import torch
 
-from benchmarks.timing import (interleaved_times, median_seconds, paired_ratios, ratio_estimate, rounds,
-                               trend_fields)
+from benchmarks.timing import interleaved_times, median_seconds, paired_ratios, ratio_estimate, rounds
 from conformance import results
+from conformance.trends import (AI8_PREFILL_VS_DECODE, AI9_SATURATION, AI9_STEP_GROWTH, KV3_DOUBLING_WITH_CACHE,
+                                 KV3_DOUBLING_WITHOUT_CACHE)
 from reference.transformer import TransformerConfig, build, generate
 
 TECH = "kv_cache"
@@ -109,7 +110,7 @@ def test_ai8_prefill_vs_decode(benchmark, impl, device):
     # the mark is the claim's "far faster" (5x), not the lecture's 27x on its own CPU (shown beside)
     results.record("AI-8", measured=est.estimate, lecture="3.5 ms vs 95.2 ms, ≈27× (CPU)",
                    unit="time of 256 one-token decode steps / one 256-token prefill",
-                   **trend_fields(est, ">", 5, "prefill far faster than one-token decode steps"), **figures)
+                   **AI8_PREFILL_VS_DECODE.fields(est), **figures)
 
 
 # ----------------------------------------------------------------------------------------- KV-3
@@ -162,11 +163,11 @@ def test_kv3_generation_with_and_without_cache(benchmark, impl, device):
     benchmark.pedantic(cached, args=(max(lengths),), rounds=max(repeats, 1), warmup_rounds=0)
     results.record("KV-3", measured=plain_doubling.estimate, lecture="> 4× when the length doubles",
                    unit=f"time ratio without the cache, {a} -> {b} tokens",
-                   **trend_fields(plain_doubling, ">", 4, "without the cache doubling the length costs more than 4x"),
+                   **KV3_DOUBLING_WITHOUT_CACHE.fields(plain_doubling),
                    **figures)
     results.record("KV-3", measured=cache_doubling.estimate, lecture="≈ 2× when the length doubles",
                    unit=f"time ratio with the cache, {a} -> {b} tokens",
-                   **trend_fields(cache_doubling, "<", 3, "with the cache about 2x (linear, not quadratic)"))
+                   **KV3_DOUBLING_WITH_CACHE.fields(cache_doubling))
     # the lecture's 7.7x was measured on its own machine: shown beside the measured speed-up, not a
     # mark (the claim's trend is the two doublings above)
     results.record("KV-3", measured=speedup.estimate, lecture="7.7× faster at 512 tokens (the lecture's CPU)",
@@ -228,8 +229,8 @@ def test_ai9_batch_scaling(benchmark, impl, device):
     results.record("AI-9", measured=growth.estimate,
                    lecture="step time grows much more slowly than B at small B (B ×64 here)",
                    unit="decode step time B=64 / B=1",
-                   **trend_fields(growth, "<", 16, "step time grows at most a quarter as fast as the batch"), **figures)
+                   **AI9_STEP_GROWTH.fields(growth), **figures)
     results.record("AI-9", measured=saturation.estimate,
                    lecture="throughput saturates; on the lecture's CPU B=256 is slower than B=64 (< 1)",
                    unit="throughput B=256 / B=64",
-                   **trend_fields(saturation, "<", 1.25, "saturated (4x the batch buys at most 25% more throughput)"))
+                   **AI9_SATURATION.fields(saturation))

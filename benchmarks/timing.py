@@ -4,21 +4,22 @@ pytest-benchmark times the benchmarked call itself; a benchmark that states a ra
 decode, split vs unsplit, with vs without the cache) also times its comparison points with
 :func:`median_seconds`, so the ratio exists even when pytest-benchmark is disabled (CI smoke runs).
 
-A trend claim ("doubling the length costs more than 4x") is judged by :func:`ratio_estimate`
-over repeated paired ratios (:func:`paired_ratios`): holds when the ratio's confidence interval
-lies on the claimed side of the claim's mark, fails when it lies on the other, inconclusive when
-it straddles the mark (:func:`trend_fields` writes the figure row's fields).
+A trend claim ("doubling the length costs more than 4x") is judged by its rule
+(:class:`conformance.trends.TrendRule`, re-exported here with :func:`ratio_estimate` and
+:func:`trend_fields`) over repeated paired ratios (:func:`paired_ratios`): holds when the ratio's
+confidence interval lies on the claimed side of the claim's mark, fails when it lies on the
+other, inconclusive when it straddles the mark.
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-from scipy import stats
+
+# the trend verdicts are defined once in conformance.trends (properties/ judges with them too); re-exported
+from conformance.trends import TREND_LEVEL, RatioEstimate, TrendRule, ratio_estimate, trend_fields  # noqa: F401
 
 
 def sync(device: str) -> None:
@@ -96,60 +97,3 @@ def paired_ratios(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=N
 def paired_ratio(fn_a, fn_b, device: str, repeats: int, setup_a=None, setup_b=None) -> float:
     """Median of :func:`paired_ratios`."""
     return statistics.median(paired_ratios(fn_a, fn_b, device, repeats, setup_a, setup_b))
-
-
-# ------------------------------------------------------------------------------ trend verdicts
-#: Confidence level of a trend's interval.
-TREND_LEVEL = 0.95
-
-
-@dataclass(frozen=True)
-class RatioEstimate:
-    """A ratio estimated from repeated paired measurements: the geometric mean of the per-pair
-    ratios (``estimate``) and a ``level`` confidence interval [``low``, ``high``] (None, None
-    with fewer than two pairs: no interval, so no verdict)."""
-
-    estimate: float
-    low: float | None
-    high: float | None
-    pairs: int
-    level: float = TREND_LEVEL
-
-    def verdict(self, side: str, mark: float) -> str:
-        """"holds" when the whole interval lies on the claimed ``side`` (">" or "<") of
-        ``mark``, "fails" when it lies wholly on the other side, "inconclusive" when it
-        straddles the mark (or there is no interval)."""
-        if side not in (">", "<"):
-            raise ValueError(f"side must be '>' or '<', got {side!r}")
-        if self.low is None or self.high is None:
-            return "inconclusive"
-        above, below = self.low > mark, self.high < mark
-        if above or below:
-            return "holds" if above == (side == ">") else "fails"
-        return "inconclusive"
-
-
-def ratio_estimate(ratios, level: float = TREND_LEVEL) -> RatioEstimate:
-    """The geometric mean of positive ``ratios`` with a Student-t interval on their logs at
-    ``level`` (a ratio's noise is multiplicative: a load spike scales a time, it does not add a
-    constant to it)."""
-    values = np.asarray(list(ratios), dtype=np.float64)
-    if values.size == 0 or not np.all((values > 0) & np.isfinite(values)):
-        raise ValueError(f"ratios must be positive and finite, got {values.tolist()}")
-    logs = np.log(values)
-    centre = float(logs.mean())
-    if logs.size < 2:
-        return RatioEstimate(math.exp(centre), None, None, int(logs.size), level)
-    sem = float(stats.sem(logs))
-    lo, hi = (centre, centre) if sem == 0 else stats.t.interval(level, logs.size - 1, loc=centre, scale=sem)
-    return RatioEstimate(math.exp(centre), math.exp(lo), math.exp(hi), int(logs.size), level)
-
-
-def trend_fields(est: RatioEstimate, side: str, mark: float, rule: str) -> dict:
-    """The figure row's verdict fields for a trend judged by ``est`` against ``mark``: ``trend``
-    (holds / fails / inconclusive), ``holds`` (True / False / None), the interval (``ci_low``,
-    ``ci_high``), ``pairs``, ``mark`` and ``trend_rule`` (``rule``: the claim's words)."""
-    trend = est.verdict(side, mark)
-    return dict(trend=trend, holds={"holds": True, "fails": False}.get(trend), ci_low=est.low, ci_high=est.high,
-                pairs=est.pairs, mark=mark,
-                trend_rule=f"{side} {mark:g}, the {est.level:.0%} interval on one side: {rule}")

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule, run_state_machine_as_test
 
 from conformance import results
-from conformance.tolerance import assert_exact, assert_scalar
+from conformance.tolerance import assert_exact
+from properties.block_allocator_cases import check_pa3, check_pa5, slots_for_parallel_sampling
 from properties.zoo_paged_attention import CowForgetsToCopy, expect_rejection
 from reference.paged_attention import OutOfBlocks, PagedKVCache, waste_per_request
-from reference.serving import lecture_trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -185,36 +185,15 @@ def test_pa4_fork_then_append_copies_only_the_partial_block():
 
 
 # ---------------------------------------------------------------------------------------- PA-3
-def slots_for_parallel_sampling(prompt: int, samples: int, output: int, block_size: int, share: bool) -> int:
-    """Token slots the allocator holds once ``samples`` continuations of ``output`` tokens of
-    one ``prompt``-token prompt are generated, with or without sharing the prompt by fork."""
-    cache = PagedKVCache(4 * samples * -(-(prompt + output) // block_size), block_size)
-    if share:
-        cache.new_sequence(0)
-        cache.append_tokens(0, prompt)
-        for s in range(1, samples):
-            cache.fork(0, s)
-    else:
-        for s in range(samples):
-            cache.new_sequence(s)
-            cache.append_tokens(s, prompt)
-    for _ in range(output):
-        for s in range(samples):
-            cache.append_tokens(s, 1)
-    return cache.slots_held()
-
-
 @pytest.mark.claim("PA-3")
 def test_pa3_parallel_sampling_shares_the_prompt():
-    unshared = slots_for_parallel_sampling(512, 8, 128, 16, share=False)
-    shared = slots_for_parallel_sampling(512, 8, 128, 16, share=True)
+    unshared, shared = check_pa3(PagedKVCache)
     saved = 1 - shared / unshared
     results.record("PA-3", measured=unshared, lecture=5120, unit="token slots, 8 samples unshared",
                    rule="512-token prompt, 8 samples x 128 tokens, blocks of 16, counted by the allocator")
     results.record("PA-3", measured=shared, lecture=1536, unit="token slots, prompt's 32 blocks shared",
                    rule="fork shares the prompt's blocks; each sample appends into its own blocks")
     results.record("PA-3", measured=round(saved, 4), lecture=0.70, unit="fraction of slots saved")
-    assert (unshared, shared) == (5120, 1536), (unshared, shared)
 
 
 @pytest.mark.claim("PA-3")
@@ -240,18 +219,4 @@ def test_pa3_shared_slots_formula(prompt, samples, output, bs):
 def test_pa5_waste_vs_block_size():
     """Slots reserved but empty per request (the unfilled last block), counted by the allocator
     over requests of the lecture's trace (prompt + output tokens), against half a block."""
-    trace = lecture_trace(4000, seed=5)
-    lengths = [r.prompt + r.output for r in trace]
-    by_block = {}
-    for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-        w = waste_per_request(lengths, bs)
-        assert_exact(torch.tensor(w), torch.tensor([(-n) % bs for n in lengths]),
-                     what=f"allocator's waste per request at block size {bs}")
-        by_block[bs] = sum(w) / len(w)
-    results.record("PA-5", measured=round(by_block[16], 2), lecture=8, unit="slots wasted per request, blocks of 16",
-                   rule="4000 requests of the lecture's trace; lecture: half a block on average",
-                   waste_by_block_size={str(k): round(v, 3) for k, v in by_block.items()})
-    results.record("PA-5", measured=round(by_block[256], 2), lecture=128, unit="slots wasted per request, blocks of 256",
-                   rule="4000 requests of the lecture's trace")
-    for bs in (16, 256):
-        assert_scalar(by_block[bs], bs / 2, rel=0.1, what=f"mean waste per request at block size {bs}")
+    check_pa5(waste_per_request)

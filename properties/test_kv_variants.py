@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from conformance import results, tolerance
 from properties import strategies as sst
+from properties.kv_variant_cases import check_kv7, check_kv9, check_kv11
 from reference import kv_cache as kvv
 
 
@@ -40,14 +41,7 @@ def test_ring_buffer_one_slot_short_is_rejected():
 @settings(max_examples=15)
 @given(seed=sst.seeds, T=st.integers(1, 12), layers=st.integers(1, 5), share=st.integers(1, 3))
 def test_cla_cached_decode_equals_full_forward(seed, T, layers, share):
-    cfg = kvv.StackConfig(d_model=8, heads=2, layers=layers, share=share)
-    w = kvv.stack_weights(cfg, seed)
-    x = sst.randn((T, cfg.d_model), seed)
-    out, stored = kvv.stack_decode_cla(x, w, cfg)
-    tolerance.assert_close(out, kvv.stack_forward(x, w, cfg), what="CLA cached decode vs full forward")
-    groups = -(-layers // share)
-    tolerance.assert_exact(torch.tensor(stored), torch.tensor(2 * groups * T * cfg.d_model),
-                           what="CLA cache values (layers / share groups)")
+    check_kv9(kvv.stack_decode_cla, seed, T, layers, share)
 
 
 @pytest.mark.claim("KV-9")
@@ -66,12 +60,7 @@ def test_cla_divides_the_cache_by_the_sharing_factor():
 @given(seed=sst.seeds, T=st.integers(1, 16), heads=st.integers(1, 4), latent=st.integers(1, 10),
        rope_dim=st.sampled_from([2, 4, 6]))
 def test_mla_absorbed_decode_equals_materialized(seed, T, heads, latent, rope_dim):
-    cfg = kvv.MLAConfig(d_model=16, heads=heads, head_dim=8, latent=latent, rope_dim=rope_dim)
-    w = kvv.mla_weights(cfg, seed)
-    x = sst.randn((T, cfg.d_model), seed, scale=2.0)
-    out, per_token = kvv.mla_absorbed_decode(x, w, cfg)
-    tolerance.assert_close(out, kvv.mla_materialized(x, w, cfg), what="MLA absorbed decode vs materialised K/V")
-    assert per_token == latent + rope_dim
+    check_kv7(kvv.mla_absorbed_decode, seed, T, heads, latent, rope_dim)
 
 
 @pytest.mark.claim("KV-7")
@@ -92,23 +81,12 @@ def test_mla_deepseek_v2_cache_size():
 @settings(max_examples=10)
 @given(seed=sst.seeds, layers=st.integers(1, 4), window=st.integers(2, 5))
 def test_stacked_windows_reach_exactly_L_times_W_minus_1_back(seed, layers, window):
-    reach = layers * (window - 1)
-    T = reach + 4
-    cfg = kvv.StackConfig(d_model=8, heads=2, layers=layers, window=window)
-    x = sst.randn((T, cfg.d_model), seed)
-    depends = kvv.receptive_field(x, kvv.stack_weights(cfg, seed), cfg)
-    expected = torch.arange(T) >= T - 1 - reach
-    tolerance.assert_exact(depends, expected, what="positions the last output depends on")
+    check_kv11(kvv.receptive_field, seed, layers, window)
 
 
 @pytest.mark.claim("KV-11")
 def test_receptive_field_of_four_layers_of_window_eight():
     layers, window = 4, 8
-    T = 40
-    cfg = kvv.StackConfig(d_model=8, heads=2, layers=layers, window=window)
-    x = sst.randn((T, cfg.d_model), 0)
-    depends = kvv.receptive_field(x, kvv.stack_weights(cfg, 0), cfg)
-    distance = T - 1 - torch.nonzero(depends).min().item()
+    distance = check_kv11(kvv.receptive_field, 0, layers, window)
     results.record("KV-11", measured=distance, lecture=f"L·(W−1) = {layers * (window - 1)} (not W = {window})",
                    unit="positions back (L=4, W=8)")
-    assert distance == layers * (window - 1)

@@ -4,7 +4,9 @@ against FLOPs and bytes counted from real tensors, and as Hypothesis properties 
 Claims: AI-1..AI-7 (CS336 lecture 10 part 1; lecture 001 §1.2 and exercise 1), KV-4, KV-5
 (001 §2.3, exercise 2) and the cache-size part of KV-6.
 
-Where a lecture figure is rounded, the band below states the relative error allowed and why.
+The figure checks are functions of the formula or model (properties/roofline_cases.py, where each
+band states the relative error allowed and why; test_roofline_rejections.py feeds them known-bad
+formulas).
 Every figure is recorded with :func:`conformance.results.record` (lecture figure next to the
 model's), so the report shows both. Two lecture figures do not follow exactly from the lecture's
 own formula; the model's value is tested and the lecture's recorded beside it:
@@ -25,6 +27,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conformance import results
 from conformance.tolerance import assert_exact, assert_scalar
+from properties.roofline_cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
+                                       check_kv5, check_kv6_ratio)
 from reference import perf_model as pm
 from reference import roofline as rl
 from reference.transformer import TransformerConfig, build
@@ -74,12 +78,7 @@ def test_matmul_counts_match_tensors(B, D, F, dtype):
 @pytest.mark.claim("AI-1")
 def test_matmul_intensity_lecture_form():
     """2BDF/(2BD+2DF+2BF) in bf16; B = 1 (a matrix-vector product) gives about 1."""
-    B, D, F = 1, 5120, 13824
-    got = rl.matmul_intensity(B, D, F)
-    assert_scalar(got, 2 * B * D * F / (2 * B * D + 2 * D * F + 2 * B * F), rel=1e-12, what="AI-1 formula")
-    # Lecture: "B = 1: intensity 1". Band 0.1%: B/(1 + B/F + B/D) with the Llama 2 13B sizes.
-    assert_scalar(got, 1.0, rel=1e-3, what="B=1 matvec intensity")
-    results.record("AI-1", measured=got, lecture=1, unit="FLOP/byte", rule="B=1, D=5120, F=13824, bf16")
+    check_ai1(rl.matmul_intensity)
 
 
 @pytest.mark.claim("AI-1")
@@ -124,12 +123,7 @@ def test_gated_mlp_counts_match_tensors(B, T, D, F):
 @pytest.mark.claim("AI-2")
 @given(B=st.integers(1, 16), T=st.integers(1, 64), D0=st.integers(1, 64), F0=st.integers(1, 64))
 def test_gated_mlp_intensity_tends_to_BT(B, T, D0, F0):
-    prev = 0.0
-    for c in (1, 100, 10_000, 1_000_000):
-        i = rl.gated_mlp_intensity(B, T, c * D0, c * F0)
-        assert prev < i < B * T
-        prev = i
-    assert_scalar(prev, B * T, rel=B * T / min(D0, F0) * 2e-6 + 1e-12, what="MLP intensity -> BT")
+    check_ai2(rl.gated_mlp_intensity, B, T, D0, F0)
 
 
 @pytest.mark.claim("AI-3")
@@ -153,13 +147,7 @@ def test_attention_counts_match_tensors(B, S, T, D):
 @pytest.mark.claim("AI-3")
 @given(S=st.integers(1, 10**7), B=st.integers(1, 1024), D=st.integers(1, 16384))
 def test_attention_intensity_prefill_generation(S, B, D):
-    gen = rl.attention_intensity(S, 1, B, D)
-    assert gen < 1, f"generation intensity {gen} >= 1 at S={S}"
-    assert_scalar(gen, S / (S + 1), rel=1e-12, what="generation S/(S+1)")
-    assert_scalar(rl.attention_intensity(S, S, B, D), S / 2, rel=1e-12, what="prefill S/2")
-    # independent of the batch (and of D)
-    assert_scalar(rl.attention_intensity(S, 7, B, D), rl.attention_intensity(S, 7), rel=1e-12,
-                  what="attention intensity independent of B, D")
+    check_ai3(rl.attention_intensity, S, B, D)
 
 
 @pytest.mark.claim("AI-3")
@@ -178,14 +166,8 @@ def test_attention_intensity_lecture_figures():
 
 @pytest.mark.claim("AI-4")
 def test_accelerator_intensity_lecture_figures():
-    h100 = rl.accelerator_intensity(989e12, 3.35e12)
-    a100 = rl.accelerator_intensity(312e12, 2.0e12)
-    # Lecture: "H100 about 295" (989/3.35 = 295.2; band 0.1%, the lecture rounds to an integer).
-    assert_scalar(h100, 295, rel=1e-3, what="H100 accelerator intensity")
-    assert_scalar(a100, 156, rel=1e-12, what="A100 accelerator intensity")
+    h100, a100 = check_ai4(rl.accelerator_intensity)
     assert H100.intensity == h100 and A100.intensity == a100
-    results.record("AI-4", measured=h100, lecture=295, unit="FLOP/byte", rule="989 TFLOP/s / 3.35 TB/s")
-    results.record("AI-4", measured=a100, lecture=156, unit="FLOP/byte", rule="312 TFLOP/s / 2 TB/s")
     results.record("AI-4", measured=rl.ACCELERATORS["H200"].intensity, lecture=None, unit="FLOP/byte",
                    rule="H200: 989 TFLOP/s / 4.8 TB/s (no lecture figure)")
 
@@ -245,63 +227,12 @@ def test_counts_match_reference_model(L, K, group, H, F, V, dtype):
 
 @pytest.mark.claim("AI-5")
 def test_llama2_13b_on_h100():
-    m, bw, cap = pm.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
-    params = pm.num_params(m)
-    # "about 13 billion" (13,015,449,600): band 1%, the lecture gives two significant figures.
-    assert_scalar(params, 13e9, rel=0.01, what="Llama 2 13B parameters")
-    results.record("AI-5", measured=params, lecture=13e9, unit="parameters")
-    kv = pm.kv_bytes_per_sequence(m)
-    assert_scalar(kv, 838_860_800, rel=0, what="KV cache bytes per sequence (S=1024)")
-    results.record("AI-5", measured=kv, lecture=838_860_800, unit="bytes/sequence")
-    results.record("AI-5", measured=pm.parameter_bytes(m), lecture=26e9, unit="bytes (bf16 parameters)")
-
-    lat1, thr1 = pm.latency_s(m, 1, bw), pm.throughput(m, 1, bw)
-    # "0.008 s/token": 0.0080208; band 1% (the lecture keeps one significant figure).
-    assert_scalar(lat1, 0.008, rel=0.01, what="B=1 latency")
-    # "124 tokens/s": the formula gives 124.68, which rounds to 125; the lecture truncates.
-    # Band 1% (0.55% off); the truncation itself is checked exactly.
-    assert_scalar(thr1, 124, rel=0.01, what="B=1 throughput")
-    assert math.floor(thr1) == 124 and round(thr1) == 125
-    results.record("AI-5", measured=lat1, lecture=0.008, unit="s/token", rule="B=1, memory/bandwidth")
-    results.record("AI-5", measured=thr1, lecture=124, unit="tokens/s",
-                   rule="B=1; formula 124.68 rounds to 125, lecture truncates to 124")
-
-    table = pm.performance(m, [1, 16, 64, 256], H100)
-    lats, thrs = [p.latency_s for p in table], [p.throughput for p in table]
-    assert lats == sorted(lats) and thrs == sorted(thrs), "latency and throughput must rise with B"
-    # diminishing returns: throughput gained per extra sequence shrinks
-    gains = [(thrs[i + 1] - thrs[i]) / (table[i + 1].B - table[i].B) for i in range(len(table) - 1)]
-    assert gains == sorted(gains, reverse=True)
-    assert thrs[-1] < pm.throughput_limit(m, bw)
-    assert all(p.bound == "memory" for p in table)
-    p64, p256 = table[2], table[3]
-    assert p64.fits and not p256.fits
-    # the verdicts do not depend on reading "80 GB" as 80e9 or 80 GiB
-    assert pm.fits(m, 64, 80 * GIB) and not pm.fits(m, 256, 80 * GIB)
-    assert pm.max_batch(m, cap) == 64
-    for p in table:
-        results.record("AI-5", measured={"latency_s": p.latency_s, "tokens_per_s": p.throughput,
-                                         "memory_GB": p.memory_bytes / 1e9, "fits_80GB": p.fits},
-                       lecture={1: "0.008 s, 124 tok/s", 16: None, 64: "latency up, throughput up",
-                                256: "does not fit 80 GB"}[p.B], unit="per batch size", B=p.B)
+    check_ai5(pm.CS336)
 
 
 @pytest.mark.claim("AI-6")
 def test_llama2_13b_gqa_on_h100():
-    mha, bw, cap = pm.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
-    gqa = mha.with_(K=8)
-    ratio = pm.kv_bytes_per_sequence(mha) / pm.kv_bytes_per_sequence(gqa)
-    assert_scalar(ratio, 5, rel=0, what="KV cache MHA / GQA(K=8)")
-    results.record("AI-6", measured=ratio, lecture=5, unit="x smaller KV cache")
-    lat_mha, lat_gqa = pm.latency_s(mha, 64, bw), pm.latency_s(gqa, 64, bw)
-    thr_mha, thr_gqa = pm.throughput(mha, 64, bw), pm.throughput(gqa, 64, bw)
-    assert lat_gqa < lat_mha and thr_gqa > thr_mha
-    results.record("AI-6", measured={"latency_s": lat_gqa, "tokens_per_s": thr_gqa},
-                   lecture="better latency and throughput than MHA", unit="B=64",
-                   mha={"latency_s": lat_mha, "tokens_per_s": thr_mha})
-    assert pm.fits(gqa, 256, cap) and not pm.fits(mha, 256, cap)
-    results.record("AI-6", measured=pm.memory_bytes(gqa, 256) / 1e9, lecture="B=256 fits in 80 GB",
-                   bound=cap / 1e9, unit="GB at B=256", fits=True)
+    check_ai6(pm.CS336)
 
 
 @pytest.mark.claim("AI-5")
@@ -327,23 +258,7 @@ def test_batch_size_properties(S, K, B, cap, bw):
 
 @pytest.mark.claim("AI-7")
 def test_exercise1_decode_bound():
-    d = pm.decode_bound(7e9, A100, B=1)
-    assert_scalar(d.weight_read_s, 7e-3, rel=1e-12, what="14 GB / 2 TB/s")
-    # "0.045 ms": 1.4e10 / 312e12 = 0.04487 ms; band 1% (two significant figures).
-    assert_scalar(d.compute_s, 0.045e-3, rel=0.01, what="2 x 7e9 / 312 TFLOP/s")
-    # "about 140 tokens/s": 1 / 7 ms = 142.9; band 3% (the lecture rounds down to 140).
-    assert_scalar(d.tokens_per_s, 140, rel=0.03, what="B=1 tokens/s")
-    assert d.memory_over_compute > 150  # "memory is more than 150x slower than compute"
-    # "compute becomes the bound near B = 150": ridge 156; band 5% (the lecture says "about 150").
-    assert_scalar(d.compute_bound_batch, 150, rel=0.05, what="B where compute takes over")
-    b = math.ceil(d.compute_bound_batch)
-    below, above = pm.decode_bound(7e9, A100, B=b - 1), pm.decode_bound(7e9, A100, B=b)
-    assert below.compute_s < below.weight_read_s <= above.compute_s
-    results.record("AI-7", measured=d.weight_read_s * 1e3, lecture=7, unit="ms/token (weights)")
-    results.record("AI-7", measured=d.compute_s * 1e3, lecture=0.045, unit="ms/token (compute)")
-    results.record("AI-7", measured=d.tokens_per_s, lecture=140, unit="tokens/s at B=1")
-    results.record("AI-7", measured=d.memory_over_compute, lecture="> 150", unit="memory time / compute time")
-    results.record("AI-7", measured=d.compute_bound_batch, lecture=150, unit="B where compute-bound")
+    check_ai7(pm.CS336)
 
 
 # ------------------------------------------------------------------------------------------
@@ -365,30 +280,14 @@ def test_kv_bytes_per_token():
 
 @pytest.mark.claim("KV-5")
 def test_exercise2_concurrent_requests():
-    # The lecture's "60 GB" and "2 GB per request" are binary (512 KiB x 4096 = 2 GiB); with a
-    # budget of 60 x 10^9 bytes the answers would be 27 / 111 / 223 (recorded beside).
-    budget = 60 * GIB
-    models = {"Llama-2-7B": (pm.LLAMA2_7B, 30), "Llama-3-8B": (pm.LLAMA3_8B, 120),
-              "Llama-3-8B 8-bit KV": (pm.LLAMA3_8B.with_(kv_bytes_per_value=1), 240)}
-    for name, (m, lecture) in models.items():
-        n = pm.concurrent_requests(budget, m, context=4096)
-        assert_scalar(n, lecture, rel=0, what=f"{name}: requests in 60 GiB at 4K context")
-        results.record("KV-5", measured=n, lecture=lecture, unit="requests", rule=name,
-                       per_request_GiB=pm.kv_bytes_per_sequence(m, 4096) / GIB,
-                       with_60e9_bytes=pm.concurrent_requests(60e9, m, context=4096))
+    check_kv5(pm.CS336)
 
 
 @pytest.mark.claim("KV-6")
 @given(K=st.integers(1, 64), group=st.integers(1, 64), L=st.integers(1, 128), H=st.integers(1, 256),
        bpv=st.sampled_from([1, 2, 4]))
 def test_gqa_cache_ratio(K, group, L, H, bpv):
-    N = K * group
-    mha = pm.ModelShape(S=64, D=N * H, F=4, N=N, K=N, H=H, L=L, V=8, bytes_per_value=bpv)
-    gqa = mha.with_(K=K)
-    assert_scalar(pm.kv_bytes_per_token(mha) / pm.kv_bytes_per_token(gqa), pm.kv_cache_ratio(N, K),
-                  rel=1e-12, what="MHA / GQA cache")
-    assert pm.kv_cache_ratio(N, K) == group
-    assert pm.kv_bytes_per_token(mha.with_(K=1)) * N == pm.kv_bytes_per_token(mha)  # MQA
+    check_kv6_ratio(pm.CS336, K, group, L, H, bpv)
 
 
 @pytest.mark.claim("AI-5")

@@ -19,6 +19,7 @@ from conformance.tolerance import (
     max_abs_error,
 )
 from properties import strategies as S
+from properties.flash_cases import LECTURE_SCORES, check_fa1, check_fa2_exercise3, check_fa2_two_chunks
 from reference import attention as ref
 
 DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in S.FLOAT_DTYPES]
@@ -27,33 +28,21 @@ DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in S.FLOAT_DTYP
 # FA-1, FA-2: softmax and online softmax, with the lecture's numbers
 # ----------------------------------------------------------------------------------------------
 
-LECTURE_SCORES = [1000.0, 999.0, 998.0, 10.0]
 
 
 @pytest.mark.claim("FA-1")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 def test_fa1_textbook_softmax_overflows_max_subtracted_does_not(dtype):
-    x = torch.tensor(LECTURE_SCORES, dtype=dtype)
-    naive = ref.softmax_textbook(x)
-    assert torch.isnan(naive[:3]).all(), f"textbook softmax of {LECTURE_SCORES} should overflow, got {naive}"
-    p = ref.softmax(x)
-    lecture = [0.665, 0.245, 0.090, 0.000]
-    assert_exact(torch.round(p.double() * 1000).long(), torch.tensor([round(v * 1000) for v in lecture]),
-                 what="max-subtracted softmax rounded to 3 decimals")
-    assert abs(float(p.sum()) - 1.0) < 1e-6
-    results.record("FA-1", measured=[round(float(v), 3) for v in p], lecture=lecture, unit="probability",
-                   rule="softmax(x - max x), rounded to 3 decimals; textbook form gives nan",
+    naive, p = check_fa1(ref.softmax_textbook, ref.softmax, dtype)
+    results.record("FA-1", measured=[round(float(v), 3) for v in p], lecture=[0.665, 0.245, 0.090, 0.000],
+                   unit="probability", rule="softmax(x - max x), rounded to 3 decimals; textbook form gives nan",
                    textbook=[str(float(v)) for v in naive])
 
 
 @pytest.mark.claim("FA-2")
 def test_fa2_lecture_example_in_two_chunks():
-    (m1, l1), (m2, l2) = ref.online_softmax_trace(LECTURE_SCORES, [2, 2])
-    m_one, l_one = ref.softmax_stats(torch.tensor(LECTURE_SCORES, dtype=torch.float64))
-    assert_exact(torch.tensor(m2), m_one, what="online m vs one-pass max")
-    assert_scalar(l2, float(l_one), rel=1e-14, what="online l vs one-pass l")
-    assert_scalar(m2, 1000.0, rel=0.0, what="m after two chunks")
-    assert_scalar(l2, 1.503215, rel=5e-7, what="l after two chunks (lecture: 1.503215)")
+    m2, l2 = check_fa2_two_chunks(ref.online_softmax_trace, ref.softmax_stats)
+    _, l_one = ref.softmax_stats(torch.tensor(LECTURE_SCORES, dtype=torch.float64))
     results.record("FA-2", measured={"m": m2, "l": round(l2, 6)}, lecture={"m": 1000, "l": 1.503215},
                    unit="(m, l)", rule="online softmax over [1000, 999] then [998, 10]",
                    one_pass_l=float(l_one), abs_diff_l=abs(l2 - float(l_one)))
@@ -61,17 +50,11 @@ def test_fa2_lecture_example_in_two_chunks():
 
 @pytest.mark.claim("FA-2")
 def test_fa2_exercise3_by_hand():
-    trace = ref.online_softmax_trace([2.0, 1.0, 3.0], [2, 1])
-    lecture = [(2.0, 1.368), (3.0, 1.503)]
-    for (m, l), (m_lec, l_lec) in zip(trace, lecture):
-        assert_scalar(m, m_lec, rel=0.0, what="m")
-        assert_scalar(l, l_lec, rel=5e-4, what="l (lecture rounds to 3 decimals)")
-    _, l_one = ref.softmax_stats(torch.tensor([2.0, 1.0, 3.0], dtype=torch.float64))
-    assert_scalar(trace[-1][1], float(l_one), rel=1e-14, what="online l vs one-pass l")
+    trace = check_fa2_exercise3(ref.online_softmax_trace, ref.softmax_stats)
     p, _, _ = ref.online_softmax(torch.tensor([2.0, 1.0, 3.0], dtype=torch.float64), [2, 1])
     assert_scalar(float(p[2]), 0.665, rel=1e-3, what="softmax(3) = 1/1.503")
-    results.record("FA-2", measured=[(m, round(l, 3)) for m, l in trace], lecture=lecture, unit="(m, l) per chunk",
-                   rule="exercise 3: [2, 1] then [3]")
+    results.record("FA-2", measured=[(m, round(l, 3)) for m, l in trace], lecture=[(2.0, 1.368), (3.0, 1.503)],
+                   unit="(m, l) per chunk", rule="exercise 3: [2, 1] then [3]")
 
 
 @st.composite

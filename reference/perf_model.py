@@ -76,95 +76,6 @@ LLAMA2_7B = ModelShape(S=4096, D=4096, F=11008, N=32, K=32, H=128, L=32, V=32000
 LLAMA3_8B = ModelShape(S=4096, D=4096, F=14336, N=32, K=8, H=128, L=32, V=128256, name="Llama-3-8B")
 
 
-def num_params(m: ModelShape) -> int:
-    """CS336's parameter count: 2VD (embedding and output head) + 3DFL (gated MLP) +
-    (2DNH + 2DKH)L (Q and output projections, K and V projections). Norm weights are left out."""
-    return 2 * m.V * m.D + 3 * m.D * m.F * m.L + (2 * m.D * m.N * m.H + 2 * m.D * m.K * m.H) * m.L
-
-
-def parameter_bytes(m: ModelShape) -> int:
-    """num_params x bytes_per_value (Llama 2 13B in bf16: about 26 GB)."""
-    return num_params(m) * m.bytes_per_value
-
-
-def kv_bytes_per_token(m: ModelShape) -> int:
-    """2 (K and V) x L x K x H x bytes per value (KV-4; Llama-2-7B fp16: 512 KiB)."""
-    return 2 * m.L * m.K * m.H * m.kv_bpv
-
-
-def kv_bytes_per_sequence(m: ModelShape, context: int | None = None) -> int:
-    """KV cache of one sequence of ``context`` tokens (default S): CS336's S*(K*H)*L*2*2 in bf16."""
-    context = m.S if context is None else context
-    require_positive("context", context, integer=True)
-    return context * kv_bytes_per_token(m)
-
-
-def kv_cache_ratio(N: int, K: int) -> float:
-    """How many times less KV cache GQA with K groups stores than MHA with N heads: N/K (KV-6)."""
-    require_positive("N", N, integer=True)
-    require_positive("K", K, integer=True)
-    if N % K:
-        raise ValueError(f"K ({K}) must divide N ({N})")
-    return N / K
-
-
-def memory_bytes(m: ModelShape, B: int) -> int:
-    """Total memory for a batch of B sequences: B x KV bytes per sequence + parameter bytes
-    (CS336: ``memory = B * kv_cache_size + parameter_size``)."""
-    require_positive("B", B, integer=True)
-    return B * kv_bytes_per_sequence(m) + parameter_bytes(m)
-
-
-def latency_s(m: ModelShape, B: int, bandwidth: float) -> float:
-    """Seconds per decode step (= per token of each sequence), CS336's memory-bound model:
-    every step reads all parameters and the whole KV cache once, latency = memory / bandwidth."""
-    require_positive("bandwidth", bandwidth)
-    return memory_bytes(m, B) / bandwidth
-
-
-def throughput(m: ModelShape, B: int, bandwidth: float) -> float:
-    """Tokens per second over the batch: B / latency (CS336). Rises with B towards
-    bandwidth / KV bytes per sequence, with diminishing returns."""
-    return B / latency_s(m, B, bandwidth)
-
-
-def throughput_limit(m: ModelShape, bandwidth: float) -> float:
-    """lim_{B->inf} throughput = bandwidth / KV bytes per sequence (the asymptote CS336 draws)."""
-    require_positive("bandwidth", bandwidth)
-    return bandwidth / kv_bytes_per_sequence(m)
-
-
-def fits(m: ModelShape, B: int, capacity_bytes: float) -> bool:
-    """Whether parameters and the KV cache of B sequences fit in ``capacity_bytes``."""
-    require_positive("capacity_bytes", capacity_bytes)
-    return memory_bytes(m, B) <= capacity_bytes
-
-
-def max_batch(m: ModelShape, capacity_bytes: float) -> int:
-    """The largest B that fits (0 when the parameters alone do not)."""
-    require_positive("capacity_bytes", capacity_bytes)
-    free = capacity_bytes - parameter_bytes(m)
-    return max(0, int(free // kv_bytes_per_sequence(m)))
-
-
-def decode_flops(m: ModelShape, B: int, include_attention: bool = False) -> int:
-    """FLOPs of one decode step for B sequences: 2 x params x B (001 §1.2), plus, with
-    ``include_attention``, attention over the S cached tokens: 4 x B x S x (N*H) x L."""
-    require_positive("B", B, integer=True)
-    flops = 2 * num_params(m) * B
-    if include_attention:
-        flops += attention_flops(B, m.S, 1, m.N * m.H) * m.L
-    return flops
-
-
-def roofline_latency_s(m: ModelShape, B: int, acc: Accelerator, include_attention: bool = True) -> float:
-    """max(memory / bandwidth, decode FLOPs / peak): the roofline version of :func:`latency_s`
-    (not the lecture's formula). For Llama 2 13B on an H100 at S = 1024 the memory term wins at
-    every B: each sequence adds 250 us of KV reading but only 27 us of compute; with contexts
-    shorter than about 110 tokens, compute wins at large B."""
-    return max(latency_s(m, B, acc.bandwidth), decode_flops(m, B, include_attention) / acc.peak_flops)
-
-
 @dataclass(frozen=True)
 class PerfPoint:
     """The CS336 statistics of one batch size (units: bytes, seconds, tokens/s)."""
@@ -180,18 +91,6 @@ class PerfPoint:
     def bound(self) -> str:
         """"memory" when reading the bytes takes longer than computing the FLOPs, else "compute"."""
         return "memory" if self.latency_s >= self.compute_s else "compute"
-
-
-def performance(m: ModelShape, batch_sizes: Iterable[int], acc: Accelerator) -> list[PerfPoint]:
-    """CS336's table: memory, latency, throughput and fits-in-memory for each B on ``acc``."""
-    return [PerfPoint(B, memory_bytes(m, B), latency_s(m, B, acc.bandwidth),
-                      throughput(m, B, acc.bandwidth), fits(m, B, acc.memory_bytes),
-                      decode_flops(m, B, include_attention=True) / acc.peak_flops)
-            for B in batch_sizes]
-
-
-# --------------------------------------------------------------------------------------------
-# Lecture 001, exercise 1 (AI-7) and exercise 2 (KV-5)
 
 
 @dataclass(frozen=True)
@@ -210,20 +109,129 @@ class DecodeBound:
         return self.weight_read_s / self.compute_s
 
 
-def decode_bound(n_params: float, acc: Accelerator, B: int = 1,
-                 bytes_per_value: int = BF16_BYTES) -> DecodeBound:
-    """Exercise 1 of lecture 001 (AI-7): reading n_params x bpv bytes takes ``weight_read_s``;
-    2 n_params B FLOPs take ``compute_s``; a step takes the larger, giving B / step tokens/s.
-    Intensity 2 n_params B / (bpv n_params) = 2B/bpv meets the ridge at B = ridge x bpv / 2."""
-    require_positive("n_params", n_params)
-    require_positive("B", B, integer=True)
-    read = n_params * bytes_per_value / acc.bandwidth
-    compute = 2 * n_params * B / acc.peak_flops
-    return DecodeBound(read, compute, B / max(read, compute), acc.intensity * bytes_per_value / 2)
+class PerfModel:
+    """CS336's performance model as one set of formulas. Each formula calls the others through
+    ``self``, so a variant that overrides one (a KV cache without the factor 2, parameters counted
+    in the wrong bytes) changes every figure built on it: the claims' checks take a model
+    (``properties/roofline_cases.py``) and reject such variants. :data:`CS336` is the model; the
+    module-level functions below are its methods."""
+
+    def num_params(self, m: ModelShape) -> int:
+        """CS336's parameter count: 2VD (embedding and output head) + 3DFL (gated MLP) +
+        (2DNH + 2DKH)L (Q and output projections, K and V projections). Norm weights are left out."""
+        return 2 * m.V * m.D + 3 * m.D * m.F * m.L + (2 * m.D * m.N * m.H + 2 * m.D * m.K * m.H) * m.L
+
+    def parameter_bytes(self, m: ModelShape) -> int:
+        """num_params x bytes_per_value (Llama 2 13B in bf16: about 26 GB)."""
+        return self.num_params(m) * m.bytes_per_value
+
+    def kv_bytes_per_token(self, m: ModelShape) -> int:
+        """2 (K and V) x L x K x H x bytes per value (KV-4; Llama-2-7B fp16: 512 KiB)."""
+        return 2 * m.L * m.K * m.H * m.kv_bpv
+
+    def kv_bytes_per_sequence(self, m: ModelShape, context: int | None = None) -> int:
+        """KV cache of one sequence of ``context`` tokens (default S): CS336's S*(K*H)*L*2*2 in bf16."""
+        context = m.S if context is None else context
+        require_positive("context", context, integer=True)
+        return context * self.kv_bytes_per_token(m)
+
+    def kv_cache_ratio(self, N: int, K: int) -> float:
+        """How many times less KV cache GQA with K groups stores than MHA with N heads: N/K (KV-6)."""
+        require_positive("N", N, integer=True)
+        require_positive("K", K, integer=True)
+        if N % K:
+            raise ValueError(f"K ({K}) must divide N ({N})")
+        return N / K
+
+    def memory_bytes(self, m: ModelShape, B: int) -> int:
+        """Total memory for a batch of B sequences: B x KV bytes per sequence + parameter bytes
+        (CS336: ``memory = B * kv_cache_size + parameter_size``)."""
+        require_positive("B", B, integer=True)
+        return B * self.kv_bytes_per_sequence(m) + self.parameter_bytes(m)
+
+    def latency_s(self, m: ModelShape, B: int, bandwidth: float) -> float:
+        """Seconds per decode step (= per token of each sequence), CS336's memory-bound model:
+        every step reads all parameters and the whole KV cache once, latency = memory / bandwidth."""
+        require_positive("bandwidth", bandwidth)
+        return self.memory_bytes(m, B) / bandwidth
+
+    def throughput(self, m: ModelShape, B: int, bandwidth: float) -> float:
+        """Tokens per second over the batch: B / latency (CS336). Rises with B towards
+        bandwidth / KV bytes per sequence, with diminishing returns."""
+        return B / self.latency_s(m, B, bandwidth)
+
+    def throughput_limit(self, m: ModelShape, bandwidth: float) -> float:
+        """lim_{B->inf} throughput = bandwidth / KV bytes per sequence (the asymptote CS336 draws)."""
+        require_positive("bandwidth", bandwidth)
+        return bandwidth / self.kv_bytes_per_sequence(m)
+
+    def fits(self, m: ModelShape, B: int, capacity_bytes: float) -> bool:
+        """Whether parameters and the KV cache of B sequences fit in ``capacity_bytes``."""
+        require_positive("capacity_bytes", capacity_bytes)
+        return self.memory_bytes(m, B) <= capacity_bytes
+
+    def max_batch(self, m: ModelShape, capacity_bytes: float) -> int:
+        """The largest B that fits (0 when the parameters alone do not)."""
+        require_positive("capacity_bytes", capacity_bytes)
+        free = capacity_bytes - self.parameter_bytes(m)
+        return max(0, int(free // self.kv_bytes_per_sequence(m)))
+
+    def decode_flops(self, m: ModelShape, B: int, include_attention: bool = False) -> int:
+        """FLOPs of one decode step for B sequences: 2 x params x B (001 §1.2), plus, with
+        ``include_attention``, attention over the S cached tokens: 4 x B x S x (N*H) x L."""
+        require_positive("B", B, integer=True)
+        flops = 2 * self.num_params(m) * B
+        if include_attention:
+            flops += attention_flops(B, m.S, 1, m.N * m.H) * m.L
+        return flops
+
+    def roofline_latency_s(self, m: ModelShape, B: int, acc: Accelerator, include_attention: bool = True) -> float:
+        """max(memory / bandwidth, decode FLOPs / peak): the roofline version of :func:`latency_s`
+        (not the lecture's formula). For Llama 2 13B on an H100 at S = 1024 the memory term wins at
+        every B: each sequence adds 250 us of KV reading but only 27 us of compute; with contexts
+        shorter than about 110 tokens, compute wins at large B."""
+        return max(self.latency_s(m, B, acc.bandwidth), self.decode_flops(m, B, include_attention) / acc.peak_flops)
+
+    def performance(self, m: ModelShape, batch_sizes: Iterable[int], acc: Accelerator) -> list[PerfPoint]:
+        """CS336's table: memory, latency, throughput and fits-in-memory for each B on ``acc``."""
+        return [PerfPoint(B, self.memory_bytes(m, B), self.latency_s(m, B, acc.bandwidth),
+                          self.throughput(m, B, acc.bandwidth), self.fits(m, B, acc.memory_bytes),
+                          self.decode_flops(m, B, include_attention=True) / acc.peak_flops)
+                for B in batch_sizes]
+
+    def decode_bound(self, n_params: float, acc: Accelerator, B: int = 1,
+                     bytes_per_value: int = BF16_BYTES) -> DecodeBound:
+        """Exercise 1 of lecture 001 (AI-7): reading n_params x bpv bytes takes ``weight_read_s``;
+        2 n_params B FLOPs take ``compute_s``; a step takes the larger, giving B / step tokens/s.
+        Intensity 2 n_params B / (bpv n_params) = 2B/bpv meets the ridge at B = ridge x bpv / 2."""
+        require_positive("n_params", n_params)
+        require_positive("B", B, integer=True)
+        read = n_params * bytes_per_value / acc.bandwidth
+        compute = 2 * n_params * B / acc.peak_flops
+        return DecodeBound(read, compute, B / max(read, compute), acc.intensity * bytes_per_value / 2)
+
+    def concurrent_requests(self, budget_bytes: float, m: ModelShape, context: int | None = None) -> int:
+        """How many requests of ``context`` tokens (default S) a KV budget holds:
+        floor(budget / KV bytes per sequence) (KV-5)."""
+        require_positive("budget_bytes", budget_bytes)
+        return int(budget_bytes // self.kv_bytes_per_sequence(m, context))
 
 
-def concurrent_requests(budget_bytes: float, m: ModelShape, context: int | None = None) -> int:
-    """How many requests of ``context`` tokens (default S) a KV budget holds:
-    floor(budget / KV bytes per sequence) (KV-5)."""
-    require_positive("budget_bytes", budget_bytes)
-    return int(budget_bytes // kv_bytes_per_sequence(m, context))
+#: The lectures' model; the module-level functions are its bound methods.
+CS336 = PerfModel()
+num_params = CS336.num_params
+parameter_bytes = CS336.parameter_bytes
+kv_bytes_per_token = CS336.kv_bytes_per_token
+kv_bytes_per_sequence = CS336.kv_bytes_per_sequence
+kv_cache_ratio = CS336.kv_cache_ratio
+memory_bytes = CS336.memory_bytes
+latency_s = CS336.latency_s
+throughput = CS336.throughput
+throughput_limit = CS336.throughput_limit
+fits = CS336.fits
+max_batch = CS336.max_batch
+decode_flops = CS336.decode_flops
+roofline_latency_s = CS336.roofline_latency_s
+performance = CS336.performance
+decode_bound = CS336.decode_bound
+concurrent_requests = CS336.concurrent_requests
