@@ -67,7 +67,7 @@ def boundary_classes(case: PagedCase) -> set[str]:
 
 
 #: Every class the ``ci`` profile must reach for each registered implementation.
-REQUIRED_CLASSES = class_names(COVERAGE)
+REQUIRED_CLASSES = class_names(COVERAGE, "law_paged_equals_contiguous")
 
 
 def interpreter_cost(case: PagedCase) -> int:
