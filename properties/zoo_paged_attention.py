@@ -132,6 +132,53 @@ def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
     return _paged(q, k_cache, v_cache, block_table, seq_lens, scale)
 
 
+# ------------------------------------------------------------ the mixed batch (PA-8)
+def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions):
+    """The mixed batch with the bug injected: ``positions(n, q_len, C)`` the position each of a
+    chunk's q_len queries attends up to (correct: n - q_len + i), C the longest chunk of the call."""
+    from conformance.contracts.paged_attention import validate_prefill
+    from reference.attention import masked_attention
+    from reference.paged_attention import gather
+
+    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    loc = query_start_loc.tolist()
+    C = max(b - a for a, b in zip(loc, loc[1:]))
+    out = torch.empty_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        m = loc[b + 1] - loc[b]
+        k, v = (gather(c, block_table[b], n).to(acc) for c in (k_cache, v_cache))
+        pos = positions(n, m, C).to(q.device)
+        mask = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
+        o = masked_attention(q[loc[b]:loc[b + 1]].to(acc).transpose(0, 1), k, v, scale=scale, mask=mask)
+        out[loc[b]:loc[b + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def _with_prefill(prefill):
+    """A mixed-batch zoo entry: the contract's decode call correct (the reference), the
+    ``paged_prefill`` buggy."""
+    import types
+
+    from reference.paged_attention import paged_attention
+
+    return types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=prefill)
+
+
+def chunk_offset_from_zero(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """The causal mask of a chunk counted from 0: query i sees keys <= i, not <= prefix + i (the
+    cached prefix's offset forgotten, as a prefill kernel run on a later chunk)."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C: torch.arange(m))
+
+
+def last_chunk_as_c(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """Every sequence's chunk taken as C tokens long (the call's longest): the cached prefix of a
+    shorter last chunk, or of a decode token, is put at n - C, so its queries miss their newest keys."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C: torch.arange(n - C, n - C + m))
+
+
 def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
     """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
     failure's first line, recorded as the test's rejection (the failing comparison inside is the
@@ -202,4 +249,8 @@ def implementations():
         known_bad("paged_attention", "cache_strides_from_shape", cache_strides_from_shape),
         known_bad("paged_attention", "scale_folded_in_16bit", scale_folded_in_16bit),
         known_bad("paged_attention", "block_offsets_in_int32", block_offsets_in_int32),
+        known_bad("paged_attention", "chunk_offset_from_zero", _with_prefill(chunk_offset_from_zero),
+                  bug="a chunk's causal offset counted from 0 instead of from its cached prefix"),
+        known_bad("paged_attention", "last_chunk_as_c", _with_prefill(last_chunk_as_c),
+                  bug="the last chunk's (and a decode token's) length taken as the chunk size C"),
     )
