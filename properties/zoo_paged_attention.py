@@ -6,6 +6,8 @@ and float32 otherwise, so that only the bug (not rounding) makes them wrong.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from conformance.contracts.paged_attention import validate
@@ -230,6 +232,71 @@ def _engine_zoo():
             return super()._block_key("", tokens)
 
     return QueryMissesItsOwnToken, PrefixKeyWithoutParent
+
+
+# ----------------------------- chunked prefill and disaggregation: the engines (PA-8, PA-9)
+def serving_engine_zoo() -> dict:
+    """Known-bad engines outside the contract, by name: each rejected by its own law in
+    ``properties/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
+    engine and a decode engine vs one engine)."""
+    from optimized.paged_engine import PagedCacheAttention, PagedEngine
+
+    class _WriteAfterAttention(PagedCacheAttention):
+        def attend(self, layer, q, k, v):
+            out = self._attend(layer, q)
+            self._write(layer, k, v)
+            return out
+
+    class ChunkKVWrittenAfterAttention(PagedEngine):
+        """Each layer attends first and writes the step's K/V after: a chunk's queries miss the
+        keys of their own chunk (and a decode token its own key)."""
+
+        def _backend(self, **kw):
+            return _WriteAfterAttention(**kw)
+
+    class SendsBlocksInIdOrder(PagedEngine):
+        """The transfer sends a request's blocks sorted by block id, not in its block table's
+        logical order: a pool that hands blocks out in no particular order reorders the tokens."""
+
+        def _pack(self, r):
+            ids, ks, vs = super()._pack(r)
+            order = sorted(range(len(ids)), key=ids.__getitem__)
+            return [ids[i] for i in order], [k[order] for k in ks], [v[order] for v in vs]
+
+    class DropsLastBlock(PagedEngine):
+        """The transfer leaves out the request's last block (the partly filled one being written)."""
+
+        def _pack(self, r):
+            ids, ks, vs = super()._pack(r)
+            return ids[:-1], [k[:-1] for k in ks], [v[:-1] for v in vs]
+
+    class TruncatesToWholeBlocks(PagedEngine):
+        """The receiver writes only the tokens that fill whole blocks of its own block size: the
+        tail that lands in its partly filled last block is lost."""
+
+        def _place(self, t, rid):
+            whole = (t.length // self.block_size) * self.block_size
+            super()._place(dataclasses.replace(t, length=whole), rid)
+
+    class PlacesAtSenderIds(PagedEngine):
+        """The receiver writes each transferred token at the sender's slot (the sender's block id
+        and offset, taken in its own pool), not at the slot of its own block table."""
+
+        def _place(self, t, rid):
+            dev = self.k[0].device
+            n_slots = self.k[0].shape[0] * self.block_size
+            slots = torch.tensor([(t.block_ids[p // t.block_size] * t.block_size + p % t.block_size) % n_slots
+                                  for p in range(t.length)], device=dev)
+            for layer in range(self.cfg.n_layers):
+                k = t.k[layer].reshape(-1, *t.k[layer].shape[2:])[:t.length].to(dev).contiguous()
+                v = t.v[layer].reshape(-1, *t.v[layer].shape[2:])[:t.length].to(dev).contiguous()
+                self.write(self.k[layer], self.v[layer], k, v, slots)
+
+    return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
+            "transfer_in_block_id_order": SendsBlocksInIdOrder,
+            "transfer_drops_last_block": DropsLastBlock,
+            "transfer_truncated_to_whole_blocks": TruncatesToWholeBlocks,
+            "transfer_placed_at_sender_ids": PlacesAtSenderIds}
 
 
 def implementations():

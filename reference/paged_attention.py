@@ -131,6 +131,13 @@ class BlockAllocator:
     def num_used(self) -> int:
         return self.num_blocks - len(self._free)
 
+    def shuffle_free(self, generator: torch.Generator) -> None:
+        """Reorder the free list by a random permutation drawn from ``generator``: the pool of a
+        server that has served other requests hands blocks out in no particular order."""
+        perm = torch.randperm(len(self._free), generator=generator).tolist()
+        free = list(self._free)
+        self._free = deque(free[i] for i in perm)
+
     def free_blocks(self) -> list[int]:
         """The free list, in the order blocks will be handed out."""
         return list(self._free)
