@@ -100,7 +100,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("metric", (str,), "", "which statistic a point of a plot is"),
     # PA-8: chunked prefill
     Field("token_budget", (int,), "tokens", "tokens one step may compute (chunked prefill; None: unchunked)"),
-    Field("max_token_gap", _NUM, "step costs", "longest time between two tokens of a running request"),
+    Field("max_token_gap", _NUM, "s or step costs", "longest time between two tokens of a running request "
+          "(seconds in a benchmark, step costs in the serving simulation)"),
     Field("total_time", _NUM, "step costs", "time a serving simulation took to finish its trace"),
 )}
 
