@@ -21,7 +21,7 @@ Float64 inputs are computed in float64, the others in float32; products are broa
 multiplies and sums, not ``tl.dot`` (as the decode kernel), so it runs under the interpreter as
 compiled. The host wrapper validates everything with the contract's ``validate_prefill``
 before any launch. Claim PA-8; sources: Agrawal et al. 2024 (Sarathi-Serve), Kwon et al. 2023
-(vLLM), lecture 002 §4.5.
+(vLLM), lecture 001 §4.5.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Laws of paged attention (claims PA-1, PA-8; lecture 001 §4.2, Kwon et al. 2023; lecture 002 §4.5).
+"""Laws of paged attention (claims PA-1, PA-8; lecture 001 §4.2, Kwon et al. 2023; lecture 001 §4.5).
 
 PA-8 (the kernel half): the contract's mixed batch, ``paged_prefill`` (decode tokens and prefill
 chunks of several sequences in one call, each chunk causal with the offset of its cached

@@ -1,6 +1,6 @@
 """A serving simulator: a request trace replayed under three KV-cache policies with continuous
 batching (claim PA-2; lecture 001 §4.1-4.3, Kwon et al. 2023 §3), and chunked prefill's effect on
-the time between tokens (claim PA-8, :func:`simulate_chunked`; lecture 002 §4.5).
+the time between tokens (claim PA-8, :func:`simulate_chunked`; lecture 001 §4.5).
 
 Model (the lecture's): all requests arrive at step 0 and wait in a FIFO queue; every step, each
 running request generates one token; a request that has generated its output length leaves at
@@ -307,7 +307,7 @@ class ChunkedResult:
 
 def simulate_chunked(trace: list[Arrival], *, token_budget: int | None, step_overhead: float = 1.0,
                      per_token: float = 1.0 / 256, max_steps: int = 1_000_000) -> ChunkedResult:
-    """Continuous batching with chunked prefill (Sarathi-Serve; lecture 002 §4.5), memory ample,
+    """Continuous batching with chunked prefill (Sarathi-Serve; lecture 001 §4.5), memory ample,
     compute as the cost: a step costs ``step_overhead + per_token · tokens`` (the weights are
     read once per forward; each token computed adds its share; time in units of the overhead).
 

@@ -63,7 +63,7 @@ non-contiguous blocks equals attention over the contiguous cache, for any block 
 placement), PA-8 (the mixed batch: each chunk causal with the offset of its cached prefix, the
 same as dense causal attention over the whole sequence). Source: Kwon et al. 2023 (vLLM,
 PagedAttention), lecture 001 §4.2; Agrawal et al. 2024 (Sarathi-Serve, chunked prefill),
-lecture 002 §4.5.
+lecture 001 §4.5.
 """
 from __future__ import annotations
 
