@@ -6,7 +6,10 @@ that read that KV head (GQA: the KV tile is loaded once for the group). It walks
 tokens in tiles of BLOCK_N; for each token t it reads the block table,
 ``phys = block_table[b, t // PAGE]``, and loads K/V from slot ``t % PAGE`` of that physical block,
 so any block size >= 1 works (powers of two or not, 1 and 256 included) and nothing past
-``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. Each
+``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. That key
+tile is :func:`optimized.attention_tiles.paged_kv_tile`, shared with the mixed-batch kernel of
+chunked prefill (:mod:`optimized.paged_prefill`, the contract's ``paged_prefill``), which takes
+query tiles of several tokens per sequence, causal; this kernel stays the decode-only path. Each
 program keeps the online-softmax state (m, l, acc); with one split it writes the output, with
 several it writes a partial output and its log-sum-exp, merged exactly by a second kernel (the
 split-KV merge of Flash-Decoding, FA-7, shared with :mod:`optimized.flash_decoding` in

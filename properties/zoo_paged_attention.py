@@ -1,8 +1,13 @@
 """Known-bad paged-attention implementations (the bug zoo): each is a classic paged-decode
-kernel bug, and the PA-1 law (``properties/test_paged_attention.py``) must reject every one.
+kernel bug, and the PA-1 law (``properties/test_paged_attention.py``) must reject every one; the
+mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``: a correct decode call, a
+buggy ``paged_prefill``) are rejected by the PA-8 law.
 
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
-and float32 otherwise, so that only the bug (not rounding) makes them wrong.
+and float32 otherwise, so that only the bug (not rounding) makes them wrong. The engines outside
+the contract keep their known-bad versions here too: ``_engine_zoo`` (PA-6, PA-7) and
+``serving_engine_zoo`` (chunked prefill and disaggregation, PA-8, PA-9), each rejected by its
+own law in ``properties/test_paged_engine.py``.
 """
 from __future__ import annotations
 
