@@ -1,6 +1,6 @@
 """A continuous-batching engine over the reference transformer with a paged KV cache, a prefix
 cache, chunked prefill and prefill/decode disaggregation (claims PA-6, PA-7, PA-8, PA-9; lecture
-001 §4.1, §4.4, lecture 001 §4.5; Yu et al. 2022 (Orca), Kwon et al. 2023 (vLLM), Zheng et al.
+001 §4.1, §4.4, §4.5; Yu et al. 2022 (Orca), Kwon et al. 2023 (vLLM), Zheng et al.
 2024 (SGLang's prefix sharing), Agrawal et al. 2024 (Sarathi-Serve), Patel et al. 2024
 (Splitwise), Zhong et al. 2024 (DistServe)).
 
