@@ -443,3 +443,22 @@ def test_pa8_all_decode_batch_is_paged_attention(impl, device):
     with refusal(None, f"{impl.name} refuses paged_prefill"):
         out = impl.paged_prefill(*inp.args(), loc, scale=case.scale)
     check_against_contiguous(out, inp, case, what="paged_prefill with one query per sequence")
+
+
+@pytest.mark.technique(TECH)
+@pytest.mark.claim("PA-8")
+def test_pa8_mixed_batch_generic_checks(impl, device):
+    """The generic checks every contract's main call gets, for ``paged_prefill`` on the first
+    pinned mixed batch (unused slots NaN, unused table entries out of range): its inputs are left
+    unchanged, every output element is written (finite), and a repeated call is bit-identical."""
+    from conformance.outcomes import unsupported
+    from properties.generic_cases import Refused, check_inputs_not_mutated, check_output_fully_written, check_repeatable
+
+    case = PREFILL_EXAMPLES[0]
+    inp = make_prefill_inputs(case, 5, torch.float32, device)
+    kwargs = {"scale": case.scale}
+    try:
+        for check in (check_inputs_not_mutated, check_output_fully_written, check_repeatable):
+            check(impl.paged_prefill, inp.args(), kwargs)
+    except Refused as exc:
+        unsupported(f"{impl.name} refuses paged_prefill: {exc}")
