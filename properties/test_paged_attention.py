@@ -462,3 +462,10 @@ def test_pa8_mixed_batch_generic_checks(impl, device):
             check(impl.paged_prefill, inp.args(), kwargs)
     except Refused as exc:
         unsupported(f"{impl.name} refuses paged_prefill: {exc}")
+
+
+@pytest.mark.claim("PA-8")
+def test_pa8_coverage_table():
+    """The PA-8 boundary classes each pinned mixed batch reaches (reported); the pinned ones alone
+    reach them all."""
+    PA8.record_pinned_coverage("every PA-8 class of the contract is reached by the pinned mixed batches")
