@@ -1,6 +1,8 @@
 """Paged decode timings: the Triton paged kernel vs the contiguous split-KV decode kernel on the
 same K/V (blocks of 16 and of 1), the reference gather-then-attention, and the
-continuous-batching engine's throughput (tokens/s) against its batch.
+continuous-batching engine's throughput (tokens/s) against its batch; the mixed batch of chunked
+prefill (PA-8: one ``paged_prefill`` launch against the paged decode plus a separate prefill of
+the same tokens) and the engine's step times with and without a token budget.
 
 Each test builds one decode step: B sequences of ``context`` tokens, K/V cut into blocks placed
 by a random permutation of the pool, and the same K/V contiguous (B, Hkv, context, D). It times
@@ -41,6 +43,9 @@ def pytest_generate_tests(metafunc):
     device = current_device()
     if metafunc.definition.name == "test_bench_paged_decode":
         metafunc.parametrize("B,context", SIZES[device], ids=[f"B{b}-T{t}" for b, t in SIZES[device]])
+    elif metafunc.definition.name == "test_bench_mixed_batch":
+        metafunc.parametrize("n_dec,context,chunk,prefix", MIXED[device],
+                             ids=[f"dec{n}x{t}-chunk{c}+{p}" for n, t, c, p in MIXED[device]])
     elif metafunc.definition.name == "test_bench_engine_throughput":
         metafunc.parametrize("batch", ENGINE_BATCH[device], ids=[f"batch{b}" for b in ENGINE_BATCH[device]])
 
@@ -161,3 +166,148 @@ def test_bench_engine_throughput(benchmark, device, batch):
                        dtype=str(dtype).replace("torch.", ""), batch=batch, new_tokens=n_new,
                        prompt_len=prompt_len, block_size=bs, median_s=t, tokens_per_s=batch * n_new / t)
     benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
+
+
+# ------------------------------------------------------------------ the mixed batch (PA-8)
+#: (decode sequences, their context, chunk tokens, the chunk's cached prefix) per device.
+MIXED = {"cuda": ((8, 4096, 512, 2048), (32, 2048, 1024, 0), (1, 8192, 2048, 6144)), "cpu": ((2, 48, 16, 16),)}
+
+
+def _mixed_inputs(n_dec, context, chunk, prefix, Hq, Hkv, dtype, device, block_size=16, seed=0):
+    """A mixed batch: n_dec decode sequences of ``context`` tokens and one sequence of prefix +
+    chunk tokens whose last ``chunk`` are queries, in randomly placed blocks; also the contiguous
+    K/V of the chunk's sequence (1, Hkv, prefix + chunk, D) for the separate prefill."""
+    lens = [context] * n_dec + [prefix + chunk]
+    qlens = [1] * n_dec + [chunk]
+    need = [-(-n // block_size) for n in lens]
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(sum(need), generator=g)
+    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
+    used = 0
+    for b, nb in enumerate(need):
+        table[b, :nb] = perm[used:used + nb].to(torch.int32)
+        used += nb
+    kc = randn((sum(need), block_size, Hkv, D), seed + 1, dtype=dtype, device=device)
+    vc = randn((sum(need), block_size, Hkv, D), seed + 2, dtype=dtype, device=device)
+    q = randn((sum(qlens), Hq, D), seed + 3, dtype=dtype, device=device)
+    loc = torch.tensor([0] + [sum(qlens[:i + 1]) for i in range(len(qlens))], dtype=torch.int32, device=device)
+    from reference.paged_attention import gather
+
+    k_last = gather(kc, table[-1].to(device), lens[-1])[None]                 # (1, Hkv, prefix + chunk, D)
+    v_last = gather(vc, table[-1].to(device), lens[-1])[None]
+    return (q, kc, vc, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device), loc,
+            k_last.contiguous(), v_last.contiguous())
+
+
+@pytest.mark.parametrize("heads", ["gqa8"])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_bench_mixed_batch(benchmark, device, backend, heads, n_dec, context, chunk, prefix):
+    """PA-8's kernel: one mixed-batch launch (``paged_prefill``: the decode tokens and the chunk
+    together) against the same tokens as two calls, the paged decode of the decode sequences and
+    a separate causal prefill of the chunk (contiguous: the Triton FlashAttention kernel on CUDA,
+    the reference on the CPU). extra_info: both medians and mixed / separate. The GPU rows are
+    the point; on the CPU the reference runs one small size as a smoke test (the interpreter's
+    timings mean nothing)."""
+    if backend == "triton" and device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
+    if backend == "reference" and device == "cuda" and (n_dec, context, chunk, prefix) != MIXED[device][0]:
+        pytest.skip("the reference gathers per sequence in Python: GPU smoke size only")
+    Hq, Hkv = HEADS[heads]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, kc, vc, table, lens, loc, k_last, v_last = _mixed_inputs(n_dec, context, chunk, prefix, Hq, Hkv, dtype, device)
+    scale = D ** -0.5
+    if backend == "triton":
+        from optimized.flash_attention import flash_attention as dense_prefill
+        from optimized.paged_attention import paged_attention as decode
+        from optimized.paged_prefill import paged_prefill as mixed
+    else:
+        from reference.attention import attention_naive as dense_prefill
+        from reference.paged_attention import paged_attention as decode
+        from reference.paged_attention import paged_prefill as mixed
+    q_dec, q_chunk = q[:n_dec], q[n_dec:].transpose(0, 1)[None].contiguous()   # (n_dec, Hq, D), (1, Hq, C, D)
+
+    def run():
+        return mixed(q, kc, vc, table, lens, loc, scale=scale)
+
+    def separate():
+        decode(q_dec, kc, vc, table[:n_dec], lens[:n_dec], scale=scale)
+        return dense_prefill(q_chunk, k_last, v_last, causal=True, scale=scale)
+
+    repeats = 3 if benchmark.disabled else 20
+    t = median_seconds(run, device, repeats)
+    t_sep = median_seconds(separate, device, repeats)
+    nbytes = kv_bytes([int(x) for x in lens], Hkv, D, dtype.itemsize)
+    flops = 4.0 * Hq * D * (n_dec * context + chunk * prefix + chunk * (chunk + 1) / 2)
+    results.bench_info(benchmark, technique="paged_attention", backend=backend, device=device,
+                       dtype=str(dtype).replace("torch.", ""), Hq=Hq, Hkv=Hkv, D=D, block_size=16,
+                       decode_sequences=n_dec, context=context, chunk=chunk, prefix=prefix, bytes=nbytes,
+                       flops=flops, median_s=t, separate_median_s=t_sep, mixed_over_separate=t / t_sep,
+                       goal="mixed_over_separate <= 1.0 (one launch instead of two)" if backend == "triton" else "")
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
+
+
+# ------------------------------------------------------------------ chunked vs unchunked steps (PA-8)
+#: (decoding requests, their new tokens, the long prompt, the token budget) per device.
+CHUNKED = {"cuda": (16, 64, 1536, 256), "cpu": (3, 8, 48, 12)}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["unchunked", "chunked"])
+def test_bench_engine_chunked_steps(benchmark, device, chunked):
+    """The engine's step-time distribution with a long prompt arriving among decoding requests,
+    without and with a token budget: wall time of each step, the longest gap between two tokens
+    of a decoding request (seconds) and the steps taken. On CUDA attention is the Triton
+    mixed-batch kernel and writes the Triton slot write; on the CPU the reference."""
+    import statistics
+    import time
+
+    from benchmarks.timing import sync
+    from optimized.paged_engine import PagedEngine
+    from reference.transformer import TransformerConfig, build
+
+    n_dec, n_new, long_prompt, budget = CHUNKED[device]
+    cfg = TransformerConfig(vocab_size=96, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344,
+                            max_seq_len=2048)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = build(cfg, seed=0, dtype=dtype, device=device)
+    kw = {}
+    if device == "cuda":
+        from optimized.paged_attention import write_kv_cache
+        from optimized.paged_prefill import paged_prefill
+
+        kw = dict(prefill=paged_prefill, write=write_kv_cache)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg.vocab_size, (16,), generator=g).tolist() for _ in range(n_dec)]
+    long = torch.randint(0, cfg.vocab_size, (long_prompt,), generator=g).tolist()
+    bs = 16
+    blocks = n_dec * -(-(16 + n_new) // bs) + -(-(long_prompt + 2) // bs) + 2
+
+    def run():
+        e = PagedEngine(model, num_blocks=blocks, block_size=bs, max_num_batched_tokens=budget if chunked else None,
+                        **kw)
+        for i, p in enumerate(prompts):
+            e.add_request(i, p, n_new)
+        times, clock, seen = [], 0.0, {i: [] for i in range(n_dec)}
+        step = 0
+        while e.has_work():
+            if step == 2:
+                e.add_request("long", long, 2)
+            sync(device)
+            t0 = time.perf_counter()
+            produced = e.step()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+            clock += times[-1]
+            for rid in produced:
+                if rid in seen:
+                    seen[rid].append(clock)
+            step += 1
+        gaps = [b - a for ts in seen.values() for a, b in zip(ts, ts[1:])]
+        return times, max(gaps, default=0.0), e.stats["steps"]
+
+    run()                                                                    # warm-up (compile)
+    times, max_gap, steps = run()
+    results.bench_info(benchmark, technique="paged_attention", implementation="paged_engine", device=device,
+                       dtype=str(dtype).replace("torch.", ""), token_budget=budget if chunked else None,
+                       median_s=statistics.median(times), max_step_s=max(times), max_token_gap=max_gap,
+                       total_steps=steps, step_s=[round(t, 6) for t in times])
+    benchmark.pedantic(run, rounds=1 if benchmark.disabled else 3, warmup_rounds=0)

@@ -98,6 +98,11 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("utilisation_by_step", (list,), "fraction", "utilisation of each step of a serving simulation"),
     Field("total_steps", (int,), "steps", "steps a serving simulation took to finish its trace"),
     Field("metric", (str,), "", "which statistic a point of a plot is"),
+    # PA-8: chunked prefill
+    Field("token_budget", (int,), "tokens", "tokens one step may compute (chunked prefill; None: unchunked)"),
+    Field("max_token_gap", _NUM, "s or step costs", "longest time between two tokens of a running request "
+          "(seconds in a benchmark, step costs in the serving simulation)"),
+    Field("total_time", _NUM, "step costs", "time a serving simulation took to finish its trace"),
 )}
 
 

@@ -55,6 +55,9 @@ class Contract:
     ``returns``: function name -> the type (or tuple of types) its result must be; every call
     through an :class:`Implementation` is checked before any law reads the result (a tuple,
     None or a numpy array where a tensor is due is a TypeError naming the function).
+    ``optional``: names of further callables an implementation may leave out: where it does, the
+    function raises ``NotImplementedError`` (the suite reports "unsupported", never a pass), so
+    a contract gains a call without breaking the implementations written before it.
     ``invalid`` (optional): a function ``invalid(device) -> list[InvalidCall]``, the contract's
     bad calls; a contract that sets it gets ``test_invalid_call_raises`` of
     ``properties/test_contract_generic.py`` for every implementation (a documented exception
@@ -68,6 +71,12 @@ class Contract:
     rules: Mapping[str, Any] = field(default_factory=dict)
     returns: Mapping[str, Any] = field(default_factory=dict)
     invalid: Callable[[str], list] | None = None
+    optional: tuple[str, ...] = ()
+
+    @property
+    def all_functions(self) -> tuple[str, ...]:
+        """The required functions, then the optional ones."""
+        return self.functions + self.optional
 
 
 @dataclass(frozen=True)
@@ -267,15 +276,28 @@ def _resolve(target: str) -> Any:
     return obj
 
 
+def _refuses(name: str, target: str) -> Callable:
+    """The stand-in of an optional contract function an implementation leaves out."""
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(f"{target} does not implement the optional function {name!r}")
+    refuse.__name__ = name
+    return refuse
+
+
 def _namespace(c: Contract, obj: Any, target: str) -> Any:
     if callable(obj) and not isinstance(obj, (type, types.ModuleType)) and len(c.functions) == 1 \
             and not hasattr(obj, c.functions[0]):
-        return types.SimpleNamespace(**{c.functions[0]: obj})
+        return types.SimpleNamespace(**{c.functions[0]: obj}, **{f: _refuses(f, target) for f in c.optional})
     missing = [f for f in c.functions if not callable(getattr(obj, f, None))]
     if missing:
         raise TypeError(
             f"{target!r} does not meet the {c.technique!r} contract: missing callables {missing}; "
             f"the contract needs {list(c.functions)}")
+    absent = [f for f in c.optional if not callable(getattr(obj, f, None))]
+    if absent:
+        return types.SimpleNamespace(**{f: getattr(obj, f) for f in c.functions},
+                                     **{f: getattr(obj, f, None) if f not in absent else _refuses(f, target)
+                                        for f in c.optional})
     return obj
 
 
@@ -338,7 +360,7 @@ def registrations(technique: str) -> tuple[list[Registration], list[tuple[str, s
 
 def _load_registration(c: Contract, r: Registration, device: str | None) -> Implementation:
     base = dict(technique=r.technique, name=r.name, target=r.target, origin=r.origin,
-                functions=c.functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns)
+                functions=c.all_functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns)
     if r.needs is not None and not importable(r.needs):
         return Implementation(namespace=None, unavailable=f"{r.name} needs the {r.needs!r} package, "
                               "which is not installed", **base)
@@ -349,7 +371,7 @@ def _load_registration(c: Contract, r: Registration, device: str | None) -> Impl
 
 
 def _unloadable(c: Contract, label: str, reason: str, origin: str) -> Implementation:
-    return Implementation(c.technique, label, label, origin, None, c.functions, unavailable=reason)
+    return Implementation(c.technique, label, label, origin, None, c.all_functions, unavailable=reason)
 
 
 def builtins(technique: str, device: str | None = None) -> list[Implementation]:
@@ -376,7 +398,7 @@ def load(technique: str, name: str, target: str, origin: str, device: str | None
     failure raises (ImportError), a target that misses a contract function raises TypeError."""
     c = contract(technique)
     obj = _resolve(target)
-    return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.functions,
+    return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.all_functions,
                           returns=c.returns)
 
 

@@ -6,7 +6,10 @@ that read that KV head (GQA: the KV tile is loaded once for the group). It walks
 tokens in tiles of BLOCK_N; for each token t it reads the block table,
 ``phys = block_table[b, t // PAGE]``, and loads K/V from slot ``t % PAGE`` of that physical block,
 so any block size >= 1 works (powers of two or not, 1 and 256 included) and nothing past
-``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. Each
+``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. That key
+tile is :func:`optimized.attention_tiles.paged_kv_tile`, shared with the mixed-batch kernel of
+chunked prefill (:mod:`optimized.paged_prefill`, the contract's ``paged_prefill``), which takes
+query tiles of several tokens per sequence, causal; this kernel stays the decode-only path. Each
 program keeps the online-softmax state (m, l, acc); with one split it writes the output, with
 several it writes a partial output and its log-sum-exp, merged exactly by a second kernel (the
 split-KV merge of Flash-Decoding, FA-7, shared with :mod:`optimized.flash_decoding` in
@@ -30,38 +33,15 @@ import triton.language as tl
 
 from conformance.contracts.paged_attention import validate
 from conformance.device import triton_interpreted
-from optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
+from optimized.attention_tiles import (
+    MAX_SPLITS,
+    fold_scale,
+    log_sum_exp,
+    merge_splits,
+    paged_kv_tile,
+    split_kv_merge_kernel,
+)
 from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
-
-
-@triton.jit
-def _paged_tile(state, args, t0, CONSTS: tl.constexpr):
-    """One tile of BLOCK_N token positions t0 + offs_n of :func:`_paged_decode_kernel` (a
-    ``tile_loop`` body; state (acc, m_i, l_i), CONSTS = (PAGE,)): look each token's block up in
-    the table, load its K/V slot, update the online softmax."""
-    acc, m_i, l_i = state
-    (q, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale,
-     stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd) = args
-    PAGE: tl.constexpr = CONSTS[0]
-    offs_t = t0 + offs_n                                                # (BLOCK_N,) token positions
-    t_mask = offs_t < end
-    phys = tl.load(bt_row + (offs_t // PAGE) * stride_btm, mask=t_mask, other=0).to(tl.int64)
-    slot = offs_t % PAGE
-    kv_mask = t_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_head + phys[:, None] * stride_kn + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale           # (BLOCK_H, BLOCK_N)
-    s = tl.where(t_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])                                     # (BLOCK_H, BLOCK_N)
-    v = tl.load(v_head + phys[:, None] * stride_vn + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    m_i = m_new
-    return acc, m_i, l_i
 
 
 @triton.jit
@@ -105,9 +85,9 @@ def _paged_decode_kernel(
     bt_row = BT_ptr + b * stride_btb
     k_head = K_ptr + kvh * stride_kh
     v_head = V_ptr + kvh * stride_vh
-    acc, m_i, l_i = tile_loop(state, (q, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale, stride_btm,
-                                      stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd),
-                              start, end, BLOCK_N, _paged_tile, (PAGE,))
+    acc, m_i, l_i = tile_loop(state, (q, offs_h, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale,
+                                      stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd),
+                              start, end, BLOCK_N, paged_kv_tile, (PAGE, False))
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
@@ -302,15 +282,19 @@ def write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 
 def implementations():
-    """The Triton paged-decode kernel and the adapters of vLLM's and FlashInfer's paged decode
-    (CUDA only, unavailable where their library is missing)."""
+    """The Triton paged-decode kernel with the mixed-batch kernel of
+    :mod:`optimized.paged_prefill` (the contract's ``paged_prefill``), and the adapters of vLLM's
+    and FlashInfer's paged decode (CUDA only, unavailable where their library is missing)."""
     import sys
+    import types
 
     from conformance.registry import builtin
-    from optimized import outside_adapters
+    from optimized import outside_adapters, paged_prefill
 
     return (
-        builtin("paged_attention", "triton", paged_attention, kernel_modules=(sys.modules[__name__],)),
+        builtin("paged_attention", "triton",
+                types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=paged_prefill.paged_prefill),
+                kernel_modules=(sys.modules[__name__], paged_prefill)),
         builtin("paged_attention", "vllm", outside_adapters.vllm_paged, requires={"cuda"}, needs="vllm",
                 adapter=True),
         builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},

@@ -7,6 +7,7 @@ coverage table a case reaches (:func:`boundary_classes`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ def boundary_classes(case: PagedCase) -> set[str]:
 
 
 #: Every class the ``ci`` profile must reach for each registered implementation.
-REQUIRED_CLASSES = class_names(COVERAGE)
+REQUIRED_CLASSES = class_names(COVERAGE, "law_paged_equals_contiguous")
 
 
 def interpreter_cost(case: PagedCase) -> int:
@@ -228,4 +229,157 @@ def check_against_contiguous(out, inp: PagedInputs, case: PagedCase, what: str =
     assert out.device == q.device, f"output on {out.device}, inputs on {q.device}"
     out_ref = dense(inp, case, torch.float64)
     out_pt = dense(inp, case, None) if q.dtype in (torch.float16, torch.bfloat16) else None
+    return assert_close(out, out_ref, out_pt=out_pt, what=what)
+
+
+# ------------------------------------------------------------ the mixed batch (PA-8, paged_prefill)
+@dataclass(frozen=True)
+class PrefillCase:
+    """One mixed-batch call: per-sequence lengths (``lens``, the chunk included) and query tokens
+    (``qlens``, 1: a decode token; q_len = len: a whole prompt; between: a chunk after a cached
+    prefix), heads, head dim, block size, scale, spare blocks and table columns."""
+
+    lens: tuple
+    qlens: tuple
+    Hq: int
+    Hkv: int
+    D: int
+    block_size: int
+    scale: float
+    spare_blocks: int = 2
+    spare_cols: int = 1
+    magnitude: str = "normal"
+
+    @property
+    def B(self) -> int:
+        return len(self.lens)
+
+    @property
+    def group(self) -> int:
+        return self.Hq // self.Hkv
+
+    def paged(self) -> PagedCase:
+        """The paged decode case of the same caches (its inputs are made by :func:`make_inputs`)."""
+        return PagedCase(self.lens, self.Hq, self.Hkv, self.D, self.block_size, self.scale,
+                         spare_blocks=self.spare_blocks, spare_cols=self.spare_cols)
+
+
+def prefill_classes(case: PrefillCase) -> set[str]:
+    """The contract's boundary classes of the PA-8 law this case reaches."""
+    return classes_reached(COVERAGE, "law_prefill_equals_causal", case)
+
+
+def prefill_cost(case: PrefillCase) -> int:
+    """Programs of the Triton mixed-batch kernel under the interpreter, weighted by key tiles of 64."""
+    bq = max(1, 16 // (1 << (case.group - 1).bit_length()))
+    return sum(case.Hkv * -(-m // bq) * (1 + -(-n // 64)) for n, m in zip(case.lens, case.qlens))
+
+
+#: Largest prefill_cost drawn for interpreted kernels.
+PREFILL_BUDGET = 24
+
+
+def fit_prefill_budget(case: PrefillCase, budget: int = PREFILL_BUDGET) -> PrefillCase:
+    """``case`` shrunk (batch, then KV heads, then the longest chunk and its prefix) until the
+    interpreter cost is within ``budget``; block size, group and head dim kept."""
+    lens, qlens, hkv = list(case.lens), list(case.qlens), case.Hkv
+    while prefill_cost(dataclasses.replace(case, lens=tuple(lens), qlens=tuple(qlens), Hkv=hkv,
+                                           Hq=hkv * case.group)) > budget:
+        if len(lens) > 2:
+            lens.pop()
+            qlens.pop()
+        elif hkv > 1:
+            hkv -= 1
+        elif max(lens) > 1:
+            i = lens.index(max(lens))
+            prefix = lens[i] - qlens[i]
+            qlens[i] = max(1, qlens[i] // 2)
+            lens[i] = max(qlens[i], prefix // 2 + qlens[i])
+        else:
+            break
+    return dataclasses.replace(case, lens=tuple(lens), qlens=tuple(qlens), Hkv=hkv, Hq=hkv * case.group)
+
+
+@st.composite
+def prefill_cases(draw, max_prefix: int = 80, max_chunk: int = 40):
+    """Mixed batches: B 1..4 sequences, each a decode token, a chunk of 2..max_chunk tokens after
+    a cached prefix (or at its start), or a whole prompt; block sizes 1, 2, 3, 5, 16, 17; small
+    GQA ratios and (8, 2), (12, 4); head dims 8..128."""
+    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=2, max_group=3), st.sampled_from([(8, 2), (12, 4)])))
+    bs = draw(st.sampled_from((1, 2, 3, 5, 16, 17)))
+    lens, qlens = [], []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["decode", "chunk", "chunk", "prompt"]))
+        if kind == "decode":
+            n, m = draw(st.integers(1, max_prefix)), 1
+        elif kind == "chunk":
+            m = draw(st.integers(2, max_chunk))
+            n = m + draw(st.integers(0, max_prefix))
+        else:
+            m = n = draw(st.integers(2, max_chunk))
+        lens.append(n)
+        qlens.append(m)
+    D = draw(st.sampled_from((8, 16, 59, 64, 128)))
+    scale = draw(st.sampled_from([1.0, 0.3, 1.7, -1.0])) / math.sqrt(D)
+    return PrefillCase(tuple(lens), tuple(qlens), hq, hkv, D, bs, scale, spare_blocks=draw(st.integers(0, 3)),
+                       spare_cols=draw(st.integers(0, 2)))
+
+
+@dataclass
+class PrefillInputs:
+    """A mixed-batch call's tensors (q (N, Hq, D), the caches, block table, seq_lens,
+    query_start_loc) and the contiguous K/V of each sequence (each (1, Hkv, n, D))."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    k: list
+    v: list
+
+    def args(self):
+        return self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc
+
+
+def make_prefill_inputs(case: PrefillCase, seed: int, dtype: torch.dtype, device: str) -> PrefillInputs:
+    """The caches of :func:`make_inputs` for ``case.paged()`` (blocks placed at random, unused
+    entries out of range, unused slots NaN), and N = sum(qlens) queries drawn from ``seed``."""
+    inp = make_inputs(case.paged(), seed, dtype, device)
+    N = sum(case.qlens)
+    q = S.randn((N, case.Hq, case.D), seed + 1000).to(device=device, dtype=dtype)
+    loc = torch.tensor([0, *itertools.accumulate(case.qlens)], dtype=torch.int32, device=device)
+    return PrefillInputs(q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens, loc, inp.k, inp.v)
+
+
+def call_prefill(impl, inp: PrefillInputs, case: PrefillCase, *, run: Run | None = None, **kw):
+    """Call the implementation's ``paged_prefill`` (refusals as :func:`call`)."""
+    if run is not None:
+        run.observe(case)
+    with refusal(run, f"{getattr(impl, 'name', impl)} refuses paged_prefill for {inp.q.dtype}, D={case.D}, "
+                      f"block_size={case.block_size}"):
+        return impl.paged_prefill(*inp.args(), scale=case.scale, **kw)
+
+
+def dense_causal(inp: PrefillInputs, case: PrefillCase, dtype: torch.dtype | None) -> torch.Tensor:
+    """Dense causal attention of each chunk's queries over its sequence's contiguous K/V
+    (bottom-right aligned: the chunk's queries are the sequence's last q_len tokens), (N, Hq, D)."""
+    outs, loc = [], inp.query_start_loc.tolist()
+    for b in range(case.B):
+        qb = inp.q[loc[b]:loc[b + 1]].transpose(0, 1)[None]                  # (1, Hq, q_len, D)
+        outs.append(ref.attention_naive(qb, inp.k[b], inp.v[b], causal=True, scale=case.scale,
+                                        dtype=dtype)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+def check_against_causal(out, inp: PrefillInputs, case: PrefillCase, what: str = "mixed-batch output"):
+    """The tolerance policy: ``out`` vs dense causal float64 attention over the contiguous K/V
+    (``out_ref``) and, for 16-bit outputs, the same in the inputs' dtype (``out_pt``)."""
+    q = inp.q
+    assert isinstance(out, torch.Tensor), f"output is a {type(out).__name__}, not a tensor"
+    assert out.shape == q.shape, f"output shape {tuple(out.shape)} != q's {tuple(q.shape)}"
+    assert out.dtype == q.dtype, f"output dtype {out.dtype} != q's {q.dtype}"
+    out_ref = dense_causal(inp, case, torch.float64)
+    out_pt = dense_causal(inp, case, None) if q.dtype in (torch.float16, torch.bfloat16) else None
     return assert_close(out, out_ref, out_pt=out_pt, what=what)

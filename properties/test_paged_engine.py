@@ -9,11 +9,23 @@ PA-6, PA-7; lecture 001 §4.1, §4.4).
   computed once (the tokens computed drop by exactly the tokens reused); equal tokens after
   different prefixes never share a block.
 
+- PA-8 (the engine half): with a token budget per step (chunked prefill: a long prompt split into
+  chunks, each batched with the other requests' decode tokens), every request gets the same
+  logits (float64 tolerance) and exactly the same sampled tokens as with unchunked prefill, for
+  any budget C, any mix of arrivals and lengths, any block size; also through the Triton
+  mixed-batch kernel.
+- PA-9: a prefill engine and a decode engine, each with its own pool and block size, the KV
+  transferred by block id: every request continues exactly as in one engine (logits within the
+  tolerance, tokens equal), whatever the two block sizes and the order the pools hand blocks out.
+
 Known-bad engines (``properties/zoo_paged_attention.py``): a query that misses its own token (PA-6), a
-prefix key without the parent's key (PA-7); each is rejected.
+prefix key without the parent's key (PA-7), a chunk's K/V written after its attention (PA-8), a
+transfer in block-id order, without its last block, truncated to whole blocks, or placed at the
+sender's ids (PA-9); each is rejected.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -22,9 +34,9 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from conformance import results
-from conformance.tolerance import assert_exact
-from optimized.paged_engine import PagedEngine
-from properties.zoo_paged_attention import _engine_zoo, expect_rejection
+from conformance.tolerance import assert_close, assert_exact
+from optimized.paged_engine import DisaggregatedEngine, PagedEngine
+from properties.zoo_paged_attention import _engine_zoo, expect_rejection, serving_engine_zoo
 from reference.transformer import Transformer, TransformerConfig, generate, init_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -274,3 +286,186 @@ def test_pa6_parallel_sampling_by_fork_shares_the_prompt():
     results.record("PA-3", measured=shared_blocks * bs, lecture="forked samples share the prompt's blocks",
                    unit="token slots held by 4 samples of a 12-token prompt (engine, blocks of 3)",
                    rule=f"unshared: {unshared * bs} slots", unshared=unshared * bs)
+
+
+
+# ---------------------------------------------------------------------------------------- PA-8
+def same_as(engine, baseline, reqs, what: str) -> None:
+    """Every request's sampled tokens equal (exactly) and its logits, token by token, within the
+    float64 tolerance of ``baseline``'s (both engines keep their logits)."""
+    for i, r in enumerate(reqs):
+        assert_exact(torch.tensor(engine.finished[i]), torch.tensor(baseline.finished[i]),
+                     what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) tokens, {what}")
+        assert_close(torch.stack(engine.logits[i]), torch.stack(baseline.logits[i]),
+                     what=f"request {i} logits, {what}")
+
+
+#: A 19-token prompt arriving while two requests decode, a token budget of 4: the prompt is
+#: prefilled in chunks of 4 minus the decode tokens batched with them, over blocks of 3; the
+#: second prompt's chunks start inside a block.
+LONG_PROMPT = (Req((5, 6, 7), 6, 0, 0.0, 1), Req((8, 9), 7, 0, 1.0, 2), Req(tuple(range(1, 20)), 3, 1, 1.0, 3),
+               Req(tuple(range(10, 17)), 2, 2, 0.0, 4))
+
+
+@settings(max_examples=max(8, settings.default.max_examples // 3))
+@given(reqs=workloads(max_requests=4, max_prompt=20), budget=st.integers(1, 10), block_size=st.integers(1, 5),
+       slack=st.integers(0, 10), max_batch=st.integers(1, 4), seed=st.integers(0, 100))
+@example(reqs=LONG_PROMPT, budget=4, block_size=3, slack=6, max_batch=4, seed=7)
+def law_chunked_equals_unchunked(engine_class, reqs, budget, block_size, slack, max_batch, seed, **engine_kw):
+    """PA-8: with a token budget per step every request gets the logits and tokens of unchunked prefill."""
+    model = model_for(seed)
+    nb = blocks_for(reqs, block_size) + slack
+    whole = PagedEngine(model, num_blocks=nb, block_size=block_size, max_batch=max_batch, keep_logits=True)
+    chunked = engine_class(model, num_blocks=nb, block_size=block_size, max_batch=max_batch, keep_logits=True,
+                           max_num_batched_tokens=budget, **engine_kw)
+    run_engine(whole, reqs)
+    run_engine(chunked, reqs)
+    note(f"whole {dict(whole.stats)}, chunked {dict(chunked.stats)}, step tokens {chunked.step_tokens}")
+    assert max(chunked.step_tokens) <= budget, f"a step computed {max(chunked.step_tokens)} tokens > budget {budget}"
+    same_as(chunked, whole, reqs, f"budget {budget} vs unchunked")
+
+
+@pytest.mark.claim("PA-8")
+def test_pa8_chunked_prefill_equals_unchunked():
+    law_chunked_equals_unchunked(PagedEngine)
+
+
+@pytest.mark.claim("PA-8")
+def test_pa8_long_prompt_is_chunked_beside_decodes():
+    """The pinned workload does chunk: the 19-token prompt takes several steps, each also
+    carrying the other requests' decode tokens, and still equals unchunked prefill."""
+    model = model_for(7)
+    nb = blocks_for(LONG_PROMPT, 3) + 6
+    whole = PagedEngine(model, num_blocks=nb, block_size=3, keep_logits=True)
+    chunked = PagedEngine(model, num_blocks=nb, block_size=3, keep_logits=True, max_num_batched_tokens=4)
+    run_engine(whole, LONG_PROMPT)
+    run_engine(chunked, LONG_PROMPT)
+    same_as(chunked, whole, LONG_PROMPT, "budget 4 vs unchunked")
+    steps_with_prompt = [i for i, n in enumerate(chunked.step_tokens) if n == 4]
+    assert len(steps_with_prompt) >= 5, chunked.step_tokens
+    assert max(chunked.step_tokens) == 4 and max(whole.step_tokens) >= 19, (chunked.step_tokens, whole.step_tokens)
+    results.record("PA-8", measured=0, bound=0, unit="requests whose tokens differ from unchunked prefill",
+                   rule=f"{len(LONG_PROMPT)} requests, a 19-token prompt in chunks of <= 4 tokens (blocks of 3): "
+                        f"{chunked.stats['steps']} steps chunked, {whole.stats['steps']} unchunked; largest step "
+                        f"{max(chunked.step_tokens)} vs {max(whole.step_tokens)} tokens")
+
+
+@pytest.mark.claim("PA-8")
+def test_pa8_chunked_engine_through_the_triton_mixed_batch_kernel(device):
+    """The chunked engine with every layer's attention one launch of the Triton mixed-batch
+    kernel (``paged_prefill``) and writes by the Triton slot-mapping write equals the unchunked
+    reference engine."""
+    pp = pytest.importorskip("optimized.paged_prefill")
+    pa = pytest.importorskip("optimized.paged_attention")
+    reqs = (Req((3, 4, 5), 3, 0, 0.0, 1), Req(tuple(range(2, 13)), 2, 1, 1.0, 2))
+    model = model_for(5, device)
+    whole = PagedEngine(model, num_blocks=12, block_size=2, keep_logits=True)
+    chunked = PagedEngine(model, num_blocks=12, block_size=2, keep_logits=True, max_num_batched_tokens=5,
+                          prefill=pp.paged_prefill, write=pa.write_kv_cache)
+    for engine in (whole, chunked):
+        step = 0
+        pending = list(range(len(reqs)))
+        while pending or engine.has_work():
+            while pending and reqs[pending[0]].arrival <= step:
+                i = pending.pop(0)
+                r = reqs[i]
+                gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
+                engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
+            engine.step()
+            step += 1
+    assert max(chunked.step_tokens) <= 5 < max(whole.step_tokens)
+    same_as(chunked, whole, reqs, "Triton mixed batch, budget 5, vs unchunked reference")
+
+
+@pytest.mark.claim("PA-8")
+def test_pa8_zoo_chunk_kv_written_after_attention_rejected():
+    bad = serving_engine_zoo()["chunk_kv_written_after_attention"]
+    expect_rejection("PA-8", law_chunked_equals_unchunked, bad, match="vs unchunked")
+
+
+def test_engine_rejects_bad_token_budget():
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_num_batched_tokens"):
+            PagedEngine(model_for(0), num_blocks=4, block_size=2, max_num_batched_tokens=bad)
+
+
+# ---------------------------------------------------------------------------------------- PA-9
+def run_disaggregated(engine_class, model, reqs, bs_prefill: int, bs_decode: int, slack: int, pool_seed: int,
+                      budget: int | None = None):
+    """A prefill engine (blocks of ``bs_prefill``) and a decode engine (``bs_decode``), each pool
+    handing its blocks out in a random order (a server that has served other requests), both
+    engines of ``engine_class``; returns the :class:`DisaggregatedEngine` after the run."""
+    def engine(bs, salt):
+        e = engine_class(model, num_blocks=sum(-(-(len(r.prompt) + r.max_new) // bs) for r in reqs) + slack,
+                         block_size=bs, keep_logits=True, max_num_batched_tokens=budget)
+        e.book.allocator.shuffle_free(torch.Generator().manual_seed(pool_seed + salt))
+        return e
+    dis = DisaggregatedEngine(engine(bs_prefill, 0), engine(bs_decode, 1))
+    run_engine(dis, reqs)
+    return dis
+
+
+#: Prompts over partly filled last blocks on both sides (blocks of 3 and of 2), one request of a
+#: single token (it ends in the prefill engine), one sampled.
+DISAGG = (Req(tuple(range(2, 13)), 4, 0, 0.0, 1), Req((7, 8, 9, 10, 11), 3, 0, 1.0, 2), Req((4, 4), 1, 1, 0.0, 3),
+          Req(tuple(range(20, 28)), 5, 2, 0.0, 4))
+
+
+@settings(max_examples=max(8, settings.default.max_examples // 3))
+@given(reqs=workloads(max_requests=4, max_prompt=16), bs_prefill=st.integers(1, 5), bs_decode=st.integers(1, 5),
+       slack=st.integers(0, 6), seed=st.integers(0, 100), pool_seed=st.integers(0, 2**16),
+       budget=st.sampled_from([None, None, 3, 8]))
+@example(reqs=DISAGG, bs_prefill=3, bs_decode=2, slack=4, seed=13, pool_seed=1, budget=None)
+@example(reqs=DISAGG, bs_prefill=4, bs_decode=4, slack=4, seed=13, pool_seed=2, budget=None)
+def law_disaggregated_equals_one_engine(engine_class, reqs, bs_prefill, bs_decode, slack, seed, pool_seed, budget):
+    """PA-9: KV computed by a prefill engine and transferred by block id into a decode engine's
+    pool (other ids, other block size) continues exactly as one engine."""
+    model = model_for(seed)
+    one = PagedEngine(model, num_blocks=blocks_for(reqs, bs_prefill) * len(reqs) + slack, block_size=bs_prefill,
+                      keep_logits=True)
+    run_engine(one, reqs)
+    dis = run_disaggregated(engine_class, model, reqs, bs_prefill, bs_decode, slack, pool_seed, budget)
+    note(f"transfers {dis.transfers}, prefill {dict(dis.prefill_engine.stats)}, decode {dict(dis.decode_engine.stats)}")
+    assert dis.transfers == sum(r.max_new > 1 for r in reqs), f"{dis.transfers} transfers"
+    same_as(dis, one, reqs, f"prefill blocks of {bs_prefill} -> decode blocks of {bs_decode} vs one engine")
+
+
+@pytest.mark.claim("PA-9")
+def test_pa9_disaggregated_equals_one_engine():
+    law_disaggregated_equals_one_engine(PagedEngine)
+
+
+@pytest.mark.claim("PA-9")
+def test_pa9_transfer_moves_blocks_to_other_ids():
+    """The pinned transfer really changes ids and block sizes: the decode engine holds each
+    transferred request in blocks of 2 at ids other than the prefill engine's blocks of 3."""
+    model = model_for(13)
+    dis = run_disaggregated(PagedEngine, model, DISAGG, 3, 2, 4, 1)
+    assert dis.transfers == 3
+    results.record("PA-9", measured=0, bound=0, unit="requests whose tokens differ from one engine",
+                   rule=f"{len(DISAGG)} requests, {dis.transfers} transferred from blocks of 3 to blocks of 2 "
+                        f"(pools in random order); the zoo's dropped, reordered, truncated and misplaced "
+                        "transfers are rejected")
+
+
+@pytest.mark.claim("PA-9")
+@pytest.mark.parametrize("name", ["transfer_in_block_id_order", "transfer_drops_last_block",
+                                  "transfer_truncated_to_whole_blocks", "transfer_placed_at_sender_ids"])
+def test_pa9_zoo_bad_transfer_rejected(name):
+    expect_rejection("PA-9", law_disaggregated_equals_one_engine, serving_engine_zoo()[name], match="one engine")
+
+
+def test_send_and_receive_reject_bad_calls():
+    model = model_for(0)
+    e = PagedEngine(model, num_blocks=8, block_size=2)
+    e.add_request("a", [1, 2, 3], 3)
+    with pytest.raises(ValueError, match="not running"):
+        e.send("a")                                        # still waiting
+    e.step()
+    t = e.send("a")
+    other = PagedEngine(model, num_blocks=8, block_size=3)
+    with pytest.raises(ValueError, match="layers"):
+        other.receive(dataclasses.replace(t, k=t.k[:1]))
+    other.receive(t)
+    with pytest.raises(ValueError, match="already used"):
+        other.receive(t)

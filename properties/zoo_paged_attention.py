@@ -1,10 +1,17 @@
 """Known-bad paged-attention implementations (the bug zoo): each is a classic paged-decode
-kernel bug, and the PA-1 law (``properties/test_paged_attention.py``) must reject every one.
+kernel bug, and the PA-1 law (``properties/test_paged_attention.py``) must reject every one; the
+mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``: a correct decode call, a
+buggy ``paged_prefill``) are rejected by the PA-8 law.
 
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
-and float32 otherwise, so that only the bug (not rounding) makes them wrong.
+and float32 otherwise, so that only the bug (not rounding) makes them wrong. The engines outside
+the contract keep their known-bad versions here too: ``_engine_zoo`` (PA-6, PA-7) and
+``serving_engine_zoo`` (chunked prefill and disaggregation, PA-8, PA-9), each rejected by its
+own law in ``properties/test_paged_engine.py``.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -132,6 +139,53 @@ def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
     return _paged(q, k_cache, v_cache, block_table, seq_lens, scale)
 
 
+# ------------------------------------------------------------ the mixed batch (PA-8)
+def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions):
+    """The mixed batch with the bug injected: ``positions(n, q_len, C)`` the position each of a
+    chunk's q_len queries attends up to (correct: n - q_len + i), C the longest chunk of the call."""
+    from conformance.contracts.paged_attention import validate_prefill
+    from reference.attention import masked_attention
+    from reference.paged_attention import gather
+
+    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    loc = query_start_loc.tolist()
+    C = max(b - a for a, b in zip(loc, loc[1:]))
+    out = torch.empty_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        m = loc[b + 1] - loc[b]
+        k, v = (gather(c, block_table[b], n).to(acc) for c in (k_cache, v_cache))
+        pos = positions(n, m, C).to(q.device)
+        mask = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
+        o = masked_attention(q[loc[b]:loc[b + 1]].to(acc).transpose(0, 1), k, v, scale=scale, mask=mask)
+        out[loc[b]:loc[b + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def _with_prefill(prefill):
+    """A mixed-batch zoo entry: the contract's decode call correct (the reference), the
+    ``paged_prefill`` buggy."""
+    import types
+
+    from reference.paged_attention import paged_attention
+
+    return types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=prefill)
+
+
+def chunk_offset_from_zero(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """The causal mask of a chunk counted from 0: query i sees keys <= i, not <= prefix + i (the
+    cached prefix's offset forgotten, as a prefill kernel run on a later chunk)."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C: torch.arange(m))
+
+
+def last_chunk_as_c(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """Every sequence's chunk taken as C tokens long (the call's longest): the cached prefix of a
+    shorter last chunk, or of a decode token, is put at n - C, so its queries miss their newest keys."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C: torch.arange(n - C, n - C + m))
+
+
 def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
     """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
     failure's first line, recorded as the test's rejection (the failing comparison inside is the
@@ -185,6 +239,71 @@ def _engine_zoo():
     return QueryMissesItsOwnToken, PrefixKeyWithoutParent
 
 
+# ----------------------------- chunked prefill and disaggregation: the engines (PA-8, PA-9)
+def serving_engine_zoo() -> dict:
+    """Known-bad engines outside the contract, by name: each rejected by its own law in
+    ``properties/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
+    engine and a decode engine vs one engine)."""
+    from optimized.paged_engine import PagedCacheAttention, PagedEngine
+
+    class _WriteAfterAttention(PagedCacheAttention):
+        def attend(self, layer, q, k, v):
+            out = self._attend(layer, q)
+            self._write(layer, k, v)
+            return out
+
+    class ChunkKVWrittenAfterAttention(PagedEngine):
+        """Each layer attends first and writes the step's K/V after: a chunk's queries miss the
+        keys of their own chunk (and a decode token its own key)."""
+
+        def _backend(self, **kw):
+            return _WriteAfterAttention(**kw)
+
+    class SendsBlocksInIdOrder(PagedEngine):
+        """The transfer sends a request's blocks sorted by block id, not in its block table's
+        logical order: a pool that hands blocks out in no particular order reorders the tokens."""
+
+        def _pack(self, r):
+            ids, ks, vs = super()._pack(r)
+            order = sorted(range(len(ids)), key=ids.__getitem__)
+            return [ids[i] for i in order], [k[order] for k in ks], [v[order] for v in vs]
+
+    class DropsLastBlock(PagedEngine):
+        """The transfer leaves out the request's last block (the partly filled one being written)."""
+
+        def _pack(self, r):
+            ids, ks, vs = super()._pack(r)
+            return ids[:-1], [k[:-1] for k in ks], [v[:-1] for v in vs]
+
+    class TruncatesToWholeBlocks(PagedEngine):
+        """The receiver writes only the tokens that fill whole blocks of its own block size: the
+        tail that lands in its partly filled last block is lost."""
+
+        def _place(self, t, rid):
+            whole = (t.length // self.block_size) * self.block_size
+            super()._place(dataclasses.replace(t, length=whole), rid)
+
+    class PlacesAtSenderIds(PagedEngine):
+        """The receiver writes each transferred token at the sender's slot (the sender's block id
+        and offset, taken in its own pool), not at the slot of its own block table."""
+
+        def _place(self, t, rid):
+            dev = self.k[0].device
+            n_slots = self.k[0].shape[0] * self.block_size
+            slots = torch.tensor([(t.block_ids[p // t.block_size] * t.block_size + p % t.block_size) % n_slots
+                                  for p in range(t.length)], device=dev)
+            for layer in range(self.cfg.n_layers):
+                k = t.k[layer].reshape(-1, *t.k[layer].shape[2:])[:t.length].to(dev).contiguous()
+                v = t.v[layer].reshape(-1, *t.v[layer].shape[2:])[:t.length].to(dev).contiguous()
+                self.write(self.k[layer], self.v[layer], k, v, slots)
+
+    return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
+            "transfer_in_block_id_order": SendsBlocksInIdOrder,
+            "transfer_drops_last_block": DropsLastBlock,
+            "transfer_truncated_to_whole_blocks": TruncatesToWholeBlocks,
+            "transfer_placed_at_sender_ids": PlacesAtSenderIds}
+
+
 def implementations():
     """The known-bad paged_attention implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
@@ -202,4 +321,8 @@ def implementations():
         known_bad("paged_attention", "cache_strides_from_shape", cache_strides_from_shape),
         known_bad("paged_attention", "scale_folded_in_16bit", scale_folded_in_16bit),
         known_bad("paged_attention", "block_offsets_in_int32", block_offsets_in_int32),
+        known_bad("paged_attention", "chunk_offset_from_zero", _with_prefill(chunk_offset_from_zero),
+                  bug="a chunk's causal offset counted from 0 instead of from its cached prefix"),
+        known_bad("paged_attention", "last_chunk_as_c", _with_prefill(last_chunk_as_c),
+                  bug="the last chunk's (and a decode token's) length taken as the chunk size C"),
     )

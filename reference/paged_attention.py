@@ -19,8 +19,8 @@ from typing import Hashable, Iterable
 
 import torch
 
-from conformance.contracts.paged_attention import blocks_needed, validate
-from reference.attention import attention
+from conformance.contracts.paged_attention import blocks_needed, validate, validate_prefill
+from reference.attention import attention, masked_attention
 
 # ----------------------------------------------------------------------------------------------
 # gather and paged attention (PA-1)
@@ -61,6 +61,40 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
+def chunk_mask(seq_len: int, q_len: int, device=None) -> torch.Tensor:
+    """The causal mask of a chunk of ``q_len`` query tokens that are the last of ``seq_len``
+    cached tokens, (q_len, seq_len) bool: query i (position seq_len - q_len + i, the offset of
+    the cached prefix) sees the keys t <= that position (bottom-right aligned)."""
+    pos = torch.arange(seq_len - q_len, seq_len, device=device)
+    return torch.arange(seq_len, device=device)[None, :] <= pos[:, None]
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """The reference mixed batch of the contract's ``paged_prefill`` (claim PA-8): for each
+    sequence, gather its K and V (:func:`gather`) and attend its chunk's queries through
+    :func:`reference.attention.masked_attention` with the chunk's causal mask (:func:`chunk_mask`),
+    in float64.
+
+    q (N, Hq, D), the query tokens of all sequences, sequence b's at rows query_start_loc[b] ..
+    query_start_loc[b+1] - 1; k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table
+    (B, max_blocks) int32; seq_lens (B,) int32 (the chunk included); query_start_loc (B + 1,)
+    int32. Returns (N, Hq, D) in q's dtype. Raises as the contract's ``validate_prefill``.
+    """
+    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    lens = seq_lens.to("cpu", torch.int64).tolist()
+    loc = query_start_loc.to("cpu", torch.int64).tolist()
+    out = torch.empty_like(q)
+    for b, n in enumerate(lens):
+        q0, q1 = loc[b], loc[b + 1]
+        k = gather(k_cache, block_table[b], n).to(torch.float64)          # (Hkv, n, D)
+        v = gather(v_cache, block_table[b], n).to(torch.float64)
+        qb = q[q0:q1].to(torch.float64).transpose(0, 1)                    # (Hq, q_len, D)
+        o = masked_attention(qb, k, v, scale=scale, mask=chunk_mask(n, q1 - q0, q.device))   # (Hq, q_len, D)
+        out[q0:q1] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # the block allocator (PA-4)
 # ----------------------------------------------------------------------------------------------
@@ -96,6 +130,13 @@ class BlockAllocator:
     @property
     def num_used(self) -> int:
         return self.num_blocks - len(self._free)
+
+    def shuffle_free(self, generator: torch.Generator) -> None:
+        """Reorder the free list by a random permutation drawn from ``generator``: the pool of a
+        server that has served other requests hands blocks out in no particular order."""
+        perm = torch.randperm(len(self._free), generator=generator).tolist()
+        free = list(self._free)
+        self._free = deque(free[i] for i in perm)
 
     def free_blocks(self) -> list[int]:
         """The free list, in the order blocks will be handed out."""
@@ -330,12 +371,16 @@ def waste_per_request(lengths: Iterable[int], block_size: int) -> list[int]:
     return out
 
 
-__all__ = ["gather", "paged_attention", "blocks_needed", "BlockAllocator", "OutOfBlocks", "PagedKVCache",
+__all__ = ["gather", "paged_attention", "paged_prefill", "chunk_mask", "blocks_needed", "BlockAllocator", "OutOfBlocks", "PagedKVCache",
            "waste_per_request"]
 
 
 def implementations():
-    """The paged-attention reference (gather the blocks, then the reference attention)."""
+    """The paged-attention reference (gather the blocks, then the reference attention), decode
+    and the mixed batch."""
+    import types
+
     from conformance.registry import builtin
 
-    return (builtin("paged_attention", "reference", paged_attention),)
+    return (builtin("paged_attention", "reference",
+                    types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=paged_prefill)),)

@@ -1,5 +1,6 @@
 """A serving simulator: a request trace replayed under three KV-cache policies with continuous
-batching (claim PA-2; lecture 001 §4.1-4.3, Kwon et al. 2023 §3).
+batching (claim PA-2; lecture 001 §4.1-4.3, Kwon et al. 2023 §3), and chunked prefill's effect on
+the time between tokens (claim PA-8, :func:`simulate_chunked`; lecture 001 §4.5).
 
 Model (the lecture's): all requests arrive at step 0 and wait in a FIFO queue; every step, each
 running request generates one token; a request that has generated its output length leaves at
@@ -257,3 +258,119 @@ def downsample(values: list[float], n: int = 400) -> list[float]:
         return list(values)
     idx = np.linspace(0, len(values) - 1, n).round().astype(int)
     return [values[i] for i in idx]
+
+
+# ----------------------------------------------------------------------------------------------
+# chunked prefill (PA-8): the time between two tokens of a running request
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arrival:
+    """A request arriving at step ``at`` (it is admitted at the first step starting at or after
+    it): id, prompt tokens, output tokens."""
+
+    rid: int
+    at: int
+    prompt: int
+    output: int
+
+
+@dataclass
+class ChunkedResult:
+    """A run of :func:`simulate_chunked`: per step the tokens computed and its duration (the
+    cost model), and per request the times its tokens came out."""
+
+    token_budget: int | None
+    step_tokens: list[int]
+    step_times: list[float]
+    emitted: dict[int, list[float]]
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.step_tokens)
+
+    @property
+    def total_time(self) -> float:
+        return float(sum(self.step_times))
+
+    def gaps(self, rids=None) -> list[float]:
+        """Times between two consecutive tokens of the same request (of ``rids``; None: all)."""
+        out = []
+        for rid, times in self.emitted.items():
+            if rids is None or rid in rids:
+                out += [b - a for a, b in zip(times, times[1:])]
+        return out
+
+    def max_gap(self, rids=None) -> float:
+        """The longest time between two tokens of a running request (the worst inter-token latency)."""
+        return max(self.gaps(rids), default=0.0)
+
+
+def simulate_chunked(trace: list[Arrival], *, token_budget: int | None, step_overhead: float = 1.0,
+                     per_token: float = 1.0 / 256, max_steps: int = 1_000_000) -> ChunkedResult:
+    """Continuous batching with chunked prefill (Sarathi-Serve; lecture 001 §4.5), memory ample,
+    compute as the cost: a step costs ``step_overhead + per_token · tokens`` (the weights are
+    read once per forward; each token computed adds its share; time in units of the overhead).
+
+    Every step, in order: requests that have arrived join; each running request that has
+    computed its prompt contributes its decode token (1 token), then the requests still in their
+    prompt, in arrival order, contribute chunks of their remaining prompt while the budget lasts
+    (``token_budget``; None: every remaining prompt whole in this step: unchunked prefill). A
+    request that computes the last token of its prompt emits its first token at the step's end;
+    every later step that computes its decode token emits one more, until ``output`` tokens.
+    The clock advances by each step's cost; a step with no work (nothing arrived yet) jumps to
+    the next arrival without cost. Raises ValueError for a budget below 1 or empty requests;
+    RuntimeError past ``max_steps``."""
+    if token_budget is not None and token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1 or None, got {token_budget}")
+    for r in trace:
+        if r.prompt < 1 or r.output < 1 or r.at < 0:
+            raise ValueError(f"request {r.rid}: prompt {r.prompt}, output {r.output} must be >= 1, arrival >= 0")
+    pending = sorted(trace, key=lambda r: (r.at, r.rid))
+    computed: dict[int, int] = {}
+    made: dict[int, int] = {}
+    live: list[Arrival] = []
+    emitted: dict[int, list[float]] = {r.rid: [] for r in trace}
+    step_tokens, step_times = [], []
+    clock, step = 0.0, 0
+    while pending or live:
+        if len(step_tokens) >= max_steps:
+            raise RuntimeError(f"simulation did not finish within {max_steps} steps")
+        while pending and pending[0].at <= step:
+            r = pending.pop(0)
+            live.append(r)
+            computed[r.rid], made[r.rid] = 0, 0
+        if not live:
+            step = pending[0].at
+            continue
+        left = float("inf") if token_budget is None else token_budget
+        plan: dict[int, int] = {}
+        for r in live:                                      # decode tokens first
+            if computed[r.rid] >= r.prompt and left >= 1:
+                plan[r.rid] = 1
+                left -= 1
+        for r in live:                                      # then prompt chunks, in arrival order
+            rest = r.prompt - computed[r.rid]
+            if rest > 0 and left >= 1:
+                plan[r.rid] = int(min(rest, left))
+                left -= plan[r.rid]
+        tokens = sum(plan.values())
+        clock += step_overhead + per_token * tokens
+        step_tokens.append(tokens)
+        step_times.append(step_overhead + per_token * tokens)
+        still = []
+        for r in live:
+            n = plan.get(r.rid, 0)
+            if computed[r.rid] >= r.prompt:                 # a decode step (n = 1) or waiting (n = 0)
+                made[r.rid] += n
+                if n:
+                    emitted[r.rid].append(clock)
+            else:
+                computed[r.rid] += n
+                if computed[r.rid] == r.prompt:             # its prompt's last chunk: the first token
+                    made[r.rid] += 1
+                    emitted[r.rid].append(clock)
+            if made[r.rid] < r.output:
+                still.append(r)
+        live = still
+        step += 1
+    return ChunkedResult(token_budget, step_tokens, step_times, emitted)

@@ -175,3 +175,51 @@ def test_paged_attention_rejects_bad_num_splits(call_args):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
             pa.paged_attention(*call_args, scale=0.25, num_splits=bad)
+
+
+# ------------------------------------------------------------------ the mixed batch (paged_prefill)
+PREFILL_IMPLS = {"reference": "reference.paged_attention:paged_prefill"}
+if "triton" in IMPLS:
+    PREFILL_IMPLS["triton"] = "optimized.paged_prefill:paged_prefill"
+
+
+@pytest.fixture
+def prefill_args(device):
+    """A valid mixed batch: sequences of 5 and 3 tokens, chunks of 4 and 1 query tokens
+    (query_start_loc [0, 4, 5]), blocks of 2, Hq 4, Hkv 2, D 16."""
+    from properties.paged_attention_cases import PrefillCase, make_prefill_inputs
+
+    return make_prefill_inputs(PrefillCase((5, 3), (4, 1), 4, 2, 16, 2, 0.25), 3, torch.float32, device).args()
+
+
+PREFILL_CASES = {
+    "query_start_loc not a tensor": (lambda a, d: a[:5] + ([0, 4, 5],), TypeError, "query_start_loc must be a torch.Tensor"),
+    "int64 query_start_loc": (lambda a, d: a[:5] + (a[5].long(),), TypeError, "query_start_loc must be int32"),
+    "query_start_loc shape": (lambda a, d: a[:5] + (_i32([0, 5], d),), ValueError,
+                              r"query_start_loc must have shape \(B \+ 1,\) = \(3,\)"),
+    "query_start_loc from 1": (lambda a, d: a[:5] + (_i32([1, 4, 5], d),), ValueError, "must start at 0"),
+    "an empty chunk": (lambda a, d: a[:5] + (_i32([0, 0, 5], d),), ValueError, "strictly increasing"),
+    "not ending at N": (lambda a, d: a[:5] + (_i32([0, 3, 4], d),), ValueError, r"must end at N = q.shape\[0\] = 5"),
+    "chunk longer than the sequence": (lambda a, d: (torch.cat([a[0], a[0][:1]]),) + a[1:5] + (_i32([0, 2, 6], d),),
+                                       ValueError, r"sequence 1 4 query tokens, more than its seq_lens\[1\] = 3"),
+    "q rank": (lambda a, d: (a[0][:, 0],) + a[1:], ValueError, r"q must have 3 dimensions \(N, Hq, D\)"),
+    "seq_lens shape": (lambda a, d: a[:4] + (_i32([[5, 3]], d), a[5]), ValueError, r"seq_lens must have shape \(B,\)"),
+    "live entry out of range": (lambda a, d: a[:3] + (_with(a[3], (1, 1), a[1].shape[0]),) + a[4:], ValueError,
+                                r"block_table\[1, 1\] = \d+ is a live block"),
+}
+
+
+@pytest.mark.parametrize("which", list(PREFILL_IMPLS))
+@pytest.mark.parametrize("what", list(PREFILL_CASES))
+def test_paged_prefill_rejects_bad_input(which, what, prefill_args, device):
+    fn = _load(PREFILL_IMPLS[which])
+    make, error, match = PREFILL_CASES[what]
+    with pytest.raises(error, match=match):
+        fn(*make(prefill_args, device), scale=0.25)
+
+
+def test_paged_prefill_rejects_bad_num_splits(prefill_args):
+    pp = pytest.importorskip("optimized.paged_prefill")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
+            pp.paged_prefill(*prefill_args, scale=0.25, num_splits=bad)

@@ -114,3 +114,24 @@ def test_list_impls_prints_every_registration():
     assert "needs the 'flash_attn' package" in out.stdout
     assert "examples.my_attention:attention" in out.stdout
     assert "passed" not in out.stdout  # it ran no test
+
+
+def test_an_optional_contract_function_left_out_is_refused():
+    """``Contract.optional``: a plain decode function registered for ``paged_attention`` still
+    meets the contract, its ``paged_prefill`` raising NotImplementedError (reported
+    "unsupported"); an object that provides it keeps its own."""
+    c = registry.contract("paged_attention")
+    assert "paged_prefill" in c.optional and "paged_prefill" not in c.functions
+
+    def decode_only(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+        return q
+
+    impl = registry.Implementation("paged_attention", "x", "m:decode_only", "outside",
+                                   registry._namespace(c, decode_only, "m:decode_only"), c.all_functions)
+    assert impl.paged_attention is decode_only
+    with pytest.raises(NotImplementedError, match="optional function 'paged_prefill'"):
+        impl.paged_prefill()
+    both = types.SimpleNamespace(paged_attention=decode_only, paged_prefill=len)
+    assert registry._namespace(c, both, "m:both").paged_prefill is len
+    with pytest.raises(TypeError, match="missing callables"):
+        registry._namespace(c, types.SimpleNamespace(paged_prefill=len), "m:prefill_only")

@@ -1,6 +1,8 @@
-"""The ``paged_attention`` contract: decode attention over a paged KV cache (PagedAttention).
+"""The ``paged_attention`` contract: decode attention over a paged KV cache (PagedAttention), and
+the mixed batch of prefill chunks and decode tokens over the same cache (chunked prefill).
 
     paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale: float) -> Tensor
+    paged_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale: float) -> Tensor
 
 Shapes: ``q`` (B, Hq, D), one new query per sequence; ``k_cache``, ``v_cache`` (num_blocks,
 block_size, Hkv, D), the physical blocks of the cache; Hq is a multiple of Hkv and query head
@@ -30,13 +32,38 @@ or head count disagree, Hq not a multiple of Hkv, a scale that is not finite or,
 other than float64, whose magnitude float32 cannot hold (scores are computed in float32 there,
 as in the attention contract)) naming the argument, before any kernel launch (:func:`validate`).
 
+``paged_prefill`` (optional: an implementation that leaves it out refuses it with
+``NotImplementedError``, reported "unsupported") is the mixed batch of one serving step, in the
+shape of vLLM's unified attention and FlashInfer's batch prefill with paged KV: each of the B
+sequences contributes q_len_b = query_start_loc[b+1] - query_start_loc[b] query tokens,
+1 <= q_len_b <= seq_lens[b] (1: a decode token; more: a chunk of a prompt, C tokens at most
+where C is the chunk size), the rows query_start_loc[b] .. query_start_loc[b+1] - 1 of ``q``
+(N, Hq, D), N = query_start_loc[B]. ``query_start_loc`` (B + 1,) int32, starting at 0,
+strictly increasing. The chunk's own K/V are already in the cache (written before attention):
+they are the last q_len_b of the sequence's ``seq_lens[b]`` tokens, so the cached prefix holds
+seq_lens[b] - q_len_b tokens and query i of the chunk is the token at position
+p = seq_lens[b] - q_len_b + i. It attends causally, bottom-right aligned (the offset of the
+cached prefix), to the keys t <= p:
+
+    out[n, h] = sum_{t <= p(n)} softmax_t(scale * q[n, h] . K_b[t, g(h)]) * V_b[t, g(h)]
+
+Returns (N, Hq, D) in ``q``'s dtype. With every q_len_b = 1 it is ``paged_attention``. What it
+must not read, the supported inputs and the errors are those of ``paged_attention``; besides,
+a ``query_start_loc`` that is not int32 raises TypeError, one of the wrong shape, not starting at
+0, not strictly increasing, not ending at N, or with a q_len_b above seq_lens[b] raises
+ValueError naming it (:func:`validate_prefill`).
+
 Oracle: the float64 reference (``reference.paged_attention.paged_attention``) gathers each sequence's
-blocks into a contiguous cache and calls the reference attention; the laws compare every
+blocks into a contiguous cache and calls the reference attention (``paged_prefill``: the
+masked reference attention with the chunk's causal mask); the laws compare every
 implementation with dense attention over the contiguous K/V the pages were cut from.
 
 Claims checked against this contract: PA-1 (attention through a block table over
 non-contiguous blocks equals attention over the contiguous cache, for any block size and any
-placement). Source: Kwon et al. 2023 (vLLM, PagedAttention), lecture 001 §4.2.
+placement), PA-8 (the mixed batch: each chunk causal with the offset of its cached prefix, the
+same as dense causal attention over the whole sequence). Source: Kwon et al. 2023 (vLLM,
+PagedAttention), lecture 001 §4.2; Agrawal et al. 2024 (Sarathi-Serve, chunked prefill),
+lecture 001 §4.5.
 """
 from __future__ import annotations
 
@@ -162,6 +189,65 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
     return PagedShape(B, Hq, Hkv, D, num_blocks, block_size, max_blocks)
 
 
+def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
+    """q_len_b = query_start_loc[b+1] - query_start_loc[b]: query tokens per sequence, (B,) int64."""
+    loc = query_start_loc.detach().to("cpu", torch.int64)
+    return loc[1:] - loc[:-1]
+
+
+def validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale) -> PagedShape:
+    """Check a ``paged_prefill`` call; return its sizes (``B``: the sequences, from ``seq_lens``).
+
+    Raises as :func:`validate` (``q`` is (N, Hq, D) here: its first dimension is the query
+    tokens, not the sequences), and TypeError for a ``query_start_loc`` that is not an int32
+    tensor, ValueError for one not of shape (B + 1,), on another device, not starting at 0, not
+    strictly increasing (every sequence has at least one query token), not ending at N, or with a
+    sequence's query tokens above its ``seq_lens`` (the chunk is part of the cached tokens), each
+    naming the argument. Reads ``query_start_loc`` on the host.
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must have 3 dimensions (N, Hq, D), got shape {tuple(q.shape)}")
+    if not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"seq_lens must be a torch.Tensor (B,) of int32, got {type(seq_lens).__name__}")
+    if seq_lens.dim() != 1 or seq_lens.shape[0] < 1:
+        raise ValueError(f"seq_lens must have shape (B,) with B >= 1, got {tuple(seq_lens.shape)}")
+    B = seq_lens.shape[0]
+    if not isinstance(query_start_loc, torch.Tensor):
+        raise TypeError(f"query_start_loc must be a torch.Tensor (B + 1,) of int32, "
+                        f"got {type(query_start_loc).__name__}")
+    if query_start_loc.dtype != INDEX_DTYPE:
+        raise TypeError(f"query_start_loc must be int32, got {query_start_loc.dtype}")
+    if tuple(query_start_loc.shape) != (B + 1,):
+        raise ValueError(f"query_start_loc must have shape (B + 1,) = ({B + 1},), got {tuple(query_start_loc.shape)}")
+    if query_start_loc.device != q.device:
+        raise ValueError(f"query_start_loc is on {query_start_loc.device}, q on {q.device}: all tensors must be "
+                         "on one device")
+    # the sequences' checks of ``validate``, with q's rows standing for the B sequences
+    rows = q.new_empty((B, *q.shape[1:])) if q.dtype in DTYPES else q
+    shape = validate(rows, k_cache, v_cache, block_table, seq_lens, scale)
+    loc = query_start_loc.detach().to("cpu", torch.int64)
+    N = q.shape[0]
+    if int(loc[0]) != 0:
+        raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0] = {int(loc[0])}")
+    qlens = loc[1:] - loc[:-1]
+    bad = (qlens < 1).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise ValueError(f"query_start_loc must be strictly increasing (each sequence has >= 1 query token); "
+                         f"query_start_loc[{b}] = {int(loc[b])}, query_start_loc[{b + 1}] = {int(loc[b + 1])}")
+    if int(loc[-1]) != N:
+        raise ValueError(f"query_start_loc must end at N = q.shape[0] = {N}, got query_start_loc[{B}] = {int(loc[-1])}")
+    lens = seq_lens.detach().to("cpu", torch.int64)
+    over = (qlens > lens).nonzero()
+    if over.numel():
+        b = int(over[0, 0])
+        raise ValueError(f"query_start_loc gives sequence {b} {int(qlens[b])} query tokens, more than its "
+                         f"seq_lens[{b}] = {int(lens[b])} (the chunk's tokens are part of the cached ones)")
+    return shape
+
+
 def kv_bytes(seq_lens, Hkv: int, D: int, bytes_per_value: int) -> int:
     """Bytes of K and V a decode step must read: 2 · Σ seq_lens · Hkv · D · bytes per value."""
     return int(2 * int(torch.as_tensor(seq_lens).to(torch.int64).sum()) * Hkv * D * bytes_per_value)
@@ -251,10 +337,40 @@ def _paged_coverage() -> tuple:
     return tuple(out)
 
 
+#: PA-8's law of the mixed batch (properties/test_paged_attention.py).
+_PA8 = ("law_prefill_equals_causal",)
+
+#: Query tokens per program tile of a mixed-batch kernel that a chunk may exceed (16 is vLLM's
+#: and the suite's kernel's).
+QUERY_TILE = 16
+
+
+def _prefill_coverage() -> tuple:
+    def chunks(test):
+        return lambda c: any(test(n, m, c.block_size) for n, m in zip(c.lens, c.qlens))
+    return (
+        CoverageClass("mixed batch: decode tokens and prefill chunks", _PA8,
+                      lambda c: 1 in c.qlens and max(c.qlens) > 1),
+        CoverageClass("chunk after a cached prefix", _PA8, chunks(lambda n, m, bs: 1 < m < n)),
+        CoverageClass("whole prompt, no cached prefix", _PA8, chunks(lambda n, m, bs: 1 < m == n)),
+        CoverageClass("chunk starting inside a block", _PA8, chunks(lambda n, m, bs: m > 1 and (n - m) % bs != 0)),
+        CoverageClass("chunk crossing a block boundary", _PA8,
+                      chunks(lambda n, m, bs: m > 1 and (n - m) // bs != (n - 1) // bs)),
+        CoverageClass(f"chunk longer than a query tile ({QUERY_TILE})", _PA8,
+                      chunks(lambda n, m, bs: m > QUERY_TILE)),
+        CoverageClass("chunks of different lengths", _PA8, lambda c: len(set(m for m in c.qlens if m > 1)) > 1),
+        CoverageClass("prefill block size 1", _PA8, lambda c: c.block_size == 1),
+        CoverageClass("prefill odd block size", _PA8, lambda c: c.block_size % 2 == 1 and c.block_size > 1),
+        CoverageClass("prefill group not a power of two", _PA8,
+                      lambda c: c.Hq // c.Hkv > 1 and (c.Hq // c.Hkv) & (c.Hq // c.Hkv - 1) != 0),
+    )
+
+
 #: The paged_attention contract's coverage table. Observations are the calls' cases: objects with
 #: ``lens`` (the sequence lengths), ``Hq``, ``Hkv``, ``D``, ``block_size``, ``scale`` and
-#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as properties.paged_attention_cases.PagedCase).
-COVERAGE = _paged_coverage()
+#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as properties.paged_attention_cases.PagedCase);
+#: PA-8's cases have ``qlens`` too (query tokens per sequence, properties.paged_attention_cases.PrefillCase).
+COVERAGE = _paged_coverage() + _prefill_coverage()
 
 
 def invalid(device: str) -> list[InvalidCall]:
@@ -294,14 +410,53 @@ def invalid(device: str) -> list[InvalidCall]:
     out = [InvalidCall(what, args, {"scale": 0.25}, (exc,), argument) for what, args, exc, argument in calls]
     out += [InvalidCall("scale-a-string", (q, kc, vc, bt, sl), {"scale": "0.25"}, (TypeError,), "scale"),
             InvalidCall("scale-inf", (q, kc, vc, bt, sl), {"scale": math.inf}, (ValueError,), "scale")]
+    return out + _invalid_prefill(q, kc, vc, bt, sl)
+
+
+def _invalid_prefill(q, kc, vc, bt, sl) -> list[InvalidCall]:
+    """``paged_prefill``'s bad calls over :func:`invalid`'s caches: the two sequences (lengths 5
+    and 3) with chunks of 4 and 2 query tokens (query_start_loc [0, 4, 6]). An implementation that
+    refuses the valid call first (it leaves ``paged_prefill`` out) is "unsupported" for them."""
+    device = q.device
+    qp = torch.randn(6, 4, 16, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    loc = i32([0, 4, 6])
+
+    def receiver(impl):
+        impl.paged_prefill(qp, kc, vc, bt, sl, loc, scale=0.25)     # a refusal: NotImplementedError
+        return impl
+
+    calls = [  # (what, (q, k_cache, v_cache, block_table, seq_lens, query_start_loc), raises, argument)
+        ("prefill-q-with-2-dims", (qp[:, 0], kc, vc, bt, sl, loc), ValueError, "q"),
+        ("prefill-int64-query-start-loc", (qp, kc, vc, bt, sl, loc.long()), TypeError, "query_start_loc"),
+        ("prefill-query-start-loc-a-list", (qp, kc, vc, bt, sl, [0, 4, 6]), TypeError, "query_start_loc"),
+        ("prefill-query-start-loc-shape", (qp, kc, vc, bt, sl, i32([0, 6])), ValueError, "query_start_loc"),
+        ("prefill-query-start-loc-not-from-0", (qp, kc, vc, bt, sl, i32([1, 4, 6])), ValueError, "query_start_loc"),
+        ("prefill-empty-chunk", (qp, kc, vc, bt, sl, i32([0, 0, 6])), ValueError, "query_start_loc"),
+        ("prefill-query-start-loc-not-ending-at-n", (qp, kc, vc, bt, sl, i32([0, 4, 5])), ValueError,
+         "query_start_loc"),
+        ("prefill-chunk-longer-than-seq-len", (qp, kc, vc, bt, sl, i32([0, 2, 6])), ValueError, "query_start_loc"),
+        ("prefill-seq-lens-0", (qp, kc, vc, bt, i32([5, 0]), loc), ValueError, "seq_lens"),
+        ("prefill-live-entry-out-of-range", (qp, kc, vc, bt.clone().index_fill_(1, torch.tensor([1], device=device), 6),
+                                             sl, loc), ValueError, "block_table"),
+        ("prefill-float64-caches", (qp, kc.double(), vc.double(), bt, sl, loc), TypeError, ("k_cache", "v_cache")),
+    ]
+    out = [InvalidCall(what, args, {"scale": 0.25}, (exc,), argument, function="paged_prefill", on=receiver)
+           for what, args, exc, argument in calls]
+    out.append(InvalidCall("prefill-scale-inf", (qp, kc, vc, bt, sl, loc), {"scale": math.inf}, (ValueError,),
+                           "scale", function="paged_prefill", on=receiver))
     return out
 
 
 CONTRACT = Contract(
     technique="paged_attention",
     functions=("paged_attention",),
+    optional=("paged_prefill",),
     doc=__doc__,
     cases=cases,
-    returns={"paged_attention": torch.Tensor},
+    returns={"paged_attention": torch.Tensor, "paged_prefill": torch.Tensor},
     invalid=invalid,
 )
