@@ -102,8 +102,6 @@ def read_run(folder: str | Path) -> Run:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise MergeError(f"{f}: damaged: {exc}") from None
     files = sorted(folder.glob("*.jsonl"))
-    if not files:
-        raise MergeError(f"{folder}: no result rows (rows-*.jsonl): the run wrote none, or they were lost")
     for f in files:
         for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -112,6 +110,9 @@ def read_run(folder: str | Path) -> Run:
                 run.rows.append(Row(**json.loads(line)))
             except (ValueError, TypeError) as exc:
                 raise MergeError(f"{f}, line {n}: damaged row: {exc}") from None
+    if not run.rows and not run.ended:
+        raise MergeError(f"{folder}: no result rows and no end recorded in {RUN_FILE}: the run did not finish "
+                         "(killed, or still running)")
     return run
 
 
