@@ -11,7 +11,9 @@ merged into one conformance matrix (``python -m reports merge``):
   version}}`` (torch, Triton where it launches kernels, the package an adapter needs, an
   outside target's own distribution).
 
-A run folder holds one run: give each run (and each shard) its own folder.
+A run folder holds one run: give each run (and each shard) its own folder. A new run into a
+folder that holds an earlier one (its ``run.json``) first removes that run's files (``run.json``,
+``rows-*.jsonl``, ``impls-*.json``; nothing else), so that re-running a command never mixes two runs.
 """
 from __future__ import annotations
 
@@ -86,6 +88,19 @@ def write_run(folder: str, *, started: str, device: str, shard: str | None, args
     return doc
 
 
+def clear_earlier(folder: str) -> list[str]:
+    """Remove an earlier run's files from ``folder`` (only where its ``run.json`` says one was
+    there); returns the names removed."""
+    if not os.path.isfile(os.path.join(folder, RUN_FILE)):
+        return []
+    gone = []
+    for name in sorted(os.listdir(folder)):
+        if name == RUN_FILE or (name.startswith(("rows-", "impls-")) and name.endswith((".jsonl", ".json"))):
+            os.remove(os.path.join(folder, name))
+            gone.append(name)
+    return gone
+
+
 class RunFolder:
     """The plugin's writer of ``run.json`` and ``impls-*.json`` into one ``--results`` folder."""
 
@@ -95,6 +110,7 @@ class RunFolder:
         self.impls: dict[tuple[str, str], object] = {}
         self.fp = None
         if _main_process():
+            clear_earlier(folder)
             self.fp = write_run(folder, started=self.started, device=device, shard=shard, args=self.args,
                                 expect=expect)["fingerprint"]
 
