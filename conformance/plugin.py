@@ -53,7 +53,8 @@ import hypothesis.configuration
 import pytest
 from hypothesis import HealthCheck, settings
 
-from conformance import expectations, outside, registry, results, runinfo, sharding, summary, verdicts
+from conformance import expectations, registry, results, runinfo, sharding, summary, verdicts
+from conformance import outside as outside_impls
 from conformance.device import select_device
 from conformance.outcomes import refusal_is_unsupported
 
@@ -170,7 +171,7 @@ def pytest_cmdline_main(config):
     """``--list-impls``: print the registry and exit, like ``--markers``."""
     if not config.getoption("list_impls", default=False):
         return None
-    return outside.list_impls(config, select_device(config.getoption("device")))
+    return outside_impls.list_impls(config, select_device(config.getoption("device")))
 
 
 def pytest_configure(config):
@@ -210,7 +211,7 @@ def pytest_configure(config):
             try:
                 impls.append(registry.load_outside(technique, target))
             except Exception as exc:  # noqa: BLE001 - any failure to import the user's code: one line
-                raise pytest.UsageError(outside.load_error(technique, target, exc)) from exc
+                raise pytest.UsageError(outside_impls.load_error(technique, target, exc)) from exc
         loaded[technique] = impls
     _STATE["outside"] = loaded
     try:
@@ -228,7 +229,7 @@ def pytest_configure(config):
         _STATE["run"] = runinfo.RunFolder(config.getoption("results"), device, config.getoption("shard"),
                                           config.invocation_params.args, files)
     if loaded:
-        outside.isolate_crashes(config)
+        outside_impls.isolate_crashes(config)
     _suite_owned_storage(config)
 
 
