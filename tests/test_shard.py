@@ -77,3 +77,17 @@ def test_three_shards_merged_equal_one_run(tmp_path):
         return {(t["name"], r["implementation"], c["law"]): cell["text"]
                 for t in ctx["techniques"] for r in t["rows"] for c, cell in zip(t["columns"], r["cells"])}
     assert table(merged) == table(single)
+
+
+def test_the_example_workflow_shards_uploads_and_merges():
+    yaml = pytest.importorskip("yaml")
+    jobs = yaml.safe_load((ROOT / "examples" / "ci" / "github-actions.yml").read_text())["jobs"]
+    cpu = jobs["cpu"]
+    assert cpu["strategy"]["matrix"]["shard"] == [1, 2, 3] and len(cpu["strategy"]["matrix"]["stack"]) == 2
+    run = " ".join(s.get("run", "") for s in cpu["steps"])
+    assert "--shard ${{ matrix.shard }}/3" in run and "--results runs/" in run and "--expect" in run
+    assert any(s.get("uses", "").startswith("actions/upload-artifact") and s.get("if") == "always()" for s in cpu["steps"])
+    assert "--device cuda" in " ".join(s.get("run", "") for s in jobs["gpu"]["steps"])
+    final = jobs["matrix"]
+    assert set(final["needs"]) == {"cpu", "gpu"} and final["if"] == "always()"
+    assert any("python -m reports merge artifacts/" in s.get("run", "") for s in final["steps"])
