@@ -224,6 +224,7 @@ def pytest_configure(config):
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     config.pluginmanager.register(sharding, "conformance.sharding")
+    _STATE["run"] = None
     if config.getoption("results", default=None):
         files = [e.source for e in _STATE["expect"] + _STATE["expect_builtin"]]
         _STATE["run"] = runinfo.RunFolder(config.getoption("results"), device, config.getoption("shard"),
