@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance import atomic
@@ -263,7 +263,7 @@ def matrix(runs: list[Run]) -> dict:
                       "n_rows": len(r.rows)} for r in sorted(runs, key=lambda r: r.id)],
             "notes": notes, "techniques": out, "details": details,
             "counts": {s: counts.get(s, 0) for s in STATUSES}, "statuses": list(STATUSES),
-            "rows": [dict(asdict(row), run=run.id) for row, run in kept]}
+            "rows": [dict(vars(row), run=run.id) for row, run in kept]}
 
 
 def run_of(folder: str | Path, rows: list[Row], fp: dict) -> Run:
@@ -294,7 +294,7 @@ def write(ctx: dict, out: Path) -> list[Path]:
     html = templating.html_env().get_template("matrix.html.j2").render(matrix=ctx, standalone=True)
     md = templating.md_env().get_template("matrix.md.j2").render(matrix=ctx)
     return [atomic.write_text(out / "index.html", html), atomic.write_text(out / "report.md", md),
-            atomic.write_text(out / "results.json", json.dumps(dict(ctx, kind="conformance matrix"), indent=1,
+            atomic.write_text(out / "results.json", json.dumps(dict(ctx, kind="conformance matrix"),
                                                                default=str))]
 
 
