@@ -145,3 +145,19 @@ def test_missing_and_damaged_run_folders_are_named(tmp_path, capsys):
     write_run(str(no_rows), started="2026-01-01T00:00:00Z", ended="2026-01-01T00:00:09Z", exitstatus=5, device="cpu",
               shard="3/3", args=[], expect=[], fp=NEW)          # a finished shard that drew no test: empty, not damaged
     assert len(merge.load([good, no_rows])) == 2
+
+
+def test_the_default_report_folder_is_adopted_with_the_ci_runs_and_the_matrix_in_it(tmp_path):
+    """The README test command writes reports/out/ci/newest and merge reports/out/matrix before
+    any python -m reports has marked reports/out: the main job still takes the folder."""
+    from reports import publish
+
+    out = tmp_path / "out"
+    make_run(out / "ci" / "newest", [row(NAN, "torch", "pass")])
+    (out / "matrix").mkdir()
+    assert publish.prepare_out(out, default=out)[0].startswith("adopted")
+    assert publish.is_marked(out) and (out / "ci" / "newest" / "run.json").is_file()
+    other = tmp_path / "other"
+    (other / "ci").mkdir(parents=True)
+    with pytest.raises(publish.Refused):
+        publish.prepare_out(other, default=out)
