@@ -18,6 +18,12 @@ Options:
                                  is an expected failure (row verdict "expected fail", the run stays
                                  green); a listed test that passes fails the run (strict) ...
   --allow-unexpected-pass        ... unless this is given: then it is reported ("unexpected pass").
+                                 The suite's own files (expectations/) apply to its built-ins always.
+  --shard K/N                    run shard K of N (conformance.sharding); with --results, each
+                                 shard's folder is merged by python -m reports merge.
+
+With ``--results DIR`` the folder also gets ``run.json`` (the environment fingerprint, the shard,
+start and end) and ``impls-*.json`` (each implementation's package versions): conformance.runinfo.
 
 A crash of an implementation under pytest-xdist (``-n``) fails that test (error row "worker
 crashed") and the run goes on; run outside implementations with ``-n 1`` or more for that.
@@ -41,16 +47,16 @@ Hypothesis profiles: ``ci`` (chosen when CI=true), ``dev`` (default), ``thorough
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from contextlib import nullcontext
 
 import hypothesis.configuration
 import pytest
 from hypothesis import HealthCheck, settings
 
-from conformance import expectations, registry, results
+from conformance import expectations, registry, results, runinfo, sharding, summary, verdicts
+from conformance import outside as outside_impls
 from conformance.device import select_device
-from conformance.outcomes import Unsupported, refusal_is_unsupported
+from conformance.outcomes import refusal_is_unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
              HealthCheck.function_scoped_fixture]
@@ -76,7 +82,7 @@ settings.register_profile("dev", max_examples=30, deadline=None, suppress_health
 settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=_SUPPRESS, print_blob=True)
 
-_STATE: dict = {"rows": [], "outside": {}, "device": None, "expect": []}
+_STATE: dict = {"rows": [], "outside": {}, "device": None, "expect": [], "expect_builtin": [], "run": None}
 #: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``).
 OUTSIDE_TIMEOUT_S = 300.0
 
@@ -106,6 +112,7 @@ def pytest_addoption(parser):
                     help="expectation file (TOML) or folder of them: listed failures are expected (repeatable)")
     group.addoption("--allow-unexpected-pass", action="store_true", default=False,
                     help="with --expect: a listed test that passes is reported, not a failure of the run")
+    sharding.add_option(group)
 
 
 def outside(technique: str) -> list:
@@ -164,23 +171,7 @@ def pytest_cmdline_main(config):
     """``--list-impls``: print the registry and exit, like ``--markers``."""
     if not config.getoption("list_impls", default=False):
         return None
-    from rich.console import Console
-    from rich.table import Table
-
-    device = select_device(config.getoption("device"))
-    table = Table("technique", "name", "origin", f"on {device}", title="registered implementations")
-    for technique, name, origin, state in registry.listing(device):
-        table.add_row(technique, name, origin, state)
-    for technique, targets in registry.parse_impl_option(config.getoption("impl")).items():
-        for _, target in targets:
-            try:
-                registry.load_outside(technique, target)
-                state = "available"
-            except (ImportError, AttributeError, TypeError) as exc:
-                state = f"cannot load: {exc}"
-            table.add_row(technique, target, "outside (--impl)", state)
-    Console(width=160).print(table)
-    return 0
+    return outside_impls.list_impls(config, select_device(config.getoption("device")))
 
 
 def pytest_configure(config):
@@ -220,43 +211,27 @@ def pytest_configure(config):
             try:
                 impls.append(registry.load_outside(technique, target))
             except Exception as exc:  # noqa: BLE001 - any failure to import the user's code: one line
-                raise pytest.UsageError(_load_error(technique, target, exc)) from exc
+                raise pytest.UsageError(outside_impls.load_error(technique, target, exc)) from exc
         loaded[technique] = impls
     _STATE["outside"] = loaded
     try:
         _STATE["expect"] = expectations.load(config.getoption("expect") or [])
+        _STATE["expect_builtin"] = expectations.load([expectations.BUILTIN]) if expectations.BUILTIN.is_dir() else []
     except (ValueError, OSError) as exc:
         raise pytest.UsageError(f"--expect: {exc}") from exc
+    try:
+        sharding.parse(config.getoption("shard"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    config.pluginmanager.register(sharding, "conformance.sharding")
+    _STATE["run"] = None
+    if config.getoption("results", default=None):
+        files = [e.source for e in _STATE["expect"] + _STATE["expect_builtin"]]
+        _STATE["run"] = runinfo.RunFolder(config.getoption("results"), device, config.getoption("shard"),
+                                          config.invocation_params.args, files)
     if loaded:
-        _isolate_crashes(config)
+        outside_impls.isolate_crashes(config)
     _suite_owned_storage(config)
-
-
-def _load_error(technique: str, target: str, exc: BaseException) -> str:
-    """One line on why ``--impl technique=target`` could not be loaded (a syntax error names its
-    file and line)."""
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" ({exc.filename}, line {exc.lineno})"
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"--impl {technique}={target}: cannot load it: {type(exc).__name__}{where}: {text}"
-
-
-def _isolate_crashes(config) -> None:
-    """An outside implementation may kill its process (a segfault, ``os._exit``): with
-    pytest-xdist every collected test must still run, so the worker-restart limit (4 per worker
-    by default, after which xdist stops scheduling) is lifted unless the user set one; without
-    xdist a crash ends the run, so say how to isolate it."""
-    if not hasattr(config.option, "maxworkerrestart"):
-        return
-    if getattr(config.option, "numprocesses", None):
-        if config.option.maxworkerrestart is None:
-            config.option.maxworkerrestart = str(10 ** 6)
-    elif not os.environ.get("PYTEST_XDIST_WORKER"):
-        config.issue_config_time_warning(pytest.PytestWarning(
-            "--impl without pytest-xdist: an implementation that crashes the process (segfault, "
-            "os._exit) ends the run with no summary; add -n 1 to run each crash in a worker that is "
-            "restarted, so every test runs and the crash is reported as that test's error"), stacklevel=2)
 
 
 def _suite_owned_storage(config) -> None:
@@ -282,6 +257,9 @@ def pytest_generate_tests(metafunc):
         impls = outside if outside else registry.builtins(technique, _STATE["device"])
         # a benchmark's row of an outside implementation is named by its place, not its target
         timed = bool(outside) and "benchmark" in metafunc.fixturenames
+        for i in impls:
+            if _STATE["run"] is not None:
+                _STATE["run"].saw(i)
         params = [pytest.param(i, id=bench_id(n) if timed else i.name,
                                marks=[pytest.mark.skip(reason=i.unavailable)] if i.unavailable else [])
                   for n, i in enumerate(impls)]
@@ -312,12 +290,12 @@ def pytest_collection_modifyitems(config, items):
             if (_is_outside(_param(item, "impl")) or _outside_bench(item)) \
                     and item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(timeout))
-    if _STATE["expect"]:
+    if _expecting():
         strict = not config.getoption("allow_unexpected_pass", default=False)
         for item in items:
             entry = _expected(item)
             if entry is not None and entry.expected == "fail":
-                item.add_marker(pytest.mark.xfail(strict=strict, reason=_expect_reason(entry)))
+                item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
     if config.getoption("zoo_only", default=False):
         keep = [i for i in items if "bad_impl" in getattr(i, "fixturenames", ())]
         drop = [i for i in items if "bad_impl" not in getattr(i, "fixturenames", ())]
@@ -346,17 +324,20 @@ def _expected(item):
         return item.stash[_EXPECTED]
     impl = _param(item, "impl")
     entry = None
-    if impl is not None and _STATE["expect"]:
+    if impl is not None and _expecting():
         dtype = _param(item, "dtype")
-        entry = expectations.lookup(_STATE["expect"], impl.name, item.name, law=getattr(item, "originalname", ""),
-                                    dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
-                                    impl_target=getattr(impl, "target", "") or "")
+        how = dict(law=getattr(item, "originalname", ""), technique=impl.technique,
+                   dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
+                   impl_target=getattr(impl, "target", "") or "")
+        entry = expectations.lookup(_STATE["expect"], impl.name, item.name, **how)
+        if entry is None and impl.origin == "builtin":   # the suite's own files: its built-ins only
+            entry = expectations.lookup(_STATE["expect_builtin"], impl.name, item.name, **how)
     item.stash[_EXPECTED] = entry
     return entry
 
 
-def _expect_reason(entry) -> str:
-    return f"expected {entry.expected} ({entry.source}): {entry.reason}" + (f" [{entry.link}]" if entry.link else "")
+def _expecting() -> bool:
+    return bool(_STATE["expect"] or _STATE["expect_builtin"])
 
 
 @pytest.fixture
@@ -443,37 +424,10 @@ def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
 def pytest_runtest_makereport(item, call):
     report = yield
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        entry = _expected(item) if _STATE["expect"] else None
-        # only an --expect entry's xfail: a test's own xfail marker keeps its old rows (skip / fail)
-        xpass = entry is not None and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]")
-        if entry is not None and hasattr(report, "wasxfail") and report.skipped:
-            outcome = "expected fail"
-            crash = getattr(report.longrepr, "reprcrash", None)
-            message = crash.message if crash is not None else str(report.wasxfail)
-        elif (entry is not None and hasattr(report, "wasxfail") and report.passed) or xpass:
-            outcome, message = "unexpected pass", f"passed; expected to fail: {report.wasxfail if not xpass else report.longrepr}"
-        elif report.skipped:
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            refused = call.excinfo is not None and isinstance(call.excinfo.value, Unsupported)
-            outcome = "unsupported" if refused else "skip"
-            message = reason
-        elif report.failed:
-            outcome = "fail" if report.when == "call" else "error"
-            message = report.longreprtext.strip().splitlines()[-1] if report.longreprtext else ""
-            crash = getattr(report.longrepr, "reprcrash", None)
-            if crash is not None:
-                message = crash.message
-        else:
-            rec = item.stash.get(_RECORDER, None)
-            partial = rec.partial if rec is not None else ""
-            outcome, message = ("partial", partial) if partial else ("pass", "")
-            if entry is not None and entry.expected in ("unsupported", "partial") and outcome == "pass":
-                # listed as refused (in all or part): a full pass is a fix, said like wptrunner
-                outcome = "unexpected pass"
-                message = f"passed; {_expect_reason(entry)}"
-                if not item.config.getoption("allow_unexpected_pass", default=False):
-                    report.outcome = "failed"
-                    report.longrepr = f"[XPASS(strict)] {message}"
+        entry = _expected(item) if _expecting() else None
+        rec = item.stash.get(_RECORDER, None)
+        outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
+                                            item.config.getoption("allow_unexpected_pass", default=False))
         rows = _rows_for(item, outcome, message)
         _STATE["rows"].extend(rows)
         _write(item.config, rows)
@@ -523,47 +477,10 @@ def _number(x):
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-_SHORT = {"unsupported": "unsup", "expected fail": "xfail", "unexpected pass": "xpass"}
-
-
-def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[str]) -> str:
-    """One law x implementation cell: its outcome over the law's parameters (dtypes, cases), with
-    the counts where they differ ("pass:3,unsup:1"), and for a failure its worst measured error
-    and bound ("fail(3.6e-01>5.6e-13)"); no spaces, one token per cell."""
-    counts: dict[str, int] = {}
-    for verdict, _, _ in outcomes:
-        counts[verdict] = counts.get(verdict, 0) + 1
-    rank = {v: order.index(v) if v in order else len(order) for v in counts}
-    parts = sorted(counts, key=lambda v: -rank[v])
-    text = parts[0] if len(parts) == 1 else ",".join(f"{_SHORT.get(v, v)}:{counts[v]}" for v in parts)
-    failed = [(m / b if b else float("inf"), m, b) for v, m, b in outcomes
-              if v in ("fail", "error") and m is not None and b is not None]
-    if failed:
-        _, m, b = max(failed)
-        text += f"({m:.1e}>{b:.1e})"
-    return text.replace(" ", "_")
+def pytest_sessionfinish(session, exitstatus):
+    if _STATE["run"] is not None:
+        _STATE["run"].finish(exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    verdicts = _STATE.get("verdicts", [])
-    if not verdicts:
-        return
-    order = ["pass", "skip", "unsupported", "partial", "unexpected pass", "expected fail", "error", "fail"]
-    outcomes: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    impls: list[str] = []
-    for technique, law, claim, name, verdict, *figures in verdicts:
-        key = (technique, f"{law} {claim}".strip())
-        if name not in impls:
-            impls.append(name)
-        measured, bound = (figures + [None, None])[:2]
-        outcomes[key][name].append((verdict, measured, bound))
-    table = {key: {name: _cell(cells, order) for name, cells in row.items()} for key, row in outcomes.items()}
-    tr = terminalreporter
-    tr.section("conformance verdicts (per law and implementation, over its parameters)")
-    width = max(len(f"{t}: {k}") for t, k in table) + 2
-    col = max(12, *(len(c) for row in table.values() for c in row.values()), *(len(i) for i in impls))
-    tr.write_line(" " * width + "  ".join(f"{i:>{col}}" for i in impls))
-    for (t, k), row in sorted(table.items()):
-        tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{row.get(i, '.'):>{col}}" for i in impls))
-    tr.write_line("a cell: the outcome over the law's parameters (counts where they differ; unsup = "
-                  "unsupported), a failure with its worst measured error > bound; '.': not run there")
+    summary.write(terminalreporter, _STATE.get("verdicts", []))

@@ -110,25 +110,11 @@ NAN_RULE = Law(
     given={"case": st.sampled_from(CASES)}, examples=tuple(dict(case=c) for c in CASES), explicit_only=True, dtypes=DTYPES,
     kills=(Kills(("nan_rows_zeroed", "additive_mask_leaks_nan"), (torch.float64,)),))
 
-#: Findings: built-ins of other projects' code that break the rule, expected to fail (strict: a
-#: fix is noticed). PyTorch's CPU SDPA (torch 2.11, 2.13) returns 0 for a NaN query row in float32
-#: and bfloat16, and with an explicit boolean mask lets a NaN in a hidden key reach every row.
-FINDINGS = {"torch": "PyTorch's CPU scaled_dot_product_attention: a NaN query row comes out 0 "
-                     "(float32, bfloat16) and a NaN in a key the boolean causal mask hides reaches "
-                     "the rows that cannot see it (every dtype)"}
-
-
+#: Findings, in the suite's expectation files (expectations/, applied to the built-ins in every
+#: run, strict: a fix fails the run until its entry goes): PyTorch's CPU SDPA ("torch") breaks
+#: the rule in every dtype (expectations/attention-torch.toml).
 test_fa3_nan_in_exactly_the_rows_that_see_it = NAN_RULE.conformance_test("test_fa3_nan_in_exactly_the_rows_that_see_it")
 (test_fa3_nan_zoo_rejected,) = NAN_RULE.zoo_tests("test_fa3_nan_zoo_rejected")
-
-
-@pytest.fixture(autouse=True)
-def _expected_findings(request):
-    """A built-in listed in FINDINGS is expected to fail this law (strict xfail: when it passes,
-    the finding is gone and the entry must go)."""
-    impl = request.node.callspec.params.get("impl") if hasattr(request.node, "callspec") else None
-    if impl is not None and impl.origin == "builtin" and impl.name in FINDINGS:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=f"finding: {FINDINGS[impl.name]}"))
 
 
 def test_the_expected_nan_elements_follow_the_mask():

@@ -1,5 +1,8 @@
 """``python -m reports``: run the conformance properties and benchmarks, write reports/out/.
 
+``python -m reports merge RUN... [--out DIR]`` merges run folders into one conformance matrix
+(:mod:`reports.merge`); ``--merge RUN`` shows other runs beside this one's in its report.
+
 Steps (each prints its progress; a failing property never stops the report):
 
 1. the properties and the suite's analytic tests, in parallel (``pytest -n 2``, ci profile),
@@ -42,7 +45,7 @@ from perf import env
 from perf import history as hist
 from perf.records import merge_passes, records as read_records
 from perf.settings import bench_settings
-from reports import build, publish
+from reports import build, merge, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "reports" / "out"
@@ -129,13 +132,25 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the model-level claims (KV-1, KV-2, FA-3 on a real layer) on this checkpoint: a "
                          "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a claim fails or a kill rate < 100%%")
+    ap.add_argument("--merge", action="append", default=[], metavar="RUN",
+                    help="show this run folder's rows (pytest --results DIR, another environment's or machine's, or "
+                         "a folder of them) beside this run's in the conformance matrix (repeatable; see "
+                         "python -m reports merge)")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["merge"]:
+        return merge.main(given[1:])
     ap = _parser()
     args = ap.parse_args(argv)
+    try:
+        args.merge_runs = merge.load(args.merge)
+    except merge.MergeError as exc:
+        print(f"python -m reports: --merge: {exc}", file=sys.stderr)
+        return 2
     if args.bench_passes < 1:
         ap.error("--bench-passes must be >= 1")
     out = Path(args.out).expanduser()
@@ -276,7 +291,7 @@ def _main(args, out: Path, argv: list[str]) -> int:
     shown = {"id": run.id, "kind": run.manifest["kind"], "started": run.manifest["started"],
              "rows_of": source["id"] if args.no_run else run.id, "notes": report_notes}
     build.write_report(rows_dir, run.folder, bench_json=bench_json, ceilings=ceilings, fp=fp,
-                       history_dir=history_dir, run=shown)
+                       history_dir=history_dir, run=shown, matrix_runs=args.merge_runs)
     doc = json.loads((run.folder / "results.json").read_text())
     s = doc["summary"]
     run.update(counts={"rows": doc["n_rows"], "benchmarks": doc["n_bench"],

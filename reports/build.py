@@ -18,7 +18,7 @@ from conformance.results import Row, read_rows
 from perf import env
 from perf import history as hist
 from perf import records as benchmark_records
-from reports import plots, publish
+from reports import plots, publish, templating
 from reports.killrate import kill_rates
 from reports.ledger import claims
 
@@ -27,7 +27,7 @@ from reports.ledger import claims
 _ORDER = {"fail": 7, "error": 6, "expected fail": 5, "unexpected pass": 4, "partial": 3, "pass": 2,
           "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = templating.TEMPLATES
 #: The gate's calibration as ``python -m perf.calibrate analyse`` writes it.
 CALIBRATION = ROOT / "perf" / "calibration" / "gate_calibration.json"
 
@@ -323,35 +323,23 @@ def gate_calibration(path: Path = CALIBRATION) -> dict | None:
 # ---- end of the gate's calibration ----
 
 
-def _env():
-    import jinja2
-
-    e = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "j2"]),
-                           trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
-    e.filters["md"] = lambda s: str(s or "").replace("|", "\\|").replace("\n", " ")
-    return e
-
-
 def render(ctx: dict, out: Path) -> list[Path]:
     """Write index.html and report.md from ``ctx``."""
-    import jinja2
-
     fp = ctx["fingerprint"]
     common = dict(ctx, fp=fp, series_name=ctx["series"], fp_json=json.dumps(fp, indent=1))
-    html = _env().get_template("index.html.j2").render(**common)
-    md_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
-                                keep_trailing_newline=True)
-    md_env.filters["md"] = lambda s: str(s or "").replace("|", "\\|").replace("\n", " ")
-    md = md_env.get_template("report.md.j2").render(**common)
+    html = templating.html_env().get_template("index.html.j2").render(**common)
+    md = templating.md_env().get_template("report.md.j2").render(**common)
     return [atomic.write_text(out / "index.html", html), atomic.write_text(out / "report.md", md)]
 
 
 def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = None, ceilings: dict | None = None,
-                 fp: dict | None = None, history_dir: Path | None = hist.HISTORY, run: dict | None = None) -> list[Path]:
+                 fp: dict | None = None, history_dir: Path | None = hist.HISTORY, run: dict | None = None,
+                 matrix_runs: list | None = None) -> list[Path]:
     """Read rows (and benchmarks, ceilings, history) and write index.html, report.md,
     results.json and plots/ into ``out``, each file whole or not at all; earlier plots are
-    removed only where the suite made ``out`` (:func:`reports.publish.is_marked`). Returns the
-    written paths."""
+    removed only where the suite made ``out`` (:func:`reports.publish.is_marked`). The
+    conformance matrix (:mod:`reports.merge`) shows this run's rows beside ``matrix_runs``
+    (runs of other environments, :func:`reports.merge.load`). Returns the written paths."""
     out = Path(out)
     rows = []
     if Path(rows_dir).is_dir():
@@ -370,6 +358,10 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
             p.unlink()
     ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir,
                   series_name=series_name, run=run)
+    from reports import merge
+
+    ctx["matrix"] = merge.matrix([merge.run_of(rows_dir, rows, fp), *(matrix_runs or [])])
+    ctx["matrix"].pop("rows")
     paths = render(ctx, out)
     doc = dict(ctx, rows=[asdict(r) for r in rows])
     return paths + [atomic.write_text(out / "results.json", json.dumps(doc, indent=1, default=str))]

@@ -39,13 +39,16 @@ def test_id(check: str) -> str:
     return head.rsplit("::", 1)[-1] + bracket + params
 
 
-def file_name(impl: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", impl).strip("_") + ".toml"
+def file_name(impl: str, technique: str = "") -> str:
+    """``<implementation>.toml`` for an outside target; ``<technique>-<name>.toml`` for a built-in
+    (their names repeat across techniques), as in the suite's own ``expectations/``."""
+    stem = impl if is_outside(impl) or not technique else f"{technique}-{impl}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_") + ".toml"
 
 
 def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str] | None = None) -> list[Path]:
     """Write the expectation files for ``rows`` under ``out`` (see the module doc); returns them."""
-    by_impl: dict[str, list[Row]] = {}
+    by_impl: dict[tuple[str, str], list[Row]] = {}   # (implementation, technique of a built-in)
     for r in rows:
         if not r.implementation or r.implementation.startswith("zoo:"):
             continue
@@ -53,15 +56,16 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
             continue
         if not only and not (builtins or is_outside(r.implementation)):
             continue
-        by_impl.setdefault(r.implementation, []).append(r)
+        by_impl.setdefault((r.implementation, "" if is_outside(r.implementation) else r.technique), []).append(r)
     single = out.suffix == ".toml"
     if single and len(by_impl) > 1:
         raise ValueError(f"--out {out}: one file, but the run has {len(by_impl)} implementations "
-                         f"({', '.join(sorted(by_impl))}); give a folder or --impl NAME")
+                         f"({', '.join('/'.join(filter(None, (t, i))) for i, t in sorted(by_impl))}); "
+                         "give a folder or --impl NAME")
     written = []
     by_impl = {i: rs for i, rs in by_impl.items() if any(r.verdict != "skip" for r in rs)}  # not run: no file
-    for impl, rs in sorted(by_impl.items()):
-        path = out if single else out / file_name(impl)
+    for (impl, own_technique), rs in sorted(by_impl.items()):
+        path = out if single else out / file_name(impl, own_technique)
         old = expectations.parse(path.read_text(encoding="utf-8"), str(path)) if path.exists() else None
         ran, failing = {}, {}
         technique = ""

@@ -43,7 +43,8 @@ ROWS_PARTIAL = ".rows.partial"
 #: What the folder shows, each a fixed link into ``current/``.
 PUBLISHED = ("index.html", "report.md", "results.json", "benchmarks.json", "plots", "rows", MANIFEST)
 #: What the suite itself put into its default folder before it was marked (adopted with a note).
-LEGACY = frozenset(PUBLISHED) | {"browser-screenshot.png", "benchmarks-gpu.json", "gpu"}
+LEGACY = frozenset(PUBLISHED) | {"browser-screenshot.png", "benchmarks-gpu.json", "gpu",
+                                 "ci", "matrix"}  # the README test command's run folders, merge's default out
 #: Run folders kept (the published one is always kept).
 KEEP = 5
 FORMAT = 1

@@ -1,5 +1,7 @@
 """The HTML report, checked in a real browser: headless Chromium loads index.html from disk
-(no server) and the summary, every claim row and every plot render. Built from a small
+(no server) and the summary, every claim row and every plot render; the conformance matrix
+merged from two environments (an expected failure among its cells) renders and its technique
+filter hides the other techniques. Built from a small
 synthetic rows folder so the test is fast; the screenshot is kept in reports/out/ as an artifact.
 Skipped (with the reason) when Chromium is absent, so the README's test command passes wherever
 Python is; required (a missing browser fails) where the environment asks for it with
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from reports import merge
 from reports.ledger import claims
+from tests.test_merge import two_environments
 from tests.test_report import build_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,3 +108,21 @@ def test_screenshot_artifact(browser, page):
     shot.parent.mkdir(parents=True, exist_ok=True)
     r = _run(browser, tmp, "--window-size=1280,2400", f"--screenshot={shot}", index.as_uri())
     assert r.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000, r.stderr[-2000:]
+
+
+def test_matrix_page_renders_and_filters_by_technique(browser, tmp_path):
+    ctx = merge.matrix(merge.load(two_environments(tmp_path)))
+    index = merge.write(ctx, tmp_path / "matrix")[0]
+    n_cells = sum(len(r["cells"]) for t in ctx["techniques"] for r in t["rows"])
+    r = _run(browser, tmp_path, "--virtual-time-budget=3000", "--dump-dom", index.as_uri())
+    dom = r.stdout
+    assert r.returncode == 0 and "<body" in dom, r.stderr[-2000:]
+    assert f'data-cells="{n_cells}"' in dom and 'data-shown="all"' in dom      # the page's script ran
+    assert len(re.findall(r'<td class="cell s-expected-fail"[^>]*><a href="#d\d+">expected fail</a>', dom)) == 1
+    assert re.search(r'<td class="cell s-fail"[^>]*><a href="#(d\d+)">fail</a>', dom)
+    assert not re.search(r'class="matrix-technique"[^>]*hidden', dom)
+    r = _run(browser, tmp_path, "--virtual-time-budget=3000", "--dump-dom", index.as_uri() + "#technique=quantization")
+    dom = r.stdout
+    assert 'data-shown="quantization"' in dom, r.stderr[-2000:]
+    assert re.search(r'data-technique="attention" id="matrix-attention" hidden', dom)
+    assert not re.search(r'data-technique="quantization" id="matrix-quantization" hidden', dom)

@@ -198,3 +198,35 @@ def test_the_same_test_in_two_files_is_an_error(tmp_path):
         expectations.load([tmp_path])
     with pytest.raises(ValueError, match="no such expectation file"):
         expectations.load([tmp_path / "missing.toml"])
+
+
+def test_the_suites_own_files_name_registered_builtins_and_existing_laws():
+    """expectations/ (applied to the built-ins in every run): each file names a built-in of its
+    technique, and each entry a law that exists, so that no entry silently stops applying."""
+    from conformance import registry
+
+    loaded = expectations.load([expectations.BUILTIN])
+    assert {(e.technique, e.name) for e in loaded} >= {("attention", "torch"), ("quantization", "torchao_int8"),
+                                                        ("quantization", "torchao_intx")}
+    laws = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "properties").glob("test_*.py"))
+    for exp in loaded:
+        regs, _ = registry.registrations(exp.technique)
+        assert exp.name in {r.name for r in regs if r.origin == "builtin"}, exp.source
+        assert exp.entries, exp.source
+        for key, entry in exp.entries.items():
+            law = key.split("[")[0]
+            assert f"{law} = " in laws or f"def {law}(" in laws, f"{exp.source}: {key}: no such law"
+            assert entry.reason and entry.link, f"{exp.source}: {key}"
+            if "[" in key:
+                assert key.split("[")[1].startswith(exp.name + "-"), f"{exp.source}: {key} is another implementation's"
+
+
+def test_a_files_technique_narrows_its_name():
+    torch_attention = expectations.parse('[implementation]\nname = "torch"\ntechnique = "attention"\n'
+                                         '[tests.test_law]\nexpected = "fail"\nreason = "r"\n', "a.toml")
+    assert expectations.lookup([torch_attention], "torch", "test_law[torch-float32]", law="test_law",
+                               technique="attention") is not None
+    assert expectations.lookup([torch_attention], "torch", "test_law[torch-float32]", law="test_law",
+                               technique="quantization") is None
+    assert expect.file_name("torch", "attention") == "attention-torch.toml"
+    assert expect.file_name("my_pkg.mod:attn", "attention") == "my_pkg.mod_attn.toml"

@@ -1,0 +1,57 @@
+"""Running outside implementations (``--impl``): one line when a target cannot be loaded, a
+crash (segfault, ``os._exit``) isolated to the test it happened in, and the ``--list-impls``
+table of every registered implementation."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conformance import registry
+
+
+def list_impls(config, device: str) -> int:
+    """``--list-impls``: the registry and the ``--impl`` targets as a table; returns 0."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("technique", "name", "origin", f"on {device}", title="registered implementations")
+    for technique, name, origin, state in registry.listing(device):
+        table.add_row(technique, name, origin, state)
+    for technique, targets in registry.parse_impl_option(config.getoption("impl")).items():
+        for _, target in targets:
+            try:
+                registry.load_outside(technique, target)
+                state = "available"
+            except (ImportError, AttributeError, TypeError) as exc:
+                state = f"cannot load: {exc}"
+            table.add_row(technique, target, "outside (--impl)", state)
+    Console(width=160).print(table)
+    return 0
+
+
+def load_error(technique: str, target: str, exc: BaseException) -> str:
+    """One line on why ``--impl technique=target`` could not be loaded (a syntax error names its
+    file and line)."""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" ({exc.filename}, line {exc.lineno})"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"--impl {technique}={target}: cannot load it: {type(exc).__name__}{where}: {text}"
+
+
+def isolate_crashes(config) -> None:
+    """An outside implementation may kill its process (a segfault, ``os._exit``): with
+    pytest-xdist every collected test must still run, so the worker-restart limit (4 per worker
+    by default, after which xdist stops scheduling) is lifted unless the user set one; without
+    xdist a crash ends the run, so say how to isolate it."""
+    if not hasattr(config.option, "maxworkerrestart"):
+        return
+    if getattr(config.option, "numprocesses", None):
+        if config.option.maxworkerrestart is None:
+            config.option.maxworkerrestart = str(10 ** 6)
+    elif not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.issue_config_time_warning(pytest.PytestWarning(
+            "--impl without pytest-xdist: an implementation that crashes the process (segfault, "
+            "os._exit) ends the run with no summary; add -n 1 to run each crash in a worker that is "
+            "restarted, so every test runs and the crash is reported as that test's error"), stacklevel=2)
