@@ -19,6 +19,7 @@ Options:
                                  green); a listed test that passes fails the run (strict) ...
   --allow-unexpected-pass        ... unless this is given: then it is reported ("unexpected pass").
                                  The suite's own files (expectations/) apply to its built-ins always.
+  --outside-bench-only           with --impl, time only the outside rows (default: built-ins beside).
   --shard K/N                    run shard K of N (conformance.sharding); with --results, each
                                  shard's folder is merged by python -m reports merge.
 
@@ -97,6 +98,8 @@ def pytest_addoption(parser):
                     help="write result rows (JSON lines) into DIR")
     group.addoption("--zoo-only", action="store_true", default=False,
                     help="run only the bug-zoo tests (tests taking bad_impl)")
+    group.addoption("--outside-bench-only", action="store_true", default=False,
+                    help="with --impl, time only the outside rows of each benchmark (default: built-ins beside)")
     group.addoption("--model", default=None, metavar="PATH",
                     help="checkpoint the model-level claims (KV-1, KV-2, FA-3 on a real layer) run on: a "
                          "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
@@ -283,6 +286,11 @@ def _outside_bench(item) -> str | None:
     return m.args[0] if m else None
 
 
+def _bench_function(item) -> tuple[str, str] | None:
+    """(module, function) of a benchmark test (one taking the ``benchmark`` fixture), else None."""
+    return None if "benchmark" not in getattr(item, "fixturenames", ()) else (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
+
+
 def pytest_collection_modifyitems(config, items):
     timeout = config.getoption("impl_timeout", default=OUTSIDE_TIMEOUT_S)
     if timeout and config.pluginmanager.hasplugin("timeout"):
@@ -305,11 +313,15 @@ def pytest_collection_modifyitems(config, items):
     techniques = set(_STATE["outside"])
     if not techniques:
         return
+    # a benchmark with an outside row keeps its built-in rows beside it, in one pinned run
+    beside = set() if config.getoption("outside_bench_only", default=False) else \
+        {_bench_function(i) for i in items if _outside_bench(i) in techniques}
     keep, drop = [], []
     for item in items:
         t = _technique(item)
         uses_zoo = "bad_impl" in getattr(item, "fixturenames", ())
-        (keep if (t in techniques and not uses_zoo) or _outside_bench(item) in techniques else drop).append(item)
+        (keep if (t in techniques and not uses_zoo) or _outside_bench(item) in techniques
+         or _bench_function(item) in beside else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -161,8 +161,9 @@ def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str 
 
 
 def impl_args(targets: list[str]) -> list[str]:
-    """pytest arguments handing a side's outside implementations to its passes."""
-    return [x for t in targets for x in ("--impl", t)]
+    """pytest arguments handing a side's outside implementations to its passes (their rows only:
+    the built-in rows would be timed on both sides alike)."""
+    return [x for t in targets for x in ("--impl", t)] + (["--outside-bench-only"] if targets else [])
 
 
 def check_impls(impl_a: list[str], impl_b: list[str]) -> str | None:

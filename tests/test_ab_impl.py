@@ -27,11 +27,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _collected(*runs: list[str]) -> list[list[str]]:
+def _collected(*runs: list[str], args=ab.impl_args) -> list[list[str]]:
     """The benchmark ids ``pytest benchmarks --collect-only`` lists with each run's ``--impl``
-    targets (the runs' processes at once: collection is mostly imports)."""
+    targets, as ``args`` hands them over (the runs' processes at once: collection is mostly imports)."""
     procs = [subprocess.Popen([sys.executable, "-m", "pytest", "benchmarks", "--collect-only", "-q", "-p",
-                               "no:cacheprovider", "--device", "cpu"] + ab.impl_args(impls),
+                               "no:cacheprovider", "--device", "cpu"] + args(impls),
                               cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for impls in runs]
     out = []
@@ -75,6 +75,19 @@ def test_benchmark_ids_without_impl_unchanged_with_impl_named_by_place():
         "test_kv3_generation_with_and_without_cache": {"impl"}, "test_ai9_decode_step": {"impl"},
         "test_ai9_batch_scaling": {"impl"}}, outside
     assert "benchmarks/bench_attention.py::test_bench_prefill[128-impl2-64-causal]" in outside
+
+
+def test_impl_benchmarks_keep_the_builtin_rows_beside_the_outside_ones():
+    """A plain ``--impl`` benchmark run (not the A/B mode, which passes --outside-bench-only):
+    each benchmark with an outside row keeps its built-in rows, so the outside kernel and the
+    suite's Triton and PyTorch versions are timed in one pinned run; benchmarks without an outside
+    row (another technique's) are not run."""
+    (side,) = _collected([PLAIN], args=lambda impls: [x for t in impls for x in ("--impl", t)])
+    prefill = [i for i in side if "::test_bench_prefill[" in i]
+    backends = {p for i in prefill for p in i.split("[")[1].rstrip("]").split("-")}
+    assert {"impl", "triton", "torch"} <= backends, prefill
+    assert not [i for i in side if "bench_quantization" in i], side
+    assert ab.impl_args([PLAIN])[-1] == "--outside-bench-only"
 
 
 ROW = "benchmarks/bench_attention.py::test_bench_prefill[128-{}-64-causal]"
