@@ -555,7 +555,8 @@ def test_sd7_greedy_speculative_equals_greedy_target(draft, gamma):
 def test_sd1_end_to_end_small_world(verifier):
     """SD-1 end to end: 3000 speculative generations on the small world (poor draft, γ = 2) emit
     their first two tokens with the target's own distribution (G-test, α = 1e-3, bins below 5
-    expected pooled); the same run (same seed) with the min(1, q/p) verifier of the zoo is rejected.
+    expected pooled, the critical value from G's exact null distribution by Monte Carlo: the
+    chi-square one rejected 2e-3 of correct runs here, tests/test_stats.py); the same run (same seed) with the min(1, q/p) verifier of the zoo is rejected.
     (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
     a bound of 171 at 3000.)"""
     from conformance import registry

@@ -101,3 +101,29 @@ def test_g_test_agrees_with_scipy():
         b = test.binned(c[None])[0]
         assert g == pytest.approx(sps.power_divergence(b, test.expected, lambda_="log-likelihood").statistic, rel=1e-12)
     assert test.bins == 5 and test.dof == 4        # the two bins below 5 expected pooled
+
+
+def test_g_test_monte_carlo_critical_value_on_the_end_to_end_table():
+    """The SD-1 end-to-end test's table (the target's first two tokens after <bos>, 3000
+    generations: 119 bins, many of expected 5-20, where the chi-square approximation of G is
+    anti-conservative): on 60,000 exact multinomial draws (another seed than the critical
+    value's own) the G-test's false alarms at alpha = 1e-3 stay within the binomial(60000, 1e-3)
+    upper tail at 1e-3, and the asymptotic critical value fails that same check (2e-3 measured
+    on 200,000 draws), so the check can fail."""
+    import torch
+
+    from properties.speculative_cases import first_two_token_distribution
+    from smallworld.checkpoints import load_model
+    from smallworld.tokenizer import tokenizer
+
+    exact = first_two_token_distribution(load_model("target", torch.float64), tokenizer().bos_id)
+    test = stats.GTest(exact / exact.sum(), 3000, 1e-3)
+    assert test.calibration.startswith("Monte Carlo"), test.calibration
+    draws = 60_000
+    binned = np.random.default_rng(2024).multinomial(3000, test.expected / test.expected.sum(), size=draws)
+    g = test._g(binned.astype(np.float64))
+    limit = sps.binom.ppf(1 - CAL_LEVEL, draws, 1e-3)
+    asymptotic = float(sps.chi2.ppf(1 - 1e-3, test.dof))
+    k, k_asym = int((g > test.critical).sum()), int((g > asymptotic).sum())
+    assert k <= limit, f"{k}/{draws} false alarms at alpha 1e-3 (limit {limit:g}, critical {test.critical:.4g})"
+    assert k_asym > limit, f"the asymptotic critical value {asymptotic:.4g} passed: {k_asym} <= {limit:g}"
