@@ -121,3 +121,53 @@ def implementations():
         "typical_acceptance_as_exact": typical_acceptance_as_exact,
     }
     return tuple(known_bad("speculative_tree", name, fn) for name, fn in bugs.items())
+
+
+# ------------------------------------------------ outside the contract: tree scorers and engines
+def siblings_see_each_other(model, prefix, parents, tree_tokens):
+    """Tree attention with a causal mask over the flattened tree: every node also sees the nodes
+    before it in index order, its siblings and their subtrees included."""
+    from reference.speculative_tree import TreeAttention, tree_positions
+
+    B, S = prefix.shape
+    n = len(parents)
+    att = TreeAttention(parents, S)
+    att.mask[S:, S:] = torch.ones(n, n, dtype=torch.bool).tril()
+    positions = torch.cat([torch.arange(S), tree_positions(parents, S)]).expand(B, -1)
+    with torch.no_grad():
+        return model(torch.cat([prefix, tree_tokens], 1), positions, att)[:, S:]
+
+
+def flattened_positions(model, prefix, parents, tree_tokens):
+    """The right tree mask, but RoPE positions from the node's index in the flattened tree
+    (S + i) instead of its depth (S − 1 + depth)."""
+    from reference.speculative_tree import TreeAttention
+
+    B, S = prefix.shape
+    n = len(parents)
+    positions = torch.arange(S + n).expand(B, -1)
+    with torch.no_grad():
+        return model(torch.cat([prefix, tree_tokens], 1), positions, TreeAttention(parents, S))[:, S:]
+
+
+#: Known-bad tree scorers (SD-10): ``scorer(model, prefix (B, S), parents, tree_tokens (B, n))``.
+TREE_SCORER_ZOO = {"siblings_see_each_other": siblings_see_each_other, "flattened_positions": flattened_positions}
+
+
+def _engine_zoo():
+    from optimized.speculative_engine import TreeSpeculativeEngine
+
+    class RejectedBranchKVKept(TreeSpeculativeEngine):
+        """Drops the rejected branches by shrinking the length only: the slots after the pending
+        token keep the first nodes in flattened order, not the accepted path's."""
+
+        def _keep(self, start, nodes):
+            self.target.rollback(torch.tensor([start + len(nodes)]))
+
+    return {"rejected_branch_kv_kept": RejectedBranchKVKept}
+
+
+def engine_zoo() -> dict:
+    """Known-bad tree engines (SD-12 and the cache check), by name (classes built on demand: the
+    engine imports the model code)."""
+    return _engine_zoo()
