@@ -119,9 +119,9 @@ def _drafter(name: str):
     if name == "heads":
         import copy
 
-        from smallworld.heads import trained_heads
+        from smallworld.heads import shipped_heads
 
-        heads = copy.deepcopy(trained_heads()).double()
+        heads = copy.deepcopy(shipped_heads()).double()
         heads.dtype, heads.out_weight = torch.float64, target.output_weight().detach()
         return HeadsDrafter(target, heads)
     return {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),

@@ -4,12 +4,15 @@ Head j (j = 1..n_heads) reads the target's final hidden state h_t (after its las
 predicts the token j + 1 places ahead, x_{t+1+j}, through one residual SiLU layer and the target's
 own (tied) output matrix: logits_j = W_out (h + SiLU(A_j h)). Only A_j is trained, on the
 target's hidden states of the training split, with the target frozen: a few hundred Adam steps,
-seconds on a CPU, deterministic for a seed (cached per process). Any head is a valid draft for
-greedy verification (SD-12 holds whatever they predict); training only raises α (SD-14).
+deterministic for a seed. The trained heads ship as ``checkpoints/heads/target_medusa2.safetensors``
+(``python -m smallworld.heads`` retrains and rewrites it; :func:`shipped_heads` loads it); any
+head is a valid draft for greedy verification (SD-12 holds whatever they predict), training only
+raises α (SD-14).
 """
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -47,10 +50,37 @@ def hidden_states(target: Transformer, inputs: torch.Tensor) -> torch.Tensor:
     return kept[0]
 
 
-@lru_cache(maxsize=4)
-def trained_heads(n_heads: int = 2, steps: int = 40, docs: int = 96, seed: int = 0) -> MedusaHeads:
+#: The shipped heads: trained by :func:`train_heads` with its defaults.
+HEADS_FILE = Path(__file__).resolve().parent / "checkpoints" / "heads" / "target_medusa2.safetensors"
+
+
+@lru_cache(maxsize=1)
+def shipped_heads() -> MedusaHeads:
+    """The shipped two heads over the float32 target (read once per process). Raises
+    FileNotFoundError when the file is missing, ValueError when it does not fit the target."""
+    from safetensors.torch import load_file
+
+    from smallworld.checkpoints import load_model
+
+    target = load_model("target", torch.float32)
+    heads = MedusaHeads(target, 2)
+    state = load_file(str(HEADS_FILE))
+    if set(state) != set(heads.layers.state_dict()):
+        raise ValueError(f"{HEADS_FILE}: weights do not match two heads over the target")
+    heads.layers.load_state_dict(state)
+    return _frozen(heads)
+
+
+def _frozen(heads: MedusaHeads) -> MedusaHeads:
+    heads.eval()
+    for p in heads.parameters():
+        p.requires_grad_(False)
+    return heads
+
+
+def train_heads(n_heads: int = 2, steps: int = 400, docs: int = 512, seed: int = 0) -> MedusaHeads:
     """Heads trained on the shipped float32 target (``docs`` training documents, ``steps`` Adam
-    steps of 32 documents, lr 1e-2): cached per process."""
+    steps of 32 documents, lr 1e-2)."""
     from smallworld.checkpoints import load_model
     from smallworld.data import IGNORE, encode, pad_batch, split
 
@@ -63,7 +93,7 @@ def trained_heads(n_heads: int = 2, steps: int = 40, docs: int = 96, seed: int =
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         idx = torch.randint(0, h.shape[0], (32,), generator=g)
-        logits = heads(h[idx])                                          # (n_heads, 64, T, V)
+        logits = heads(h[idx])                                          # (n_heads, 32, T, V)
         loss = 0.0
         for j in range(n_heads):
             shift = j + 1
@@ -73,7 +103,19 @@ def trained_heads(n_heads: int = 2, steps: int = 40, docs: int = 96, seed: int =
         opt.zero_grad()
         loss.backward()
         opt.step()
-    heads.eval()
-    for p in heads.parameters():
-        p.requires_grad_(False)
-    return heads
+    return _frozen(heads)
+
+
+def main() -> None:
+    """Retrain the shipped heads and write them (with their training settings as metadata)."""
+    from safetensors.torch import save_file
+
+    heads = train_heads()
+    HEADS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in heads.layers.state_dict().items()}, str(HEADS_FILE),
+              metadata={"n_heads": "2", "steps": "400", "docs": "512", "seed": "0", "target": "target"})
+    print(f"wrote {HEADS_FILE}")
+
+
+if __name__ == "__main__":
+    main()
