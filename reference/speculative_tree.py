@@ -32,7 +32,8 @@ def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator):
     """The ``speculative_tree`` contract (``conformance/contracts/speculative_tree.py``), naively.
 
     Per row b: at the current node u (the root first) with residual r = p(u), for each child c in
-    index order draw s ~ U[0, 1) and accept c's token x iff s < r(x) / q_u(x); on rejection
+    index order take node c's uniform s (one U[0, 1) per node and one for the emitted token, drawn
+    up front) and accept c's token x iff s < r(x) / q_u(x); on rejection
     r <- norm(max(0, r - q_u)). Every child rejected: emit from r; u a leaf: emit from p(u).
     Returns (tokens (B, depth+1), path (B, depth)) int64 on the inputs' device.
     """
@@ -45,16 +46,15 @@ def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator):
     tokens = torch.full((shape.B, shape.depth + 1), PAD, dtype=torch.int64)
     path = torch.full((shape.B, shape.depth), PAD, dtype=torch.int64)
 
-    def uniform() -> float:
-        return float(torch.rand((), generator=generator, dtype=torch.float64, device=dev))
-
+    uniforms = torch.rand((shape.B, shape.n_nodes + 1), generator=generator, dtype=torch.float64,
+                          device=dev).cpu().tolist()
     for b in range(shape.B):
         u, r, n = -1, p[b, 0].copy(), 0
         while True:
             moved = False
             for c in kids[u + 1]:
                 x, qu = tok[b][c], q[b, u + 1]
-                if uniform() * qu[x] < r[x]:
+                if uniforms[b][c] * qu[x] < r[x]:
                     tokens[b, n], path[b, n] = x, c
                     u, r, n, moved = c, p[b, c + 1].copy(), n + 1, True
                     break
@@ -63,7 +63,7 @@ def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator):
                     r = res / res.sum()
             if not moved:
                 break
-        tokens[b, n] = _sample(list(r), uniform())
+        tokens[b, n] = _sample(list(r), uniforms[b][-1])
     return tokens.to(dev), path.to(dev)
 
 
