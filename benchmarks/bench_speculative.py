@@ -455,12 +455,9 @@ def test_bench_tokens_per_call(benchmark, device, drafter):
     target = load_model("target", torch.float32, device)
     draft = load_model("draft_good", torch.float32, device)
     if drafter == "heads":
-        import copy
-
         from smallworld.heads import shipped_heads
 
-        heads = copy.deepcopy(shipped_heads()).to(device)
-        heads.out_weight = target.output_weight().detach()
+        heads = shipped_heads().over(target)
     d = {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
          "heads": lambda: HeadsDrafter(target, heads), "self": lambda: SelfSpeculativeDrafter(target, (1,), 4),
          "lookup": lambda: PromptLookupDrafter(3, 5)}[drafter]()

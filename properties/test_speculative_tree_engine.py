@@ -117,13 +117,9 @@ def _drafter(name: str):
     target = _model("target", torch.float64)
     draft = _model("draft_good", torch.float64)
     if name == "heads":
-        import copy
-
         from smallworld.heads import shipped_heads
 
-        heads = copy.deepcopy(shipped_heads()).double()
-        heads.dtype, heads.out_weight = torch.float64, target.output_weight().detach()
-        return HeadsDrafter(target, heads)
+        return HeadsDrafter(target, shipped_heads().over(target))
     return {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
             "self": lambda: SelfSpeculativeDrafter(target, (1,), 3),
             "lookup": lambda: PromptLookupDrafter(3, 5)}[name]()

@@ -37,6 +37,16 @@ class MedusaHeads(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return torch.stack([F.linear(h + F.silu(layer(h)), self.out_weight) for layer in self.layers])
 
+    def over(self, target: Transformer) -> MedusaHeads:
+        """A copy of these heads over ``target`` (the same model in another dtype or on another
+        device): its layers in the target's dtype and device, its output matrix the target's."""
+        import copy
+
+        w = target.output_weight().detach()
+        out = copy.deepcopy(self).to(dtype=w.dtype, device=w.device)
+        out.out_weight, out.dtype = w, w.dtype
+        return out
+
 
 def hidden_states(target: Transformer, inputs: torch.Tensor) -> torch.Tensor:
     """The target's final hidden states (B, T, d_model) for ``inputs`` (B, T) (hooked on its norm)."""
