@@ -69,6 +69,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("tokens_per_call", _NUM, "tokens", "tokens emitted per target call"),
     Field("alpha", _NUM, "", "acceptance rate α"),
     Field("draft", (str,), "", "draft model name"),
+    Field("drafter", (str,), "", "what proposes the draft tokens: chain, tree, heads, self, lookup (SD-12, SD-14)"),
+    Field("task", (str,), "", "the generation task a figure is measured on (copy, free)"),
+    Field("nodes", (int,), "nodes", "draft tokens of a token tree scored in one forward"),
     # speculative decoding: SD-2's two tokens, SD-6's optimum, the engine's sampling settings
     Field("P_A", _NUM, "probability", "SD-2: probability that the first emitted token is A"),
     Field("P_B", _NUM, "probability", "SD-2: probability that the first emitted token is B"),

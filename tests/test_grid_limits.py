@@ -208,6 +208,31 @@ def _write_kv(N: int):
 LAUNCHES["paged_write-65536-tokens"] = Launch(((PA, "_write_kv_kernel"),), _write_kv(PAST))   # (N,): axis 0
 
 
+def _tree_attention(B: int):
+    """B sequences, one query head, a one-node tree after a one-token prefix: B programs."""
+    def make(device, real):
+        from optimized.tree_attention import tree_attention
+
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(B, 1, 1, 1, generator=g, dtype=torch.float64)
+        k = torch.randn(B, 1, 2, 1, generator=g, dtype=torch.float64)
+        v = torch.randn(B, 1, 2, 1, generator=g, dtype=torch.float64)
+        args = [t.to(device, torch.float32) for t in (q, k, v)]
+        parents = torch.tensor([-1], device=device)
+        lens = torch.ones(B, dtype=torch.int64, device=device)
+
+        def check(out):
+            w = torch.softmax((q[:, 0, 0] * k[:, 0, :, 0]), -1)              # (B, 2): the prefix key, itself
+            out_ref = (w * v[:, 0, :, 0]).sum(-1)
+            assert_close(out[:, 0, 0, 0], out_ref.to(device), what=f"tree_attention over {B} sequences")
+        return (lambda: tree_attention(*args, parents, lens, scale=1.0)), check
+    return make
+
+
+LAUNCHES["tree_attention-65536-sequences"] = Launch((("optimized.tree_attention", "tree_attention_kernel"),),
+                                                    _tree_attention(PAST))   # (B * Hq,): axis 0
+
+
 def _record(monkeypatch, launch: Launch, device: str, run: bool):
     grids = []
     for mod_name, name in launch.kernels:
@@ -254,3 +279,4 @@ def test_every_triton_kernel_has_a_grid_check():
         assert not re.search(r"program_id\((1|2|axis=[12])\)", src), f"{mod.__name__} reads a second grid axis"
         for name in re.findall(r"@triton\.jit\s*\n\s*def (\w+_kernel)\(", src):
             assert id(getattr(mod, name)) in checked, f"{mod.__name__}.{name} has no entry in LAUNCHES"
+

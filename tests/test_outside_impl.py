@@ -74,3 +74,25 @@ def test_partial_support_is_reported_partial_with_what_was_refused(tmp_path):
         assert r.verdict == "partial", (r.verdict, r.message)
         assert "only 8-bit per-channel" in r.message and "classes only refused" in r.message, r.message
         assert "granularity:group" in r.message or "granularity:tensor" in r.message, r.message
+
+
+def test_outside_tree_verifiers_checked(tmp_path):
+    """`--impl speculative_tree=module:fn` checks outside tree verifiers with the SD-11 law: the
+    worked example (examples/my_tree_verifier.py) passes it and its variant that never updates the
+    residual after a rejected sibling fails it (exit status 1)."""
+    from conformance.results import read_rows
+
+    good, bad = "my_tree_verifier:verify_tree", "my_tree_verifier:wrong_tree_verifier"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/test_speculative_tree.py", "-k", "test_sd11_statistical and not reference and not torch",
+           "--impl", f"speculative_tree={good}", "--impl", f"speculative_tree={bad}", "--results", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    verdicts = {(r.check.split("::")[-1].split("[")[0], r.implementation): r.verdict for r in read_rows(tmp_path)
+                if r.implementation in (good, bad)}
+    assert verdicts == {("test_sd11_statistical", good): "pass", ("test_sd11_statistical", bad): "fail"}, \
+        (verdicts, out[-4000:])

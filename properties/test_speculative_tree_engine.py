@@ -1,0 +1,273 @@
+"""Laws of token trees in the model (claims SD-10, SD-12, SD-14; SpecInfer, Medusa, self-
+speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped target.
+
+- SD-10: a tree scored in one forward (tree mask, depth positions) gives every node the logits of
+  its root-to-node path run alone, for every tree scorer: the reference (the one model forward
+  over :class:`reference.speculative_tree.TreeAttention`), and the engine's cached forward with
+  the Triton tree-attention kernel and with the reference core; the known-bad scorers
+  (``properties/zoo_speculative_tree.py``: siblings that see each other, positions from the
+  flattened index) are each rejected by the same comparison.
+- SD-12: greedy tree speculation with every drafter (draft chain, top-k draft tree, Medusa-style
+  heads, self-speculation, prompt lookup) emits exactly greedy target decoding, and after every
+  round the target's cache holds exactly the committed tokens' keys and values (the rejected
+  branches dropped); the engine that keeps a rejected branch's KV is rejected by both.
+- SD-14: prompt lookup's tokens per target call on a copy task vs free generation, and
+  self-speculation's α and tokens per call against the shipped drafts (recorded figures).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from conformance import results
+from conformance.contracts.speculative_tree import SHAPES
+from conformance.tolerance import assert_close, assert_exact, check_close
+from conformance.zoo import expect_rejected
+from properties.zoo_speculative_tree import TREE_SCORER_ZOO, engine_zoo
+from reference.speculative_tree import path_logits, tree_logits
+from reference.transformer import generate, layer_kv
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@lru_cache(maxsize=None)
+def _model(name: str, dtype: torch.dtype):
+    from smallworld.checkpoints import load_model
+
+    return load_model(name, dtype)
+
+
+def _cached_scorer(attention: str):
+    """The engine's tree forward as a scorer: prefill the prefix, then one tree forward."""
+    def score(model, prefix, parents, tree_tokens):
+        from optimized.speculative_engine import TreeCachedModel
+
+        m = TreeCachedModel(model, prefix.shape[0], 64)
+        m.attention = attention
+        m.nan_fill = True
+        m.start(prefix.shape[0])
+        m.extend(prefix, torch.full((prefix.shape[0],), prefix.shape[1], dtype=torch.int64))
+        return m.tree_forward(tree_tokens, torch.tensor(parents, dtype=torch.int64))
+    return score
+
+
+#: The tree scorers SD-10 is checked on, and the dtype each runs in (the Triton kernel runs
+#: interpreted on a CPU: float32, one tree).
+SCORERS = {"reference": (tree_logits, torch.float64), "engine-torch": (_cached_scorer("torch"), torch.float64),
+           "engine-triton": (_cached_scorer("triton"), torch.float32)}
+
+
+def _tree_inputs(shape: str, S: int, seed: int, B: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    parents = list(SHAPES[shape])
+    prefix = torch.randint(4, 294, (B, S), generator=g)
+    tokens = torch.randint(4, 294, (B, len(parents)), generator=g)
+    return prefix, parents, tokens
+
+
+def law_sd10_tree_attention(scorer, dtype, cases):
+    """SD-10 on the shipped target: each node's logits from the one tree forward equal those of its
+    root-to-node path run alone (float64 reference in the same dtype's rule)."""
+    model, oracle = _model("target", dtype), _model("target", torch.float64)
+    for shape, S, seed in cases:
+        prefix, parents, tokens = _tree_inputs(shape, S, seed)
+        out = scorer(model, prefix, parents, tokens)
+        out_ref = path_logits(oracle, prefix, parents, tokens)
+        assert_close(out, out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
+                                        f"root-to-node path alone")
+
+
+#: Trees and prefix lengths: every shape (siblings, chains, a wide root), a one-token prefix and
+#: prefixes across the kernel's 16-key tiles; the interpreted kernel gets two of them.
+SD10_CASES = (("binary", 5, 1), ("three-drafts", 17, 2), ("wide-root", 1, 3), ("chain", 32, 4))
+SD10_INTERPRETED = (("wide-root", 17, 3), ("binary", 1, 1))
+
+
+@pytest.mark.claim("SD-10")
+@pytest.mark.parametrize("scorer", sorted(SCORERS))
+def test_sd10_tree_attention_equals_each_path_alone(scorer):
+    fn, dtype = SCORERS[scorer]
+    law_sd10_tree_attention(fn, dtype, SD10_INTERPRETED if "triton" in scorer else SD10_CASES)
+    results.record("SD-10", measured="equal", unit="node logits vs root-to-node path alone",
+                   rule=f"tolerance policy of {str(dtype).replace('torch.', '')}", what=scorer)
+
+
+test_sd10_tree_attention_equals_each_path_alone.__doc__ = law_sd10_tree_attention.__doc__
+
+
+@pytest.mark.claim("SD-10")
+@pytest.mark.parametrize("bad", sorted(TREE_SCORER_ZOO))
+def test_sd10_zoo_rejected(bad):
+    """Each known-bad tree scorer is rejected by SD-10's own comparison (float64)."""
+    fn = TREE_SCORER_ZOO[bad]
+    impl = type("Bad", (), {"name": bad, "target": f"properties.zoo_speculative_tree:{fn.__name__}"})()
+    text = expect_rejected(lambda _impl: law_sd10_tree_attention(fn, torch.float64, SD10_CASES[:2]), impl)
+    results.record("SD-10", measured="rejected", unit="known-bad tree scorer", rule="SD-10 comparison",
+                   what=f"{bad}: {text[:120]}")
+
+
+# ------------------------------------------------------------------------------------- SD-12
+def _drafter(name: str):
+    """The drafter ``name`` over the float64 shipped models (the heads trained only when asked)."""
+    from optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
+                                              SelfSpeculativeDrafter, TopKTreeDrafter)
+
+    target = _model("target", torch.float64)
+    draft = _model("draft_good", torch.float64)
+    if name == "heads":
+        from smallworld.heads import shipped_heads
+
+        return HeadsDrafter(target, shipped_heads().over(target))
+    return {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
+            "self": lambda: SelfSpeculativeDrafter(target, (1,), 3),
+            "lookup": lambda: PromptLookupDrafter(3, 5)}[name]()
+
+
+def _prompts():
+    from smallworld.tokenizer import tokenizer
+
+    tok = tokenizer()
+    g = torch.Generator().manual_seed(11)
+    words = torch.randint(4, tok.vocab_size, (6,), generator=g).tolist()
+    return [torch.tensor([[tok.bos_id]]), torch.tensor([[tok.bos_id] + words + words[:3]])]
+
+
+def cache_matches(engine, committed, worst: list) -> None:
+    """After a round: the target's cache holds the committed tokens but the pending one, and its
+    keys and values are those of recomputing over exactly those tokens (float64 1e-12 x scale);
+    NaN past the length."""
+    m = engine.target
+    n = len(committed) - 1
+    assert_exact(m.lengths()[:1].cpu(), torch.tensor([n]), what="target cache length after the round")
+    expected = layer_kv(m.model, torch.tensor([committed[:n]]))
+    for layer, (k, v) in enumerate(expected):
+        for name, got, want in (("k", m.cache.k[layer, 0, :, :n], k[0]), ("v", m.cache.v[layer, 0, :, :n], v[0])):
+            worst.append(assert_close(got, want, what=f"layer {layer} cached {name} vs recomputed over the committed "
+                                                      f"tokens").error)
+        assert bool(torch.isnan(m.cache.k[layer, 0, :, n:n + 8]).all()), "slots past the length must be forgotten (NaN)"
+
+
+def law_sd12_greedy(engine_cls, drafter, attention: str = "torch", n_tokens: int = 20, prompts=None):
+    """SD-12: greedy tree speculation emits exactly greedy target decoding, with the cache checked
+    after every round; returns the generation's stats."""
+    target = _model("target", torch.float64)
+    worst: list = []
+    total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
+    for prompt in prompts or _prompts():
+        engine = engine_cls(target, drafter, max_seq_len=64, attention=attention, nan_fill=True)
+        out, stats = engine.generate(prompt, n_tokens, on_round=lambda e, c: cache_matches(e, c, worst))
+        want = generate(target, prompt, n_tokens)[0]
+        assert_exact(out, want, what=f"greedy tree speculation vs greedy target decoding ({type(drafter).__name__})")
+        total = {k: total[k] + stats[k] for k in total}
+    return total
+
+
+@pytest.mark.claim("SD-12")
+@pytest.mark.parametrize("drafter", ["chain", "heads", "lookup", "self", "tree"])
+def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
+    """SD-12 for each drafter (engine with the reference-core tree attention, float64): output
+    token for token equal to greedy target decoding from two prompts, the cache equal to the
+    committed tokens' after every round; tokens per target call recorded."""
+    from optimized.speculative_engine import TreeSpeculativeEngine
+
+    stats = law_sd12_greedy(TreeSpeculativeEngine, _drafter(drafter))
+    results.record("SD-12", measured=0, bound=0, unit="tokens differing from greedy target decoding",
+                   rule="token for token, two prompts, 20 tokens each; cache checked every round", drafter=drafter,
+                   tokens_per_call=round(stats["emitted"] / stats["rounds"], 3), rounds=stats["rounds"])
+
+
+@pytest.mark.claim("SD-12")
+def test_sd12_greedy_tree_with_the_triton_kernel():
+    """SD-12 with the Triton tree-attention kernel in the engine (interpreted on a CPU: one short
+    run of the top-k draft tree, float64)."""
+    from optimized.speculative_engine import TreeSpeculativeEngine, TopKTreeDrafter
+
+    law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(_model("draft_good", torch.float64), (2, 1)),
+                    attention="triton", n_tokens=6, prompts=_prompts()[1:])
+
+
+@pytest.mark.claim("SD-12")
+def test_sd12_zoo_engine_rejected():
+    """The engine that keeps a rejected branch's keys and values is rejected by SD-12's law (its
+    cache check, and its output)."""
+    from optimized.speculative_engine import TopKTreeDrafter
+
+    cls = engine_zoo()["rejected_branch_kv_kept"]
+    impl = type("Bad", (), {"name": "rejected_branch_kv_kept",
+                            "target": "properties.zoo_speculative_tree:RejectedBranchKVKept"})()
+    drafter = TopKTreeDrafter(_model("draft_good", torch.float64), (2, 2, 1))
+    text = expect_rejected(lambda _impl: law_sd12_greedy(cls, drafter), impl)
+    results.record("SD-12", measured="rejected", unit="known-bad engine", rule="SD-12 output and cache checks",
+                   what=f"rejected_branch_kv_kept: {text[:120]}")
+
+
+# ------------------------------------------------------------------------------------- SD-14
+def _copy_prompts(n: int):
+    """Copy-task prompts: a training document, then the first 3 tokens of it again (the
+    continuation repeats the prompt when the target copies)."""
+    from smallworld.data import encode, split
+
+    docs = encode(split("val", n))
+    return [torch.tensor([d[:-1] + d[:4]]) for d in docs]
+
+
+def _free_prompts(n: int):
+    from smallworld.tokenizer import tokenizer
+
+    return [torch.tensor([[tokenizer().bos_id]])] * n
+
+
+def _run(drafter, prompts, n_tokens: int):
+    from optimized.speculative_engine import TreeSpeculativeEngine
+
+    target = _model("target", torch.float64)
+    total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
+    for prompt in prompts:
+        engine = TreeSpeculativeEngine(target, drafter, max_seq_len=128, attention="torch")
+        _, stats = engine.generate(prompt, n_tokens)
+        total = {k: total[k] + stats[k] for k in total}
+    return total
+
+
+@pytest.mark.claim("SD-14")
+def test_sd14_prompt_lookup_copy_vs_free():
+    """SD-14: prompt lookup's tokens per target call on the copy task (8 prompts) against free
+    generation from <bos> (one row: greedy is deterministic), 24 tokens each; the direction
+    (copy > free) is the claim's mark."""
+    from optimized.speculative_engine import PromptLookupDrafter
+
+    d = PromptLookupDrafter(3, 5)
+    copy, free = _run(d, _copy_prompts(8), 24), _run(d, _free_prompts(1), 24)
+    tpc = {k: s["emitted"] / s["rounds"] for k, s in (("copy", copy), ("free", free))}
+    holds = tpc["copy"] > tpc["free"]
+    for task, s in (("copy", copy), ("free", free)):
+        results.record("SD-14", measured=round(tpc[task], 3), lecture="shines on tasks that copy from the prompt",
+                       unit=f"tokens per target call, prompt lookup, {task}", drafter="lookup", task=task,
+                       tokens_per_call=round(tpc[task], 3), rounds=s["rounds"],
+                       alpha=round(s["accepted"] / max(1, s["drafted"]), 3), holds=holds,
+                       trend_rule="tokens per call on the copy task > on free generation")
+    assert tpc["copy"] >= 1 and tpc["free"] >= 1, f"fewer than one token per call: {tpc}"
+
+
+@pytest.mark.claim("SD-14")
+def test_sd14_self_speculation_against_the_shipped_drafts():
+    """SD-14: α (accepted / drafted) and tokens per target call of self-speculation (the target
+    without block 1) against the good and the poor draft, γ = 4 greedy chains, free generation
+    from <bos>, 32 tokens, recorded; every figure is >= 1 token per call and α in [0, 1]."""
+    from optimized.speculative_engine import ChainDrafter, SelfSpeculativeDrafter
+
+    target = _model("target", torch.float64)
+    drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter(target, (1,), 4),
+                "draft_good": ChainDrafter(_model("draft_good", torch.float64), 4),
+                "draft_poor": ChainDrafter(_model("draft_poor", torch.float64), 4)}
+    table = {}
+    for name, d in drafters.items():
+        s = _run(d, _free_prompts(1) + _copy_prompts(1), 32)
+        table[name] = (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"])
+        results.record("SD-14", measured=round(table[name][1], 3), unit=f"tokens per target call, {name}, gamma = 4",
+                       drafter="self" if name.startswith("self") else "chain", draft=name, gamma=4,
+                       alpha=round(table[name][0], 3), tokens_per_call=round(table[name][1], 3), rounds=s["rounds"])
+    for name, (a, t) in table.items():
+        assert 0 <= a <= 1 and 1 <= t <= 5, f"{name}: alpha {a}, tokens per call {t} outside their ranges"
