@@ -219,7 +219,8 @@ def fp8_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PackedFP8:
-    """The FP8 weight: ``codes`` (N, K) in torch's float8 dtype of ``fmt``, ``scales`` (N or 1,
+    """The FP8 weight: ``codes`` (N, K) uint8, the bit patterns of torch's float8 dtype of ``fmt``
+    (:meth:`values` views them as that dtype), ``scales`` (N or 1,
     groups) float32 (float64 for float64 weights), rounded up where the cast rounds down (codes
     use the stored scale); ``granularity``, ``group_size``, ``N``, ``K``, ``dtype`` as
     :class:`PackedWeight`."""
@@ -232,6 +233,10 @@ class PackedFP8:
     N: int
     K: int
     dtype: torch.dtype
+
+    def values(self) -> torch.Tensor:
+        """The codes as torch's float8 dtype (a view, no copy)."""
+        return self.codes.view(getattr(torch, fp8_format(self.fmt).torch_dtype))
 
 
 def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> PackedFP8:
@@ -248,7 +253,7 @@ def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> Packed
     sdt = torch.float64 if w.dtype == torch.float64 else torch.float32
     s = storable(grp.abs().amax(dim=-1) / f.max, sdt)
     y = torch.where(s[..., None] > 0, grp / torch.where(s > 0, s, 1.0)[..., None], 0.0)
-    codes = to_fp8(y.to(torch.float32), fmt).reshape(N, K)
+    codes = to_fp8(y.to(torch.float32), fmt).reshape(N, K).view(torch.uint8)
     return PackedFP8(codes, s.to(sdt), f.name, granularity, shape.group_size, N, K, w.dtype)
 
 
@@ -263,7 +268,7 @@ def dequantize_fp8(qw: PackedFP8) -> torch.Tensor:
     """(N, K) in w's dtype: code x scale in the scales' dtype, rounded once."""
     qw = check_fp8(qw)
     s = qw.scales.expand(qw.N, qw.K) if qw.granularity == "tensor" else qw.scales.repeat_interleave(qw.group_size, dim=1)
-    return (qw.codes.to(s.dtype) * s).to(qw.dtype)
+    return (qw.values().to(s.dtype) * s).to(qw.dtype)
 
 
 def matmul_fp8(x: torch.Tensor, qw: PackedFP8) -> torch.Tensor:
