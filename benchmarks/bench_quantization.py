@@ -208,12 +208,15 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
 
 
 @pytest.mark.claim("QT-11")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("scheme", ["fp8_e4m3fn_channel", "int8_channel"])
-def test_bench_fp8_matmul(benchmark, device, scheme):
-    """Weight-only FP8 (E4M3 per channel, the torch path: dequantize, then torch.matmul) beside
-    int8 per channel (the same path) and bf16, at M = 1 on the first shape of the device.
-    ``bytes``: the codes, scales and x/out one call must read. No fused FP8 kernel is timed
-    (``optimized/quant_matmul.py`` reads integer codes only)."""
+def test_bench_fp8_matmul(benchmark, device, backend, scheme):
+    """Weight-only FP8 (E4M3 per channel) beside int8 per channel and bf16, at M = 1 on the
+    first shape of the device: the Triton kernel (``optimized/quant_matmul.py``, FP8 bytes
+    bitcast in registers; GPU only) and the torch path (dequantize, then torch.matmul).
+    ``bytes``: the codes, scales and x/out one call must read."""
+    if backend == "triton" and device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
     from optimized import quantization as quant_torch
 
     N, K = SHAPES[device][0]
@@ -221,7 +224,10 @@ def test_bench_fp8_matmul(benchmark, device, scheme):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
     x = randn((M, K), 1, dtype=dtype, device=device)
-    impl = quant_torch.FP8_E4M3 if scheme.startswith("fp8") else quant_torch.SYMMETRIC
+    if backend == "triton":
+        impl = quant_torch.TRITON_FP8_E4M3 if scheme.startswith("fp8") else quant_torch.TRITON_SYMMETRIC
+    else:
+        impl = quant_torch.FP8_E4M3 if scheme.startswith("fp8") else quant_torch.SYMMETRIC
     qw = impl.quantize(w, bits=8, granularity="channel")
     repeats = 5 if benchmark.disabled else 50
 
@@ -230,10 +236,10 @@ def test_bench_fp8_matmul(benchmark, device, scheme):
 
     t = median_seconds(run, device, repeats)
     t_dense = median_seconds(lambda: x @ w.T, device, repeats)
-    held = sum(t_.numel() * t_.element_size() for t_ in (qw.codes, qw.scales)
+    held = sum(t_.numel() * t_.element_size() for t_ in (qw.codes, qw.scales, getattr(qw, "zeros", None))
                if isinstance(t_, torch.Tensor))
     nbytes = held + (M * K + M * N) * dtype.itemsize
-    results.bench_info(benchmark, technique="quantization", backend=f"torch_{scheme}", device=device,
+    results.bench_info(benchmark, technique="quantization", backend=f"{backend}_{scheme}", device=device,
                        dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K, bits=8, granularity="channel",
                        number_format=getattr(impl, "number_format", "int"), flops=2.0 * M * N * K, bytes=nbytes,
                        median_s=t, dense_median_s=t_dense, speedup_vs_bf16=t_dense / t)

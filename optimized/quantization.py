@@ -282,6 +282,42 @@ FP8_E4M3 = FP8Scheme("fp8_e4m3fn", sys.modules[__name__])
 FP8_E5M2 = FP8Scheme("fp8_e5m2", sys.modules[__name__])
 
 
+class TritonFP8Scheme:
+    """The ``triton_fp8_*`` implementations: quantize and dequantize as :func:`quantize_fp8`
+    (float32 scales), matmul by the Triton kernels of :func:`optimized.quant_matmul.quant_matmul`
+    with ``number_format`` (each byte bitcast to the FP8 format in registers). Refuses float64
+    weights (NotImplementedError) after validating the call."""
+
+    symmetric = True
+
+    def __init__(self, fmt: str):
+        self.number_format = fp8_format(fmt).name
+
+    def quantize(self, w, *, bits, granularity):
+        qw = quantize_fp8(w, bits=bits, granularity=granularity, fmt=self.number_format)
+        if qw.dtype == torch.float64:
+            raise NotImplementedError("the Triton quantized matmul has no float64 path (float32 scales)")
+        return qw
+
+    def dequantize(self, qw):
+        return dequantize_fp8(qw)
+
+    def matmul(self, x, qw):
+        from optimized.quant_matmul import quant_matmul
+
+        qw = check_fp8(qw)
+        validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
+        return quant_matmul(x, qw.codes, qw.scales, None, bits=8, group_size=qw.group_size, N=qw.N, K=qw.K,
+                            number_format=qw.fmt)
+
+    def __repr__(self) -> str:
+        return f"optimized.quantization.TritonFP8Scheme({self.number_format!r})"
+
+
+TRITON_FP8_E4M3 = TritonFP8Scheme("fp8_e4m3fn")
+TRITON_FP8_E5M2 = TritonFP8Scheme("fp8_e5m2")
+
+
 # ------------------------------------------------------------------- KV-cache formats (QT-12)
 @dataclass(frozen=True)
 class PackedKV:
@@ -462,6 +498,8 @@ def implementations():
         builtin("quantization", "triton_asym", TRITON_ASYMMETRIC, kernel_modules=(quant_matmul,)),
         builtin("quantization", "torch_fp8_e4m3", FP8_E4M3),
         builtin("quantization", "torch_fp8_e5m2", FP8_E5M2),
+        builtin("quantization", "triton_fp8_e4m3", TRITON_FP8_E4M3, kernel_modules=(quant_matmul,)),
+        builtin("quantization", "triton_fp8_e5m2", TRITON_FP8_E5M2, kernel_modules=(quant_matmul,)),
         builtin("quantization", "torchao_int8", outside_adapters.torchao_int8, needs="torchao", adapter=True),
         builtin("quantization", "torchao_intx", outside_adapters.torchao_intx, needs="torchao", adapter=True),
     )

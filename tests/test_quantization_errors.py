@@ -78,6 +78,25 @@ def test_fp8_schemes_refuse_other_bits_after_validating(which, device):
         impl.quantize(_w(device), bits=9, granularity="channel")
 
 
+def test_kernel_wrapper_checks_the_fp8_arguments(device):
+    """The Triton wrapper's FP8 mode: an unknown number_format, bits other than 8, zero points
+    passed with FP8 codes raise ValueError naming the argument, before any launch."""
+    qm = pytest.importorskip("optimized.quant_matmul")
+    from optimized import quantization as quant_torch
+
+    w = torch.randn(6, 32).to(device)
+    qw = quant_torch.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
+    x = torch.randn(2, 32).to(device)
+    args = dict(group_size=32, N=6, K=32)
+    with pytest.raises(ValueError, match="number_format"):
+        qm.quant_matmul(x, qw.codes, qw.scales, None, bits=8, number_format="fp8_e4m3", **args)
+    with pytest.raises(ValueError, match="bits must be 8"):
+        qm.quant_matmul(x, qw.codes, qw.scales, None, bits=4, number_format="fp8_e4m3fn", **args)
+    with pytest.raises(ValueError, match="zeros must be None"):
+        qm.quant_matmul(x, qw.codes, qw.scales, torch.zeros(6, 1, dtype=torch.uint8, device=device), bits=8,
+                        number_format="fp8_e4m3fn", **args)
+
+
 def test_kv_format_arguments_name_themselves():
     """KV-cache formats: an unknown kind, residual/group on a per-token kind, a group < 1 and
     k, v of different shapes raise ValueError naming the argument."""
