@@ -1,4 +1,4 @@
-"""Laws of the low-bit formats (lecture 002 §5.4; claims QT-11, QT-12), written against the
+"""Laws of the low-bit formats (lecture 001 §5.4; claims QT-11, QT-12), written against the
 ``quantization`` contract (``conformance/contracts/quantization.py``: the FP8 schemes, the
 KV-cache formats and their bounds).
 

@@ -78,8 +78,9 @@ scale per token and head.
 Claims checked against this contract: QT-1 (half-step bound), QT-2 (idempotence; the
 reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply),
 QT-11 (FP8: the saturating cast and its half-ulp bound), QT-12 (KV-cache formats).
-Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing), Dettmers et al.
-2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin et al. 2024 (AWQ).
+Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing) and §5.4
+(FP8, KV-cache quantization), Dettmers et al. 2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin
+et al. 2024 (AWQ), Micikevicius et al. 2022 (FP8 formats), Liu et al. 2024 (KIVI).
 """
 from __future__ import annotations
 
