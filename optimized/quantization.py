@@ -355,12 +355,18 @@ def _kv_codes(x64: torch.Tensor, amax: torch.Tensor, fmt: KVFormat):
 
 
 def _pack4(q: torch.Tensor) -> torch.Tensor:
+    """int4 codes q (B, H, T, D) in -7..7 -> u = q + 8 packed two per byte along D, (B, H, T, ceil(D / 2))."""
     B, H, T, D = q.shape
+    if q.numel() == 0:                                     # no token quantized yet
+        return torch.empty(B, H, T, -(-D // 2), dtype=torch.uint8, device=q.device)
     return pack((q.to(torch.int32) + 8).reshape(-1, D), 4).reshape(B, H, T, -1)
 
 
 def _unpack4(c: torch.Tensor, D: int) -> torch.Tensor:
+    """Inverse of :func:`_pack4`: (B, H, T, ceil(D / 2)) uint8 -> (B, H, T, D) int32 in -7..7."""
     B, H, T, _ = c.shape
+    if c.numel() == 0:
+        return torch.empty(B, H, T, D, dtype=torch.int32, device=c.device)
     return (unpack(c.reshape(B * H * T, -1), 4, D) - 8).reshape(B, H, T, D)
 
 

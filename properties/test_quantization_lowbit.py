@@ -311,11 +311,12 @@ def kv_cases(draw) -> KVCase:
 
 
 #: Pinned: each format with an outlier channel over several KIVI groups (both KV_ZOO entries die
-#: on the KIVI ones), odd D, one token, GQA.
+#: on the KIVI ones), odd D, one token, GQA, and a KIVI cache shorter than its residual.
 KV_EXAMPLES = tuple(dict(case=c, seed=s) for c, s in (
     (KVCase(2, 2, 37, 16, "int4_kivi_r8_g8", 30.0, 2), 3), (KVCase(1, 3, 24, 17, "kivi:0:4", 30.0), 5),
     (KVCase(2, 2, 33, 16, "int8", 30.0, 2), 1), (KVCase(1, 2, 19, 8, "fp8_e4m3fn", 30.0), 2),
-    (KVCase(1, 1, 1, 3, "fp8_e5m2"), 4), (KVCase(2, 1, 29, 8, "kivi:3:5", 1.0, 2), 6)))
+    (KVCase(1, 1, 1, 3, "fp8_e5m2"), 4), (KVCase(2, 1, 29, 8, "kivi:3:5", 1.0, 2), 6),
+    (KVCase(1, 2, 5, 8, "int4_kivi_r8_g8", 30.0), 7)))                 # KIVI with no token quantized yet
 
 KV_IMPLS = {"reference": "reference.quantization:KV_REFERENCE", "torch": "optimized.quantization:KV_TORCH"}
 
