@@ -353,16 +353,18 @@ def smoke_calls(device: str):
     def fp8(M):
         def run():
             from conformance import tolerance
-            from optimized import quantization as quant_torch
+            from reference import quantization as ref
 
             g = torch.Generator().manual_seed(0)
             w = torch.randn(40, 96, generator=g).to(device, torch.bfloat16)
             x = torch.randn(M, 96, generator=g).to(device, torch.bfloat16)
-            qw = quant_torch.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
-            out = quant_matmul(x, qw.codes, qw.scales, None, bits=8, group_size=qw.group_size, N=qw.N, K=qw.K,
+            qw = ref.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
+            codes = qw.values.float().to(torch.float8_e4m3fn).view(torch.uint8)   # exact: values on the grid
+            out = quant_matmul(x, codes, qw.scales.float(), None, bits=8, group_size=qw.group_size, N=qw.N, K=qw.K,
                                number_format="fp8_e4m3fn")
-            d = quant_torch.dequantize_fp8(qw)
-            return tolerance.check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul")
+            d = ref.dequantize_fp8(qw)
+            return tolerance.check_close(out, x.double() @ (qw.values * qw.scales).T, out_pt=x @ d.T,
+                                         rule="quant-matmul")
         return run
     return [SmokeCall("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
             SmokeCall("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20)),
