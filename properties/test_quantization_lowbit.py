@@ -426,6 +426,29 @@ def test_qt12_cache_prefill_in_pieces_equals_one_prefill(fmt):
     assert cache.tokens == 37
 
 
+@pytest.mark.claim("QT-12")
+def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
+    """The model's one forward through a QuantizedKVCache (int4 KIVI, R = G = 8): a prefill of
+    13 tokens then 11 single-token decode steps (positions given) give the logits of one forward
+    over all 24 tokens with a fresh cache (float64 target model, to 1e-10 relative), so the NLL
+    figure measured in one forward is decode's."""
+    from optimized.quantization import QuantizedKVCache
+    from smallworld import checkpoints, data
+
+    model = checkpoints.load_model("target", dtype=torch.float64)
+    tokens = data.pad_batch(data.encode(data.split("test", 4)))[0][:, :24]
+    fmt = contract.KV_FORMATS["int4_kivi_r8_g8"]
+    with torch.no_grad():
+        whole = model(tokens, None, QuantizedKVCache(fmt))
+        cache = QuantizedKVCache(fmt)
+        steps = [model(tokens[:, :13], None, cache)]
+        for t in range(13, tokens.shape[1]):
+            steps.append(model(tokens[:, t:t + 1], torch.full((tokens.shape[0], 1), t), cache))
+    got = torch.cat(steps, dim=1)
+    err = float((got - whole).abs().max() / whole.abs().max())
+    assert err <= 1e-10, err
+
+
 def kv_nll(model, docs, fmt) -> float:
     """:func:`smallworld.data.nll` with every layer's attention through a QuantizedKVCache of
     ``fmt`` (each prediction as a decode step over the quantized cache sees it)."""
