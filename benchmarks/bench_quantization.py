@@ -47,6 +47,8 @@ def pytest_generate_tests(metafunc):
     from conformance.device import current_device
 
     device = current_device()
+    if metafunc.definition.name == "test_bench_quantized_kv_decode":
+        metafunc.parametrize("batch,context", KV_SHAPES[device], ids=[f"B{b}-T{t}" for b, t in KV_SHAPES[device]])
     if metafunc.definition.name in ("test_bench_quant_matmul", "test_bench_w8a8"):
         metafunc.parametrize("N,K", SHAPES[device], ids=[f"N{n}-K{k}" for n, k in SHAPES[device]])
         metafunc.parametrize("M", MS[device], ids=[f"M{m}" for m in MS[device]])
@@ -147,4 +149,98 @@ def test_bench_w8a8(benchmark, device, backend, N, K, M):
                        activations="int8 per token", flops=2.0 * M * N * K, bytes=nbytes, median_s=t,
                        gbytes_per_s=nbytes / t / 1e9, kernel_median_s=t_kernel, dense_median_s=t_dense,
                        speedup_vs_bf16=t_dense / t)
+    benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+
+
+# ------------------------------------------------------------------ low-bit formats (QT-11, QT-12)
+#: Quantized-KV decode shapes per device: (batch, context tokens); Llama-3-8B's attention (32
+#: query heads over 8 KV heads of 128).
+KV_SHAPES = {"cuda": ((8, 4096), (32, 4096)), "cpu": ((1, 256),)}
+KV_BENCH_FORMATS = ("int8", "int4_kivi_r8_g8", "fp8_e4m3fn")
+
+
+@pytest.mark.claim("QT-12")
+@pytest.mark.parametrize("kv", KV_BENCH_FORMATS)
+def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
+    """One decode step of attention over a quantized KV cache (``QuantizedKVCache``, the torch
+    path: it dequantizes the held codes, then attends) against bf16 attention over the same
+    cache in bf16. ``bytes``: what a fused kernel must read per step, the held codes, scales and
+    full-precision tokens (measured from the tensors) plus q and the output; ``bf16_bytes`` the
+    same for the bf16 cache; ``bytes_ratio_vs_bf16`` their ratio (the quantized format's memory
+    gain, on any device). Times only mean something on a GPU (the torch path is no fused kernel:
+    it writes the dequantized cache before attending)."""
+    from conformance.contracts.quantization import KV_FORMATS
+    from optimized.quantization import QuantizedKVCache
+    from reference.transformer import naive_attention
+
+    Hq, Hkv, D = 32, 8, 128
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    k = randn((batch, Hkv, context, D), 0, dtype=dtype, device=device)
+    v = randn((batch, Hkv, context, D), 1, dtype=dtype, device=device)
+    q = randn((batch, Hq, 1, D), 2, dtype=dtype, device=device)
+    fmt = KV_FORMATS[kv]
+    cache = QuantizedKVCache(fmt)
+    cache.attend(0, q, k[:, :, :-1], v[:, :, :-1])               # the context, held quantized
+    held = cache.nbytes()
+    repeats = 3 if benchmark.disabled else 20
+    state = (dict(cache._segments), dict(cache._pending), dict(cache._quantized))
+
+    def setup():                                                  # every timed step appends the same token
+        cache._segments = {0: list(state[0][0])}
+        cache._pending, cache._quantized = dict(state[1]), dict(state[2])
+
+    def run():
+        return cache.attend(0, q, k[:, :, -1:], v[:, :, -1:])
+
+    t = median_seconds(run, device, repeats, setup=setup)
+    kb, vb = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    qb = q.to(torch.bfloat16)
+    t_dense = median_seconds(lambda: naive_attention(qb, kb, vb), device, repeats)
+    io = 2 * q.numel() * 2
+    bf16_bytes = 2 * k.numel() * 2 + io
+    nbytes = held + io
+    results.bench_info(benchmark, technique="quantization", backend=f"torch_kv_{kv}", device=device,
+                       dtype=str(dtype).replace("torch.", ""), batch=batch, context_tokens=context, kv_format=fmt.name,
+                       bits=fmt.code_bits, bytes=nbytes, bf16_bytes=bf16_bytes,
+                       bytes_ratio_vs_bf16=nbytes / bf16_bytes, median_s=t, dense_median_s=t_dense,
+                       flops=4.0 * batch * Hq * context * D)
+    benchmark.pedantic(run, setup=setup, rounds=repeats, warmup_rounds=0)
+
+
+@pytest.mark.claim("QT-11")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("scheme", ["fp8_e4m3fn_channel", "int8_channel"])
+def test_bench_fp8_matmul(benchmark, device, backend, scheme):
+    """Weight-only FP8 (E4M3 per channel) beside int8 per channel and bf16, at M = 1 on the
+    first shape of the device: the Triton kernel (``optimized/quant_matmul.py``, FP8 bytes
+    bitcast in registers; GPU only) and the torch path (dequantize, then torch.matmul).
+    ``bytes``: the codes, scales and x/out one call must read."""
+    if backend == "triton" and device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
+    from optimized import quantization as quant_torch
+
+    N, K = SHAPES[device][0]
+    M = 1
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
+    x = randn((M, K), 1, dtype=dtype, device=device)
+    if backend == "triton":
+        impl = quant_torch.TRITON_FP8_E4M3 if scheme.startswith("fp8") else quant_torch.TRITON_SYMMETRIC
+    else:
+        impl = quant_torch.FP8_E4M3 if scheme.startswith("fp8") else quant_torch.SYMMETRIC
+    qw = impl.quantize(w, bits=8, granularity="channel")
+    repeats = 5 if benchmark.disabled else 50
+
+    def run():
+        return impl.matmul(x, qw)
+
+    t = median_seconds(run, device, repeats)
+    t_dense = median_seconds(lambda: x @ w.T, device, repeats)
+    held = sum(t_.numel() * t_.element_size() for t_ in (qw.codes, qw.scales, getattr(qw, "zeros", None))
+               if isinstance(t_, torch.Tensor))
+    nbytes = held + (M * K + M * N) * dtype.itemsize
+    results.bench_info(benchmark, technique="quantization", backend=f"{backend}_{scheme}", device=device,
+                       dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K, bits=8, granularity="channel",
+                       number_format=getattr(impl, "number_format", "int"), flops=2.0 * M * N * K, bytes=nbytes,
+                       median_s=t, dense_median_s=t_dense, speedup_vs_bf16=t_dense / t)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)

@@ -35,7 +35,9 @@ CUDA's axis 1 would stop at 65,535 (N past 2M columns).
 
 Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
 ``tl.dot``), bits 2..8, every granularity, symmetric (``SYMMETRIC``) or zero point
-(``ASYMMETRIC``), with or without ``g_idx``. The host wrapper :func:`quant_matmul` validates
+(``ASYMMETRIC``), with or without ``g_idx``; FP8 codes (E4M3fn, E5M2: ``number_format``, the
+constexpr ``FP8``), one byte per weight bitcast to the format and scaled per group (QT-11;
+the interpreter of Triton 3.6 and 3.9 handles the bitcast and the FP8 -> float32 cast). The host wrapper :func:`quant_matmul` validates
 x, the packed tensors' dtypes and shapes, the scales against the groups, bits, the group size
 and g_idx before any launch.
 """
@@ -57,6 +59,8 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 GEMV_MAX_M = 16
 #: (BLOCK_N, BLOCK_K) of the decode launch; its BLOCK_M is GEMV_MAX_M (the smallest tl.dot tile).
 GEMV_BLOCKS = (64, 64)
+#: number_format -> the kernels' FP8 constexpr (0: integer codes).
+FP8_MODES = {"int": 0, "fp8_e4m3fn": 1, "fp8_e5m2": 2}
 #: Programs the decode launch aims for: per SM on a GPU, in all under the interpreter.
 GEMV_PROGRAMS_PER_SM = 4
 GEMV_PROGRAMS_INTERPRETED = 4
@@ -65,8 +69,10 @@ GEMV_PROGRAMS_INTERPRETED = 4
 @triton.jit
 def _wq_tile(acc, args, k0, CONSTS: tl.constexpr):
     """One BLOCK_K slice (a ``tile_loop`` body; CONSTS = (BITS, PER, BLOCK_K, DOT_MODE,
-    HAS_G_IDX)): dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T. Row k of the
-    tile reads the scale and zero point of group g_idx[k] (act-order, HAS_G_IDX) or k // group_size."""
+    HAS_G_IDX, FP8)): dequantize W's (BLOCK_N, BLOCK_K) tile in registers, acc += x W^T. Row k of the
+    tile reads the scale and zero point of group g_idx[k] (act-order, HAS_G_IDX) or k // group_size.
+    FP8 (1: E4M3fn, 2: E5M2) reads each byte as an FP8 number (bitcast), times its group's scale,
+    no zero point."""
     (x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_m, offs_n, m_mask, n_mask, K, group_size,
      stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn, stride_zg) = args
     BITS: tl.constexpr = CONSTS[0]
@@ -74,21 +80,27 @@ def _wq_tile(acc, args, k0, CONSTS: tl.constexpr):
     BLOCK_K: tl.constexpr = CONSTS[2]
     DOT_MODE: tl.constexpr = CONSTS[3]
     HAS_G_IDX: tl.constexpr = CONSTS[4]
+    FP8: tl.constexpr = CONSTS[5]
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_mask = offs_k < K
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                 mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     nk = n_mask[:, None] & k_mask[None, :]
     byte = tl.load(codes_ptr + offs_n[:, None] * stride_cn + (offs_k // PER)[None, :] * stride_ck,
-                   mask=nk, other=0).to(tl.int32)
-    u = (byte >> ((offs_k % PER) * BITS)[None, :]) & ((1 << BITS) - 1)       # low bits = first code
+                   mask=nk, other=0)
     if HAS_G_IDX:          # act-order (GPTQ desc_act): gather each row's group, QT-1/QT-9
         g = tl.load(g_idx_ptr + offs_k, mask=k_mask, other=0).to(tl.int32)
     else:
         g = offs_k // group_size
     s = tl.load(scales_ptr + offs_n[:, None] * stride_sn + g[None, :] * stride_sg, mask=nk, other=0.0)
-    z = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + g[None, :] * stride_zg, mask=nk, other=0).to(tl.int32)
-    w = (u - z).to(tl.float32) * s                                            # (BLOCK_N, BLOCK_K), exact
+    if FP8 == 1:           # E4M3fn codes (QT-11): the byte is the number, times the group's scale
+        w = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s
+    elif FP8 == 2:         # E5M2 codes
+        w = byte.to(tl.float8e5, bitcast=True).to(tl.float32) * s
+    else:
+        u = (byte.to(tl.int32) >> ((offs_k % PER) * BITS)[None, :]) & ((1 << BITS) - 1)  # low bits = first code
+        z = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + g[None, :] * stride_zg, mask=nk, other=0).to(tl.int32)
+        w = (u - z).to(tl.float32) * s                                        # (BLOCK_N, BLOCK_K), exact
     if DOT_MODE == 0:      # DOT_NATIVE: 16-bit tiles (rounded to nearest), float32 accumulation
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     elif DOT_MODE == 1:    # DOT_UPCAST: 16-bit under the interpreter, whose float32 -> bfloat16
@@ -107,14 +119,15 @@ def quant_matmul_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_
                         stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
                         stride_zn, stride_zg, stride_om, stride_on,
                         BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr):
+                        BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr,
+                        FP8: tl.constexpr):
     """out[m, n] = sum_k x[m, k] * (u[n, k] - z[n, g(k)]) * s[n, g(k)], g(k) = g_idx[k] with
-    HAS_G_IDX, else k // group_size."""
+    HAS_G_IDX, else k // group_size (FP8: fp8(byte[n, k]) * s[n, g(k)])."""
     offs_m, offs_n, m_mask, n_mask = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = tile_loop(acc, (x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_m, offs_n, m_mask, n_mask, K,
                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn,
-                          stride_zg), 0, K, BLOCK_K, _wq_tile, (BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX))
+                          stride_zg), 0, K, BLOCK_K, _wq_tile, (BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX, FP8))
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
@@ -124,7 +137,8 @@ def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, part_p
                       stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg,
                       stride_zn, stride_zg, stride_ps, stride_pm, stride_pn,
                       BITS: tl.constexpr, PER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr):
+                      BLOCK_K: tl.constexpr, DOT_MODE: tl.constexpr, HAS_G_IDX: tl.constexpr,
+                      FP8: tl.constexpr):
     """Decode (M <= BLOCK_M): program pid_n + tiles_n · pid_s of the 1-D grid writes
     part[pid_s, m, n] = sum over k in [pid_s * k_per_split, (pid_s + 1) * k_per_split) of
     x[m, k] * w[n, k], for all M rows and its BLOCK_N columns (k_per_split a multiple of
@@ -141,7 +155,7 @@ def quant_gemv_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, part_p
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = tile_loop(acc, (x_ptr, codes_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_m, offs_n, m_mask, n_mask, K,
                           group_size, stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_zn,
-                          stride_zg), k_lo, k_hi, BLOCK_K, _wq_tile, (BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX))
+                          stride_zg), k_lo, k_hi, BLOCK_K, _wq_tile, (BITS, PER, BLOCK_K, DOT_MODE, HAS_G_IDX, FP8))
     tl.store(part_ptr + pid_s * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn,
              acc, mask=m_mask[:, None] & n_mask[None, :])
 
@@ -185,16 +199,18 @@ def validate_g_idx(g_idx, *, K: int, groups: int, device: torch.device) -> None:
         raise ValueError(f"g_idx values must lie in [0, {groups}) (K // group_size groups), got {lo}..{hi}")
 
 
-def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, *,
+def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, *,
                  bits: int, group_size: int, N: int, K: int, g_idx: torch.Tensor | None = None,
-                 path: str | None = None) -> torch.Tensor:
+                 path: str | None = None, number_format: str = "int") -> torch.Tensor:
     """x (M, K) @ W.T for the packed W (N, K): codes (N, ceil(K / per)) uint8, scales (N or 1,
     K // group_size) float32, zeros the same shape uint8. Returns (M, N) in x's dtype.
     ``g_idx``: GPTQ's act-order group index (Frantar et al. 2023, ``desc_act``; claims QT-1,
     QT-9), (K,) int32/int64: column k uses the scale and zero point of group g_idx[k] (the
     kernels gather them per K row); None: group k // group_size (the plain path, unchanged).
     ``path``: "gemv" (decode launch, M <= GEMV_MAX_M), "tiled", or None: "gemv" when
-    M <= GEMV_MAX_M, else "tiled".
+    M <= GEMV_MAX_M, else "tiled". ``number_format`` "fp8_e4m3fn" / "fp8_e5m2" (QT-11): codes
+    (N, K) uint8 are the bit patterns of that FP8 format (``optimized.quantization.PackedFP8``),
+    bits must be 8 and zeros None (no zero point); "int" (the default): integer codes as above.
 
     Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
     codes or zeros not uint8, scales not float32, g_idx not an int32/int64 tensor) or ValueError
@@ -205,6 +221,16 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     if path not in (None, "gemv", "tiled"):
         raise ValueError(f"path must be None, 'gemv' or 'tiled', got {path!r}")
     b = validate_bits(bits)
+    if number_format not in FP8_MODES:
+        raise ValueError(f"number_format must be one of {list(FP8_MODES)}, got {number_format!r}")
+    fp8 = FP8_MODES[number_format]
+    if fp8:
+        if b != 8:
+            raise ValueError(f"bits must be 8 for the FP8 format {number_format}, got {b}")
+        if zeros is not None:
+            raise ValueError("zeros must be None for an FP8 format (no zero point)")
+        zeros = torch.zeros(scales.shape if isinstance(scales, torch.Tensor) else (1, 1), dtype=torch.uint8,
+                            device=codes.device if isinstance(codes, torch.Tensor) else "cpu")
     if not isinstance(group_size, int) or group_size < 1 or K % group_size:
         raise ValueError(f"group_size must be an int >= 1 dividing K = {K}, got {group_size!r}")
     for name, t in (("codes", codes), ("scales", scales), ("zeros", zeros)):
@@ -249,7 +275,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
                    scales.stride(0) * row, scales.stride(1), zeros.stride(0) * row, zeros.stride(1))
     # without g_idx the kernel never reads g_idx_ptr (HAS_G_IDX=False): codes stand in for it
     packed = (x, codes, scales, zeros, codes if g_idx is None else g_idx.contiguous())
-    consts = dict(BITS=b, PER=per, DOT_MODE=mode, HAS_G_IDX=g_idx is not None)
+    consts = dict(BITS=b, PER=per, DOT_MODE=mode, HAS_G_IDX=g_idx is not None, FP8=fp8)
     if path == "gemv":
         splits, k_per_split = gemv_splits(N, K, x.device)
         bn, bk = GEMV_BLOCKS
@@ -279,14 +305,27 @@ def compile_variants():
             {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8",
              "g_idx_ptr": "*i32" if act else "*u8", "out_ptr": dt},
             dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode,
-                 HAS_G_IDX=act), min_for_loops=1))
+                 HAS_G_IDX=act, FP8=0), min_for_loops=1))
+    for fp8, name in ((1, "e4m3"), (2, "e5m2")):
+        out.append(CompileVariant(
+            f"quant_matmul bf16 fp8 {name} BLOCK_M=32", quant_matmul_kernel,
+            {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8", "g_idx_ptr": "*u8",
+             "out_ptr": "*bf16"},
+            dict(BITS=8, PER=1, BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, DOT_MODE=DOT_NATIVE, HAS_G_IDX=False, FP8=fp8),
+            min_for_loops=1))
     for dt, bits, per, act in (("*fp16", 4, 2, False), ("*bf16", 8, 1, False), ("*fp16", 4, 2, True)):
         out.append(CompileVariant(
             f"quant_gemv {dt[1:]} int{bits}" + " g_idx" * act, quant_gemv_kernel,
             {"x_ptr": dt, "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8",
              "g_idx_ptr": "*i32" if act else "*u8", "part_ptr": "*fp32"},
             dict(BITS=bits, PER=per, BLOCK_M=GEMV_MAX_M, BLOCK_N=GEMV_BLOCKS[0], BLOCK_K=GEMV_BLOCKS[1],
-                 DOT_MODE=DOT_NATIVE, HAS_G_IDX=act), min_for_loops=1))
+                 DOT_MODE=DOT_NATIVE, HAS_G_IDX=act, FP8=0), min_for_loops=1))
+    out.append(CompileVariant(
+        "quant_gemv bf16 fp8 e4m3", quant_gemv_kernel,
+        {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8", "g_idx_ptr": "*u8",
+         "part_ptr": "*fp32"},
+        dict(BITS=8, PER=1, BLOCK_M=GEMV_MAX_M, BLOCK_N=GEMV_BLOCKS[0], BLOCK_K=GEMV_BLOCKS[1], DOT_MODE=DOT_NATIVE,
+             HAS_G_IDX=False, FP8=1), min_for_loops=1))
     return out
 
 
@@ -311,5 +350,22 @@ def smoke_calls(device: str):
             return tolerance.check_close(out, x.double() @ ref.dequantize64(qw).T, out_pt=x @ d.T,
                                          rule="quant-matmul")
         return run
+    def fp8(M):
+        def run():
+            from conformance import tolerance
+            from reference import quantization as ref
+
+            g = torch.Generator().manual_seed(0)
+            w = torch.randn(40, 96, generator=g).to(device, torch.bfloat16)
+            x = torch.randn(M, 96, generator=g).to(device, torch.bfloat16)
+            qw = ref.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
+            codes = qw.values.float().to(torch.float8_e4m3fn).view(torch.uint8)   # exact: values on the grid
+            out = quant_matmul(x, codes, qw.scales.float(), None, bits=8, group_size=qw.group_size, N=qw.N, K=qw.K,
+                               number_format="fp8_e4m3fn")
+            d = ref.dequantize_fp8(qw)
+            return tolerance.check_close(out, x.double() @ (qw.values * qw.scales).T, out_pt=x @ d.T,
+                                         rule="quant-matmul")
+        return run
     return [SmokeCall("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
-            SmokeCall("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20))]
+            SmokeCall("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20)),
+            SmokeCall("quant_matmul bfloat16 fp8 e4m3 per channel M=1", fp8(1))]

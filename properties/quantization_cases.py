@@ -120,6 +120,18 @@ def make_x(case: QCase, seed: int, dtype: torch.dtype, device: str) -> torch.Ten
     return torch.randn(case.M, case.K, generator=g, dtype=torch.float64).to(dtype).to(device)
 
 
+def number_format(impl) -> str:
+    """The implementation's number format: its ``number_format`` attribute (default "int")."""
+    return str(getattr(getattr(impl, "namespace", impl), "number_format", "int"))
+
+
+def integer_only(impl) -> str | None:
+    """None for an integer scheme; for an FP8 scheme, why an integer law does not apply (its
+    laws are QT-11's, ``properties/test_quantization_lowbit.py``)."""
+    fmt = number_format(impl)
+    return None if fmt == "int" else f"{fmt} is an FP8 scheme: QT-11's laws judge it (test_quantization_lowbit.py)"
+
+
 def symmetric(impl) -> bool:
     """The implementation's scheme: its ``symmetric`` attribute (default True)."""
     return bool(getattr(getattr(impl, "namespace", impl), "symmetric", True))
@@ -212,4 +224,4 @@ QT9 = Law(
     claim="QT-9", technique="quantization", body=law_matmul,
     given={"case": quant_cases(), "seed": S.seeds}, examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)),
     dtypes=DTYPES, kills=(Kills(("nibbles_swapped_in_matmul",), (torch.float64,)),),
-    interpreted_examples=lambda n: max(5, n // 2))
+    interpreted_examples=lambda n: max(5, n // 2), applies=integer_only)

@@ -42,6 +42,7 @@ from properties.quantization_cases import (
     make_x,
     pinned,
     quant_cases,
+    integer_only,
     quantize,
     symmetric,
 )
@@ -95,7 +96,7 @@ def _record_worst(run) -> None:
 #: QT-1's law: its cases must reach every boundary class of the contract's coverage table.
 QT1 = Law(claim="QT-1", technique=TECH, body=law_half_step, given={"case": quant_cases(), "seed": S.seeds},
           examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)), dtypes=DTYPES, kills=(Kills(QT1_ZOO, (torch.float64,)),),
-          coverage=contract.COVERAGE, require_coverage=True)
+          coverage=contract.COVERAGE, require_coverage=True, applies=integer_only)
 
 test_qt1_within_half_step = QT1.conformance_test(
     "test_qt1_within_half_step",
@@ -133,9 +134,9 @@ def law_idempotent(run, device, dtype, case, seed):
 #: QT-2's law, for the absmax implementations (the claim's scheme), in float64 and float32.
 QT2 = Law(claim="QT-2", technique=TECH, body=law_idempotent, given={"case": quant_cases(), "seed": S.seeds},
           examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)), dtypes=(torch.float64, torch.float32),
-          applies=lambda impl: None if symmetric(impl) else (
+          applies=lambda impl: integer_only(impl) or (None if symmetric(impl) else (
               "QT-2 is the absmax claim; round-to-nearest zero-point quantization with a rounded scale is not "
-              "idempotent in general (test_qt2_zero_point_rounding_is_not_idempotent)"))
+              "idempotent in general (test_qt2_zero_point_rounding_is_not_idempotent)")))
 
 test_qt2_idempotent = QT2.conformance_test(
     "test_qt2_idempotent",

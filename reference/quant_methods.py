@@ -1,8 +1,8 @@
 """Reference quantization methods built on the absmax / zero-point schemes of
 ``reference/quantization.py`` (lecture 001 §5.2–5.3; claims QT-3..QT-8): SmoothQuant's migration
 (QT-7), the function-preserving outlier construction (QT-5), weight-only quantized models (QT-3,
-QT-8), dynamic activation quantization, W8A8 and LLM.int8()'s decomposition (QT-6), GPTQ with
-optional act-order and AWQ (QT-8). Naive and readable, float64 where it matters.
+QT-8), dynamic activation quantization, W8A8 (integer or FP8, QT-11) and LLM.int8()'s decomposition
+(QT-6), GPTQ with optional act-order and AWQ (QT-8). Naive and readable, float64 where it matters.
 """
 from __future__ import annotations
 
@@ -137,6 +137,23 @@ def fake_quantize_activations(x: torch.Tensor, bits: int, granularity: str) -> t
     return (torch.round(x64 / s).clamp(-qmax, qmax) * s).to(x.dtype)
 
 
+def fake_quantize_fp8(x: torch.Tensor, fmt: str, granularity: str) -> torch.Tensor:
+    """Dynamic FP8 quantization of x (..., K) (QT-11), returned dequantized in x's dtype: s =
+    max|x| / F for the whole tensor (``"tensor"``) or per row of the last dimension
+    (``"token"``, per output channel for a weight), values ``reference.quantization.fp8_cast(x /
+    s)`` (round to nearest even, saturating). Raises ValueError for another granularity or format."""
+    from conformance.contracts.quantization import fp8_format
+    from reference.quantization import fp8_cast
+
+    if granularity not in ("tensor", "token"):
+        raise ValueError(f"granularity must be 'tensor' or 'token', got {granularity!r}")
+    top = fp8_format(fmt).max
+    x64 = x.to(torch.float64)
+    amax = x64.abs().amax() if granularity == "tensor" else x64.abs().amax(dim=-1, keepdim=True)
+    s = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    return (fp8_cast(x64 / s, fmt) * s).to(x.dtype)
+
+
 def fake_quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Per-output-channel symmetric absmax of a weight (N, K) (s = max|w_n| / (2^(b-1) - 1), the
     scale not rounded), dequantized in w's dtype."""
@@ -162,17 +179,22 @@ def block_linears(model):
 
 
 def w8a8_model(model, *, act_bits: int = 8, act_granularity: str = "token", weight_bits: int = 8,
-               int8_decomposition: bool = False, threshold: float = 6.0):
+               int8_decomposition: bool = False, threshold: float = 6.0, number_format: str = "int"):
     """A copy of a reference Transformer whose block Linear layers run quantized: weights per
     output channel at ``weight_bits``, input activations quantized dynamically per tensor or per
     token at ``act_bits`` (W8A8 when both are 8); with ``int8_decomposition`` the LLM.int8()
-    decomposition instead (outlier columns above ``threshold`` kept in full precision)."""
+    decomposition instead (outlier columns above ``threshold`` kept in full precision). With an
+    FP8 ``number_format`` ("fp8_e4m3fn", "fp8_e5m2") weights per channel and activations per
+    ``act_granularity`` are FP8 instead (:func:`fake_quantize_fp8`; the bits are ignored)."""
     import copy
 
     out = copy.deepcopy(model)
     for lin in block_linears(out):
         w = lin.weight.detach().clone()
-        if int8_decomposition:
+        if number_format != "int":
+            wq = fake_quantize_fp8(w, number_format, "token")
+            lin.forward = (lambda x, wq=wq: fake_quantize_fp8(x, number_format, act_granularity) @ wq.T)
+        elif int8_decomposition:
             lin.forward = (lambda x, w=w: llm_int8_linear(x, w, threshold, act_bits))
         else:
             wq = fake_quantize_weight(w, weight_bits)

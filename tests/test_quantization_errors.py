@@ -46,15 +46,16 @@ def test_quantize_rejects_bad_arguments(which, what, device):
 def test_bad_weights_and_activations_name_the_argument(which, device):
     impl = IMPLS[which]
     w = _w(device)
+    bits = 8 if getattr(impl.namespace, "number_format", "int") != "int" else 4     # an FP8 scheme: 8 bits only
     with pytest.raises(ValueError, match=r"w must have 2 dimensions \(N, K\)"):
-        impl.quantize(w[0], bits=4, granularity="channel")
+        impl.quantize(w[0], bits=bits, granularity="channel")
     with pytest.raises(TypeError, match="w has dtype torch.int32"):
-        impl.quantize(w.int(), bits=4, granularity="channel")
+        impl.quantize(w.int(), bits=bits, granularity="channel")
     with pytest.raises(ValueError, match="w must be finite"):
-        impl.quantize(w / 0, bits=4, granularity="channel")
+        impl.quantize(w / 0, bits=bits, granularity="channel")
     with pytest.raises(ValueError, match="w must not be empty"):
-        impl.quantize(w[:, :0], bits=4, granularity="channel")
-    qw = impl.quantize(w, bits=4, granularity=4)
+        impl.quantize(w[:, :0], bits=bits, granularity="channel")
+    qw = impl.quantize(w, bits=bits, granularity=4)
     x = torch.randn(3, 8).to(device)
     with pytest.raises(ValueError, match="x has K = 7 columns; the quantized weight has K = 8"):
         impl.matmul(x[:, :7], qw)
@@ -64,6 +65,53 @@ def test_bad_weights_and_activations_name_the_argument(which, device):
         impl.matmul(x[0], qw)
     with pytest.raises(TypeError, match="qw must be"):
         impl.dequantize((qw,))
+
+
+@pytest.mark.parametrize("which", [n for n in IMPLS if "fp8" in n])
+def test_fp8_schemes_refuse_other_bits_after_validating(which, device):
+    """An FP8 scheme stores 8 bits: bits 4 is NotImplementedError (reported "unsupported"), but
+    bits 9 is still the contract's ValueError, raised first."""
+    impl = IMPLS[which]
+    with pytest.raises(NotImplementedError, match="8 bits"):
+        impl.quantize(_w(device), bits=4, granularity="channel")
+    with pytest.raises(ValueError, match="bits must be in"):
+        impl.quantize(_w(device), bits=9, granularity="channel")
+
+
+def test_kernel_wrapper_checks_the_fp8_arguments(device):
+    """The Triton wrapper's FP8 mode: an unknown number_format, bits other than 8, zero points
+    passed with FP8 codes raise ValueError naming the argument, before any launch."""
+    qm = pytest.importorskip("optimized.quant_matmul")
+    from optimized import quantization as quant_torch
+
+    w = torch.randn(6, 32).to(device)
+    qw = quant_torch.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
+    x = torch.randn(2, 32).to(device)
+    args = dict(group_size=32, N=6, K=32)
+    with pytest.raises(ValueError, match="number_format"):
+        qm.quant_matmul(x, qw.codes, qw.scales, None, bits=8, number_format="fp8_e4m3", **args)
+    with pytest.raises(ValueError, match="bits must be 8"):
+        qm.quant_matmul(x, qw.codes, qw.scales, None, bits=4, number_format="fp8_e4m3fn", **args)
+    with pytest.raises(ValueError, match="zeros must be None"):
+        qm.quant_matmul(x, qw.codes, qw.scales, torch.zeros(6, 1, dtype=torch.uint8, device=device), bits=8,
+                        number_format="fp8_e4m3fn", **args)
+
+
+def test_kv_format_arguments_name_themselves():
+    """KV-cache formats: an unknown kind, residual/group on a per-token kind, a group < 1 and
+    k, v of different shapes raise ValueError naming the argument."""
+    from conformance.contracts.quantization import kv_format
+    from optimized import quantization as quant_torch
+    from reference import quantization as ref
+
+    for kwargs, name in ((dict(kind="int3"), "kind"), (dict(kind="int8", residual=4), "residual"),
+                         (dict(kind="int4_kivi", group=0), "group"), (dict(kind="int4_kivi", residual=-1), "residual")):
+        with pytest.raises(ValueError, match=name):
+            kv_format(**kwargs)
+    k = torch.zeros(1, 2, 5, 4)
+    for ops in (ref, quant_torch):
+        with pytest.raises(ValueError, match="k and v"):
+            ops.quantize_kv(k, k[:, :, :4], kv_format("int8"))
 
 
 def test_kernel_wrapper_checks_the_packed_tensors(device):

@@ -56,10 +56,31 @@ wrong shape, K, dtype or device) naming the argument, before any kernel launch
 (:func:`validate_quantize`, :func:`validate_matmul`). A NotImplementedError is never raised for an
 invalid argument.
 
+FP8 schemes (optional attribute ``number_format``: ``"int"``, the default, or one of
+:data:`FP8_FORMATS`, ``"fp8_e4m3fn"`` / ``"fp8_e5m2"``): w_hat = fp8(w / s) * s with one scale per
+group as above, s = max|w_group| / F (F = 448 for E4M3fn, 57344 for E5M2: :func:`fp8_step`) and
+fp8() the cast to the format's grid, rounding to nearest even and saturating (E4M3fn has no inf:
+its largest finite value 448 is also where anything larger goes; E5M2 saturates at 57344 rather
+than overflowing to inf). Such a scheme takes ``bits=8`` only (other bits raise
+NotImplementedError after validation). Every reconstructed element in the format's normal range
+lies within half a unit in the last place, a relative 2^-(m+1) of |w| (m mantissa bits: 2^-4 for
+E4M3, 2^-3 for E5M2), and below it within s times half the subnormal step
+(:func:`fp8_bound`; QT-11), up to the same stored-scale and output-dtype slack as QT-1.
+
+KV-cache quantization (QT-12; not a contract function: the formats the model's quantized cache
+and the paged kernels read, :data:`KV_FORMATS`, :func:`kv_bound`): keys and values (B, Hkv, T,
+D) stored as int8 with one absmax scale per token and head (over D), as int4 KIVI-style (keys
+with one scale per channel over each group of G tokens, values one per token, the most recent
+tokens kept in full precision: the first ``kv_quantized_tokens(T, fmt)`` = floor((T - R) / G) * G
+tokens are quantized, at least the R most recent are not), or as FP8 (E4M3fn / E5M2) with one
+scale per token and head.
+
 Claims checked against this contract: QT-1 (half-step bound), QT-2 (idempotence; the
-reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply).
-Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing), Dettmers et al.
-2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin et al. 2024 (AWQ).
+reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply),
+QT-11 (FP8: the saturating cast and its half-ulp bound), QT-12 (KV-cache formats).
+Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing) and §5.4
+(FP8, KV-cache quantization), Dettmers et al. 2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin
+et al. 2024 (AWQ), Micikevicius et al. 2022 (FP8 formats), Liu et al. 2024 (KIVI).
 """
 from __future__ import annotations
 
@@ -247,6 +268,190 @@ def half_step_bound(w: torch.Tensor, bits: int, granularity, symmetric: bool = T
     fin = torch.finfo(w.dtype)
     spacing = fin.tiny * fin.eps                 # the dtype's subnormal spacing (its smallest step)
     return s / 2 * (1 + SCALE_SLACK) + fin.eps / 2 * (w.detach().abs().to(torch.float64) + s / 2) + spacing / 2
+
+
+# ------------------------------------------------------------------------------ FP8 (QT-11)
+@dataclass(frozen=True)
+class FP8Format:
+    """One FP8 format: ``name``, mantissa bits ``m``, the exponent of its smallest normal value
+    ``emin`` (normal values are 2^e (1 + f / 2^m), e >= emin), its largest finite value ``max``
+    (saturation) and the name of torch's dtype holding it."""
+
+    name: str
+    m: int
+    emin: int
+    max: float
+    torch_dtype: str
+
+    @property
+    def min_normal(self) -> float:
+        """2^emin."""
+        return 2.0 ** self.emin
+
+    @property
+    def subnormal_step(self) -> float:
+        """The spacing of the values below 2^emin: 2^(emin - m)."""
+        return 2.0 ** (self.emin - self.m)
+
+    @property
+    def half_ulp_rel(self) -> float:
+        """Half a unit in the last place relative to the value, in the normal range: 2^-(m+1)."""
+        return 2.0 ** -(self.m + 1)
+
+
+#: The FP8 formats of QT-11: E4M3 without inf ("fn": 448 is the largest, S.1111.111 is NaN)
+#: and E5M2 (IEEE-like, inf beyond 57344; the cast saturates instead).
+FP8_FORMATS = {"fp8_e4m3fn": FP8Format("fp8_e4m3fn", 3, -6, 448.0, "float8_e4m3fn"),
+               "fp8_e5m2": FP8Format("fp8_e5m2", 2, -14, 57344.0, "float8_e5m2")}
+#: The number formats a scheme may name (``number_format``).
+NUMBER_FORMATS = ("int",) + tuple(FP8_FORMATS)
+
+
+def fp8_format(name) -> FP8Format:
+    """The :class:`FP8Format` of ``name``; ValueError naming ``number_format`` otherwise."""
+    if name not in FP8_FORMATS:
+        raise ValueError(f"number_format must be one of {list(FP8_FORMATS)}, got {name!r}")
+    return FP8_FORMATS[name]
+
+
+def fp8_step(w: torch.Tensor, fmt: str, granularity) -> torch.Tensor:
+    """The scale s of each element's group for an FP8 scheme, (N, K) float64: s = max|w_group| / F,
+    F the format's largest value (the group's largest |w| lands on F). Raises as validate_quantize."""
+    f = fp8_format(fmt)
+    shape = validate_quantize(w, 8, granularity)
+    w64 = w.detach().to(torch.float64)
+    groups = w64.reshape(1, 1, -1) if granularity == "tensor" else w64.reshape(shape.N, shape.groups_per_row, shape.group_size)
+    s = groups.abs().amax(dim=-1) / f.max
+    if granularity == "tensor":
+        return s.reshape(1, 1).expand(shape.N, shape.K)
+    return s.repeat_interleave(shape.group_size, dim=-1)
+
+
+def fp8_value_bound(x: torch.Tensor, s: torch.Tensor, fmt: str) -> torch.Tensor:
+    """QT-11's bound on |x - fp8(x / s) s| for |x| <= F s, float64 of x's shape: half an ulp,
+    max(2^-(m+1) |x|, s 2^(emin - m - 1)) (relative in the normal range, half the subnormal step
+    times s below it), with 2^-12 of slack for a scale stored rounded."""
+    f = fp8_format(fmt)
+    x64 = x.detach().to(torch.float64).abs()
+    return torch.maximum(f.half_ulp_rel * x64, s.to(torch.float64) * f.subnormal_step / 2) * (1 + SCALE_SLACK)
+
+
+def fp8_bound(w: torch.Tensor, fmt: str, granularity) -> torch.Tensor:
+    """QT-11's per-element bound for an FP8 scheme's dequantize(quantize(w)), (N, K) float64:
+    :func:`fp8_value_bound` at the group's scale plus the output dtype's rounding (half an ulp
+    at |w| + the bound, half its subnormal spacing)."""
+    s = fp8_step(w, fmt, granularity)
+    b = fp8_value_bound(w, s, fmt)
+    fin = torch.finfo(w.dtype)
+    return b + fin.eps / 2 * (w.detach().abs().to(torch.float64) + b) + fin.tiny * fin.eps / 2
+
+
+# ------------------------------------------------------------------- KV-cache formats (QT-12)
+@dataclass(frozen=True)
+class KVFormat:
+    """A quantized KV-cache format (QT-12): ``kind`` "int8" (absmax per token and head over D),
+    "int4_kivi" (keys per channel over groups of ``group`` tokens, values per token, at 4 bits
+    absmax; the most recent ``residual`` tokens and an incomplete group kept in full precision) or
+    an FP8 format name (per token and head, s = max|x_t| / F). ``residual`` R and ``group`` G
+    are 0 and 1 for the per-token kinds (every token quantized when written)."""
+
+    kind: str
+    residual: int = 0
+    group: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.kind != "int4_kivi" else f"int4_kivi_r{self.residual}_g{self.group}"
+
+    @property
+    def code_bits(self) -> int:
+        """Bits of one stored code: 8 (int8, FP8) or 4 (KIVI)."""
+        return 4 if self.kind == "int4_kivi" else 8
+
+
+def kv_format(kind: str, residual: int = 0, group: int = 1) -> KVFormat:
+    """A :class:`KVFormat`, checked: ValueError naming ``kind``, ``residual`` or ``group``."""
+    if kind not in ("int8", "int4_kivi") + tuple(FP8_FORMATS):
+        raise ValueError(f"kind must be 'int8', 'int4_kivi' or an FP8 format {list(FP8_FORMATS)}, got {kind!r}")
+    if kind != "int4_kivi" and (residual, group) != (0, 1):
+        raise ValueError(f"residual and group apply to int4_kivi only, got residual={residual}, group={group}")
+    if not (isinstance(group, int) and group >= 1):
+        raise ValueError(f"group must be an int >= 1, got {group!r}")
+    if not (isinstance(residual, int) and residual >= 0):
+        raise ValueError(f"residual must be an int >= 0, got {residual!r}")
+    return KVFormat(kind, residual, group)
+
+
+#: The formats of QT-12 (KIVI with R = G = 8 tokens, scaled to the small world's short documents;
+#: KIVI's paper uses G = 32, R = 128).
+KV_FORMATS = {f.name: f for f in (kv_format("int8"), kv_format("int4_kivi", 8, 8),
+                                   kv_format("fp8_e4m3fn"), kv_format("fp8_e5m2"))}
+
+
+def kv_quantized_tokens(T: int, fmt: KVFormat) -> int:
+    """How many of T cached tokens are held quantized: floor(max(T - R, 0) / G) * G (the rest,
+    at least the R most recent, in full precision). Groups never change once quantized."""
+    return max(T - fmt.residual, 0) // fmt.group * fmt.group
+
+
+def kv_step(x: torch.Tensor, fmt: KVFormat, which: str) -> torch.Tensor:
+    """The step (int kinds) or scale (FP8) of every element of keys or values x (B, H, T, D)
+    (``which`` "k" or "v"), float64 of x's shape; 0 for tokens held in full precision. int8:
+    max_d |x_t| / 127 per token; KIVI keys: max over the group's G tokens of |x[t, d]| / 7 per
+    channel d, values max_d |x_t| / 7 per token; FP8: max_d |x_t| / F per token."""
+    if which not in ("k", "v"):
+        raise ValueError(f"which must be 'k' or 'v', got {which!r}")
+    x64 = x.detach().to(torch.float64)
+    B, H, T, D = x64.shape
+    Tq = kv_quantized_tokens(T, fmt)
+    s = torch.zeros_like(x64)
+    if Tq == 0:
+        return s
+    xq = x64[:, :, :Tq]
+    if fmt.kind == "int4_kivi" and which == "k":
+        g = xq.reshape(B, H, Tq // fmt.group, fmt.group, D).abs().amax(dim=3, keepdim=True) / levels(4, True)
+        s[:, :, :Tq] = g.expand(B, H, Tq // fmt.group, fmt.group, D).reshape(B, H, Tq, D)
+        return s
+    top = FP8_FORMATS[fmt.kind].max if fmt.kind in FP8_FORMATS else levels(fmt.code_bits, True)
+    s[:, :, :Tq] = (xq.abs().amax(dim=-1, keepdim=True) / top).expand(B, H, Tq, D)
+    return s
+
+
+def kv_bound(x: torch.Tensor, fmt: KVFormat, which: str) -> torch.Tensor:
+    """QT-12's per-element bound on the dequantized cache, float64 of x's shape: s/2 (int kinds)
+    or :func:`fp8_value_bound` (FP8) with 2^-12 slack for the stored scale, 0 for tokens held in
+    full precision, plus the output dtype's rounding (half an ulp at |x| + the bound)."""
+    s = kv_step(x, fmt, which)
+    if fmt.kind in FP8_FORMATS:
+        b = torch.where(s > 0, fp8_value_bound(x, s, fmt.kind), torch.zeros_like(s))
+    else:
+        b = s / 2 * (1 + SCALE_SLACK)
+    fin = torch.finfo(x.dtype)
+    return b + fin.eps / 2 * (x.detach().abs().to(torch.float64) + b) * (s > 0)
+
+
+def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                    scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """QT-12's bound on attention over a perturbed cache, from the per-element bounds ``dk``,
+    ``dv`` (B, Hkv, Tk, D) of the keys and values alone, float64 (B, Hq, Tq, D). A logit moves by
+    at most e_j = scale sum_d |q_d| dk_jd; with e = max_j e_j over the keys a query sees, every
+    softmax weight changes by a factor within [exp(-2e), exp(2e)], so |p_hat - p|_1 <=
+    exp(2e) - 1 and, since the weights sum to 1 in both, the mix of exact values moves by at most
+    (exp(2e) - 1) (max_j v_jd - min_j v_jd) / 2; the values' own error adds max_j dv_jd. GQA:
+    query head h reads KV head h // (Hq / Hkv). ``mask`` bool (B or 1, 1, Tq, Tk), True = may
+    attend (None: all)."""
+    q64, v64 = q.detach().to(torch.float64), v.detach().to(torch.float64)
+    group = q64.shape[1] // v64.shape[1]
+    rep = (lambda t: t.repeat_interleave(group, dim=1))
+    dk64, dv64, v64 = rep(dk.to(torch.float64)), rep(dv.to(torch.float64)), rep(v64)
+    e = scale * (q64.abs() @ dk64.transpose(-1, -2))                         # (B, Hq, Tq, Tk)
+    see = torch.ones_like(e, dtype=torch.bool) if mask is None else mask.expand_as(e)
+    e_max = torch.where(see, e, 0.0).amax(dim=-1, keepdim=True)              # (B, Hq, Tq, 1)
+    big, small = torch.finfo(torch.float64).max, -torch.finfo(torch.float64).max
+    vmax = torch.where(see[..., None], v64[:, :, None], small).amax(dim=3)   # (B, Hq, Tq, D)
+    vmin = torch.where(see[..., None], v64[:, :, None], big).amin(dim=3)
+    dvmax = torch.where(see[..., None], dv64[:, :, None], 0.0).amax(dim=3)
+    return torch.expm1(2 * e_max) * (vmax - vmin) / 2 + dvmax
 
 
 #: QT-9's tolerance rule: the fused product against the float64 x @ dequantize(qw).T, bounded
