@@ -114,11 +114,12 @@ HF_OFFLOADED = storage_engine(_offloaded, Footprint("padded", why="offloaded Dyn
 HF_QUANTIZED_FP8 = storage_engine(_fp8, Footprint(
     "padded", bytes_per_value=1, overhead_bytes=8, value_rel_error=FP8_E4M3_REL_ERROR,
     why="QuantizedCache fp8: float8_e4m3fn values, a float32 scale per layer's keys and values"))
-# residual_length above the capacity: quanto's layer keeps every column in full precision
-# until then, so this adapter checks the residual path; a 4-bit bound is not declared
+#: quanto: 4-bit integers packed two to a byte, with float scales and zero points per group of
+#: head-dim values; the first update (the prefill) is quantized at once, later columns stay in
+#: full precision up to residual_length. Its packing is not modelled: bytes at most the padded
+#: rectangle at full precision, values without a declared per-value bound.
 HF_QUANTIZED_QUANTO = storage_engine(_quanto, Footprint(
-    "padded", why="QuantizedCache quanto below its residual length: full-precision rectangle B × W"))
-
+    "padded", bytes_bound=True, why="QuantizedCache quanto: 4-bit groups of head-dim values (KIVI-style)"))
 
 # ----------------------------------------------------------------------------- speculative
 def assisted_verify(draft_tokens, draft_probs, target_probs, *, generator):

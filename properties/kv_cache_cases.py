@@ -133,7 +133,8 @@ def check_footprint(engine, case: Case, dtype: torch.dtype) -> Footprint:
     bytes of every tensor the engine reaches (the model's weights left out,
     :func:`conformance.contracts.kv_cache.held_bytes`); the engine's ``cache_bytes()`` must
     equal them, and they must be exactly the declared layout's slots × 2·L·Hkv·D·bytes per value
-    (+ its scales), or at most that for a ``bytes_bound`` format. Records the ratio of the
+    (+ its scales); a ``bytes_bound`` format (a packing not modelled: group scales can outweigh
+    4-bit values at small shapes) only has its figure recorded. Records the ratio of the
     measured bytes to the exact formula (Σ lengths slots): 1 for ``exact``; a padded or reserved
     layout "differs by design" with that figure. Returns the footprint."""
     cfg = case.cfg()
@@ -153,10 +154,9 @@ def check_footprint(engine, case: Case, dtype: torch.dtype) -> Footprint:
     slot = next((n for n in slots if per_slot * n + overhead == measured), slots[0])
     expected = per_slot * slot + overhead
     exact = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * value_bytes * n_tokens
-    if fp.bytes_bound:
-        assert measured <= expected, (f"the cache holds {measured} bytes, more than the {fp.layout} layout's "
-                                      f"{expected} at full precision ({fp.why})")
-    else:
+    # a packing the law does not model (bytes_bound) has its figure only: the law's value check
+    # then refuses it ("unsupported"), so it is never a pass
+    if not fp.bytes_bound:
         assert_exact(torch.tensor(measured), torch.tensor(expected),
                      what=f"bytes held vs the {fp.layout} layout: {slot} slots x {per_slot} bytes + {overhead}")
     design = fp.layout != "exact" or fp.bytes_per_value is not None or fp.bytes_bound

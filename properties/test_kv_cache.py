@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from conformance import results
 from conformance.contracts.kv_cache import COVERAGE
-from conformance.laws import Kills, Law
+from conformance.laws import Kills, Law, refusal
 from conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
 from properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
                                       check_footprint, examples, full_forward, model_for, open_engine, run_engine,
@@ -79,7 +79,8 @@ def where_worst(out: torch.Tensor, out_ref: torch.Tensor, case: Case) -> str:
     return "worst row: none"
 
 
-KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached")
+KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached",
+             "drops_layer_update")
 
 #: KV-1's law: drawn configurations and the pinned boundary cases (a batch with different
 #: lengths, GQA group 3 and head dim 6; one full tile of 16; a batch of five).
@@ -190,10 +191,10 @@ def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
     fp = check_footprint(engine, case, dtype)
     full, _, _ = sequences(case, device)
     model64 = model_for(cfg, case.seed, torch.float64, device)
-    held, outs, refs, pts = 0, [], [], []
+    held, outs, refs, pts, first_layer, first_layer_model = 0, [], [], [], [], []
     for b, n in enumerate(expected_lens.tolist()):
         ref = reference_kv(model64, full[b:b + 1, :n])
-        pt = reference_kv(model, full[b:b + 1, :n]) if dtype in HALF_DTYPES else None
+        pt = reference_kv(model, full[b:b + 1, :n]) if dtype in HALF_DTYPES or fp.lossy else None
         for layer in range(cfg.n_layers):
             k, v = engine.kv(layer, b)                                          # (Hkv, n, D) each
             assert_exact(torch.tensor(tuple(k.shape) + tuple(v.shape)),
@@ -203,20 +204,30 @@ def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
             refs += [ref[layer][0].flatten(), ref[layer][1].flatten()]
             if pt is not None:
                 pts += [pt[layer][0].flatten(), pt[layer][1].flatten()]
+            if layer == 0 and pt is not None:
+                first_layer += [k.flatten(), v.flatten()]
+                first_layer_model += [pt[0][0].flatten(), pt[0][1].flatten()]
     assert_exact(torch.tensor(held), torch.tensor(n_tokens * formula_bytes(cfg, dtype, 1)),
                  what="bytes of kv() views vs formula")
     out, out_ref = torch.cat(outs), torch.cat(refs)
+    if fp.lossy and fp.value_rel_error is None:
+        with refusal(run, run.impl.name):
+            raise NotImplementedError(f"differs by design: {fp.why}: a lossy cache that declares no per-value bound "
+                                      "(its bytes were checked against its layout)")
     if fp.value_rel_error is None:
         assert_close(out, out_ref, out_pt=torch.cat(pts) if pts else None,
                      rule=model_rule(dtype), what="cached K and V vs the model's")
     else:
-        check_quantized_values(out, out_ref, fp, dtype)
+        check_quantized_values(torch.cat(first_layer), torch.cat(first_layer_model), fp, dtype)
 
 
 def check_quantized_values(out, out_ref, fp, dtype):
-    """A quantized cache's values against the model's (float64): within the relative error its
-    number format promises, rel·|x| (+ the model dtype's own rounding), with a floor of
-    rel·2^-6·max|x| for values near zero (e4m3's smallest normal is 2^-6 of its range)."""
+    """A quantized cache's first-layer values against the model's own in its dtype (what the
+    cache quantized): within the relative error its number format promises, rel·|x| (+ one
+    rounding of the model's dtype), with a floor of rel·2^-6·max|x| for values near zero
+    (e4m3's smallest normal is 2^-6 of its range). Only layer 0: deeper layers' keys and values
+    of decoded tokens depend on the lossy cache's own attention above them, which no per-value
+    bound covers (comparing them was a false alarm on a correct cache)."""
     err = (out.double() - out_ref.double()).abs()
     rel = fp.value_rel_error + torch.finfo(dtype).eps
     bound = rel * out_ref.double().abs() + fp.value_rel_error * 2.0 ** -6 * float(out_ref.abs().max())
@@ -232,8 +243,8 @@ KV4 = Law(
     claim="KV-4", technique=TECH, body=law_cache_holds_exactly_the_tokens,
     given={"case": cases()}, examples=(dict(case=PINNED), dict(case=LLAMA_KV_SHAPE)),
     dtypes=DTYPES,
-    kills=(Kills(("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached", "append_no_block_offset"),
-                 ZOO_DTYPE),),
+    kills=(Kills(("drop_oldest", "no_rope_offset", "shared_positions", "pads_cached", "append_no_block_offset",
+                  "under_reports_bytes", "drops_layer_update"), ZOO_DTYPE),),
     coverage=COVERAGE, require_coverage=True, max_examples=examples(6))
 
 test_cache_holds_exactly_the_tokens = KV4.conformance_test("test_cache_holds_exactly_the_tokens")

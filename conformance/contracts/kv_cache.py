@@ -102,9 +102,10 @@ class Footprint:
     its keys and values (None: the model dtype's element size); ``overhead_bytes``: bytes per
     layer it holds besides the slots (a quantized cache's scales); ``value_rel_error``: the
     relative error per cached value its number format promises (None: the values are the
-    model's, judged by the model's tolerance rule); ``bytes_bound``: the layout's bytes are only
-    an upper bound (a quantized format whose packing the law does not model: the footprint law
-    checks measured <= the layout's full-precision bytes); ``why``: one line for the report.
+    model's, judged by the model's tolerance rule); ``bytes_bound``: a quantized format whose
+    packing the law does not model (its measured bytes are recorded against the layout's full
+    precision, not held to a formula: group scales can outweigh 4-bit values at small shapes);
+    ``why``: one line for the report.
     Raises ValueError for an unknown layout or a negative size."""
 
     layout: str = "exact"
