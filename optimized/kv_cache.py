@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint, held_bytes
+from conformance.contracts.kv_cache import Footprint, check_ids, held_bytes
 from optimized.kv_append import INDEX_DTYPE, StaticKVCache
 from reference.transformer import Transformer, naive_attention
 
@@ -107,20 +107,10 @@ class KVCacheEngine:
 
     # ------------------------------------------------------------------ validation
     def _check_ids(self, x, name: str, dim: int) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype != INDEX_DTYPE:
-            raise TypeError(f"{name} must be int64, got {x.dtype}")
-        if x.dim() != dim:
-            shape = "(B, S)" if dim == 2 else "(B,)"
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
-        if x.device != self.device:
-            raise ValueError(f"{name} is on {x.device}, but the model is on {self.device}")
+        check_ids(x, name, dim, self.device)
 
     def _check_vocab(self, x, name: str) -> None:
-        V = self.cfg.vocab_size
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= V):
-            raise ValueError(f"{name} holds token ids outside [0, {V})")
+        check_ids(x, name, x.dim(), self.device, self.cfg.vocab_size)
 
     # ------------------------------------------------------------------ hooks (overridden only by known-bad engines)
     def _decode_positions(self, lengths: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,9 @@ else its last columns (a sliding window). ``kv(layer, seq)`` reads the columns o
 layout the storage holds by design (:class:`conformance.contracts.kv_cache.Footprint`), given
 by whoever wraps the storage (the adapters of :mod:`optimized.outside_transformers`).
 
-Validation is the suite engine's (:class:`optimized.kv_cache.KVCacheEngine`): the same
-TypeError/ValueError, naming the argument, before anything reaches the storage.
+Validation is the contract's (:func:`conformance.contracts.kv_cache.check_ids`, as the suite's
+own engine): the same TypeError/ValueError, naming the argument, before anything reaches the
+storage.
 
 Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache); claims KV-1, KV-2, KV-4, KV-10.
 """
@@ -31,9 +32,8 @@ from typing import Any, Callable
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint, held_bytes
+from conformance.contracts.kv_cache import Footprint, check_ids, held_bytes
 from optimized.kv_append import INDEX_DTYPE
-from optimized.kv_cache import KVCacheEngine
 from reference.transformer import Transformer, naive_attention
 
 
@@ -73,8 +73,11 @@ class StorageEngine:
     Raises TypeError for a model that is not a reference Transformer, ValueError for a
     non-positive ``max_batch``/``max_seq_len`` or one above the model's."""
 
-    _check_ids = KVCacheEngine._check_ids
-    _check_vocab = KVCacheEngine._check_vocab
+    def _check_ids(self, x, name: str, dim: int) -> None:
+        check_ids(x, name, dim, self.device)
+
+    def _check_vocab(self, x, name: str) -> None:
+        check_ids(x, name, x.dim(), self.device, self.cfg.vocab_size)
 
     def __init__(self, model: Transformer, max_batch: int, max_seq_len: int, new_cache: Callable,
                  footprint: Footprint):
@@ -102,7 +105,7 @@ class StorageEngine:
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Start B new sequences from right-padded prompts (B, S); returns logits (B, S, V).
-        Raises TypeError/ValueError as :meth:`optimized.kv_cache.KVCacheEngine.prefill`."""
+        Raises TypeError/ValueError as the suite engine's prefill."""
         self._check_ids(tokens, "tokens", 2)
         self._check_ids(lengths, "lengths", 1)
         B, S = tokens.shape

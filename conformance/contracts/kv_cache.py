@@ -130,6 +130,23 @@ class Footprint:
             raise ValueError(f"overhead_bytes must be >= 0, got {self.overhead_bytes}")
 
 
+def check_ids(x, name: str, dim: int, device, vocab_size: int | None = None) -> None:
+    """The contract's check of a token or length argument: a torch.Tensor (TypeError), int64
+    (TypeError), ``dim`` dimensions ((B, S) or (B,); ValueError), on ``device`` (ValueError) and,
+    with ``vocab_size``, ids in [0, vocab_size) (ValueError); each message names ``name``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64, got {x.dtype}")
+    if x.dim() != dim:
+        shape = "(B, S)" if dim == 2 else "(B,)"
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, but the model is on {device}")
+    if vocab_size is not None and x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(f"{name} holds token ids outside [0, {vocab_size})")
+
+
 def held_bytes(obj, *, skip: tuple = ()) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, lists, tuples, dicts, at any
     depth; tensor subclasses that wrap inner tensors through ``__tensor_flatten__`` are opened),
