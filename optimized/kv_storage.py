@@ -161,19 +161,24 @@ class StorageEngine:
         return held_bytes(self.storage)
 
     def kv(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sequence ``seq``'s cached keys and values at ``layer`` (Hkv, n, D) each, from what
-        the storage returned to attention last (its visible columns). Raises IndexError for a
-        layer or seq out of range."""
+        """Sequence ``seq``'s cached keys and values at ``layer`` (Hkv, n, D) each, read from the
+        storage (its ``held(layer)`` where it has one, else an ``update`` with no new column;
+        its visible columns).
+        Raises IndexError for a layer or seq out of range."""
         if not 0 <= layer < self.cfg.n_layers:
             raise IndexError(f"layer {layer} out of range [0, {self.cfg.n_layers})")
         if not 0 <= seq < self._lengths.shape[0]:
             raise IndexError(f"seq {seq} out of range [0, {self._lengths.shape[0]})")
         c = self.cfg
-        empty = torch.zeros(self._lengths.shape[0], c.n_kv_heads, 0, c.hd, dtype=self.dtype, device=self.device)
-        k, v = self.storage.update(empty, empty, layer)     # no new column: what the storage holds
+        if callable(getattr(self.storage, "held", None)):
+            k, v = self.storage.held(layer)
+        else:                                                # no new column: what the storage holds
+            empty = torch.zeros(self._lengths.shape[0], c.n_kv_heads, 0, c.hd, dtype=self.dtype, device=self.device)
+            k, v = self.storage.update(empty, empty, layer)
         first = 0 if k.shape[2] >= self._written else self._written - k.shape[2]
         cols = self._visible[seq, first:]
-        return k[seq, :, :self._written - first][:, cols].to(self.dtype), v[seq, :, :self._written - first][:, cols].to(self.dtype)
+        held = self._written - first
+        return k[seq, :, :held][:, cols].to(self.dtype), v[seq, :, :held][:, cols].to(self.dtype)
 
 
 def storage_engine(new_cache: Callable, footprint: Footprint = Footprint("exact")) -> SimpleNamespace:

@@ -26,7 +26,8 @@ design (:class:`conformance.contracts.kv_cache.Footprint`); its bytes are measur
   values with one float32 scale per layer's keys and one per its values, frozen at the first
   update): 1 byte per value, 8 bytes of scales per layer; values within e4m3's rounding.
 - ``hf_quantized_quanto``: ``QuantizedCache("quanto", config, nbits=4, ...)`` where
-  optimum-quanto is installed (``needs="optimum.quanto"``).
+  optimum-quanto is installed (``needs="optimum.quanto"``; not in requirements/peers-hf.txt: it
+  builds a C++ extension on first use).
 
 Speculative decoding (``hf_assisted``): the verification of assisted generation with sampling,
 ``transformers.generation.utils._speculative_sampling``, adapted to the ``speculative`` contract
@@ -60,34 +61,51 @@ def _config(cfg, *, sliding_window: int | None = None):
     return transformers.MistralConfig(sliding_window=sliding_window, **kw)
 
 
+class _Layers:
+    """One of transformers' full-precision ``Cache`` objects, unchanged, with the read the
+    storage bridge asks for: ``held(layer)`` is that layer's own ``keys``/``values`` (what it
+    holds, without an ``update``: a ``StaticSlidingWindowLayer`` at full capacity cannot take an
+    update of no column)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def update(self, k, v, layer):
+        return self.cache.update(k, v, layer)
+
+    def held(self, layer):
+        held = self.cache.layers[layer]
+        return held.keys, held.values
+
+
 def _dynamic(cfg, batch, max_seq_len, dtype, device):
     from transformers import DynamicCache
 
-    return DynamicCache(config=_config(cfg))
+    return _Layers(DynamicCache(config=_config(cfg)))
 
 
 def _static(cfg, batch, max_seq_len, dtype, device):
     from transformers import StaticCache
 
-    return StaticCache(config=_config(cfg), max_cache_len=max_seq_len)
+    return _Layers(StaticCache(config=_config(cfg), max_cache_len=max_seq_len))
 
 
 def _sliding(cfg, batch, max_seq_len, dtype, device):
     from transformers import DynamicCache
 
-    return DynamicCache(config=_config(cfg, sliding_window=max_seq_len + 1))
+    return _Layers(DynamicCache(config=_config(cfg, sliding_window=max_seq_len + 1)))
 
 
 def _static_sliding(cfg, batch, max_seq_len, dtype, device):
     from transformers import StaticCache
 
-    return StaticCache(config=_config(cfg, sliding_window=max_seq_len + 1), max_cache_len=max_seq_len)
+    return _Layers(StaticCache(config=_config(cfg, sliding_window=max_seq_len + 1), max_cache_len=max_seq_len))
 
 
 def _offloaded(cfg, batch, max_seq_len, dtype, device):
     from transformers import DynamicCache
 
-    return DynamicCache(config=_config(cfg), offloading=True)
+    return _Layers(DynamicCache(config=_config(cfg), offloading=True))
 
 
 def _fp8(cfg, batch, max_seq_len, dtype, device):

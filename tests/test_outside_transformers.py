@@ -88,11 +88,11 @@ def test_storage_layouts_are_translated_not_recomputed():
     _, prompt, lens = sequences(PINNED, "cpu")
     engine.prefill(prompt, lens)
     kv = layer_kv(model, prompt)                               # the padded batch, no cache
-    first = engine.storage.layers[0]                           # layer 0: a function of the token alone
+    first = engine.storage.cache.layers[0]                           # layer 0: a function of the token alone
     assert_exact(first.keys, kv[0][0], what="layer 0 keys held by DynamicCache, padding columns included")
     assert_exact(first.values, kv[0][1], what="layer 0 values held by DynamicCache, padding columns included")
     for layer in range(PINNED.n_layers):                       # deeper: the prompt columns of each row
-        held = engine.storage.layers[layer]
+        held = engine.storage.cache.layers[layer]
         for b, n in enumerate(PINNED.prompt_lens):
             assert_exact(held.keys[b, :, :n], kv[layer][0][b, :, :n], what=f"layer {layer} row {b} keys")
             assert_exact(held.values[b, :, :n], kv[layer][1][b, :, :n], what=f"layer {layer} row {b} values")

@@ -66,7 +66,8 @@ A cache storage instead of an engine (the form of transformers' ``Cache`` object
 (after RoPE) and values, appended as columns after the ones already held; k_all, v_all
 (B, Hkv, W', D) are what attention reads: every column held (W' >= the columns written: the
 first W are the columns in order, the rest unwritten capacity) or the last W' columns (a sliding
-window). ``optimized.kv_storage.storage_engine(new_cache, footprint)`` drives the suite's own model
+window); ``held(layer) -> (k, v)``, optional, what it holds in the same layout, else an update
+with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``optimized.kv_storage.storage_engine(new_cache, footprint)`` drives the suite's own model
 forward over it (its AttentionCache calls ``update`` and masks padding) and is an engine of this
 contract: the storage needs no engine of its own, and its bytes are measured from its tensors.
 
