@@ -175,6 +175,7 @@ class StorageEngine:
         else:                                                # no new column: what the storage holds
             empty = torch.zeros(self._lengths.shape[0], c.n_kv_heads, 0, c.hd, dtype=self.dtype, device=self.device)
             k, v = self.storage.update(empty, empty, layer)
+        k, v = k.to(self.device), v.to(self.device)           # an offloading storage holds them elsewhere
         first = 0 if k.shape[2] >= self._written else self._written - k.shape[2]
         cols = self._visible[seq, first:]
         held = self._written - first

@@ -76,7 +76,8 @@ Oracle: the reference model's full forward without a cache (``reference.transfor
 
 Built-ins: ``triton`` (cache writes by the Triton kernel ``optimized.kv_append.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
-:class:`optimized.kv_cache.KVCacheEngine`. Bug zoo: :mod:`properties.zoo_kv_cache`.
+:class:`optimized.kv_cache.KVCacheEngine`. Adapters: transformers' cache classes as storages
+(``hf_*``, :mod:`optimized.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`properties.zoo_kv_cache`.
 
 Names (B, S, V, Hkv, D, L) as in :mod:`conformance.contracts.glossary`.
 
