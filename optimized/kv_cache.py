@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
+from conformance.contracts.kv_cache import Footprint, check_ids, held_bytes
 from optimized.kv_append import INDEX_DTYPE, StaticKVCache
 from reference.transformer import Transformer, naive_attention
 
@@ -106,20 +107,10 @@ class KVCacheEngine:
 
     # ------------------------------------------------------------------ validation
     def _check_ids(self, x, name: str, dim: int) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype != INDEX_DTYPE:
-            raise TypeError(f"{name} must be int64, got {x.dtype}")
-        if x.dim() != dim:
-            shape = "(B, S)" if dim == 2 else "(B,)"
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
-        if x.device != self.device:
-            raise ValueError(f"{name} is on {x.device}, but the model is on {self.device}")
+        check_ids(x, name, dim, self.device)
 
     def _check_vocab(self, x, name: str) -> None:
-        V = self.cfg.vocab_size
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= V):
-            raise ValueError(f"{name} holds token ids outside [0, {V})")
+        check_ids(x, name, x.dim(), self.device, self.cfg.vocab_size)
 
     # ------------------------------------------------------------------ hooks (overridden only by known-bad engines)
     def _decode_positions(self, lengths: torch.Tensor) -> torch.Tensor:
@@ -228,8 +219,13 @@ class KVCacheEngine:
         return self.cache.host_lengths[:self.batch].clone()
 
     def cache_bytes(self) -> int:
-        """Bytes of K and V held for the cached tokens: 2·L·Hkv·D·bytes per value·Σ lengths (KV-4)."""
-        return self.cache.bytes_per_token() * int(self.cache.host_lengths[:self.batch].sum())
+        """Bytes the cache holds, measured from its tensors: its whole reserved capacity,
+        max_batch × max_seq_len slots of 2·L·Hkv·D·bytes per value (KV-4)."""
+        return held_bytes(self.cache)
+
+    def footprint(self) -> Footprint:
+        """The layout held by design: capacity reserved up front (max_batch × max_seq_len)."""
+        return Footprint("reserved", why="static cache: max_batch × max_seq_len slots allocated up front")
 
     def capacity_bytes(self) -> int:
         """Bytes preallocated for the whole capacity (max_batch × max_seq_len tokens)."""
@@ -261,8 +257,18 @@ TORCH = SimpleNamespace(new_engine=_factory("torch"))
 
 
 def implementations():
-    """The cached engines: the Triton append kernel and the PyTorch ``index_put_`` append."""
+    """The cached engines: the Triton append kernel and the PyTorch ``index_put_`` append; the
+    adapters of transformers' cache classes (:mod:`optimized.outside_transformers`)."""
     from conformance.registry import builtin
     from optimized import kv_append
+    from optimized import outside_transformers as hf
 
-    return (builtin("kv_cache", "triton", TRITON, kernel_modules=(kv_append,)), builtin("kv_cache", "torch", TORCH))
+    return (builtin("kv_cache", "triton", TRITON, kernel_modules=(kv_append,)), builtin("kv_cache", "torch", TORCH),
+            builtin("kv_cache", "hf_dynamic", hf.HF_DYNAMIC, needs="transformers", adapter=True),
+            builtin("kv_cache", "hf_static", hf.HF_STATIC, needs="transformers", adapter=True),
+            builtin("kv_cache", "hf_sliding_window", hf.HF_SLIDING_WINDOW, needs="transformers", adapter=True),
+            builtin("kv_cache", "hf_static_sliding_window", hf.HF_STATIC_SLIDING_WINDOW, needs="transformers",
+                    adapter=True),
+            builtin("kv_cache", "hf_offloaded", hf.HF_OFFLOADED, needs="transformers", requires={"cuda"}, adapter=True),
+            builtin("kv_cache", "hf_quantized_fp8", hf.HF_QUANTIZED_FP8, needs="transformers", adapter=True),
+            builtin("kv_cache", "hf_quantized_quanto", hf.HF_QUANTIZED_QUANTO, needs="optimum.quanto", adapter=True))

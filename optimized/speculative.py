@@ -55,7 +55,10 @@ def verify(draft_tokens, draft_probs, target_probs, *, generator, check: bool = 
 
 
 def implementations():
-    """The batched PyTorch verifier."""
+    """The batched PyTorch verifier; transformers' assisted-generation verifier (an adapter)."""
     from conformance.registry import builtin
+    from optimized import outside_transformers
 
-    return (builtin("speculative", "torch", verify),)
+    return (builtin("speculative", "torch", verify),
+            builtin("speculative", "hf_assisted", outside_transformers.assisted_verify, needs="transformers",
+                    adapter=True))

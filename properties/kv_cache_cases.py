@@ -10,7 +10,11 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from conformance import results
+from conformance.contracts.kv_cache import Footprint, held_bytes
+from conformance.laws import refusal
 from conformance.registry import InvalidCall
+from conformance.tolerance import assert_exact
 from properties.strategies import gqa_heads, randint, seeds
 from reference.transformer import Transformer, TransformerConfig, init_weights
 
@@ -83,12 +87,27 @@ def sequences(case: Case, device):
     return full, prompt, lens
 
 
-def run_engine(impl, model, case: Case, device):
+def open_engine(impl, model, max_batch: int, max_seq_len: int, *, run=None, exact: bool = True):
+    """``impl.new_engine(model, max_batch, max_seq_len)``; with ``exact`` (a law that needs the
+    model's own values back), an engine whose footprint is lossy (a quantized cache) is refused:
+    the example is discarded inside a law (``run``), the test ends "unsupported: differs by
+    design" outside one, never a pass."""
+    engine = impl.new_engine(model, max_batch=max_batch, max_seq_len=max_seq_len)
+    fp = footprint_of(engine)
+    if exact and fp.lossy:
+        with refusal(run, getattr(impl, "name", "the engine")):
+            raise NotImplementedError(f"differs by design: {fp.why}: a lossy cache does not give the model's logits "
+                                      "(its values are held to its format's bound by KV-4)")
+    return engine
+
+
+def run_engine(impl, model, case: Case, device, *, run=None, exact: bool = True):
     """Prefill the padded prompts, then decode each row's continuation; return the engine and,
-    per row b, logits (S_b + T, V): prefill positions < S_b, then one row per decode step."""
+    per row b, logits (S_b + T, V): prefill positions < S_b, then one row per decode step.
+    ``run``, ``exact``: as :func:`open_engine`."""
     full, prompt, lens = sequences(case, device)
     B, T = len(case.prompt_lens), case.steps
-    engine = impl.new_engine(model, max_batch=B + 1, max_seq_len=max(case.prompt_lens) + T + CAPACITY_SLACK)
+    engine = open_engine(impl, model, B + 1, max(case.prompt_lens) + T + CAPACITY_SLACK, run=run, exact=exact)
     pre = engine.prefill(prompt, lens)                                          # (B, S, V)
     steps = []
     for i in range(T):
@@ -96,6 +115,56 @@ def run_engine(impl, model, case: Case, device):
         steps.append(engine.decode(nxt))                                        # (B, V)
     per_row = [torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)]
     return engine, per_row
+
+
+def engine_sizes(case: Case) -> tuple[int, int]:
+    """(max_batch, max_seq_len) :func:`run_engine` builds its engine with."""
+    return len(case.prompt_lens) + 1, max(case.prompt_lens) + case.steps + CAPACITY_SLACK
+
+
+def footprint_of(engine) -> Footprint:
+    """The layout an engine declares (``footprint()``), ``exact`` when it declares none."""
+    declare = getattr(engine, "footprint", None)
+    return declare() if callable(declare) else Footprint()
+
+
+def check_footprint(engine, case: Case, dtype: torch.dtype) -> Footprint:
+    """KV-4 on what the engine holds, after :func:`run_engine` of ``case``: the law measures the
+    bytes of every tensor the engine reaches (the model's weights left out,
+    :func:`conformance.contracts.kv_cache.held_bytes`); the engine's ``cache_bytes()`` must
+    equal them, and they must be exactly the declared layout's slots × 2·L·Hkv·D·bytes per value
+    (+ its scales); a ``bytes_bound`` format (a packing not modelled: group scales can outweigh
+    4-bit values at small shapes) only has its figure recorded. Records the ratio of the
+    measured bytes to the exact formula (Σ lengths slots): 1 for ``exact``; a padded or reserved
+    layout "differs by design" with that figure. Returns the footprint."""
+    cfg = case.cfg()
+    fp = footprint_of(engine)
+    measured = held_bytes(engine, skip=(torch.nn.Module,))
+    assert_exact(torch.tensor(engine.cache_bytes()), torch.tensor(measured),
+                 what="cache_bytes() vs the bytes of the tensors the engine holds (measured)")
+    B = len(case.prompt_lens)
+    max_batch, max_seq_len = engine_sizes(case)
+    n_tokens = sum(case.prompt_lens) + B * case.steps
+    value_bytes = torch.empty((), dtype=dtype).element_size()
+    per_slot = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * (fp.bytes_per_value or value_bytes)
+    overhead = fp.overhead_bytes * cfg.n_layers
+    slots = {"exact": [n_tokens], "padded": [B * (max(case.prompt_lens) + case.steps)],
+             "reserved": [B * max_seq_len, max_batch * max_seq_len]}[fp.layout]
+    # a reserved cache holds its batch's rows or every row of max_batch: the one it matches
+    slot = next((n for n in slots if per_slot * n + overhead == measured), slots[0])
+    expected = per_slot * slot + overhead
+    exact = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * value_bytes * n_tokens
+    # a packing the law does not model (bytes_bound) has its figure only: the law's value check
+    # then refuses it ("unsupported"), so it is never a pass
+    if not fp.bytes_bound:
+        assert_exact(torch.tensor(measured), torch.tensor(expected),
+                     what=f"bytes held vs the {fp.layout} layout: {slot} slots x {per_slot} bytes + {overhead}")
+    design = fp.layout != "exact" or fp.bytes_per_value is not None or fp.bytes_bound
+    results.record("KV-4", measured=round(measured / exact, 3), bound=round(expected / exact, 3),
+                   unit="x the exact formula's bytes (held / 2·L·Hkv·D·bytes·Σ lengths)",
+                   rule=f"differs by design: {fp.why or fp.layout}" if design else "exact: held bytes = formula",
+                   what=f"{fp.layout} layout: {measured} bytes held for {n_tokens} cached tokens ({exact} exact)")
+    return fp
 
 
 def full_forward(model, case: Case, device):

@@ -19,6 +19,15 @@ Each is the PyTorch engine with one classic mistake; the laws in
   tokens keeps unwritten slots.
 - ``positions_in_model_dtype``: decode positions pass through the model's dtype before RoPE;
   bfloat16 holds integers exactly only up to 256, so position 257 is rotated as 256.
+
+Two cache *storages* (``update(k, v, layer) -> (k_all, v_all)``, driven by
+:func:`optimized.kv_storage.storage_engine`; a plain ``torch.cat`` storage with one mistake):
+
+- ``under_reports_bytes``: reports the exact formula's bytes (Σ lengths slots) from
+  ``cache_bytes()`` and declares the exact layout, while it holds the padded rectangle
+  B × W of the batch (the hand adapter that self-reports instead of measuring).
+- ``drops_layer_update``: layer 1 attends over its held columns plus the new ones but never
+  keeps the new ones: from the second decode step on, that layer has lost every decoded token.
 """
 from __future__ import annotations
 
@@ -26,8 +35,10 @@ from types import SimpleNamespace
 
 import torch
 
-from optimized.kv_cache import KVCacheEngine
+from conformance.contracts.kv_cache import Footprint
 from optimized.kv_append import kv_append_torch
+from optimized.kv_cache import KVCacheEngine
+from optimized.kv_storage import StorageEngine, storage_engine
 
 
 class _DropOldest(KVCacheEngine):
@@ -130,6 +141,39 @@ class _AppendNoBlockOffset(KVCacheEngine):
         self.cache._append = _append_no_block_offset
 
 
+class _CatStorage:
+    """A storage that keeps, per layer, every column it was given (``torch.cat``)."""
+
+    def __init__(self, cfg, batch, max_seq_len, dtype, device):
+        self.k: dict = {}
+        self.v: dict = {}
+
+    def keep(self, layer: int) -> bool:
+        return True
+
+    def update(self, k, v, layer):
+        k_all = torch.cat([self.k[layer], k], dim=2) if layer in self.k else k
+        v_all = torch.cat([self.v[layer], v], dim=2) if layer in self.v else v
+        if self.keep(layer) or layer not in self.k:
+            self.k[layer], self.v[layer] = k_all, v_all
+        return k_all, v_all
+
+
+class _DropsLayerUpdate(_CatStorage):
+    def keep(self, layer):
+        return layer != 1
+
+
+class _UnderReportsBytes(StorageEngine):
+    def cache_bytes(self):
+        c = self.cfg
+        return 2 * c.n_layers * c.n_kv_heads * c.hd * self.model.embed.weight.element_size() * int(self._lengths.sum())
+
+
+def _under_reports(model, max_batch, max_seq_len):
+    return _UnderReportsBytes(model, max_batch, max_seq_len, _CatStorage, Footprint("exact"))
+
+
 def _ns(cls):
     return SimpleNamespace(new_engine=lambda model, max_batch, max_seq_len: cls(model, max_batch, max_seq_len,
                                                                                   append="torch"))
@@ -144,6 +188,8 @@ ROPE_OFF_AFTER_64 = _ns(_RopeOffAfter64)
 STALE_AFTER_REPREFILL = _ns(_StaleAfterReprefill)
 APPEND_NO_BLOCK_OFFSET = _ns(_AppendNoBlockOffset)
 POSITIONS_IN_MODEL_DTYPE = _ns(_PositionsInModelDtype)
+UNDER_REPORTS_BYTES = SimpleNamespace(new_engine=_under_reports)
+DROPS_LAYER_UPDATE = storage_engine(_DropsLayerUpdate, Footprint("padded", why="torch.cat storage"))
 
 
 def implementations():
@@ -170,4 +216,8 @@ def implementations():
                   bug="an append kernel that forgets its block offset (shows at 8 KV heads x 128)"),
         known_bad("kv_cache", "positions_in_model_dtype", POSITIONS_IN_MODEL_DTYPE,
                   bug="computes RoPE positions in the model's dtype (bfloat16 rounds them)"),
+        known_bad("kv_cache", "under_reports_bytes", UNDER_REPORTS_BYTES,
+                  bug="reports the cached tokens' formula bytes while it holds the padded batch"),
+        known_bad("kv_cache", "drops_layer_update", DROPS_LAYER_UPDATE,
+                  bug="a storage that never keeps layer 1's new columns"),
     )

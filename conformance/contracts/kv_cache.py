@@ -29,9 +29,24 @@ The engine provides:
     Tokens cached per sequence (prompt length + decoded tokens), on the CPU.
 
 ``cache_bytes() -> int``
-    Bytes of keys and values the engine holds for the cached tokens: exactly
-    2 × L × Hkv × D × bytes per value × Σ lengths (claim KV-4; capacity
-    reserved but not yet written does not count).
+    Bytes the engine's cache holds, measured from its tensors (:func:`held_bytes`: every
+    tensor it reaches, each storage counted once, int64 and bool bookkeeping such as lengths
+    and masks not counted), never computed from a formula alone. The laws measure it themselves too, and the
+    two must agree. For the cached tokens it is 2 × L × Hkv × D × bytes per value per token
+    (claim KV-4); how many token slots the cache holds is its :class:`Footprint`.
+
+``footprint() -> Footprint`` (optional; without it: ``Footprint("exact")``)
+    The layout the cache holds by design (:data:`LAYOUTS`): ``exact``, Σ lengths slots (only the
+    cached tokens); ``padded``, B × W slots (a rectangular right-padded batch, W the longest
+    sequence: padding and the columns of shorter rows are held too); ``reserved``, B × max_seq_len
+    or max_batch × max_seq_len slots (capacity allocated up front). A quantized cache declares
+    its bytes per value, the bytes of its scales per layer (``overhead_bytes``) and the relative error per
+    cached value its number format promises (``value_rel_error``); such a lossy cache is
+    "unsupported: differs by design" under the exactness laws (KV-1, KV-2, KV-10), never a
+    pass, and its values are held to that bound instead. The footprint law (KV-4)
+    holds the measured bytes to exactly what the declared layout and format imply, and the
+    report shows the ratio to the exact formula: a padded or reserved cache "differs by design",
+    with its figure, never a silent pass and never a failure.
 
 ``kv(layer, seq) -> (k, v)``
     The cached keys (after RoPE) and values of sequence ``seq`` at ``layer``: two tensors of shape
@@ -45,20 +60,136 @@ written; ``decode`` before any ``prefill`` raises RuntimeError. ``new_engine`` r
 naming ``max_batch`` or ``max_seq_len`` when either is below 1 or ``max_seq_len`` is above
 ``model.cfg.max_seq_len``.
 
+A cache storage instead of an engine (the form of transformers' ``Cache`` objects):
+``new_cache(cfg, batch, max_seq_len, dtype, device)`` returns an object with
+``update(k, v, layer) -> (k_all, v_all)``: k, v (B, Hkv, T, D) are layer ``layer``'s new keys
+(after RoPE) and values, appended as columns after the ones already held; k_all, v_all
+(B, Hkv, W', D) are what attention reads: every column held (W' >= the columns written: the
+first W are the columns in order, the rest unwritten capacity) or the last W' columns (a sliding
+window); ``held(layer) -> (k, v)``, optional, what it holds in the same layout, else an update
+with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``optimized.kv_storage.storage_engine(new_cache, footprint)`` drives the suite's own model
+forward over it (its AttentionCache calls ``update`` and masks padding) and is an engine of this
+contract: the storage needs no engine of its own, and its bytes are measured from its tensors.
+
 Oracle: the reference model's full forward without a cache (``reference.transformer``:
 ``model(tokens)`` and ``generate``), which recomputes the whole prefix every step.
 
 Built-ins: ``triton`` (cache writes by the Triton kernel ``optimized.kv_append.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
-:class:`optimized.kv_cache.KVCacheEngine`. Bug zoo: :mod:`properties.zoo_kv_cache`.
+:class:`optimized.kv_cache.KVCacheEngine`. Adapters: transformers' cache classes as storages
+(``hf_*``, :mod:`optimized.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`properties.zoo_kv_cache`.
 
 Names (B, S, V, Hkv, D, L) as in :mod:`conformance.contracts.glossary`.
 
 Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache, experiments of §2.2 and sizes of
 §2.3), §1.3 (batching); CS336 lecture 10 part 3. Claims KV-1, KV-2, KV-3, KV-4, KV-10, AI-8, AI-9.
 """
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+
 from conformance.coverage import CoverageClass
 from conformance.registry import Contract
+
+#: The layouts a cache may hold by design (see ``footprint()`` in the module docstring).
+LAYOUTS = ("exact", "padded", "reserved")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a cache holds by design: ``layout`` one of :data:`LAYOUTS`; ``bytes_per_value`` of
+    its keys and values (None: the model dtype's element size); ``overhead_bytes``: bytes per
+    layer it holds besides the slots (a quantized cache's scales); ``value_rel_error``: the
+    relative error per cached value its number format promises (None: the values are the
+    model's, judged by the model's tolerance rule); ``bytes_bound``: a quantized format whose
+    packing the law does not model (its measured bytes are recorded against the layout's full
+    precision, not held to a formula: group scales can outweigh 4-bit values at small shapes);
+    ``why``: one line for the report.
+    Raises ValueError for an unknown layout or a negative size."""
+
+    layout: str = "exact"
+    bytes_per_value: int | None = None
+    overhead_bytes: int = 0
+    value_rel_error: float | None = None
+    bytes_bound: bool = False
+    why: str = ""
+
+    @property
+    def lossy(self) -> bool:
+        """The cache does not hold the model's values (a quantized format): the exactness laws
+        (KV-1, KV-2, KV-10) do not apply to it ("unsupported: differs by design")."""
+        return self.value_rel_error is not None or self.bytes_bound or self.bytes_per_value is not None
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.bytes_per_value is not None and self.bytes_per_value < 1:
+            raise ValueError(f"bytes_per_value must be >= 1, got {self.bytes_per_value}")
+        if self.overhead_bytes < 0:
+            raise ValueError(f"overhead_bytes must be >= 0, got {self.overhead_bytes}")
+
+
+def check_ids(x, name: str, dim: int, device, vocab_size: int | None = None) -> None:
+    """The contract's check of a token or length argument: a torch.Tensor (TypeError), int64
+    (TypeError), ``dim`` dimensions ((B, S) or (B,); ValueError), on ``device`` (ValueError) and,
+    with ``vocab_size``, ids in [0, vocab_size) (ValueError); each message names ``name``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64, got {x.dtype}")
+    if x.dim() != dim:
+        shape = "(B, S)" if dim == 2 else "(B,)"
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, but the model is on {device}")
+    if vocab_size is not None and x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(f"{name} holds token ids outside [0, {vocab_size})")
+
+
+def held_bytes(obj, *, skip: tuple = ()) -> int:
+    """Bytes of every tensor reachable from ``obj`` (its attributes, lists, tuples, dicts, at any
+    depth; tensor subclasses that wrap inner tensors through ``__tensor_flatten__`` are opened),
+    each underlying storage counted once, int64 and bool tensors (lengths, positions, masks:
+    bookkeeping) and
+    objects of the types in ``skip`` (the model: its weights are not cache) left out. Returns
+    an int number of bytes: what a cache actually holds, as the kv_cache laws measure it."""
+    seen_storage: set[tuple[str, int]] = set()
+    seen: set[int] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or x is None or isinstance(x, (str, bytes, int, float, bool, type)):
+            continue
+        seen.add(id(x))
+        if skip and isinstance(x, skip):
+            continue
+        if isinstance(x, torch.Tensor):
+            flatten = getattr(type(x), "__tensor_flatten__", None)
+            if flatten is not None:                    # a wrapper subclass: its inner tensors
+                names, _ = x.__tensor_flatten__()
+                stack.extend(getattr(x, n) for n in names)
+                continue
+            if x.dtype in (torch.int64, torch.bool) or x.device.type == "meta":
+                continue
+            st = x.untyped_storage()
+            key = (str(x.device), st.data_ptr())
+            if st.nbytes() and key not in seen_storage:
+                seen_storage.add(key)
+                total += st.nbytes()
+            continue
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(x)
+        elif isinstance(x, (types.FunctionType, types.MethodType, types.ModuleType, types.BuiltinFunctionType)):
+            continue
+        elif hasattr(x, "__dict__"):
+            stack.extend(vars(x).values())
+    return total
 
 # ----------------------------------------------------------------------------------------------
 # coverage table: the boundary classes the laws of properties/test_kv_cache.py must hand every
