@@ -189,9 +189,10 @@ TRITON_ASYMMETRIC = TritonScheme(False)
 
 def implementations():
     """The vectorized PyTorch schemes, the Triton quantized matmul (same quantize, Triton
-    matmul) and torchao's weight-only quantization (unavailable where torchao is missing)."""
+    matmul), torchao's weight-only quantization and the CPU libraries of
+    optimized/outside_quantization.py (unavailable where their package is missing)."""
     from conformance.registry import builtin
-    from optimized import outside_adapters, quant_matmul
+    from optimized import outside_adapters, outside_quantization as oq, quant_matmul
 
     return (
         builtin("quantization", "torch", SYMMETRIC),
@@ -200,4 +201,12 @@ def implementations():
         builtin("quantization", "triton_asym", TRITON_ASYMMETRIC, kernel_modules=(quant_matmul,)),
         builtin("quantization", "torchao_int8", outside_adapters.torchao_int8, needs="torchao", adapter=True),
         builtin("quantization", "torchao_intx", outside_adapters.torchao_intx, needs="torchao", adapter=True),
+        # CPU libraries (optimized/outside_quantization.py; requirements/peers-libs.txt, tox -e peers-libs)
+        builtin("quantization", "bnb_int8", oq.bnb_int8, needs="bitsandbytes", adapter=True, peer="libs"),
+        builtin("quantization", "ct", oq.ct, needs="compressed_tensors", adapter=True, peer="libs"),
+        builtin("quantization", "ct_asym", oq.ct_asym, needs="compressed_tensors", adapter=True, peer="libs"),
+        builtin("quantization", "quanto_int8", oq.quanto_int8, needs="optimum.quanto", adapter=True, peer="libs"),
+        builtin("quantization", "quanto_intx", oq.quanto_intx, needs="optimum.quanto", adapter=True, peer="libs"),
+        builtin("quantization", "gguf_q8_0", oq.gguf_q8_0, needs="gguf", adapter=True, peer="libs"),
+        builtin("quantization", "gguf_q4_0", oq.gguf_q4_0, needs="gguf", adapter=True, peer="libs"),
     )
