@@ -20,7 +20,7 @@ where the library has no product of its own. Claims QT-1, QT-2, QT-9.
   the weight-only product QT-9 states. Its 4-bit formats (NF4, FP4: ``quantize_4bit``) map codes
   through a 16-entry table of non-uniform levels, which the contract's uniform step cannot
   express: not adapted.
-- ``ct`` / ``ct_asym``: compressed-tensors (the format vLLM loads): ``QuantizationArgs(num_bits,
+- ``compressed_tensors`` / ``compressed_tensors_asym``: compressed-tensors (the format vLLM loads): ``QuantizationArgs(num_bits,
   type="int", symmetric, strategy="tensor" | "channel" | "group", group_size)``,
   ``calculate_qparams`` over each group's min(min w, 0) and max(max w, 0) (what its observers
   pass), ``quantize`` / ``dequantize`` of ``compressed_tensors.quantization.lifecycle.forward``,
@@ -127,7 +127,7 @@ class CompressedTensors(_Adapter):
 
     def __init__(self, symmetric: bool):
         self.symmetric = symmetric
-        self.name = "ct" if symmetric else "ct_asym"
+        self.name = "compressed_tensors" if symmetric else "compressed_tensors_asym"
         if symmetric:
             self.scheme = "absmax-full-range"
 

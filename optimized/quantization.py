@@ -203,8 +203,8 @@ def implementations():
         builtin("quantization", "torchao_intx", outside_adapters.torchao_intx, needs="torchao", adapter=True),
         # CPU libraries (optimized/outside_quantization.py; requirements/peers-libs.txt, tox -e peers-libs)
         builtin("quantization", "bnb_int8", oq.bnb_int8, needs="bitsandbytes", adapter=True, peer="libs"),
-        builtin("quantization", "ct", oq.ct, needs="compressed_tensors", adapter=True, peer="libs"),
-        builtin("quantization", "ct_asym", oq.ct_asym, needs="compressed_tensors", adapter=True, peer="libs"),
+        builtin("quantization", "compressed_tensors", oq.ct, needs="compressed_tensors", adapter=True, peer="libs"),
+        builtin("quantization", "compressed_tensors_asym", oq.ct_asym, needs="compressed_tensors", adapter=True, peer="libs"),
         builtin("quantization", "quanto_int8", oq.quanto_int8, needs="optimum.quanto", adapter=True, peer="libs"),
         builtin("quantization", "quanto_intx", oq.quanto_intx, needs="optimum.quanto", adapter=True, peer="libs"),
         builtin("quantization", "gguf_q8_0", oq.gguf_q8_0, needs="gguf", adapter=True, peer="libs"),
