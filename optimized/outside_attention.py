@@ -19,8 +19,8 @@ library itself raises or returns is left for the laws to judge. Claims FA-3, FA-
   one CPU backend forced by ``torch.nn.attention.sdpa_kernel`` (``SDPBackend.MATH``,
   ``SDPBackend.FLASH_ATTENTION``: the CPU flash kernel). ``is_causal=True`` where Tq == Tk
   (PyTorch aligns it top-left), else an explicit boolean mask; GQA by ``enable_gqa``. The CPU
-  flash kernel takes float32, float64, float16, bfloat16 (a shape it refuses raises RuntimeError
-  "No available kernel", left to fail).
+  flash kernel takes float32, float64, float16, bfloat16; an input the forced backend refuses
+  (PyTorch's "No available kernel", e.g. the flash kernel on non-contiguous inputs) is refused.
 - ``jax_attention``: ``jax.nn.dot_product_attention(q, k, v, mask=, scale=,
   implementation="xla")`` on JAX's CPU device, layout (B, T, N, H), GQA native; the causal mask
   is passed as a boolean (1, 1, Tq, Tk) mask (JAX's ``is_causal`` is top-left). float64 runs
@@ -82,13 +82,18 @@ def _sdpa(backend_name: str, q, k, v, causal: bool, scale: float):
 
     backend = getattr(SDPBackend, backend_name)
     kwargs = {"enable_gqa": True} if s.group > 1 else {}
-    with sdpa_kernel([backend]):
-        if causal and s.Tq == s.Tk:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(scale),
+    try:
+        with sdpa_kernel([backend]):
+            if causal and s.Tq == s.Tk:
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(scale),
+                                                                        **kwargs)
+            mask = causal_mask(s.Tq, s.Tk, q.device) if causal else None      # (Tq, Tk) bool
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(scale),
                                                                     **kwargs)
-        mask = causal_mask(s.Tq, s.Tk, q.device) if causal else None          # (Tq, Tk) bool
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(scale),
-                                                                **kwargs)
+    except RuntimeError as e:              # the forced backend refuses this input (PyTorch's own check)
+        if "No available kernel" in str(e):
+            raise NotImplementedError(f"SDPBackend.{backend_name} refuses this call on CPU: {e}") from e
+        raise
 
 
 def sdpa_math(q, k, v, *, causal: bool, scale: float):
