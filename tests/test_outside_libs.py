@@ -135,7 +135,7 @@ def _xfail(dist: str, what: str):
 
 
 @_xfail("bitsandbytes", "int8_vectorwise_dequant returns inf once a row's absmax passes float32 max / 127 "
-                        "(2e36 fine, 3e36 inf): it multiplies codes by the absmax before dividing by 127")
+                        "(2e36 fine, 3e36 inf), as if codes x absmax were formed in float32 before the division by 127")
 def test_bnb_int8_dequant_of_a_large_row_is_finite():
     F = pytest.importorskip("bitsandbytes.functional")
     for amax in (2e36, 3e36):
