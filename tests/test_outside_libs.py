@@ -32,9 +32,16 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _peer_environment() -> None:
+    """Skip outside the peers-libs environment (the main suite does not spend its time here)."""
+    if "libs" not in registry.peer_sets():
+        pytest.skip(f"runs in the peers-libs environment (tox -e peers-libs: {registry.PEERS_VARIABLE}=libs)")
+
+
 def _impl(technique: str, name: str):
-    """The registered adapter, run here whatever the peer variable says (the layout tests call it
-    directly); skipped where its package is missing."""
+    """The registered adapter, called directly; skipped outside the peers-libs environment and
+    where its package is missing."""
+    _peer_environment()
     if name in PACKAGES:
         pytest.importorskip(PACKAGES[name], reason=f"{name} needs {PACKAGES[name]}")
     reg = [r for r in registry.registrations(technique)[0] if r.name == name][0]
@@ -132,6 +139,12 @@ def test_declared_schemes_bound_what_they_promise():
 
 def _xfail(dist: str, what: str):
     return pytest.mark.xfail(strict=True, reason=f"{dist} {_version(dist)}: {what}")
+
+
+@pytest.fixture(autouse=True)
+def _reproductions_in_the_peer_environment(request):
+    if request.node.get_closest_marker("xfail") is not None:
+        _peer_environment()
 
 
 @_xfail("bitsandbytes", "int8_vectorwise_dequant returns inf once a row's absmax passes float32 max / 127 "
