@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import pkgutil
 import sys
 import types
@@ -112,8 +113,10 @@ class Registration:
     needs; where that cannot be found the implementation is listed unavailable with the reason
     (nothing is imported to learn it). ``adapter``: it translates calls into another project's
     kernel (such rows get the outside-implementation timeout). ``kernel_modules``: the modules
-    of the Triton kernels it launches (empty: it launches none). ``target``:
-    "module:name" where it is defined, for messages and rows.
+    of the Triton kernels it launches (empty: it launches none). ``peer``: the peer set it
+    belongs to (its laws run in that set's environment only, where ``INFERENCE_CONFORMANCE_PEERS``
+    names it, as ``tox -e peers-<set>`` sets it; elsewhere it is listed unavailable with the
+    reason). ``target``: "module:name" where it is defined, for messages and rows.
     """
 
     technique: str
@@ -126,6 +129,7 @@ class Registration:
     adapter: bool = False
     kernel_modules: tuple = ()
     bug: str = ""
+    peer: str | None = None
 
     @property
     def summary(self) -> str:
@@ -168,13 +172,13 @@ def _check_fields(technique: Any, name: Any) -> None:
 
 def builtin(technique: str, name: str, impl: Any, *, requires: Iterable[str] | None = None,
             needs: str | None = None, adapter: bool = False,
-            kernel_modules: Iterable[types.ModuleType] = ()) -> Registration:
+            kernel_modules: Iterable[types.ModuleType] = (), peer: str | None = None) -> Registration:
     """Declare one of the suite's implementations of ``technique`` (a reference, an optimized
     version, or an adapter of another project's kernel). Raises TypeError on a non-str name."""
     _check_fields(technique, name)
     return Registration(technique, name, impl, "builtin", _target(impl, name, _caller_module()),
                         frozenset(requires) if requires is not None else None, needs, adapter,
-                        tuple(kernel_modules))
+                        tuple(kernel_modules), peer=peer)
 
 
 def known_bad(technique: str, name: str, impl: Any, *, bug: str = "") -> Registration:
@@ -301,6 +305,15 @@ def _namespace(c: Contract, obj: Any, target: str) -> Any:
     return obj
 
 
+#: The environment variable naming the peer sets whose adapters run here (comma-separated).
+PEERS_VARIABLE = "INFERENCE_CONFORMANCE_PEERS"
+
+
+def peer_sets() -> frozenset[str]:
+    """The peer sets named by ``INFERENCE_CONFORMANCE_PEERS`` (e.g. "libs,hf")."""
+    return frozenset(p.strip() for p in os.environ.get(PEERS_VARIABLE, "").split(",") if p.strip())
+
+
 def importable(module: str) -> bool:
     """True when ``module`` can be found (``importlib.util.find_spec``: nothing is imported)."""
     try:
@@ -367,6 +380,9 @@ def _load_registration(c: Contract, r: Registration, device: str | None) -> Impl
     if r.requires is not None and device is not None and device not in r.requires:
         return Implementation(namespace=None, unavailable=f"{r.name} runs on {sorted(r.requires)}, not {device}",
                               **base)
+    if r.peer is not None and r.peer not in peer_sets():
+        return Implementation(namespace=None, unavailable=f"{r.name} runs in the peers-{r.peer} environment "
+                              f"(tox -e peers-{r.peer}: {PEERS_VARIABLE}={r.peer})", **base)
     return Implementation(namespace=_namespace(c, r.impl, r.target), **base)
 
 

@@ -51,9 +51,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def implementations():
     """The optimized attention implementations and the adapters of the kernels users compare
-    against (flash-attn, FlashInfer: CUDA only, unavailable where their library is missing)."""
+    against (flash-attn, FlashInfer: CUDA only; flex_attention, SDPA per CPU backend, JAX, ONNX
+    Runtime: optimized/outside_attention.py), unavailable where their library is missing."""
     from conformance.registry import builtin
-    from optimized import flash_attention, flash_decoding, outside_adapters
+    from optimized import flash_attention, flash_decoding, outside_adapters, outside_attention as oa
 
     return (
         builtin("attention", "triton", flash_attention.attention, kernel_modules=(flash_attention,)),
@@ -64,4 +65,12 @@ def implementations():
                 adapter=True),
         builtin("attention", "flashinfer", outside_adapters.flashinfer, requires={"cuda"}, needs="flashinfer",
                 adapter=True),
+        # CPU libraries (optimized/outside_attention.py; requirements/peers-libs.txt, tox -e peers-libs)
+        builtin("attention", "flex_attention", oa.flex_attention, adapter=True, peer="libs"),
+        builtin("attention", "sdpa_math", oa.sdpa_math, requires={"cpu"}, adapter=True, peer="libs"),
+        builtin("attention", "sdpa_flash_cpu", oa.sdpa_flash_cpu, requires={"cpu"}, adapter=True, peer="libs"),
+        builtin("attention", "jax", oa.jax_attention, needs="jax", adapter=True, peer="libs"),
+        builtin("attention", "ort_attention", oa.ort_attention, needs="onnxruntime", adapter=True, peer="libs"),
+        builtin("attention", "ort_mha", oa.ort_mha, needs="onnxruntime", adapter=True, peer="libs"),
+        builtin("attention", "ort_gqa", oa.ort_gqa, needs="onnxruntime", adapter=True, peer="libs"),
     )

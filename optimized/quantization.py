@@ -492,10 +492,10 @@ def _two_source_attention(q, k_q, v_q, k_fp, v_fp, sel, causal):
 
 def implementations():
     """The vectorized PyTorch schemes (integer and FP8), the Triton quantized matmul (same
-    quantize, Triton matmul) and torchao's weight-only quantization (unavailable where torchao
-    is missing)."""
+    quantize, Triton matmul), torchao's weight-only quantization and the CPU libraries of
+    optimized/outside_quantization.py (unavailable where their package is missing)."""
     from conformance.registry import builtin
-    from optimized import outside_adapters, quant_matmul
+    from optimized import outside_adapters, outside_quantization as oq, quant_matmul
 
     return (
         builtin("quantization", "torch", SYMMETRIC),
@@ -508,4 +508,12 @@ def implementations():
         builtin("quantization", "triton_fp8_e5m2", TRITON_FP8_E5M2, kernel_modules=(quant_matmul,)),
         builtin("quantization", "torchao_int8", outside_adapters.torchao_int8, needs="torchao", adapter=True),
         builtin("quantization", "torchao_intx", outside_adapters.torchao_intx, needs="torchao", adapter=True),
+        # CPU libraries (optimized/outside_quantization.py; requirements/peers-libs.txt, tox -e peers-libs)
+        builtin("quantization", "bnb_int8", oq.bnb_int8, needs="bitsandbytes", adapter=True, peer="libs"),
+        builtin("quantization", "compressed_tensors", oq.ct, needs="compressed_tensors", adapter=True, peer="libs"),
+        builtin("quantization", "compressed_tensors_asym", oq.ct_asym, needs="compressed_tensors", adapter=True, peer="libs"),
+        builtin("quantization", "quanto_int8", oq.quanto_int8, needs="optimum.quanto", adapter=True, peer="libs"),
+        builtin("quantization", "quanto_intx", oq.quanto_intx, needs="optimum.quanto", adapter=True, peer="libs"),
+        builtin("quantization", "gguf_q8_0", oq.gguf_q8_0, needs="gguf", adapter=True, peer="libs"),
+        builtin("quantization", "gguf_q4_0", oq.gguf_q4_0, needs="gguf", adapter=True, peer="libs"),
     )
