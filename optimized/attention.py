@@ -53,7 +53,7 @@ def implementations():
     """The optimized attention implementations and the adapters of the kernels users compare
     against (flash-attn, FlashInfer: CUDA only, unavailable where their library is missing)."""
     from conformance.registry import builtin
-    from optimized import flash_attention, flash_decoding, outside_adapters
+    from optimized import flash_attention, flash_decoding, outside_adapters, outside_vllm
 
     return (
         builtin("attention", "triton", flash_attention.attention, kernel_modules=(flash_attention,)),
@@ -64,4 +64,5 @@ def implementations():
                 adapter=True),
         builtin("attention", "flashinfer", outside_adapters.flashinfer, requires={"cuda"}, needs="flashinfer",
                 adapter=True),
+        *outside_vllm.attention_registrations(),
     )

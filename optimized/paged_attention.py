@@ -303,11 +303,12 @@ def write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 def implementations():
     """The Triton paged-decode kernel and the adapters of vLLM's and FlashInfer's paged decode
-    (CUDA only, unavailable where their library is missing)."""
+    (CUDA only) and of vLLM's CPU build (:mod:`optimized.outside_vllm`), unavailable where their
+    library is missing."""
     import sys
 
     from conformance.registry import builtin
-    from optimized import outside_adapters
+    from optimized import outside_adapters, outside_vllm
 
     return (
         builtin("paged_attention", "triton", paged_attention, kernel_modules=(sys.modules[__name__],)),
@@ -315,6 +316,7 @@ def implementations():
                 adapter=True),
         builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},
                 needs="flashinfer", adapter=True),
+        *outside_vllm.paged_registrations(),
     )
 
 

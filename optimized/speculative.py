@@ -55,7 +55,9 @@ def verify(draft_tokens, draft_probs, target_probs, *, generator, check: bool = 
 
 
 def implementations():
-    """The batched PyTorch verifier."""
+    """The batched PyTorch verifier and the adapter of vLLM's rejection sampler
+    (:mod:`optimized.outside_vllm`, unavailable where vLLM is missing)."""
     from conformance.registry import builtin
+    from optimized import outside_vllm
 
-    return (builtin("speculative", "torch", verify),)
+    return (builtin("speculative", "torch", verify), *outside_vllm.speculative_registrations())
