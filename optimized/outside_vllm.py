@@ -224,7 +224,8 @@ def triton_unified_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: f
     _triton_backend_support(what, q.dtype, s.D, s.block_size)
     _triton_enabled(what)
     cu = torch.arange(s.B + 1, dtype=torch.int32, device=q.device)
-    return _unified(q.contiguous(), k_cache, v_cache, block_table, seq_lens, cu, 1, causal=True, scale=scale)
+    return _unified(q.contiguous(), k_cache, v_cache, block_table.contiguous(), seq_lens.contiguous(), cu, 1,
+                    causal=True, scale=scale)
 
 
 def triton_decode_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: float):
@@ -241,7 +242,7 @@ def triton_decode_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: fl
     out = torch.empty((s.B, s.Hq, s.D), dtype=q.dtype, device=q.device)
     lse = torch.zeros((s.B, s.Hq), dtype=q.dtype, device=q.device)
     logits = torch.empty((s.B, s.Hq, DECODE_KV_SPLITS, s.D + 1), dtype=torch.float32, device=q.device)
-    da.decode_attention_fwd(q.contiguous(), k_cache, v_cache, out, lse, block_table, seq_lens, logits,
+    da.decode_attention_fwd(q.contiguous(), k_cache, v_cache, out, lse, block_table.contiguous(), seq_lens.contiguous(), logits,
                             DECODE_KV_SPLITS, float(scale), s.block_size)
     return out
 
