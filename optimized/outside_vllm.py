@@ -32,6 +32,10 @@ Sources (vLLM 0.32.0):
   block_size, Hkv, D) (the paged contract's own layout) and a block table; the queries of a
   request are the last tokens of its sequence (causal bottom-right). ``TritonAttentionBackend``
   declares float32 / float16 / bfloat16, block sizes that are multiples of 16, any head size.
+- ``vllm/v1/attention/ops/prefix_prefill.py::context_attention_fwd``: the new tokens' q, k, v
+  packed (num_new_tokens, H, D), the cached context in the key cache (num_blocks, Hkv, D/x,
+  block_size, x) and value cache (num_blocks, Hkv, D, block_size), ``b_loc`` the block table,
+  ``b_start_loc`` the queries' offsets, ``b_seq_len`` context + new lengths.
 - ``vllm/v1/attention/ops/triton_decode_attention.py::decode_attention_fwd``: one query per
   request over pages (num_pages, page_size, Hkv, D), split over ``num_kv_splits`` ranges merged
   by its second kernel (the kernel of vLLM's Triton MLA backend).
@@ -117,8 +121,8 @@ def _need_dtype(dtype: torch.dtype, what: str, interpreted_triton: bool = False)
         raise NotImplementedError(f"{what} takes {[str(d) for d in VLLM_DTYPES]} (vLLM's supported_dtypes), "
                                   f"not {dtype}")
     if interpreted_triton and dtype == torch.bfloat16 and triton_interpreted():
-        raise NotImplementedError(f"{what}: Triton's interpreter computes bfloat16 tl.dot wrongly; this cell "
-                                  "runs compiled on a GPU only")
+        raise NotImplementedError(f"{what}: Triton's interpreter computes bfloat16 wrongly (tl.dot; casts "
+                                  "truncate), so this cell would measure the interpreter; it runs compiled on a GPU")
 
 
 # ----------------------------------------------------------------- the C++ CPU paged attention
@@ -242,8 +246,8 @@ def triton_decode_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: fl
     out = torch.empty((s.B, s.Hq, s.D), dtype=q.dtype, device=q.device)
     lse = torch.zeros((s.B, s.Hq), dtype=q.dtype, device=q.device)
     logits = torch.empty((s.B, s.Hq, DECODE_KV_SPLITS, s.D + 1), dtype=torch.float32, device=q.device)
-    da.decode_attention_fwd(q.contiguous(), k_cache, v_cache, out, lse, block_table.contiguous(), seq_lens.contiguous(), logits,
-                            DECODE_KV_SPLITS, float(scale), s.block_size)
+    da.decode_attention_fwd(q.contiguous(), k_cache, v_cache, out, lse, block_table.contiguous(),
+                            seq_lens.contiguous(), logits, DECODE_KV_SPLITS, float(scale), s.block_size)
     return out
 
 
@@ -276,6 +280,50 @@ def triton_unified_attention(q, k, v, *, causal: bool, scale: float):
     cu = torch.arange(0, s.B * s.Tq + 1, s.Tq, dtype=torch.int32, device=q.device)
     q_tokens = q.transpose(1, 2).reshape(s.B * s.Tq, s.Hq, s.D)                # (B·Tq, Hq, D)
     out = _unified(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale)
+    return out.view(s.B, s.Tq, s.Hq, s.D).transpose(1, 2).contiguous()
+
+
+def triton_prefix_prefill(q, k, v, *, causal: bool, scale: float):
+    """The attention contract through vLLM's Triton ``context_attention_fwd`` (prefix prefill):
+    each batch row is one request whose first Tk − Tq tokens are its cached context, laid out as
+    vLLM's key cache (num_blocks, Hkv, D/x, block_size, x) with x = 16 bytes / element size and
+    value cache (num_blocks, Hkv, D, block_size) in DENSE_BLOCK_SIZE-token blocks (identity block
+    table), and whose last Tq tokens are the new ones, packed (B·Tq, H, D) beside their K/V.
+    q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) (claims FA-3, FA-7). Raises
+    TypeError / ValueError as the contract's ``validate``; NotImplementedError for float64,
+    bfloat16 under the interpreter, head sizes vLLM's Triton backend does not list, Tq > Tk."""
+    s = validate_dense(q, k, v, causal, scale)
+    what = "vLLM's Triton prefix prefill"
+    _triton_backend_support(what, q.dtype, s.D, DENSE_BLOCK_SIZE)
+    if s.Tq > s.Tk:
+        raise NotImplementedError(f"{what}: a request's queries are the last tokens of its sequence, "
+                                  f"so Tq <= Tk (got Tq={s.Tq}, Tk={s.Tk})")
+    _triton_enabled(what)
+    pp = vllm_module("vllm.v1.attention.ops.prefix_prefill")
+    bs, x = DENSE_BLOCK_SIZE, 16 // q.element_size()
+    if s.D % x:
+        raise NotImplementedError(f"{what}: its key cache splits D into chunks of x = {x}; D = {s.D} is not a multiple")
+    ctx = s.Tk - s.Tq
+    nblk = max(1, -(-ctx // bs))
+    kc = torch.zeros((s.B, nblk * bs, s.Hkv, s.D), dtype=q.dtype, device=q.device)
+    vc = torch.zeros_like(kc)
+    kc[:, :ctx] = k[:, :, :ctx].transpose(1, 2)                                  # (B, ctx, Hkv, D)
+    vc[:, :ctx] = v[:, :, :ctx].transpose(1, 2)
+    k_cache = (kc.view(s.B * nblk, bs, s.Hkv, s.D // x, x).permute(0, 2, 3, 1, 4)
+               .contiguous())                                                   # (nb, Hkv, D/x, bs, x)
+    v_cache = vc.view(s.B * nblk, bs, s.Hkv, s.D).permute(0, 2, 3, 1).contiguous()  # (nb, Hkv, D, bs)
+    table = torch.arange(s.B * nblk, dtype=torch.int32, device=q.device).view(s.B, nblk)
+
+    def packed(t):                                                              # (B, H, T, D) -> (B·T, H, D)
+        return t.transpose(1, 2).reshape(-1, t.shape[1], s.D).contiguous()
+
+    q_new, k_new, v_new = packed(q), packed(k[:, :, ctx:]), packed(v[:, :, ctx:])
+    out = torch.empty_like(q_new)
+    one = torch.ones((), dtype=torch.float32, device=q.device)
+    pp.context_attention_fwd(q_new, k_new, v_new, out, "auto", k_cache, v_cache, table,
+                             torch.arange(0, s.B * s.Tq + 1, s.Tq, dtype=torch.int32, device=q.device),
+                             torch.full((s.B,), s.Tk, dtype=torch.int32, device=q.device), s.Tk, s.Tq, one, one,
+                             sm_scale=float(scale), causal=causal)
     return out.view(s.B, s.Tq, s.Hq, s.D).transpose(1, 2).contiguous()
 
 
@@ -360,11 +408,15 @@ def paged_registrations():
 
 
 def attention_registrations():
-    """The attention adapter ``vllm_triton_unified`` (Triton, interpreted on a CPU)."""
+    """The attention adapters ``vllm_triton_unified`` and ``vllm_triton_prefix_prefill`` (Triton,
+    interpreted on a CPU)."""
     from conformance.registry import builtin
 
+    kernels = (_this_module(),)
     return (builtin("attention", "vllm_triton_unified", triton_unified_attention, needs="vllm", adapter=True,
-                    kernel_modules=(_this_module(),)),)
+                    kernel_modules=kernels),
+            builtin("attention", "vllm_triton_prefix_prefill", triton_prefix_prefill, needs="vllm", adapter=True,
+                    kernel_modules=kernels))
 
 
 def speculative_registrations():

@@ -90,18 +90,20 @@ def test_paged_adapter_layout(ov, name):
 
 
 @pytest.mark.claim("FA-3")
-@pytest.mark.parametrize("causal, Tq, Tk", [(True, 5, 37), (False, 3, 20), (True, 1, 50)])
-def test_dense_adapter_layout(ov, causal, Tq, Tk):
-    """vLLM's unified attention as the attention contract (B 2, GQA 4/2, D 64, float32; causal
-    bottom-right with Tq < Tk, non-causal, decode): equal to the float64 reference."""
+@pytest.mark.parametrize("name", ["triton_unified_attention", "triton_prefix_prefill"])
+@pytest.mark.parametrize("causal, Tq, Tk", [(True, 5, 37), (False, 3, 20), (True, 1, 50), (True, 20, 20)])
+def test_dense_adapter_layout(ov, name, causal, Tq, Tk):
+    """vLLM's unified attention and prefix prefill as the attention contract (B 2, GQA 4/2, D 64,
+    float32; causal bottom-right with Tq < Tk and Tq = Tk, non-causal, decode): equal to the
+    float64 reference."""
     from reference.attention import attention as dense_ref
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, Tq, 64, generator=g, dtype=torch.float64)
     k = torch.randn(2, 2, Tk, 64, generator=g, dtype=torch.float64)
     v = torch.randn(2, 2, Tk, 64, generator=g, dtype=torch.float64)
-    out = ov.triton_unified_attention(q.float(), k.float(), v.float(), causal=causal, scale=0.125)
-    assert_close(out, dense_ref(q, k, v, causal=causal, scale=0.125), what=f"unified attention ({_version(ov)})")
+    out = getattr(ov, name)(q.float(), k.float(), v.float(), causal=causal, scale=0.125)
+    assert_close(out, dense_ref(q, k, v, causal=causal, scale=0.125), what=f"{name} ({_version(ov)})")
 
 
 def test_refusals_are_unsupported(ov):
