@@ -54,7 +54,7 @@ def implementations():
     against (flash-attn, FlashInfer: CUDA only; flex_attention, SDPA per CPU backend, JAX, ONNX
     Runtime: optimized/outside_attention.py), unavailable where their library is missing."""
     from conformance.registry import builtin
-    from optimized import flash_attention, flash_decoding, outside_adapters, outside_attention as oa
+    from optimized import flash_attention, flash_decoding, outside_adapters, outside_attention as oa, outside_vllm
 
     return (
         builtin("attention", "triton", flash_attention.attention, kernel_modules=(flash_attention,)),
@@ -73,4 +73,5 @@ def implementations():
         builtin("attention", "ort_attention", oa.ort_attention, needs="onnxruntime", adapter=True, peer="libs"),
         builtin("attention", "ort_mha", oa.ort_mha, needs="onnxruntime", adapter=True, peer="libs"),
         builtin("attention", "ort_gqa", oa.ort_gqa, needs="onnxruntime", adapter=True, peer="libs"),
+        *outside_vllm.attention_registrations(),
     )

@@ -284,12 +284,13 @@ def write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping) -> None:
 def implementations():
     """The Triton paged-decode kernel with the mixed-batch kernel of
     :mod:`optimized.paged_prefill` (the contract's ``paged_prefill``), and the adapters of vLLM's
-    and FlashInfer's paged decode (CUDA only, unavailable where their library is missing)."""
+    and FlashInfer's paged decode (CUDA only) and of vLLM's CPU build (:mod:`optimized.outside_vllm`),
+    unavailable where their library is missing."""
     import sys
     import types
 
     from conformance.registry import builtin
-    from optimized import outside_adapters, paged_prefill
+    from optimized import outside_adapters, outside_vllm, paged_prefill
 
     return (
         builtin("paged_attention", "triton",
@@ -299,6 +300,7 @@ def implementations():
                 adapter=True),
         builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},
                 needs="flashinfer", adapter=True),
+        *outside_vllm.paged_registrations(),
     )
 
 

@@ -55,10 +55,13 @@ def verify(draft_tokens, draft_probs, target_probs, *, generator, check: bool = 
 
 
 def implementations():
-    """The batched PyTorch verifier; transformers' assisted-generation verifier (an adapter)."""
+    """The batched PyTorch verifier; transformers' assisted-generation verifier and vLLM's
+    rejection sampler (adapters: :mod:`optimized.outside_transformers`, :mod:`optimized.outside_vllm`,
+    unavailable where their package is missing)."""
     from conformance.registry import builtin
-    from optimized import outside_transformers
+    from optimized import outside_transformers, outside_vllm
 
     return (builtin("speculative", "torch", verify),
             builtin("speculative", "hf_assisted", outside_transformers.assisted_verify, needs="transformers",
-                    adapter=True))
+                    adapter=True),
+            *outside_vllm.speculative_registrations())

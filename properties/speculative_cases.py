@@ -265,13 +265,15 @@ def certain_cases():
     return cases
 
 
-def sd1_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA):
-    """SD-1 on samples over every pair of :data:`STAT_CONFIGS` (rounds :data:`STAT_SIZES`): the
-    verdicts of all the G-tests, whose family-wise false-alarm rate on a correct verifier is at
-    most ``alpha`` (Bonferroni over pairs and tests)."""
-    return [v for i, (name, pq) in enumerate(STAT_CONFIGS.items())
-            for v in check_statistically(impl, pq, STAT_SIZES[name], seed + 100 * i, device,
-                                         alpha / len(STAT_CONFIGS))]
+def sd1_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA, sizes: dict | None = None):
+    """SD-1 on samples over every pair of :data:`STAT_CONFIGS` (rounds :data:`STAT_SIZES`, or
+    ``sizes``: {pair name: rounds} for a subset of the pairs at other sizes): the verdicts of all
+    the G-tests, whose family-wise false-alarm rate on a correct verifier is at most ``alpha``
+    (Bonferroni over pairs and tests)."""
+    sizes = STAT_SIZES if sizes is None else sizes
+    return [v for i, (name, pq) in enumerate(STAT_CONFIGS.items()) if name in sizes
+            for v in check_statistically(impl, pq, sizes[name], seed + 100 * i, device,
+                                         alpha / len(sizes))]
 
 
 def first_two_token_distribution(target, bos_id: int) -> np.ndarray:
@@ -350,9 +352,11 @@ def marginals(outcomes: dict, V: int, gamma: int) -> dict[str, np.ndarray]:
     return {k: np.bincount(c, weights=w, minlength=sizes[k]) for k, c in _category_maps(outcomes, V, gamma).items()}
 
 
-def law_rejections(draws: int, seed: int, alpha: float = ALPHA, **bias) -> tuple[int, dict[str, int]]:
+def law_rejections(draws: int, seed: int, alpha: float = ALPHA, sizes: dict | None = None,
+                   **bias) -> tuple[int, dict[str, int]]:
     """The statistical SD-1 law (:func:`sd1_law_verdicts`: every pair of :data:`STAT_CONFIGS` at
-    its rounds, four G-tests each at α / (4 × pairs)) run ``draws`` times on exact multinomial
+    its rounds, or the pairs and rounds of ``sizes``, four G-tests each at α / (4 × pairs)) run
+    ``draws`` times on exact multinomial
     draws of the rounds of a verifier with ``bias`` (:func:`verifier_outcomes`; none: a correct
     one). A correct verifier's counts are exactly such draws, so this is the law's false-alarm
     rate (no bias) or its power (a bias), not an estimate from one implementation. Returns
@@ -360,15 +364,18 @@ def law_rejections(draws: int, seed: int, alpha: float = ALPHA, **bias) -> tuple
     rng = np.random.default_rng(seed)
     any_reject = np.zeros(draws, dtype=bool)
     per_check: dict[str, int] = {}
+    sizes = STAT_SIZES if sizes is None else sizes
     for name, pq in STAT_CONFIGS.items():
+        if name not in sizes:
+            continue
         exact = outcome_probabilities(pq.q, pq.p)
         dist = verifier_outcomes(pq.q, pq.p, **bias)
         maps = _category_maps(dist, pq.V, pq.gamma)
-        seq_counts = multinomial_counts(np.array(list(dist.values())), STAT_SIZES[name], draws, rng)
+        seq_counts = multinomial_counts(np.array(list(dist.values())), sizes[name], draws, rng)
         for k in OUTCOMES:
             counts = np.zeros((draws, exact[k].size))
             np.add.at(counts.T, maps[k], seq_counts.T)
-            test = GTest(exact[k], STAT_SIZES[name], alpha / len(OUTCOMES) / len(STAT_CONFIGS))
+            test = GTest(exact[k], sizes[name], alpha / len(OUTCOMES) / len(sizes))
             rejected = test.rejects(counts)
             per_check[f"{name}: {k}"] = int(rejected.sum())
             any_reject |= rejected
