@@ -140,8 +140,8 @@ def test_ab_command_hands_each_side_its_targets_and_names_them(tmp_path, monkeyp
     text = capsys.readouterr().out
     assert code == 1, text
     assert (seen["a"], seen["b"], seen["k"]) == (ROOT, ROOT, None)
-    assert seen["args_a"][-4:] == ["--impl", PLAIN, "--impl", QUANT]
-    assert seen["args_b"][-4:] == ["--impl", SLOWED, "--impl", QUANT]
+    assert seen["args_a"][-5:] == ["--impl", PLAIN, "--impl", QUANT, "--outside-bench-only"]
+    assert seen["args_b"][-5:] == ["--impl", SLOWED, "--impl", QUANT, "--outside-bench-only"]
     assert f"--impl {PLAIN} --impl {QUANT} B=" in text and f"--impl {SLOWED} --impl {QUANT}," in text, text
     assert "REGRESSION" in text and ROW.format("impl2") in text, text
     doc = json.loads(out.read_text())
@@ -164,8 +164,8 @@ def test_both_designs_hand_each_side_its_impl_options(tmp_path, monkeypatch, loc
     monkeypatch.setattr(ab, "pass_command", spy)
     ab.session(ROOT, ROOT, 1, workdir=tmp_path, args_a=ab.impl_args([PLAIN, QUANT]),
                args_b=ab.impl_args([SLOWED, QUANT]), lockstep=lockstep, log=lambda *_: None)
-    assert seen["a"][-4:] == ["--impl", PLAIN, "--impl", QUANT]
-    assert seen["b"][-4:] == ["--impl", SLOWED, "--impl", QUANT]
+    assert seen["a"][-5:] == ["--impl", PLAIN, "--impl", QUANT, "--outside-bench-only"]
+    assert seen["b"][-5:] == ["--impl", SLOWED, "--impl", QUANT, "--outside-bench-only"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -233,6 +233,30 @@ LAUNCHES["tree_attention-65536-sequences"] = Launch((("optimized.tree_attention"
                                                     _tree_attention(PAST))   # (B * Hq,): axis 0
 
 
+def _paged_prefill(B: int):
+    """B sequences of one cached token each, one query token each (the mixed batch's decode rows),
+    one head, block size 16, no key split: B tiles, B programs; each output is its token's value."""
+    def make(device, real):
+        from optimized.paged_prefill import paged_prefill
+
+        g = torch.Generator().manual_seed(0)
+        kc = torch.randn(B, 16, 1, 1, generator=g).to(device)
+        vc = torch.randn(B, 16, 1, 1, generator=g).to(device)
+        q = torch.randn(B, 1, 1, generator=g).to(device)
+        table = torch.randperm(B, generator=g).to(torch.int32).reshape(B, 1).to(device)
+        lens = torch.ones(B, dtype=torch.int32, device=device)
+        starts = torch.arange(B + 1, dtype=torch.int32, device=device)
+
+        def check(out):
+            assert_close(out[:, 0, 0], vc[table[:, 0].long(), 0, 0, 0], what=f"paged_prefill over {B} sequences")
+        return (lambda: paged_prefill(q, kc, vc, table, lens, starts, scale=1.0, num_splits=1)), check
+    return make
+
+
+LAUNCHES["paged_prefill-65536-sequences"] = Launch((("optimized.paged_prefill", "_paged_prefill_kernel"),),
+                                                   _paged_prefill(PAST))   # (S * tiles * Hkv,): axis 0
+
+
 def _record(monkeypatch, launch: Launch, device: str, run: bool):
     grids = []
     for mod_name, name in launch.kernels:
