@@ -263,12 +263,15 @@ def implementations():
     from optimized import kv_append
     from optimized import outside_transformers as hf
 
+    # Dynamic and Static run wherever transformers is (the test extra has it); the other caches
+    # in the peers-hf environment (tox -e peers-hf), which runs every kv_cache law over them
     return (builtin("kv_cache", "triton", TRITON, kernel_modules=(kv_append,)), builtin("kv_cache", "torch", TORCH),
             builtin("kv_cache", "hf_dynamic", hf.HF_DYNAMIC, needs="transformers", adapter=True),
             builtin("kv_cache", "hf_static", hf.HF_STATIC, needs="transformers", adapter=True),
-            builtin("kv_cache", "hf_sliding_window", hf.HF_SLIDING_WINDOW, needs="transformers", adapter=True),
+            builtin("kv_cache", "hf_sliding_window", hf.HF_SLIDING_WINDOW, needs="transformers", adapter=True, peer="hf"),
             builtin("kv_cache", "hf_static_sliding_window", hf.HF_STATIC_SLIDING_WINDOW, needs="transformers",
-                    adapter=True),
+                    adapter=True, peer="hf"),
             builtin("kv_cache", "hf_offloaded", hf.HF_OFFLOADED, needs="transformers", requires={"cuda"}, adapter=True),
-            builtin("kv_cache", "hf_quantized_fp8", hf.HF_QUANTIZED_FP8, needs="transformers", adapter=True),
-            builtin("kv_cache", "hf_quantized_quanto", hf.HF_QUANTIZED_QUANTO, needs="optimum.quanto", adapter=True))
+            builtin("kv_cache", "hf_quantized_fp8", hf.HF_QUANTIZED_FP8, needs="transformers", adapter=True, peer="hf"),
+            builtin("kv_cache", "hf_quantized_quanto", hf.HF_QUANTIZED_QUANTO, needs="optimum.quanto", adapter=True,
+                    peer="hf"))

@@ -63,5 +63,5 @@ def implementations():
 
     return (builtin("speculative", "torch", verify),
             builtin("speculative", "hf_assisted", outside_transformers.assisted_verify, needs="transformers",
-                    adapter=True),
+                    adapter=True, peer="hf"),
             *outside_vllm.speculative_registrations())
