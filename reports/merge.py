@@ -161,9 +161,19 @@ def _status(counts: dict[str, int]) -> str:
 _WORDS = {"skip": "not run", "error": "fail"}
 
 
+def _impl_env(run: Run, row: Row) -> str:
+    """An implementation's environment in a run: the machine and stack (``env_key``) and the
+    versions of the packages it needs, so that a run where its package is missing (its rows
+    "not run") never replaces one where it ran, whichever is newer."""
+    packages = run.packages.get((row.technique, row.implementation), {})
+    text = _packages_text(packages)
+    return env_key(run.fingerprint) + (f" · {text}" if text else "")
+
+
 def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
     """The rows the matrix shows, each with its run, and the notes on runs replaced: for each test
-    of an implementation in an environment, the newest run that has it wins."""
+    of an implementation in an environment (with its packages' versions), the newest run that
+    has it wins."""
     order = sorted(runs, key=lambda r: (r.started, r.folder))
     for i, r in enumerate(order):
         r.id = f"run{i + 1}"
@@ -172,11 +182,11 @@ def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
         for row in run.rows:
             if not row.technique or not row.implementation or row.implementation.startswith("zoo:"):
                 continue
-            owner[(row.technique, row.implementation, env_key(run.fingerprint), row.check)] = run
+            owner[(row.technique, row.implementation, _impl_env(run, row), row.check)] = run
     kept, replaced = [], defaultdict(int)
     for run in order:
         for row in run.rows:
-            key = (row.technique, row.implementation, env_key(run.fingerprint), row.check)
+            key = (row.technique, row.implementation, _impl_env(run, row), row.check)
             winner = owner.get(key)
             if winner is None:
                 continue

@@ -113,6 +113,21 @@ def test_the_newer_run_of_one_environment_wins_and_the_page_says_so(tmp_path):
     assert len(ctx["rows"]) == 3
 
 
+def test_a_newer_run_without_the_package_never_replaces_one_where_it_ran(tmp_path):
+    """A peer job (jax installed) and a later main run on the same machine and stack (jax missing:
+    its rows skipped) are two environments of that implementation: both rows shown, the peer
+    job's results kept."""
+    peer = make_run(tmp_path / "peer", [row(NAN, "jax", "pass")], started="2026-01-01T00:00:00Z",
+                    packages={("attention", "jax"): {"torch": "2.13.0+cpu", "jax": "0.10.2"}})
+    main = make_run(tmp_path / "main", [row(NAN, "jax", "skip")], started="2026-01-02T00:00:00Z",
+                    packages={("attention", "jax"): {"torch": "2.13.0+cpu", "jax": "not installed"}})
+    ctx = merge.matrix(merge.load([peer, main]))
+    t = next(t for t in ctx["techniques"] if t["name"] == "attention")
+    statuses = {r["packages_text"]: [c["status"] for c in r["cells"]] for r in t["rows"]}
+    assert statuses == {"jax 0.10.2, torch 2.13.0+cpu": ["pass"], "jax not installed, torch 2.13.0+cpu": ["not run"]}
+    assert not ctx["notes"]
+
+
 def test_shards_of_one_run_add_up(tmp_path):
     s1 = make_run(tmp_path / "s1", [row(NAN, "torch", "pass")], shard="1/2", started="2026-01-01T00:00:01Z")
     s2 = make_run(tmp_path / "s2", [row(NAN, "triton", "pass"), row(NAN, "torch", "pass", dtype="float64")],
