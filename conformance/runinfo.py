@@ -9,7 +9,8 @@ merged into one conformance matrix (``python -m reports merge``):
 - ``impls-<worker>-<pid>.json``, one per pytest process: every implementation that process
   parametrized, as ``{"technique", "name", "origin", "target", "packages": {distribution:
   version}}`` (torch, Triton where it launches kernels, the package an adapter needs, an
-  outside target's own distribution).
+  outside target's own distribution; ``peers-<set>: on|off`` for a peer set's adapter, so that
+  the matrix keeps a peer job's rows apart from a run where that set is off).
 
 A run folder holds one run: give each run (and each shard) its own folder. A new run into a
 folder that holds an earlier one (its ``run.json``) first removes that run's files (``run.json``,
@@ -74,7 +75,10 @@ def describe(impl) -> dict:
     needs = None
     if impl.origin == "builtin":
         regs, _ = registry.registrations(impl.technique)
-        needs = next((r.needs for r in regs if r.name == impl.name), None)
+        reg = next((r for r in regs if r.name == impl.name), None)
+        needs = reg.needs if reg is not None else None
+        if reg is not None and reg.peer is not None:     # a peer set's adapter: where it ran, or not
+            packages[f"peers-{reg.peer}"] = "on" if reg.peer in registry.peer_sets() else "off"
     elif impl.target:
         needs = _distribution_of(impl.target)
     if needs:
