@@ -374,15 +374,15 @@ def registrations(technique: str) -> tuple[list[Registration], list[tuple[str, s
 def _load_registration(c: Contract, r: Registration, device: str | None) -> Implementation:
     base = dict(technique=r.technique, name=r.name, target=r.target, origin=r.origin,
                 functions=c.all_functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns)
+    if r.peer is not None and r.peer not in peer_sets():      # first: the environment that installs it
+        return Implementation(namespace=None, unavailable=f"{r.name} runs in the peers-{r.peer} environment "
+                              f"(tox -e peers-{r.peer}: {PEERS_VARIABLE}={r.peer})", **base)
     if r.needs is not None and not importable(r.needs):
         return Implementation(namespace=None, unavailable=f"{r.name} needs the {r.needs!r} package, "
                               "which is not installed", **base)
     if r.requires is not None and device is not None and device not in r.requires:
         return Implementation(namespace=None, unavailable=f"{r.name} runs on {sorted(r.requires)}, not {device}",
                               **base)
-    if r.peer is not None and r.peer not in peer_sets():
-        return Implementation(namespace=None, unavailable=f"{r.name} runs in the peers-{r.peer} environment "
-                              f"(tox -e peers-{r.peer}: {PEERS_VARIABLE}={r.peer})", **base)
     return Implementation(namespace=_namespace(c, r.impl, r.target), **base)
 
 
