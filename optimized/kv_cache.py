@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint, check_ids, held_bytes
+from conformance.contracts.kv_cache import Footprint, check_ids, check_prefill_shape, held_bytes
 from optimized.kv_append import INDEX_DTYPE, StaticKVCache
 from reference.transformer import Transformer, naive_attention
 
@@ -143,17 +143,7 @@ class KVCacheEngine:
         """
         self._check_ids(tokens, "tokens", 2)
         self._check_ids(lengths, "lengths", 1)
-        B, S = tokens.shape
-        if not 1 <= B <= self.cache.max_batch:
-            raise ValueError(f"tokens has batch {B}; it must be in [1, max_batch={self.cache.max_batch}]")
-        if not 1 <= S <= self.cache.max_seq_len:
-            raise ValueError(f"tokens has length {S}; it must be in [1, max_seq_len={self.cache.max_seq_len}] "
-                             "(the cache capacity)")
-        if lengths.shape != (B,):
-            raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
-        host_lengths = lengths.cpu()
-        if int(host_lengths.min()) < 1 or int(host_lengths.max()) > S:
-            raise ValueError(f"lengths must lie in [1, S={S}], got {host_lengths.tolist()}")
+        host_lengths = check_prefill_shape(tokens, lengths, self.cache.max_batch, self.cache.max_seq_len)
         self._check_vocab(tokens, "tokens")
         return self._prefill(tokens, lengths, host_lengths)
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint, check_ids, held_bytes
+from conformance.contracts.kv_cache import Footprint, check_ids, check_prefill_shape, held_bytes
 from optimized.kv_append import INDEX_DTYPE
 from reference.transformer import Transformer, naive_attention
 
@@ -108,17 +108,8 @@ class StorageEngine:
         Raises TypeError/ValueError as the suite engine's prefill."""
         self._check_ids(tokens, "tokens", 2)
         self._check_ids(lengths, "lengths", 1)
+        host = check_prefill_shape(tokens, lengths, self.max_batch, self.max_seq_len)
         B, S = tokens.shape
-        if not 1 <= B <= self.max_batch:
-            raise ValueError(f"tokens has batch {B}; it must be in [1, max_batch={self.max_batch}]")
-        if not 1 <= S <= self.max_seq_len:
-            raise ValueError(f"tokens has length {S}; it must be in [1, max_seq_len={self.max_seq_len}] "
-                             "(the cache capacity)")
-        if lengths.shape != (B,):
-            raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
-        host = lengths.cpu()
-        if int(host.min()) < 1 or int(host.max()) > S:
-            raise ValueError(f"lengths must lie in [1, S={S}], got {host.tolist()}")
         self._check_vocab(tokens, "tokens")
         self.storage = None                                      # a prefill forgets every sequence
         storage = self._new_cache(self.cfg, B, self.max_seq_len, self.dtype, self.device)

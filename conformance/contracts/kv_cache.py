@@ -149,6 +149,23 @@ def check_ids(x, name: str, dim: int, device, vocab_size: int | None = None) -> 
         raise ValueError(f"{name} holds token ids outside [0, {vocab_size})")
 
 
+def check_prefill_shape(tokens, lengths, max_batch: int, max_seq_len: int) -> torch.Tensor:
+    """The contract's check of a prefill's sizes (after :func:`check_ids`): batch B in
+    [1, max_batch], length S in [1, max_seq_len] (the cache capacity), lengths of shape (B,) in
+    [1, S]; ValueError naming the argument. Returns the lengths on the CPU."""
+    B, S = tokens.shape
+    if not 1 <= B <= max_batch:
+        raise ValueError(f"tokens has batch {B}; it must be in [1, max_batch={max_batch}]")
+    if not 1 <= S <= max_seq_len:
+        raise ValueError(f"tokens has length {S}; it must be in [1, max_seq_len={max_seq_len}] (the cache capacity)")
+    if lengths.shape != (B,):
+        raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
+    host = lengths.cpu()
+    if int(host.min()) < 1 or int(host.max()) > S:
+        raise ValueError(f"lengths must lie in [1, S={S}], got {host.tolist()}")
+    return host
+
+
 def held_bytes(obj, *, skip: tuple = ()) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, lists, tuples, dicts, at any
     depth; tensor subclasses that wrap inner tensors through ``__tensor_flatten__`` are opened),

@@ -70,6 +70,32 @@ class VerifyShape:
     V: int
 
 
+def check_tokens_and_probs(draft_tokens, draft_probs, target_probs, V: int) -> torch.Tensor:
+    """ValueError unless every draft token lies in [0, V) and every row of ``draft_probs`` /
+    ``target_probs`` is a finite, non-negative distribution summing to 1 (within SUM_TOL of its
+    dtype); the message names the argument and the first offending index. Returns the draft
+    tokens on the CPU. Shared by this contract and the token-tree one."""
+    tok = draft_tokens.detach().to("cpu")
+    bad = ((tok < 0) | (tok >= V)).nonzero()
+    if bad.numel():
+        b, i = (int(x) for x in bad[0])
+        raise ValueError(f"draft_tokens[{b}, {i}] = {int(tok[b, i])} lies outside the vocabulary [0, V) = [0, {V})")
+    tol = SUM_TOL[draft_probs.dtype]
+    for name, t in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        x = t.detach().to("cpu", torch.float64)
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} must be finite (probabilities), found NaN or inf")
+        if (x < 0).any():
+            idx = tuple(int(i) for i in (x < 0).nonzero()[0])
+            raise ValueError(f"{name} must be non-negative (probabilities); {name}{list(idx)} = {float(x[idx]):.3g}")
+        err = (x.sum(-1) - 1.0).abs()
+        if (err > tol).any():
+            b, i = (int(v) for v in (err > tol).nonzero()[0])
+            raise ValueError(f"{name}[{b}, {i}] sums to {float(x[b, i].sum()):.12g}; each row must be a "
+                             f"distribution summing to 1 (within {tol:g} in {str(t.dtype).replace('torch.', '')})")
+    return tok
+
+
 def validate(draft_tokens, draft_probs, target_probs, generator) -> VerifyShape:
     """Check one ``verify`` call against the contract; return its sizes.
 
@@ -119,24 +145,7 @@ def validate(draft_tokens, draft_probs, target_probs, generator) -> VerifyShape:
     if generator.device.type != dev.type:
         raise ValueError(f"generator is on {generator.device}, the tensors on {dev}: pass a torch.Generator "
                          f"on the tensors' device")
-    tok = draft_tokens.detach().to("cpu")
-    bad = ((tok < 0) | (tok >= V)).nonzero()
-    if bad.numel():
-        b, i = (int(x) for x in bad[0])
-        raise ValueError(f"draft_tokens[{b}, {i}] = {int(tok[b, i])} lies outside the vocabulary [0, V) = [0, {V})")
-    tol = SUM_TOL[draft_probs.dtype]
-    for name, t in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-        x = t.detach().to("cpu", torch.float64)
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{name} must be finite (probabilities), found NaN or inf")
-        if (x < 0).any():
-            idx = tuple(int(i) for i in (x < 0).nonzero()[0])
-            raise ValueError(f"{name} must be non-negative (probabilities); {name}{list(idx)} = {float(x[idx]):.3g}")
-        err = (x.sum(-1) - 1.0).abs()
-        if (err > tol).any():
-            b, i = (int(v) for v in (err > tol).nonzero()[0])
-            raise ValueError(f"{name}[{b}, {i}] sums to {float(x[b, i].sum()):.12g}; each row must be a "
-                             f"distribution summing to 1 (within {tol:g} in {str(t.dtype).replace('torch.', '')})")
+    tok = check_tokens_and_probs(draft_tokens, draft_probs, target_probs, V)
     q_x = draft_probs.detach().to("cpu").gather(-1, tok[..., None])[..., 0]
     zero = (q_x == 0).nonzero()
     if zero.numel():

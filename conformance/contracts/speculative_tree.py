@@ -60,7 +60,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.contracts.speculative import DTYPES, PAD, SUM_TOL, TOKEN_DTYPE, random_distributions
+from conformance.contracts.speculative import (DTYPES, PAD, TOKEN_DTYPE, check_tokens_and_probs,
+                                               random_distributions)
 from conformance.registry import Contract, InvalidCall
 
 __all__ = ["DTYPES", "PAD", "TreeShape", "validate", "depths", "children", "cases", "invalid", "CONTRACT"]
@@ -149,24 +150,7 @@ def validate(parents, draft_tokens, draft_probs, target_probs, generator) -> Tre
         i = int(bad[0, 0])
         raise ValueError(f"parents[{i}] = {int(par[i])} must lie in [-1, {i}): -1 for the root, else an "
                          f"earlier node (topological order)")
-    tok = draft_tokens.detach().to("cpu")
-    bad = ((tok < 0) | (tok >= V)).nonzero()
-    if bad.numel():
-        b, i = (int(x) for x in bad[0])
-        raise ValueError(f"draft_tokens[{b}, {i}] = {int(tok[b, i])} lies outside the vocabulary [0, V) = [0, {V})")
-    tol = SUM_TOL[draft_probs.dtype]
-    for name, t in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-        x = t.detach().to("cpu", torch.float64)
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{name} must be finite (probabilities), found NaN or inf")
-        if (x < 0).any():
-            where = tuple(int(i) for i in (x < 0).nonzero()[0])
-            raise ValueError(f"{name} must be non-negative (probabilities); {name}{list(where)} = {float(x[where]):.3g}")
-        err = (x.sum(-1) - 1.0).abs()
-        if (err > tol).any():
-            b, i = (int(v) for v in (err > tol).nonzero()[0])
-            raise ValueError(f"{name}[{b}, {i}] sums to {float(x[b, i].sum()):.12g}; each row must be a "
-                             f"distribution summing to 1 (within {tol:g} in {str(t.dtype).replace('torch.', '')})")
+    tok = check_tokens_and_probs(draft_tokens, draft_probs, target_probs, V)
     rows = (par + 1)[None, :, None].expand(B, n, 1)                     # each node's parent row
     q_parent = draft_probs.detach().to("cpu").gather(1, rows.expand(B, n, V))
     q_x = q_parent.gather(-1, tok[..., None])[..., 0]
