@@ -13,6 +13,7 @@ rejecting known-bad data), as JSON lines (``ZOO-TEST {...}``), and collects noth
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -42,15 +43,21 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def zoo_tests(root: Path = ROOT) -> list[dict]:
-    """Every collected zoo test of ``properties/`` (subprocess: the suite's own collection).
-    Raises RuntimeError with pytest's output when the collection fails."""
+    """Every collected zoo test of ``properties/`` (subprocess: the suite's own collection, ~10 s
+    on 2 cores; made once per process and root). Raises RuntimeError with pytest's output when
+    the collection fails."""
+    return [dict(z) for z in _zoo_tests(Path(root).resolve())]
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo_tests(root: Path) -> tuple[dict, ...]:
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "reports.falsifiers",
                         "--collect-only", "-q", "--device", "cpu", "properties"],
                        cwd=root, capture_output=True, text=True, timeout=600)
     rows = [json.loads(line[len(PREFIX):]) for line in r.stdout.splitlines() if line.startswith(PREFIX)]
     if not rows:
         raise RuntimeError(f"no zoo test collected (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return rows
+    return tuple(rows)
 
 
 def render(root: Path = ROOT) -> str:
