@@ -120,6 +120,27 @@ def check_qt4(step: Callable = qt4_step, snr: Callable = qt4_snr) -> dict:
     return dict(s=s, snr=r, s_out=s_out, snr_out=r_out)
 
 
+def qt4_weights() -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 6's weight drawn to its figures: 65,536 N(0, 0.067²) values (512 x 128, seed 11,
+    float64) with the largest |w| set to 0.323; and a copy with one outlier of 3.0 at [0, 0]."""
+    from properties import strategies as S
+
+    w = S.randn((512, 128), 11) * 0.067
+    w.view(-1)[w.abs().argmax()] = 0.323
+    w_out = w.clone()
+    w_out[0, 0] = 3.0
+    return w, w_out
+
+
+def qt4_measured_snr(w: torch.Tensor) -> float:
+    """The measured SNR of 4-bit per-tensor absmax (the reference quantizer) on w, a power
+    ratio: var(w) / mean((w - w_hat)²)."""
+    from reference import quantization as ref
+
+    d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
+    return float(w.var() / ((w - d) ** 2).mean())
+
+
 def check_qt4_measured(snr_w: float, snr_formula: float, snr_w_out: float) -> None:
     """QT-4 measured: a drawn weight's SNR within 10% of the formula's; with the outlier the
     measured SNR about 1 (0.8..1.3: nearly every weight rounds to 0, the noise is the weight)."""
@@ -276,6 +297,17 @@ def check_qt8_nll(nll: dict, base: float) -> None:
         if m.startswith("GPTQ"):
             assert v <= nll["RTN", b], (f"QT-8: {m} at {b} bits: NLL {v:.4f} above round-to-nearest's "
                                         f"{nll['RTN', b]:.4f} (rule: no worse) ({table})")
+
+
+#: QT-8's recorded model figures (``test_qt8_gptq_and_awq_against_rtn``: the float32 target model,
+#: 64 test documents, weights quantized in float64): (method, bits) -> test NLL, and unquantized.
+QT8_RECORDED_BASE = 2.6002
+QT8_NLL_RECORDED = {("RTN", 4): 2.6017, ("RTN", 3): 2.6073, ("GPTQ", 4): 2.6010, ("GPTQ", 3): 2.6035,
+                    ("GPTQ act-order", 4): 2.5999, ("GPTQ act-order", 3): 2.6029, ("AWQ", 4): 2.6025,
+                    ("AWQ", 3): 2.6094}
+#: The same evaluation with :func:`gptq_hessian_permuted` in place of GPTQ (measured once, as
+#: the experiment measures GPTQ): bits -> test NLL.
+QT8_NLL_HESSIAN_PERMUTED = {4: 2.6113, 3: 2.6235}
 
 
 # ------------------------------------------------------------- known-bad inputs of the checks

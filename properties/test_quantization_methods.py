@@ -36,6 +36,8 @@ from properties.quant_claims_cases import (
     check_qt7_w8a8,
     check_qt8_layers,
     check_qt8_nll,
+    qt4_measured_snr,
+    qt4_weights,
     qt8_group,
     qt8_quantize,
     qt8_ratios,
@@ -110,22 +112,9 @@ def test_qt4_exercise6_step_and_snr():
     by the reference: the measured SNR matches the formula without the outlier; with it nearly
     every weight rounds to 0, so the noise is the weight itself and the measured SNR is about 1
     (0 dB), not 0.3: the uniform-noise model stops holding once s is several standard deviations."""
-    from reference import quantization as ref
-
-    std, wmax = 0.067, 0.323
     snr = check_qt4()["snr"]
-
-    w = S.randn((512, 128), 11) * std
-    w.view(-1)[w.abs().argmax()] = wmax
-
-    def measured_snr(w):
-        d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
-        return float(w.var() / ((w - d) ** 2).mean())
-
-    snr_w = measured_snr(w)
-    w_out = w.clone()
-    w_out[0, 0] = 3.0
-    snr_w_out = measured_snr(w_out)
+    w, w_out = qt4_weights()
+    snr_w, snr_w_out = qt4_measured_snr(w), qt4_measured_snr(w_out)
     check_qt4_measured(snr_w, snr, snr_w_out)
     results.recorder().reset()
     results.record("QT-4", measured=round(snr, 2), lecture="s ≈ 0.046, SNR ≈ 25 (14 dB); outlier: s ≈ 0.43, SNR ≈ 0.3",

@@ -23,18 +23,25 @@ from properties.falsify import judges, rejects
 from properties.quant_claims_cases import (
     QT3_RECORDED,
     QT3_RECORDED_BASE,
+    QT8_NLL_HESSIAN_PERMUTED,
+    QT8_NLL_RECORDED,
+    QT8_RECORDED_BASE,
     QT67_RECORDED,
     check_qt2_idempotent,
     check_qt2_packing,
     check_qt3,
     check_qt4,
+    check_qt4_measured,
     check_qt5,
     check_qt6,
     check_qt7_migration,
     check_qt7_w8a8,
     check_qt8_layers,
+    check_qt8_nll,
     gptq_hessian_permuted,
+    qt4_measured_snr,
     qt4_snr,
+    qt4_weights,
     qt8_quantize,
     qt8_ratios,
     qt4_step,
@@ -118,6 +125,25 @@ def test_qt4_rejects_snr_in_db_where_a_ratio_is_due():
     """The SNR returned in dB (14.0) where the exercise's 25 is a power ratio."""
     rejects("QT-4", check_qt4, (qt4_step, qt4_snr), (qt4_step, lambda std, s: 10 * math.log10(qt4_snr(std, s))),
             match=r"QT-4: SNR, uniform rounding noise .* EXCEEDS")
+
+
+def snr_amplitude(w: torch.Tensor) -> float:
+    """The measured SNR as an amplitude ratio, std(w) / rms(w - w_hat): the square root of the
+    power ratio the exercise's 25 is."""
+    from reference import quantization as ref
+
+    d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
+    return float(w.std() / ((w - d) ** 2).mean().sqrt())
+
+
+@pytest.mark.claim("QT-4")
+def test_qt4_rejects_a_measured_snr_of_amplitudes():
+    """Exercise 6's drawn weight (65,536 values): the power ratio matches the formula's 25.3;
+    the amplitude ratio (about 5) does not."""
+    w, w_out = qt4_weights()
+    snr = check_qt4()["snr"]
+    rejects("QT-4", check_qt4_measured, (qt4_measured_snr(w), snr, qt4_measured_snr(w_out)),
+            (snr_amplitude(w), snr, snr_amplitude(w_out)), match=r"QT-4: measured SNR \d\.\d+ not within 10%")
 
 
 # -------------------------------------------------------------------------------------- QT-5
@@ -296,6 +322,16 @@ def test_qt8_rejects_gptq_with_the_hessian_permuted(first_block):
     bad = _block_ratios(first_block, {"GPTQ Hessian permuted": gptq_hessian_permuted})
     rejects("QT-8", check_qt8_layers, (good,), (bad,),
             match=r"QT-8: GPTQ Hessian permuted at 4 bits: worst layer's held-out error \d+\.\d+x")
+
+
+@pytest.mark.claim("QT-8")
+def test_qt8_rejects_an_nll_table_with_gptq_worse_than_rtn():
+    """The recorded NLL table passes; with the NLLs GPTQ with the Hessian permuted gives
+    (``QT8_NLL_HESSIAN_PERMUTED``, the same evaluation) GPTQ is worse than round-to-nearest at
+    both bit widths, though within 3% of unquantized."""
+    bad = {**QT8_NLL_RECORDED, ("GPTQ", 4): QT8_NLL_HESSIAN_PERMUTED[4], ("GPTQ", 3): QT8_NLL_HESSIAN_PERMUTED[3]}
+    rejects("QT-8", check_qt8_nll, (QT8_NLL_RECORDED, QT8_RECORDED_BASE), (bad, QT8_RECORDED_BASE),
+            match=r"QT-8: GPTQ at 4 bits: NLL 2\.6113 above round-to-nearest's 2\.6017")
 
 
 # ------------------------------------------------------------------------------------- QT-10
