@@ -28,8 +28,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, paired_ratios, ratio_estimate, trend_fields
+from benchmarks.timing import median_seconds, paired_ratios, ratio_estimate
 from conformance import results
+from conformance.trends import QT10_QUANTIZED_DECODE
 from conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
 from properties.strategies import randn
 
@@ -114,7 +115,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
         faster = ratio_estimate(paired_ratios(lambda: x @ w.T, run, device, repeats))
         results.record("QT-10", measured=round(faster.estimate, 3),
                        lecture="weight-only int8/int4 make memory-bound decode products faster by reading fewer bytes",
-                       **trend_fields(faster, ">", 1, "quantized decode product faster than bf16"),
+                       **QT10_QUANTIZED_DECODE.fields(faster),
                        unit="bf16 / quantized latency (same run)", rule=f"{scheme}, M={M}, N={N}, K={K}",
                        bits=bits, granularity=gran)
 

@@ -110,3 +110,7 @@ KV3_DOUBLING_WITH_CACHE = TrendRule("KV-3", "<", 3, "with the cache about 2x (li
 AI9_STEP_GROWTH = TrendRule("AI-9", "<", 16, "step time grows at most a quarter as fast as the batch")
 #: AI-9: throughput B=256 / B=64 (4x the batch).
 AI9_SATURATION = TrendRule("AI-9", "<", 1.25, "saturated (4x the batch buys at most 25% more throughput)")
+
+# ------------------------------------------------------------ the rule of the quantization benchmark
+#: QT-10: bf16 / weight-only quantized latency of a memory-bound decode product (M = 1).
+QT10_QUANTIZED_DECODE = TrendRule("QT-10", ">", 1, "quantized decode product faster than bf16")

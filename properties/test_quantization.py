@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 from conformance import results
 from conformance.contracts import quantization as contract
 from conformance.laws import Kills, Law
-from conformance.tolerance import assert_exact, check_close, check_within
+from conformance.tolerance import check_close, check_within
 from properties import strategies as S
+from properties.quant_claims_cases import check_qt2_idempotent, check_qt2_packing
 from properties.quantization_cases import (
     DTYPES,
     EXAMPLE_SEEDS,
@@ -126,10 +127,7 @@ def test_qt1_bound_is_the_lecture_step():
 def law_idempotent(run, device, dtype, case, seed):
     """QT-2: with d = dequantize(quantize(w)), dequantize(quantize(d)) == d exactly."""
     note(str(case))
-    w = make_weight(case, seed, dtype, device)
-    d = run.impl.dequantize(quantize(run.impl, w, case, run=run))
-    d2 = run.impl.dequantize(quantize(run.impl, d, case, run=run))
-    assert_exact(d2, d, what=f"dequantize(quantize(d)) vs d ({case})")
+    check_qt2_idempotent(run.impl, make_weight(case, seed, dtype, device), case, run=run)
 
 
 #: QT-2's law, for the absmax implementations (the claim's scheme), in float64 and float32.
@@ -175,10 +173,8 @@ def test_qt2_packing_round_trips(bits, R, L, seed):
 
     g = torch.Generator().manual_seed(seed)
     u = torch.randint(0, 2 ** bits, (R, L), generator=g)
-    p_ref, p_opt = ref.pack(u, bits), quant_torch.pack(u, bits)
-    assert_exact(p_opt, p_ref, what="packed bytes (optimized layout vs reference)")
-    assert_exact(ref.unpack(p_ref, bits, L), u, what="reference unpack(pack(u))")
-    assert_exact(quant_torch.unpack(p_opt, bits, L).to(torch.int64), u, what="optimized unpack(pack(u))")
+    p_ref = check_qt2_packing(ref.pack, ref.unpack, u, bits)
+    check_qt2_packing(quant_torch.pack, quant_torch.unpack, u, bits, layout=ref.pack)
     assert p_ref.shape[1] == -(-L // ref.codes_per_byte(bits))
 
 

@@ -24,23 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import results
-from conformance.tolerance import assert_scalar, check_scalar
+from properties.serving_cases import ABOUT, BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
 from reference.serving import POLICIES, Arrival, FirstFit, Request, downsample, lecture_trace, simulate, simulate_chunked
-
-BUDGET = 32768
-BLOCK = 16
-SEED = 2023
-#: "about": the relative tolerance of the lecture's rounded figures.
-ABOUT = 0.25
-
-LECTURE = {
-    "reserve_max_waste": 0.5,
-    "exact_waste": 0.14,
-    "paged_waste": 0.011,
-    "concurrency_ratio": 2.5,
-    "step_reduction": 0.6,
-}
-
 
 @functools.lru_cache(maxsize=None)
 def run(policy: str):
@@ -79,8 +64,7 @@ def test_pa2_policy_on_the_lecture_trace(policy):
                    peak_running=s["peak_running"], mean_running=s["mean_running"], total_steps=s["total_steps"],
                    preemptions=s["preemptions"], fragmented_steps=s["fragmented_steps"],
                    utilisation_by_step=downsample([round(x.utilisation, 4) for x in res.steps]))
-    key = f"{policy}_waste"
-    assert_scalar(s["mean_waste"], LECTURE[key], rel=ABOUT, what=f"{policy}: mean waste vs the lecture's figure")
+    check_pa2_waste(policy, s["mean_waste"])
 
 
 @pytest.mark.claim("PA-2")
@@ -90,15 +74,12 @@ def test_pa2_paged_runs_more_requests_in_fewer_steps():
     paged, reserve = run("paged"), run("reserve_max")
     ratio = paged.mean_running / reserve.mean_running
     reduction = 1 - paged.total_steps / reserve.total_steps
-    v1 = check_scalar(ratio, LECTURE["concurrency_ratio"], rel=ABOUT, what="mean concurrent requests, paged / reserve-max")
-    v2 = check_scalar(reduction, LECTURE["step_reduction"], rel=ABOUT, what="fewer steps than reserve-max")
     results.record("PA-2", measured=round(ratio, 3), lecture=2.5, unit="x concurrent requests (paged / reserve-max)",
                    rule=f"mean over steps; relative tolerance {ABOUT}")
     results.record("PA-2", measured=round(reduction, 3), lecture=0.6, unit="fraction of steps saved vs reserve-max",
                    rule=f"paged {paged.total_steps} vs reserve-max {reserve.total_steps} steps, "
                         f"{paged.preemptions} preemptions recomputed")
-    v1.check()
-    v2.check()
+    check_pa2_paged_vs_reserve(paged, reserve)
 
 
 @pytest.mark.claim("PA-2")
