@@ -42,7 +42,8 @@ Markers a property test uses:
   @pytest.mark.claim("FA-3", ...)       the claim ids the test checks.
   @pytest.mark.kills("no_max_subtract") the known-bad implementations the law must reject.
 
-Hypothesis profiles: ``ci`` (chosen when CI=true), ``dev`` (default), ``thorough``; select with
+Hypothesis profiles: ``ci`` (chosen when CI=true), ``compat`` (the oldest stack's CI run), ``dev``
+(default), ``thorough``; select with
 ``--hypothesis-profile`` or HYPOTHESIS_PROFILE.
 """
 from __future__ import annotations
@@ -80,6 +81,10 @@ settings.register_profile("ci", max_examples=10, derandomize=True, deadline=None
                           suppress_health_check=_SUPPRESS, print_blob=True)
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SUPPRESS,
                           print_blob=True)
+#: ``compat``: the oldest supported stack's run in CI (.ci/run), a compatibility check of the same
+#: kernels: every law's pinned boundary cases and 3 drawn examples (the newest stack draws ``ci``'s 10)
+settings.register_profile("compat", max_examples=3, derandomize=True, deadline=None,
+                          suppress_health_check=_SUPPRESS, print_blob=True)
 settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=_SUPPRESS, print_blob=True)
 
