@@ -232,3 +232,16 @@ def test_a_files_technique_narrows_its_name():
                                technique="quantization") is None
     assert expect.file_name("torch", "attention") == "attention-torch.toml"
     assert expect.file_name("my_pkg.mod:attn", "attention") == "my_pkg.mod_attn.toml"
+
+
+def test_the_builtin_expectations_ship_in_a_non_editable_install():
+    """``pip install .`` (not ``-e``) must carry expectations/: the built-ins' expected failures
+    are read from beside the installed packages on every run, and a suite installed without them
+    would fail PyTorch's known NaN finding as new. Read from pyproject.toml's own package list."""
+    from setuptools import find_packages
+
+    cfg = expectations.tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    packages = find_packages(str(ROOT), include=cfg["packages"]["find"]["include"])
+    assert expectations.BUILTIN.name in packages, f"{expectations.BUILTIN.name!r} is not a package: {packages}"
+    assert "*.toml" in cfg["package-data"].get(expectations.BUILTIN.name, []), cfg["package-data"]
+    assert sorted(expectations.BUILTIN.glob("*.toml")), expectations.BUILTIN
