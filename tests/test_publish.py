@@ -156,9 +156,9 @@ def _running_child(out: Path, proc) -> tuple[dict, int]:
     return m, m["child_pgid"]
 
 
-SLOW = ["--select", "properties/test_roofline.py", "-n", "2", "--no-bench"]
+SLOW = ["--select", "properties/test_roofline.py", "-n", "1", "--no-bench"]
 #: Minutes of work (500 examples per law), killed after its first rows.
-LONG = ["--select", "properties/test_block_allocator.py", "--profile", "thorough", "-n", "2", "--no-bench"]
+LONG = ["--select", "properties/test_block_allocator.py", "--profile", "thorough", "-n", "1", "--no-bench"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
