@@ -320,6 +320,26 @@ def check_sd13_limits(typical: Callable = ref_tree.typical_acceptance,
 
 
 # ------------------------------------------------------------------------------------ SD-14
+def copy_prompts(n: int) -> list:
+    """Copy-task prompts, (1, S) int64 each: a validation document without its end, then its
+    first 4 tokens again (the continuation repeats the prompt when the target copies)."""
+    import torch
+
+    from smallworld.data import encode, split
+
+    docs = encode(split("val", n))
+    return [torch.tensor([d[:-1] + d[:4]]) for d in docs]
+
+
+def free_prompts(n: int) -> list:
+    """Free-generation prompts: ``n`` times ``<bos>`` alone, (1, 1) int64."""
+    import torch
+
+    from smallworld.tokenizer import tokenizer
+
+    return [torch.tensor([[tokenizer().bos_id]])] * n
+
+
 def tokens_per_call(stats: dict) -> float:
     """Tokens emitted per target call of an engine run's statistics (``emitted`` / ``rounds``)."""
     return stats["emitted"] / stats["rounds"]

@@ -271,7 +271,6 @@ def _lookup_stats(drafter):
     prompts of ``test_sd14_prompt_lookup_copy_vs_free``) and on free generation from <bos>,
     24 tokens each: (copy, free)."""
     from optimized.speculative_engine import TreeSpeculativeEngine
-    from properties.test_speculative_tree_engine import _copy_prompts, _free_prompts
 
     def run(prompts):
         total = {"rounds": 0, "emitted": 0}
@@ -280,7 +279,7 @@ def _lookup_stats(drafter):
             total = {k: total[k] + s[k] for k in total}
         return total
 
-    return run(_copy_prompts(4)), run(_free_prompts(1))
+    return run(sc.copy_prompts(4)), run(sc.free_prompts(1))
 
 
 @pytest.mark.claim("SD-14")
