@@ -203,7 +203,8 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
     target step); the cost of scoring γ + 1 tokens in one target forward relative to a one-token
     step. Goals (issue, not asserted): verifying up to 8 tokens <= 1.15x a one-token step when
     memory-bound; measured speedup >= 0.85x the formula. The trend holds when the good draft's best
-    γ is faster than target-only and the poor draft's best γ is at most 4."""
+    γ is faster than target-only and the poor draft's best γ is at most 4 (the rule
+    :func:`conformance.trends.sd9_fields`, shown failing in ``properties/test_speculative_rejections.py``)."""
     from optimized.speculative_engine import CachedModel, SpeculativeEngine
     from reference.speculative import measured_alpha, speedup, tokens_per_call
     from smallworld.checkpoints import load_model

@@ -19,11 +19,18 @@ from typing import Callable
 import numpy as np
 
 from conformance import results
+from conformance.tolerance import Verdict, report_verdict
 from reference import speculative as ref
 from reference import speculative_tree as ref_tree
 
 #: The exact rule of SD-2 and SD-4: enumeration against the claim's figure in float64.
 EXACT_BOUND = 1e-12
+
+
+def _exact(error: float, what: str) -> None:
+    """The exact rule as the tolerance policy's verdict (noted for the test's row): raises
+    AssertionError naming ``what``, the error and the bound when ``error`` > 1e-12."""
+    report_verdict(Verdict(error <= EXACT_BOUND, "exact enumeration in float64", error, EXACT_BOUND, what)).check()
 
 
 # ------------------------------------------------------------------------------------- SD-2
@@ -38,10 +45,9 @@ def check_sd2(round_outcomes: Callable = ref.round_outcomes) -> tuple[float, flo
     P_A = sum(pr for seq, pr in outcomes.items() if seq[0] == 0)
     P_B = sum(pr for seq, pr in outcomes.items() if seq[0] == 1)
     err = max(abs(P_A - target[0]), abs(P_B - target[1]))
-    assert err <= EXACT_BOUND, (f"SD-2: P[A] = {P_A:.6g}, P[B] = {P_B:.6g}, not q(A) = 0.3, q(B) = 0.7 "
-                                f"(max error {err:.3g} > {EXACT_BOUND:g}; rule: exact enumeration of one round)")
     results.record("SD-2", measured=err, bound=EXACT_BOUND, lecture="P[A] = q(A), P[B] = q(B)",
                    unit="max |P - q| (CS336's q is the target)", rule="exact enumeration", P_A=P_A, P_B=P_B)
+    _exact(err, f"SD-2: P[A] = {P_A:.6g}, P[B] = {P_B:.6g} of the first emitted token vs q(A) = 0.3, q(B) = 0.7")
     return P_A, P_B
 
 
@@ -118,9 +124,8 @@ def check_sd4(alpha: float, tokens_per_call: Callable = ref.tokens_per_call,
         outcomes = ref.round_outcomes(np.tile(q_row, (gamma, 1)), np.tile(p_row, (gamma + 1, 1)))
         enumerated = sum(len(s) * pr for s, pr in outcomes.items())
         formula = tokens_per_call(alpha, gamma)
-        assert abs(enumerated - formula) <= EXACT_BOUND, (
-            f"SD-4: tokens per call at alpha={alpha}, gamma={gamma}: formula {formula:.6g}, enumeration "
-            f"{enumerated:.6g} (bound {EXACT_BOUND:g}; rule: (1 - a^(g+1)) / (1 - a))")
+        _exact(abs(enumerated - formula), f"SD-4: tokens per call at alpha={alpha}, gamma={gamma}: formula "
+                                          f"{formula:.6g} vs enumeration {enumerated:.6g} ((1 - a^(g+1)) / (1 - a))")
         for c in SD4_COSTS:
             s = speedup(alpha, gamma, c)
             assert abs(s - enumerated / (1 + gamma * c)) <= EXACT_BOUND, (
