@@ -1,5 +1,7 @@
-"""Laws of speculative decoding (claims SD-1, SD-2, SD-4, SD-6; lecture 002 §2, Leviathan et al.
-2023).
+"""Laws of speculative decoding (claims SD-1, SD-2, SD-4..SD-7; lecture 002 §2, Leviathan et al.
+2023). The checks of SD-2 and SD-4..SD-7 are functions of what they judge in
+``properties/speculative_claims_cases.py``, shown rejecting known-bad inputs in
+``properties/test_speculative_rejections.py``.
 
 SD-1 is checked two ways. Exactly: the float64 enumerator (``reference.speculative``) sums every
 accept/reject path of repeated rounds, and the distribution of the first emitted token, and of
