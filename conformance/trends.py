@@ -6,8 +6,9 @@ claims are judged by.
 their logs; a :class:`TrendRule` says "holds" when the interval lies wholly on the claim's side
 of its mark, "fails" when it lies wholly on the other, "inconclusive" when it straddles the mark
 (or there is no interval). The benchmarks (``benchmarks/``) judge their measured ratios with the
-rules declared here; ``properties/test_trend_rejections.py`` feeds the same rules synthetic
-ratios without the trend.
+rules declared here; ``properties/test_trend_rejections.py`` (SD-9's:
+``properties/test_speculative_rejections.py``) feeds the same rules synthetic ratios without the
+trend.
 """
 from __future__ import annotations
 
@@ -114,3 +115,37 @@ AI9_SATURATION = TrendRule("AI-9", "<", 1.25, "saturated (4x the batch buys at m
 # ------------------------------------------------------------ the rule of the quantization benchmark
 #: QT-10: bf16 / weight-only quantized latency of a memory-bound decode product (M = 1).
 QT10_QUANTIZED_DECODE = TrendRule("QT-10", ">", 1, "quantized decode product faster than bf16")
+
+# ------------------------------------------------------- the rule of the speculative benchmark
+#: SD-9: the good draft's speedup over target-only decoding (target-only time / speculative
+#: time, wall clock) at its best γ lies above 1; the poor draft's best γ is small (CS336: 3-4).
+SD9_GOOD_DRAFT_FASTER = TrendRule("SD-9", ">", 1,
+                                  "good draft faster than target-only; poor draft's best gamma (of 1..8) <= 4")
+#: SD-9: the largest best γ of the poor draft the claim's "small" allows.
+SD9_POOR_BEST_GAMMA = 4
+
+
+def best_gamma(by_gamma: dict) -> tuple[int, RatioEstimate]:
+    """(γ, estimate) of the fastest γ of one draft: ``by_gamma`` {γ: RatioEstimate of target-only
+    time / speculative time}; the largest point estimate, the larger γ on ties."""
+    if not by_gamma:
+        raise ValueError("by_gamma must hold at least one gamma")
+    g = max(by_gamma, key=lambda k: (by_gamma[k].estimate, k))
+    return g, by_gamma[g]
+
+
+def sd9_fields(good: dict, poor: dict) -> dict:
+    """SD-9's verdict fields (:meth:`TrendRule.fields`) from each draft's estimates by γ
+    ({γ: RatioEstimate}): the good draft's best γ judged by :data:`SD9_GOOD_DRAFT_FASTER`, and
+    "fails" whatever that says when the poor draft's best γ exceeds :data:`SD9_POOR_BEST_GAMMA`."""
+    fields = SD9_GOOD_DRAFT_FASTER.fields(best_gamma(good)[1])
+    if best_gamma(poor)[0] > SD9_POOR_BEST_GAMMA:
+        fields.update(trend="fails", holds=False)
+    return fields
+
+
+def sd9_judge(good: dict, poor: dict) -> str:
+    """SD-9's verdict ("holds", "fails", "inconclusive") from each draft's repeated paired ratios
+    by γ ({γ: [target-only time / speculative time, ...]})."""
+    est = {k: ratio_estimate(v) for k, v in good.items()}, {k: ratio_estimate(v) for k, v in poor.items()}
+    return sd9_fields(*est)["trend"]

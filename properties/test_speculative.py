@@ -1,5 +1,7 @@
-"""Laws of speculative decoding (claims SD-1, SD-2, SD-4, SD-6; lecture 002 §2, Leviathan et al.
-2023).
+"""Laws of speculative decoding (claims SD-1, SD-2, SD-4..SD-7; lecture 002 §2, Leviathan et al.
+2023). The checks of SD-2 and SD-4..SD-7 are functions of what they judge in
+``properties/speculative_claims_cases.py``, shown rejecting known-bad inputs in
+``properties/test_speculative_rejections.py``.
 
 SD-1 is checked two ways. Exactly: the float64 enumerator (``reference.speculative``) sums every
 accept/reject path of repeated rounds, and the distribution of the first emitted token, and of
@@ -43,6 +45,9 @@ from properties.speculative_cases import (
     verifier_outcomes,
 )
 from conformance.stats import check_counts, upper_bound
+from properties.speculative_claims_cases import (SD5_ALPHA_TOL, SD5_GAMMAS, SD5_LECTURE, SD5_LOW, SD5_ROWS, SD5_TOKENS,
+                                                 SD5_TOKENS_TOL, SD5_Z, RoundLog, check_sd2, check_sd4, check_sd5_tokens_kept,
+                                                 check_sd6, check_sd7, sd5_parts)
 from reference import speculative as ref
 
 TECH = "speculative"
@@ -111,16 +116,9 @@ def test_sd1_exact_check_rejects_wrong_acceptance(rule):
 def test_sd2_two_token_example():
     """SD-2, the two-token proof of CS336 (its notation: q the target, p the draft): a draft
     that over-proposes A (p(A) > q(A)) is accepted on A with probability q(A)/p(A) and always
-    on B, and a rejection always yields B: P[A] = q(A), P[B] = q(B), by exact enumeration."""
-    target, draft = np.array([0.3, 0.7]), np.array([0.6, 0.4])           # CS336's q, p
-    outcomes = ref.round_outcomes(draft[None], np.stack([target, target]))
-    P_A = sum(pr for seq, pr in outcomes.items() if seq[0] == 0)
-    P_B = sum(pr for seq, pr in outcomes.items() if seq[0] == 1)
-    v = report_verdict(_exact_verdict([P_A, P_B], target, "P[A], P[B] of the first emitted token"))
-    results.record("SD-2", measured=max(abs(P_A - 0.3), abs(P_B - 0.7)), bound=EXACT_BOUND,
-                   lecture="P[A] = q(A), P[B] = q(B)", unit="max |P - q| (CS336's q is the target)",
-                   rule="exact enumeration", P_A=P_A, P_B=P_B)
-    v.check()
+    on B, and a rejection always yields B: P[A] = q(A), P[B] = q(B), by exact enumeration
+    (:func:`properties.speculative_claims_cases.check_sd2`)."""
+    check_sd2(ref.round_outcomes)
 
 
 # --------------------------------------------------------------- SD-1 on samples, every verify
@@ -374,37 +372,16 @@ def test_randomness_only_from_generator(impl, device):
 @pytest.mark.parametrize("alpha", [0.5, 0.69, 0.8, 0.92])
 def test_sd4_tokens_per_call_formula_matches_enumeration(alpha):
     """SD-4: when every position accepts with the same α (p, q built so that Σ min(p, q) = α),
-    the enumerated expected tokens per round equals (1 − α^(γ+1)) / (1 − α), γ = 1..4."""
-
-    q_row = np.array([1.0, 0.0, 0.0])
-    p_row = np.array([alpha, 1 - alpha, 0.0])
-    for gamma in range(1, 5):
-        outcomes = ref.round_outcomes(np.tile(q_row, (gamma, 1)), np.tile(p_row, (gamma + 1, 1)))
-        expected_tokens = sum(len(s) * pr for s, pr in outcomes.items())
-        formula = ref.tokens_per_call(alpha, gamma)
-        v = report_verdict(_exact_verdict([expected_tokens], [formula], f"tokens per call at alpha={alpha}, gamma={gamma}"))
-        results.record("SD-4", measured=expected_tokens, lecture=formula, bound=EXACT_BOUND,
-                       unit="tokens per target call", rule="enumeration equals (1 - a^(g+1)) / (1 - a)",
-                       gamma=gamma, tokens_per_call=expected_tokens, alpha=alpha, draft=f"formula alpha={alpha}")
-        v.check()
-
-
-#: Exercise 7 of the lecture (SD-6): α = 0.8, c = 0.05.
-EXERCISE_7 = {1: 1.71, 4: 2.80, 8: 3.09, 10: 3.05}
+    the enumerated expected tokens per round equals (1 − α^(γ+1)) / (1 − α), γ = 1..4, and the
+    estimated speedup is that over 1 + γc (:func:`properties.speculative_claims_cases.check_sd4`)."""
+    check_sd4(alpha, ref.tokens_per_call, ref.speedup)
 
 
 @pytest.mark.claim("SD-6")
 def test_sd6_exercise_7_table():
     """SD-6: the speedup formula at α = 0.8, c = 0.05 gives the lecture's table to its printed
-    precision, and the best γ is near 8."""
-    table = {g: ref.speedup(0.8, g, 0.05) for g in range(1, 13)}
-    best = ref.best_gamma(0.8, 0.05)
-    results.record("SD-6", measured={g: round(s, 3) for g, s in table.items()}, lecture=EXERCISE_7,
-                   unit="speedup (x)", rule="tokens_per_call / (1 + gamma c), alpha=0.8, c=0.05",
-                   best_gamma=best)
-    for g, lecture in EXERCISE_7.items():
-        assert abs(table[g] - lecture) <= 0.005 + 1e-12, f"gamma={g}: formula {table[g]:.4f}, lecture {lecture}"
-    assert abs(best - 8) <= 1, f"best gamma {best}, lecture: near 8"
+    precision, and the best γ is near 8 (:func:`properties.speculative_claims_cases.check_sd6`)."""
+    check_sd6(ref.speedup, ref.best_gamma)
 
 
 def test_formula_errors():
@@ -429,48 +406,6 @@ def _bos(B):
     return torch.full((B, 1), tokenizer().bos_id, dtype=torch.int64)
 
 
-#: SD-5 on the small world: rounds of B = 8 documents, 32 new tokens each (256 per γ), γ = 1..10.
-SD5_ROWS, SD5_TOKENS, SD5_GAMMAS = 8, 32, tuple(range(1, 11))
-#: The claim's figures (lecture 002 §2): α of each draft, tokens per call (γ = 8 for the good
-#: draft; every γ >= 4 for the poor one, "about 3 whatever γ"), and the tolerances "≈" and
-#: "about" are read with: α within 0.03, tokens per call within 0.5.
-SD5_LECTURE = {"draft_good": dict(alpha=0.92, tokens=6.0, gammas=(8,)),
-               "draft_poor": dict(alpha=0.69, tokens=3.0, gammas=tuple(g for g in SD5_GAMMAS if g >= 4))}
-SD5_ALPHA_TOL, SD5_TOKENS_TOL = 0.03, 0.5
-#: "Measured slightly below the formula", one-sided: measured tokens per call not above the
-#: formula at the measured α (pooled z over every round of γ = 1..10 at most z_0.99 = 2.326),
-#: and not more than 20% below it (a round loop that loses tokens is).
-SD5_Z, SD5_LOW = 2.326, 0.8
-
-
-class _RoundLog:
-    """A verify that records, per call, the emitted tokens (num_accepted + 1) of every row still
-    generating (``speculative_generate`` advances a row by num_accepted + 1 until it has
-    ``new_tokens``; finished rows are verified but not counted)."""
-
-    def __init__(self, B, new_tokens):
-        self.lengths, self.goal, self.emitted = np.zeros(B, dtype=np.int64), new_tokens, []
-
-    def __call__(self, draft_tokens, draft_probs, target_probs, *, generator):
-        tokens, n = ref.verify(draft_tokens, draft_probs, target_probs, generator=generator)
-        active = self.lengths < self.goal
-        e = n.numpy() + 1
-        self.emitted += e[active].tolist()
-        self.lengths += np.where(active, e, 0)
-        return tokens, n
-
-
-def _sd5_below_formula(by_gamma):
-    """(z, mean ratio, the smallest relative excess over the formula found with probability 0.9)
-    of measured tokens per call against the formula, pooled over γ: z = Σ (e − f_γ) / √Σ (e − ē_γ)²
-    over every round's emitted count e."""
-    excess = sum(float(np.sum(np.asarray(e) - f)) for _, e, f in by_gamma.values())
-    var = sum(float(np.sum((np.asarray(e) - np.mean(e)) ** 2)) for _, e, _ in by_gamma.values())
-    total_formula = sum(len(e) * f for _, e, f in by_gamma.values())
-    ratio = float(np.mean([np.mean(e) / f for _, e, f in by_gamma.values()]))
-    return excess / var ** 0.5, ratio, (SD5_Z + 1.2816) * var ** 0.5 / total_formula
-
-
 @pytest.mark.claim("SD-5")
 @pytest.mark.parametrize("draft", ["draft_good", "draft_poor"])
 def test_sd5_tokens_per_call_on_small_world(draft):
@@ -490,7 +425,7 @@ def test_sd5_tokens_per_call_on_small_world(draft):
     by_gamma = {}
     for gamma in SD5_GAMMAS:
         gen = torch.Generator().manual_seed(gamma)
-        log = _RoundLog(SD5_ROWS, SD5_TOKENS)
+        log = RoundLog(SD5_ROWS, SD5_TOKENS)
         _, st = ref.speculative_generate(models["target"], models[draft], _bos(SD5_ROWS), SD5_TOKENS, gamma,
                                          generator=gen, verify_fn=log)
         assert len(log.emitted) == st["rounds"] and sum(log.emitted) == st["emitted"]
@@ -509,10 +444,9 @@ def test_sd5_tokens_per_call_on_small_world(draft):
                        gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)",
                        estimated_speedup=round(ref.speedup(min(alpha, 1.0), gamma, c), 3), c_params=round(c, 4))
     lec = SD5_LECTURE[draft]
-    mean_alpha = float(np.mean([a for a, _, _ in by_gamma.values()]))
-    tokens = {g: float(np.mean(by_gamma[g][1])) for g in lec["gammas"]}
-    far = {g: round(t, 2) for g, t in tokens.items() if abs(t - lec["tokens"]) > SD5_TOKENS_TOL}
-    shipped = "" if abs(mean_alpha - lec["alpha"]) <= SD5_ALPHA_TOL else " (not reproduced with the shipped drafts)"
+    parts = sd5_parts(draft, by_gamma)
+    mean_alpha, tokens, far = parts["mean_alpha"], parts["tokens"], parts["far"]
+    shipped = "" if parts["alpha_holds"] else " (not reproduced with the shipped drafts)"
     results.record("SD-5", measured=round(mean_alpha, 3), lecture=lec["alpha"], unit="alpha (mean over gamma = 1..10)",
                    draft=draft, alpha=mean_alpha, holds=not shipped,
                    trend_rule=f"{draft}: alpha within {SD5_ALPHA_TOL} of the lecture's {lec['alpha']}{shipped}")
@@ -521,16 +455,14 @@ def test_sd5_tokens_per_call_on_small_world(draft):
                    unit="tokens per target call", draft=draft, holds=not far,
                    trend_rule=f"{draft}: about {lec['tokens']:g} tokens per call {where} (within {SD5_TOKENS_TOL})"
                               + (f"; not reproduced with the shipped drafts at gamma {sorted(far)}" if far else ""))
-    z, ratio, detectable = _sd5_below_formula(by_gamma)
-    below = z <= SD5_Z and ratio >= SD5_LOW
+    z, ratio, detectable = parts["z"], parts["ratio"], parts["detectable"]
     results.record("SD-5", measured=round(ratio, 3), lecture="slightly below the formula", unit="measured / formula (mean over gamma)",
                    rule=f"one-sided: pooled z of measured - formula <= {SD5_Z} (1%) and ratio >= {SD5_LOW}; "
                         f"an excess of {detectable:.1%} is found with probability 0.9",
-                   what=f"z = {z:.2f}", draft=draft, holds=bool(below),
+                   what=f"z = {z:.2f}", draft=draft, holds=parts["below_holds"],
                    trend_rule=f"{draft}: measured not above the formula (z <= {SD5_Z}), at most {1 - SD5_LOW:.0%} below"
                               + ("" if z <= SD5_Z else f"; measured ABOVE the formula (z = {z:.1f}): not reproduced"))
-    assert ratio >= SD5_LOW, (f"{draft}: measured tokens per call / formula averages {ratio:.3f} over gamma=1..10 "
-                              f"(more than {1 - SD5_LOW:.0%} below the formula: tokens lost)")
+    check_sd5_tokens_kept(draft, by_gamma)
 
 
 @pytest.mark.claim("SD-7")
@@ -538,16 +470,10 @@ def test_sd5_tokens_per_call_on_small_world(draft):
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_sd7_greedy_speculative_equals_greedy_target(draft, gamma):
     """SD-7 (exercise 8): greedy speculative decoding emits exactly the tokens of greedy decoding
-    with the target, token for token, whatever the draft's quality (float64 models)."""
-    from reference.transformer import generate
-
+    with the target, token for token, whatever the draft's quality (float64 models;
+    :func:`properties.speculative_claims_cases.check_sd7`)."""
     models = _world(torch.float64)
-    prompt = _bos(3)
-    out, st = ref.speculative_generate(models["target"], models[draft], prompt, 24, gamma, greedy=True)
-    out_ref, _ = generate(models["target"], prompt, 24)
-    results.record("SD-7", measured=int((out != out_ref).sum()), bound=0, unit="tokens differing",
-                   rule="exact", gamma=gamma, draft=draft, alpha=ref.measured_alpha(st))
-    assert_exact(out, out_ref, what=f"greedy speculative ({draft}, gamma={gamma}) vs greedy target")
+    check_sd7(models["target"], models[draft], gamma, draft_name=draft)
 
 
 @pytest.mark.claim("SD-1")

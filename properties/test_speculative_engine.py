@@ -195,6 +195,7 @@ def test_sd7_engine_greedy_equals_greedy_target(draft, gamma, adaptive):
                    what=f"adaptive gamma, mean {np.mean(st_['gammas']):.2f}" if adaptive else "fixed gamma")
 
 
+@pytest.mark.claim("SD-7")
 def test_sd7_engine_zoo():
     """An engine that forgets to roll back emits other tokens than greedy target decoding; one
     that forgets only the draft's rollback still emits the right ones (SD-7 cannot see it, SD-8

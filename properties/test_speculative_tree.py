@@ -18,7 +18,6 @@ SD-12 (trees): greedy tree verification emits the target's greedy tokens.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -43,6 +42,7 @@ from properties.speculative_cases import (
     tree_law_verdicts,
     tree_tensors,
 )
+from properties.speculative_claims_cases import check_sd13_figure, check_sd13_limits
 from reference import speculative_tree as ref
 
 TECH = "speculative_tree"
@@ -190,28 +190,13 @@ def test_subtle_tree_zoo_entries_follow_their_enumeration(bias):
 
 
 # ------------------------------------------------------------------------ SD-13 typical acceptance
-#: ε values of SD-13's figure (δ = sqrt(ε), Medusa's default pairing), and the tree it is measured on.
-TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.2, 0.3, 0.5)
-TYPICAL_CASE = "binary-V3"
-
-
 @pytest.mark.claim("SD-13")
 def test_sd13_typical_acceptance_not_exact_by_design():
     """SD-13: typical acceptance's total-variation distance from the target, by enumeration, as
     a function of ε (δ = sqrt(ε)): > 1e-3 at every ε of the figure, on a dense binary tree and
-    three independent drafts; the figure is recorded ("not exact, by design")."""
-    figure = {}
-    for name in (TYPICAL_CASE, "three-drafts-V3"):
-        case = TREE_STAT_CONFIGS[name]
-        figure[name] = {eps: round(ref.tree_total_variation(case.parents, case.q, case.p, case.V,
-                                                            ref.typical_acceptance(eps, math.sqrt(eps))), 4)
-                        for eps in TYPICAL_EPSILONS}
-    results.record("SD-13", measured=figure[TYPICAL_CASE], lecture="not exact, by design",
-                   unit="total-variation distance from the target (epsilon -> TV, delta = sqrt(epsilon))",
-                   rule="exact enumeration over depth + 1 tokens; exact verification gives 0",
-                   what=f"not exact, by design: TV by epsilon on {TYPICAL_CASE}; three drafts {figure['three-drafts-V3']}")
-    low = {name: min(f.values()) for name, f in figure.items()}
-    assert min(low.values()) > 1e-3, f"typical acceptance looked exact somewhere: {figure}"
+    three independent drafts; the figure is recorded ("not exact, by design";
+    :func:`properties.speculative_claims_cases.check_sd13_figure`)."""
+    check_sd13_figure(ref.typical_acceptance, ref.tree_total_variation)
 
 
 @pytest.mark.claim("SD-13")
@@ -220,18 +205,8 @@ def test_sd13_typical_acceptance_exact_in_its_limits():
     exact rule could reject: a threshold >= 1 (ε >= 1, δ >= exp(H_max), nothing accepted, every
     token from p) and a one-hot target (only its token passes, the others are rejected as the
     exact rule rejects them); the same enumeration gives > 1e-3 on the dense tree (so the check
-    can fail)."""
-    dense = TREE_STAT_CONFIGS[TYPICAL_CASE]
-    never = ref.typical_acceptance(1.0, math.exp(math.log(dense.V)) + 1.0)
-    onehot = tree_case(dense.parents, 3, 7, "onehot-p")
-    limits = {"threshold >= 1": ref.tree_total_variation(dense.parents, dense.q, dense.p, dense.V, never),
-              "one-hot target": ref.tree_total_variation(onehot.parents, onehot.q, onehot.p, onehot.V,
-                                                         ref.typical_acceptance(0.09, 0.3))}
-    results.record("SD-13", measured={k: float(f"{v:.3g}") for k, v in limits.items()}, bound=EXACT_BOUND,
-                   unit="total-variation distance in the exact limits", rule="exact enumeration, float64")
-    assert max(limits.values()) <= EXACT_BOUND, f"typical acceptance not exact in its limits: {limits}"
-    inexact = ref.tree_total_variation(dense.parents, dense.q, dense.p, dense.V, ref.typical_acceptance(0.09, 0.3))
-    assert inexact > 1e-3, f"the same enumeration found typical acceptance exact on a dense tree ({inexact:.3g})"
+    can fail; :func:`properties.speculative_claims_cases.check_sd13_limits`)."""
+    check_sd13_limits(ref.typical_acceptance, ref.tree_total_variation)
 
 
 # ------------------------------------------------------------------ SD-12 for trees (greedy)

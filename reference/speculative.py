@@ -228,8 +228,10 @@ def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: in
     ``target``, ``draft``: :class:`reference.transformer.Transformer` over one vocabulary;
     ``prompt`` (B, S) int64 (one length for every row). Each round the draft proposes γ tokens
     (sampled from its softmax, or its argmax when ``greedy``), the target scores the γ + 1
-    positions in one forward, and ``verify_fn`` (default :func:`verify`; :func:`verify_greedy`
-    when ``greedy``) keeps a prefix; rows advance by num_accepted + 1. Sequences are kept
+    positions in one forward, and ``verify_fn(draft_tokens, draft_probs, target_probs, *,
+    generator)`` (default :func:`verify`; :func:`verify_greedy` when ``greedy``; a given one is
+    called in greedy mode too, on the argmax drafts, with a fresh generator when none is given)
+    keeps a prefix; rows advance by num_accepted + 1. Sequences are kept
     right-padded in one buffer: with causal attention the padding never reaches a real position.
     Stops when every row has ``max_new_tokens`` new tokens; a finished row stops advancing
     (S + max_new_tokens + 2γ + 1 must fit the models' max_seq_len).
@@ -270,8 +272,11 @@ def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: in
         pos = lengths[:, None] - 1 + torch.arange(gamma + 1, device=dev)             # (B, γ+1)
         p = torch.softmax(logits[rows[:, None], pos], -1)                            # (B, γ+1, V)
         draft_tokens = buf[rows[:, None], pos[:, 1:]]                                # (B, γ)
-        if greedy:
+        if greedy and verify_fn is None:
             tokens, n = verify_greedy(draft_tokens, p)
+        elif greedy:                   # the contract takes a generator; greedy verification draws nothing
+            tokens, n = verify_fn(draft_tokens, torch.stack(q_rows, 1), p,
+                                  generator=generator if generator is not None else torch.Generator(device=dev))
         else:
             tokens, n = verify_fn(draft_tokens, torch.stack(q_rows, 1), p, generator=generator)
         for b in range(B):
