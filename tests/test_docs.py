@@ -19,6 +19,15 @@ def test_docs_are_current():
     assert not bad, f"docs/ is stale ({', '.join(bad)}): run python -m reports.docs"
 
 
+def test_every_claim_has_a_test_that_shows_its_check_failing():
+    """The ledger's every verdict can fail (docs/claims.md): each claim of CLAIMS.md has a zoo test
+    or a ``test_<claim>_rejects_*`` test marked with it (properties/falsify.py)."""
+    from reports import falsifiers
+
+    missing = falsifiers.claims_without_rejection()
+    assert not missing, f"claims with no test showing their check reject a known-bad input: {missing}"
+
+
 def test_every_technique_has_a_page_naming_its_zoo_and_implementations():
     from conformance import registry
 
