@@ -49,8 +49,10 @@ def test_lower_bounds_are_the_oldest_tested_stack():
 
 def test_ci_runs_the_kernel_laws_on_the_oldest_stack():
     lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    runs = [l for l in lines if "-c requirements/oldest.txt" in l]
-    assert len(runs) == 1, "one .ci/run line installs the oldest stack"
+    installs = [l for l in lines if "-c requirements/oldest.txt" in l]
+    assert len(installs) == 1 and ".venv-oldest/bin/pip install" in installs[0], "one .ci/run line installs the oldest stack"
+    runs = [l for l in lines if ".venv-oldest/bin/python -m pytest" in l]
+    assert len(runs) == 1, "one .ci/run line runs the oldest stack's tests"
     assert re.search(r"-m pytest .*properties tests -k triton\s*$", runs[0]), runs[0]
 
 
