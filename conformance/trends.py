@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 #: Confidence level of a trend's interval.
 TREND_LEVEL = 0.95
@@ -59,6 +58,8 @@ def ratio_estimate(ratios, level: float = TREND_LEVEL) -> RatioEstimate:
     centre = float(logs.mean())
     if logs.size < 2:
         return RatioEstimate(math.exp(centre), None, None, int(logs.size), level)
+    from scipy import stats   # here, not at import: scipy.stats costs ~1.6 s, every collection imports this module
+
     sem = float(stats.sem(logs))
     lo, hi = (centre, centre) if sem == 0 else stats.t.interval(level, logs.size - 1, loc=centre, scale=sem)
     return RatioEstimate(math.exp(centre), math.exp(lo), math.exp(hi), int(logs.size), level)

@@ -16,6 +16,8 @@ Skipped when transformers is not installed. Assisted generation runs one sequenc
 """
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -25,7 +27,16 @@ from conformance.stats import check_counts
 from conformance.tolerance import assert_exact
 from reference.transformer import generate
 
-transformers = pytest.importorskip("transformers")
+# found, not imported, at collection (importing transformers costs ~1.4 s in every process that
+# collects properties/, most of which never run these tests)
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("could not import 'transformers': not installed", allow_module_level=True)
+
+
+def _transformers():
+    import transformers
+
+    return transformers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -40,13 +51,13 @@ def export_hf_llama(model, folder):
     from smallworld.tokenizer import tokenizer
 
     c, tok = model.cfg, tokenizer()
-    config = transformers.LlamaConfig(
+    config = _transformers().LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.n_layers,
         num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.hd,
         max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta,
         tie_word_embeddings=c.tie_embeddings, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
         pad_token_id=tok.pad_id)
-    hf = transformers.LlamaForCausalLM(config)
+    hf = _transformers().LlamaForCausalLM(config)
     names = hf_name_map(c)
     missing, unexpected = hf.load_state_dict({names[k]: v.float() for k, v in model.state_dict().items()},
                                              strict=False)
@@ -119,7 +130,7 @@ def test_hf_assisted_sampling_follows_target(world):
                      what="transformers assisted generation (poor draft): first two tokens")
     results.record("SD-1", measured=round(v.error, 2), bound=round(v.bound, 2), unit="G statistic",
                    rule="outside peer: transformers assisted generation vs the target's own sampling, alpha=1e-3",
-                   what=f"transformers {transformers.__version__} assisted generation", backend="transformers",
+                   what=f"transformers {_transformers().__version__} assisted generation", backend="transformers",
                    trials=N_SAMPLED, draft="draft_poor")
     v.check()
     # the first token alone, against the target (SD-1) and against the poor draft (the test can fail)
