@@ -39,11 +39,13 @@ def project(tmp_path_factory):
     return d
 
 
-def _pytest(project: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+def _pytest(project: Path, *args: str, timeout: int = 240, laws: str = "properties") -> subprocess.CompletedProcess:
+    """pytest --pyargs ``laws`` (the package, or one law module where the whole package's
+    collection would only be deselected) from ``project``."""
     env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(project), str(EXAMPLES)]))
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "properties", "-p", "no:cacheprovider", "-q",
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", laws, "-p", "no:cacheprovider", "-q",
            "--device=cpu", *args]
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -63,7 +65,8 @@ def test_conforming_kernel_passes_and_wrong_one_fails_from_another_project(proje
 
 
 def test_hanging_kernel_fails_its_test_by_timeout(project):
-    r = _pytest(project, "--impl", "attention=hang_kernel:attention", "--impl-timeout=3", "-k", FAST, timeout=60)
+    r = _pytest(project, "--impl", "attention=hang_kernel:attention", "--impl-timeout=3", "-k", FAST, timeout=60,
+                laws="properties.test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "Timeout" in r.stdout and "1 failed" in r.stdout
 
@@ -71,7 +74,7 @@ def test_hanging_kernel_fails_its_test_by_timeout(project):
 def test_crashing_kernel_fails_its_test_not_the_run(project, tmp_path):
     rows = tmp_path / "rows"
     r = _pytest(project, "--impl", "attention=crash_kernel:attention", "-n", "1", f"--results={rows}", "-k",
-                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180)
+                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180, laws="properties.test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "crashed" in r.stdout and "2 failed" in r.stdout, r.stdout[-3000:]   # the second test still ran
     errors = [x for x in read_rows(rows) if x.verdict == "error" and "crashed" in x.message]
