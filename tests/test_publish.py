@@ -38,7 +38,8 @@ def reports(out: Path, hist: Path, *args: str, kill_at: str | None = None, wait:
     e.pop(atomic.KILL_ENV, None)
     if kill_at:
         e[atomic.KILL_ENV] = kill_at
-    cmd = [sys.executable, "-m", "reports", "--out", str(out), "--history", str(hist), *args]
+    # --device cpu: the device is not what these tests are about, and the parent then needs no torch
+    cmd = [sys.executable, "-m", "reports", "--out", str(out), "--history", str(hist), "--device", "cpu", *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
