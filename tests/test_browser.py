@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,9 +51,24 @@ def without_browser() -> None:
                 "a failure); the HTML report is not checked in a browser")
 
 
+#: A file that exists while a Chromium install runs beside the tests (.ci/run starts it in the
+#: background so that its minute overlaps the package install): the browser tests wait for it.
+INSTALLING_ENV = "BROWSER_INSTALLING"
+
+
+def wait_for_install(timeout: float = 600.0) -> str | None:
+    """Chromium's path once found, waiting while the ``BROWSER_INSTALLING`` file exists (at most
+    ``timeout`` seconds); None when none is found and no install is running."""
+    marker = os.environ.get(INSTALLING_ENV, "")
+    t0 = time.monotonic()
+    while (exe := chromium()) is None and marker and Path(marker).exists() and time.monotonic() - t0 < timeout:
+        time.sleep(1.0)
+    return exe
+
+
 @pytest.fixture(scope="module")
 def browser():
-    exe = chromium()
+    exe = wait_for_install()
     if exe is None:
         without_browser()
     return exe
@@ -126,3 +143,22 @@ def test_matrix_page_renders_and_filters_by_technique(browser, tmp_path):
     assert 'data-shown="quantization"' in dom, r.stderr[-2000:]
     assert re.search(r'data-technique="attention" id="matrix-attention" hidden', dom)
     assert not re.search(r'data-technique="quantization" id="matrix-quantization" hidden', dom)
+
+
+def test_an_install_running_beside_the_tests_is_waited_for(monkeypatch, tmp_path):
+    """While the BROWSER_INSTALLING file exists the browser is waited for; once it is gone (the
+    install ended without a browser), or without such a file, there is no wait."""
+    import threading
+
+    marker = tmp_path / "installing"
+    marker.write_text("")
+    monkeypatch.setenv(INSTALLING_ENV, str(marker))
+    found = {"exe": None}
+    monkeypatch.setattr(sys.modules[__name__], "chromium", lambda: found["exe"])
+    threading.Timer(1.5, lambda: found.update(exe="/opt/chromium")).start()
+    t0 = time.monotonic()
+    assert wait_for_install(timeout=30) == "/opt/chromium" and time.monotonic() - t0 >= 1.0
+    found["exe"] = None
+    marker.unlink()
+    t0 = time.monotonic()
+    assert wait_for_install(timeout=30) is None and time.monotonic() - t0 < 1.0
