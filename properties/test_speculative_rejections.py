@@ -291,10 +291,12 @@ def _paired(make_drafter):
 def test_sd14_rejects_prompt_lookup_matching_itself():
     """The shipped prompt lookup is ahead of the same lookup restricted to the output on the copy
     prompts (holds); one whose search matches the key itself proposes nothing, 1 token per call,
-    behind the baseline (fails)."""
-    judges("SD-14", sc.judge_sd14_lookup, {"holds": (list(sc.sd14_arm("lookup")),
-                                                     list(sc.sd14_arm("output-only"))),
-                                           "fails": _paired(lambda S: LookupMatchingItself(3, 5))})
+    behind the baseline (fails); the shipped lookup ahead on only the first 4 prompts cannot be
+    decided (sign test p = 1/16 >= 0.05: inconclusive)."""
+    lookup, base = list(sc.sd14_arm("lookup")), list(sc.sd14_arm("output-only"))
+    judges("SD-14", sc.judge_sd14_lookup, {"holds": (lookup, base),
+                                           "fails": _paired(lambda S: LookupMatchingItself(3, 5)),
+                                           "inconclusive": (lookup[:4], base[:4])})
 
 
 @pytest.mark.claim("SD-14")
