@@ -355,9 +355,9 @@ def sd14_copy_prompts() -> list:
     return [torch.tensor([tokenizer().encode(t)]) for t in SD14_COPY_TEXTS]
 
 
-#: SD-14's paired rule: one-sided sign test at SD14_ALPHA; tokens generated per prompt; the
+#: SD-14's paired rule: one-sided sign test at significance level SD14_LEVEL; tokens generated per prompt; the
 #: lookup's n-gram length and γ.
-SD14_ALPHA, SD14_TOKENS, SD14_NGRAM, SD14_GAMMA = 0.05, 16, 3, 5
+SD14_LEVEL, SD14_TOKENS, SD14_NGRAM, SD14_GAMMA = 0.05, 16, 3, 5
 #: The validation documents of SD-14's copy prompts: the first 6 that :func:`find_sd14_copy_docs`
 #: selects (scanning the split in order, ``find_sd14_copy_docs(6, target)`` on the shipped target),
 #: and their prompts (:func:`sd14_copy_prompt`, written out so that a run does not rebuild them).
@@ -515,10 +515,11 @@ def judge_sd14_lookup(lookup: list, baseline: list) -> str:
     """SD-14's prompt-lookup rule on paired per-prompt statistics of the copy prompts (``lookup``:
     the lookup searching prompt and output; ``baseline``: the same lookup restricted to the output,
     :class:`OutputOnlyLookup`): "holds" when the one-sided sign test finds ``lookup`` ahead at
-    SD14_ALPHA = 0.05, "fails" when it is not ahead (wins <= losses, ties included), else
-    "inconclusive" (ahead on more prompts than behind, too few to decide)."""
+    significance level SD14_LEVEL = 0.05, "fails" when it is not ahead (wins <= losses; a tie
+    counts for neither), else "inconclusive" (ahead on more prompts than behind, too few prompts
+    to decide). The level and the rule are fixed beforehand, not taken from the runs."""
     wins, losses, _, p = sd14_sign_test(lookup, baseline)
-    return "holds" if p < SD14_ALPHA else "fails" if wins <= losses else "inconclusive"
+    return "holds" if p < SD14_LEVEL else "fails" if wins <= losses else "inconclusive"
 
 
 def check_sd14_lookup(lookup: list, baseline: list) -> str:
@@ -529,7 +530,7 @@ def check_sd14_lookup(lookup: list, baseline: list) -> str:
     assert verdict == "holds", (
         f"SD-14: prompt lookup {'not ahead of' if verdict == 'fails' else 'undecided against'} the same lookup "
         f"restricted to the output ({verdict}): tokens per call ahead on {wins}, behind on {losses}, tied on {ties} of "
-        f"{wins + losses + ties} copy prompts, sign test p = {p:.3g} (rule: holds at p < {SD14_ALPHA}, fails where "
+        f"{wins + losses + ties} copy prompts, sign test p = {p:.3g} (rule: holds at p < {SD14_LEVEL}, fails where "
         "wins <= losses)")
     return verdict
 

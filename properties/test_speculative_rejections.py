@@ -282,9 +282,10 @@ class LookupIgnoringThePrompt:
 
 
 def _paired(make_drafter):
-    """The shipped lookup's runs or ``make_drafter``'s on SD-14's copy prompts (those of
-    ``test_sd14_prompt_lookup_copy_vs_free``, 16 tokens each), and the output-only baseline's."""
-    return list(sc.sd14_lookup_runs(sc.sd14_target(), make_drafter, sc.sd14_copy_prompts())), list(sc.sd14_arm("output-only"))
+    """``make_drafter``'s runs on SD-14's copy prompts (those of
+    ``test_sd14_prompt_lookup_copy_vs_free``, 16 tokens each) and the output-only baseline's."""
+    runs = sc.sd14_lookup_runs(sc.sd14_target(), make_drafter, sc.sd14_copy_prompts())
+    return list(runs), list(sc.sd14_arm("output-only"))
 
 
 @pytest.mark.claim("SD-14")

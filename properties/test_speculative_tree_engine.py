@@ -226,15 +226,16 @@ def test_sd14_prompt_lookup_copy_vs_free():
     the greedy target writes next), paired on each prompt with the same lookup restricted to the
     output (:class:`~properties.speculative_claims_cases.OutputOnlyLookup`), 16 tokens each, on
     the same engine and greedy target; the claim is judged by the one-sided sign test of
-    :func:`~properties.speculative_claims_cases.judge_sd14_lookup` at α = 0.05. Free generation
-    from <bos> (one row: greedy is deterministic) is recorded beside it, not judged. Every copy
-    prompt's output must still repeat its first sentence (the selection holds for this target)."""
+    :func:`~properties.speculative_claims_cases.judge_sd14_lookup` at significance level 0.05.
+    Free generation from <bos> (one row: greedy is deterministic) is recorded beside it, not
+    judged. Every copy prompt's output must still repeat its first sentence (the selection holds
+    for this target)."""
     prompts = sc.sd14_copy_prompts()
     lookup, base, free = (list(sc.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
     verdict = sc.judge_sd14_lookup(lookup, base)
     wins, losses, ties, p = sc.sd14_sign_test(lookup, base)
     holds = {"holds": True, "fails": False}.get(verdict)
-    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {sc.SD14_ALPHA}; "
+    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {sc.SD14_LEVEL}; "
             "fails where wins <= losses")
     for task, arm, runs in (("copy", "prompt lookup", lookup), ("copy", "lookup restricted to the output", base),
                             ("free", "prompt lookup", free)):
@@ -243,7 +244,7 @@ def test_sd14_prompt_lookup_copy_vs_free():
         results.record("SD-14", measured=round(tpc, 3), lecture="shines on tasks that copy from the prompt",
                        unit=f"tokens per target call, {arm}, {task}", drafter="lookup", task=task,
                        tokens_per_call=round(tpc, 3), rounds=total["rounds"], pairs=len(prompts), trend=verdict,
-                       alpha=round(total["accepted"] / max(1, total["drafted"]), 3), holds=holds, mark=sc.SD14_ALPHA,
+                       alpha=round(total["accepted"] / max(1, total["drafted"]), 3), holds=holds,
                        trend_rule=rule, what=f"ahead on {wins}, behind on {losses}, tied on {ties}; p = {p:.3g}")
     stale = [d for d, pr, r in zip(sc.SD14_COPY_DOCS, prompts, lookup)
              if not sc.repeats_first_sentence(pr[0].tolist(), r["output"])]
