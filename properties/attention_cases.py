@@ -189,7 +189,8 @@ def check_against_reference(out, q, k, v, case: Case, what: str = "attention out
 #: The known-bad implementations FA-3's law rejects in float64 (properties/zoo_attention.py).
 ZOO_ALL = ("no_max_subtract", "top_left_causal", "gqa_modulo", "drops_last_key", "ignores_scale",
            "split_no_rescale", "diagonal_tile_unmasked", "sdpa_is_causal_always", "split_batch_stride_zero",
-           "scale_rounded_to_float32", "stale_running_max")
+           "scale_rounded_to_float32", "stale_running_max", "chunk_diagonal_off_by_one",
+           "prefix_offset_clamped_to_tile")
 #: FA-3, bfloat16: bugs whose error stays within a few 16-bit ulps (or vanishes in float64): rejected in bfloat16.
 ZOO_16BIT = ("scaled_two_percent", "accumulates_in_16bit", "drops_last_key", "scale_folded_in_16bit")
 

@@ -43,6 +43,30 @@ def top_left_causal(q, k, v, *, causal, scale):
     return _attend(q, k, v, causal=causal, scale=scale, mask=_top_left)
 
 
+def _chunk_diagonal_off_by_one(Tq, Tk, device):
+    m = causal_mask(Tq, Tk, device)
+    if 1 < Tq < Tk:   # a chunk after a cached prefix: j < i + (Tk - Tq), the diagonal masked
+        m = torch.arange(Tk, device=device)[None, :] < torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
+    return m
+
+
+def chunk_diagonal_off_by_one(q, k, v, *, causal, scale):
+    """Causal mask right for decode (Tq = 1) and Tq = Tk, but for a chunk after a cached prefix
+    (1 < Tq < Tk) written ``j < i + (Tk - Tq)``: each query misses its own key."""
+    return _attend(q, k, v, causal=causal, scale=scale, mask=_chunk_diagonal_off_by_one)
+
+
+def _prefix_offset_clamped(Tq, Tk, device):
+    off = min(Tk - Tq, 128)
+    return torch.arange(Tk, device=device)[None, :] <= torch.arange(Tq, device=device)[:, None] + off
+
+
+def prefix_offset_clamped_to_tile(q, k, v, *, causal, scale):
+    """The causal offset Tk - Tq clamped to one key tile (128): right while the cached prefix is
+    within a tile, every query blind to the keys past it beyond."""
+    return _attend(q, k, v, causal=causal, scale=scale, mask=_prefix_offset_clamped)
+
+
 def gqa_modulo(q, k, v, *, causal, scale):
     """Query head h reads KV head h % Hkv instead of h // (Hq // Hkv)."""
     return _attend(q, k, v, causal=causal, scale=scale, head_map=lambda h, hq, hkv: h % hkv)
@@ -248,6 +272,8 @@ def implementations():
         known_bad("attention", "nan_rows_zeroed", nan_rows_zeroed),
         known_bad("attention", "additive_mask_leaks_nan", additive_mask_leaks_nan),
         known_bad("attention", "top_left_causal", top_left_causal),
+        known_bad("attention", "chunk_diagonal_off_by_one", chunk_diagonal_off_by_one),
+        known_bad("attention", "prefix_offset_clamped_to_tile", prefix_offset_clamped_to_tile),
         known_bad("attention", "gqa_modulo", gqa_modulo),
         known_bad("attention", "drops_last_key", drops_last_key),
         known_bad("attention", "ignores_scale", ignores_scale),

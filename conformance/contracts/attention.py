@@ -271,6 +271,12 @@ def _coverage() -> tuple:
                       and c["scale"] != 0 and math.frexp(abs(c["scale"]))[0] != 0.5),
         CoverageClass("16-bit with max(Tq, Tk) >= 1024 (autotuned configurations)", _FA3,
                       lambda c: c["dtype"] in (torch.float16, torch.bfloat16) and max(c["Tq"], c["Tk"]) >= 1024),
+        # decode (Tq = 1) alone reaches "causal, Tq < Tk": a diagonal off by one only for a chunk
+        # after a cached prefix, or an offset clamped to one key tile, passes it
+        CoverageClass("causal chunk after a cached prefix (1 < Tq < Tk)", _FA3,
+                      lambda c: c["causal"] and 1 < c["Tq"] < c["Tk"]),
+        CoverageClass("causal chunk after a prefix longer than a key tile (Tq > 1, Tk - Tq > 128)", _FA3,
+                      lambda c: c["causal"] and c["Tq"] > 1 and c["Tk"] - c["Tq"] > 128),
     ]
     for g, what in ((1, "1 (multi-head)"), (3, "3 (not a power of two)"), (8, "8"), (9, "9 (odd, > 8)"), (16, "16"),
                     (20, "20 (> 16, not a multiple of 16)"), (24, "24 (> 16, not a multiple of 16)"), (64, "64")):
