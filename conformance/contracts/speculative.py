@@ -70,6 +70,29 @@ class VerifyShape:
     V: int
 
 
+def check_types(draft_tokens, draft_probs, target_probs, generator, *, contract: str = "speculative",
+                tokens_shape: str = "(B, gamma)") -> None:
+    """TypeError naming the argument unless the three are tensors, ``draft_tokens`` int64, the
+    probabilities of one dtype of DTYPES, and ``generator`` a torch.Generator. Shared by this
+    contract and the token-tree one (``contract``, ``tokens_shape``: their words in the message)."""
+    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs),
+                    ("target_probs", target_probs)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if draft_tokens.dtype != TOKEN_DTYPE:
+        raise TypeError(f"draft_tokens must be int64 {tokens_shape}, got {draft_tokens.dtype}")
+    for name, t in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the {contract} contract takes "
+                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+    if draft_probs.dtype != target_probs.dtype:
+        raise TypeError(f"draft_probs and target_probs must share one dtype, got {draft_probs.dtype} "
+                        f"and {target_probs.dtype}")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator (the only source of randomness), "
+                        f"got {type(generator).__name__}")
+
+
 def check_tokens_and_probs(draft_tokens, draft_probs, target_probs, V: int) -> torch.Tensor:
     """ValueError unless every draft token lies in [0, V) and every row of ``draft_probs`` /
     ``target_probs`` is a finite, non-negative distribution summing to 1 (within SUM_TOL of its
@@ -102,22 +125,7 @@ def validate(draft_tokens, draft_probs, target_probs, generator) -> VerifyShape:
     Raises TypeError or ValueError naming the argument (see the module docstring). Reads the
     tensors on the host (one synchronisation on CUDA).
     """
-    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs),
-                    ("target_probs", target_probs)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if draft_tokens.dtype != TOKEN_DTYPE:
-        raise TypeError(f"draft_tokens must be int64 (B, gamma), got {draft_tokens.dtype}")
-    for name, t in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the speculative contract takes "
-                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
-    if draft_probs.dtype != target_probs.dtype:
-        raise TypeError(f"draft_probs and target_probs must share one dtype, got {draft_probs.dtype} "
-                        f"and {target_probs.dtype}")
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator (the only source of randomness), "
-                        f"got {type(generator).__name__}")
+    check_types(draft_tokens, draft_probs, target_probs, generator)
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must have 2 dimensions (B, gamma), got shape {tuple(draft_tokens.shape)}")
     if draft_probs.dim() != 3:

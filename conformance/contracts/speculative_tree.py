@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.contracts.speculative import (DTYPES, PAD, TOKEN_DTYPE, check_tokens_and_probs,
+from conformance.contracts.speculative import (DTYPES, PAD, TOKEN_DTYPE, check_tokens_and_probs, check_types,
                                                random_distributions)
 from conformance.registry import Contract, InvalidCall
 
@@ -101,24 +101,12 @@ def validate(parents, draft_tokens, draft_probs, target_probs, generator) -> Tre
     Raises TypeError or ValueError naming the argument (see the module docstring). Reads the
     tensors on the host (one synchronisation on CUDA).
     """
-    for name, t in (("parents", parents), ("draft_tokens", draft_tokens), ("draft_probs", draft_probs),
-                    ("target_probs", target_probs)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(parents, torch.Tensor):
+        raise TypeError(f"parents must be a torch.Tensor, got {type(parents).__name__}")
     if parents.dtype != TOKEN_DTYPE:
         raise TypeError(f"parents must be int64 (n_nodes,), got {parents.dtype}")
-    if draft_tokens.dtype != TOKEN_DTYPE:
-        raise TypeError(f"draft_tokens must be int64 (B, n_nodes), got {draft_tokens.dtype}")
-    for name, t in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the speculative_tree contract takes "
-                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
-    if draft_probs.dtype != target_probs.dtype:
-        raise TypeError(f"draft_probs and target_probs must share one dtype, got {draft_probs.dtype} "
-                        f"and {target_probs.dtype}")
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator (the only source of randomness), "
-                        f"got {type(generator).__name__}")
+    check_types(draft_tokens, draft_probs, target_probs, generator, contract="speculative_tree",
+                tokens_shape="(B, n_nodes)")
     if parents.dim() != 1 or parents.shape[0] < 1:
         raise ValueError(f"parents must have shape (n_nodes,) with n_nodes >= 1, got shape {tuple(parents.shape)}")
     n = parents.shape[0]
