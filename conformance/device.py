@@ -47,3 +47,48 @@ def current_device() -> str:
 def triton_interpreted() -> bool:
     """True when Triton kernels run under the interpreter (CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def cache_interpreter_patching() -> bool:
+    """Make Triton's interpreter stop rescanning ``triton.language`` on every nested call.
+
+    Under ``TRITON_INTERPRET=1`` every ``@triton.jit`` function called from a kernel (a tile
+    body, once per tile) re-patches the language: ``_patch_builtin`` lists each module's members
+    with ``inspect.getmembers`` and wraps those still marked builtin. The list of names that are
+    builtin never changes, so it is read once per module here and each call checks only those
+    names (wrapping exactly what the original wraps: the outputs are bit for bit the same). On
+    Triton 3.9 the attention kernels' laws run ~2x faster, on 3.6 ~1.2x.
+
+    Applied only to an interpreter whose ``_patch_builtin(pkg, builder, scope)`` and
+    ``_patch_attr`` have the shape read here (any other Triton is left as it is). Returns whether
+    it is applied; idempotent. Called by :mod:`optimized.triton_shared` when kernels are
+    interpreted."""
+    import inspect
+
+    try:
+        from triton.runtime import interpreter
+        import triton.language as tl
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_builtin", None)
+    if getattr(original, "_names_cached", False):
+        return True
+    if (original is None or not callable(getattr(interpreter, "_patch_attr", None))
+            or list(inspect.signature(original).parameters) != ["pkg", "builder", "scope"]):
+        return False
+    is_builtin = tl.core.is_builtin
+    names: dict[int, tuple[object, list[str]]] = {}
+
+    def _patch_builtin(pkg, builder, scope):
+        known = names.get(id(pkg))
+        if known is None or known[0] is not pkg:
+            known = names[id(pkg)] = (pkg, [n for n, m in inspect.getmembers(pkg) if is_builtin(m)])
+        for name in known[1]:
+            member = getattr(pkg, name)
+            if is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    _patch_builtin._names_cached = True
+    _patch_builtin.__wrapped__ = original
+    interpreter._patch_builtin = _patch_builtin
+    return True

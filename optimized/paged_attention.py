@@ -305,16 +305,19 @@ def implementations():
 
 
 def compile_variants():
-    """The decode kernel split (fp16) and unsplit with a float64 accumulator, and the slot write."""
+    """The decode kernel split (fp16) and unsplit with a float64 accumulator (GQA 16, D 64, at the
+    tiles :func:`_tiles` gives that dtype on GPU), and the slot write."""
     from optimized.triton_shared import CompileVariant
 
     out = []
-    for dt, acc64, split in (("*fp16", False, True), ("*fp64", True, False)):
+    for dt, dtype, acc64, split in (("*fp16", torch.float16, False, True), ("*fp64", torch.float64, True, False)):
+        block_h, block_n, block_d = _tiles(dtype, 16, 64)
         out.append(CompileVariant(
             f"paged_decode {dt[1:]} split={split}", _paged_decode_kernel,
             {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
              "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32"},
-            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=16, BLOCK_N=32, BLOCK_D=64), min_for_loops=1))
+            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d),
+            min_for_loops=1))
     out.append(CompileVariant("paged write fp16", _write_kv_kernel,
                               {"K_ptr": "*fp16", "V_ptr": "*fp16", "KC_ptr": "*fp16", "VC_ptr": "*fp16", "SLOT_ptr": "*i64"},
                               dict(PAGE=16, BLOCK_HKV=8, BLOCK_D=64)))

@@ -199,17 +199,19 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def compile_variants():
-    """The mixed-batch kernel split (fp16, GQA 4) and unsplit with a float64 accumulator."""
+    """The mixed-batch kernel split (fp16, GQA 4) and unsplit with a float64 accumulator (no GQA),
+    D 64, at the tiles :func:`_tiles` gives each on GPU."""
     from optimized.triton_shared import CompileVariant
 
     out = []
-    for dt, acc64, split, bq, bh in (("*fp16", False, True, 4, 4), ("*fp64", True, False, 16, 1)):
+    for dt, dtype, acc64, split, group in (("*fp16", torch.float16, False, True, 4), ("*fp64", torch.float64, True, False, 1)):
+        bq, bh, bn, bd = _tiles(dtype, group, 64)
         out.append(CompileVariant(
             f"paged_prefill {dt[1:]} split={split}", _paged_prefill_kernel,
             {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "QSL_ptr": "*i32",
              "TSEQ_ptr": "*i32", "TQ0_ptr": "*i32", "O_ptr": dt, "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
              "scale": "fp32"},
-            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_Q=bq, BLOCK_H=bh, BLOCK_N=16, BLOCK_D=64), min_for_loops=1))
+            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_Q=bq, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=bd), min_for_loops=1))
     return out
 
 

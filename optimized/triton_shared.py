@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.device import triton_interpreted
+from conformance.device import cache_interpreter_patching, triton_interpreted
 
 # DOT_MODE values (a constexpr of the kernels)
 DOT_NATIVE = 0   # 16-bit on GPU: tl.dot on the input dtype, float32 accumulation, P cast to it
@@ -46,6 +46,10 @@ def _range_takes_runtime_bounds() -> bool:
         except TypeError:
             return False
     return True
+
+
+if triton_interpreted():
+    cache_interpreter_patching()  # the interpreter's per-call rescans of triton.language, read once
 
 
 #: True: ``tile_loop`` walks its tiles with ``for ... in range`` (compiled code, where the loop

@@ -1,0 +1,72 @@
+"""conformance.device.cache_interpreter_patching: Triton's interpreter, its language scan read
+once, wraps exactly what it wrapped before, and the kernels give the same bits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.device import cache_interpreter_patching, triton_interpreted
+
+pytestmark = pytest.mark.skipif(not triton_interpreted(), reason="the interpreter runs only without CUDA")
+
+
+class RecordingScope:
+    """A stand-in for the interpreter's patch scope: records what is patched, restores it."""
+
+    def __init__(self):
+        self.changes = []
+
+    def set_attr(self, obj, name, value):
+        self.changes.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def restore(self):
+        while self.changes:
+            obj, name, original = self.changes.pop()
+            setattr(obj, name, original)
+
+
+def _patched_names(patch_builtin, packages):
+    """[(package, name)] wrapped by a first call per package and by a second one on top of it."""
+    from triton.runtime import interpreter
+
+    first, second = RecordingScope(), RecordingScope()
+    try:
+        for pkg in packages:
+            patch_builtin(pkg, interpreter.interpreter_builder, first)
+        once = [(id(o), n) for o, n, _ in first.changes]
+        for pkg in packages:
+            patch_builtin(pkg, interpreter.interpreter_builder, second)
+        twice = [(id(o), n) for o, n, _ in second.changes]
+    finally:
+        second.restore()
+        first.restore()
+    return once, twice
+
+
+def test_the_cached_scan_wraps_what_the_original_wraps():
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    assert cache_interpreter_patching(), "this Triton's interpreter is not the shape the cache reads"
+    cached = interpreter._patch_builtin
+    packages = [tl, tl.tensor, tl.math, tl.core.tensor_descriptor_base]
+    once, twice = _patched_names(cached.__wrapped__, packages)
+    assert len(once) > 100 and twice == [], (len(once), twice[:5])
+    assert _patched_names(cached, packages) == (once, twice)
+    assert cache_interpreter_patching() and interpreter._patch_builtin is cached, "not idempotent"
+
+
+def test_kernels_give_the_same_bits_with_and_without_the_cache(monkeypatch):
+    from triton.runtime import interpreter
+
+    from optimized.flash_attention import attention
+
+    assert cache_interpreter_patching()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 5, 16, generator=g) for _ in range(3))
+    k, v = k[:, :2].repeat(1, 1, 9, 1)[:, :, :37], v[:, :2].repeat(1, 1, 9, 1)[:, :, :37]
+    with_cache = attention(q, k, v, causal=True, scale=0.3)
+    monkeypatch.setattr(interpreter, "_patch_builtin", interpreter._patch_builtin.__wrapped__)
+    without = attention(q, k, v, causal=True, scale=0.3)
+    assert torch.equal(with_cache, without)
