@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:  # torch and the model are imported where weights are read: the cards need neither
+    import torch
 
-from reference.transformer import Transformer, TransformerConfig
+    from reference.transformer import Transformer, TransformerConfig
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 NAMES = ("target", "draft_good", "draft_poor")
@@ -46,14 +47,22 @@ def load_card(name_or_path: str | Path) -> dict:
 
 
 def config_from_card(card: dict) -> TransformerConfig:
+    from reference.transformer import TransformerConfig
+
     return TransformerConfig(**card["config"])
 
 
-def load_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32,
+def load_model(name_or_path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device = "cpu") -> Transformer:
-    """A shipped or saved garden model as a reference Transformer in ``dtype`` on ``device``
-    (eval mode). Raises FileNotFoundError for a missing checkpoint, ValueError when the
-    weights do not match the card's config."""
+    """A shipped or saved garden model as a reference Transformer in ``dtype`` (default
+    float32) on ``device`` (eval mode). Raises FileNotFoundError for a missing checkpoint,
+    ValueError when the weights do not match the card's config."""
+    import torch
+    from safetensors.torch import load_file
+
+    from reference.transformer import Transformer
+
+    dtype = torch.float32 if dtype is None else dtype
     p = resolve(name_or_path)
     card = load_card(p)
     model = Transformer(config_from_card(card))
@@ -69,6 +78,9 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32,
 def save_model(model: Transformer, card: dict, path: str | Path) -> Path:
     """Write ``path``.safetensors (float32, contiguous) and ``path``.json (``card`` plus the
     config and the parameter count). Returns the weights' path."""
+    import torch
+    from safetensors.torch import save_file
+
     p = Path(path)
     p = p.with_suffix(".safetensors") if p.suffix in (".json", ".safetensors") else p.with_name(p.name + ".safetensors")
     p.parent.mkdir(parents=True, exist_ok=True)
