@@ -113,7 +113,9 @@ def test_ab_between_two_impl_targets(tmp_path, monkeypatch):
     plain_row, slowed_row = ROW.format("impl"), ROW.format("impl2")
     assert [sorted(ab.medians(p["records"])) for p in passes] == [[plain_row, slowed_row]] * 4
     decisions = {d.name: d for d in ab.decide(passes, threshold=0.5)}
-    assert decisions[slowed_row].ratio > 1.6, decisions
+    # about 2 on an idle machine; 1.5 measured beside a loaded xdist worker (shared caches and
+    # memory bandwidth), so the floor is 1.3 and above the A/A row's ratio
+    assert decisions[slowed_row].ratio > max(1.3, 1.15 * decisions[plain_row].ratio), decisions
     assert 0.67 < decisions[plain_row].ratio < 1.5 and decisions[plain_row].status != "regression", decisions
     a, b = PLAIN.split("=")[1], SLOWED.split("=")[1]
     assert ab.implementations(passes) == {"a": {plain_row: a, slowed_row: a}, "b": {plain_row: a, slowed_row: b}}
