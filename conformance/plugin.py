@@ -420,12 +420,18 @@ def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
                 device=_STATE["device"] or "", verdict=outcome, message=message[:2000])
     cur = item.stash.get(_RECORDER, None) or results.Recorder()
     rows = []
+    w = cur.worst
     for fig in cur.figures:
         rows.append(results.Row(claim=fig["claim"], measured=fig["measured"], lecture=fig["lecture"],
                                 bound=fig["bound"], unit=fig["unit"], rule=fig["rule"],
                                 extra=fig["extra"], examples=cur.count, **base))
+    if cur.figures and w is not None and not w.ok and outcome in ("fail", "error"):
+        # the test failed on a comparison, not on its figures: that comparison is its own row, so
+        # that the summary and the report show the error that failed, not a figure that held
+        rows.append(results.Row(claim=claim_ids[0] if claim_ids else cur.figures[0]["claim"],
+                                measured=w.error, bound=w.bound, rule=w.rule, unit="max abs error",
+                                examples=cur.count, **base))
     if not cur.figures:
-        w = cur.worst
         for cid in claim_ids or [""]:
             row = results.Row(claim=cid, examples=cur.count, **base)
             if bad is not None and cur.text:

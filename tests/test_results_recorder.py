@@ -69,3 +69,28 @@ def test_rows_do_not_leak_between_tests_in_any_order(tmp_path, order):
     by_claim = {row["claim"]: row for row in rows}
     assert by_claim["AI-1"]["measured"] == 42.0 and by_claim["AI-1"]["examples"] == 1
     assert by_claim["AI-2"]["measured"] is None and by_claim["AI-2"]["examples"] == 0, by_claim["AI-2"]
+
+
+def test_a_failed_comparison_beside_figures_is_a_row_of_its_own():
+    """A test that records figures and then fails a comparison: the failing comparison is a row
+    (its error, bound and rule), so the summary cell shows it, not a figure that held."""
+    from conformance import plugin
+    from conformance.summary import _cell
+
+    class Item:
+        nodeid, stash = "t.py::test_x", {}
+
+        def get_closest_marker(self, name):
+            return pytest.mark.claim("KV-4").mark if name == "claim" else None
+
+    item = Item()
+    rec = item.stash[plugin._RECORDER] = results.Recorder()
+    with results.recording(rec):
+        results.record("KV-4", measured=2.3, bound=2.3, unit="x")
+        with pytest.raises(AssertionError):
+            tolerance.assert_close(torch.full((2,), 3.3, dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
+    rows = plugin._rows_for(item, "fail", "boom")
+    failed = [r for r in rows if r.unit == "max abs error"]
+    assert len(failed) == 1 and failed[0].measured == pytest.approx(3.3) and failed[0].rule, rows
+    assert "3.3e+00>" in _cell([(r.verdict, r.measured, r.bound) for r in rows], ["pass", "fail"])
+    assert len(plugin._rows_for(item, "pass", "")) == 1, "a passing test keeps its figure rows only"
