@@ -6,7 +6,7 @@ and devices, or as shards of one run (``pytest --shard K/N``), merged into one t
 A RUN is a ``pytest --results DIR`` folder (its rows, ``run.json`` and ``impls-*.json``,
 :mod:`conformance.runinfo`), a report folder of ``python -m reports`` (its ``rows/``), or a
 folder holding such folders (a CI job's downloaded artifacts). ``--out`` (default
-``reports/out/matrix``) receives ``index.html`` (the matrix, filterable by technique),
+``reports/out/matrix`` under the current folder) receives ``index.html`` (the matrix, filterable by technique),
 ``report.md`` and ``results.json``.
 
 Rows of the matrix are implementations in one environment (technique, name, package versions,
@@ -35,8 +35,9 @@ from perf import env
 from reports import templating
 from reports.ledger import claims
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "reports" / "out" / "matrix"
+#: relative to the current folder (the checkout's root in its CI; a pip-installed suite would
+#: otherwise write beside its package in site-packages)
+DEFAULT_OUT = Path("reports") / "out" / "matrix"
 #: cell statuses, in the order the legend lists them
 STATUSES = ("pass", "fail", "expected fail", "unexpected pass", "unsupported", "partial", "not run")
 

@@ -190,3 +190,14 @@ def test_package_versions_found_by_module_name_when_the_distribution_is_named_ot
     pytest.importorskip("yaml")
     assert runinfo._version("yaml") == metadata.version("PyYAML")
     assert runinfo._version("no_such_module_anywhere") is None
+
+
+def test_the_default_out_is_under_the_current_folder_not_beside_the_package(tmp_path, monkeypatch, capsys):
+    """Without --out the matrix goes to reports/out/matrix under the folder merge runs in (a
+    pip-installed suite's package folder is site-packages)."""
+    run = make_run(tmp_path / "runs" / "a", [row(NAN, "torch", "pass")])
+    monkeypatch.chdir(tmp_path)
+    assert merge.main([str(run)]) == 0
+    assert (tmp_path / "reports" / "out" / "matrix" / "index.html").is_file()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == str(Path("reports") / "out" / "matrix" / "index.html"), printed
