@@ -57,6 +57,26 @@ def test_the_cached_scan_wraps_what_the_original_wraps():
     assert cache_interpreter_patching() and interpreter._patch_builtin is cached, "not idempotent"
 
 
+def test_a_builtin_added_after_the_first_scan_is_wrapped_too(monkeypatch):
+    """An extension (or a test) adding a builtin to triton.language after kernels ran: the new
+    member count reads the names again, so it is wrapped as the original would wrap it."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    assert cache_interpreter_patching()
+    cached = interpreter._patch_builtin
+    _patched_names(cached, [tl])                     # the names read before the addition
+
+    @tl.core.builtin
+    def twice_plus_one(x, _semantic=None):
+        return tl.core.add(tl.core.mul(x, 2.0, _semantic=_semantic), 1.0, _semantic=_semantic)
+
+    monkeypatch.setattr(tl, "twice_plus_one", twice_plus_one, raising=False)
+    once, _ = _patched_names(cached, [tl])
+    assert (id(tl), "twice_plus_one") in once
+    assert once == _patched_names(cached.__wrapped__, [tl])[0]
+
+
 def test_kernels_give_the_same_bits_with_and_without_the_cache(monkeypatch):
     from triton.runtime import interpreter
 
