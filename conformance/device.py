@@ -94,3 +94,19 @@ def cache_interpreter_patching() -> bool:
     _patch_builtin.__wrapped__ = original
     interpreter._patch_builtin = _patch_builtin
     return True
+
+
+#: What Triton < 3.7's interpreter raises, under numpy >= 2.4, for a loop with a run-time bound.
+_RANGE_BOUND_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def interpreter_hint(text: str) -> str | None:
+    """A hint for a failure whose text (``text``: the exception's, or the whole report's) is the
+    interpreter's known limit rather than the implementation's error, else None: Triton < 3.7's
+    interpreter with numpy >= 2.4 cannot take a run-time ``range`` bound in a kernel."""
+    if _RANGE_BOUND_ERROR not in text or not triton_interpreted():
+        return None
+    return ("Triton's interpreter (< 3.7) with numpy >= 2.4 cannot take a run-time loop bound "
+            "(`for i in range(start, end, STEP)` in a kernel): the kernel did not run, nothing was "
+            "compared. Walk the tiles with a while loop (as optimized/triton_shared.py's tile_loop "
+            "does there), or test with Triton >= 3.7 or numpy < 2.4; compiled kernels are not affected.")

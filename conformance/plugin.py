@@ -57,7 +57,7 @@ from hypothesis import HealthCheck, settings
 
 from conformance import expectations, registry, results, runinfo, sharding, summary, verdicts
 from conformance import outside as outside_impls
-from conformance.device import select_device
+from conformance.device import interpreter_hint, select_device
 from conformance.outcomes import refusal_is_unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
@@ -451,6 +451,10 @@ def pytest_runtest_makereport(item, call):
         rec = item.stash.get(_RECORDER, None)
         outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
                                             item.config.getoption("allow_unexpected_pass", default=False))
+        hint = interpreter_hint(str(report.longrepr)) if report.failed else None
+        if hint:
+            report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
+            message = f"{message}\nhint: {hint}"
         rows = _rows_for(item, outcome, message)
         _STATE["rows"].extend(rows)
         _write(item.config, rows)

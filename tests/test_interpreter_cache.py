@@ -90,3 +90,26 @@ def test_kernels_give_the_same_bits_with_and_without_the_cache(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_builtin", interpreter._patch_builtin.__wrapped__)
     without = attention(q, k, v, causal=True, scale=0.3)
     assert torch.equal(with_cache, without)
+
+
+def test_a_run_time_loop_bound_on_an_old_interpreter_gets_a_hint(tmp_path):
+    """Triton < 3.7's interpreter with numpy >= 2.4 stops at a kernel's run-time ``range`` bound:
+    the failure says it is that limit (the kernel never ran), naming the way around it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conformance.device import interpreter_hint
+
+    err = "InterpreterError: TypeError('only 0-dimensional arrays can be converted to Python scalars')"
+    assert "while loop" in interpreter_hint(err) and interpreter_hint("AssertionError: 1 != 2") is None
+    (tmp_path / "test_k.py").write_text(f"def test_kernel():\n    raise RuntimeError({err!r})\n")
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                        "--device", "cpu", "test_k.py"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "the interpreter's limit, not the implementation's" in r.stdout and "while loop" in r.stdout, r.stdout[-3000:]
