@@ -48,6 +48,27 @@ def check_qt2_packing(pack: Callable, unpack: Callable, u: torch.Tensor, bits: i
     return p
 
 
+# ------------------------------------------------------------------- the recorded tables
+#: How far a live figure may sit from its recorded table (:data:`QT3_RECORDED`,
+#: :data:`QT67_RECORDED`, :data:`QT8_NLL_RECORDED`, rounded to 4 decimals) before the table is
+#: stale: half a unit of the 4th decimal from rounding, and float32 sums in another order.
+RECORDED_ATOL = 5e-4
+
+
+def check_recorded(live: dict, recorded: dict, name: str, atol: float = RECORDED_ATOL) -> None:
+    """The live experiment's table ``live`` against the recorded one ``recorded`` (named ``name``
+    in this module), which the rejection tests use as the good input: the same keys, each figure
+    within ``atol``. Raises AssertionError naming the figures that moved (a retrained model or a
+    changed quantizer makes the recorded table stale: update it from the live figures)."""
+    if set(live) != set(recorded):
+        raise AssertionError(f"{name}: the live experiment's keys {sorted(map(str, live))} are not the "
+                             f"recorded ones {sorted(map(str, recorded))}")
+    moved = {k: (round(live[k], 6), recorded[k]) for k in live if not abs(live[k] - recorded[k]) <= atol}
+    if moved:
+        raise AssertionError(f"{name} (properties/quant_claims_cases.py) is stale: live vs recorded "
+                             f"{moved}, more than {atol} apart; record the live figures")
+
+
 # -------------------------------------------------------------------------------------- QT-3
 QT3_BITS = (8, 6, 4, 3, 2)
 QT3_GRANULARITIES = ("tensor", "channel", 128, 32)

@@ -26,7 +26,12 @@ from properties import strategies as S
 from properties.quant_claims_cases import (
     QT3_BITS,
     QT3_GRANULARITIES,
+    QT3_RECORDED,
+    QT3_RECORDED_BASE,
     QT8_BITS,
+    QT8_NLL_RECORDED,
+    QT8_RECORDED_BASE,
+    QT67_RECORDED,
     check_qt3,
     check_qt4,
     check_qt4_measured,
@@ -36,6 +41,7 @@ from properties.quant_claims_cases import (
     check_qt7_w8a8,
     check_qt8_layers,
     check_qt8_nll,
+    check_recorded,
     qt4_measured_snr,
     qt4_weights,
     qt8_group,
@@ -180,6 +186,7 @@ def test_qt3_nll_vs_bits_and_granularity():
                            bits=bits, nll=nll, granularity=gran, implementation="torch",
                            bits_per_value=bits_per_value(bits, gran, 328, 128))
     check_qt3(nlls, base)
+    check_recorded({**nlls, "base": base}, {**QT3_RECORDED, "base": QT3_RECORDED_BASE}, "QT3_RECORDED")
 
 
 # ------------------------------------------------------------------------------ QT-6, QT-7
@@ -220,6 +227,7 @@ def test_qt6_qt7_activation_quantization_with_an_outlier_channel():
                        rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.2f}%)", nll=v)
     check_qt6(rel)
     check_qt7_w8a8(rel)
+    check_recorded(rel, QT67_RECORDED, "QT67_RECORDED")
 
 
 # -------------------------------------------------------------------------------------- QT-8
@@ -297,6 +305,7 @@ def test_qt8_gptq_and_awq_against_rtn():
                        rule=f"{m}, {bits} bits, groups of 32 (w_down per channel); unquantized {base:.4f} "
                             f"({100 * (nll[m, bits] / base - 1):+.2f}%)", nll=nll[m, bits], backend=m)
     check_qt8_nll(nll, base)
+    check_recorded({**nll, "base": base}, {**QT8_NLL_RECORDED, "base": QT8_RECORDED_BASE}, "QT8_NLL_RECORDED")
 
 
 @pytest.mark.claim("QT-8")

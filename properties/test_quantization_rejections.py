@@ -348,3 +348,17 @@ def test_qt10_rejects_a_quantized_product_slower_than_bf16():
     rule = trends.QT10_QUANTIZED_DECODE
     judges("QT-10", rule.judge, {"holds": ([2.5 * n for n in NOISE],), "fails": ([0.6 * n for n in NOISE],),
                                  "inconclusive": ([rule.mark * n for n in NOISE],)})
+
+
+def test_a_recorded_table_that_moved_is_called_stale():
+    """The good inputs above are recorded tables; the live experiments check them each run
+    (``check_recorded``): a figure moved past half a unit of its 4th decimal, or a key missing,
+    fails naming it."""
+    from properties.quant_claims_cases import check_recorded
+
+    check_recorded(dict(QT3_RECORDED), QT3_RECORDED, "QT3_RECORDED")
+    moved = {**QT3_RECORDED, (3, "tensor"): QT3_RECORDED[3, "tensor"] + 1e-3}
+    with pytest.raises(AssertionError, match=r"QT3_RECORDED \(properties/quant_claims_cases.py\) is stale.*\(3, 'tensor'\)"):
+        check_recorded(moved, QT3_RECORDED, "QT3_RECORDED")
+    with pytest.raises(AssertionError, match="keys"):
+        check_recorded(dict(list(QT3_RECORDED.items())[1:]), QT3_RECORDED, "QT3_RECORDED")
