@@ -535,6 +535,14 @@ def check_sd14_lookup(lookup: list, baseline: list) -> str:
     return verdict
 
 
+#: The statistics ``test_sd14_self_speculation_against_the_shipped_drafts`` measures (γ = 4 greedy
+#: chains in float64, free generation and one copy prompt, 32 tokens each): the rejection tests'
+#: good input, which that test checks against its live run (exact counts).
+SD14_RECORDED = {"self (block 1 skipped)": dict(rounds=19, emitted=67, accepted=48, drafted=76),
+                 "draft_good": dict(rounds=29, emitted=65, accepted=36, drafted=116),
+                 "draft_poor": dict(rounds=30, emitted=65, accepted=35, drafted=120)}
+
+
 def check_sd14_figures(table: dict) -> None:
     """SD-14's figures of self-speculation and the shipped drafts: ``table`` {drafter: (α =
     accepted / drafted, tokens per target call)} at γ = 4; every α in [0, 1] (a fraction of the

@@ -263,11 +263,14 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter(target, (1,), 4),
                 "draft_good": ChainDrafter(_model("draft_good", torch.float64), 4),
                 "draft_poor": ChainDrafter(_model("draft_poor", torch.float64), 4)}
-    table = {}
+    table, counts = {}, {}
     for name, d in drafters.items():
         s = _run(d, free_prompts(1) + copy_prompts(1), 32)
+        counts[name] = {k: s[k] for k in ("rounds", "emitted", "accepted", "drafted")}
         table[name] = (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"])
         results.record("SD-14", measured=round(table[name][1], 3), unit=f"tokens per target call, {name}, gamma = 4",
                        drafter="self" if name.startswith("self") else "chain", draft=name, gamma=4,
                        alpha=round(table[name][0], 3), tokens_per_call=round(table[name][1], 3), rounds=s["rounds"])
     check_sd14_figures(table)
+    assert counts == sc.SD14_RECORDED, (f"sc.SD14_RECORDED (properties/speculative_claims_cases.py), the "
+                                        f"rejection tests' good input, is stale: live {counts}")
