@@ -311,16 +311,11 @@ def test_sd14_rejects_lookup_that_ignores_the_prompt():
                   r"tokens per call ahead on 0")
 
 
-#: The statistics ``test_sd14_self_speculation_against_the_shipped_drafts`` measured (recorded
-#: there, and checked against its live run each time it runs).
-SD14_RECORDED = sc.SD14_RECORDED
-
-
 @pytest.mark.claim("SD-14")
 def test_sd14_rejects_alpha_counted_per_call():
     """α as accepted / drafted passes; α as accepted per target call (2.5 for self-speculation)
     is no acceptance rate."""
-    good = {k: (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"]) for k, s in SD14_RECORDED.items()}
-    bad = {k: (s["accepted"] / s["rounds"], s["emitted"] / s["rounds"]) for k, s in SD14_RECORDED.items()}
+    good = {k: (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"]) for k, s in sc.SD14_RECORDED.items()}
+    bad = {k: (s["accepted"] / s["rounds"], s["emitted"] / s["rounds"]) for k, s in sc.SD14_RECORDED.items()}
     rejects("SD-14", sc.check_sd14_figures, (good,), (bad,),
             match=r"SD-14: self \(block 1 skipped\): alpha 2.53, tokens per call 3.53 outside")
