@@ -1,5 +1,5 @@
 """Root conftest. The suite's options, profiles, registry parametrization and result rows live
-in the pytest plugin :mod:`conformance.plugin`, which the installed package registers as a
+in the pytest plugin :mod:`inference_conformance.conformance.plugin`, which the installed package registers as a
 ``pytest11`` entry point, so they work the same from this checkout and from another project's CI.
 
 Run from a checkout that is not installed (``PYTHONPATH=.``, as on a machine where nothing can be
@@ -8,4 +8,4 @@ entry point is imported before conftests, so it is never registered twice.
 """
 import sys
 
-pytest_plugins = [] if "conformance.plugin" in sys.modules else ["conformance.plugin"]
+pytest_plugins = [] if "inference_conformance.conformance.plugin" in sys.modules else ["inference_conformance.conformance.plugin"]

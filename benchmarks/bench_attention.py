@@ -9,7 +9,7 @@ median latency, TFLOP/s (4·B·Hq·Tq·Tk·D, halved when causal: ``flops`` per 
 SDPA and the claim id. On the CPU, Triton rows are skipped (the interpreter is for correctness,
 its timings mean nothing) and the others run small. With ``--impl attention=module:attr`` the
 rows ``impl``, ``impl2``, ... time the outside implementations instead (extra_info
-``implementation``: the target; ``conformance.plugin.bench_backends``).
+``implementation``: the target; ``inference_conformance.conformance.plugin.bench_backends``).
 
 Goals for the report (not asserted): prefill bf16, head dim 128, T >= 1k: Triton >= 1.0x SDPA;
 decode with B·Hq <= 32 and Tk >= 16k: split-KV >= 3x the unsplit kernel (claim FA-7). Lecture
@@ -20,12 +20,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, paired_ratios, ratio_estimate, rounds, trend_fields
-from conformance import registry, results
-from conformance.contracts.attention import flops
-from conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
-from properties.strategies import randn
-from reference.attention import attention_naive
+from inference_conformance.benchmarks.timing import median_seconds, paired_ratios, ratio_estimate, rounds, trend_fields
+from inference_conformance.conformance import registry, results
+from inference_conformance.conformance.contracts.attention import flops
+from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.properties.strategies import randn
+from inference_conformance.reference.attention import attention_naive
 
 BACKENDS = ("naive", "torch", "triton")
 #: Prefill lengths: GPU (the FlashAttention papers' range) and CPU (small, CI smoke).
@@ -61,7 +61,7 @@ def _inputs(B, Hq, Tq, Tk, D, dtype, device):
 
 def pytest_generate_tests(metafunc):
     """Sizes per device (chosen by --device, known only after the plugin's configure)."""
-    from conformance.device import current_device
+    from inference_conformance.conformance.device import current_device
 
     device = current_device()
     name = metafunc.definition.name
@@ -148,7 +148,7 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
                 median_s=t, tflops=f / t / 1e12, gbytes_per_s=kv_bytes / t / 1e9, sdpa_median_s=t_sdpa,
                 speed_vs_sdpa=t_sdpa / t, **outside_info("attention", backend))
     if backend == "triton":
-        from optimized.flash_attention import flash_attention
+        from inference_conformance.optimized.flash_attention import flash_attention
 
         t_unsplit = median_seconds(lambda: flash_attention(q, k, v, causal=True, scale=scale), device, repeats)
         split = ratio_estimate(paired_ratios(lambda: flash_attention(q, k, v, causal=True, scale=scale), run, device,

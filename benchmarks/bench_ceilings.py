@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import results
-from perf.ceilings import fraction_of_ceiling, measure_ceilings
-from reference.roofline import ACCELERATORS
+from inference_conformance.conformance import results
+from inference_conformance.perf.ceilings import fraction_of_ceiling, measure_ceilings
+from inference_conformance.reference.roofline import ACCELERATORS
 
 
 def _spec_for(device_name: str):

@@ -18,11 +18,11 @@ import statistics
 import pytest
 import torch
 
-from benchmarks.timing import interleaved_times, median_seconds, paired_ratios, ratio_estimate, rounds
-from conformance import results
-from conformance.trends import (AI8_PREFILL_VS_DECODE, AI9_SATURATION, AI9_STEP_GROWTH, KV3_DOUBLING_WITH_CACHE,
+from inference_conformance.benchmarks.timing import interleaved_times, median_seconds, paired_ratios, ratio_estimate, rounds
+from inference_conformance.conformance import results
+from inference_conformance.conformance.trends import (AI8_PREFILL_VS_DECODE, AI9_SATURATION, AI9_STEP_GROWTH, KV3_DOUBLING_WITH_CACHE,
                                  KV3_DOUBLING_WITHOUT_CACHE)
-from reference.transformer import TransformerConfig, build, generate
+from inference_conformance.reference.transformer import TransformerConfig, build, generate
 
 TECH = "kv_cache"
 #: About the lecture's target model: d 128, 4 layers, 808,064 parameters (lecture: 806,144).

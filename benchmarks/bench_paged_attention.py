@@ -6,7 +6,7 @@ the same tokens) and the engine's step times with and without a token budget.
 
 Each test builds one decode step: B sequences of ``context`` tokens, K/V cut into blocks placed
 by a random permutation of the pool, and the same K/V contiguous (B, Hkv, context, D). It times
-the paged backend and, in the same run, the contiguous decode (``optimized.flash_decoding`` on
+the paged backend and, in the same run, the contiguous decode (``inference_conformance.optimized.flash_decoding`` on
 CUDA, standard attention on the CPU) with synchronised medians, so the ratio is recorded even
 when pytest-benchmark is disabled. extra_info: median latency, KV bytes read per call
 (``bytes``: 2·B·context·Hkv·D·bytes per value), GB/s, paged / contiguous latency, and the goal
@@ -21,10 +21,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, rounds
-from conformance import results
-from conformance.contracts.paged_attention import kv_bytes
-from properties.strategies import randn
+from inference_conformance.benchmarks.timing import median_seconds, rounds
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.paged_attention import kv_bytes
+from inference_conformance.properties.strategies import randn
 
 #: (B, context) per device; GPU sizes keep one call's K/V under MAX_KV_BYTES.
 SIZES = {"cuda": ((1, 32768), (16, 4096), (64, 4096), (256, 1024), (64, 32768)), "cpu": ((2, 128),)}
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pytest_generate_tests(metafunc):
-    from conformance.device import current_device
+    from inference_conformance.conformance.device import current_device
 
     device = current_device()
     if metafunc.definition.name == "test_bench_paged_decode":
@@ -86,9 +86,9 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
     if backend == "reference" and device == "cuda" and B * context > 16 * 4096:
         pytest.skip("the reference gathers per sequence in Python: GPU smoke size only")
     if backend == "triton":
-        from optimized.paged_attention import paged_attention as fn
+        from inference_conformance.optimized.paged_attention import paged_attention as fn
     else:
-        from reference.paged_attention import paged_attention as fn
+        from inference_conformance.reference.paged_attention import paged_attention as fn
     q, k, v, kc, vc, table, lens = _paged_inputs(B, context, Hq, Hkv, block_size, dtype, device)
     scale = D ** -0.5
     repeats = 3 if benchmark.disabled else 20
@@ -99,12 +99,12 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
     t = median_seconds(run, device, repeats)
     q4 = q[:, :, None, :]
     if device == "cuda":
-        from optimized.flash_decoding import flash_decoding
+        from inference_conformance.optimized.flash_decoding import flash_decoding
 
         def contiguous():
             return flash_decoding(q4, k, v, causal=False, scale=scale)
     else:
-        from reference.attention import attention_naive
+        from inference_conformance.reference.attention import attention_naive
 
         def contiguous():
             return attention_naive(q4, k, v, causal=False, scale=scale)
@@ -137,8 +137,8 @@ def test_bench_engine_throughput(benchmark, device, batch):
     admitted at once; tokens/s = generated tokens / wall time of the whole run (prefill
     included). On CUDA attention and writes are the Triton kernels; on the CPU the reference
     attention (the interpreter's timings mean nothing)."""
-    from optimized.paged_engine import PagedEngine
-    from reference.transformer import TransformerConfig, build
+    from inference_conformance.optimized.paged_engine import PagedEngine
+    from inference_conformance.reference.transformer import TransformerConfig, build
 
     cfg = TransformerConfig(vocab_size=96, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344,
                             max_seq_len=128)
@@ -146,7 +146,7 @@ def test_bench_engine_throughput(benchmark, device, batch):
     model = build(cfg, seed=0, dtype=dtype, device=device)
     kw = {}
     if device == "cuda":
-        from optimized.paged_attention import paged_attention, write_kv_cache
+        from inference_conformance.optimized.paged_attention import paged_attention, write_kv_cache
 
         kw = dict(attention=paged_attention, write=write_kv_cache)
     n_new, prompt_len, bs = ENGINE_NEW[device], 32, 16
@@ -191,7 +191,7 @@ def _mixed_inputs(n_dec, context, chunk, prefix, Hq, Hkv, dtype, device, block_s
     vc = randn((sum(need), block_size, Hkv, D), seed + 2, dtype=dtype, device=device)
     q = randn((sum(qlens), Hq, D), seed + 3, dtype=dtype, device=device)
     loc = torch.tensor([0] + [sum(qlens[:i + 1]) for i in range(len(qlens))], dtype=torch.int32, device=device)
-    from reference.paged_attention import gather
+    from inference_conformance.reference.paged_attention import gather
 
     k_last = gather(kc, table[-1].to(device), lens[-1])[None]                 # (1, Hkv, prefix + chunk, D)
     v_last = gather(vc, table[-1].to(device), lens[-1])[None]
@@ -217,13 +217,13 @@ def test_bench_mixed_batch(benchmark, device, backend, heads, n_dec, context, ch
     q, kc, vc, table, lens, loc, k_last, v_last = _mixed_inputs(n_dec, context, chunk, prefix, Hq, Hkv, dtype, device)
     scale = D ** -0.5
     if backend == "triton":
-        from optimized.flash_attention import flash_attention as dense_prefill
-        from optimized.paged_attention import paged_attention as decode
-        from optimized.paged_prefill import paged_prefill as mixed
+        from inference_conformance.optimized.flash_attention import flash_attention as dense_prefill
+        from inference_conformance.optimized.paged_attention import paged_attention as decode
+        from inference_conformance.optimized.paged_prefill import paged_prefill as mixed
     else:
-        from reference.attention import attention_naive as dense_prefill
-        from reference.paged_attention import paged_attention as decode
-        from reference.paged_attention import paged_prefill as mixed
+        from inference_conformance.reference.attention import attention_naive as dense_prefill
+        from inference_conformance.reference.paged_attention import paged_attention as decode
+        from inference_conformance.reference.paged_attention import paged_prefill as mixed
     q_dec, q_chunk = q[:n_dec], q[n_dec:].transpose(0, 1)[None].contiguous()   # (n_dec, Hq, D), (1, Hq, C, D)
 
     def run():
@@ -260,9 +260,9 @@ def test_bench_engine_chunked_steps(benchmark, device, chunked):
     import statistics
     import time
 
-    from benchmarks.timing import sync
-    from optimized.paged_engine import PagedEngine
-    from reference.transformer import TransformerConfig, build
+    from inference_conformance.benchmarks.timing import sync
+    from inference_conformance.optimized.paged_engine import PagedEngine
+    from inference_conformance.reference.transformer import TransformerConfig, build
 
     n_dec, n_new, long_prompt, budget = CHUNKED[device]
     cfg = TransformerConfig(vocab_size=96, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344,
@@ -271,8 +271,8 @@ def test_bench_engine_chunked_steps(benchmark, device, chunked):
     model = build(cfg, seed=0, dtype=dtype, device=device)
     kw = {}
     if device == "cuda":
-        from optimized.paged_attention import write_kv_cache
-        from optimized.paged_prefill import paged_prefill
+        from inference_conformance.optimized.paged_attention import write_kv_cache
+        from inference_conformance.optimized.paged_prefill import paged_prefill
 
         kw = dict(prefill=paged_prefill, write=write_kv_cache)
     g = torch.Generator().manual_seed(0)

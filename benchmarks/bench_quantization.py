@@ -12,7 +12,7 @@ latency and ``speedup_vs_bf16``, and the issue's goal text. On a GPU the M = 1 r
 a smoke test; QT-10 stays "not measured" there. With ``--impl quantization=module:attr`` the rows
 ``impl``, ``impl2``, ... time the outside implementations' ``quantize`` (once, untimed) and
 ``matmul`` instead (extra_info ``implementation``: the target; no ``bytes``, their packed form is
-their own; ``conformance.plugin.bench_backends``).
+their own; ``inference_conformance.conformance.plugin.bench_backends``).
 
 Goals (not asserted; GPU, shapes of >= 64 MB of bf16 weights): at M = 1 int8 >= 1.7x bf16 and
 int4 g128 >= 2.5x; int4 >= 2x up to M = 16; never below 0.9x bf16 up to M = 128.
@@ -28,11 +28,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, paired_ratios, ratio_estimate
-from conformance import results
-from conformance.trends import QT10_QUANTIZED_DECODE
-from conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
-from properties.strategies import randn
+from inference_conformance.benchmarks.timing import median_seconds, paired_ratios, ratio_estimate
+from inference_conformance.conformance import results
+from inference_conformance.conformance.trends import QT10_QUANTIZED_DECODE
+from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.properties.strategies import randn
 
 #: (N, K) Linear shapes per device: Llama-2-7B q/o (4096²), up (11008 x 4096), down (4096 x 11008),
 #: Llama-3-8B up (14336 x 4096).
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pytest_generate_tests(metafunc):
-    from conformance.device import current_device
+    from inference_conformance.conformance.device import current_device
 
     device = current_device()
     if metafunc.definition.name == "test_bench_quantized_kv_decode":
@@ -72,7 +72,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
     bits, gran = SCHEMES[scheme]
-    from optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization as quant_torch
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
@@ -83,7 +83,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
     else:
         quantize = quant_torch.quantize
         if backend == "triton":
-            from optimized.quantization import TRITON_SYMMETRIC as impl
+            from inference_conformance.optimized.quantization import TRITON_SYMMETRIC as impl
         else:
             impl = quant_torch.SYMMETRIC
     repeats = 5 if benchmark.disabled else 50
@@ -105,7 +105,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
                   + (M * K + M * N) * dtype.itemsize)
         info.update(bytes=nbytes, gbytes_per_s=nbytes / t / 1e9)
     if backend == "triton":
-        from optimized.quant_matmul import GEMV_MAX_M
+        from inference_conformance.optimized.quant_matmul import GEMV_MAX_M
 
         info["goal"] = _goal(scheme, M, N * K * 2)
         info["path"] = "gemv" if M <= GEMV_MAX_M else "tiled"
@@ -127,7 +127,7 @@ def test_bench_w8a8(benchmark, device, backend, N, K, M):
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
     if backend == "torch" and device == "cuda":
         pytest.skip("the PyTorch twin accumulates in float64: a CPU smoke test, not a GPU baseline")
-    from optimized import w8a8_matmul as w8
+    from inference_conformance.optimized import w8a8_matmul as w8
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
@@ -170,9 +170,9 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
     same for the bf16 cache; ``bytes_ratio_vs_bf16`` their ratio (the quantized format's memory
     gain, on any device). Times only mean something on a GPU (the torch path is no fused kernel:
     it writes the dequantized cache before attending)."""
-    from conformance.contracts.quantization import KV_FORMATS
-    from optimized.quantization import QuantizedKVCache
-    from reference.transformer import naive_attention
+    from inference_conformance.conformance.contracts.quantization import KV_FORMATS
+    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.reference.transformer import naive_attention
 
     Hq, Hkv, D = 32, 8, 128
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -218,7 +218,7 @@ def test_bench_fp8_matmul(benchmark, device, backend, scheme):
     ``bytes``: the codes, scales and x/out one call must read."""
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
-    from optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization as quant_torch
 
     N, K = SHAPES[device][0]
     M = 1

@@ -8,7 +8,7 @@ of the statistical SD-1 law (its false-alarm rate and its power).
   verifier (a correct one) give the measured false-alarm rate, which must not exceed the stated
   α beyond sampling error (binomial tail at 1e-3), and 50 runs on the 0.97-acceptance verifier of
   the zoo give the power at the sizes CI uses. It is slow (about a minute on one core), so
-  ``.ci/run`` (CI=true) skips it; ``python -m reports`` runs it and the report shows its row
+  ``.ci/run`` (CI=true) skips it; ``python -m inference_conformance.reports`` runs it and the report shows its row
   (claim SD-1).
 
 Goals (issue: H200 when lent; not asserted, and recorded as unmeasured on a CPU): verifying up
@@ -23,12 +23,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.timing import median_seconds, paired_ratio, paired_ratios, ratio_estimate
-from conformance import results
-from conformance.registry import load
-from conformance.trends import best_gamma, sd9_fields
-from properties.speculative_cases import ALPHA, STAT_SIZES, sd1_law_verdicts
-from properties.speculative_claims_cases import (SD3_DOCS, SD3_GAMMA, SD3_MARGIN, SD3_MAX_TOKENS, SD3_BATCH, SD3_Z,
+from inference_conformance.benchmarks.timing import median_seconds, paired_ratio, paired_ratios, ratio_estimate
+from inference_conformance.conformance import results
+from inference_conformance.conformance.registry import load
+from inference_conformance.conformance.trends import best_gamma, sd9_fields
+from inference_conformance.properties.speculative_cases import ALPHA, STAT_SIZES, sd1_law_verdicts
+from inference_conformance.properties.speculative_claims_cases import (SD3_DOCS, SD3_GAMMA, SD3_MARGIN, SD3_MAX_TOKENS, SD3_BATCH, SD3_Z,
                                                  diff_ci, judge_sd3, tost_pass, wilson)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,7 +39,7 @@ V = 294
 
 
 def pytest_generate_tests(metafunc):
-    from conformance.device import current_device
+    from inference_conformance.conformance.device import current_device
 
     if metafunc.definition.name == "test_bench_verify":
         sizes = SIZES[current_device()]
@@ -47,8 +47,8 @@ def pytest_generate_tests(metafunc):
 
 
 def test_bench_verify(benchmark, device, B, gamma):
-    from optimized.speculative import verify
-    from reference.speculative import verify as verify_ref
+    from inference_conformance.optimized.speculative import verify
+    from inference_conformance.reference.speculative import verify as verify_ref
 
     g = torch.Generator().manual_seed(0)
     q = torch.softmax(torch.randn(B, gamma, V, generator=g, dtype=torch.float64), -1).float().to(device)
@@ -87,16 +87,16 @@ def test_sd1_law_calibration(device):
     verifier of a few percent bias over 50 runs of its real code."""
     from scipy import stats as sps  # here: every benchmark process imports this module
 
-    from properties.speculative_cases import SUBTLE_BIASES, sd1_law_false_alarms
+    from inference_conformance.properties.speculative_cases import SUBTLE_BIASES, sd1_law_false_alarms
 
     exact_k, exact_limit = sd1_law_false_alarms(EXACT_DRAWS, seed=1)
-    good = load("speculative", "torch", "optimized.speculative:verify", "builtin")
+    good = load("speculative", "torch", "inference_conformance.optimized.speculative:verify", "builtin")
 
     def rejected(impl, seed):
         return any(not v.ok for v in sd1_law_verdicts(impl, 1000 + seed, device))
 
     false_alarms = sum(rejected(good, s) for s in range(CALIBRATION_RUNS))
-    detections = {name: sum(rejected(load("speculative", name, f"properties.zoo_speculative:{name}", "zoo"), s)
+    detections = {name: sum(rejected(load("speculative", name, f"inference_conformance.properties.zoo_speculative:{name}", "zoo"), s)
                             for s in range(POWER_RUNS)) for name in sorted(SUBTLE_BIASES)}
     stated = ALPHA                                          # the whole law's family-wise rate (Bonferroni)
     limit = int(sps.binom.ppf(1 - 1e-3, CALIBRATION_RUNS, stated))
@@ -133,11 +133,11 @@ def test_sd3_grammatical_fraction():
     each with its 95% Wilson interval, and speculative minus target judged by an equivalence
     test: the claim holds when the 90% interval of the difference lies within ±2 points (power
     and size stated in the row)."""
-    from optimized.speculative_engine import SpeculativeEngine
-    from smallworld.checker import is_grammatical
-    from smallworld.checkpoints import load_model
-    from smallworld.sample import sample_ids
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.optimized.speculative_engine import SpeculativeEngine
+    from inference_conformance.smallworld.checker import is_grammatical
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.sample import sample_ids
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     tok = tokenizer()
     target, draft = load_model("target", torch.float32), load_model("draft_poor", torch.float32)
@@ -204,11 +204,11 @@ def test_sd9_speculative_vs_target_only(benchmark, device, mode):
     step. Goals (issue, not asserted): verifying up to 8 tokens <= 1.15x a one-token step when
     memory-bound; measured speedup >= 0.85x the formula. The trend holds when the good draft's best
     γ is faster than target-only and the poor draft's best γ is at most 4 (the rule
-    :func:`conformance.trends.sd9_fields`, shown failing in ``properties/test_speculative_rejections.py``)."""
-    from optimized.speculative_engine import CachedModel, SpeculativeEngine
-    from reference.speculative import measured_alpha, speedup, tokens_per_call
-    from smallworld.checkpoints import load_model
-    from smallworld.tokenizer import tokenizer
+    :func:`inference_conformance.conformance.trends.sd9_fields`, shown failing in ``properties/test_speculative_rejections.py``)."""
+    from inference_conformance.optimized.speculative_engine import CachedModel, SpeculativeEngine
+    from inference_conformance.reference.speculative import measured_alpha, speedup, tokens_per_call
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     temperature = 0.0 if mode == "greedy" else 1.0
     target = load_model("target", torch.float32, device)
@@ -352,9 +352,9 @@ def test_bench_tree_one_forward_vs_branches(benchmark, device, widths):
     root-to-leaf branches scored one forward each (about N / depth forwards), the shipped target
     in float32 after a 32-token prefix: the ratio branches / tree (the Triton kernel on a GPU,
     the reference core on a CPU, where the interpreter's time would be measured instead)."""
-    from conformance.device import current_device
-    from optimized.speculative_engine import TreeCachedModel
-    from smallworld.checkpoints import load_model
+    from inference_conformance.conformance.device import current_device
+    from inference_conformance.optimized.speculative_engine import TreeCachedModel
+    from inference_conformance.smallworld.checkpoints import load_model
 
     if widths not in TREE_WIDTHS[current_device()]:
         pytest.skip(f"tree widths {widths} are measured on the other device")
@@ -406,17 +406,17 @@ def test_bench_tokens_per_call(benchmark, device, drafter):
     self-speculation (block 1 skipped, γ = 4) and prompt lookup (3-grams, 5 tokens)."""
     import time
 
-    from conformance.device import current_device
-    from optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
+    from inference_conformance.conformance.device import current_device
+    from inference_conformance.optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
                                               SelfSpeculativeDrafter, TopKTreeDrafter, TreeSpeculativeEngine)
-    from smallworld.checkpoints import load_model
-    from smallworld.data import encode, split
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.data import encode, split
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     target = load_model("target", torch.float32, device)
     draft = load_model("draft_good", torch.float32, device)
     if drafter == "heads":
-        from smallworld.heads import shipped_heads
+        from inference_conformance.smallworld.heads import shipped_heads
 
         heads = shipped_heads().over(target)
     d = {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),

@@ -5,7 +5,7 @@ decode, split vs unsplit, with vs without the cache) also times its comparison p
 :func:`median_seconds`, so the ratio exists even when pytest-benchmark is disabled (CI smoke runs).
 
 A trend claim ("doubling the length costs more than 4x") is judged by its rule
-(:class:`conformance.trends.TrendRule`, re-exported here with :func:`ratio_estimate` and
+(:class:`inference_conformance.conformance.trends.TrendRule`, re-exported here with :func:`ratio_estimate` and
 :func:`trend_fields`) over repeated paired ratios (:func:`paired_ratios`): holds when the ratio's
 confidence interval lies on the claimed side of the claim's mark, fails when it lies on the
 other, inconclusive when it straddles the mark.
@@ -18,8 +18,8 @@ import time
 
 import torch
 
-# the trend verdicts are defined once in conformance.trends (properties/ judges with them too); re-exported
-from conformance.trends import TREND_LEVEL, RatioEstimate, TrendRule, ratio_estimate, trend_fields  # noqa: F401
+# the trend verdicts are defined once in inference_conformance.conformance.trends (properties/ judges with them too); re-exported
+from inference_conformance.conformance.trends import TREND_LEVEL, RatioEstimate, TrendRule, ratio_estimate, trend_fields  # noqa: F401
 
 
 def sync(device: str) -> None:

@@ -5,7 +5,7 @@ or the new one under the final name, never a truncated one.
 A temporary name is ``.<name>.<pid>.<random>.tmp`` (:func:`is_partial` recognises it); one left
 by a killed writer is removed by :func:`sweep` once its process is gone.
 
-Fault injection (tests and ``python -m reports.faults``): with ``CONFORMANCE_KILL_AT=<point>`` in
+Fault injection (tests and ``python -m inference_conformance.reports.faults``): with ``CONFORMANCE_KILL_AT=<point>`` in
 the environment, the process kills itself with SIGKILL at that point: in :func:`write_bytes`,
 the point is the target's file name (``results.json``, ``index.html``, ``roofline.png``, a history
 entry's ``<date>-<commit>.json``, ``*.json`` for any JSON file; shell-style patterns match) and

@@ -1,7 +1,7 @@
 """Boundary classes: the inputs a technique's kernels get wrong, declared by its contract.
 
 A contract's ``COVERAGE`` is a tuple of :class:`CoverageClass`; the law runner
-(:mod:`conformance.laws`) hands each class the observations a law's examples make (what the
+(:mod:`inference_conformance.conformance.laws`) hands each class the observations a law's examples make (what the
 implementation was handed: a case, a call's sizes) and records, per implementation, which
 classes were reached. This module imports nothing (the contracts and the kernels import it).
 """

@@ -62,7 +62,7 @@ def cache_interpreter_patching() -> bool:
 
     Applied only to an interpreter whose ``_patch_builtin(pkg, builder, scope)`` and
     ``_patch_attr`` have the shape read here (any other Triton is left as it is). Returns whether
-    it is applied; idempotent. Called by :mod:`optimized.triton_shared` when kernels are
+    it is applied; idempotent. Called by :mod:`inference_conformance.optimized.triton_shared` when kernels are
     interpreted."""
     import inspect
 

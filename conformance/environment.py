@@ -1,7 +1,7 @@
 """Where a run was made: the environment fingerprint (CPU/GPU model, driver, library versions,
-commit) that every report, history entry and run folder carries. ``perf.env`` re-exports it and
+commit) that every report, history entry and run folder carries. ``inference_conformance.perf.env`` re-exports it and
 names history series from it; the pytest plugin writes it into each ``--results`` folder
-(:mod:`conformance.runinfo`), so that runs made on other machines can be merged."""
+(:mod:`inference_conformance.conformance.runinfo`), so that runs made on other machines can be merged."""
 from __future__ import annotations
 
 import datetime as _dt

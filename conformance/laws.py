@@ -3,7 +3,7 @@
 A :class:`Law` names its claim and technique, its body, the strategies of its drawn arguments
 (or pinned cases only), its pinned examples, the dtypes its conformance test runs in, the
 known-bad implementations each of its zoo tests must reject (:class:`Kills`) and the contract's
-boundary classes (:mod:`conformance.coverage`) its examples must reach. The test module that
+boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach. The test module that
 declares it assigns the tests the runner makes, under the names the report reads::
 
     FA3 = Law(claim="FA-3", technique="attention", body=law_matches_reference,
@@ -39,11 +39,11 @@ from hypothesis import Phase, example, given, note, reject, settings
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
-from conformance import results
-from conformance.coverage import CoverageClass, classes_reached, missing_classes
-from conformance.device import triton_interpreted
-from conformance.outcomes import unsupported
-from conformance.zoo import expect_rejected
+from inference_conformance.conformance import results
+from inference_conformance.conformance.coverage import CoverageClass, classes_reached, missing_classes
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.conformance.outcomes import unsupported
+from inference_conformance.conformance.zoo import expect_rejected
 
 
 def runs_interpreted(impl) -> bool:
@@ -72,7 +72,7 @@ class Run:
     implementation refused; ``reached`` / ``refused_classes``: the boundary classes of the
     law's coverage table that examples which ran / were refused reached; ``observations``: what
     the examples that ran observed (:meth:`observe`); ``worst``: the worst comparison of the
-    tolerance policy in the test (a :class:`conformance.tolerance.Verdict`, or None)."""
+    tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Verdict`, or None)."""
 
     law: str
     implementation: str
@@ -133,7 +133,7 @@ def refusal(run: Run | None, what: str) -> Iterator[None]:
     """Inside the block, a ``NotImplementedError`` is the implementation refusing the input
     (``what`` says who refused what): inside a law's example (``run`` given) the example is
     discarded and the reason kept (:meth:`Run.refuse`); elsewhere the test ends as
-    "unsupported" (:func:`conformance.outcomes.unsupported`). Never a pass."""
+    "unsupported" (:func:`inference_conformance.conformance.outcomes.unsupported`). Never a pass."""
     try:
         yield
     except NotImplementedError as exc:
@@ -252,7 +252,7 @@ class Law:
         """Run the law on ``impl`` with its parameters ``args``; return what it saw.
 
         Raises the law's failure (an AssertionError of the tolerance policy, ...), and
-        :class:`conformance.outcomes.Unsupported` when ``impl`` refused every example."""
+        :class:`inference_conformance.conformance.outcomes.Unsupported` when ``impl`` refused every example."""
         interpreted = runs_interpreted(impl)
         run = Run(self.name, getattr(impl, "name", str(impl)), impl, interpreted, tuple(self.coverage))
         try:
@@ -330,7 +330,7 @@ class Law:
     def zoo_tests(self, *names: str) -> tuple[Callable, ...]:
         """One zoo test per :class:`Kills` of the law, named ``names`` in order:
         ``name(bad_impl, <params but dtype>[, dtype])``, each known-bad implementation rejected
-        by the law (:func:`conformance.zoo.expect_rejected`)."""
+        by the law (:func:`inference_conformance.conformance.zoo.expect_rejected`)."""
         if len(names) != len(self.kills):
             raise ValueError(f"{self.name}: {len(self.kills)} zoo tests declared, {len(names)} names given")
         return tuple(self._zoo_test(name, kills) for name, kills in zip(names, self.kills))

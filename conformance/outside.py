@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conformance import registry
+from inference_conformance.conformance import registry
 
 
 def list_impls(config, device: str) -> int:

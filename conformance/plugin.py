@@ -8,23 +8,23 @@ Options:
                                  (appended after every test, so a crashed worker loses nothing).
   --zoo-only                     run only the bug-zoo tests (those taking ``bad_impl``).
   --experiments                  run the main job's slow experiments (marked ``experiment``);
-                                 ``python -m reports`` passes it, whatever ``CI`` says.
+                                 ``python -m inference_conformance.reports`` passes it, whatever ``CI`` says.
   --list-impls                   print every registered implementation (technique, name, origin,
                                  available or why not) and exit.
   --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
                                  pytest-timeout): a hang fails that test with the reason.
   --expect PATH                  expectation file or folder of them (repeatable; see
-                                 conformance.expectations): a listed failure of that implementation
+                                 inference_conformance.conformance.expectations): a listed failure of that implementation
                                  is an expected failure (row verdict "expected fail", the run stays
                                  green); a listed test that passes fails the run (strict) ...
   --allow-unexpected-pass        ... unless this is given: then it is reported ("unexpected pass").
                                  The suite's own files (expectations/) apply to its built-ins always.
   --outside-bench-only           with --impl, time only the outside rows (default: built-ins beside).
-  --shard K/N                    run shard K of N (conformance.sharding); with --results, each
-                                 shard's folder is merged by python -m reports merge.
+  --shard K/N                    run shard K of N (inference_conformance.conformance.sharding); with --results, each
+                                 shard's folder is merged by python -m inference_conformance.reports merge.
 
 With ``--results DIR`` the folder also gets ``run.json`` (the environment fingerprint, the shard,
-start and end) and ``impls-*.json`` (each implementation's package versions): conformance.runinfo.
+start and end) and ``impls-*.json`` (each implementation's package versions): inference_conformance.conformance.runinfo.
 
 A crash of an implementation under pytest-xdist (``-n``) fails that test (error row "worker
 crashed") and the run goes on; run outside implementations with ``-n 1`` or more for that.
@@ -32,7 +32,7 @@ crashed") and the run goes on; run outside implementations with ``-n 1`` or more
 Benchmarks time outside implementations too: a benchmark that calls its technique's contract
 adds one row per ``--impl`` of that technique (:func:`bench_backends`), with the backend id
 ``impl`` for the first target, ``impl2``, ... for the next, in the order given, never the target
-string (so that two runs with different targets pair up by name, as ``python -m perf.ab
+string (so that two runs with different targets pair up by name, as ``python -m inference_conformance.perf.ab
 --impl-a ... --impl-b ...`` needs); the target goes into the row's extra_info
 (``implementation``). With ``--impl``, only those rows of the benchmarks run.
 
@@ -55,10 +55,10 @@ import hypothesis.configuration
 import pytest
 from hypothesis import HealthCheck, settings
 
-from conformance import expectations, registry, results, runinfo, sharding, summary, verdicts
-from conformance import outside as outside_impls
-from conformance.device import interpreter_hint, select_device
-from conformance.outcomes import refusal_is_unsupported
+from inference_conformance.conformance import expectations, registry, results, runinfo, sharding, summary, verdicts
+from inference_conformance.conformance import outside as outside_impls
+from inference_conformance.conformance.device import interpreter_hint, select_device
+from inference_conformance.conformance.outcomes import refusal_is_unsupported
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
              HealthCheck.function_scoped_fixture]
@@ -231,7 +231,7 @@ def pytest_configure(config):
         sharding.parse(config.getoption("shard"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
-    config.pluginmanager.register(sharding, "conformance.sharding")
+    config.pluginmanager.register(sharding, "inference_conformance.conformance.sharding")
     _STATE["run"] = None
     if config.getoption("results", default=None):
         files = [e.source for e in _STATE["expect"] + _STATE["expect_builtin"]]
@@ -336,7 +336,7 @@ _EXPECTED = pytest.StashKey[object]()
 
 
 def _expected(item):
-    """The :class:`conformance.expectations.Entry` for ``item`` (its ``impl``'s file lists it), or None."""
+    """The :class:`inference_conformance.conformance.expectations.Entry` for ``item`` (its ``impl``'s file lists it), or None."""
     if _EXPECTED in item.stash:
         return item.stash[_EXPECTED]
     impl = _param(item, "impl")
@@ -380,7 +380,7 @@ _RECORDER = pytest.StashKey[results.Recorder]()
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Each test item gets its own :class:`conformance.results.Recorder`, active from its setup
+    """Each test item gets its own :class:`inference_conformance.conformance.results.Recorder`, active from its setup
     to its teardown; its rows are built from it (no state is shared between tests)."""
     rec = item.stash.setdefault(_RECORDER, results.Recorder())
     with results.recording(rec):
@@ -397,7 +397,7 @@ def recorder(request) -> results.Recorder:
 def pytest_runtest_setup(item):
     exp = item.get_closest_marker("experiment")
     if exp is not None and not item.config.getoption("experiments", default=False):
-        pytest.skip(f"{exp.args[0] if exp.args else 'an experiment'}: run by python -m reports "
+        pytest.skip(f"{exp.args[0] if exp.args else 'an experiment'}: run by python -m inference_conformance.reports "
                     "(pytest --experiments)")
     if item.get_closest_marker("gpu") and _STATE["device"] != "cuda":
         pytest.skip("needs a CUDA device")

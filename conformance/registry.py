@@ -35,9 +35,10 @@ from typing import Any, Callable, Iterable, Mapping
 #: The entry-point group through which an installed package registers implementations.
 ENTRY_POINT_GROUP = "inference_conformance.implementations"
 #: Where a technique's implementations are declared, by layer: module name templates.
-LAYERS = ("reference.{technique}", "optimized.{technique}", "properties.zoo_{technique}")
+LAYERS = ("inference_conformance.reference.{technique}", "inference_conformance.optimized.{technique}",
+          "inference_conformance.properties.zoo_{technique}")
 #: The suite's own top-level packages: an implementation defined elsewhere is outside code.
-SUITE_PACKAGES = ("reference", "optimized", "properties", "conformance")
+SUITE_PACKAGES = tuple(f"inference_conformance.{p}" for p in ("reference", "optimized", "properties", "conformance"))
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Contract:
     every implementation (inputs not mutated, output fully written, repeatable results). A kwarg
     ``out`` that is a tensor is an output buffer the contract hands over: the generic checks
     pre-fill it with NaN. ``rules``: the tolerance rules the technique's laws judge by, by scheme
-    name (``conformance.tolerance.rule_for`` finds them; the dtype rules are the policy's own).
+    name (``inference_conformance.conformance.tolerance.rule_for`` finds them; the dtype rules are the policy's own).
     ``returns``: function name -> the type (or tuple of types) its result must be; every call
     through an :class:`Implementation` is checked before any law reads the result (a tuple,
     None or a numpy array where a tensor is due is a TypeError naming the function).
@@ -214,7 +215,7 @@ class Implementation:
     def outside(self) -> bool:
         """True for code that is not the suite's own: ``--impl`` targets, installed packages'
         registrations and the suite's adapters of other projects' kernels."""
-        return self.origin == "outside" or self.adapter or self.target.replace(":", ".").split(".", 1)[0] not in SUITE_PACKAGES
+        return self.origin == "outside" or self.adapter or not self.target.replace(":", ".").startswith(tuple(p + "." for p in SUITE_PACKAGES))
 
     def __call__(self, *args, **kwargs):
         return getattr(self, self.functions[0])(*args, **kwargs)
@@ -250,8 +251,8 @@ def _checked_result(fn: Callable, want: Any, who: str) -> Callable:
 
 
 def contracts() -> dict[str, Contract]:
-    """Every contract declared under ``conformance.contracts``, by technique name."""
-    from conformance import contracts as pkg
+    """Every contract declared under ``inference_conformance.conformance.contracts``, by technique name."""
+    from inference_conformance.conformance import contracts as pkg
 
     found: dict[str, Contract] = {}
     for info in pkgutil.iter_modules(pkg.__path__):
@@ -414,8 +415,8 @@ def zoo(technique: str) -> list[Implementation]:
     """The known-bad implementations every law of ``technique`` must reject."""
     c = contract(technique)
     regs, failed = registrations(technique)
-    if any(label.startswith("properties.") for label, _ in failed):
-        raise ImportError("; ".join(reason for label, reason in failed if label.startswith("properties.")))
+    if any(label.startswith("inference_conformance.properties.") for label, _ in failed):
+        raise ImportError("; ".join(reason for label, reason in failed if label.startswith("inference_conformance.properties.")))
     return [_load_registration(c, r, None) for r in regs if r.origin == "zoo"]
 
 
@@ -475,7 +476,7 @@ def listing(device: str | None = None) -> list[tuple[str, str, str, str]]:
         try:
             impls += zoo(technique)
         except ImportError as exc:
-            rows.append((technique, f"properties.zoo_{technique}", "zoo", f"cannot import: {exc}"))
+            rows.append((technique, f"inference_conformance.properties.zoo_{technique}", "zoo", f"cannot import: {exc}"))
         for i in impls:
             origin = "adapter" if i.adapter else i.origin
             rows.append((technique, i.name, origin, i.unavailable or "available"))

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance import fields
+from inference_conformance.conformance import fields
 
 
 @dataclass
@@ -86,7 +86,7 @@ def recording(recorder: Recorder):
     """Within the block, :func:`record` and the tolerance policy write to ``recorder``
     (nested blocks restore the outer one). Raises TypeError for a non-Recorder."""
     if not isinstance(recorder, Recorder):
-        raise TypeError(f"recorder must be a conformance.results.Recorder, got {type(recorder).__name__}")
+        raise TypeError(f"recorder must be a inference_conformance.conformance.results.Recorder, got {type(recorder).__name__}")
     token = _ACTIVE.set(recorder)
     try:
         yield recorder
@@ -102,7 +102,7 @@ def recorder() -> Recorder:
 
 
 def note_verdict(verdict) -> None:
-    """Called by :mod:`conformance.tolerance` for every comparison."""
+    """Called by :mod:`inference_conformance.conformance.tolerance` for every comparison."""
     recorder().note(verdict)
 
 
@@ -112,7 +112,7 @@ def record(claim: str, *, measured: Any, lecture: Any = None, bound: Any = None,
 
     Use it for figures and analytic answers (``measured`` vs ``lecture``); float comparisons
     are recorded automatically by the tolerance policy. ``extra`` keys the report reads are
-    declared in :mod:`conformance.fields`; a near-miss of one, or a declared one of the wrong
+    declared in :mod:`inference_conformance.conformance.fields`; a near-miss of one, or a declared one of the wrong
     type, raises ValueError.
     """
     fields.check(extra, where=f"record({claim!r})")
@@ -122,7 +122,7 @@ def record(claim: str, *, measured: Any, lecture: Any = None, bound: Any = None,
 
 def bench_info(benchmark, **info: Any) -> None:
     """Add ``info`` to a pytest-benchmark fixture's ``extra_info`` (what the report's benchmark
-    tables and plots read), checked against :mod:`conformance.fields` like :func:`record`."""
+    tables and plots read), checked against :mod:`inference_conformance.conformance.fields` like :func:`record`."""
     fields.check(info, where=f"benchmark {getattr(benchmark, 'name', '')!r}")
     benchmark.extra_info.update(info)
 

@@ -1,11 +1,11 @@
 """What a run folder (``pytest --results DIR``) says about its run, beside its rows, so that runs
 made in other environments, on other machines and devices, or as shards of one run, can be
-merged into one conformance matrix (``python -m reports merge``):
+merged into one conformance matrix (``python -m inference_conformance.reports merge``):
 
 - ``run.json``, written by the run's main process (the xdist controller): ``format``, ``started``
   and ``ended`` (UTC, ISO 8601), ``exitstatus``, ``shard`` ("K/N" or null), ``args`` (pytest's
   arguments), ``expect`` (the expectation files applied) and ``fingerprint``
-  (:func:`conformance.environment.fingerprint`: CPU/GPU model, torch, Triton, Python, commit);
+  (:func:`inference_conformance.conformance.environment.fingerprint`: CPU/GPU model, torch, Triton, Python, commit);
 - ``impls-<worker>-<pid>.json``, one per pytest process: every implementation that process
   parametrized, as ``{"technique", "name", "origin", "target", "packages": {distribution:
   version}}`` (torch, Triton where it launches kernels, the package an adapter needs, an
@@ -23,8 +23,8 @@ import json
 import os
 from importlib import metadata
 
-from conformance import atomic, registry
-from conformance.environment import fingerprint
+from inference_conformance.conformance import atomic, registry
+from inference_conformance.conformance.environment import fingerprint
 
 FORMAT = 1
 RUN_FILE = "run.json"

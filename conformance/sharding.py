@@ -1,12 +1,12 @@
 """``--shard K/N``: run one of N parts of a pytest selection, so that one suite run can be split
-across processes, CI jobs or machines and merged afterwards (``python -m reports merge``).
+across processes, CI jobs or machines and merged afterwards (``python -m inference_conformance.reports merge``).
 
 The collected tests are ordered by a stable hash of their node id (SHA-256, never Python's
 salted ``hash()``) and dealt out in turn: test number i of that order runs in shard
 ``i mod N + 1``. Every shard of the same command on the same checkout collects the same tests,
 so the N shards run each test exactly once between them and their counts differ by at most one;
 the deal does not depend on the order of collection, the worker count (``-n``) or the machine.
-Each shard writes its own run folder (``--results DIR``); :mod:`reports.merge` combines them.
+Each shard writes its own run folder (``--results DIR``); :mod:`inference_conformance.reports.merge` combines them.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def assign(nodeids: list[str], n: int) -> dict[str, int]:
 def add_option(group) -> None:
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only shard K of N of the collected tests (a stable hash of each test id); "
-                         "merge the shards' --results folders with python -m reports merge")
+                         "merge the shards' --results folders with python -m inference_conformance.reports merge")
 
 
 @pytest.hookimpl(trylast=True)

@@ -2,7 +2,7 @@
 
 A sampling claim ("the emitted tokens follow p exactly") is checked two ways: exact
 enumeration where the outcome space is small (compute the emitted distribution and compare with
-:mod:`conformance.tolerance`), and calibrated goodness-of-fit tests on samples otherwise. Each
+:mod:`inference_conformance.conformance.tolerance`), and calibrated goodness-of-fit tests on samples otherwise. Each
 test here has a fixed false-alarm rate ``alpha`` (the probability that a correct sampler is
 rejected), stated in the verdict's rule; under the ``ci`` Hypothesis profile seeds are fixed,
 so a run is reproducible. ``tests/test_stats.py`` measures the false-alarm rate over many seeds
@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from conformance.tolerance import Verdict, report_verdict
+from inference_conformance.conformance.tolerance import Verdict, report_verdict
 
 DEFAULT_ALPHA = 1e-3
 MIN_EXPECTED = 5.0

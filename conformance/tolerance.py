@@ -48,12 +48,12 @@ whole table from the contracts: importing a module never changes the policy. Eac
 No rule is a bare absolute tolerance: every bound is proportional to the reference's scale, so an
 all-zero output, or an input returned unchanged, fails every float comparison
 (``tests/test_tolerance.py`` shows it). NaN or inf in ``out`` where ``out_ref`` is finite is an
-error of +inf. Statistical rules (sampling claims) live in :mod:`conformance.stats` and fix
+error of +inf. Statistical rules (sampling claims) live in :mod:`inference_conformance.conformance.stats` and fix
 their false-alarm rate per test.
 
 Each check returns a :class:`Verdict`; the ``assert_*`` forms raise ``AssertionError`` whose
 message states the measured error, the bound and the rule. Every verdict is also reported to
-:mod:`conformance.results`, which turns the worst one of a test into its result row.
+:mod:`inference_conformance.conformance.results`, which turns the worst one of a test into its result row.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance import results
+from inference_conformance.conformance import results
 
 REL_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -359,13 +359,13 @@ def all_rules() -> dict[object, Rule]:
     scheme rules (``Contract.rules``, e.g. "quant-matmul"). Raises ValueError when a contract's
     scheme name is taken by another rule. Nothing is registered at import: the table is read
     from the contracts each time."""
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     table: dict[object, Rule] = dict(RULES)
     for technique, c in sorted(registry.contracts().items()):
         for key, rule in c.rules.items():
             if not isinstance(rule, Rule):
-                raise TypeError(f"contract {technique!r}: rule {key!r} is not a conformance.tolerance.Rule")
+                raise TypeError(f"contract {technique!r}: rule {key!r} is not a inference_conformance.conformance.tolerance.Rule")
             if key in table and table[key] != rule:
                 raise ValueError(f"contract {technique!r} declares the tolerance rule {key!r}, "
                                  f"which the policy already has: {table[key].name}")

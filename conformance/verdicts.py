@@ -1,10 +1,10 @@
 """A test's report as the verdict of its result rows: "pass", "partial", "fail", "error",
-"skip", "unsupported" (the implementation refused: :class:`conformance.outcomes.Unsupported`),
-and with an expectation entry (:mod:`conformance.expectations`) "expected fail" or "unexpected
+"skip", "unsupported" (the implementation refused: :class:`inference_conformance.conformance.outcomes.Unsupported`),
+and with an expectation entry (:mod:`inference_conformance.conformance.expectations`) "expected fail" or "unexpected
 pass"."""
 from __future__ import annotations
 
-from conformance.outcomes import Unsupported
+from inference_conformance.conformance.outcomes import Unsupported
 
 
 def expect_reason(entry) -> str:

@@ -1,14 +1,14 @@
 """The bug zoo's runner: a law must reject every known-bad implementation it names.
 
 A law is a callable whose first argument is the implementation (``law(impl, ...)``): a
-:class:`conformance.laws.Law`, whose tests call it with each good implementation and, through
+:class:`inference_conformance.conformance.laws.Law`, whose tests call it with each good implementation and, through
 :func:`expect_rejected`, with each known-bad one, or a plain (Hypothesis-decorated) function.
 """
 from __future__ import annotations
 
 from hypothesis.errors import HypothesisException
 
-from conformance import results
+from inference_conformance.conformance import results
 
 
 class NotRejected(AssertionError):

@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from conformance.contracts.attention import validate
+from inference_conformance.conformance.contracts.attention import validate
 
 CHUNK = 64
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contracts.quantization import validate_matmul, validate_quantize
+from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
 
 
 class AbsMax:

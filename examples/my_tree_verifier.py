@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance.contracts.speculative_tree import validate
+from inference_conformance.conformance.contracts.speculative_tree import validate
 
 
 def _verify(parents, draft_tokens, draft_probs, target_probs, generator, update_residual: bool):

@@ -16,7 +16,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from conformance.contracts.attention import causal_mask, validate
+from inference_conformance.conformance.contracts.attention import causal_mask, validate
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,7 +33,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype. Causal masks are
     bottom-right aligned (the contract's :func:`causal_mask`). Raises as
-    :func:`conformance.contracts.attention.validate`.
+    :func:`inference_conformance.conformance.contracts.attention.validate`.
     """
     shape = validate(q, k, v, causal, scale)
     kwargs = {}
@@ -53,8 +53,8 @@ def implementations():
     """The optimized attention implementations and the adapters of the kernels users compare
     against (flash-attn, FlashInfer: CUDA only; flex_attention, SDPA per CPU backend, JAX, ONNX
     Runtime: optimized/outside_attention.py), unavailable where their library is missing."""
-    from conformance.registry import builtin
-    from optimized import flash_attention, flash_decoding, outside_adapters, outside_attention as oa, outside_vllm
+    from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized import flash_attention, flash_decoding, outside_adapters, outside_attention as oa, outside_vllm
 
     return (
         builtin("attention", "triton", flash_attention.attention, kernel_modules=(flash_attention,)),

@@ -1,11 +1,11 @@
-"""Pieces shared by the Triton attention kernels (:mod:`optimized.flash_attention`,
-:mod:`optimized.flash_decoding`, :mod:`optimized.paged_attention`, :mod:`optimized.paged_prefill`):
+"""Pieces shared by the Triton attention kernels (:mod:`inference_conformance.optimized.flash_attention`,
+:mod:`inference_conformance.optimized.flash_decoding`, :mod:`inference_conformance.optimized.paged_attention`, :mod:`inference_conformance.optimized.paged_prefill`):
 the whole work of one program of the dense kernels (``attend_q_tile``: its prologue, the
 online-softmax key-tile loop ``_attn_tile``, two-stage or masked, and the normalisation), the
 key tile over a paged cache of both paged kernels (``paged_kv_tile``), the split-KV merge kernel with its
 host wrapper ``merge_splits``, and the host-side choices of tile sizes and loop shape. The
 kernel modules import this one; it imports none of them. Pieces that are not about attention
-(the loop over tiles, the dtype modes, the device checks) are in :mod:`optimized.triton_shared`.
+(the loop over tiles, the dtype modes, the device checks) are in :mod:`inference_conformance.optimized.triton_shared`.
 
 The tile loop (Dao et al. 2022; Dao 2023, FlashAttention-2 loop order; lecture 001 §3.2):
 
@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.device import triton_interpreted
-from optimized.triton_shared import flat_grid, tile_loop
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.triton_shared import flat_grid, tile_loop
 
 
 @triton.jit
@@ -166,8 +166,8 @@ def _attn_tile(state, args, start_n, CONSTS: tl.constexpr):
 @triton.jit
 def paged_kv_tile(state, args, t0, CONSTS: tl.constexpr):
     """One tile of BLOCK_N token positions t0 + offs_n of a sequence in a paged cache, the core
-    the paged decode kernel (:mod:`optimized.paged_attention`) and the mixed-batch kernel
-    (:mod:`optimized.paged_prefill`) share (a ``tile_loop`` body; state (acc, m_i, l_i) of the
+    the paged decode kernel (:mod:`inference_conformance.optimized.paged_attention`) and the mixed-batch kernel
+    (:mod:`inference_conformance.optimized.paged_prefill`) share (a ``tile_loop`` body; state (acc, m_i, l_i) of the
     online softmax of the program's BLOCK_M query rows, CONSTS = (PAGE, CAUSAL)): look each
     token's block up in the table (``phys = bt_row[t // PAGE]``), load its K/V slot ``t % PAGE``
     of the program's KV head, mask tokens at or past ``end`` and, with CAUSAL, tokens past each
@@ -335,9 +335,9 @@ def attention_smoke(fn, device: str, dtype: torch.dtype, Tq: int, Tk: int, causa
     """A smoke call of an attention kernel ``fn`` (B=1, Hq=4, Hkv=2, D=40, seeded inputs) judged
     by the tolerance policy against the float64 reference (``scripts/kernel_smoke.py``)."""
     def run():
-        from conformance import tolerance
-        from reference.attention import attention as attention_ref
-        from reference.attention import attention_naive
+        from inference_conformance.conformance import tolerance
+        from inference_conformance.reference.attention import attention as attention_ref
+        from inference_conformance.reference.attention import attention_naive
 
         g = torch.Generator().manual_seed(0)
         q = torch.randn(1, 4, Tq, 40, generator=g).to(device, dtype)
@@ -355,7 +355,7 @@ def attention_smoke(fn, device: str, dtype: torch.dtype, Tq: int, Tk: int, causa
 def compile_variants():
     """The merge at 16 rows a tile and at 2 (many splits of a wide head: the wrapper keeps
     BLOCK_M · BLOCK_S · BLOCK_D within 8192)."""
-    from optimized.triton_shared import CompileVariant
+    from inference_conformance.optimized.triton_shared import CompileVariant
 
     types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp64", "O_ptr": "*fp16"}
     return [CompileVariant("merge fp32", split_kv_merge_kernel, types, dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64)),
@@ -365,10 +365,10 @@ def compile_variants():
 def smoke_calls(device: str):
     """The merge of three float32 splits, one of them empty (lse = -inf), against the exact
     float64 softmax-weighted sum."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def run():
-        from conformance import tolerance
+        from inference_conformance.conformance import tolerance
 
         g = torch.Generator().manual_seed(0)
         o_part = torch.randn(2, 3, 3, 40, generator=g, dtype=torch.float64)

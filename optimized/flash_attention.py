@@ -14,7 +14,7 @@ lengths and head dims 1..256 (D is padded to the power of two BLOCK_D inside the
 masked); causal masks are bottom-right aligned. Accumulation is float32 for 16-bit and float32
 inputs, float64 for float64 inputs (float64 uses sums of products instead of ``tl.dot``).
 
-Small Tq with a long Tk is dispatched to the split-KV kernel of :mod:`optimized.flash_decoding`.
+Small Tq with a long Tk is dispatched to the split-KV kernel of :mod:`inference_conformance.optimized.flash_decoding`.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.contracts.attention import validate
-from conformance.device import triton_interpreted
-from optimized.attention_tiles import attend_q_tile, block_d, fixed_blocks, fold_scale, two_stage
-from optimized.flash_decoding import flash_decoding
-from optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode, flat_grid
+from inference_conformance.conformance.contracts.attention import validate
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention_tiles import attend_q_tile, block_d, fixed_blocks, fold_scale, two_stage
+from inference_conformance.optimized.flash_decoding import flash_decoding
+from inference_conformance.optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode, flat_grid
 
 @triton.jit
 def _flash_attn_fwd_kernel(
@@ -146,7 +146,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype. Decoding-shaped
     calls (Tq <= 16, Tk >= 1024) go to the split-KV kernel
-    (:func:`optimized.flash_decoding.flash_decoding`); the rest to :func:`flash_attention`.
+    (:func:`inference_conformance.optimized.flash_decoding.flash_decoding`); the rest to :func:`flash_attention`.
     Raises as the contract's ``validate`` does.
     """
     shape = validate(q, k, v, causal, scale)
@@ -158,7 +158,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def compile_variants():
     """Each dtype's tile products; both masks on 16-bit, where the autotuned benchmarks run
     (the two-stage causal path: two key-tile loops)."""
-    from optimized.triton_shared import DOT_IEEE, DOT_NATIVE, DOT_SUM, CompileVariant
+    from inference_conformance.optimized.triton_shared import DOT_IEEE, DOT_NATIVE, DOT_SUM, CompileVariant
 
     out = []
     for dt, mode, bm, bn, bd, causal in (("*fp16", DOT_NATIVE, 64, 64, 64, True), ("*fp16", DOT_NATIVE, 64, 64, 64, False),
@@ -173,8 +173,8 @@ def compile_variants():
 
 def smoke_calls(device: str):
     """float16 causal, float32 with Tq != Tk, float64 causal, against the float64 reference."""
-    from optimized.attention_tiles import attention_smoke
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.attention_tiles import attention_smoke
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     return [SmokeCall("flash_attention float16 causal Tq=Tk=50", attention_smoke(flash_attention, device, torch.float16, 50, 50, True)),
             SmokeCall("flash_attention float32 Tq=7 Tk=33", attention_smoke(flash_attention, device, torch.float32, 7, 33, False)),

@@ -13,7 +13,7 @@ rounds by ~1e-4, which the weights below would carry); a second kernel merges th
 (claim FA-7; lecture 001 §3.4). Any Tq, causal or not, GQA, D 1..256 are supported: the split
 kernel shares the work of a program (``attend_q_tile``) with FlashAttention, and the merge
 (``split_kv_merge_kernel``, which weighs a split that saw no key 0) with paged attention, all
-in :mod:`optimized.attention_tiles`.
+in :mod:`inference_conformance.optimized.attention_tiles`.
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.contracts.attention import validate
-from conformance.device import triton_interpreted
-from optimized.attention_tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
+from inference_conformance.conformance.contracts.attention import validate
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention_tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
                                        split_kv_merge_kernel, two_stage)
-from optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
+from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _split_kv_kernel(
 
 
 #: The merge kernel under the name the launch-capture laws patch (launches go through
-#: :func:`optimized.attention_tiles.merge_splits`; no float argument reaches it).
+#: :func:`inference_conformance.optimized.attention_tiles.merge_splits`; no float argument reaches it).
 _merge_kernel = split_kv_merge_kernel
 
 #: Default number of splits under the interpreter (enough to exercise the merge, few programs).
@@ -130,7 +130,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def compile_variants():
     """The split-KV partials (fp16, causal, two-stage: two key-tile loops)."""
-    from optimized.triton_shared import DOT_NATIVE, CompileVariant
+    from inference_conformance.optimized.triton_shared import DOT_NATIVE, CompileVariant
 
     return [CompileVariant("split_kv fp16 causal", _split_kv_kernel,
                            {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
@@ -141,8 +141,8 @@ def compile_variants():
 
 def smoke_calls(device: str):
     """bfloat16 decode over three splits, against the float64 reference."""
-    from optimized.attention_tiles import attention_smoke
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.attention_tiles import attention_smoke
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     return [SmokeCall("flash_decoding bfloat16 causal Tq=1 Tk=70 num_splits=3",
                       attention_smoke(flash_decoding, device, torch.bfloat16, 1, 70, True, num_splits=3))]

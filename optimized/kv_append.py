@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised only where Triton is missing
     triton = None
     tl = None
 
-from conformance.device import triton_interpreted
+from inference_conformance.conformance.device import triton_interpreted
 
 INDEX_DTYPE = torch.int64
 
@@ -162,7 +162,7 @@ def kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor,
     start, count = start.contiguous(), count.contiguous()  # the kernel reads them at unit stride
     block_kh = triton.next_power_of_2(Hkv * D)
     block_t = max(1, min(triton.next_power_of_2(T), 4096 // block_kh))
-    from optimized.triton_shared import flat_grid   # (Triton is optional for this module)
+    from inference_conformance.optimized.triton_shared import flat_grid   # (Triton is optional for this module)
 
     t_tiles = triton.cdiv(T, block_t)
     kv_append_kernel[flat_grid(t_tiles, B)](
@@ -283,7 +283,7 @@ class StaticKVCache:
 
 def compile_variants():
     """The append of float16 rows."""
-    from optimized.triton_shared import CompileVariant
+    from inference_conformance.optimized.triton_shared import CompileVariant
 
     return [CompileVariant("kv_append fp16", kv_append_kernel,
                            {"k_new_ptr": "*fp16", "v_new_ptr": "*fp16", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16",
@@ -293,10 +293,10 @@ def compile_variants():
 def smoke_calls(device: str):
     """An append at two sequences' own offsets, bit-exact against the PyTorch ``index_put_`` twin
     (unwritten slots NaN in both)."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def run():
-        from conformance import tolerance
+        from inference_conformance.conformance import tolerance
 
         g = torch.Generator().manual_seed(0)
         k_cache = torch.full((2, 2, 16, 8), float("nan"), device=device)

@@ -1,7 +1,7 @@
 """The cached decode engine: prefill + one-token decode steps over the reference model's weights.
 
-:class:`KVCacheEngine` runs the reference :class:`reference.transformer.Transformer` (its
-modules and weights, unchanged) with a :class:`optimized.kv_append.StaticKVCache`:
+:class:`KVCacheEngine` runs the reference :class:`inference_conformance.reference.transformer.Transformer` (its
+modules and weights, unchanged) with a :class:`inference_conformance.optimized.kv_append.StaticKVCache`:
 
 - ``prefill(tokens, lengths)`` runs a right-padded batch of prompts through the model in one
   forward (causal attention over the prompt), writes each sequence's ``lengths[b]`` keys and
@@ -12,13 +12,13 @@ modules and weights, unchanged) with a :class:`optimized.kv_append.StaticKVCache
   hold NaN and are excluded with ``torch.where`` on K and V as well as the -inf score mask, so
   0 × NaN never reaches the output).
 
-Both run the model's one forward (:meth:`reference.transformer.Transformer.forward`) with a
+Both run the model's one forward (:meth:`inference_conformance.reference.transformer.Transformer.forward`) with a
 :class:`StaticCacheAttention` as its attention backend: each layer appends its new k, v to the
 cache, then attends over the new tokens (prefill) or the cached slots (decode).
 
 Float64, float32 and bfloat16 (the model's dtype). The two built-ins differ only in the cache
 write: ``TRITON`` (the Triton kernel ``kv_append_kernel``) and ``TORCH`` (vectorized
-``index_put_``). The contract they meet is :mod:`conformance.contracts.kv_cache`.
+``index_put_``). The contract they meet is :mod:`inference_conformance.conformance.contracts.kv_cache`.
 
 Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache; claims KV-1, KV-2, KV-4,
 KV-10), CS336 lecture 10 part 3.
@@ -30,15 +30,15 @@ from types import SimpleNamespace
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint, check_ids, check_prefill_shape, held_bytes
-from optimized.kv_append import INDEX_DTYPE, StaticKVCache
-from reference.transformer import Transformer, naive_attention
+from inference_conformance.conformance.contracts.kv_cache import Footprint, check_ids, check_prefill_shape, held_bytes
+from inference_conformance.optimized.kv_append import INDEX_DTYPE, StaticKVCache
+from inference_conformance.reference.transformer import Transformer, naive_attention
 
 
 @dataclass
 class StaticCacheAttention:
-    """The attention backend (:class:`reference.transformer.AttentionCache`) of one forward over
-    a :class:`optimized.kv_append.StaticKVCache`, for the forward's B sequences (cache rows
+    """The attention backend (:class:`inference_conformance.reference.transformer.AttentionCache`) of one forward over
+    a :class:`inference_conformance.optimized.kv_append.StaticKVCache`, for the forward's B sequences (cache rows
     0..B-1) and T new tokens each.
 
     Each layer appends the new k, v of row b to slots ``start[b] .. start[b] + count[b] - 1``
@@ -91,7 +91,7 @@ class KVCacheEngine:
 
     def __init__(self, model: Transformer, max_batch: int, max_seq_len: int, append: str = "torch"):
         if not isinstance(model, Transformer):
-            raise TypeError(f"model must be a reference.transformer.Transformer, got {type(model).__name__}")
+            raise TypeError(f"model must be a inference_conformance.reference.transformer.Transformer, got {type(model).__name__}")
         for name, v in (("max_batch", max_batch), ("max_seq_len", max_seq_len)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -248,10 +248,10 @@ TORCH = SimpleNamespace(new_engine=_factory("torch"))
 
 def implementations():
     """The cached engines: the Triton append kernel and the PyTorch ``index_put_`` append; the
-    adapters of transformers' cache classes (:mod:`optimized.outside_transformers`)."""
-    from conformance.registry import builtin
-    from optimized import kv_append
-    from optimized import outside_transformers as hf
+    adapters of transformers' cache classes (:mod:`inference_conformance.optimized.outside_transformers`)."""
+    from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized import kv_append
+    from inference_conformance.optimized import outside_transformers as hf
 
     # Dynamic and Static run wherever transformers is (the test extra has it); the other caches
     # in the peers-hf environment (tox -e peers-hf), which runs every kv_cache law over them

@@ -2,7 +2,7 @@
 drives any object with ``update(k, v, layer) -> (k_all, v_all)`` (transformers' ``Cache``
 classes have exactly that call), so a real cache plugs in without an engine of its own.
 
-:class:`StorageEngine` runs :meth:`reference.transformer.Transformer.forward` with a
+:class:`StorageEngine` runs :meth:`inference_conformance.reference.transformer.Transformer.forward` with a
 :class:`StorageAttention` as its attention backend. A prefill makes a new storage
 (``new_cache(cfg, batch, max_seq_len, dtype, device)``) and hands it the right-padded batch:
 columns 0..S-1 of every row, padding included (a rectangular storage holds it; the mask hides
@@ -14,11 +14,11 @@ else its last columns (a sliding window). ``kv(layer, seq)`` reads the columns o
 ``seq`` from the storage itself: an ``update`` with no new column returns what it holds.
 
 ``cache_bytes()`` is measured from the storage's tensors
-(:func:`conformance.contracts.kv_cache.held_bytes`), never computed; ``footprint()`` is the
-layout the storage holds by design (:class:`conformance.contracts.kv_cache.Footprint`), given
-by whoever wraps the storage (the adapters of :mod:`optimized.outside_transformers`).
+(:func:`inference_conformance.conformance.contracts.kv_cache.held_bytes`), never computed; ``footprint()`` is the
+layout the storage holds by design (:class:`inference_conformance.conformance.contracts.kv_cache.Footprint`), given
+by whoever wraps the storage (the adapters of :mod:`inference_conformance.optimized.outside_transformers`).
 
-Validation is the contract's (:func:`conformance.contracts.kv_cache.check_ids`, as the suite's
+Validation is the contract's (:func:`inference_conformance.conformance.contracts.kv_cache.check_ids`, as the suite's
 own engine): the same TypeError/ValueError, naming the argument, before anything reaches the
 storage.
 
@@ -32,9 +32,9 @@ from typing import Any, Callable
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint, check_ids, check_prefill_shape, held_bytes
-from optimized.kv_append import INDEX_DTYPE
-from reference.transformer import Transformer, naive_attention
+from inference_conformance.conformance.contracts.kv_cache import Footprint, check_ids, check_prefill_shape, held_bytes
+from inference_conformance.optimized.kv_append import INDEX_DTYPE
+from inference_conformance.reference.transformer import Transformer, naive_attention
 
 
 @dataclass
@@ -82,7 +82,7 @@ class StorageEngine:
     def __init__(self, model: Transformer, max_batch: int, max_seq_len: int, new_cache: Callable,
                  footprint: Footprint):
         if not isinstance(model, Transformer):
-            raise TypeError(f"model must be a reference.transformer.Transformer, got {type(model).__name__}")
+            raise TypeError(f"model must be a inference_conformance.reference.transformer.Transformer, got {type(model).__name__}")
         for name, v in (("max_batch", max_batch), ("max_seq_len", max_seq_len)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")

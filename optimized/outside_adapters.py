@@ -39,8 +39,8 @@ import importlib
 
 import torch
 
-from conformance.contracts.attention import validate
-from conformance.contracts.paged_attention import validate as validate_paged
+from inference_conformance.conformance.contracts.attention import validate
+from inference_conformance.conformance.contracts.paged_attention import validate as validate_paged
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -178,7 +178,7 @@ class TorchaoWeightOnly:
                                     scale_dtype=torch.float32)
 
     def quantize(self, w, *, bits, granularity):
-        from conformance.contracts.quantization import validate_quantize
+        from inference_conformance.conformance.contracts.quantization import validate_quantize
 
         shape = validate_quantize(w, bits, granularity)
         if w.dtype == torch.float64:
@@ -204,7 +204,7 @@ class TorchaoWeightOnly:
         return qw.weight.dequantize().to(qw.contract_shape[2])
 
     def matmul(self, x, qw):
-        from conformance.contracts.quantization import validate_matmul
+        from inference_conformance.conformance.contracts.quantization import validate_matmul
 
         qw = self._check(qw)
         N, K, dtype = qw.contract_shape
@@ -213,7 +213,7 @@ class TorchaoWeightOnly:
             return qw(x)
 
     def __repr__(self) -> str:
-        return f"optimized.outside_adapters.TorchaoWeightOnly({self.kind!r})"
+        return f"inference_conformance.optimized.outside_adapters.TorchaoWeightOnly({self.kind!r})"
 
 
 torchao_int8 = TorchaoWeightOnly("int8")

@@ -49,7 +49,7 @@ import math
 
 import torch
 
-from conformance.contracts.attention import causal_mask, validate
+from inference_conformance.conformance.contracts.attention import causal_mask, validate
 
 # ------------------------------------------------------------------------ torch flex_attention
 

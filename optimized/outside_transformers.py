@@ -4,10 +4,10 @@ its KV cache classes as ``kv_cache`` storages, and its assisted generation's ver
 KV caches: each adapter is a ``new_cache(cfg, batch, max_seq_len, dtype, device)`` that builds
 one of transformers' ``Cache`` objects for the reference model's configuration (translated to
 a ``LlamaConfig``/``MistralConfig``: layers, KV heads, head dim; only its layer types reach the
-cache), wrapped by :func:`optimized.kv_storage.storage_engine`, which drives the suite's model
+cache), wrapped by :func:`inference_conformance.optimized.kv_storage.storage_engine`, which drives the suite's model
 forward through it (``Cache.update(k, v, layer)`` is transformers' own call, unchanged). Nothing
 here stores, evicts or quantizes: transformers does. Each declares the layout its class holds by
-design (:class:`conformance.contracts.kv_cache.Footprint`); its bytes are measured.
+design (:class:`inference_conformance.conformance.contracts.kv_cache.Footprint`); its bytes are measured.
 
 - ``hf_dynamic``: ``DynamicCache(config=...)`` (``DynamicLayer``: grows by ``torch.cat``) holds
   the padded rectangle B × W of the batch.
@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint
-from optimized.kv_storage import storage_engine
+from inference_conformance.conformance.contracts.kv_cache import Footprint
+from inference_conformance.optimized.kv_storage import storage_engine
 
 #: float8_e4m3fn has 3 mantissa bits: round-to-nearest within 2^-4 of a normal value.
 FP8_E4M3_REL_ERROR = 2.0 ** -4
@@ -146,10 +146,10 @@ def assisted_verify(draft_tokens, draft_probs, target_probs, *, generator):
     sequence). transformers draws its uniforms and its correction from the global RNG: the
     adapter seeds the global generator from ``generator`` (one draw of it) and restores the
     global state after, so equal generators give equal results. Returns (tokens (B, γ+1) int64,
-    num_accepted (B,) int64); raises as :func:`conformance.contracts.speculative.validate`."""
+    num_accepted (B,) int64); raises as :func:`inference_conformance.conformance.contracts.speculative.validate`."""
     from transformers.generation.utils import _speculative_sampling
 
-    from conformance.contracts.speculative import PAD, validate
+    from inference_conformance.conformance.contracts.speculative import PAD, validate
 
     shape = validate(draft_tokens, draft_probs, target_probs, generator)
     B, gamma = shape.B, shape.gamma

@@ -51,7 +51,7 @@ entry (vLLM's check for Triton's CPU backend): :func:`vllm_module` registers an 
 placeholder there before vLLM is first imported (a compiler that supports no target and a driver
 that is never active, so Triton's own driver and compiler selection skip it). Bfloat16 is refused
 on the Triton kernels under the interpreter: its bfloat16 ``tl.dot`` is wrong (the suite's own
-kernels upcast for it, ``optimized.triton_shared.DOT_UPCAST``), so such a cell would measure the
+kernels upcast for it, ``inference_conformance.optimized.triton_shared.DOT_UPCAST``), so such a cell would measure the
 interpreter, not vLLM; compiled on a GPU those cells run.
 """
 from __future__ import annotations
@@ -62,11 +62,11 @@ import sys
 
 import torch
 
-from conformance.contracts.attention import validate as validate_dense
-from conformance.contracts.paged_attention import validate as validate_paged
-from conformance.contracts.speculative import PAD
-from conformance.contracts.speculative import validate as validate_verify
-from conformance.device import triton_interpreted
+from inference_conformance.conformance.contracts.attention import validate as validate_dense
+from inference_conformance.conformance.contracts.paged_attention import validate as validate_paged
+from inference_conformance.conformance.contracts.speculative import PAD
+from inference_conformance.conformance.contracts.speculative import validate as validate_verify
+from inference_conformance.conformance.device import triton_interpreted
 
 #: The vLLM release the adapters and the pinned findings were written against.
 VLLM_TESTED = "0.32.0"
@@ -396,7 +396,7 @@ def _this_module():
 def paged_registrations():
     """The paged_attention adapters: ``vllm_cpu`` (the C++ CPU kernel, CPU only),
     ``vllm_triton_unified`` and ``vllm_triton_decode`` (Triton, interpreted on a CPU)."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     kernels = (_this_module(),)   # the module whose calls launch vLLM's Triton kernels
     return (builtin("paged_attention", "vllm_cpu", cpu_paged_attention, requires={"cpu"}, needs="vllm",
@@ -410,7 +410,7 @@ def paged_registrations():
 def attention_registrations():
     """The attention adapters ``vllm_triton_unified`` and ``vllm_triton_prefix_prefill`` (Triton,
     interpreted on a CPU)."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     kernels = (_this_module(),)
     return (builtin("attention", "vllm_triton_unified", triton_unified_attention, needs="vllm", adapter=True,
@@ -423,7 +423,7 @@ def speculative_registrations():
     """The speculative adapter ``vllm_triton_rejection`` (vLLM's rejection sampler, sampled requests;
     its Triton kernels interpreted on a CPU). The greedy path, :func:`rejection_greedy`, follows
     another rule than the contract's and is checked by SD-7 instead."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("speculative", "vllm_triton_rejection", rejection_sample, needs="vllm", adapter=True,
                     kernel_modules=(_this_module(),)),)

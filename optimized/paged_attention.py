@@ -7,13 +7,13 @@ tokens in tiles of BLOCK_N; for each token t it reads the block table,
 ``phys = block_table[b, t // PAGE]``, and loads K/V from slot ``t % PAGE`` of that physical block,
 so any block size >= 1 works (powers of two or not, 1 and 256 included) and nothing past
 ``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. That key
-tile is :func:`optimized.attention_tiles.paged_kv_tile`, shared with the mixed-batch kernel of
-chunked prefill (:mod:`optimized.paged_prefill`, the contract's ``paged_prefill``), which takes
+tile is :func:`inference_conformance.optimized.attention_tiles.paged_kv_tile`, shared with the mixed-batch kernel of
+chunked prefill (:mod:`inference_conformance.optimized.paged_prefill`, the contract's ``paged_prefill``), which takes
 query tiles of several tokens per sequence, causal; this kernel stays the decode-only path. Each
 program keeps the online-softmax state (m, l, acc); with one split it writes the output, with
 several it writes a partial output and its log-sum-exp, merged exactly by a second kernel (the
-split-KV merge of Flash-Decoding, FA-7, shared with :mod:`optimized.flash_decoding` in
-:mod:`optimized.attention_tiles`; a split past a sequence's end weighs 0), which keeps long
+split-KV merge of Flash-Decoding, FA-7, shared with :mod:`inference_conformance.optimized.flash_decoding` in
+:mod:`inference_conformance.optimized.attention_tiles`; a split past a sequence's end weighs 0), which keeps long
 contexts parallel.
 
 ``write_kv_cache``: program n writes token n's K and V (all KV heads) into slot
@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.contracts.paged_attention import validate
-from conformance.device import triton_interpreted
-from optimized.attention_tiles import (
+from inference_conformance.conformance.contracts.paged_attention import validate
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention_tiles import (
     MAX_SPLITS,
     fold_scale,
     log_sum_exp,
@@ -41,7 +41,7 @@ from optimized.attention_tiles import (
     paged_kv_tile,
     split_kv_merge_kernel,
 )
-from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
+from inference_conformance.optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def _write_kv_kernel(K_ptr, V_ptr, KC_ptr, VC_ptr, SLOT_ptr,
 
 
 #: The merge kernel under the name the launch-capture laws patch (launches go through
-#: :func:`optimized.attention_tiles.merge_splits`; no float argument reaches it).
+#: :func:`inference_conformance.optimized.attention_tiles.merge_splits`; no float argument reaches it).
 _paged_merge_kernel = split_kv_merge_kernel
 
 #: Tokens per split under the interpreter: one split up to this length, then a few.
@@ -283,14 +283,14 @@ def write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 def implementations():
     """The Triton paged-decode kernel with the mixed-batch kernel of
-    :mod:`optimized.paged_prefill` (the contract's ``paged_prefill``), and the adapters of vLLM's
-    and FlashInfer's paged decode (CUDA only) and of vLLM's CPU build (:mod:`optimized.outside_vllm`),
+    :mod:`inference_conformance.optimized.paged_prefill` (the contract's ``paged_prefill``), and the adapters of vLLM's
+    and FlashInfer's paged decode (CUDA only) and of vLLM's CPU build (:mod:`inference_conformance.optimized.outside_vllm`),
     unavailable where their library is missing."""
     import sys
     import types
 
-    from conformance.registry import builtin
-    from optimized import outside_adapters, outside_vllm, paged_prefill
+    from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized import outside_adapters, outside_vllm, paged_prefill
 
     return (
         builtin("paged_attention", "triton",
@@ -307,7 +307,7 @@ def implementations():
 def compile_variants():
     """The decode kernel split (fp16) and unsplit with a float64 accumulator (GQA 16, D 64, at the
     tiles :func:`_tiles` gives that dtype on GPU), and the slot write."""
-    from optimized.triton_shared import CompileVariant
+    from inference_conformance.optimized.triton_shared import CompileVariant
 
     out = []
     for dt, dtype, acc64, split in (("*fp16", torch.float16, False, True), ("*fp64", torch.float64, True, False)):
@@ -327,12 +327,12 @@ def compile_variants():
 def smoke_calls(device: str):
     """Decode over a shuffled block table (block size 16, lengths 300 and 5, GQA 4/2), float32,
     against the float64 reference over the same pages."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def run():
-        from conformance import tolerance
-        from conformance.contracts.paged_attention import cases
-        from reference.paged_attention import paged_attention as paged_ref
+        from inference_conformance.conformance import tolerance
+        from inference_conformance.conformance.contracts.paged_attention import cases
+        from inference_conformance.reference.paged_attention import paged_attention as paged_ref
 
         (args, kw), = [c for c in cases(0, device) if c[0][0].dtype == torch.float32][:1]
         return tolerance.check_close(paged_attention(*args, **kw), paged_ref(*(a.double() if a.is_floating_point() else a

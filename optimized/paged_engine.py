@@ -44,11 +44,11 @@ block size) books blocks for the tokens and writes them into its own block ids t
 mapping. :class:`DisaggregatedEngine` runs a prefill engine and a decode engine so.
 
 ``attention``: any ``paged_attention`` implementation (default: the reference;
-``optimized.paged_attention.paged_attention`` for the Triton kernel), called with one query per
+``inference_conformance.optimized.paged_attention.paged_attention`` for the Triton kernel), called with one query per
 token; ``prefill``: a ``paged_prefill`` implementation (the contract's mixed batch), which, when
 given, replaces it: one call per layer over the step's chunks and decode tokens;
 ``write``: the cache write (default: PyTorch ``index_copy_``;
-``optimized.paged_attention.write_kv_cache`` for Triton).
+``inference_conformance.optimized.paged_attention.write_kv_cache`` for Triton).
 """
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.paged_attention import OutOfBlocks, PagedKVCache
-from reference.transformer import Transformer, sample_next
+from inference_conformance.reference.paged_attention import OutOfBlocks, PagedKVCache
+from inference_conformance.reference.transformer import Transformer, sample_next
 
 
 def _torch_write(k_cache, v_cache, k, v, slot_mapping) -> None:
@@ -73,7 +73,7 @@ def _torch_write(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 @dataclass
 class PagedCacheAttention:
-    """The attention backend (:class:`reference.transformer.AttentionCache`) of one step's
+    """The attention backend (:class:`inference_conformance.reference.transformer.AttentionCache`) of one step's
     forward over a paged cache: the forward's N tokens, of several sequences, are one row
     (B = 1, T = N) of the token matrix.
 
@@ -195,7 +195,7 @@ class PagedEngine:
         self.k = [torch.full(shape, float("nan"), dtype=w.dtype, device=w.device) for _ in range(cfg.n_layers)]
         self.v = [torch.full(shape, float("nan"), dtype=w.dtype, device=w.device) for _ in range(cfg.n_layers)]
         if attention is None:
-            from reference.paged_attention import paged_attention as attention
+            from inference_conformance.reference.paged_attention import paged_attention as attention
         self.attention = attention
         self.write = write or _torch_write
         self.prefix: dict[str, int] | None = {} if prefix_cache else None

@@ -9,13 +9,13 @@ is token r // BLOCK_H, head r % BLOCK_H, so the K/V tile is loaded once for the 
 decode token, q_len = 1, fills BLOCK_H rows). The host lists the tiles (sequence, first query)
 of the batch once per call, as FlashInfer's plan step does; the grid is splits x tiles x KV
 heads, 1-D. A program walks its sequence's blocks through the block table with the paged core
-it shares with the decode kernel (:func:`optimized.attention_tiles.paged_kv_tile`: ``phys =
+it shares with the decode kernel (:func:`inference_conformance.optimized.attention_tiles.paged_kv_tile`: ``phys =
 block_table[b, t // PAGE]``, slot ``t % PAGE``), causal with the bottom-right offset of the
 cached prefix: query i of a chunk of q_len tokens over seq_len cached ones is at position
 seq_len - q_len + i and sees the keys t <= that; keys past the tile's last visible position
 are never walked. With several splits over the keys (a small batch of long sequences) each
 program writes a partial output and its log-sum-exp, merged exactly by the split-KV merge of
-:mod:`optimized.attention_tiles` (FA-7); a split past a tile's last visible key weighs 0.
+:mod:`inference_conformance.optimized.attention_tiles` (FA-7); a split past a tile's last visible key weighs 0.
 
 Float64 inputs are computed in float64, the others in float32; products are broadcast
 multiplies and sums, not ``tl.dot`` (as the decode kernel), so it runs under the interpreter as
@@ -29,10 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.contracts.paged_attention import validate_prefill
-from conformance.device import triton_interpreted
-from optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, paged_kv_tile
-from optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
+from inference_conformance.conformance.contracts.paged_attention import validate_prefill
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, paged_kv_tile
+from inference_conformance.optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
 
 
 @triton.jit
@@ -201,7 +201,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def compile_variants():
     """The mixed-batch kernel split (fp16, GQA 4) and unsplit with a float64 accumulator (no GQA),
     D 64, at the tiles :func:`_tiles` gives each on GPU."""
-    from optimized.triton_shared import CompileVariant
+    from inference_conformance.optimized.triton_shared import CompileVariant
 
     out = []
     for dt, dtype, acc64, split, group in (("*fp16", torch.float16, False, True, 4), ("*fp64", torch.float64, True, False, 1)):
@@ -218,11 +218,11 @@ def compile_variants():
 def smoke_calls(device: str):
     """A mixed batch (a decode token, a chunk after a cached prefix, a whole prompt; blocks of 3,
     GQA 4/2), float32, against the float64 reference over the same pages."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def run():
-        from conformance import tolerance
-        from reference.paged_attention import paged_prefill as prefill_ref
+        from inference_conformance.conformance import tolerance
+        from inference_conformance.reference.paged_attention import paged_prefill as prefill_ref
 
         g = torch.Generator().manual_seed(0)
         lens, qlens, bs = (9, 20, 6), (1, 7, 6), 3

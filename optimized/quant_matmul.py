@@ -30,7 +30,7 @@ Two launches, chosen by M in :func:`quant_matmul` (``path``):
 - ``"tiled"`` (larger M): :func:`quant_matmul_kernel`, (BLOCK_M, BLOCK_N) tiles of 32 or 64 rows
   over all of K.
 
-Both grids are 1-D (:func:`optimized.triton_shared.flat_grid`): a count of column blocks on
+Both grids are 1-D (:func:`inference_conformance.optimized.triton_shared.flat_grid`): a count of column blocks on
 CUDA's axis 1 would stop at 65,535 (N past 2M columns).
 
 Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: no float64
@@ -47,11 +47,11 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.contracts.quantization import validate_bits, validate_matmul
-from conformance.device import triton_interpreted
-from optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, flat_grid, output_tile, round_to_bf16,
+from inference_conformance.conformance.contracts.quantization import validate_bits, validate_matmul
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, flat_grid, output_tile, round_to_bf16,
                                      sm_count, tile_loop)
-from reference.quantization import codes_per_byte
+from inference_conformance.reference.quantization import codes_per_byte
 
 #: Dtypes the kernel takes for x (and w).
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -209,7 +209,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     kernels gather them per K row); None: group k // group_size (the plain path, unchanged).
     ``path``: "gemv" (decode launch, M <= GEMV_MAX_M), "tiled", or None: "gemv" when
     M <= GEMV_MAX_M, else "tiled". ``number_format`` "fp8_e4m3fn" / "fp8_e5m2" (QT-11): codes
-    (N, K) uint8 are the bit patterns of that FP8 format (``optimized.quantization.PackedFP8``),
+    (N, K) uint8 are the bit patterns of that FP8 format (``inference_conformance.optimized.quantization.PackedFP8``),
     bits must be 8 and zeros None (no zero point); "int" (the default): integer codes as above.
 
     Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
@@ -295,7 +295,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
 def compile_variants():
     """The tiled launch at each dtype and bit width (act-order's int32 g_idx once), and the decode
     (split-K) launch; without g_idx the wrapper passes the codes as g_idx_ptr."""
-    from optimized.triton_shared import DOT_IEEE, DOT_NATIVE, CompileVariant
+    from inference_conformance.optimized.triton_shared import DOT_IEEE, DOT_NATIVE, CompileVariant
 
     out = []
     for dt, bits, per, bm, mode, act in (("*fp16", 4, 2, 16, DOT_NATIVE, False), ("*bf16", 8, 1, 64, DOT_NATIVE, False),
@@ -332,12 +332,12 @@ def compile_variants():
 def smoke_calls(device: str):
     """int4 in groups of 32 at M = 1 (the decode launch) in bfloat16 and int8 per channel at M = 20
     (tiled) in float32, judged by the contract's quant-matmul rule."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def quant(bits, granularity, dtype, M):
         def run():
-            from conformance import tolerance
-            from reference import quantization as ref
+            from inference_conformance.conformance import tolerance
+            from inference_conformance.reference import quantization as ref
 
             g = torch.Generator().manual_seed(0)
             w = torch.randn(40, 96, generator=g).to(device, dtype)
@@ -352,8 +352,8 @@ def smoke_calls(device: str):
         return run
     def fp8(M):
         def run():
-            from conformance import tolerance
-            from reference import quantization as ref
+            from inference_conformance.conformance import tolerance
+            from inference_conformance.reference import quantization as ref
 
             g = torch.Generator().manual_seed(0)
             w = torch.randn(40, 96, generator=g).to(device, torch.bfloat16)

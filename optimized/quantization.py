@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from conformance.contracts.quantization import (
+from inference_conformance.conformance.contracts.quantization import (
     FP8_FORMATS,
     KVFormat,
     fp8_format,
@@ -35,7 +35,7 @@ from conformance.contracts.quantization import (
     validate_matmul,
     validate_quantize,
 )
-from reference.quantization import FP8Scheme, KVOps, Scheme
+from inference_conformance.reference.quantization import FP8Scheme, KVOps, Scheme
 
 #: Significant bits kept in a stored scale (as the reference).
 SCALE_BITS = 16
@@ -135,7 +135,7 @@ def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True,
 def check_packed(qw) -> PackedWeight:
     """TypeError unless ``qw`` is a :class:`PackedWeight`."""
     if not isinstance(qw, PackedWeight):
-        raise TypeError(f"qw must be an optimized.quantization.PackedWeight (what quantize returned), "
+        raise TypeError(f"qw must be an inference_conformance.optimized.quantization.PackedWeight (what quantize returned), "
                         f"got {type(qw).__name__}")
     return qw
 
@@ -170,7 +170,7 @@ ASYMMETRIC = Scheme(False, sys.modules[__name__])
 class TritonScheme:
     """The ``triton`` implementation: quantize and dequantize as this module (float32 scales;
     with GPTQ's act-order ``g_idx`` (K,), an int group size, stored in the packed weight as
-    int32), matmul by the Triton kernels of :func:`optimized.quant_matmul.quant_matmul` (with the
+    int32), matmul by the Triton kernels of :func:`inference_conformance.optimized.quant_matmul.quant_matmul` (with the
     stored g_idx). Refuses float64 weights (NotImplementedError) after validating the call."""
 
     def __init__(self, symmetric: bool):
@@ -186,7 +186,7 @@ class TritonScheme:
         return dequantize(qw)
 
     def matmul(self, x, qw):
-        from optimized.quant_matmul import quant_matmul
+        from inference_conformance.optimized.quant_matmul import quant_matmul
 
         qw = check_packed(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
@@ -194,7 +194,7 @@ class TritonScheme:
                             N=qw.N, K=qw.K, g_idx=qw.g_idx)
 
     def __repr__(self) -> str:
-        return f"optimized.quantization.TritonScheme(symmetric={self.symmetric})"
+        return f"inference_conformance.optimized.quantization.TritonScheme(symmetric={self.symmetric})"
 
 
 TRITON_SYMMETRIC = TritonScheme(True)
@@ -260,7 +260,7 @@ def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> Packed
 def check_fp8(qw) -> PackedFP8:
     """TypeError unless ``qw`` is a :class:`PackedFP8`."""
     if not isinstance(qw, PackedFP8):
-        raise TypeError(f"qw must be an optimized.quantization.PackedFP8 (what quantize returned), got {type(qw).__name__}")
+        raise TypeError(f"qw must be an inference_conformance.optimized.quantization.PackedFP8 (what quantize returned), got {type(qw).__name__}")
     return qw
 
 
@@ -284,7 +284,7 @@ FP8_E5M2 = FP8Scheme("fp8_e5m2", sys.modules[__name__])
 
 class TritonFP8Scheme:
     """The ``triton_fp8_*`` implementations: quantize and dequantize as :func:`quantize_fp8`
-    (float32 scales), matmul by the Triton kernels of :func:`optimized.quant_matmul.quant_matmul`
+    (float32 scales), matmul by the Triton kernels of :func:`inference_conformance.optimized.quant_matmul.quant_matmul`
     with ``number_format`` (each byte bitcast to the FP8 format in registers). Refuses float64
     weights (NotImplementedError) after validating the call."""
 
@@ -303,7 +303,7 @@ class TritonFP8Scheme:
         return dequantize_fp8(qw)
 
     def matmul(self, x, qw):
-        from optimized.quant_matmul import quant_matmul
+        from inference_conformance.optimized.quant_matmul import quant_matmul
 
         qw = check_fp8(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
@@ -311,7 +311,7 @@ class TritonFP8Scheme:
                             number_format=qw.fmt)
 
     def __repr__(self) -> str:
-        return f"optimized.quantization.TritonFP8Scheme({self.number_format!r})"
+        return f"inference_conformance.optimized.quantization.TritonFP8Scheme({self.number_format!r})"
 
 
 TRITON_FP8_E4M3 = TritonFP8Scheme("fp8_e4m3fn")
@@ -414,7 +414,7 @@ KV_TORCH = KVOps("torch", sys.modules[__name__])
 
 
 class QuantizedKVCache:
-    """An attention backend (:class:`reference.transformer.AttentionCache`) holding every
+    """An attention backend (:class:`inference_conformance.reference.transformer.AttentionCache`) holding every
     layer's keys and values in a quantized :class:`KVFormat`, for B rows of equal length (a
     right-padded batch: padding sits after every real token, so no real query sees it).
 
@@ -479,7 +479,7 @@ class QuantizedKVCache:
 def _two_source_attention(q, k_q, v_q, k_fp, v_fp, sel, causal):
     """softmax(q k^T / sqrt(D)) v where key/value t of query i is (k_q, v_q)[t] if sel[i, t]
     else (k_fp, v_fp)[t], over the keys ``causal`` allows; GQA by head groups; the softmax in
-    float32 for 16-bit inputs (as reference.transformer.naive_attention)."""
+    float32 for 16-bit inputs (as inference_conformance.reference.transformer.naive_attention)."""
     group = q.shape[1] // k_q.shape[1]
     cdt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     rep = (lambda x: x.repeat_interleave(group, dim=1).to(cdt))
@@ -494,8 +494,8 @@ def implementations():
     """The vectorized PyTorch schemes (integer and FP8), the Triton quantized matmul (same
     quantize, Triton matmul), torchao's weight-only quantization and the CPU libraries of
     optimized/outside_quantization.py (unavailable where their package is missing)."""
-    from conformance.registry import builtin
-    from optimized import outside_adapters, outside_quantization as oq, quant_matmul
+    from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized import outside_adapters, outside_quantization as oq, quant_matmul
 
     return (
         builtin("quantization", "torch", SYMMETRIC),

@@ -5,7 +5,7 @@ The whole batch is verified by a fixed sequence of tensor operations, whatever B
 of (B, γ) uniforms, the acceptance test u · q(x) < p(x) for every position at once, the first
 rejection from a cumulative product, one gather of the residual (or bonus) row per sequence, one
 ``torch.multinomial``. No host round trip per token and no loop over positions; the host reads
-the inputs only in :func:`conformance.contracts.speculative.validate` (skipped with
+the inputs only in :func:`inference_conformance.conformance.contracts.speculative.validate` (skipped with
 ``check=False`` by an engine that built the inputs itself). Acceptance and residual are computed in
 float64, so that q(x) = 1e-12 against p(x) ≈ 1, or p(x) = 0 against q(x) > 0, are exact.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contracts.speculative import PAD, validate
+from inference_conformance.conformance.contracts.speculative import PAD, validate
 
 
 def _accept_mask(u, q_x, p_x):
@@ -56,10 +56,10 @@ def verify(draft_tokens, draft_probs, target_probs, *, generator, check: bool = 
 
 def implementations():
     """The batched PyTorch verifier; transformers' assisted-generation verifier and vLLM's
-    rejection sampler (adapters: :mod:`optimized.outside_transformers`, :mod:`optimized.outside_vllm`,
+    rejection sampler (adapters: :mod:`inference_conformance.optimized.outside_transformers`, :mod:`inference_conformance.optimized.outside_vllm`,
     unavailable where their package is missing)."""
-    from conformance.registry import builtin
-    from optimized import outside_transformers, outside_vllm
+    from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized import outside_transformers, outside_vllm
 
     return (builtin("speculative", "torch", verify),
             builtin("speculative", "hf_assisted", outside_transformers.assisted_verify, needs="transformers",

@@ -1,10 +1,10 @@
 """A speculative decoding engine with KV caches and rollback (lecture 002 §2; Leviathan et al.
 2023; claims SD-1, SD-7, SD-8).
 
-:class:`SpeculativeEngine` runs a target and a draft :class:`reference.transformer.Transformer`,
-each over its own static KV cache (:class:`optimized.kv_cache.KVCacheEngine`'s cache and layers,
+:class:`SpeculativeEngine` runs a target and a draft :class:`inference_conformance.reference.transformer.Transformer`,
+each over its own static KV cache (:class:`inference_conformance.optimized.kv_cache.KVCacheEngine`'s cache and layers,
 extended here by :class:`CachedModel` with a multi-token ``extend`` and a ``rollback``; each
-forward is the model's own, over a :class:`optimized.kv_cache.StaticCacheAttention`). Every
+forward is the model's own, over a :class:`inference_conformance.optimized.kv_cache.StaticCacheAttention`). Every
 row keeps its committed tokens; both caches hold all of them but the last (the *pending* token,
 whose keys and values the next forward writes). One round:
 
@@ -12,7 +12,7 @@ whose keys and values the next forward writes). One round:
    that accepted every draft token), then proposes γ tokens one decode step at a time, each
    sampled from its processed distribution q (or its argmax when greedy);
 2. the target scores the pending token and the γ draft tokens in one forward (γ + 1 logits);
-3. ``verify`` keeps a prefix (float64 accept/reject of :mod:`optimized.speculative`, or the
+3. ``verify`` keeps a prefix (float64 accept/reject of :mod:`inference_conformance.optimized.speculative`, or the
    greedy rule) and emits one more token;
 4. both caches are rolled back to the accepted prefix: the target to the committed tokens but
    the new pending one, the draft to at most that: the caches then equal, length and visible
@@ -25,7 +25,7 @@ Per forward the host does no device round trip: lengths live on the host too, th
 are computed once for every layer, the token ids the engine produced itself are not re-checked,
 and the K/V masking copy is skipped when every row's chunk ends at the same slot (B = 1 always).
 
-Temperature, top-k and top-p (:func:`reference.speculative.process_logits`) are applied to the
+Temperature, top-k and top-p (:func:`inference_conformance.reference.speculative.process_logits`) are applied to the
 target's and the draft's logits alike before verification; temperature 0 is greedy. The draft
 tokens are sampled from exactly the q passed to ``verify`` (the same float32 tensor).
 """
@@ -34,11 +34,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from optimized import speculative as batched
-from optimized.kv_cache import KVCacheEngine, StaticCacheAttention
-from optimized.kv_append import INDEX_DTYPE
-from reference.speculative import best_gamma, process_logits
-from reference.transformer import Transformer
+from inference_conformance.optimized import speculative as batched
+from inference_conformance.optimized.kv_cache import KVCacheEngine, StaticCacheAttention
+from inference_conformance.optimized.kv_append import INDEX_DTYPE
+from inference_conformance.reference.speculative import best_gamma, process_logits
+from inference_conformance.reference.transformer import Transformer
 
 
 class CachedModel(KVCacheEngine):
@@ -114,7 +114,7 @@ class SpeculativeEngine:
 
     ``gamma`` draft tokens per round (>= 1); ``temperature`` (0: greedy), ``top_k`` (0: none)
     and ``top_p`` (1: none) apply to both models; ``verify``: a ``speculative`` contract
-    function (default the batched verifier of :mod:`optimized.speculative`).
+    function (default the batched verifier of :mod:`inference_conformance.optimized.speculative`).
     ``adaptive``: choose each round's γ in 1..``gamma`` from the recent acceptance rate (an
     exponential average, weight ``1/4`` per round, of accepted / (accepted + rejections) over the
     batch) as the γ that maximises the SD-4 speedup at cost ratio ``draft_cost`` (default: the
@@ -174,7 +174,7 @@ class SpeculativeEngine:
 
         Returns (tokens (B, S + max_new_tokens), stats: rounds, accepted, drafted, emitted and
         rejections (rounds that stopped before γ) per row while generating, summed;
-        :func:`reference.speculative.measured_alpha` reads them)."""
+        :func:`inference_conformance.reference.speculative.measured_alpha` reads them)."""
         self.target._check_ids(prompt, "prompt", 2)
         self.target._check_vocab(prompt, "prompt")                                   # the only ids checked
         greedy = self.temperature == 0
@@ -267,7 +267,7 @@ class TreeCacheAttention:
     """The attention backend of one tree forward over a :class:`CachedModel`'s cache: each layer
     appends the forward's n_nodes keys and values at slots [L_b, L_b + n_nodes) (L: the cached
     lengths) and attends by tree attention, ``attend_fn(q, k_cache, v_cache, parents,
-    prefix_lens)`` (:func:`optimized.tree_attention.tree_attention`, the Triton kernel, or its
+    prefix_lens)`` (:func:`inference_conformance.optimized.tree_attention.tree_attention`, the Triton kernel, or its
     reference-core twin ``tree_attention_torch``)."""
 
     def __init__(self, cache, parents: torch.Tensor, lengths: torch.Tensor, host_lengths: torch.Tensor, attend_fn):
@@ -282,7 +282,7 @@ class TreeCacheAttention:
 
 
 def _tree_attend(name: str):
-    from optimized import tree_attention
+    from inference_conformance.optimized import tree_attention
 
     return {"triton": tree_attention.tree_attention, "torch": tree_attention.tree_attention_torch}[name]
 
@@ -302,7 +302,7 @@ class TreeCachedModel(CachedModel):
         """tokens (B, n_nodes) int64 (checked ids), parents (n_nodes,) int64 (the contract's
         pointers); node i goes to slot L_b + i at position L_b − 1 + depth(i). Returns logits
         (B, n_nodes, V). The cached lengths grow by n_nodes (:meth:`keep_path` shrinks them)."""
-        from conformance.contracts.speculative_tree import depths
+        from inference_conformance.conformance.contracts.speculative_tree import depths
 
         self._check_ids(tokens, "tokens", 2)
         self._check_vocab(tokens, "tokens")
@@ -388,7 +388,7 @@ class TreeSpeculativeEngine:
         return torch.tensor([ctx[:S + max_new_tokens]], dtype=torch.int64, device=prompt.device), stats
 
     def _rounds(self, ctx, S, max_new_tokens, stats, on_round):
-        from reference.speculative_tree import verify_tree_greedy
+        from inference_conformance.reference.speculative_tree import verify_tree_greedy
 
         m, dev, hidden = self.target, self.target.device, None
         while len(ctx) < S + max_new_tokens:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contracts.speculative_tree import PAD, children, depths, validate
+from inference_conformance.conformance.contracts.speculative_tree import PAD, children, depths, validate
 
 
 def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator, check: bool = True):
@@ -65,6 +65,6 @@ def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator, 
 
 def implementations():
     """The batched PyTorch tree verifier."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("speculative_tree", "torch", verify_tree),)

@@ -7,7 +7,7 @@ per (sequence, query head) holds all the nodes' queries (n_nodes <= BLOCK_M): it
 prefix's keys in BLOCK_N tiles with the online softmax (``tile_loop``), then one tile of the
 tree's own keys under the tree mask, which it builds in registers from the parent pointers: the
 ancestor set of every node by DEPTH steps of ``cur = parents[cur]``. RoPE positions are the
-caller's (depth-based: :func:`reference.speculative_tree.tree_positions`).
+caller's (depth-based: :func:`inference_conformance.reference.speculative_tree.tree_positions`).
 
 Layout: q (B, Hq, n_nodes, D); k_cache, v_cache (B, Hkv, S_max, D), contiguous per sequence,
 prefix at slots [0, prefix_lens[b]), the tree at [prefix_lens[b], prefix_lens[b] + n_nodes);
@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.contracts.speculative_tree import depths
-from optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, tile_loop
+from inference_conformance.conformance.contracts.speculative_tree import depths
+from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, tile_loop
 
 #: Most nodes of one tree (one tile of queries per program).
 MAX_NODES = 64
@@ -199,8 +199,8 @@ def tree_attention(q, k_cache, v_cache, parents, prefix_lens, *, scale: float | 
 
 def tree_attention_torch(q, k_cache, v_cache, parents, prefix_lens, *, scale: float | None = None) -> torch.Tensor:
     """The same computation by the reference core (gather, mask, softmax), for the laws and benchmarks."""
-    from reference.attention import masked_attention
-    from reference.speculative_tree import tree_mask
+    from inference_conformance.reference.attention import masked_attention
+    from inference_conformance.reference.speculative_tree import tree_mask
 
     par = _check(q, k_cache, v_cache, parents, prefix_lens)
     B, Hq, n, D = q.shape
@@ -216,7 +216,7 @@ def tree_attention_torch(q, k_cache, v_cache, parents, prefix_lens, *, scale: fl
 
 def compile_variants():
     """The tree kernel in fp16 (tl.dot tiles, the prefix's tile loop a ``for``)."""
-    from optimized.triton_shared import DOT_NATIVE, CompileVariant
+    from inference_conformance.optimized.triton_shared import DOT_NATIVE, CompileVariant
 
     return [CompileVariant("tree_attention fp16 depth 3", tree_attention_kernel,
                            {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "O_ptr": "*fp16",
@@ -226,10 +226,10 @@ def compile_variants():
 
 def smoke_calls(device: str):
     """A binary tree of depth 2 over a 21-token prefix, float32, against the float64 reference."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def run():
-        from conformance.tolerance import check_close
+        from inference_conformance.conformance.tolerance import check_close
 
         g = torch.Generator().manual_seed(0)
         q = torch.randn(2, 4, 6, 32, generator=g, dtype=torch.float64)

@@ -1,10 +1,10 @@
 """Triton pieces shared by every kernel of the suite, whatever its technique: the loop over tiles
 (``tile_loop``, with the interpreter switch ``RANGE_LOOP``), the 1-D grids every kernel launches
 (``flat_grid``) and the output tile of a program of a matmul's grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``, ``dot_mode``),
-float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels (:mod:`optimized.attention_tiles`,
-:mod:`optimized.flash_attention`, :mod:`optimized.flash_decoding`,
-:mod:`optimized.paged_attention`) and the quantized matmuls (:mod:`optimized.quant_matmul`,
-:mod:`optimized.w8a8_matmul`) import this module; it imports none of them.
+float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels (:mod:`inference_conformance.optimized.attention_tiles`,
+:mod:`inference_conformance.optimized.flash_attention`, :mod:`inference_conformance.optimized.flash_decoding`,
+:mod:`inference_conformance.optimized.paged_attention`) and the quantized matmuls (:mod:`inference_conformance.optimized.quant_matmul`,
+:mod:`inference_conformance.optimized.w8a8_matmul`) import this module; it imports none of them.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.device import cache_interpreter_patching, triton_interpreted
+from inference_conformance.conformance.device import cache_interpreter_patching, triton_interpreted
 
 # DOT_MODE values (a constexpr of the kernels)
 DOT_NATIVE = 0   # 16-bit on GPU: tl.dot on the input dtype, float32 accumulation, P cast to it
@@ -164,7 +164,7 @@ class CompileVariant:
 @dataclasses.dataclass(frozen=True)
 class SmokeCall:
     """One tiny call of a kernel through its host wrapper (``scripts/kernel_smoke.py`` runs each
-    once): ``run()`` returns a :class:`conformance.tolerance.Verdict` against the reference."""
+    once): ``run()`` returns a :class:`inference_conformance.conformance.tolerance.Verdict` against the reference."""
 
     label: str
     run: object
@@ -181,4 +181,4 @@ def kernel_modules() -> list:
     here = Path(__file__).resolve().parent
     kernel = re.compile(r"@triton\.jit\s*\n\s*def \w+_kernel\(")
     names = sorted(p.stem for p in here.glob("*.py") if kernel.search(p.read_text(encoding="utf-8")))
-    return [importlib.import_module(f"optimized.{n}") for n in names]
+    return [importlib.import_module(f"{__package__}.{n}") for n in names]

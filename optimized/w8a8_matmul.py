@@ -7,9 +7,9 @@ Xiao et al. 2023).
 - Activations are quantized dynamically per token (:func:`quantize_activations`): s_m =
   max_k |x[m, k]| / 127 (1 for an all-zero row), x_q = round(x / s_m) clamped to [-127, 127],
   computed in float64 on the host so that the codes are exactly those of
-  ``reference.quant_methods.fake_quantize_activations(x, 8, "token")``.
+  ``inference_conformance.reference.quant_methods.fake_quantize_activations(x, 8, "token")``.
 - Weights are quantized per output channel (:func:`quantize_weight`), the same formula along
-  each row n of w (N, K): the codes of ``reference.quant_methods.fake_quantize_weight(w, 8)``.
+  each row n of w (N, K): the codes of ``inference_conformance.reference.quant_methods.fake_quantize_weight(w, 8)``.
 - The kernel (:func:`w8a8_matmul`) multiplies (BLOCK_M, BLOCK_K) x (BLOCK_K, BLOCK_N) int8 tiles
   with ``tl.dot`` into an int32 accumulator: exact for |sum| < 2^31, i.e. for any K up to
   2^31 / 128^2 = 131072 (an int16 or float16 accumulator overflows from K = 5 at ±127 and
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from conformance.device import triton_interpreted
-from optimized.triton_shared import check_device, flat_grid, output_tile, round_to_bf16, tile_loop
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.triton_shared import check_device, flat_grid, output_tile, round_to_bf16, tile_loop
 
 #: Largest int8 code of the symmetric scheme (-128 is never produced by the quantizers).
 QMAX = 127
@@ -213,7 +213,7 @@ class Product:
         return self._matmul(x_q, x_scales, w_q, w_scales, out_dtype=out_dtype)
 
     def __repr__(self) -> str:
-        return f"optimized.w8a8_matmul.Product({self.name!r})"
+        return f"inference_conformance.optimized.w8a8_matmul.Product({self.name!r})"
 
 
 TRITON = Product("triton", w8a8_matmul)
@@ -222,7 +222,7 @@ TORCH = Product("torch", w8a8_matmul_torch)
 
 def compile_variants():
     """The int32 accumulator output and the scaled bfloat16 output."""
-    from optimized.triton_shared import CompileVariant
+    from inference_conformance.optimized.triton_shared import CompileVariant
 
     return [CompileVariant(f"w8a8_matmul out {out[1:]} BLOCK_M={bm}", w8a8_matmul_kernel,
                            {"xq_ptr": "*i8", "wq_ptr": "*i8", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "out_ptr": out},
@@ -233,10 +233,10 @@ def compile_variants():
 def smoke_calls(device: str):
     """The int32 accumulator exactly against the int64 product at K = 300, and the bfloat16
     W8A8 Linear against the float64 fake-quantized product."""
-    from optimized.triton_shared import SmokeCall
+    from inference_conformance.optimized.triton_shared import SmokeCall
 
     def accumulator():
-        from conformance import tolerance
+        from inference_conformance.conformance import tolerance
 
         g = torch.Generator().manual_seed(0)
         x_q = torch.randint(-127, 128, (3, 300), generator=g, dtype=torch.int8).to(device)
@@ -246,8 +246,8 @@ def smoke_calls(device: str):
         return tolerance.check_exact(acc.cpu().long(), x_q.cpu().long() @ w_q.cpu().long().T)
 
     def linear():
-        from conformance import tolerance
-        from reference.quant_methods import fake_quantize_activations, fake_quantize_weight
+        from inference_conformance.conformance import tolerance
+        from inference_conformance.reference.quant_methods import fake_quantize_activations, fake_quantize_weight
 
         g = torch.Generator().manual_seed(0)
         x = torch.randn(3, 96, generator=g).to(device, torch.bfloat16)

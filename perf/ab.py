@@ -1,18 +1,18 @@
-"""``python -m perf.ab --a REV_OR_DIR --b REV_OR_DIR [--pairs 10] [-k EXPR]``: interleaved A/B runs.
+"""``python -m inference_conformance.perf.ab --a REV_OR_DIR --b REV_OR_DIR [--pairs 10] [-k EXPR]``: interleaved A/B runs.
 
 The strongest design for a change under review: the benchmarks of two revisions (git revisions,
 checked out with ``git worktree``, or two checkout folders) run interleaved in one session, so
 both sides see the same machine state (load, clocks, neighbours). Each pass is one
 ``pytest benchmarks --benchmark-enable`` process of one side; a pair of passes gives, per
 benchmark, one paired log ratio d_i = ln(median_B,i / median_A,i). By default the two passes of
-a pair run at once in **lockstep** (:mod:`perf.lockstep`): they take turns benchmark by
+a pair run at once in **lockstep** (:mod:`inference_conformance.perf.lockstep`): they take turns benchmark by
 benchmark, A B | B A | A B ..., never timing at the same time, so the two runs of a benchmark
 are seconds apart instead of a whole pass; ``--sequential`` runs the passes one after the
 other instead (A B, B A, ...). Several pairs are needed because a process has its own state
 (memory layout, allocator) that the rounds inside it share.
 
 The decision, per benchmark, from the k pairs (same rule as the history gate,
-:func:`perf.stats.judge_family`):
+:func:`inference_conformance.perf.stats.judge_family`):
 
 - ratio r = exp(mean d_i) (geometric mean of the paired ratios), its (1 - alpha) Student-t
   interval, and one-sided one-sample t-test p-values on the d_i (H0: no change), k - 1 degrees
@@ -25,7 +25,7 @@ The decision, per benchmark, from the k pairs (same rule as the history gate,
   **noisy**, **ok** as in the history gate.
 
 On ``--device cpu`` the passes time CPU time (``--benchmark-timer=time.process_time``) with one
-intra-op thread (``OMP_NUM_THREADS=1``) and the allocator pinned (:func:`perf.settings.pinned_env`)
+intra-op thread (``OMP_NUM_THREADS=1``) and the allocator pinned (:func:`inference_conformance.perf.settings.pinned_env`)
 by default: on a shared CPU runner, wall time mostly measures the neighbours (time slicing); on
 CUDA they time wall time (``--timer``, ``--threads``).
 
@@ -34,7 +34,7 @@ checkout: ``--impl-a TECHNIQUE=module:attr --impl-b TECHNIQUE=module:attr`` (eac
 hands each side's passes its ``--impl`` options; ``--a``/``--b`` then default to this working
 tree. With ``--impl`` the benchmarks run only their rows of the outside implementations, named
 ``impl``, ``impl2``, ... by their order per technique, not by target
-(:func:`conformance.plugin.bench_backends`), so A's first target pairs with B's first.
+(:func:`inference_conformance.conformance.plugin.bench_backends`), so A's first target pairs with B's first.
 
 Its measured error rates on this suite (false alarms on unchanged code, power against an
 injected 15% slowdown) are in ``perf/calibration/gate_calibration.json`` and the report.
@@ -54,9 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
-from perf import records, settings
-from perf.env import ROOT
-from perf.stats import judge_family, log_ratio_test, print_decisions
+from inference_conformance.perf import records, settings
+from inference_conformance.perf.env import ROOT
+from inference_conformance.perf.stats import judge_family, log_ratio_test, print_decisions
 
 #: Pairs per A/B session: on the calibration machine (shared, 2 cores) 10 lockstep pairs caught an
 #: injected 15% slowdown in 12 of 12 sessions, with no false alarm in 12 unchanged ones
@@ -108,8 +108,8 @@ def pass_command(checkout: Path, out_json: Path, *, k: str | None = None, device
                  python: str | None = None) -> tuple[list[str], dict]:
     """The command line and environment of one pass: ``pytest benchmarks --benchmark-enable`` in
     ``checkout`` (its code first on PYTHONPATH). ``ceilings``: the pass also writes its quick
-    ceilings next to ``out_json`` (needs ``-p perf.inject`` in ``pytest_args``; see
-    :mod:`perf.inject`); ``python``: the interpreter (default this one), e.g. another virtual
+    ceilings next to ``out_json`` (needs ``-p inference_conformance.perf.inject`` in ``pytest_args``; see
+    :mod:`inference_conformance.perf.inject`); ``python``: the interpreter (default this one), e.g. another virtual
     environment's, to compare two installed versions of a package."""
     cmd = [python or sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
            f"--benchmark-json={out_json}", f"--benchmark-max-time={max_time}",
@@ -127,7 +127,7 @@ def pass_command(checkout: Path, out_json: Path, *, k: str | None = None, device
 
 def run_pass(checkout: Path, out_json: Path, *, quiet: bool = True, **kw) -> list[dict]:
     """One pass (:func:`pass_command`) in a fresh process; returns the benchmark records
-    (:func:`perf.records.records`), [] when none ran."""
+    (:func:`inference_conformance.perf.records.records`), [] when none ran."""
     cmd, e = pass_command(checkout, out_json, **kw)
     out = subprocess.DEVNULL if quiet else None
     subprocess.run(cmd, cwd=checkout, env=e, stdout=out, stderr=out)
@@ -137,9 +137,9 @@ def run_pass(checkout: Path, out_json: Path, *, quiet: bool = True, **kw) -> lis
 def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str = "a", env_a: dict | None = None,
                       env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
                       python_a: str | None = None, python_b: str | None = None, quiet: bool = True, **pass_kw) -> dict[str, tuple[list[dict], float]]:
-    """Both passes of a pair at once, taking turns benchmark by benchmark (:mod:`perf.lockstep`,
+    """Both passes of a pair at once, taking turns benchmark by benchmark (:mod:`inference_conformance.perf.lockstep`,
     ``first`` runs first on the first common benchmark). Returns side -> (records, seconds)."""
-    from perf import lockstep
+    from inference_conformance.perf import lockstep
 
     folder = workdir / f"lockstep{pair}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str 
     for side, ck, env, args, py in (("a", a, env_a, args_a, python_a), ("b", b, env_b, args_b, python_b)):
         env = dict(env or {}, **{lockstep.DIR_ENV: str(folder), lockstep.SIDE_ENV: side, lockstep.FIRST_ENV: first})
         cmd, e = pass_command(ck, workdir / f"pass{pair}{side}.json", env=env, python=py,
-                              pytest_args=["-p", "perf.lockstep"] + (args or []), **pass_kw)
+                              pytest_args=["-p", "inference_conformance.perf.lockstep"] + (args or []), **pass_kw)
         procs[side] = subprocess.Popen(cmd, cwd=ck, env=e, stdout=out, stderr=out)
     seconds = {}
     while len(seconds) < 2:
@@ -170,7 +170,7 @@ def check_impls(impl_a: list[str], impl_b: list[str]) -> str | None:
     """Why ``--impl-a``/``--impl-b`` cannot be compared (a message naming the flag), or None:
     each must be TECHNIQUE=module:attr, one side's without the other's is refused, and both must
     give the same techniques, as many times each (rows pair by their place per technique)."""
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     if bool(impl_a) != bool(impl_b):
         given, missing = ("--impl-a", "--impl-b") if impl_a else ("--impl-b", "--impl-a")
@@ -220,7 +220,7 @@ def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_
     {"side", "pair", "start", "seconds", "records", "ceilings"}.
 
     ``lockstep`` (default): both passes of a pair run at once and take turns benchmark by
-    benchmark (:mod:`perf.lockstep`), who goes first alternating between pairs. Otherwise
+    benchmark (:mod:`inference_conformance.perf.lockstep`), who goes first alternating between pairs. Otherwise
     the passes run one after the other, A B, B A, A B, .... ``python_a``/``python_b``: each side's
     interpreter (two virtual environments: two installed versions of a package, same checkout)."""
     passes = []
@@ -264,7 +264,7 @@ def paired_log_ratios(passes: list[dict]) -> dict[str, list[float]]:
 
 
 def decide(passes: list[dict], *, threshold: float = 0.10, alpha: float = 0.05):
-    """Decisions (:class:`perf.stats.Decision`) per benchmark from interleaved passes."""
+    """Decisions (:class:`inference_conformance.perf.stats.Decision`) per benchmark from interleaved passes."""
     d = paired_log_ratios(passes)
     names = sorted(d)
     return judge_family(names, [log_ratio_test(d[n], label="pairs") for n in names],
@@ -272,7 +272,7 @@ def decide(passes: list[dict], *, threshold: float = 0.10, alpha: float = 0.05):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m perf.ab", description=__doc__.split("\n\n")[1])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.perf.ab", description=__doc__.split("\n\n")[1])
     ap.add_argument("--a", default=None, help="baseline side: a git revision or a checkout folder "
                                                "(default with --impl-a: this working tree)")
     ap.add_argument("--b", default=None, help="candidate side: a git revision or a checkout folder "
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python-b", default=None, metavar="PYTHON", help="side B's interpreter (default this one)")
     ap.add_argument("--sequential", action="store_true",
                     help="run the two passes of a pair one after the other (default: lockstep, both at once taking "
-                         "turns benchmark by benchmark, see perf.lockstep)")
+                         "turns benchmark by benchmark, see inference_conformance.perf.lockstep)")
     ap.add_argument("--json", default=None, help="write the passes' medians and the decisions as JSON here")
     a = ap.parse_args(argv)
     for flag, py in (("--python-a", a.python_a), ("--python-b", a.python_b)):

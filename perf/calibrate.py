@@ -1,10 +1,10 @@
-"""``python -m perf.calibrate collect|analyse``: the gate's own test of calibration (A/A runs).
+"""``python -m inference_conformance.perf.calibrate collect|analyse``: the gate's own test of calibration (A/A runs).
 
 Not part of CI (it takes about an hour on a 2-core machine). Two steps:
 
-``collect`` runs interleaved sessions (:func:`perf.ab.session`) of this checkout against
+``collect`` runs interleaved sessions (:func:`inference_conformance.perf.ab.session`) of this checkout against
 itself, alternating two kinds: **A/A** (both sides unchanged code) and **injected** (side B with a
-``(1 + fraction)`` slowdown of one benchmark, :mod:`perf.inject`). Every pass is one
+``(1 + fraction)`` slowdown of one benchmark, :mod:`inference_conformance.perf.inject`). Every pass is one
 ``pytest benchmarks --benchmark-enable`` process on a small subset (``-k``); each pass also
 records the machine's quick ceilings. The passes are appended, one session per line, to a JSON
 lines file.
@@ -12,14 +12,14 @@ lines file.
 ``analyse`` reads that file and measures, with 95% Clopper-Pearson intervals
 (``scipy.stats.binomtest(...).proportion_ci(method="exact")``):
 
-- **history mode** (:func:`perf.gate.gate` with the default window): every unchanged pass,
+- **history mode** (:func:`inference_conformance.perf.gate.gate` with the default window): every unchanged pass,
   in time order, judged against the ``window`` unchanged passes before it (as a CI job judges
   its run against the series' last entries): the run-level false-alarm rate (share of runs with
   at least one "regression"); every injected pass judged the same way against the unchanged
   passes before it: the power (share where the injected benchmark is a "regression");
 - **rounds only** (the former rule: one baseline, the rounds' Mann-Whitney test, no between-run
   model), for comparison, on the same passes;
-- **A/B mode** (:func:`perf.ab.decide`): each A/A session's false alarm and each injected
+- **A/B mode** (:func:`inference_conformance.perf.ab.decide`): each A/A session's false alarm and each injected
   session's detection;
 - the between-run noise: per benchmark, the standard deviation of ln(median) over the unchanged
   passes, raw and normalised by the pass's own measured ceilings (copy bandwidth, float32 matmul
@@ -39,11 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-from perf import ab, inject, settings
-from perf.calibration_analysis import MODE_LABELS, analyse
-from perf.env import ROOT, cpu_model
-from perf.gate import DEFAULT_WINDOW
-from perf.stats import DEFAULT_ALPHA
+from inference_conformance.perf import ab, inject, settings
+from inference_conformance.perf.calibration_analysis import MODE_LABELS, analyse
+from inference_conformance.perf.env import ROOT, cpu_model
+from inference_conformance.perf.gate import DEFAULT_WINDOW
+from inference_conformance.perf.stats import DEFAULT_ALPHA
 
 #: The calibration's data: the raw passes ``collect`` appends to and the result ``analyse`` writes.
 CAL_DIR = Path(__file__).resolve().parent / "calibration"
@@ -78,7 +78,7 @@ def collect(sessions: int, pairs: int, k: str, targets: list[str], fraction: flo
             device: str = "cpu", threads: int | None = 1, timer: str = "cpu", lockstep: bool = True,
             max_time: float = 0.2, log=print) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    args = ["-p", "perf.inject"] + ab.timer_args(timer)
+    args = ["-p", "inference_conformance.perf.inject"] + ab.timer_args(timer)
     for s in range(sessions):
         kind = "aa" if s % 2 == 0 else "injected"
         env_a = dict(settings.pinned_env(device, threads or 0), **{inject.ENV: ""})
@@ -169,7 +169,7 @@ def report_table(doc: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m perf.calibrate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.perf.calibrate", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="run A/A and injected interleaved sessions, append them to RAW")
     c.add_argument("--sessions", type=int, default=20, help="sessions, alternately A/A and injected")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--timer", default="cpu", choices=["cpu", "wall"],
                    help="pytest-benchmark's timer: process CPU time (time.process_time) or wall time")
     c.add_argument("--sequential", action="store_true",
-                   help="run the passes of a pair one after the other (default: lockstep, see perf.lockstep)")
+                   help="run the passes of a pair one after the other (default: lockstep, see inference_conformance.perf.lockstep)")
     c.add_argument("--max-time", type=float, default=0.2, help="--benchmark-max-time of every pass")
     c.add_argument("--raw", default=None,
                    help="JSON lines file to append to (default: passes_<timer>[_lockstep].jsonl)")

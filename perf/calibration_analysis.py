@@ -1,19 +1,19 @@
-"""The analysis behind ``python -m perf.calibrate analyse``: from the passes of A/A and
-injected sessions (:func:`perf.calibrate.collect`), the run-level false-alarm rate and the power
+"""The analysis behind ``python -m inference_conformance.perf.calibrate analyse``: from the passes of A/A and
+injected sessions (:func:`inference_conformance.perf.calibrate.collect`), the run-level false-alarm rate and the power
 of each mode of the gate, with 95% Clopper-Pearson intervals, the between-run noise per benchmark
-and the slowdown each mode catches with 90% power (see :mod:`perf.calibrate`)."""
+and the slowdown each mode catches with 90% power (see :mod:`inference_conformance.perf.calibrate`)."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-from perf import ab, gate
-from perf.records import merge_passes
-from perf.stats import (DEFAULT_ALPHA, MIN_HISTORY, binomial_rate, detectable_slowdown, judge_family,
+from inference_conformance.perf import ab, gate
+from inference_conformance.perf.records import merge_passes
+from inference_conformance.perf.stats import (DEFAULT_ALPHA, MIN_HISTORY, binomial_rate, detectable_slowdown, judge_family,
                         normalize_by_run_speed, pairs_needed, rounds_test)
 
-#: Passes per history run the analysis also tries (``python -m reports --bench-passes``).
+#: Passes per history run the analysis also tries (``python -m inference_conformance.reports --bench-passes``).
 HISTORY_PASSES = (3, 5)
 
 
@@ -33,7 +33,7 @@ MODE_LABELS = {"ab": "interleaved A/B", "ab_resampled": "interleaved A/B, sessio
 
 
 def _ab_passes(passes: list[dict], pairs: int | None = None) -> list[dict]:
-    """A session's compact passes as :mod:`perf.ab` reads them (side, pair, records with the
+    """A session's compact passes as :mod:`inference_conformance.perf.ab` reads them (side, pair, records with the
     medians); only the first ``pairs`` pairs when given."""
     return [{"side": p["side"], "pair": p["pair"],
              "records": [{"fullname": n, "stats": {"median": b["median"]}} for n, b in p["benchmarks"].items()]}
@@ -60,8 +60,8 @@ def passes_in_order(sessions: list[dict]) -> list[dict]:
 
 def runs_of(passes: list[dict], m: int) -> list[dict]:
     """The passes merged into history runs of ``m`` passes each (a run that repeats its benchmark
-    process ``m`` times, ``python -m reports --bench-passes m``): per benchmark the geometric mean
-    of the ``m`` medians (:func:`perf.records.merge_passes`). Unchanged passes are grouped in
+    process ``m`` times, ``python -m inference_conformance.reports --bench-passes m``): per benchmark the geometric mean
+    of the ``m`` medians (:func:`inference_conformance.perf.records.merge_passes`). Unchanged passes are grouped in
     time order, injected passes within their session; a run's time is its last pass's."""
     if m == 1:
         return passes
@@ -84,7 +84,7 @@ def runs_of(passes: list[dict], m: int) -> list[dict]:
 
 def rounds_rule(run: dict, base: dict, *, threshold: float, alpha: float) -> list:
     """The former rule the calibration keeps measuring: every benchmark of ``run`` judged from its
-    rounds against the one ``base`` entry (:func:`perf.stats.rounds_test`, Holm over the family,
+    rounds against the one ``base`` entry (:func:`inference_conformance.perf.stats.rounds_test`, Holm over the family,
     no hard limit). The gate itself no longer calls regressions this way (too few entries:
     inconclusive)."""
     base_by = {b["fullname"]: b for b in base["benchmarks"]}
@@ -199,7 +199,7 @@ def ab_resampled(sessions: list[dict], targets: list[str], *, threshold: float, 
 
 def noise(passes: list[dict], sessions: list[dict]) -> dict:
     """Per benchmark: sd of ln(median) over the unchanged passes, raw, relative to each pass's
-    speed (:func:`perf.stats.normalize_by_run_speed`, the gate's default) and normalised by the
+    speed (:func:`inference_conformance.perf.stats.normalize_by_run_speed`, the gate's default) and normalised by the
     pass's own copy bandwidth and float32 matmul peak; sd of the paired log ratios of the A/A
     sessions (the noise the A/B mode sees, for one pair)."""
     clean = [p for p in passes if not p["injected"]]
@@ -256,9 +256,9 @@ def injected_effect(sessions: list[dict], targets: list[str]) -> dict:
 def detectable(noise: dict, n_bench: int, *, threshold: float, alpha: float, window: int, pairs: int,
                fraction: float) -> dict:
     """From the measured noise, per benchmark: the slowdown each mode catches with 90% power
-    (:func:`perf.stats.detectable_slowdown` at the worst Holm step alpha / n_bench), and the
+    (:func:`inference_conformance.perf.stats.detectable_slowdown` at the worst Holm step alpha / n_bench), and the
     interleaved pairs the A/B mode would need to catch ``fraction`` with 90% power
-    (:func:`perf.stats.pairs_needed`)."""
+    (:func:`inference_conformance.perf.stats.pairs_needed`)."""
     out = {}
     step = alpha / n_bench
     for name, e in noise.items():
@@ -285,7 +285,7 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = DEF
     pairs = max(s["pairs"] for s in sessions)
     res = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "python -m perf.calibrate collect; python -m perf.calibrate analyse",
+        "command": "python -m inference_conformance.perf.calibrate collect; python -m inference_conformance.perf.calibrate analyse",
         "subset_k": sessions[0]["k"], "benchmarks": sorted({n for p in passes for n in p["benchmarks"]}),
         "timer": sessions[0].get("timer", "wall"), "lockstep": bool(sessions[0].get("lockstep", False)),
         "max_time": sessions[0].get("max_time", 0.2), "targets": targets, "fraction": max(s["fraction"] for s in sessions), "threads": sessions[0].get("threads"),

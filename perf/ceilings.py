@@ -2,7 +2,7 @@
 
 Benchmarks report achieved FLOP/s and bytes/s as fractions of these measured ceilings (and of
 the roofline bound at the kernel's intensity), so a figure means the same on a laptop CPU, a CI
-runner and an H200. Spec sheets (``reference.roofline.ACCELERATORS``) are what the lectures use
+runner and an H200. Spec sheets (``inference_conformance.reference.roofline.ACCELERATORS``) are what the lectures use
 (claim AI-4); the measured ceilings are what a kernel can actually reach on this machine.
 
 Method:
@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from perf.env import cpu_model
-from reference.roofline import attainable
+from inference_conformance.perf.env import cpu_model
+from inference_conformance.reference.roofline import attainable
 
 _CACHE: dict[tuple[str, bool], dict] = {}
 

@@ -1,6 +1,6 @@
 """The environment fingerprint every report and history entry carries, and the key that names a
 benchmark history series: the device model and its core (or GPU) count, and the pinned benchmark
-settings (:mod:`perf.settings`), so that runs of one series are comparable with each other."""
+settings (:mod:`inference_conformance.perf.settings`), so that runs of one series are comparable with each other."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +8,7 @@ import json
 import re
 
 # the fingerprint itself lives in conformance/ (the plugin writes it into every run folder)
-from conformance.environment import ROOT, cpu_model, fingerprint  # noqa: F401 - re-exported
+from inference_conformance.conformance.environment import ROOT, cpu_model, fingerprint  # noqa: F401 - re-exported
 
 
 def slug(text: str) -> str:
@@ -59,7 +59,7 @@ def same_device(a: dict, b: dict) -> bool:
 
 def settings_tag(settings: dict | None) -> str:
     """A short, stable tag of the pinned benchmark settings (timer and environment,
-    :func:`perf.settings.bench_settings` less its pytest arguments): 'pinned-<8 hex>'; '' when
+    :func:`inference_conformance.perf.settings.bench_settings` less its pytest arguments): 'pinned-<8 hex>'; '' when
     none were recorded."""
     core = {k: v for k, v in (settings or {}).items() if k != "pytest_args"}
     if not core:

@@ -1,8 +1,8 @@
-"""``python -m perf.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.05] [--strict]``
+"""``python -m inference_conformance.perf.gate RUN.json [--baseline DIR_OR_FILE] [--threshold 0.10] [--alpha 0.05] [--strict]``
 
 Compare a benchmark run with the stored history of the same device and settings: exit 0 pass,
 1 regression, 2 usage or input error, 3 inconclusive (only with --strict). RUN.json is a history entry (``history/<series>/*.json``, written by
-``python -m reports``) or a pytest-benchmark ``--benchmark-json`` file. The baseline defaults to
+``python -m inference_conformance.reports``) or a pytest-benchmark ``--benchmark-json`` file. The baseline defaults to
 the latest other entry of the run's series in ``history/``; a folder means its latest entry.
 
 Runs of unchanged code on one machine differ from each other (load, clocks, caches,
@@ -24,7 +24,7 @@ the window, each one is judged against what the run's speed predicts: the run's 
 benchmark sees it is the median shift of the run's *other* benchmarks from their history means
 (one regressed benchmark barely moves it), and over the history a least-squares line of the
 benchmark's ln(median) on that speed gives the prediction and a t prediction interval with
-n - 2 degrees of freedom (:func:`perf.stats.speed_test`; the slope is measured: about 1 for a benchmark
+n - 2 degrees of freedom (:func:`inference_conformance.perf.stats.speed_test`; the slope is measured: about 1 for a benchmark
 that follows the machine, about 0 for one that does not). The run's speed itself,
 exp(median shift of all benchmarks), is judged by the plain between-run model as one more
 member of the family, ``(run speed: ...)``: a change that slows every benchmark alike fails
@@ -58,7 +58,7 @@ Benchmarks only in the run are "new"; only in the baseline, "missing" (exit 2 un
 ``--allow-missing``). A damaged run file or history entry, no baseline, no benchmark in common
 with it and a baseline of another device exit 2 with one line naming the file, the entry and
 the field (``--allow-new-series``, ``--allow-corrupt-history`` accept the second and an
-unusable entry, which is then named). The interleaved A/B mode (:mod:`perf.ab`) applies the
+unusable entry, which is then named). The interleaved A/B mode (:mod:`inference_conformance.perf.ab`) applies the
 same rule to paired passes.
 """
 from __future__ import annotations
@@ -71,8 +71,8 @@ from pathlib import Path
 
 import numpy as np
 
-from perf import env, history, records
-from perf.stats import (DEFAULT_ALPHA, DEFAULT_HARD_LIMIT, EXIT_INCONCLUSIVE, EXIT_INPUT, EXIT_PASS,
+from inference_conformance.perf import env, history, records
+from inference_conformance.perf.stats import (DEFAULT_ALPHA, DEFAULT_HARD_LIMIT, EXIT_INCONCLUSIVE, EXIT_INPUT, EXIT_PASS,
                         EXIT_REGRESSION, MIN_HISTORY, MIN_NORMALIZE, Decision, decide,
                         history_test, judge_family, normalize_by_run_speed, print_decisions, rounds_test, speed_test)
 
@@ -99,7 +99,7 @@ def samples(rec: dict) -> list[float]:
 
 def load_run(path: str | Path) -> dict:
     """A history entry from a history entry or a pytest-benchmark JSON file, validated
-    (:func:`perf.history.load`): raises :class:`perf.history.EntryError` naming the file, the
+    (:func:`inference_conformance.perf.history.load`): raises :class:`inference_conformance.perf.history.EntryError` naming the file, the
     entry and the field of anything unusable."""
     doc = history.validate(history.read_json(path), path)
     if "fingerprint" in doc and "series" in doc:
@@ -138,7 +138,7 @@ def earlier_files(folder: Path, run_path: Path, up_to: Path | None = None) -> li
 
 def load_entries(paths: list[Path], errors: list) -> list[tuple[Path, dict]]:
     """The usable history entries among ``paths``; every unusable file's
-    :class:`perf.history.EntryError` goes to ``errors`` (never skipped without a word)."""
+    :class:`inference_conformance.perf.history.EntryError` goes to ``errors`` (never skipped without a word)."""
     out = []
     for q in paths:
         try:
@@ -174,7 +174,7 @@ def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAU
     run against ``base`` give their ratio, which fails only beyond ``hard_limit``).
     ``normalize`` (default): where at least :data:`MIN_NORMALIZE` benchmarks are in the run and
     in every history entry, they are judged relative to each run's speed
-    (:func:`perf.stats.normalize_by_run_speed`) and the run's speed itself is one more decision
+    (:func:`inference_conformance.perf.stats.normalize_by_run_speed`) and the run's speed itself is one more decision
     (:data:`RUN_SPEED`) holding the share ``speed_share`` of alpha in the weighted Holm family
     (the benchmarks share the rest). Holm's method over all judged benchmarks makes ``alpha``
     the run-level level; a ratio beyond ``hard_limit`` fails whatever the noise."""
@@ -235,10 +235,10 @@ def _few_history(name: str, t, n_history: int, *, threshold: float, alpha: float
         d.reason = (f"median {(t.ratio - 1) * 100:+.1f}% against the baseline's rounds (interval "
                     f"[{t.ci_low:.3f}, {t.ci_high:.3f}], {t.detail}), within the hard limit "
                     f"{hard_limit:g}x; {n_history} earlier entr{'y' if n_history == 1 else 'ies'} hold this benchmark, "
-                    f"fewer than {MIN_HISTORY}: not judged from one run's rounds, use python -m perf.ab"
+                    f"fewer than {MIN_HISTORY}: not judged from one run's rounds, use python -m inference_conformance.perf.ab"
                     if hard_limit is not None else
                     f"median {(t.ratio - 1) * 100:+.1f}% against the baseline's rounds; fewer than {MIN_HISTORY} "
-                    f"earlier entries: not judged from one run's rounds, use python -m perf.ab")
+                    f"earlier entries: not judged from one run's rounds, use python -m inference_conformance.perf.ab")
     return d
 
 
@@ -267,7 +267,7 @@ EXIT_CODES = f"""exit status:
      unreadable history entry (--allow-corrupt-history), a baseline measured on another device;
      it wins over {EXIT_REGRESSION}
   {EXIT_INCONCLUSIVE}  inconclusive, only with --strict: no regression, but some benchmark could not be decided
-     (noisy, or fewer than {MIN_HISTORY} earlier entries: use python -m perf.ab)"""
+     (noisy, or fewer than {MIN_HISTORY} earlier entries: use python -m inference_conformance.perf.ab)"""
 
 
 class InputError(Exception):
@@ -295,7 +295,7 @@ _window = _bounded(int, lambda v: v >= 0, ">= 0")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m perf.gate", description=__doc__.split("\n\n")[1],
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.perf.gate", description=__doc__.split("\n\n")[1],
                                  epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="history entry or pytest-benchmark JSON of the run to judge")
     ap.add_argument("--baseline", default=None, help="baseline entry, or folder (its latest entry)")

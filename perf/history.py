@@ -2,9 +2,9 @@
 
 An entry holds the run's fingerprint, the measured ceilings of the device (copy bandwidth,
 matmul peak) and every benchmark record (statistics, raw per-round samples, extra_info). One
-folder is one series (:func:`perf.env.series_key`): runs on the same device model and core or
+folder is one series (:func:`inference_conformance.perf.env.series_key`): runs on the same device model and core or
 GPU count with the same pinned benchmark settings, comparable with each other; the gate
-(:mod:`perf.gate`) compares a run with the earlier entries of its series. Entries of format 1
+(:mod:`inference_conformance.perf.gate`) compares a run with the earlier entries of its series. Entries of format 1
 (``history/cpu-amd-epyc/``) were keyed by the device model alone: they keep their folder and
 their recorded ``series``.
 
@@ -18,12 +18,12 @@ import math
 import sys
 from pathlib import Path
 
-from conformance import atomic
-from perf.env import ROOT, series_key
-from perf.records import fractions
+from inference_conformance.conformance import atomic
+from inference_conformance.perf.env import ROOT, series_key
+from inference_conformance.perf.records import fractions
 
 HISTORY = ROOT / "history"
-#: 2: series keyed by :func:`perf.env.series_key` (device, count, settings); 1: by the device model.
+#: 2: series keyed by :func:`inference_conformance.perf.env.series_key` (device, count, settings); 1: by the device model.
 FORMAT = 2
 
 
@@ -41,7 +41,7 @@ def make_entry(fp: dict, records: list[dict], ceilings: dict | None = None, note
                settings: dict | None = None) -> dict:
     """A history entry; each benchmark record gains ``fractions`` of the measured ceilings
     (achieved FLOP/s and bytes/s over matmul peak and copy bandwidth) when it states its
-    ``flops`` / ``bytes`` per call; ``settings`` (:func:`perf.settings.bench_settings`: timer
+    ``flops`` / ``bytes`` per call; ``settings`` (:func:`inference_conformance.perf.settings.bench_settings`: timer
     and pinned environment) says how the benchmarks were measured."""
     records = [dict(r, fractions=fractions(r, ceilings)) for r in records]
     return {"format": FORMAT, "fingerprint": fp, "series": series_key(fp, settings), "ceilings": ceilings or {},
@@ -58,7 +58,7 @@ def entry_name(entry: dict) -> str:
 
 def append(entry: dict, history: Path = HISTORY) -> Path:
     """Write ``entry`` into its series folder, whole or not at all (a temporary file renamed
-    over the final name, :mod:`conformance.atomic`); returns the path. Temporary files a killed
+    over the final name, :mod:`inference_conformance.conformance.atomic`); returns the path. Temporary files a killed
     writer left in that folder are removed."""
     folder = Path(history) / entry["series"]
     atomic.sweep(folder)
@@ -185,9 +185,9 @@ def series(slug: str, history: Path = HISTORY, errors: list | None = None) -> li
 
 def newest_series(fp: dict, history: Path = HISTORY) -> str:
     """The series of this machine that holds the newest entry: a folder named
-    :func:`perf.env.device_slug` or that slug followed by a settings tag (the benchmarks' pinned
-    settings are part of the key, :func:`perf.env.series_key`); the bare slug when there is none."""
-    from perf.env import device_slug
+    :func:`inference_conformance.perf.env.device_slug` or that slug followed by a settings tag (the benchmarks' pinned
+    settings are part of the key, :func:`inference_conformance.perf.env.series_key`); the bare slug when there is none."""
+    from inference_conformance.perf.env import device_slug
 
     slug = device_slug(fp)
     folders = [d for d in Path(history).glob(f"{slug}*") if d.is_dir() and (d.name == slug or d.name.startswith(slug + "-"))]

@@ -1,10 +1,10 @@
 """A controlled, proportional slowdown of chosen benchmarks: the gate's power is measured against it.
 
-A pytest plugin, active only when loaded explicitly (``pytest benchmarks -p perf.inject``)
+A pytest plugin, active only when loaded explicitly (``pytest benchmarks -p inference_conformance.perf.inject``)
 **and** when the environment variable ``BENCH_INJECT_SLOWDOWN`` is set, so normal runs (the
-report, CI, ``python -m reports``) never see it::
+report, CI, ``python -m inference_conformance.reports``) never see it::
 
-    BENCH_INJECT_SLOWDOWN="test_bench_decode[2048-B1H8-torch]=0.15" pytest benchmarks -p perf.inject ...
+    BENCH_INJECT_SLOWDOWN="test_bench_decode[2048-B1H8-torch]=0.15" pytest benchmarks -p inference_conformance.perf.inject ...
 
 Format: ``PATTERN=FRACTION[,PATTERN=FRACTION...]``; a benchmark whose node id contains PATTERN
 has every timed call (``benchmark(fn)`` and ``benchmark.pedantic(fn, ...)``) followed by a busy
@@ -15,9 +15,9 @@ machine's speed at that moment, as a slower kernel would (a busy wait keeps the 
 as work does; ``time.sleep`` would free it).
 
 When ``BENCH_CEILINGS_OUT`` names a file, the plugin also measures the device's quick ceilings
-(:func:`perf.ceilings.measure_ceilings` with ``quick=True``) at the end of the session (holding
-the lockstep token, :func:`perf.lockstep.exclusive`, when the pass runs in lockstep) and
-writes them there as JSON: the calibration (:mod:`perf.calibrate`) uses them to test whether
+(:func:`inference_conformance.perf.ceilings.measure_ceilings` with ``quick=True``) at the end of the session (holding
+the lockstep token, :func:`inference_conformance.perf.lockstep.exclusive`, when the pass runs in lockstep) and
+writes them there as JSON: the calibration (:mod:`inference_conformance.perf.calibrate`) uses them to test whether
 normalising by the run's machine speed reduces the between-run noise.
 """
 from __future__ import annotations
@@ -114,9 +114,9 @@ def pytest_sessionfinish(session):
     if not path:
         return
     try:
-        from perf.ceilings import measure_ceilings
-        from conformance.device import current_device
-        from perf.lockstep import exclusive
+        from inference_conformance.perf.ceilings import measure_ceilings
+        from inference_conformance.conformance.device import current_device
+        from inference_conformance.perf.lockstep import exclusive
 
         with exclusive():
             c = measure_ceilings(current_device(), quick=True)

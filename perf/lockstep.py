@@ -1,8 +1,8 @@
 """Lockstep A/B: two benchmark processes (sides A and B) that take turns, never timing at once.
 
-A pytest plugin, active only when loaded explicitly (``pytest benchmarks -p perf.lockstep``)
+A pytest plugin, active only when loaded explicitly (``pytest benchmarks -p inference_conformance.perf.lockstep``)
 **and** when ``BENCH_LOCKSTEP_DIR`` names a folder shared by the two processes; each process
-states its side in ``BENCH_LOCKSTEP_SIDE`` (``a`` or ``b``). :func:`perf.ab.session` starts
+states its side in ``BENCH_LOCKSTEP_SIDE`` (``a`` or ``b``). :func:`inference_conformance.perf.ab.session` starts
 both sides together when ``lockstep=True``.
 
 Why: in sequential A/B passes, side A's run of a benchmark and side B's run of it are a whole
@@ -24,7 +24,7 @@ sides hold one token between them and only its holder runs:
   every token hand-over to ``handovers-SIDE`` (a count), for checking afterwards.
 
 ``BENCH_LOCKSTEP_FIRST`` (``a`` or ``b``, default ``a``) chooses who holds the token first;
-:func:`perf.ab.session` alternates it between pairs.
+:func:`inference_conformance.perf.ab.session` alternates it between pairs.
 """
 from __future__ import annotations
 

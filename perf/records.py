@@ -98,7 +98,7 @@ def matmul_peaks(ceilings: dict | None) -> dict[str, float]:
 
 def ceiling_values(ceilings: dict | None, dtype: str | None = None) -> dict[str, float]:
     """The peak FLOP/s (of ``dtype``'s matmul when measured per dtype: else bfloat16, else the
-    best) and the copy bandwidth in bytes/s, out of ``perf.ceilings.measure_ceilings``'s
+    best) and the copy bandwidth in bytes/s, out of ``inference_conformance.perf.ceilings.measure_ceilings``'s
     dict; other key names (``*flop*``, ``*byte*``/``*bandwidth*``) are accepted too."""
     out: dict[str, float] = {}
     if not ceilings:

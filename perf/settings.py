@@ -1,5 +1,5 @@
 """The pinned benchmark environment: how a benchmark process runs (timer, intra-op threads, the
-allocator's thresholds), alike for ``python -m reports``, the A/B mode and the calibration, and
+allocator's thresholds), alike for ``python -m inference_conformance.reports``, the A/B mode and the calibration, and
 stored in every history entry so the gate can warn when a run and its baseline were measured
 differently.
 """

@@ -3,8 +3,8 @@ ratio, its interval and one-sided p-values) from the rounds of one run, from the
 model of a history series, from the run-speed prediction or from interleaved pairs; Holm's
 family-wise adjustment; the threshold-and-significance rule that turns evidence into a decision
 (:func:`decide`); and the calibration's measures (exact binomial rates, the slowdown a test
-catches with a given power). The history gate (:mod:`perf.gate`), the interleaved A/B mode
-(:mod:`perf.ab`) and the calibration (:mod:`perf.calibration_analysis`) all judge through
+catches with a given power). The history gate (:mod:`inference_conformance.perf.gate`), the interleaved A/B mode
+(:mod:`inference_conformance.perf.ab`) and the calibration (:mod:`inference_conformance.perf.calibration_analysis`) all judge through
 these functions, so the three apply one rule.
 
 scipy is imported inside the functions that need it: a benchmark process imports none of this.
@@ -176,7 +176,7 @@ def normalize_by_run_speed(run_medians: dict[str, float], history_medians: list[
     other benchmarks share (the machine's speed in that run: clocks, load, memory layout), which
     one regressed benchmark barely moves. ``speed_run`` / ``speed_history`` are exp(median_k
     e_k) per run: the run's speed itself, judged as one more member of the family
-    (:data:`perf.gate.RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
+    (:data:`inference_conformance.perf.gate.RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
     names = [n for n in run_medians if all(n in h for h in history_medians)]
     if len(names) < min_benchmarks or len(history_medians) < 4:
         return None
@@ -316,7 +316,7 @@ def print_decisions(decisions: list[Decision], out=None, strict: bool = False) -
               f"entries of the series hold them, and the rounds of one run against one baseline do not see the "
               f"variance between runs (its measured false-alarm rate: 'rounds only' in "
               f"perf/calibration/gate_calibration.json); only a ratio beyond the hard limit fails there. Judge the "
-              f"change with the interleaved A/B mode (python -m perf.ab --a <base> --b <change>) or commit more "
+              f"change with the interleaved A/B mode (python -m inference_conformance.perf.ab --a <base> --b <change>) or commit more "
               f"baseline runs", file=out)
     if counts["noisy"]:
         print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)", file=out)

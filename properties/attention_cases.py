@@ -25,12 +25,12 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from conformance.contracts.attention import COVERAGE, AttentionShape, causal_mask
-from conformance.device import triton_interpreted
-from conformance.laws import Kills, Law, Run, dtype_id, refusal
-from conformance.tolerance import assert_close
-from properties import strategies as S
-from reference import attention as ref
+from inference_conformance.conformance.contracts.attention import COVERAGE, AttentionShape, causal_mask
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.conformance.laws import Kills, Law, Run, dtype_id, refusal
+from inference_conformance.conformance.tolerance import assert_close
+from inference_conformance.properties import strategies as S
+from inference_conformance.reference import attention as ref
 
 DTYPES = [pytest.param(d, id=dtype_id(d)) for d in S.FLOAT_DTYPES]
 
@@ -231,7 +231,7 @@ SCALE_MASK_CASES = tuple(
     for (Tq, Tk, causal) in ((2, 2, True), (3, 9, True), (5, 7, False)))
 
 
-#: Pinned boundary shapes (conformance.contracts.attention.COVERAGE): Tk at 127/128/129 (every
+#: Pinned boundary shapes (inference_conformance.conformance.contracts.attention.COVERAGE): Tk at 127/128/129 (every
 #: tile size 16..128 exactly, +1 and -1), Tq at 15/16/17 and 63/65, two query tiles of 128, the
 #: head dims of real models (64..256) and group sizes 1, 3, 8, 16, 24 and 64.
 BOUNDARY_CASES = (

@@ -1,6 +1,6 @@
 """The checks of PA-3 (parallel sampling shares the prompt's blocks) and PA-5 (half a block
 wasted per request), each a function of the cache or allocator count it judges:
-``properties/test_block_allocator.py`` gives them :mod:`reference.paged_attention`'s,
+``properties/test_block_allocator.py`` gives them :mod:`inference_conformance.reference.paged_attention`'s,
 ``properties/test_block_allocator_rejections.py`` known-bad ones."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Callable
 
 import torch
 
-from conformance import results
-from conformance.tolerance import assert_exact, assert_scalar
-from reference.paged_attention import PagedKVCache
-from reference.serving import lecture_trace
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
+from inference_conformance.reference.paged_attention import PagedKVCache
+from inference_conformance.reference.serving import lecture_trace
 
 
 def slots_for_parallel_sampling(prompt: int, samples: int, output: int, block_size: int, share: bool,

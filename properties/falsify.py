@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from conformance import results
+from inference_conformance.conformance import results
 
 
 def rejects(claim: str, check: Callable, good: tuple, bad: tuple, *, match: str) -> str:

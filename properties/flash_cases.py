@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from conformance.tolerance import assert_exact, assert_scalar
+from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
 
 LECTURE_SCORES = [1000.0, 999.0, 998.0, 10.0]
 GIB, MIB = 2**30, 2**20

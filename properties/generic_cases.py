@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from conformance import tolerance
+from inference_conformance.conformance import tolerance
 
 
 def _tensors(x: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
@@ -167,7 +167,7 @@ def _assert_same(now: Any, before: Any, what: str) -> None:
 
 
 def check_invalid_call(impl, call) -> None:
-    """Make ``call`` (a :class:`conformance.registry.InvalidCall`) on ``impl`` and assert it
+    """Make ``call`` (a :class:`inference_conformance.conformance.registry.InvalidCall`) on ``impl`` and assert it
     raises one of ``call.raises`` whose message names ``call.argument``, leaving an ``out``
     buffer (pre-filled with NaN) and ``call.state`` as they were. No exception, another type (a
     NotImplementedError included: unsupported is no answer to an invalid call) or a message not

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.contracts.kv_cache import Footprint, held_bytes
-from conformance.laws import refusal
-from conformance.registry import InvalidCall
-from conformance.tolerance import assert_exact
-from properties.strategies import gqa_heads, randint, seeds
-from reference.transformer import Transformer, TransformerConfig, init_weights
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.kv_cache import Footprint, held_bytes
+from inference_conformance.conformance.laws import refusal
+from inference_conformance.conformance.registry import InvalidCall
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.properties.strategies import gqa_heads, randint, seeds
+from inference_conformance.reference.transformer import Transformer, TransformerConfig, init_weights
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16)
 #: Head dims the laws draw: RoPE needs them even; 6, 10 and 14 are not powers of two.
@@ -131,7 +131,7 @@ def footprint_of(engine) -> Footprint:
 def check_footprint(engine, case: Case, dtype: torch.dtype) -> Footprint:
     """KV-4 on what the engine holds, after :func:`run_engine` of ``case``: the law measures the
     bytes of every tensor the engine reaches (the model's weights left out,
-    :func:`conformance.contracts.kv_cache.held_bytes`); the engine's ``cache_bytes()`` must
+    :func:`inference_conformance.conformance.contracts.kv_cache.held_bytes`); the engine's ``cache_bytes()`` must
     equal them, and they must be exactly the declared layout's slots × 2·L·Hkv·D·bytes per value
     (+ its scales); a ``bytes_bound`` format (a packing not modelled: group scales can outweigh
     4-bit values at small shapes) only has its figure recorded. Records the ratio of the

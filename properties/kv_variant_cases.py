@@ -1,6 +1,6 @@
 """The checks of the architectural KV-cache reductions KV-7 (MLA), KV-9 (CLA) and KV-11 (the
 receptive field of stacked windows), each a function of the implementation it judges:
-``properties/test_kv_variants.py`` gives them :mod:`reference.kv_cache`'s functions,
+``properties/test_kv_variants.py`` gives them :mod:`inference_conformance.reference.kv_cache`'s functions,
 ``properties/test_kv_cache_rejections.py`` known-bad ones. Each raises AssertionError (the
 tolerance policy's message, naming what differs)."""
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import Callable
 
 import torch
 
-from conformance import tolerance
-from properties import strategies as sst
-from reference import kv_cache as kvv
+from inference_conformance.conformance import tolerance
+from inference_conformance.properties import strategies as sst
+from inference_conformance.reference import kv_cache as kvv
 
 
 def check_kv7(decode: Callable, seed: int, T: int, heads: int, latent: int, rope_dim: int) -> int:
     """KV-7 on ``decode(x (T, D), weights, cfg) -> (out (T, D), values cached per token)``: the
-    outputs equal MLA with K and V materialised (:func:`reference.kv_cache.mla_materialized`)
+    outputs equal MLA with K and V materialised (:func:`inference_conformance.reference.kv_cache.mla_materialized`)
     and the cache holds the latent plus the RoPE key, ``latent + rope_dim`` values per token.
     Returns the values per token."""
     cfg = kvv.MLAConfig(d_model=16, heads=heads, head_dim=8, latent=latent, rope_dim=rope_dim)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts.paged_attention import COVERAGE
-from conformance.coverage import class_names, classes_reached
-from conformance.laws import Run, refusal
-from conformance.tolerance import assert_close
-from properties import strategies as S
-from reference import attention as ref
+from inference_conformance.conformance.contracts.paged_attention import COVERAGE
+from inference_conformance.conformance.coverage import class_names, classes_reached
+from inference_conformance.conformance.laws import Run, refusal
+from inference_conformance.conformance.tolerance import assert_close
+from inference_conformance.properties import strategies as S
+from inference_conformance.reference import attention as ref
 
 #: Block sizes drawn: 1, odd ones, powers of two, 256 (a block longer than most sequences) and
 #: 144 and 200 (above 128, not multiples of 128).
@@ -34,7 +34,7 @@ HEAD_DIMS = (1, 8, 16, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
 class PagedCase:
     """One paged decode call: per-sequence lengths, heads, head dim, block size, scale, how many
     spare blocks the pool holds and how many spare table columns, and how inputs are drawn
-    (``magnitude`` as in :class:`properties.attention_cases.Case`)."""
+    (``magnitude`` as in :class:`inference_conformance.properties.attention_cases.Case`)."""
 
     lens: tuple
     Hq: int
@@ -63,7 +63,7 @@ class PagedCase:
 
 def boundary_classes(case: PagedCase) -> set[str]:
     """The contract's boundary classes this case reaches (the coverage table of the PA-1 law,
-    ``conformance.contracts.paged_attention.COVERAGE``)."""
+    ``inference_conformance.conformance.contracts.paged_attention.COVERAGE``)."""
     return classes_reached(COVERAGE, "law_paged_equals_contiguous", case)
 
 

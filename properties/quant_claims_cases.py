@@ -15,10 +15,10 @@ from typing import Callable
 
 import torch
 
-from conformance.contracts.quantization import levels
-from conformance.tolerance import assert_exact, assert_scalar, check_close
-from reference.quant_methods import bits_per_value as _bits_per_value
-from reference.quant_methods import gptq
+from inference_conformance.conformance.contracts.quantization import levels
+from inference_conformance.conformance.tolerance import assert_exact, assert_scalar, check_close
+from inference_conformance.reference.quant_methods import bits_per_value as _bits_per_value
+from inference_conformance.reference.quant_methods import gptq
 
 
 # -------------------------------------------------------------------------------------- QT-2
@@ -27,8 +27,8 @@ def check_qt2_idempotent(impl, w: torch.Tensor, case, run=None) -> torch.Tensor:
     weight w (N, K) of the ``case``'s bits and granularity: with d = dequantize(quantize(w)),
     dequantize(quantize(d)) equals d element for element (absmax: the largest |d| lands on code
     ±(2^(b-1) - 1) again, so the scale and every code are found again). Returns d. Inside a law
-    ``run`` observes the case (``properties.quantization_cases.quantize``)."""
-    from properties.quantization_cases import quantize
+    ``run`` observes the case (``inference_conformance.properties.quantization_cases.quantize``)."""
+    from inference_conformance.properties.quantization_cases import quantize
 
     d = impl.dequantize(quantize(impl, w, case, run=run))
     d2 = impl.dequantize(quantize(impl, d, case, run=run))
@@ -39,7 +39,7 @@ def check_qt2_idempotent(impl, w: torch.Tensor, case, run=None) -> torch.Tensor:
 def check_qt2_packing(pack: Callable, unpack: Callable, u: torch.Tensor, bits: int, layout: Callable | None = None):
     """QT-2 on a ``pack(u, bits)`` / ``unpack(packed, bits, L)`` pair and codes u (R, L) in
     0..2^bits - 1: unpack(pack(u)) == u exactly, and (with ``layout``, the documented packing,
-    ``reference.quantization.pack``) the bytes are the documented ones. Returns the packed bytes."""
+    ``inference_conformance.reference.quantization.pack``) the bytes are the documented ones. Returns the packed bytes."""
     p = pack(u, bits)
     if layout is not None:
         assert_exact(p, layout(u, bits), what=f"QT-2: {bits}-bit packed bytes vs the documented layout")
@@ -144,7 +144,7 @@ def check_qt4(step: Callable = qt4_step, snr: Callable = qt4_snr) -> dict:
 def qt4_weights() -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 6's weight drawn to its figures: 65,536 N(0, 0.067²) values (512 x 128, seed 11,
     float64) with the largest |w| set to 0.323; and a copy with one outlier of 3.0 at [0, 0]."""
-    from properties import strategies as S
+    from inference_conformance.properties import strategies as S
 
     w = S.randn((512, 128), 11) * 0.067
     w.view(-1)[w.abs().argmax()] = 0.323
@@ -156,7 +156,7 @@ def qt4_weights() -> tuple[torch.Tensor, torch.Tensor]:
 def qt4_measured_snr(w: torch.Tensor) -> float:
     """The measured SNR of 4-bit per-tensor absmax (the reference quantizer) on w, a power
     ratio: var(w) / mean((w - w_hat)²)."""
-    from reference import quantization as ref
+    from inference_conformance.reference import quantization as ref
 
     d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
     return float(w.var() / ((w - d) ** 2).mean())
@@ -182,7 +182,7 @@ def check_qt5(model, outl, docs, inputs: torch.Tensor, channel: int = 5) -> dict
     the logits on ``inputs`` (B, T) equal (float64 rule), the NLL of ``docs`` equal (relative
     1e-9), and the first block's attention-norm output has its largest channel at ``channel``,
     above 20x the next. Returns the NLLs and the channel maxima."""
-    from smallworld import data
+    from inference_conformance.smallworld import data
 
     with torch.no_grad():
         check_close(outl(inputs), model(inputs), what="QT-5: logits after the outlier construction").check()

@@ -29,11 +29,11 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from conformance.contracts.quantization import COVERAGE, GROUP_KINDS
-from conformance.coverage import class_names, classes_reached
-from conformance.laws import Kills, Law, Run, refusal
-from conformance.tolerance import check_close
-from properties import strategies as S
+from inference_conformance.conformance.contracts.quantization import COVERAGE, GROUP_KINDS
+from inference_conformance.conformance.coverage import class_names, classes_reached
+from inference_conformance.conformance.laws import Kills, Law, Run, refusal
+from inference_conformance.conformance.tolerance import check_close
+from inference_conformance.properties import strategies as S
 
 KINDS = GROUP_KINDS
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -61,7 +61,7 @@ class QCase:
 
 
 def boundary_classes(case: QCase) -> set[str]:
-    """The boundary classes a case reaches (``conformance.contracts.quantization.COVERAGE``): its
+    """The boundary classes a case reaches (``inference_conformance.conformance.contracts.quantization.COVERAGE``): its
     kinds, its granularity kind, several groups per row, odd K, one scale per element (group of
     1), decode (M = 1) and tiled (M > 16) products, the packed widths (2 and 4 bits) and int8."""
     return classes_reached(COVERAGE, "law_half_step", case)
@@ -152,7 +152,7 @@ def make_g_idx(case: QCase, seed: int, device: str) -> torch.Tensor:
     """An act-order g_idx (K,) for the case: the columns in a drawn processing order, group
     i // g for the i-th (``act_order_g_idx``). Never the identity grouping k // g: where the
     drawn order keeps every column in its group, the groups are rotated by one."""
-    from conformance.contracts.quantization import act_order_g_idx
+    from inference_conformance.conformance.contracts.quantization import act_order_g_idx
 
     g = torch.Generator().manual_seed(seed + 104729)
     g_idx = act_order_g_idx(torch.randperm(case.K, generator=g), case.group_size)

@@ -1,11 +1,11 @@
 """The checks of the analytic claims AI-1..AI-7, KV-5 and KV-6's cache ratio, each a function of
 the formula or model it judges, so that the same comparison that gives the claim its verdict
-(``properties/test_roofline.py``, with :mod:`reference.roofline` and :data:`reference.perf_model.CS336`)
+(``properties/test_roofline.py``, with :mod:`inference_conformance.reference.roofline` and :data:`inference_conformance.reference.perf_model.CS336`)
 can be fed a known-bad formula and shown to reject it (``properties/test_roofline_rejections.py``).
 
 Every check raises AssertionError (the tolerance policy's message, naming the figure) when the
 formula misses the lecture's figure, and records the figures it compared
-(:func:`conformance.results.record`) when it passes. Bands are the lectures' rounding, stated at
+(:func:`inference_conformance.conformance.results.record`) when it passes. Bands are the lectures' rounding, stated at
 each comparison; none is derived from the formula under test.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from conformance import results
-from conformance.tolerance import assert_scalar
-from reference import perf_model as pm
-from reference import roofline as rl
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_scalar
+from inference_conformance.reference import perf_model as pm
+from inference_conformance.reference import roofline as rl
 
 GIB = 2**30
 KIB = 2**10

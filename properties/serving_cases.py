@@ -7,7 +7,7 @@ claim, the measured figure, the lecture's and the tolerance.
 """
 from __future__ import annotations
 
-from conformance.tolerance import assert_scalar, check_scalar
+from inference_conformance.conformance.tolerance import assert_scalar, check_scalar
 
 #: The lecture's setting: a KV budget of 32,768 token slots, blocks of 16, the trace's seed.
 BUDGET = 32768
@@ -35,7 +35,7 @@ def check_pa2_waste(policy: str, mean_waste: float) -> None:
 
 def check_pa2_paged_vs_reserve(paged, reserve) -> tuple[float, float]:
     """PA-2 on the paged and reserve-max runs (``mean_running``, ``total_steps``, e.g.
-    ``reference.serving.SimResult``): about 2.5x as many concurrent requests and about 60% fewer
+    ``inference_conformance.reference.serving.SimResult``): about 2.5x as many concurrent requests and about 60% fewer
     steps, each within :data:`ABOUT`. Returns (concurrency ratio, step reduction); both are
     judged before either raises."""
     ratio = paged.mean_running / reserve.mean_running

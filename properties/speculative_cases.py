@@ -11,7 +11,7 @@
 - :func:`certain_cases`: inputs whose every accept decision and emitted token is certain.
 - :func:`run_trials` / :func:`outcome_counts` / :func:`check_statistically`: one large batch of
   independent rounds through ``verify``, counted into the categories of
-  :func:`reference.speculative.outcome_probabilities`, each compared with a G-test;
+  :func:`inference_conformance.reference.speculative.outcome_probabilities`, each compared with a G-test;
   :func:`sd1_law_verdicts`: every pair, the whole law's tests sharing the family-wise
   false-alarm rate :data:`ALPHA` (Bonferroni: α / (4 tests × pairs) each).
 - :func:`verifier_outcomes` / :func:`law_rejections`: the exact round distribution of a correct
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from conformance.contracts.speculative import PAD
-from conformance import results
-from conformance.stats import GTest, check_counts, multinomial_counts, upper_bound
-from reference.speculative import outcome_probabilities
+from inference_conformance.conformance.contracts.speculative import PAD
+from inference_conformance.conformance import results
+from inference_conformance.conformance.stats import GTest, check_counts, multinomial_counts, upper_bound
+from inference_conformance.reference.speculative import outcome_probabilities
 
 #: Family-wise false-alarm rate of the whole statistical law on a correct verifier (every pair,
 #: all four G-tests per pair).
@@ -119,7 +119,7 @@ def pq_pairs(draw, max_V: int = 5, max_gamma: int = 3) -> PQ:
 
 
 def extend(pq: PQ, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Position-indexed rows for :func:`reference.speculative.prefix_distribution` over the first
+    """Position-indexed rows for :func:`inference_conformance.reference.speculative.prefix_distribution` over the first
     ``n`` tokens: the pair's rows, cycled (each row still a distribution)."""
     rows = n - 1 + pq.gamma
     q = np.stack([pq.q[i % pq.gamma] for i in range(rows)])
@@ -192,7 +192,7 @@ def check_structure(tokens, num_accepted, draft_tokens, gamma: int) -> None:
 
 
 def outcome_counts(tokens, num_accepted, V: int, gamma: int) -> dict[str, np.ndarray]:
-    """Counts in the categories of :func:`reference.speculative.outcome_probabilities`."""
+    """Counts in the categories of :func:`inference_conformance.reference.speculative.outcome_probabilities`."""
     t = tokens.numpy()
     n = num_accepted.numpy()
     B = t.shape[0]
@@ -309,7 +309,7 @@ def verifier_outcomes(q_rows, p_rows, *, accept_scale: float = 1.0, residual_mix
     probability ``accept_scale``·min(1, p(x)/q(x)), draws a correction from the residual
     norm(max(0, p − q)) (p where that is 0) mixed a fraction ``residual_mix`` toward q on the
     residual's support, and the bonus from p[γ] mixed a fraction ``bonus_mix`` toward q[γ−1] on
-    p[γ]'s support. The defaults are the correct verifier (:func:`reference.speculative.round_outcomes`
+    p[γ]'s support. The defaults are the correct verifier (:func:`inference_conformance.reference.speculative.round_outcomes`
     computes the same by walking every path; this is the closed form for position-independent
     rows: Π_{i<k} q_i(x_i)·a_i(x_i) times the last token's probability)."""
     q = np.asarray(q_rows, dtype=np.float64)
@@ -345,7 +345,7 @@ def _category_maps(outcomes: dict, V: int, gamma: int) -> dict[str, np.ndarray]:
 
 
 def marginals(outcomes: dict, V: int, gamma: int) -> dict[str, np.ndarray]:
-    """The four outcome distributions of :func:`reference.speculative.outcome_probabilities`
+    """The four outcome distributions of :func:`inference_conformance.reference.speculative.outcome_probabilities`
     from a distribution of emitted sequences."""
     sizes = {"first": V, "first_two": V + V * V, "num_accepted": gamma + 1, "accepted_last": (gamma + 1) * V}
     w = np.array(list(outcomes.values()))
@@ -424,7 +424,7 @@ class TreeCase:
 
     @property
     def depth(self) -> int:
-        from conformance.contracts.speculative_tree import depths
+        from inference_conformance.conformance.contracts.speculative_tree import depths
 
         return max(depths(self.parents))
 
@@ -444,7 +444,7 @@ class TreeCase:
 
     def outcomes(self, rule=None) -> dict:
         """The exact distribution of one round's emitted tokens under ``rule`` (default: exact)."""
-        from reference.speculative_tree import EXACT, tree_outcomes
+        from inference_conformance.reference.speculative_tree import EXACT, tree_outcomes
 
         return tree_outcomes(self.parents, self.q, self.p, self.V, rule or EXACT)
 
@@ -457,7 +457,7 @@ def tree_case(parents, V: int, seed: int, kind: str = "dense") -> TreeCase:
     possible), ``sparse`` (zeros in q and p, never a whole row), ``p=q`` (the draft is the
     target), ``disjoint`` (q and p with disjoint supports at the root), ``onehot-p`` (a
     deterministic target), ``q=0<p`` (the draft never proposes a token the target likes)."""
-    from conformance.contracts.speculative_tree import depths
+    from inference_conformance.conformance.contracts.speculative_tree import depths
 
     rng = np.random.default_rng(seed)
     n_rows = sum(V ** k for k in range(max(depths(parents)) + 1))
@@ -496,7 +496,7 @@ def tree_cases(draw, max_nodes: int = 5, max_V: int = 3) -> TreeCase:
 #: Pinned trees of the exact law: each shape of the contract and every boundary class, plus the
 #: deepest chain the enumerator is cheap on.
 def _pinned_trees():
-    from conformance.contracts.speculative_tree import SHAPES
+    from inference_conformance.conformance.contracts.speculative_tree import SHAPES
 
     out = [tree_case(shape, 3, i, kind) for i, (shape, kind) in enumerate(zip(SHAPES.values(), TREE_KINDS))]
     out += [tree_case(SHAPES["binary"], 3, 11, TREE_KINDS[4]), tree_case(SHAPES["wide-root"], 2, 12, TREE_KINDS[5]),
@@ -535,7 +535,7 @@ def check_tree_structure(parents, tokens, path, draft_tokens) -> None:
     """Exact checks of one ``verify_tree`` result: shapes and dtype, the path a chain of parent
     pointers from the root, its tokens the nodes' tokens, one emitted token after it in [0, V),
     −1 padding after that."""
-    from conformance.contracts.speculative_tree import depths
+    from inference_conformance.conformance.contracts.speculative_tree import depths
 
     par = [int(x) for x in parents.tolist()]
     depth = max(depths(par))
@@ -623,7 +623,7 @@ def tree_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA):
 
 def tree_law_power(rule, draws: int, seed: int, alpha: float = ALPHA) -> tuple[int, dict[str, int]]:
     """The statistical SD-11 law run ``draws`` times on exact multinomial draws of the rounds of a
-    verifier following ``rule`` (a :class:`reference.speculative_tree.Rule`; the exact one: the
+    verifier following ``rule`` (a :class:`inference_conformance.reference.speculative_tree.Rule`; the exact one: the
     law's false-alarm rate, a biased one: its power). Returns (draws rejected, per configuration)."""
     rng = np.random.default_rng(seed)
     any_reject = np.zeros(draws, dtype=bool)

@@ -6,10 +6,10 @@ comparison that gives the claim its verdict (``properties/test_speculative*.py``
 
 Every ``check_*`` raises AssertionError with a message naming the claim, the measured value,
 the bound or the lecture's figure and the rule, and records what it compared
-(:func:`conformance.results.record`) when it passes; every ``judge_*`` returns the figure
+(:func:`inference_conformance.conformance.results.record`) when it passes; every ``judge_*`` returns the figure
 claim's verdict ("holds" / "fails" / "inconclusive"). Bands are the lecture's printed precision
 or the claim's own words ("about", "≈"), stated at each comparison; none is derived from the
-input under test. SD-9's rule is a trend rule of :mod:`conformance.trends`.
+input under test. SD-9's rule is a trend rule of :mod:`inference_conformance.conformance.trends`.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from typing import Callable
 
 import numpy as np
 
-from conformance import results
-from conformance.tolerance import Verdict, report_verdict
-from reference import speculative as ref
-from reference import speculative_tree as ref_tree
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import Verdict, report_verdict
+from inference_conformance.reference import speculative as ref
+from inference_conformance.reference import speculative_tree as ref_tree
 
 #: The exact rule of SD-2 and SD-4: enumeration against the claim's figure in float64.
 EXACT_BOUND = 1e-12
@@ -37,7 +37,7 @@ def _exact(error: float, what: str) -> None:
 # ------------------------------------------------------------------------------------- SD-2
 def check_sd2(round_outcomes: Callable = ref.round_outcomes) -> tuple[float, float]:
     """SD-2 on ``round_outcomes(draft_rows (γ, V), target_rows (γ+1, V)) -> {emitted tuple:
-    probability}`` (an enumerator of one round, :func:`reference.speculative.round_outcomes`):
+    probability}`` (an enumerator of one round, :func:`inference_conformance.reference.speculative.round_outcomes`):
     CS336's two-token example (its notation: q the target (0.3, 0.7), p the draft (0.6, 0.4),
     p(A) > q(A)), γ = 1: the first emitted token is A with probability q(A) and B with q(B), to
     1e-12. Returns (P[A], P[B])."""
@@ -242,17 +242,17 @@ def check_sd5_tokens_kept(draft: str, by_gamma: dict) -> float:
 def check_sd7(target, draft, gamma: int, verify_fn=None, rows: int = 3, n_tokens: int = 24,
               draft_name: str = "") -> int:
     """SD-7 (exercise 8) on the small world's ``target`` and ``draft``
-    (:class:`reference.transformer.Transformer`, float64): greedy speculative decoding
-    (:func:`reference.speculative.speculative_generate`, greedy, with ``verify_fn`` as its verifier:
-    None for :func:`reference.speculative.verify_greedy`) of ``rows`` rows from ``<bos>``,
+    (:class:`inference_conformance.reference.transformer.Transformer`, float64): greedy speculative decoding
+    (:func:`inference_conformance.reference.speculative.speculative_generate`, greedy, with ``verify_fn`` as its verifier:
+    None for :func:`inference_conformance.reference.speculative.verify_greedy`) of ``rows`` rows from ``<bos>``,
     ``n_tokens`` new tokens at γ = ``gamma``, emits exactly the tokens of greedy decoding with the
     target (no cache). Records the tokens differing (0; ``draft_name`` names the draft in the
     row) and returns it."""
     import torch
 
-    from conformance.tolerance import assert_exact
-    from reference.transformer import generate
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.conformance.tolerance import assert_exact
+    from inference_conformance.reference.transformer import generate
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     prompt = torch.full((rows, 1), tokenizer().bos_id, dtype=torch.int64)
     out, st = ref.speculative_generate(target, draft, prompt, n_tokens, gamma, greedy=True, verify_fn=verify_fn)
@@ -267,7 +267,7 @@ def check_sd7(target, draft, gamma: int, verify_fn=None, rows: int = 3, n_tokens
 
 # ------------------------------------------------------------------------------------ SD-13
 #: ε values of SD-13's figure (δ = sqrt(ε), Medusa's default pairing), and the trees it is
-#: measured on (:data:`properties.speculative_cases.TREE_STAT_CONFIGS`).
+#: measured on (:data:`inference_conformance.properties.speculative_cases.TREE_STAT_CONFIGS`).
 TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.2, 0.3, 0.5)
 TYPICAL_CASE = "binary-V3"
 TYPICAL_TREES = (TYPICAL_CASE, "three-drafts-V3")
@@ -282,7 +282,7 @@ def check_sd13_figure(typical: Callable = ref_tree.typical_acceptance,
     (the exact enumerator): on a dense binary tree and three independent drafts over V = 3, the
     distance of typical acceptance from the target at every ε of :data:`TYPICAL_EPSILONS`
     (δ = sqrt(ε)) is > 1e-3 ("not exact, by design"). Returns {tree: {ε: TV}}."""
-    from properties.speculative_cases import TREE_STAT_CONFIGS
+    from inference_conformance.properties.speculative_cases import TREE_STAT_CONFIGS
 
     figure = {}
     for name in TYPICAL_TREES:
@@ -307,7 +307,7 @@ def check_sd13_limits(typical: Callable = ref_tree.typical_acceptance,
     (ε >= 1, δ >= exp(H_max): nothing accepted, every token from p) and a one-hot target (only its
     token passes); and > 1e-3 on the dense tree at ε = 0.09, δ = 0.3 (the same enumeration can
     find it inexact). Returns {limit: TV}."""
-    from properties.speculative_cases import TREE_STAT_CONFIGS, tree_case
+    from inference_conformance.properties.speculative_cases import TREE_STAT_CONFIGS, tree_case
 
     dense = TREE_STAT_CONFIGS[TYPICAL_CASE]
     never = typical(1.0, math.exp(math.log(dense.V)) + 1.0)
@@ -331,7 +331,7 @@ def copy_prompts(n: int) -> list:
     first 4 tokens again (the continuation repeats the prompt when the target copies)."""
     import torch
 
-    from smallworld.data import encode, split
+    from inference_conformance.smallworld.data import encode, split
 
     docs = encode(split("val", n))
     return [torch.tensor([d[:-1] + d[:4]]) for d in docs]
@@ -341,7 +341,7 @@ def free_prompts(n: int) -> list:
     """Free-generation prompts: ``n`` times ``<bos>`` alone, (1, 1) int64."""
     import torch
 
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     return [torch.tensor([[tokenizer().bos_id]])] * n
 
@@ -350,7 +350,7 @@ def sd14_copy_prompts() -> list:
     """SD-14's copy prompts, (1, S) int64 each: SD14_COPY_TEXTS encoded."""
     import torch
 
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     return [torch.tensor([tokenizer().encode(t)]) for t in SD14_COPY_TEXTS]
 
@@ -373,7 +373,7 @@ SD14_COPY_TEXTS = (
 
 def _first_sentence(ids: list) -> list:
     """The tokens of ``ids`` up to and including the first ".", or [] (no "." before <eos>)."""
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     tok = tokenizer()
     dot = tok.stoi["."]
@@ -389,8 +389,8 @@ def sd14_copy_prompt(doc: int, target) -> tuple:
     (``<bos>`` + sentence). Returns the ids (a tuple; () when the target writes no sentence)."""
     import torch
 
-    from optimized.speculative_engine import TreeSpeculativeEngine
-    from smallworld.data import encode, split
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.smallworld.data import encode, split
 
     first = _first_sentence(encode(split("val", doc + 1))[doc])
     out, _ = TreeSpeculativeEngine(target, _NoDraft(), max_seq_len=128, attention="torch").generate(
@@ -414,8 +414,8 @@ def find_sd14_copy_docs(n: int, target) -> tuple:
     the prompt; the shipped target mostly writes <eos> first, then s). Returns their indices."""
     import torch
 
-    from optimized.speculative_engine import TreeSpeculativeEngine
-    from smallworld.data import SPLITS
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.smallworld.data import SPLITS
 
     found = []
     for doc in range(SPLITS["val"][1]):
@@ -452,7 +452,7 @@ def sd14_lookup_runs(target, make_drafter, prompts, n_tokens: int = SD14_TOKENS)
     per prompt) on each prompt ((1, S) int64), ``n_tokens`` tokens each: one statistics dict
     (``rounds``, ``emitted``, ``accepted``, ``drafted``; ``output``: the generated ids) per prompt,
     in order."""
-    from optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
 
     runs = []
     for prompt in prompts:
@@ -467,7 +467,7 @@ def sd14_target():
     """The shipped target in float64 (loaded once per process for SD-14's arms)."""
     import torch
 
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     return load_model("target", torch.float64)
 
@@ -477,7 +477,7 @@ def sd14_arm(arm: str) -> tuple:
     """The runs of one arm of SD-14 on :func:`sd14_target` (:func:`sd14_lookup_runs`, cached per process):
     "lookup" (the shipped prompt lookup on the copy prompts), "output-only" (the same lookup
     restricted to the output, :class:`OutputOnlyLookup`) or "free" (the lookup from <bos>)."""
-    from optimized.speculative_engine import PromptLookupDrafter
+    from inference_conformance.optimized.speculative_engine import PromptLookupDrafter
 
     def lookup(S):
         return PromptLookupDrafter(SD14_NGRAM, SD14_GAMMA)

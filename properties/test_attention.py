@@ -13,16 +13,16 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.device import triton_interpreted
-from conformance.outcomes import Unsupported
-from conformance.tolerance import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.conformance.outcomes import Unsupported
+from inference_conformance.conformance.tolerance import (
     assert_close,
     assert_exact,
     max_abs_error,
 )
-from properties import strategies as S
-from properties.attention_cases import (
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.attention_cases import (
     COST_BUDGET,
     FA3,
     FA7,
@@ -35,7 +35,7 @@ from properties.attention_cases import (
     interpreter_cost,
     make_inputs,
 )
-from reference import attention as ref
+from inference_conformance.reference import attention as ref
 
 test_fa3_matches_float64_reference = FA3.conformance_test("test_fa3_matches_float64_reference")
 test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.zoo_tests("test_fa3_zoo_rejected",
@@ -81,7 +81,7 @@ def test_fa3_lecture_experiment_blocked_equals_standard():
 @pytest.mark.claim("FA-3")
 def test_fa3_lecture_experiment_triton_kernel(device):
     """The same experiment on the Triton kernel itself, with its tile sizes varied."""
-    fa = pytest.importorskip("optimized.flash_attention")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
     case = Case(B=1, Hq=1, Hkv=1, Tq=256, Tk=256, D=64, causal=True, scale=1 / 8)
     q, k, v = make_inputs(case, 2024, torch.float64, device)
     out_ref = ref.attention_naive(q, k, v, causal=True, scale=case.scale)
@@ -109,7 +109,7 @@ def test_fa3_blocked_reference_any_block_sizes(case, seed, block_q, block_k):
 @settings(max_examples=6)
 @given(case=cases(max_len=129), seed=S.seeds, data=st.data())
 def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
-    fa = pytest.importorskip("optimized.flash_attention")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
     tiles = [1, 2, 4, 8, 16, 32, 64] if dtype == torch.float64 else [16, 32, 64]
     bm, bn = data.draw(st.sampled_from(tiles)), data.draw(st.sampled_from(tiles))
     if triton_interpreted() and interpreter_cost(case.B, case.Hq, case.Tq * 16 // bm, case.Tk * 32 // bn) > 3 * COST_BUDGET:
@@ -129,9 +129,9 @@ def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
 def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_splits):
     """The GPU's tile loop (whole visible tiles without masks, then the masked rest), forced on
     wherever the kernels run, so that the interpreter checks it too."""
-    fa = pytest.importorskip("optimized.flash_attention")
-    fd = pytest.importorskip("optimized.flash_decoding")
-    tiles = pytest.importorskip("optimized.attention_tiles")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
+    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
+    tiles = pytest.importorskip("inference_conformance.optimized.attention_tiles")
     q, k, v = make_inputs(case, seed, dtype, device)
     saved = tiles.TWO_STAGE_OVERRIDE
     tiles.TWO_STAGE_OVERRIDE = True
@@ -158,7 +158,7 @@ test_fa7_split_kv_equals_unsplit = FA7.conformance_test("test_fa7_split_kv_equal
 @settings(max_examples=8)
 @given(case=decode_cases(), seed=S.seeds, num_splits=st.integers(1, 300))
 def test_fa7_reference_split_merge(case, seed, num_splits):
-    """The plain-PyTorch split-KV merge (reference.attention.split_kv_attention) is exact too."""
+    """The plain-PyTorch split-KV merge (inference_conformance.reference.attention.split_kv_attention) is exact too."""
     q, k, v = make_inputs(case, seed, torch.float64, "cpu")
     out = ref.split_kv_attention(q, k, v, causal=case.causal, scale=case.scale, num_splits=num_splits)
     check_against_reference(out, q, k, v, case, what=f"reference split-KV ({num_splits} splits)")
@@ -179,7 +179,7 @@ def _pow2_only(fn):
 def _implementation(name, fn):
     import types
 
-    from conformance.registry import Implementation
+    from inference_conformance.conformance.registry import Implementation
 
     return Implementation("attention", name, f"tests:{name}", "outside",
                           types.SimpleNamespace(attention=fn), ("attention",))
@@ -188,7 +188,7 @@ def _implementation(name, fn):
 def test_a_refused_example_does_not_skip_the_law(device):
     """A kernel that supports only some head dims is still checked on those: the top-left mask
     bug behind a power-of-two-only kernel is rejected, not reported unsupported."""
-    from properties import zoo_attention
+    from inference_conformance.properties import zoo_attention
 
     bad = _implementation("pow2_top_left", _pow2_only(zoo_attention.top_left_causal))
     with pytest.raises(AssertionError):

@@ -2,7 +2,7 @@
 
 The float64 reference (taking FA-7's ``num_splits`` too) runs FA-3's law (float64 and bfloat16)
 and FA-7's law; every class of the contract's coverage table
-(``conformance.contracts.attention.COVERAGE``) must be reached by one of the calls the runs
+(``inference_conformance.conformance.contracts.attention.COVERAGE``) must be reached by one of the calls the runs
 observed (``Run.observations``) or the production shapes made. Removing a pinned boundary case
 makes this test fail. The kernel configurations a dispatcher can choose (the autotuned 16-bit
 tiles for max(Tq, Tk) >= 1024, the float64 tiles, the two-stage loop) are forced on the Triton
@@ -15,9 +15,9 @@ import types
 import pytest
 import torch
 
-from conformance.contracts.attention import COVERAGE
-from conformance.registry import Implementation
-from properties.attention_cases import (
+from inference_conformance.conformance.contracts.attention import COVERAGE
+from inference_conformance.conformance.registry import Implementation
+from inference_conformance.properties.attention_cases import (
     FA3,
     FA7,
     PRODUCTION_CASES,
@@ -26,8 +26,8 @@ from properties.attention_cases import (
     check_against_reference,
     make_inputs,
 )
-from properties.strategies import KernelLaunchCapture
-from reference import attention as ref
+from inference_conformance.properties.strategies import KernelLaunchCapture
+from inference_conformance.reference import attention as ref
 
 
 def reference_with_splits(q, k, v, *, causal, scale, num_splits=None):
@@ -77,7 +77,7 @@ def test_the_coverage_check_fails_when_a_class_is_not_reached(recorded):
 
 # ------------------------------------------------- every configuration a dispatcher can choose
 def _configs_16bit():
-    fa = pytest.importorskip("optimized.flash_attention")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
     return sorted({(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in fa._cuda_configs()})
 
 
@@ -89,8 +89,8 @@ def test_fa3_every_dispatch_configuration(device, dtype):
     tiles the GPU uses (16 x 16; 8 x 8 at D = 256), with the two-stage loop, at a shape with
     more than one query tile, a partial last key tile and a causal diagonal: values against
     the float64 reference. On CPU the tiles are forced (block_m, block_n)."""
-    fa = pytest.importorskip("optimized.flash_attention")
-    tiles = pytest.importorskip("optimized.attention_tiles")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
+    tiles = pytest.importorskip("inference_conformance.optimized.attention_tiles")
     if dtype == torch.float64:
         configs = [(16, 16, 64), (8, 8, 256)]
     else:
@@ -115,8 +115,8 @@ def test_float64_kernels_hand_no_float_argument_that_float32_would_round(device,
     """Compiled Triton types a Python float kernel argument as float32: a float64 call must not
     pass the scale that way (the interpreter keeps the Python float, so only the launch
     arguments show it). The outputs are exact too."""
-    fa = pytest.importorskip("optimized.flash_attention")
-    fd = pytest.importorskip("optimized.flash_decoding")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
+    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
     seen = []
     for mod, name in ((fa, "_flash_attn_fwd_kernel"), (fd, "_split_kv_kernel"), (fd, "_merge_kernel")):
         monkeypatch.setattr(mod, name, KernelLaunchCapture(getattr(mod, name), seen))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import results
-from properties import strategies as S
-from properties.flash_cases import check_fa4, check_fa5, check_fa6
-from reference import attention as ref
+from inference_conformance.conformance import results
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.flash_cases import check_fa4, check_fa5, check_fa6
+from inference_conformance.reference import attention as ref
 
 # ----------------------------------------------------------------------------------------------
 # FA-4, FA-5: the traffic and memory model (analytic)
@@ -42,7 +42,7 @@ def test_fa5_exercise4_score_memory():
 @pytest.mark.claim("FA-6")
 @pytest.mark.parametrize("name", ["triton", "triton_splitkv", "torch"])
 def test_fa6_peak_extra_memory_linear_in_T(name, device):
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     impl = {i.name: i for i in registry.builtins("attention", device)}[name]
     if impl.unavailable:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conformance.laws import Kills, Law, refusal
-from conformance.tolerance import assert_close, assert_exact
-from reference.attention import attention as attention_ref
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
+from inference_conformance.reference.attention import attention as attention_ref
 
 TECH = "attention"
 DTYPES = (torch.float64, torch.float32, torch.bfloat16)

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from properties.falsify import rejects
-from properties.flash_cases import check_fa1, check_fa2_exercise3, check_fa4, check_fa5, check_fa6
-from reference import attention as ref
+from inference_conformance.properties.falsify import rejects
+from inference_conformance.properties.flash_cases import check_fa1, check_fa2_exercise3, check_fa4, check_fa5, check_fa6
+from inference_conformance.reference import attention as ref
 
 
 # ------------------------------------------------------------------------ known-bad functions

@@ -19,11 +19,11 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule, run_state_machine_as_test
 
-from conformance import results
-from conformance.tolerance import assert_exact
-from properties.block_allocator_cases import check_pa3, check_pa5, slots_for_parallel_sampling
-from properties.zoo_paged_attention import CowForgetsToCopy, expect_rejection
-from reference.paged_attention import OutOfBlocks, PagedKVCache, waste_per_request
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.properties.block_allocator_cases import check_pa3, check_pa5, slots_for_parallel_sampling
+from inference_conformance.properties.zoo_paged_attention import CowForgetsToCopy, expect_rejection
+from inference_conformance.reference.paged_attention import OutOfBlocks, PagedKVCache, waste_per_request
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

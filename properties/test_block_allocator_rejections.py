@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from properties.block_allocator_cases import check_pa3, check_pa5
-from properties.falsify import rejects
-from reference.paged_attention import PagedKVCache, waste_per_request
+from inference_conformance.properties.block_allocator_cases import check_pa3, check_pa5
+from inference_conformance.properties.falsify import rejects
+from inference_conformance.reference.paged_attention import PagedKVCache, waste_per_request
 
 
 class ForkCopiesTheBlocks(PagedKVCache):

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from conformance import plugin, registry
-from conformance.outcomes import unsupported
-from properties.generic_cases import (
+from inference_conformance.conformance import plugin, registry
+from inference_conformance.conformance.outcomes import unsupported
+from inference_conformance.properties.generic_cases import (
     Refused,
     check_inputs_not_mutated,
     check_invalid_call,
@@ -76,8 +76,8 @@ def _invalid_calls(technique: str, device: str) -> list:
     conformance/ (the kv_cache engines need a reference model), ``invalid_calls(device)`` of
     ``properties/<technique>_cases.py``."""
     calls = registry.invalid_calls(technique, device)
-    if not calls and registry.importable(f"properties.{technique}_cases"):
-        module = importlib.import_module(f"properties.{technique}_cases")
+    if not calls and registry.importable(f"inference_conformance.properties.{technique}_cases"):
+        module = importlib.import_module(f"inference_conformance.properties.{technique}_cases")
         calls = list(getattr(module, "invalid_calls", lambda device: [])(device))
     return calls
 
@@ -135,7 +135,7 @@ def test_repeatable(impl, device):
 
 def test_invalid_call_raises(impl, call):
     """An invalid call raises a documented type naming the argument, before anything is written
-    (:func:`properties.generic_cases.check_invalid_call`); an implementation that refuses the
+    (:func:`inference_conformance.properties.generic_cases.check_invalid_call`); an implementation that refuses the
     valid parts the call needs is "unsupported" for it."""
     try:
         check_invalid_call(impl, call)

@@ -16,7 +16,7 @@ engine, with the bug zoo (properties/zoo_kv_cache.py) that each law must reject.
   design" under KV-1, KV-2 and KV-10.
 - KV-10: a sequence's logits do not depend on its batch-mates, their lengths or the padding.
 
-Each law is declared once (:class:`conformance.laws.Law`, technique "kv_cache": an
+Each law is declared once (:class:`inference_conformance.conformance.laws.Law`, technique "kv_cache": an
 implementation is an engine factory, ``impl.new_engine(model, max_batch, max_seq_len)``); its
 conformance test over the registry and its zoo tests are made from the declaration. The cases a
 law's examples run must reach the boundary classes of the contract's ``COVERAGE`` that name it.
@@ -32,15 +32,15 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.contracts.kv_cache import COVERAGE
-from conformance.laws import Kills, Law, refusal
-from conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
-from properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.kv_cache import COVERAGE
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
+from inference_conformance.properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
                                       check_footprint, examples, full_forward, model_for, open_engine, run_engine,
                                       sequences)
-from properties.strategies import generator, randint
-from reference.transformer import TransformerConfig, generate, layer_kv, sample_next
+from inference_conformance.properties.strategies import generator, randint
+from inference_conformance.reference.transformer import TransformerConfig, generate, layer_kv, sample_next
 
 TECH = "kv_cache"
 #: The laws that need no 16-bit model: float64 and float32.

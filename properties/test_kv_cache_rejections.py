@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from properties.falsify import rejects
-from properties.kv_variant_cases import check_kv7, check_kv9, check_kv11
-from reference import kv_cache as kvv
+from inference_conformance.properties.falsify import rejects
+from inference_conformance.properties.kv_variant_cases import check_kv7, check_kv9, check_kv11
+from inference_conformance.reference import kv_cache as kvv
 
 
 # ------------------------------------------------------------------------ known-bad implementations

@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import results, tolerance
-from properties import strategies as sst
-from properties.kv_variant_cases import check_kv7, check_kv9, check_kv11
-from reference import kv_cache as kvv
+from inference_conformance.conformance import results, tolerance
+from inference_conformance.properties import strategies as sst
+from inference_conformance.properties.kv_variant_cases import check_kv7, check_kv9, check_kv11
+from inference_conformance.reference import kv_cache as kvv
 
 
 @pytest.mark.claim("KV-8")

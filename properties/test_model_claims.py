@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import results, tolerance
-from conformance.outcomes import unsupported
-from properties.kv_cache_cases import open_engine
-from reference.transformer import generate, sample_next
+from inference_conformance.conformance import results, tolerance
+from inference_conformance.conformance.outcomes import unsupported
+from inference_conformance.properties.kv_cache_cases import open_engine
+from inference_conformance.reference.transformer import generate, sample_next
 
 PREFILL, STEPS = 12, 8
 
@@ -27,15 +27,15 @@ PREFILL, STEPS = 12, 8
 def load_model(path: str | None, dtype: torch.dtype, device: str):
     """The model under test in ``dtype`` on ``device``. Raises FileNotFoundError for a bad path."""
     if path is None:
-        from smallworld.checkpoints import load_model as load_world
+        from inference_conformance.smallworld.checkpoints import load_model as load_world
 
         return load_world("target", dtype, device)
     p = Path(path)
     if p.is_dir():
-        from smallworld.hf_llama import load_hf_llama
+        from inference_conformance.smallworld.hf_llama import load_hf_llama
 
         return load_hf_llama(p, dtype, device, max_seq_len=PREFILL + STEPS + 8)
-    from smallworld.checkpoints import load_model as load_world
+    from inference_conformance.smallworld.checkpoints import load_model as load_world
 
     return load_world(p, dtype, device)
 
@@ -43,7 +43,7 @@ def load_model(path: str | None, dtype: torch.dtype, device: str):
 def prompt_tokens(model, path: str | None, device: str) -> torch.Tensor:
     """(2, PREFILL + STEPS) int64: two real test documents, or seeded ids for an outside model."""
     if path is None:
-        from smallworld import data
+        from inference_conformance.smallworld import data
 
         docs = [d for d in data.encode(data.split("test", 32)) if len(d) >= PREFILL + STEPS][:2]
         return torch.tensor([d[:PREFILL + STEPS] for d in docs], device=device)
@@ -111,7 +111,7 @@ def test_checkpoint_layer_attention(impl, dtype, device, model_path):
         x = block.attn_norm(model.embed(tokens))                              # (B, T, D)
         pos = torch.arange(tokens.shape[1], device=device).expand_as(tokens)
         q, k, v = block.attn.qkv(x, pos)                                      # (B, N, T, H), (B, K, T, H)
-    from reference.attention import attention as attention_ref
+    from inference_conformance.reference.attention import attention as attention_ref
 
     scale = 1 / math.sqrt(q.shape[-1])
     out_ref = attention_ref(q, k, v, causal=True, scale=scale)                # (B, N, T, H)

@@ -29,12 +29,12 @@ import torch
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
-from conformance.contracts.paged_attention import COVERAGE
-from conformance.device import triton_interpreted
-from conformance.laws import Kills, Law, refusal
-from conformance.tolerance import assert_exact
-from properties import strategies as S
-from properties.paged_attention_cases import (
+from inference_conformance.conformance.contracts.paged_attention import COVERAGE
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.paged_attention_cases import (
     PagedCase,
     PrefillCase,
     call,
@@ -48,7 +48,7 @@ from properties.paged_attention_cases import (
     paged_cases,
     prefill_cases,
 )
-from properties.strategies import KernelLaunchCapture
+from inference_conformance.properties.strategies import KernelLaunchCapture
 
 TECH = "paged_attention"
 ZOO_ALL = ("ignores_partial_block", "reads_nan_slots", "identity_table", "off_by_one_length", "gqa_modulo",
@@ -218,7 +218,7 @@ test_pa1_offsets_past_2_31 = PA1_FAR.conformance_test("test_pa1_offsets_past_2_3
 def test_triton_slot_write_past_2_31(device):
     """write_kv_cache into slots past element 2^31 of FAR_CASE's caches: each token lands in its
     slot, bit for bit, and the other slots of its block stay NaN."""
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     inp = make_inputs(FAR_CASE, 43, torch.bfloat16, device)
     kc, vc = inp.k_cache, inp.v_cache
     bs, last = FAR_CASE.block_size, kc.shape[0] - 1
@@ -244,7 +244,7 @@ def test_triton_slot_write_past_2_31(device):
 def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
     """The Triton kernel with its tokens split into 1..4 ranges (partial outputs merged by
     log-sum-exp) equals the contiguous reference: the path long contexts take on a GPU."""
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     if triton_interpreted():
         case = fit_budget(case, budget=12)
     inp = make_inputs(case, seed, dtype, device)
@@ -261,7 +261,7 @@ def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
 def test_slot_mapping_write_matches_index_copy(device, bs, n, hkv, D, seed, dtype, index_dtype):
     """write_kv_cache scatters token n into slot slot_mapping[n] and nowhere else: equal, bit for
     bit (unwritten slots stay NaN), to PyTorch's index_copy_ on the flattened cache."""
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     num_blocks = -(-n // bs) + 2
     g = torch.Generator().manual_seed(seed)
     slots = torch.randperm(num_blocks * bs, generator=g)[:n].to(device=device, dtype=index_dtype)
@@ -283,9 +283,9 @@ def test_pa1_decode_loop_through_block_tables(device):
     of 3), the copies its copy-on-write asks for are made on the kernel's caches, each step's new
     K/V go in through write_kv_cache by the slot mapping, and the Triton kernel's output over the
     block tables equals dense attention over each sequence's own tokens."""
-    pa = pytest.importorskip("optimized.paged_attention")
-    from properties.paged_attention_cases import PagedInputs
-    from reference.paged_attention import PagedKVCache
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
+    from inference_conformance.properties.paged_attention_cases import PagedInputs
+    from inference_conformance.reference.paged_attention import PagedKVCache
 
     Hq, Hkv, D, bs, dt = 4, 2, 16, 3, torch.float32
     book = PagedKVCache(24, bs)
@@ -355,9 +355,9 @@ def test_pa1_block_ids_past_int16(impl, device):
 @pytest.mark.claim("PA-1")
 def test_float64_paged_kernel_hands_no_float_that_float32_rounds(device, monkeypatch):
     """Compiled Triton types a Python float kernel argument as float32, so a float64 call folds
-    the scale into q on the host (``optimized.attention_tiles.fold_scale``); the interpreter keeps
+    the scale into q on the host (``inference_conformance.optimized.attention_tiles.fold_scale``); the interpreter keeps
     the Python float, so only the launch arguments show it. The output is exact too."""
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     seen = []
     for name in ("_paged_decode_kernel", "_paged_merge_kernel"):
         monkeypatch.setattr(pa, name, KernelLaunchCapture(getattr(pa, name), seen))
@@ -423,7 +423,7 @@ test_pa8_mixed_batch_equals_causal = PA8.conformance_test(
 def test_pa8_triton_split_kv_paths(device, case, seed, num_splits, dtype):
     """The Triton mixed-batch kernel with each tile's keys split into 1..3 ranges (merged by
     log-sum-exp; a split past a tile's last visible key weighs 0) equals dense causal attention."""
-    pp = pytest.importorskip("optimized.paged_prefill")
+    pp = pytest.importorskip("inference_conformance.optimized.paged_prefill")
     if triton_interpreted():
         case = fit_prefill_budget(case, budget=12)
     inp = make_prefill_inputs(case, seed, dtype, device)
@@ -451,8 +451,8 @@ def test_pa8_mixed_batch_generic_checks(impl, device):
     """The generic checks every contract's main call gets, for ``paged_prefill`` on the first
     pinned mixed batch (unused slots NaN, unused table entries out of range): its inputs are left
     unchanged, every output element is written (finite), and a repeated call is bit-identical."""
-    from conformance.outcomes import unsupported
-    from properties.generic_cases import Refused, check_inputs_not_mutated, check_output_fully_written, check_repeatable
+    from inference_conformance.conformance.outcomes import unsupported
+    from inference_conformance.properties.generic_cases import Refused, check_inputs_not_mutated, check_output_fully_written, check_repeatable
 
     case = PREFILL_EXAMPLES[0]
     inp = make_prefill_inputs(case, 5, torch.float32, device)

@@ -33,11 +33,11 @@ import torch
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.tolerance import assert_close, assert_exact
-from optimized.paged_engine import DisaggregatedEngine, PagedEngine
-from properties.zoo_paged_attention import _engine_zoo, expect_rejection, serving_engine_zoo
-from reference.transformer import Transformer, TransformerConfig, generate, init_weights
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
+from inference_conformance.optimized.paged_engine import DisaggregatedEngine, PagedEngine
+from inference_conformance.properties.zoo_paged_attention import _engine_zoo, expect_rejection, serving_engine_zoo
+from inference_conformance.reference.transformer import Transformer, TransformerConfig, generate, init_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -139,7 +139,7 @@ def test_pa6_preemption_happens_and_is_recomputed():
 @pytest.mark.claim("PA-6")
 def test_pa6_engine_through_the_triton_kernels(device):
     """The same, with attention by the Triton paged kernel and writes by the Triton slot-mapping write."""
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     reqs = (Req((3, 4, 5, 6, 7), 3, 0, 0.0, 1), Req((9, 8, 7), 2, 1, 1.0, 2))
     model = model_for(5, device)
     engine = PagedEngine(model, num_blocks=6, block_size=2, max_batch=2,
@@ -355,8 +355,8 @@ def test_pa8_chunked_engine_through_the_triton_mixed_batch_kernel(device):
     """The chunked engine with every layer's attention one launch of the Triton mixed-batch
     kernel (``paged_prefill``) and writes by the Triton slot-mapping write equals the unchunked
     reference engine."""
-    pp = pytest.importorskip("optimized.paged_prefill")
-    pa = pytest.importorskip("optimized.paged_attention")
+    pp = pytest.importorskip("inference_conformance.optimized.paged_prefill")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     reqs = (Req((3, 4, 5), 3, 0, 0.0, 1), Req(tuple(range(2, 13)), 2, 1, 1.0, 2))
     model = model_for(5, device)
     whole = PagedEngine(model, num_blocks=12, block_size=2, keep_logits=True)

@@ -12,13 +12,13 @@
   (int64 on the host) element for element, including K = 4096 at codes of ±127, where sums reach
   K·127² = 66,064,384: beyond int16 (32,767), float16 (65,504; integers above 2048 round) and
   float32's exact integers (2^24). The scaled output equals the reference W8A8
-  (``reference.quant_methods``: per-token activations, per-channel weights, both dequantized,
+  (``inference_conformance.reference.quant_methods``: per-token activations, per-channel weights, both dequantized,
   multiplied in float64) by the tolerance policy's dtype rule: the integer part is exact, so the
   only roundings are the epilogue's three float32 products (each 2^-24 relative) and one rounding
   to the output dtype, which is what the float32 rule (1e-5 of the scale) and the 16-bit one-kernel
   rule (1 ulp of the correctly rounded float64 result + half an ulp of the scale) allow. A float16
   accumulator, per-token scales read by column and a truncating activation quantizer
-  (``properties.zoo_quantization.W8A8_ZOO``) are each rejected; bad arguments raise before a launch.
+  (``inference_conformance.properties.zoo_quantization.W8A8_ZOO``) are each rejected; bad arguments raise before a launch.
 """
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.laws import Kills, Law
-from conformance.tolerance import assert_exact, check_close
-from conformance.zoo import expect_rejected
-from properties import strategies as S
-from properties.quantization_cases import QT9, QCase, pinned
-from properties.strategies import KernelLaunchCapture
-from properties.zoo_quantization import W8A8_ZOO
+from inference_conformance.conformance import results
+from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.tolerance import assert_exact, check_close
+from inference_conformance.conformance.zoo import expect_rejected
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.quantization_cases import QT9, QCase, pinned
+from inference_conformance.properties.strategies import KernelLaunchCapture
+from inference_conformance.properties.zoo_quantization import W8A8_ZOO
 
 TECH = "quantization"
 
@@ -53,7 +53,7 @@ DECODE_EXAMPLES = (
 )
 
 
-#: QT-9's law (``properties.quantization_cases.QT9``) on DECODE_EXAMPLES only.
+#: QT-9's law (``inference_conformance.properties.quantization_cases.QT9``) on DECODE_EXAMPLES only.
 QT9_BOTH_LAUNCHES = dataclasses.replace(
     QT9.with_examples(pinned(DECODE_EXAMPLES)), dtypes=(torch.float32, torch.bfloat16),
     kills=(Kills(("decode_rows_read_first_token",), (torch.float32,)),))
@@ -77,8 +77,8 @@ def test_qt9_decode_zoo_rejected(bad_impl, device):
 def test_decode_launch_is_chosen_by_M(monkeypatch, device):
     """M <= GEMV_MAX_M launches quant_gemv_kernel (with more than one K split here), larger M
     the tiled kernel; path= forces either and refuses the decode launch above GEMV_MAX_M."""
-    from optimized import quant_matmul as qm
-    from optimized import quantization as quant_torch
+    from inference_conformance.optimized import quant_matmul as qm
+    from inference_conformance.optimized import quantization as quant_torch
 
     seen = {"gemv": [], "tiled": []}
     monkeypatch.setattr(qm, "quant_gemv_kernel", KernelLaunchCapture(qm.quant_gemv_kernel, seen["gemv"]))
@@ -124,7 +124,7 @@ W8A8_IMPLS = ("triton", "torch")
 
 
 def _product(name: str):
-    from optimized import w8a8_matmul as w8
+    from inference_conformance.optimized import w8a8_matmul as w8
 
     return {"triton": w8.TRITON, "torch": w8.TORCH}[name]
 
@@ -172,7 +172,7 @@ def law_w8a8_accumulator(run, device, case, seed):
 def law_w8a8_reference(run, device, dtype, case, seed):
     """x quantized per token, w per channel, the kernel's scaled output in ``dtype`` equals the
     reference W8A8 (float64) by the dtype's rule."""
-    from reference.quant_methods import fake_quantize_activations, fake_quantize_weight
+    from inference_conformance.reference.quant_methods import fake_quantize_activations, fake_quantize_weight
 
     impl = run.impl
     x, w = _floats(case, seed, dtype, device)
@@ -218,7 +218,7 @@ def test_w8a8_equals_reference(which, device, dtype):
 
 def _bad(name: str):
     bad = W8A8_ZOO[name]
-    bad.target = f"properties.zoo_quantization:W8A8_ZOO[{name!r}]"
+    bad.target = f"inference_conformance.properties.zoo_quantization:W8A8_ZOO[{name!r}]"
     return bad
 
 
@@ -237,7 +237,7 @@ def test_w8a8_zoo_rejected(name, law, device):
 
 def test_w8a8_linear_is_the_composition(device):
     """w8a8_linear(x, w_q, w_scales): quantize x per token, then the kernel in x's dtype."""
-    from optimized import w8a8_matmul as w8
+    from inference_conformance.optimized import w8a8_matmul as w8
 
     x, w = _floats(W8Case(3, 5, 40, "normal"), 1, torch.bfloat16, device)
     w_q, w_s = w8.quantize_weight(w)
@@ -266,7 +266,7 @@ def test_w8a8_non_finite_token_stays_in_its_row(which, device):
 
 def test_w8a8_bad_input_raises(device):
     """Every invalid call raises TypeError / ValueError naming the argument, before a launch."""
-    from optimized import w8a8_matmul as w8
+    from inference_conformance.optimized import w8a8_matmul as w8
 
     x_q, w_q = _codes(W8Case(3, 4, 8, "uniform"), 1, device)
     xs, ws = torch.ones(3, device=device), torch.ones(4, device=device)

@@ -24,13 +24,13 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.contracts import quantization as contract
-from conformance.laws import Kills, Law
-from conformance.tolerance import check_close, check_within
-from properties import strategies as S
-from properties.quant_claims_cases import check_qt2_idempotent, check_qt2_packing
-from properties.quantization_cases import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts import quantization as contract
+from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.tolerance import check_close, check_within
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.quant_claims_cases import check_qt2_idempotent, check_qt2_packing
+from inference_conformance.properties.quantization_cases import (
     DTYPES,
     EXAMPLE_SEEDS,
     EXAMPLES,
@@ -152,7 +152,7 @@ def test_qt2_zero_point_rounding_is_not_idempotent():
     z = round(27.498) = 27, and 1.059 / s = 227.4996 rounds to 227, so the codes are 0 and 254,
     not 255: the dequantized group spans 254 steps, and quantizing it again picks another scale.
     (Absmax has no such gap: the largest |w| always lands on code ±(2^(b-1) - 1).)"""
-    from reference import quantization as ref
+    from inference_conformance.reference import quantization as ref
 
     w = torch.tensor([[-0.128, 1.059]], dtype=torch.float64)
     qw = ref.quantize(w, bits=8, granularity="channel", symmetric=False)
@@ -168,8 +168,8 @@ def test_qt2_zero_point_rounding_is_not_idempotent():
 def test_qt2_packing_round_trips(bits, R, L, seed):
     """unpack(pack(u)) == u for random codes, in the reference and in the packed layout the
     kernels read (bit for bit the same bytes)."""
-    from optimized import quantization as quant_torch
-    from reference import quantization as ref
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.reference import quantization as ref
 
     g = torch.Generator().manual_seed(seed)
     u = torch.randint(0, 2 ** bits, (R, L), generator=g)
@@ -183,7 +183,7 @@ def test_qt2_packing_order_and_zero_point_probes():
     """The documented nibble order (pack 0..7 at 4 bits -> 0x10 0x32 0x54 0x76; 0..3 at 2 bits ->
     0xE4) round trips, for codes and for packed zero points; the zero-point convention (stored
     value = z): a symmetric 4-bit group with zero 8 and code 8 is exactly 0."""
-    from reference import quantization as ref
+    from inference_conformance.reference import quantization as ref
 
     probes = ref.probe_packing()
     for bits, (got, round_trip, as_documented) in probes.items():
@@ -208,7 +208,7 @@ test_qt9_matmul_equals_dequantize_then_multiply = QT9.conformance_test("test_qt9
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_qt9_rule_rejects_zero_and_constant_outputs(dtype):
     """The quant-matmul rule is no bare atol: an all-zero or a constant output fails it."""
-    from reference import quantization as ref
+    from inference_conformance.reference import quantization as ref
 
     case = EXAMPLES[0]
     w = make_weight(case, 1, dtype, "cpu", extreme=False)
@@ -299,7 +299,7 @@ def test_act_order_examples_reach_both_launches():
     """The pinned act-order examples (run in every profile) reach both Triton launches with a
     g_idx that moves columns across K tiles: the decode launch (M <= GEMV_MAX_M) over several
     split-K ranges and the tiled launch (M > GEMV_MAX_M) over several K tiles."""
-    qm = pytest.importorskip("optimized.quant_matmul")
+    qm = pytest.importorskip("inference_conformance.optimized.quant_matmul")
 
     def crosses(case, i, tile):            # some group holds columns of two K tiles
         g_idx = make_g_idx(case, i + 1, "cpu")

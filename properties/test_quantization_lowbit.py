@@ -13,7 +13,7 @@ KV-cache formats and their bounds).
   model's weights against int8 absmax, the model's NLL with FP8 weights and FP8 W8A8.
 - QT-12: the KV-cache formats (int8 per token, int4 KIVI, FP8 per token) reconstruct every
   element within the contract's ``kv_bound``; attention over the quantized cache
-  (``optimized.quantization.QuantizedKVCache``) is within ``attention_bound``, derived from the
+  (``inference_conformance.optimized.quantization.QuantizedKVCache``) is within ``attention_bound``, derived from the
   steps and the softmax's sensitivity; a prefill in pieces equals one prefill; figures: the
   model's NLL with each format, and the cache bytes per token measured from the held tensors
   at Llama-3-8B's shape (KV-5's 240 requests). Known-bad formats (``KV_ZOO``) are rejected.
@@ -28,13 +28,13 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.contracts import quantization as contract
-from conformance.laws import Kills, Law
-from conformance.tolerance import assert_exact, check_within
-from conformance.zoo import expect_rejected
-from properties import strategies as S
-from properties.quantization_cases import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts import quantization as contract
+from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.tolerance import assert_exact, check_within
+from inference_conformance.conformance.zoo import expect_rejected
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.quantization_cases import (
     EXAMPLE_SEEDS,
     EXAMPLES,
     QCase,
@@ -45,7 +45,7 @@ from properties.quantization_cases import (
     quant_cases,
     quantize,
 )
-from properties.zoo_quantization import FP8_CAST_ZOO, KV_ZOO
+from inference_conformance.properties.zoo_quantization import FP8_CAST_ZOO, KV_ZOO
 
 TECH = "quantization"
 FORMATS = tuple(contract.FP8_FORMATS)
@@ -73,7 +73,7 @@ def cast_values(fmt: str, seed: int) -> torch.Tensor:
     mag = torch.exp2(torch.rand(400, generator=g, dtype=torch.float64) * (hi - lo) + lo)
     sign = torch.where(torch.rand(400, generator=g) < 0.5, -1.0, 1.0).double()
     x = mag * sign
-    from reference.quantization import fp8_cast
+    from inference_conformance.reference.quantization import fp8_cast
 
     grid = fp8_cast(x[:100], fmt)                                      # grid points, then their midpoints
     _, e = torch.frexp(grid)
@@ -89,7 +89,7 @@ def cast_values(fmt: str, seed: int) -> torch.Tensor:
 def law_fp8_cast(run, device, fmt, seed):
     """QT-11's cast: saturates (finite everywhere; ±F where |x| >= F), within half an ulp of x
     below F, and on the reference's grid (round to nearest even) exactly."""
-    from reference.quantization import fp8_cast as ref_cast
+    from inference_conformance.reference.quantization import fp8_cast as ref_cast
 
     f = contract.fp8_format(fmt)
     x = cast_values(fmt, seed).to(device)
@@ -108,7 +108,7 @@ def law_fp8_cast(run, device, fmt, seed):
     run.observe(fmt)
 
 
-FP8_CASTS = {"reference": "reference.quantization:fp8_cast", "torch": "optimized.quantization:fp8_cast"}
+FP8_CASTS = {"reference": "inference_conformance.reference.quantization:fp8_cast", "torch": "inference_conformance.optimized.quantization:fp8_cast"}
 
 
 def _cast_impl(name: str) -> SimpleNamespace:
@@ -136,7 +136,7 @@ def test_qt11_cast_saturates_within_half_ulp(which, device):
 @pytest.mark.claim("QT-11")
 @pytest.mark.parametrize("name", list(FP8_CAST_ZOO))
 def test_qt11_cast_zoo_rejected(name, device):
-    bad = _as_impl(name, f"properties.zoo_quantization:FP8_CAST_ZOO[{name!r}]", cast=FP8_CAST_ZOO[name])
+    bad = _as_impl(name, f"inference_conformance.properties.zoo_quantization:FP8_CAST_ZOO[{name!r}]", cast=FP8_CAST_ZOO[name])
     text = expect_rejected(QT11_CAST, bad, device)
     results.record("QT-11", measured="rejected", unit="known-bad FP8 cast", rule="QT-11 cast law",
                    what=f"{name}: {text[:120]}")
@@ -208,9 +208,9 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     standard deviations) the same ratio, median over the 28 matrices, is recorded, with the
     rule that it is above 1 there: without an outlier int8's 8 bits of uniform steps beat E4M3's
     3 mantissa bits (the lecture's "more tolerant of the tails" holds where there are tails)."""
-    from optimized import quantization as quant_torch
-    from reference.quant_methods import named_block_linears
-    from smallworld import checkpoints
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.reference.quant_methods import named_block_linears
+    from inference_conformance.smallworld import checkpoints
 
     w = S.randn((512, 128), 11) * 0.067
     w.view(-1)[w.abs().argmax()] = 0.323
@@ -242,9 +242,9 @@ def test_qt11_nll_with_fp8_weights_and_w8a8():
     W8A8 (E4M3 weights per channel, activations per token, dynamic) beside int8 W8A8; int8
     weight-only per channel is QT-3's row. The rule: each within 1% of the unquantized NLL (the
     8-bit formats are almost lossless on this model, as int8 is in QT-3)."""
-    from optimized import quantization as quant_torch
-    from reference.quant_methods import quantize_model_weights, w8a8_model
-    from smallworld import checkpoints, data
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.reference.quant_methods import quantize_model_weights, w8a8_model
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
     docs = data.split("test", data.TEST_SUBSET)
@@ -318,7 +318,7 @@ KV_EXAMPLES = tuple(dict(case=c, seed=s) for c, s in (
     (KVCase(1, 1, 1, 3, "fp8_e5m2"), 4), (KVCase(2, 1, 29, 8, "kivi:3:5", 1.0, 2), 6),
     (KVCase(1, 2, 5, 8, "int4_kivi_r8_g8", 30.0), 7)))                 # KIVI with no token quantized yet
 
-KV_IMPLS = {"reference": "reference.quantization:KV_REFERENCE", "torch": "optimized.quantization:KV_TORCH"}
+KV_IMPLS = {"reference": "inference_conformance.reference.quantization:KV_REFERENCE", "torch": "inference_conformance.optimized.quantization:KV_TORCH"}
 
 
 def _kv_impl(name: str):
@@ -363,7 +363,7 @@ def test_qt12_kv_within_step(which, device, dtype):
 @pytest.mark.parametrize("name", list(KV_ZOO))
 def test_qt12_kv_zoo_rejected(name, device):
     bad = KV_ZOO[name]
-    impl = _as_impl(name, f"properties.zoo_quantization:KV_ZOO[{name!r}]", quantize_kv=bad.quantize_kv,
+    impl = _as_impl(name, f"inference_conformance.properties.zoo_quantization:KV_ZOO[{name!r}]", quantize_kv=bad.quantize_kv,
                     dequantize_kv=bad.dequantize_kv, kv_nbytes=bad.kv_nbytes)
     text = expect_rejected(QT12_FORMAT, impl, device, torch.float64)
     results.record("QT-12", measured="rejected", unit="known-bad KV-cache format", rule="QT-12 format law",
@@ -379,8 +379,8 @@ def law_kv_attention(run, device, case, seed):
     sees the cache as decode holds it then) within the contract's attention_bound of exact
     attention, float64; the bound comes from the steps alone (kv_bound), plus 64 ulp of max|v|
     for float64 rounding."""
-    from optimized.quantization import KVOps, QuantizedKVCache
-    from reference.transformer import naive_attention
+    from inference_conformance.optimized.quantization import KVOps, QuantizedKVCache
+    from inference_conformance.reference.transformer import naive_attention
 
     note(str(case))
     q, k, v = make_kv(case, seed, torch.float64, device)
@@ -413,7 +413,7 @@ def test_qt12_cache_prefill_in_pieces_equals_one_prefill(fmt):
     then pieces of 5 and 20) gives the same outputs as one prefill of all 37 tokens (float64, to
     1e-12 relative): a group once quantized never changes, and each query sees the cache as
     decode holds it."""
-    from optimized.quantization import QuantizedKVCache
+    from inference_conformance.optimized.quantization import QuantizedKVCache
 
     case = KVCase(2, 2, 37, 16, fmt, 30.0, 2)
     q, k, v = make_kv(case, 3, torch.float64, "cpu")
@@ -432,8 +432,8 @@ def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
     13 tokens then 11 single-token decode steps (positions given) give the logits of one forward
     over all 24 tokens with a fresh cache (float64 target model, to 1e-10 relative), so the NLL
     figure measured in one forward is decode's."""
-    from optimized.quantization import QuantizedKVCache
-    from smallworld import checkpoints, data
+    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     tokens = data.pad_batch(data.encode(data.split("test", 4)))[0][:, :24]
@@ -450,10 +450,10 @@ def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
 
 
 def kv_nll(model, docs, fmt) -> float:
-    """:func:`smallworld.data.nll` with every layer's attention through a QuantizedKVCache of
+    """:func:`inference_conformance.smallworld.data.nll` with every layer's attention through a QuantizedKVCache of
     ``fmt`` (each prediction as a decode step over the quantized cache sees it)."""
-    from optimized.quantization import QuantizedKVCache
-    from smallworld import data
+    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.smallworld import data
 
     total, count = 0.0, 0
     for inputs, targets in data.batches(data.encode(docs), 256):
@@ -472,7 +472,7 @@ def test_qt12_nll_with_a_quantized_kv_cache():
     keys and values through the quantized cache, int8 per token, int4 KIVI (R = G = 8), int4 KIVI
     with no residual (R = 0, G = 8), FP8 E4M3 and E5M2 per token. The rule: each within 1% of
     the unquantized NLL (the documents average 22 tokens)."""
-    from smallworld import checkpoints, data
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
     docs = data.split("test", data.TEST_SUBSET)
@@ -500,7 +500,7 @@ def test_qt12_cache_bytes_per_token_and_kv5():
     both from the measured bytes). KIVI int4 (R = 128, G = 32, KIVI's own sizes): half a byte
     per value, a float32 scale per channel per 32 keys and per value token, 128 recent tokens in
     bf16 (recorded)."""
-    from optimized.quantization import QuantizedKVCache
+    from inference_conformance.optimized.quantization import QuantizedKVCache
 
     L, Hkv, D, T, context = 32, 8, 128, 4096, 4096
     budget = 60 * 2 ** 30

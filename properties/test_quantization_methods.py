@@ -20,10 +20,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.tolerance import assert_exact
-from properties import strategies as S
-from properties.quant_claims_cases import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.quant_claims_cases import (
     QT3_BITS,
     QT3_GRANULARITIES,
     QT3_RECORDED,
@@ -60,7 +60,7 @@ def _smooth_product_law(migrate, x, w, alpha):
 
 def _migrate_wrong_axis(x, w, alpha):
     """A known-bad migration: the weight scaled along its output rows instead of its input columns."""
-    from reference.quant_methods import smoothquant_scales
+    from inference_conformance.reference.quant_methods import smoothquant_scales
 
     s = smoothquant_scales(x, w, alpha)
     ws = w.clone()
@@ -78,7 +78,7 @@ def test_qt7_smoothquant_migration_keeps_the_product(M, N, K, alpha, outlier, se
     """QT-7: SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), x diag(s)^-1 · diag(s) w^T,
     leaves the float64 product unchanged (float64 rule, 1e-12 relative), with an outlier
     activation channel (x100, as QT-5 builds it); a wrong-axis migration is rejected."""
-    from reference.quant_methods import smoothquant_migrate
+    from inference_conformance.reference.quant_methods import smoothquant_migrate
 
     x = S.randn((M, K), seed)
     x[:, seed % K] *= outlier
@@ -95,7 +95,7 @@ def test_qt7_smoothing_flattens_the_outlier_channel():
     """At alpha = 0.5 the outlier channel's activation range shrinks to the geometric mean of
     the activation and weight ranges: the max / median channel ratio drops (the point of
     migrating), while the product stays equal (recorded)."""
-    from reference.quant_methods import smoothquant_migrate
+    from inference_conformance.reference.quant_methods import smoothquant_migrate
 
     x = S.randn((64, 32), 5)
     x[:, 5] *= 100.0
@@ -137,8 +137,8 @@ def test_qt5_outlier_construction_keeps_the_function():
     matching input columns of the next Linear layers /100 leave the logits equal (float64 rule)
     and the test NLL unchanged, while the first block's normalized activations get an outlier
     channel (its max |value| far above every other channel's; lecture: 286.0 vs 4.6, median 2.8)."""
-    from reference.quant_methods import make_outlier_channel
-    from smallworld import checkpoints, data
+    from inference_conformance.reference.quant_methods import make_outlier_channel
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     outl = make_outlier_channel(model, channel=5, factor=100.0)
@@ -164,9 +164,9 @@ def test_qt3_nll_vs_bits_and_granularity():
     at most 10%), 2 bits per tensor collapse (>= +50%) while groups of 32 stay usable (<= +5%);
     a 16-bit scale per group of 32 costs 0.5 extra bits per value. Every (bits, granularity) NLL
     is recorded for the report's plot."""
-    from optimized import quantization as quant_torch
-    from reference.quant_methods import bits_per_value, quantize_model_weights
-    from smallworld import checkpoints, data
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.reference.quant_methods import bits_per_value, quantize_model_weights
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
     docs = data.split("test", data.TEST_SUBSET)
@@ -201,8 +201,8 @@ def test_qt6_qt7_activation_quantization_with_an_outlier_channel():
     decomposition recovering what per-token quantization loses); after
     SmoothQuant (alpha 0.5, 16 validation documents for calibration) W8A8 per token at 8 bits
     keeps the NLL (<= +0.5%), and so does 6 bits per tensor, which collapsed without it."""
-    from reference.quant_methods import make_outlier_channel, smoothquant_model, w8a8_model
-    from smallworld import checkpoints, data
+    from inference_conformance.reference.quant_methods import make_outlier_channel, smoothquant_model, w8a8_model
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
     outl = make_outlier_channel(model)
@@ -250,7 +250,7 @@ def test_qt8_gptq_and_awq_against_rtn():
     ruled."""
     from functools import partial
 
-    from reference.quant_methods import (
+    from inference_conformance.reference.quant_methods import (
         awq,
         gptq,
         linear_inputs,
@@ -258,7 +258,7 @@ def test_qt8_gptq_and_awq_against_rtn():
         quantize_model_layers,
         rtn_absmax,
     )
-    from smallworld import checkpoints, data
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     val = data.split("val", 48)
@@ -315,11 +315,11 @@ def test_gptq_act_order_groups_and_dequantize():
     column dequantizes with its g_idx group's scale ((u - z) * s[g_idx[k]]); the torch path
     takes the same codes, scales and g_idx as a checkpoint and dequantizes bit for bit alike,
     and its matmul equals x @ dequantize(qw).T (the oracle: dequantize, then multiply)."""
-    from conformance.contracts.quantization import act_order_g_idx
-    from optimized import quantization as quant_torch
-    from properties.quantization_cases import QCase, check_matmul
-    from reference import quantization as ref
-    from reference.quant_methods import gptq_quantize
+    from inference_conformance.conformance.contracts.quantization import act_order_g_idx
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.properties.quantization_cases import QCase, check_matmul
+    from inference_conformance.reference import quantization as ref
+    from inference_conformance.reference.quant_methods import gptq_quantize
 
     K, g = 64, 16
     x = S.randn((256, K), 3) * torch.linspace(0.1, 3.0, K)[torch.randperm(K, generator=torch.Generator().manual_seed(4))]

@@ -17,10 +17,10 @@ from functools import partial
 import pytest
 import torch
 
-from conformance import trends
-from properties import strategies as S
-from properties.falsify import judges, rejects
-from properties.quant_claims_cases import (
+from inference_conformance.conformance import trends
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.falsify import judges, rejects
+from inference_conformance.properties.quant_claims_cases import (
     QT3_RECORDED,
     QT3_RECORDED_BASE,
     QT8_NLL_HESSIAN_PERMUTED,
@@ -46,9 +46,9 @@ from properties.quant_claims_cases import (
     qt8_ratios,
     qt4_step,
 )
-from properties.quantization_cases import EXAMPLES, QCase, make_weight
-from reference import quantization as ref
-from reference.quant_methods import bits_per_value
+from inference_conformance.properties.quantization_cases import EXAMPLES, QCase, make_weight
+from inference_conformance.reference import quantization as ref
+from inference_conformance.reference.quant_methods import bits_per_value
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -59,8 +59,8 @@ def test_qt2_rejects_requantization_that_drifts():
     """The zoo's ``scale_pow2_clamped`` (s = max|w| / 2^(b-1), codes clamped to ±(2^(b-1) - 1)):
     the largest |d| lands one step below max|w|, so quantizing d again picks a smaller scale and
     the codes drift; the suite's absmax quantizer is idempotent on the same weight."""
-    from optimized import quantization as quant_torch
-    from properties.zoo_quantization import scale_pow2_clamped
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.properties.zoo_quantization import scale_pow2_clamped
 
     case = QCase(4, 32, 4, 8, ("normal", "outlier", "pos", "neg"))
     w = make_weight(case, 3, torch.float64, "cpu")
@@ -130,7 +130,7 @@ def test_qt4_rejects_snr_in_db_where_a_ratio_is_due():
 def snr_amplitude(w: torch.Tensor) -> float:
     """The measured SNR as an amplitude ratio, std(w) / rms(w - w_hat): the square root of the
     power ratio the exercise's 25 is."""
-    from reference import quantization as ref
+    from inference_conformance.reference import quantization as ref
 
     d = ref.dequantize(ref.quantize(w, bits=4, granularity="tensor"))
     return float(w.std() / ((w - d) ** 2).mean().sqrt())
@@ -164,8 +164,8 @@ def outlier_column_multiplied(model, channel: int = 5, factor: float = 100.0):
 def test_qt5_rejects_the_column_multiplied_instead_of_divided():
     """The shipped target model (float64, 8 test documents, logits on 4): the suite's
     construction keeps the function and makes the outlier; the column multiplied does not."""
-    from reference.quant_methods import make_outlier_channel
-    from smallworld import checkpoints, data
+    from inference_conformance.reference.quant_methods import make_outlier_channel
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     docs = data.split("test", 8)
@@ -179,7 +179,7 @@ def test_qt5_rejects_the_column_multiplied_instead_of_divided():
 def llm_int8_mask_from_weights(x: torch.Tensor, w: torch.Tensor, threshold: float = 6.0, bits: int = 8):
     """LLM.int8() with the outlier columns picked from the weight's max |w| (no weight exceeds
     6.0) instead of the activations': no column is kept in float, all are quantized."""
-    from reference.quant_methods import fake_quantize_activations, fake_quantize_weight
+    from inference_conformance.reference.quant_methods import fake_quantize_activations, fake_quantize_weight
 
     outlier = w.detach().abs().amax(dim=0) > threshold
     regular = ~outlier
@@ -192,8 +192,8 @@ def test_qt6_rejects_a_decomposition_that_keeps_the_wrong_columns():
     """The recorded table passes; LLM.int8() at 6 activation bits with its outlier columns
     chosen by the weights (measured here, the target model with QT-5's outlier, 32 test
     documents as the experiment) keeps none, and collapses as plain per-token W8A6 does."""
-    from reference.quant_methods import block_linears, make_outlier_channel
-    from smallworld import checkpoints, data
+    from inference_conformance.reference.quant_methods import block_linears, make_outlier_channel
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
     bad_model = copy.deepcopy(make_outlier_channel(model))
@@ -216,7 +216,7 @@ def migrate_exponents_swapped(x: torch.Tensor, w: torch.Tensor, alpha: float):
 
 def migrate_wrong_axis(x: torch.Tensor, w: torch.Tensor, alpha: float):
     """SmoothQuant's scales applied to the weight's output rows instead of its input columns."""
-    from reference.quant_methods import smoothquant_scales
+    from inference_conformance.reference.quant_methods import smoothquant_scales
 
     s = smoothquant_scales(x, w, alpha)
     ws = w.double().clone()
@@ -234,7 +234,7 @@ def test_qt7_rejects_a_migration_with_one_bug(bad, match):
     """The flattening test's input (64 x 32 activations, channel 5 x100, a 48 x 32 weight):
     the suite's migration keeps the product and flattens the channel; swapped exponents keep the
     product (any s does) but grow the outlier; the wrong axis changes the product."""
-    from reference.quant_methods import smoothquant_migrate
+    from inference_conformance.reference.quant_methods import smoothquant_migrate
 
     x = S.randn((64, 32), 5)
     x[:, 5] *= 100.0
@@ -248,8 +248,8 @@ def test_qt7_rejects_smoothing_not_folded_into_the_norm():
     columns but the 1/s never folded into the norms (measured here on the outlier model, alpha
     0.5, 16 validation documents to calibrate, 32 test documents, W8A8 per token) changes the
     function, and the NLL with it."""
-    from reference.quant_methods import make_outlier_channel, smoothquant_model, w8a8_model
-    from smallworld import checkpoints, data
+    from inference_conformance.reference.quant_methods import make_outlier_channel, smoothquant_model, w8a8_model
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
     outl = make_outlier_channel(model)
@@ -271,8 +271,8 @@ def test_qt7_rejects_smoothing_not_folded_into_the_norm():
 def first_block():
     """The first block's seven Linear weights of the float64 target model, their inputs on 8
     validation documents (calibration) and on 16 others (held out)."""
-    from reference.quant_methods import linear_inputs, named_block_linears
-    from smallworld import checkpoints, data
+    from inference_conformance.reference.quant_methods import linear_inputs, named_block_linears
+    from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     val = data.split("val", 32)
@@ -283,7 +283,7 @@ def first_block():
 
 
 def _block_ratios(first_block, methods: dict) -> dict:
-    from reference.quant_methods import rtn_absmax
+    from inference_conformance.reference.quant_methods import rtn_absmax
 
     weights, X, H = first_block
     return qt8_ratios(qt8_quantize(weights, X, {"RTN": lambda w, x, b, g: rtn_absmax(w, b, g), **methods}, bits=(4,)),
@@ -295,7 +295,7 @@ def test_qt8_rejects_awq_with_random_scales(first_block):
     """The first block at 4 bits, judged on held-out inputs with alpha = 0 not searched: AWQ
     beats round-to-nearest on the median layer; the same search over scales unrelated to the
     activations (random magnitudes) does not."""
-    from reference.quant_methods import awq
+    from inference_conformance.reference.quant_methods import awq
 
     gen = torch.Generator().manual_seed(0)
     mags = {key: torch.rand(w.shape[1], generator=gen, dtype=torch.float64) * 10 + 0.01
@@ -316,7 +316,7 @@ def test_qt8_rejects_gptq_with_the_hessian_permuted(first_block):
     """The first block at 4 bits: GPTQ (column order and act-order) is no worse than
     round-to-nearest on every layer; GPTQ with act-order's order applied to the Hessian but not
     to the weight's columns spreads each error by the wrong correlations and is worse."""
-    from reference.quant_methods import gptq
+    from inference_conformance.reference.quant_methods import gptq
 
     good = _block_ratios(first_block, {"GPTQ": gptq, "GPTQ act-order": partial(gptq, act_order=True)})
     bad = _block_ratios(first_block, {"GPTQ Hessian permuted": gptq_hessian_permuted})
@@ -354,7 +354,7 @@ def test_a_recorded_table_that_moved_is_called_stale():
     """The good inputs above are recorded tables; the live experiments check them each run
     (``check_recorded``): a figure moved past half a unit of its 4th decimal, or a key missing,
     fails naming it."""
-    from properties.quant_claims_cases import check_recorded
+    from inference_conformance.properties.quant_claims_cases import check_recorded
 
     check_recorded(dict(QT3_RECORDED), QT3_RECORDED, "QT3_RECORDED")
     moved = {**QT3_RECORDED, (3, "tensor"): QT3_RECORDED[3, "tensor"] + 1e-3}

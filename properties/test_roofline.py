@@ -7,7 +7,7 @@ Claims: AI-1..AI-7 (CS336 lecture 10 part 1; lecture 001 §1.2 and exercise 1), 
 The figure checks are functions of the formula or model (properties/roofline_cases.py, where each
 band states the relative error allowed and why; test_roofline_rejections.py feeds them known-bad
 formulas).
-Every figure is recorded with :func:`conformance.results.record` (lecture figure next to the
+Every figure is recorded with :func:`inference_conformance.conformance.results.record` (lecture figure next to the
 model's), so the report shows both. Two lecture figures do not follow exactly from the lecture's
 own formula; the model's value is tested and the lecture's recorded beside it:
 
@@ -25,13 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from conformance import results
-from conformance.tolerance import assert_exact, assert_scalar
-from properties.roofline_cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
+from inference_conformance.properties.roofline_cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
                                        check_kv5, check_kv6_ratio)
-from reference import perf_model as pm
-from reference import roofline as rl
-from reference.transformer import TransformerConfig, build
+from inference_conformance.reference import perf_model as pm
+from inference_conformance.reference import roofline as rl
+from inference_conformance.reference.transformer import TransformerConfig, build
 
 GIB = 2**30
 KIB = 2**10

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from properties.falsify import rejects
-from properties.roofline_cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
+from inference_conformance.properties.falsify import rejects
+from inference_conformance.properties.roofline_cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
                                        check_kv5, check_kv6_ratio)
-from reference import perf_model as pm
-from reference import roofline as rl
+from inference_conformance.reference import perf_model as pm
+from inference_conformance.reference import roofline as rl
 
 
 # ------------------------------------------------------------------------ known-bad formulas

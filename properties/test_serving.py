@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import results
-from properties.serving_cases import ABOUT, BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
-from reference.serving import POLICIES, Arrival, FirstFit, Request, downsample, lecture_trace, simulate, simulate_chunked
+from inference_conformance.conformance import results
+from inference_conformance.properties.serving_cases import ABOUT, BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
+from inference_conformance.reference.serving import POLICIES, Arrival, FirstFit, Request, downsample, lecture_trace, simulate, simulate_chunked
 
 @functools.lru_cache(maxsize=None)
 def run(policy: str):

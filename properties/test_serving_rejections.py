@@ -8,9 +8,9 @@ import functools
 
 import pytest
 
-from properties.falsify import rejects
-from properties.serving_cases import BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
-from reference.serving import lecture_trace, simulate
+from inference_conformance.properties.falsify import rejects
+from inference_conformance.properties.serving_cases import BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
+from inference_conformance.reference.serving import lecture_trace, simulate
 
 
 @functools.lru_cache(maxsize=None)

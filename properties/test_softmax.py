@@ -10,17 +10,17 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.laws import Law
-from conformance.tolerance import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.laws import Law
+from inference_conformance.conformance.tolerance import (
     assert_close,
     assert_exact,
     assert_scalar,
     max_abs_error,
 )
-from properties import strategies as S
-from properties.flash_cases import LECTURE_SCORES, check_fa1, check_fa2_exercise3, check_fa2_two_chunks
-from reference import attention as ref
+from inference_conformance.properties import strategies as S
+from inference_conformance.properties.flash_cases import LECTURE_SCORES, check_fa1, check_fa2_exercise3, check_fa2_two_chunks
+from inference_conformance.reference import attention as ref
 
 DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in S.FLOAT_DTYPES]
 

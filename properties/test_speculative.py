@@ -3,7 +3,7 @@
 ``properties/speculative_claims_cases.py``, shown rejecting known-bad inputs in
 ``properties/test_speculative_rejections.py``.
 
-SD-1 is checked two ways. Exactly: the float64 enumerator (``reference.speculative``) sums every
+SD-1 is checked two ways. Exactly: the float64 enumerator (``inference_conformance.reference.speculative``) sums every
 accept/reject path of repeated rounds, and the distribution of the first emitted token, and of
 the first two, must equal the target's to 1e-12 for drawn (p, q) pairs and the pinned boundary
 classes (disjoint supports, q = 0 where p > 0, p = q, one-hot, tiny probabilities). On samples,
@@ -20,11 +20,11 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.contracts.speculative import PAD
-from conformance.tolerance import Verdict, report_verdict, assert_exact
-from conformance.laws import Kills, Law
-from properties.speculative_cases import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.speculative import PAD
+from inference_conformance.conformance.tolerance import Verdict, report_verdict, assert_exact
+from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.properties.speculative_cases import (
     ALPHA,
     OUTCOMES,
     PINNED,
@@ -44,11 +44,11 @@ from properties.speculative_cases import (
     sd1_law_verdicts,
     verifier_outcomes,
 )
-from conformance.stats import check_counts, upper_bound
-from properties.speculative_claims_cases import (SD5_ALPHA_TOL, SD5_GAMMAS, SD5_LECTURE, SD5_LOW, SD5_ROWS, SD5_TOKENS,
+from inference_conformance.conformance.stats import check_counts, upper_bound
+from inference_conformance.properties.speculative_claims_cases import (SD5_ALPHA_TOL, SD5_GAMMAS, SD5_LECTURE, SD5_LOW, SD5_ROWS, SD5_TOKENS,
                                                  SD5_TOKENS_TOL, SD5_Z, RoundLog, check_sd2, check_sd4, check_sd5_tokens_kept,
                                                  check_sd6, check_sd7, sd5_parts)
-from reference import speculative as ref
+from inference_conformance.reference import speculative as ref
 
 TECH = "speculative"
 ZOO_ALL = ("late_rejection", "resample_from_p", "accept_q_over_p", "continue_after_rejection",
@@ -117,7 +117,7 @@ def test_sd2_two_token_example():
     """SD-2, the two-token proof of CS336 (its notation: q the target, p the draft): a draft
     that over-proposes A (p(A) > q(A)) is accepted on A with probability q(A)/p(A) and always
     on B, and a rejection always yields B: P[A] = q(A), P[B] = q(B), by exact enumeration
-    (:func:`properties.speculative_claims_cases.check_sd2`)."""
+    (:func:`inference_conformance.properties.speculative_claims_cases.check_sd2`)."""
     check_sd2(ref.round_outcomes)
 
 
@@ -196,7 +196,7 @@ def test_sd1_law_power_against_subtle_biases(bias):
 def test_subtle_zoo_entries_follow_their_enumeration(bias):
     """Each of those zoo verifiers emits the distribution verifier_outcomes gives for its bias
     (G-tests at 1e-3 on every pair), so the power stated above is that entry's power."""
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     impl = {i.name: i for i in registry.zoo("speculative")}[bias]
     for name, pq in STAT_CONFIGS.items():
@@ -350,7 +350,7 @@ test_sd1_extreme_ratios = SD1_EXTREME.conformance_test("test_sd1_extreme_ratios"
 def test_randomness_only_from_generator(impl, device):
     """Two calls with identically seeded generators return identical results whatever the global
     RNG's state; a differently seeded generator changes them; the inputs are left untouched."""
-    from properties.speculative_cases import tensors
+    from inference_conformance.properties.speculative_cases import tensors
 
     tok, qb, pb = tensors(STAT_CONFIGS["gamma3-V5"], 512, torch.float32, device, seed=11)
     saved = (tok.clone(), qb.clone(), pb.clone())
@@ -373,14 +373,14 @@ def test_randomness_only_from_generator(impl, device):
 def test_sd4_tokens_per_call_formula_matches_enumeration(alpha):
     """SD-4: when every position accepts with the same α (p, q built so that Σ min(p, q) = α),
     the enumerated expected tokens per round equals (1 − α^(γ+1)) / (1 − α), γ = 1..4, and the
-    estimated speedup is that over 1 + γc (:func:`properties.speculative_claims_cases.check_sd4`)."""
+    estimated speedup is that over 1 + γc (:func:`inference_conformance.properties.speculative_claims_cases.check_sd4`)."""
     check_sd4(alpha, ref.tokens_per_call, ref.speedup)
 
 
 @pytest.mark.claim("SD-6")
 def test_sd6_exercise_7_table():
     """SD-6: the speedup formula at α = 0.8, c = 0.05 gives the lecture's table to its printed
-    precision, and the best γ is near 8 (:func:`properties.speculative_claims_cases.check_sd6`)."""
+    precision, and the best γ is near 8 (:func:`inference_conformance.properties.speculative_claims_cases.check_sd6`)."""
     check_sd6(ref.speedup, ref.best_gamma)
 
 
@@ -395,13 +395,13 @@ def test_formula_errors():
 
 # -------------------------------------------------------------- the small world (SD-5, SD-7)
 def _world(dtype):
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     return {name: load_model(name, dtype) for name in ("target", "draft_good", "draft_poor")}
 
 
 def _bos(B):
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     return torch.full((B, 1), tokenizer().bos_id, dtype=torch.int64)
 
@@ -471,7 +471,7 @@ def test_sd5_tokens_per_call_on_small_world(draft):
 def test_sd7_greedy_speculative_equals_greedy_target(draft, gamma):
     """SD-7 (exercise 8): greedy speculative decoding emits exactly the tokens of greedy decoding
     with the target, token for token, whatever the draft's quality (float64 models;
-    :func:`properties.speculative_claims_cases.check_sd7`)."""
+    :func:`inference_conformance.properties.speculative_claims_cases.check_sd7`)."""
     models = _world(torch.float64)
     check_sd7(models["target"], models[draft], gamma, draft_name=draft)
 
@@ -485,8 +485,8 @@ def test_sd1_end_to_end_small_world(verifier):
     chi-square one rejected 2e-3 of correct runs here, tests/test_stats.py); the same run (same seed) with the min(1, q/p) verifier of the zoo is rejected.
     (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
     a bound of 171 at 3000.)"""
-    from conformance import registry
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.conformance import registry
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     impls = {i.name: i for i in registry.builtins("speculative")}
     impls.update({f"zoo:{i.name}": i for i in registry.zoo("speculative")})

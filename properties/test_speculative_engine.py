@@ -29,16 +29,16 @@ import torch
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
-from conformance import results
-from conformance.stats import check_counts
-from conformance.tolerance import assert_close, assert_exact, check_exact
-from conformance.laws import Law
-from conformance.zoo import expect_rejected
-from optimized.speculative_engine import SpeculativeEngine
-from properties.speculative_cases import first_two_token_distribution
-from properties.zoo_speculative import ENGINE_ZOO
-from reference.speculative import process_logits
-from reference.transformer import generate, layer_kv
+from inference_conformance.conformance import results
+from inference_conformance.conformance.stats import check_counts
+from inference_conformance.conformance.tolerance import assert_close, assert_exact, check_exact
+from inference_conformance.conformance.laws import Law
+from inference_conformance.conformance.zoo import expect_rejected
+from inference_conformance.optimized.speculative_engine import SpeculativeEngine
+from inference_conformance.properties.speculative_cases import first_two_token_distribution
+from inference_conformance.properties.zoo_speculative import ENGINE_ZOO
+from inference_conformance.reference.speculative import process_logits
+from inference_conformance.reference.transformer import generate, layer_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,25 +48,25 @@ DRAFTS = ("draft_good", "draft_poor")
 
 @lru_cache(maxsize=None)
 def _model(name: str, dtype: torch.dtype):
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     return load_model(name, dtype)
 
 
 def _tok():
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     return tokenizer()
 
 
 def _bad(name: str):
     """A zoo engine as expect_rejected expects a known-bad implementation."""
-    return SimpleNamespace(name=name, target=f"properties.zoo_speculative:{ENGINE_ZOO[name].__name__}",
+    return SimpleNamespace(name=name, target=f"inference_conformance.properties.zoo_speculative:{ENGINE_ZOO[name].__name__}",
                            cls=ENGINE_ZOO[name], origin="zoo")
 
 
 def _good():
-    return SimpleNamespace(name="speculative_engine", target="optimized.speculative_engine:SpeculativeEngine",
+    return SimpleNamespace(name="speculative_engine", target="inference_conformance.optimized.speculative_engine:SpeculativeEngine",
                            cls=SpeculativeEngine, origin="builtin")
 
 
@@ -364,6 +364,6 @@ def test_sd1_engine_first_two_tokens():
     results.record("SD-1", measured=round(v.error, 2), bound=round(v.bound, 2), unit="G statistic",
                    rule="engine end to end: first two tokens vs the target's own sampling, alpha=1e-3",
                    what="cached engine, first two tokens", trials=3000, draft="draft_poor", gamma=2)
-    from properties.zoo_speculative import accept_q_over_p
+    from inference_conformance.properties.zoo_speculative import accept_q_over_p
 
     expect_rejected(SD1_FIRST_TWO, _good(), accept_q_over_p)

@@ -1,6 +1,6 @@
 """An outside peer of speculative decoding: Hugging Face transformers' assisted generation
 (``generate(..., assistant_model=...)``) on the small world's target and poor draft, exported as
-Hugging Face Llama folders (and read back by ``smallworld.hf_llama`` to the same weights).
+Hugging Face Llama folders (and read back by ``inference_conformance.smallworld.hf_llama`` to the same weights).
 
 - Sampled (``do_sample=True``, temperature 1, top-k and top-p off: transformers' default top-k
   is 50): the first two tokens of 1500 generations after ``<bos>`` follow the target's own
@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from conformance import results
-from conformance.stats import check_counts
-from conformance.tolerance import assert_exact
-from reference.transformer import generate
+from inference_conformance.conformance import results
+from inference_conformance.conformance.stats import check_counts
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.reference.transformer import generate
 
 # found, not imported, at collection (importing transformers costs ~1.4 s in every process that
 # collects properties/, most of which never run these tests)
@@ -47,8 +47,8 @@ N_SAMPLED = 1500
 def export_hf_llama(model, folder):
     """Write reference ``model`` as a Hugging Face Llama folder (config.json + safetensors) and
     return the transformers model (float32, eval)."""
-    from smallworld.hf_llama import hf_name_map
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.hf_llama import hf_name_map
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     c, tok = model.cfg, tokenizer()
     config = _transformers().LlamaConfig(
@@ -68,8 +68,8 @@ def export_hf_llama(model, folder):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from smallworld.checkpoints import load_model
-    from smallworld.hf_llama import load_hf_llama
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.hf_llama import load_hf_llama
 
     out = {}
     for name in ("target", "draft_poor"):
@@ -84,7 +84,7 @@ def world(tmp_path_factory):
 
 
 def _tok():
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     return tokenizer()
 
@@ -108,7 +108,7 @@ def _first_two_exact(target, bos_id: int) -> np.ndarray:
 def test_hf_assisted_sampling_follows_target(world):
     """SD-1 on transformers' assisted generation: the first two sampled tokens of 1500
     generations follow the target's own distribution (G-test, alpha = 1e-3)."""
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     target, draft = world["target"], world["draft_poor"]
     V = target.config.vocab_size
@@ -146,7 +146,7 @@ def test_hf_assisted_sampling_follows_target(world):
 def test_hf_assisted_greedy_equals_greedy_target(world):
     """SD-7 on transformers' assisted generation: greedy assisted output equals greedy target
     decoding token for token (transformers' own, and the reference's in float64)."""
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     target, draft = world["target"], world["draft_poor"]
     n = 24

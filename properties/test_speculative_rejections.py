@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from conformance import trends
-from properties import speculative_claims_cases as sc
-from properties.falsify import judges, rejects
-from reference import speculative as ref
-from reference import speculative_tree as ref_tree
+from inference_conformance.conformance import trends
+from inference_conformance.properties import speculative_claims_cases as sc
+from inference_conformance.properties.falsify import judges, rejects
+from inference_conformance.reference import speculative as ref
+from inference_conformance.reference import speculative_tree as ref_tree
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -169,7 +169,7 @@ def greedy_keeps_draft_at_mismatch(draft_tokens, draft_probs, target_probs, *, g
 
 @lru_cache(maxsize=None)
 def _model(name: str):
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     return load_model(name, torch.float64)
 
@@ -271,7 +271,7 @@ class LookupIgnoringThePrompt:
     context it is given for the prompt and drops it from every later search (one per generation)."""
 
     def __init__(self, ngram: int = 3, gamma: int = 5):
-        from optimized.speculative_engine import PromptLookupDrafter
+        from inference_conformance.optimized.speculative_engine import PromptLookupDrafter
 
         self.lookup, self.prompt_len = PromptLookupDrafter(ngram, gamma), None
 

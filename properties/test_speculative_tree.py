@@ -1,7 +1,7 @@
 """Laws of token-tree speculation (claims SD-11, SD-12 for trees, SD-13; SpecInfer, Medusa;
 lecture 002 §6.6).
 
-SD-11 is checked two ways. Exactly: the float64 tree enumerator (``reference.speculative_tree``)
+SD-11 is checked two ways. Exactly: the float64 tree enumerator (``inference_conformance.reference.speculative_tree``)
 sums every draft token and every accept/reject path of one round over a tree; the round's emitted
 tokens, completed by the target to depth + 1 tokens, must have the target's own distribution to
 1e-12, for drawn trees (any parent pointers, V 2..3, prefix-dependent q and p) and the pinned
@@ -24,11 +24,11 @@ import pytest
 import torch
 from hypothesis import note
 
-from conformance import results
-from conformance.laws import Kills, Law
-from conformance.stats import check_counts, upper_bound
-from conformance.tolerance import Verdict, report_verdict
-from properties.speculative_cases import (
+from inference_conformance.conformance import results
+from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.stats import check_counts, upper_bound
+from inference_conformance.conformance.tolerance import Verdict, report_verdict
+from inference_conformance.properties.speculative_cases import (
     ALPHA,
     PINNED_TREES,
     TREE_STAT_CONFIGS,
@@ -42,8 +42,8 @@ from properties.speculative_cases import (
     tree_law_verdicts,
     tree_tensors,
 )
-from properties.speculative_claims_cases import check_sd13_figure, check_sd13_limits
-from reference import speculative_tree as ref
+from inference_conformance.properties.speculative_claims_cases import check_sd13_figure, check_sd13_limits
+from inference_conformance.reference import speculative_tree as ref
 
 TECH = "speculative_tree"
 ZOO_ALL = ("unrenormalised_sibling_residual", "sibling_tested_against_p", "correction_from_q",
@@ -176,7 +176,7 @@ def test_sd11_law_power_against_subtle_biases(bias):
 def test_subtle_tree_zoo_entries_follow_their_enumeration(bias):
     """Each of those zoo verifiers emits the distribution its rule's enumeration gives (G-tests at
     1e-3 on every configuration), so the power stated above is that entry's power."""
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     impl = {i.name: i for i in registry.zoo(TECH)}[bias]
     for k, (name, case) in enumerate(TREE_STAT_CONFIGS.items()):
@@ -195,7 +195,7 @@ def test_sd13_typical_acceptance_not_exact_by_design():
     """SD-13: typical acceptance's total-variation distance from the target, by enumeration, as
     a function of ε (δ = sqrt(ε)): > 1e-3 at every ε of the figure, on a dense binary tree and
     three independent drafts; the figure is recorded ("not exact, by design";
-    :func:`properties.speculative_claims_cases.check_sd13_figure`)."""
+    :func:`inference_conformance.properties.speculative_claims_cases.check_sd13_figure`)."""
     check_sd13_figure(ref.typical_acceptance, ref.tree_total_variation)
 
 
@@ -205,7 +205,7 @@ def test_sd13_typical_acceptance_exact_in_its_limits():
     exact rule could reject: a threshold >= 1 (ε >= 1, δ >= exp(H_max), nothing accepted, every
     token from p) and a one-hot target (only its token passes, the others are rejected as the
     exact rule rejects them); the same enumeration gives > 1e-3 on the dense tree (so the check
-    can fail; :func:`properties.speculative_claims_cases.check_sd13_limits`)."""
+    can fail; :func:`inference_conformance.properties.speculative_claims_cases.check_sd13_limits`)."""
     check_sd13_limits(ref.typical_acceptance, ref.tree_total_variation)
 
 
@@ -224,7 +224,7 @@ def test_sd12_greedy_tree_verification_emits_the_greedy_tokens():
     on the target's greedy path) emits tokens that are exactly the target's greedy tokens, as many
     as the path accepted plus one, and accepts every greedy node it can reach; a verifier that
     takes the first child whatever its token is shown wrong by the same comparison."""
-    from conformance.contracts.speculative_tree import SHAPES
+    from inference_conformance.conformance.contracts.speculative_tree import SHAPES
 
     checked, wrong_first_child = 0, 0
     for s, shape in enumerate(SHAPES.values()):

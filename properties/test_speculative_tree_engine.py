@@ -3,7 +3,7 @@ speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped tar
 
 - SD-10: a tree scored in one forward (tree mask, depth positions) gives every node the logits of
   its root-to-node path run alone, for every tree scorer: the reference (the one model forward
-  over :class:`reference.speculative_tree.TreeAttention`), and the engine's cached forward with
+  over :class:`inference_conformance.reference.speculative_tree.TreeAttention`), and the engine's cached forward with
   the Triton tree-attention kernel and with the reference core; the known-bad scorers
   (``properties/zoo_speculative_tree.py``: siblings that see each other, positions from the
   flattened index) are each rejected by the same comparison.
@@ -22,22 +22,22 @@ from functools import lru_cache
 import pytest
 import torch
 
-from conformance import results
-from conformance.contracts.speculative_tree import SHAPES
-from conformance.tolerance import assert_close, assert_exact, check_close
-from conformance.zoo import expect_rejected
-from properties import speculative_claims_cases as sc
-from properties.speculative_claims_cases import check_sd14_figures, copy_prompts, free_prompts
-from properties.zoo_speculative_tree import TREE_SCORER_ZOO, engine_zoo
-from reference.speculative_tree import path_logits, tree_logits
-from reference.transformer import generate, layer_kv
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.speculative_tree import SHAPES
+from inference_conformance.conformance.tolerance import assert_close, assert_exact, check_close
+from inference_conformance.conformance.zoo import expect_rejected
+from inference_conformance.properties import speculative_claims_cases as sc
+from inference_conformance.properties.speculative_claims_cases import check_sd14_figures, copy_prompts, free_prompts
+from inference_conformance.properties.zoo_speculative_tree import TREE_SCORER_ZOO, engine_zoo
+from inference_conformance.reference.speculative_tree import path_logits, tree_logits
+from inference_conformance.reference.transformer import generate, layer_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @lru_cache(maxsize=None)
 def _model(name: str, dtype: torch.dtype):
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     return load_model(name, dtype)
 
@@ -45,7 +45,7 @@ def _model(name: str, dtype: torch.dtype):
 def _cached_scorer(attention: str):
     """The engine's tree forward as a scorer: prefill the prefix, then one tree forward."""
     def score(model, prefix, parents, tree_tokens):
-        from optimized.speculative_engine import TreeCachedModel
+        from inference_conformance.optimized.speculative_engine import TreeCachedModel
 
         m = TreeCachedModel(model, prefix.shape[0], 64)
         m.attention = attention
@@ -105,7 +105,7 @@ test_sd10_tree_attention_equals_each_path_alone.__doc__ = law_sd10_tree_attentio
 def test_sd10_zoo_rejected(bad):
     """Each known-bad tree scorer is rejected by SD-10's own comparison (float64)."""
     fn = TREE_SCORER_ZOO[bad]
-    impl = type("Bad", (), {"name": bad, "target": f"properties.zoo_speculative_tree:{fn.__name__}"})()
+    impl = type("Bad", (), {"name": bad, "target": f"inference_conformance.properties.zoo_speculative_tree:{fn.__name__}"})()
     text = expect_rejected(lambda _impl: law_sd10_tree_attention(fn, torch.float64, SD10_CASES[:2]), impl)
     results.record("SD-10", measured="rejected", unit="known-bad tree scorer", rule="SD-10 comparison",
                    what=f"{bad}: {text[:120]}")
@@ -114,13 +114,13 @@ def test_sd10_zoo_rejected(bad):
 # ------------------------------------------------------------------------------------- SD-12
 def _drafter(name: str):
     """The drafter ``name`` over the float64 shipped models (the heads trained only when asked)."""
-    from optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
+    from inference_conformance.optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
                                               SelfSpeculativeDrafter, TopKTreeDrafter)
 
     target = _model("target", torch.float64)
     draft = _model("draft_good", torch.float64)
     if name == "heads":
-        from smallworld.heads import shipped_heads
+        from inference_conformance.smallworld.heads import shipped_heads
 
         return HeadsDrafter(target, shipped_heads().over(target))
     return {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
@@ -129,7 +129,7 @@ def _drafter(name: str):
 
 
 def _prompts():
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     tok = tokenizer()
     g = torch.Generator().manual_seed(11)
@@ -173,7 +173,7 @@ def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
     """SD-12 for each drafter (engine with the reference-core tree attention, float64): output
     token for token equal to greedy target decoding from two prompts, the cache equal to the
     committed tokens' after every round; tokens per target call recorded."""
-    from optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
 
     stats = law_sd12_greedy(TreeSpeculativeEngine, _drafter(drafter))
     results.record("SD-12", measured=0, bound=0, unit="tokens differing from greedy target decoding",
@@ -185,7 +185,7 @@ def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
 def test_sd12_greedy_tree_with_the_triton_kernel():
     """SD-12 with the Triton tree-attention kernel in the engine (interpreted on a CPU: one short
     run of the top-k draft tree, float64)."""
-    from optimized.speculative_engine import TreeSpeculativeEngine, TopKTreeDrafter
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine, TopKTreeDrafter
 
     law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(_model("draft_good", torch.float64), (2, 1)),
                     attention="triton", n_tokens=6, prompts=_prompts()[1:])
@@ -195,11 +195,11 @@ def test_sd12_greedy_tree_with_the_triton_kernel():
 def test_sd12_zoo_engine_rejected():
     """The engine that keeps a rejected branch's keys and values is rejected by SD-12's law (its
     cache check, and its output)."""
-    from optimized.speculative_engine import TopKTreeDrafter
+    from inference_conformance.optimized.speculative_engine import TopKTreeDrafter
 
     cls = engine_zoo()["rejected_branch_kv_kept"]
     impl = type("Bad", (), {"name": "rejected_branch_kv_kept",
-                            "target": "properties.zoo_speculative_tree:RejectedBranchKVKept"})()
+                            "target": "inference_conformance.properties.zoo_speculative_tree:RejectedBranchKVKept"})()
     drafter = TopKTreeDrafter(_model("draft_good", torch.float64), (2, 2, 1))
     text = expect_rejected(lambda _impl: law_sd12_greedy(cls, drafter), impl)
     results.record("SD-12", measured="rejected", unit="known-bad engine", rule="SD-12 output and cache checks",
@@ -208,7 +208,7 @@ def test_sd12_zoo_engine_rejected():
 
 # ------------------------------------------------------------------------------------- SD-14
 def _run(drafter, prompts, n_tokens: int):
-    from optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
 
     target = _model("target", torch.float64)
     total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
@@ -222,11 +222,11 @@ def _run(drafter, prompts, n_tokens: int):
 @pytest.mark.claim("SD-14")
 def test_sd14_prompt_lookup_copy_vs_free():
     """SD-14: prompt lookup (n-gram 3, γ = 5) on the 6 copy prompts
-    (:func:`properties.speculative_claims_cases.sd14_copy_prompts`: prompts holding the sentence
+    (:func:`inference_conformance.properties.speculative_claims_cases.sd14_copy_prompts`: prompts holding the sentence
     the greedy target writes next), paired on each prompt with the same lookup restricted to the
-    output (:class:`~properties.speculative_claims_cases.OutputOnlyLookup`), 16 tokens each, on
+    output (:class:`~inference_conformance.properties.speculative_claims_cases.OutputOnlyLookup`), 16 tokens each, on
     the same engine and greedy target; the claim is judged by the one-sided sign test of
-    :func:`~properties.speculative_claims_cases.judge_sd14_lookup` at significance level 0.05.
+    :func:`~inference_conformance.properties.speculative_claims_cases.judge_sd14_lookup` at significance level 0.05.
     Free generation from <bos> (one row: greedy is deterministic) is recorded beside it, not
     judged. Every copy prompt's output must still repeat its first sentence (the selection holds
     for this target)."""
@@ -257,7 +257,7 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     """SD-14: α (accepted / drafted) and tokens per target call of self-speculation (the target
     without block 1) against the good and the poor draft, γ = 4 greedy chains, free generation
     from <bos>, 32 tokens, recorded; every figure is >= 1 token per call and α in [0, 1]."""
-    from optimized.speculative_engine import ChainDrafter, SelfSpeculativeDrafter
+    from inference_conformance.optimized.speculative_engine import ChainDrafter, SelfSpeculativeDrafter
 
     target = _model("target", torch.float64)
     drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter(target, (1,), 4),

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import tolerance
-from properties import strategies as sst
-from reference import transformer as tf
+from inference_conformance.conformance import tolerance
+from inference_conformance.properties import strategies as sst
+from inference_conformance.reference import transformer as tf
 
 
 @st.composite

@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from conformance import trends
-from properties.falsify import judges
+from inference_conformance.conformance import trends
+from inference_conformance.properties.falsify import judges
 
 #: Multiplicative noise of 12 paired measurements, symmetric on the log scale.
 NOISE = [math.exp(s * e) for e in (0.1, 0.2, 0.3, 0.15, 0.25, 0.05) for s in (1, -1)]

@@ -5,10 +5,10 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from properties.strategies import seeds
-from smallworld import grammar
-from smallworld.checker import is_grammatical, recognizer
-from smallworld.tokenizer import tokenizer
+from inference_conformance.properties.strategies import seeds
+from inference_conformance.smallworld import grammar
+from inference_conformance.smallworld.checker import is_grammatical, recognizer
+from inference_conformance.smallworld.tokenizer import tokenizer
 
 AGREEMENT_SWAP = {"am": "is", "is": "are", "are": "is", "was": "were", "were": "was", "a": "an", "an": "a"}
 for _v in grammar.TRANSITIVE + grammar.SHARED_INTRANSITIVE + [v for vs in grammar.TOPIC_VERBS.values() for v in vs]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from properties.falsify import rejects
-from properties.world_cases import check_wd1, check_wd2_cards, check_wd2_subset, check_wd3, corruptions
-from smallworld import checkpoints, grammar
-from smallworld.checker import is_grammatical
+from inference_conformance.properties.falsify import rejects
+from inference_conformance.properties.world_cases import check_wd1, check_wd2_cards, check_wd2_subset, check_wd3, corruptions
+from inference_conformance.smallworld import checkpoints, grammar
+from inference_conformance.smallworld.checker import is_grammatical
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

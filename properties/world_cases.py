@@ -10,8 +10,8 @@ from typing import Callable
 
 from scipy.stats import binomtest
 
-from conformance.tolerance import assert_scalar
-from smallworld import data, grammar
+from inference_conformance.conformance.tolerance import assert_scalar
+from inference_conformance.smallworld import data, grammar
 
 #: WD-1: the share of single-token corruptions the checker must reject.
 WD1_MIN_REJECTED = 0.8

@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from conformance.contracts.attention import causal_mask, validate
-from reference.attention import masked_attention, softmax_textbook
+from inference_conformance.conformance.contracts.attention import causal_mask, validate
+from inference_conformance.reference.attention import masked_attention, softmax_textbook
 
 
 def _attend(q, k, v, *, causal, scale, head_map=None, mask=None, subtract_max=True, keys=None):
@@ -245,7 +245,7 @@ def scale_folded_in_16bit(q, k, v, *, causal, scale):
 def nan_rows_zeroed(q, k, v, *, causal, scale):
     """A "safe softmax": a row whose scores are all NaN (a NaN query, or a NaN key it sees)
     comes out 0 instead of NaN (what PyTorch's CPU SDPA does for a NaN query row)."""
-    from reference.attention import attention as attention_ref
+    from inference_conformance.reference.attention import attention as attention_ref
 
     return torch.nan_to_num(attention_ref(q, k, v, causal=causal, scale=scale), nan=0.0)
 
@@ -265,7 +265,7 @@ def additive_mask_leaks_nan(q, k, v, *, causal, scale):
 def implementations():
     """The known-bad attention implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
-    from conformance.registry import known_bad
+    from inference_conformance.conformance.registry import known_bad
 
     return (
         known_bad("attention", "no_max_subtract", no_max_subtract),

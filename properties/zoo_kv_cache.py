@@ -1,7 +1,7 @@
 """Known-bad KV-cache engines (the bug zoo of the ``kv_cache`` contract).
 
 Each is the PyTorch engine with one classic mistake; the laws in
-:mod:`properties.test_kv_cache` must reject every one (each law names the ones it kills in
+:mod:`inference_conformance.properties.test_kv_cache` must reject every one (each law names the ones it kills in
 ``@pytest.mark.kills``).
 
 - ``drop_oldest``: a bounded cache that evicts the oldest token at every decode step, so
@@ -21,7 +21,7 @@ Each is the PyTorch engine with one classic mistake; the laws in
   bfloat16 holds integers exactly only up to 256, so position 257 is rotated as 256.
 
 Two cache *storages* (``update(k, v, layer) -> (k_all, v_all)``, driven by
-:func:`optimized.kv_storage.storage_engine`; a plain ``torch.cat`` storage with one mistake):
+:func:`inference_conformance.optimized.kv_storage.storage_engine`; a plain ``torch.cat`` storage with one mistake):
 
 - ``under_reports_bytes``: reports the exact formula's bytes (Σ lengths slots) from
   ``cache_bytes()`` and declares the exact layout, while it holds the padded rectangle
@@ -35,10 +35,10 @@ from types import SimpleNamespace
 
 import torch
 
-from conformance.contracts.kv_cache import Footprint
-from optimized.kv_append import kv_append_torch
-from optimized.kv_cache import KVCacheEngine
-from optimized.kv_storage import StorageEngine, storage_engine
+from inference_conformance.conformance.contracts.kv_cache import Footprint
+from inference_conformance.optimized.kv_append import kv_append_torch
+from inference_conformance.optimized.kv_cache import KVCacheEngine
+from inference_conformance.optimized.kv_storage import StorageEngine, storage_engine
 
 
 class _DropOldest(KVCacheEngine):
@@ -124,7 +124,7 @@ class _PositionsInModelDtype(KVCacheEngine):
 
 
 def _append_no_block_offset(k_cache, v_cache, k_new, v_new, start, count, host_start=None, host_count=None):
-    """``optimized.kv_append.kv_append``'s tiling with the block offset forgotten: program j of
+    """``inference_conformance.optimized.kv_append.kv_append``'s tiling with the block offset forgotten: program j of
     sequence b copies tokens [0, BLOCK_T) instead of [j·BLOCK_T, (j+1)·BLOCK_T)."""
     B, Hkv, T, D = k_new.shape
     block_kh = 1 << max(0, (Hkv * D - 1).bit_length())                      # next power of two
@@ -195,7 +195,7 @@ DROPS_LAYER_UPDATE = storage_engine(_DropsLayerUpdate, Footprint("padded", why="
 def implementations():
     """The known-bad kv_cache implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
-    from conformance.registry import known_bad
+    from inference_conformance.conformance.registry import known_bad
 
     return (
         known_bad("kv_cache", "drop_oldest", DROP_OLDEST,

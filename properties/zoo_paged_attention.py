@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from conformance.contracts.paged_attention import validate
+from inference_conformance.conformance.contracts.paged_attention import validate
 
 #: The fixed table walk of :func:`walk_capped_64_blocks` (a kernel that loads a fixed-size
 #: window of the block table).
@@ -143,9 +143,9 @@ def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
 def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions):
     """The mixed batch with the bug injected: ``positions(n, q_len, C)`` the position each of a
     chunk's q_len queries attends up to (correct: n - q_len + i), C the longest chunk of the call."""
-    from conformance.contracts.paged_attention import validate_prefill
-    from reference.attention import masked_attention
-    from reference.paged_attention import gather
+    from inference_conformance.conformance.contracts.paged_attention import validate_prefill
+    from inference_conformance.reference.attention import masked_attention
+    from inference_conformance.reference.paged_attention import gather
 
     validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -167,7 +167,7 @@ def _with_prefill(prefill):
     ``paged_prefill`` buggy."""
     import types
 
-    from reference.paged_attention import paged_attention
+    from inference_conformance.reference.paged_attention import paged_attention
 
     return types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=prefill)
 
@@ -192,7 +192,7 @@ def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
     point, not the test's error). Raises AssertionError when the law accepts it."""
     import re
 
-    from conformance import results
+    from inference_conformance.conformance import results
 
     try:
         law(*args)
@@ -207,7 +207,7 @@ def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
 
 
 # ------------------------------------------------------------------ block allocator (PA-4)
-from reference.paged_attention import PagedKVCache  # noqa: E402
+from inference_conformance.reference.paged_attention import PagedKVCache  # noqa: E402
 
 
 class CowForgetsToCopy(PagedKVCache):
@@ -220,7 +220,7 @@ class CowForgetsToCopy(PagedKVCache):
 
 # ------------------------------------------------ continuous-batching engine (PA-6, PA-7)
 def _engine_zoo():
-    from optimized.paged_engine import PagedEngine
+    from inference_conformance.optimized.paged_engine import PagedEngine
 
     class QueryMissesItsOwnToken(PagedEngine):
         """Each token's query sees the keys before its position but not its own (seq_lens off
@@ -244,7 +244,7 @@ def serving_engine_zoo() -> dict:
     """Known-bad engines outside the contract, by name: each rejected by its own law in
     ``properties/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
     engine and a decode engine vs one engine)."""
-    from optimized.paged_engine import PagedCacheAttention, PagedEngine
+    from inference_conformance.optimized.paged_engine import PagedCacheAttention, PagedEngine
 
     class _WriteAfterAttention(PagedCacheAttention):
         def attend(self, layer, q, k, v):
@@ -307,7 +307,7 @@ def serving_engine_zoo() -> dict:
 def implementations():
     """The known-bad paged_attention implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
-    from conformance.registry import known_bad
+    from inference_conformance.conformance.registry import known_bad
 
     return (
         known_bad("paged_attention", "ignores_partial_block", ignores_partial_block),

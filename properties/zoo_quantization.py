@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from conformance.contracts.quantization import levels, validate_matmul, validate_quantize
-from optimized import quantization as quant_torch
+from inference_conformance.conformance.contracts.quantization import levels, validate_matmul, validate_quantize
+from inference_conformance.optimized import quantization as quant_torch
 
 
 def _swap_order(u: torch.Tensor, bits: int, L: int) -> torch.Tensor:
@@ -143,7 +143,7 @@ class _BadTritonLaunch:
         return quant_torch.dequantize(qw)
 
     def matmul(self, x, qw):
-        from optimized import quant_matmul
+        from inference_conformance.optimized import quant_matmul
 
         qw = quant_torch.check_packed(qw)
         M = validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
@@ -187,7 +187,7 @@ class _BadW8A8:
         self.fp16_accumulator, self.scale_per_column, self.truncate = fp16_accumulator, scale_per_column, truncate
 
     def quantize_activations(self, x):
-        from optimized import w8a8_matmul as w8
+        from inference_conformance.optimized import w8a8_matmul as w8
 
         if not self.truncate:
             return w8.quantize_activations(x)
@@ -197,12 +197,12 @@ class _BadW8A8:
         return torch.trunc(x64 / s).clamp(-w8.QMAX, w8.QMAX).to(torch.int8), s[:, 0].float()
 
     def quantize_weight(self, w):
-        from optimized import w8a8_matmul as w8
+        from inference_conformance.optimized import w8a8_matmul as w8
 
         return w8.quantize_weight(w)
 
     def w8a8_matmul(self, x_q, x_scales, w_q, w_scales, *, out_dtype=torch.float32):
-        from optimized import w8a8_matmul as w8
+        from inference_conformance.optimized import w8a8_matmul as w8
 
         M, N, K = w8.validate(x_q, x_scales, w_q, w_scales, out_dtype)
         if self.fp16_accumulator:              # acc += (tile product) in float16, tile by tile
@@ -259,8 +259,8 @@ finer_groups = _FinerGroups()
 def _cast_unsaturated(x, fmt):
     """FP8 rounding without saturation: a value that rounds past F becomes NaN (E4M3fn has no
     inf: its top code is NaN) or inf (E5M2), as a cast with no clamp does on hardware."""
-    from conformance.contracts.quantization import fp8_format
-    from reference.quantization import fp8_cast
+    from inference_conformance.conformance.contracts.quantization import fp8_format
+    from inference_conformance.reference.quantization import fp8_cast
 
     f = fp8_format(fmt)
     top_half_step = 2.0 ** (math.floor(math.log2(f.max)) - f.m - 1)     # half the spacing at F
@@ -273,8 +273,8 @@ def _cast_unsaturated(x, fmt):
 def _cast_e5m2_grid(x, fmt):
     """Rounds to E5M2's grid whatever the format asked (saturating at the asked format's F): an
     E4M3 cast that keeps only 2 mantissa bits, errors up to 2^-3 relative."""
-    from conformance.contracts.quantization import fp8_format
-    from reference.quantization import fp8_cast
+    from inference_conformance.conformance.contracts.quantization import fp8_format
+    from inference_conformance.reference.quantization import fp8_cast
 
     top = fp8_format(fmt).max
     return fp8_cast(x, "fp8_e5m2").clamp(-top, top).to(x.dtype)
@@ -311,7 +311,7 @@ fp8_e5m2_grid_as_e4m3_scheme = _E5M2GridAsE4M3()
 # ------------------------------------------------------------------- KV-cache formats (QT-12)
 class _BadKV:
     """A KV-cache format implementation (``quantize_kv``, ``dequantize_kv``, ``kv_nbytes`` as
-    ``optimized.quantization``) with one bug in its int4 KIVI path; the other formats are right."""
+    ``inference_conformance.optimized.quantization``) with one bug in its int4 KIVI path; the other formats are right."""
 
     def __init__(self, name: str, doc: str, *, keys_per_token: bool = False, block_scale_per_token: bool = False):
         self.name, self.__doc__ = name, doc
@@ -360,7 +360,7 @@ KV_ZOO = {z.name: z for z in (
 def implementations():
     """The known-bad quantization implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
-    from conformance.registry import known_bad
+    from inference_conformance.conformance.registry import known_bad
 
     return (
         known_bad("quantization", "g_idx_ignored", g_idx_ignored),

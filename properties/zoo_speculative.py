@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contracts.speculative import PAD, validate
+from inference_conformance.conformance.contracts.speculative import PAD, validate
 
 
 def _verify(draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0, q_over_p=False,
@@ -133,7 +133,7 @@ def acceptance_times_097(draft_tokens, draft_probs, target_probs, *, generator):
 
 
 # ------------------------------------------------------------------ known-bad engines
-from optimized.speculative_engine import SpeculativeEngine  # noqa: E402
+from inference_conformance.optimized.speculative_engine import SpeculativeEngine  # noqa: E402
 
 
 class ForgetsRollback(SpeculativeEngine):
@@ -159,7 +159,7 @@ class Bfloat16DraftSampling(SpeculativeEngine):
     passes to ``verify`` is the float32 softmax: the draft tokens do not follow q."""
 
     def _draft_sample(self, logits, q, generator):
-        from reference.speculative import process_logits
+        from inference_conformance.reference.speculative import process_logits
 
         q16 = process_logits(logits.to(torch.bfloat16), self.temperature, self.top_k, self.top_p)
         return torch.multinomial(q16.float(), 1, generator=generator)[:, 0]
@@ -170,7 +170,7 @@ class Bfloat16DraftQ(SpeculativeEngine):
     q of a bfloat16 softmax of the same logits."""
 
     def _q_for_verify(self, logits, q):
-        from reference.speculative import process_logits
+        from inference_conformance.reference.speculative import process_logits
 
         q16 = process_logits(logits.to(torch.bfloat16), self.temperature, self.top_k, self.top_p).float()
         return q16 / q16.sum(-1, keepdim=True)
@@ -231,7 +231,7 @@ def small_batch_from_p(draft_tokens, draft_probs, target_probs, *, generator):
 def implementations():
     """The known-bad speculative implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
-    from conformance.registry import known_bad
+    from inference_conformance.conformance.registry import known_bad
 
     return (
         known_bad("speculative", "late_rejection", late_rejection),

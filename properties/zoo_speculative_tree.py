@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from conformance.contracts.speculative_tree import PAD, children, depths, validate
+from inference_conformance.conformance.contracts.speculative_tree import PAD, children, depths, validate
 
 
 def _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0,
@@ -110,7 +110,7 @@ def typical_acceptance_as_exact(parents, draft_tokens, draft_probs, target_probs
 
 def implementations():
     """The known-bad tree verifiers."""
-    from conformance.registry import known_bad
+    from inference_conformance.conformance.registry import known_bad
 
     bugs = {
         "unrenormalised_sibling_residual": unrenormalised_sibling_residual,
@@ -127,7 +127,7 @@ def implementations():
 def siblings_see_each_other(model, prefix, parents, tree_tokens):
     """Tree attention with a causal mask over the flattened tree: every node also sees the nodes
     before it in index order, its siblings and their subtrees included."""
-    from reference.speculative_tree import TreeAttention, tree_positions
+    from inference_conformance.reference.speculative_tree import TreeAttention, tree_positions
 
     B, S = prefix.shape
     n = len(parents)
@@ -141,7 +141,7 @@ def siblings_see_each_other(model, prefix, parents, tree_tokens):
 def flattened_positions(model, prefix, parents, tree_tokens):
     """The right tree mask, but RoPE positions from the node's index in the flattened tree
     (S + i) instead of its depth (S − 1 + depth)."""
-    from reference.speculative_tree import TreeAttention
+    from inference_conformance.reference.speculative_tree import TreeAttention
 
     B, S = prefix.shape
     n = len(parents)
@@ -155,7 +155,7 @@ TREE_SCORER_ZOO = {"siblings_see_each_other": siblings_see_each_other, "flattene
 
 
 def _engine_zoo():
-    from optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
 
     class RejectedBranchKVKept(TreeSpeculativeEngine):
         """Drops the rejected branches by shrinking the length only: the slots after the pending

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from conformance.contracts.attention import causal_mask, validate
+from inference_conformance.conformance.contracts.attention import causal_mask, validate
 
 # ----------------------------------------------------------------------------------------------
 # softmax and online softmax (FA-1, FA-2)
@@ -307,6 +307,6 @@ def flash_score_bytes(T: int, block: int, bytes_per_value: int) -> int:
 
 def implementations():
     """The attention reference (float64-capable naive softmax attention), for the registry."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("attention", "reference", attention),)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.attention import masked_attention
-from reference.transformer import apply_rope, rope_tables
+from inference_conformance.reference.attention import masked_attention
+from inference_conformance.reference.transformer import apply_rope, rope_tables
 
 
 def _randn(g: torch.Generator, *shape, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:

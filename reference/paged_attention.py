@@ -19,8 +19,8 @@ from typing import Hashable, Iterable
 
 import torch
 
-from conformance.contracts.paged_attention import blocks_needed, validate, validate_prefill
-from reference.attention import attention, masked_attention
+from inference_conformance.conformance.contracts.paged_attention import blocks_needed, validate, validate_prefill
+from inference_conformance.reference.attention import attention, masked_attention
 
 # ----------------------------------------------------------------------------------------------
 # gather and paged attention (PA-1)
@@ -73,7 +73,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float) -> torch.Tensor:
     """The reference mixed batch of the contract's ``paged_prefill`` (claim PA-8): for each
     sequence, gather its K and V (:func:`gather`) and attend its chunk's queries through
-    :func:`reference.attention.masked_attention` with the chunk's causal mask (:func:`chunk_mask`),
+    :func:`inference_conformance.reference.attention.masked_attention` with the chunk's causal mask (:func:`chunk_mask`),
     in float64.
 
     q (N, Hq, D), the query tokens of all sequences, sequence b's at rows query_start_loc[b] ..
@@ -380,7 +380,7 @@ def implementations():
     and the mixed batch."""
     import types
 
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("paged_attention", "reference",
                     types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=paged_prefill)),)

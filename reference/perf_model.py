@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-from reference.roofline import BF16_BYTES, Accelerator, attention_flops, require_positive
+from inference_conformance.reference.roofline import BF16_BYTES, Accelerator, attention_flops, require_positive
 
 # --------------------------------------------------------------------------------------------
 # The CS336 transformer performance model (AI-5, AI-6) and the KV cache (KV-4, KV-5, KV-6)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.contracts.quantization import (
+from inference_conformance.conformance.contracts.quantization import (
     FP8_FORMATS,
     KVFormat,
     fp8_format,
@@ -192,7 +192,7 @@ def quantize(w: torch.Tensor, *, bits: int, granularity, symmetric: bool = True,
 
 def _check_qw(qw) -> QuantizedWeight:
     if not isinstance(qw, QuantizedWeight):
-        raise TypeError(f"qw must be a reference.quantization.QuantizedWeight (what quantize returned), "
+        raise TypeError(f"qw must be a inference_conformance.reference.quantization.QuantizedWeight (what quantize returned), "
                         f"got {type(qw).__name__}")
     return qw
 
@@ -230,7 +230,7 @@ def matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 class Scheme:
     """One scheme of the contract (``symmetric`` True: absmax; False: zero point) over a module's
     ``quantize(w, *, bits, granularity, symmetric, g_idx)``, ``dequantize(qw)`` and
-    ``matmul(x, qw)`` (this module's by default; ``optimized.quantization`` uses it for its own)."""
+    ``matmul(x, qw)`` (this module's by default; ``inference_conformance.optimized.quantization`` uses it for its own)."""
 
     def __init__(self, symmetric: bool, ops=None):
         self.symmetric = symmetric
@@ -319,7 +319,7 @@ def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> FP8Wei
 
 def _check_fp8(qw) -> FP8Weight:
     if not isinstance(qw, FP8Weight):
-        raise TypeError(f"qw must be a reference.quantization.FP8Weight (what quantize returned), got {type(qw).__name__}")
+        raise TypeError(f"qw must be a inference_conformance.reference.quantization.FP8Weight (what quantize returned), got {type(qw).__name__}")
     return qw
 
 
@@ -436,7 +436,7 @@ def dequantize_kv(qkv: QuantizedKV) -> tuple[torch.Tensor, torch.Tensor]:
 def kv_nbytes(qkv: QuantizedKV, scale_bytes: int = 4) -> int:
     """Bytes the format holds, counted from its tensors: one byte per int8 / FP8 code, half a
     byte per int4 code (two per byte, as packed), ``scale_bytes`` per scale (float32 scales, as
-    ``optimized.quantization`` holds them), the full-precision tokens at their dtype's size."""
+    ``inference_conformance.optimized.quantization`` holds them), the full-precision tokens at their dtype's size."""
     codes = (qkv.k_codes.numel() + qkv.v_codes.numel()) * qkv.fmt.code_bits // 8
     scales = (qkv.k_scales.numel() + qkv.v_scales.numel()) * scale_bytes
     rest = qkv.k_rest.numel() * qkv.k_rest.element_size() + qkv.v_rest.numel() * qkv.v_rest.element_size()
@@ -495,7 +495,7 @@ def probe_zero_point() -> float:
 def implementations():
     """The quantization references: symmetric absmax and asymmetric (zero point) schemes, and
     the FP8 schemes E4M3fn and E5M2 (QT-11)."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("quantization", "reference", SYMMETRIC), builtin("quantization", "reference_asym", ASYMMETRIC),
             builtin("quantization", "reference_fp8_e4m3", FP8_E4M3), builtin("quantization", "reference_fp8_e5m2", FP8_E5M2))

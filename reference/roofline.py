@@ -14,8 +14,8 @@ Sources:
     attainable FLOP/s = min(peak FLOP/s, intensity x bandwidth).
 
 The model-level performance model (memory, latency and throughput of a whole transformer against
-batch size) is :mod:`reference.perf_model`; the device's measured ceilings are
-:mod:`perf.ceilings`.
+batch size) is :mod:`inference_conformance.reference.perf_model`; the device's measured ceilings are
+:mod:`inference_conformance.perf.ceilings`.
 """
 from __future__ import annotations
 

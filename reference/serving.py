@@ -13,7 +13,7 @@ prompt + g tokens of KV. The policies differ in what they reserve:
 - ``exact``: a contiguous region of prompt + the request's true output length (an oracle no
   real server has), first-fit, so the only losses are the slots of tokens not generated yet
   and external fragmentation (free space split into holes too small for the next request);
-- ``paged``: blocks of ``block_size`` slots from a :class:`reference.paged_attention.PagedKVCache`
+- ``paged``: blocks of ``block_size`` slots from a :class:`inference_conformance.reference.paged_attention.PagedKVCache`
   allocated as tokens arrive, so the only loss is the unfilled tail of each request's last
   block. When a running request needs a block and none is free, the most recently admitted
   running request is preempted: its blocks are freed and it goes back to the head of the queue,
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reference.paged_attention import OutOfBlocks, PagedKVCache
+from inference_conformance.reference.paged_attention import OutOfBlocks, PagedKVCache
 
 POLICIES = ("reserve_max", "exact", "paged")
 

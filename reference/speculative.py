@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from conformance.contracts.speculative import PAD, validate
+from inference_conformance.conformance.contracts.speculative import PAD, validate
 
 
 def _sample(weights: list[float], u: float) -> int:
@@ -225,7 +225,7 @@ def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: in
                          greedy: bool = False, generator: torch.Generator | None = None, verify_fn=None):
     """Speculative decoding by recomputation (no KV cache): the oracle of the engines.
 
-    ``target``, ``draft``: :class:`reference.transformer.Transformer` over one vocabulary;
+    ``target``, ``draft``: :class:`inference_conformance.reference.transformer.Transformer` over one vocabulary;
     ``prompt`` (B, S) int64 (one length for every row). Each round the draft proposes γ tokens
     (sampled from its softmax, or its argmax when ``greedy``), the target scores the γ + 1
     positions in one forward, and ``verify_fn(draft_tokens, draft_probs, target_probs, *,
@@ -350,6 +350,6 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
 
 def implementations():
     """The speculative verifier reference (one sequence at a time, the paper's loop)."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("speculative", "reference", verify),)

@@ -23,8 +23,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from conformance.contracts.speculative_tree import PAD, children, depths, validate
-from reference.speculative import _sample
+from inference_conformance.conformance.contracts.speculative_tree import PAD, children, depths, validate
+from inference_conformance.reference.speculative import _sample
 
 
 # ------------------------------------------------------------------------ the verifier
@@ -245,7 +245,7 @@ def tree_positions(parents, prefix_len: int) -> torch.Tensor:
 
 
 class TreeAttention:
-    """An :class:`reference.transformer.AttentionCache` for one forward over a prefix of S tokens
+    """An :class:`inference_conformance.reference.transformer.AttentionCache` for one forward over a prefix of S tokens
     followed by a token tree: the prefix attends causally, each node by :func:`tree_mask`
     (mask (T, T) bool, T = S + n_nodes, shared by the batch)."""
 
@@ -258,7 +258,7 @@ class TreeAttention:
         self.mask = mask
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        from reference.transformer import naive_attention
+        from inference_conformance.reference.transformer import naive_attention
 
         return naive_attention(q, k, v, self.mask.to(q.device)[None, None])
 
@@ -292,6 +292,6 @@ def path_logits(model, prefix: torch.Tensor, parents, tree_tokens: torch.Tensor)
 
 def implementations():
     """The tree verifier reference (one row and one node at a time)."""
-    from conformance.registry import builtin
+    from inference_conformance.conformance.registry import builtin
 
     return (builtin("speculative_tree", "reference", verify_tree),)

@@ -11,8 +11,8 @@ it with its own positions and an :class:`AttentionCache`, the one piece that dif
 them: given a layer and that layer's new q, k, v (after RoPE) it stores k, v where its cache
 keeps them and returns the attention output. :data:`FULL_RECOMPUTE` (causal attention over the
 given tokens, no cache) is the reference's; the static KV cache
-(:class:`optimized.kv_cache.StaticCacheAttention`), the paged cache
-(:class:`optimized.paged_engine.PagedCacheAttention`) and the speculative engine's rollback cache
+(:class:`inference_conformance.optimized.kv_cache.StaticCacheAttention`), the paged cache
+(:class:`inference_conformance.optimized.paged_engine.PagedCacheAttention`) and the speculative engine's rollback cache
 (the static one, rolled back between forwards) are the engines'.
 
 Source: lecture 001 §1-2 (the model and the KV cache), CS336 lecture 10 part 1 (the transformer
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference.attention import masked_attention
+from inference_conformance.reference.attention import masked_attention
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def naive_attention(q, k, v, mask=None):
     """softmax(q kᵀ / sqrt(D) + mask) v, GQA by head groups (the reference core
-    :func:`reference.attention.masked_attention`; softmax in float32 for 16-bit inputs).
+    :func:`inference_conformance.reference.attention.masked_attention`; softmax in float32 for 16-bit inputs).
 
     q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); mask: bool (B or 1, 1, Tq, Tk), True = may attend.
     Returns (B, Hq, Tq, D) in q's dtype.

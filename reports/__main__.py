@@ -1,7 +1,7 @@
-"""``python -m reports``: run the conformance properties and benchmarks, write reports/out/.
+"""``python -m inference_conformance.reports``: run the conformance properties and benchmarks, write reports/out/.
 
-``python -m reports merge RUN... [--out DIR]`` merges run folders into one conformance matrix
-(:mod:`reports.merge`); ``--merge RUN`` shows other runs beside this one's in its report.
+``python -m inference_conformance.reports merge RUN... [--out DIR]`` merges run folders into one conformance matrix
+(:mod:`inference_conformance.reports.merge`); ``--merge RUN`` shows other runs beside this one's in its report.
 
 Steps (each prints its progress; a failing property never stops the report):
 
@@ -9,16 +9,16 @@ Steps (each prints its progress; a failing property never stops the report):
    writing result rows (one JSON-lines file per pytest process);
 2. the benchmarks, serially (pytest-benchmark disables itself under xdist), with
    ``--benchmark-enable --benchmark-json`` (raw per-round samples included), in the pinned
-   benchmark environment (:func:`perf.settings.bench_settings`: on the CPU, process CPU time,
+   benchmark environment (:func:`inference_conformance.perf.settings.bench_settings`: on the CPU, process CPU time,
    one intra-op thread, glibc's allocator pinned), the same the A/B mode and the calibration use;
-   ``--bench-passes M`` repeats them in M processes (:func:`perf.records.merge_passes`);
+   ``--bench-passes M`` repeats them in M processes (:func:`inference_conformance.perf.records.merge_passes`);
 3. the device's ceilings (copy bandwidth, matmul peak) from ``perf/ceilings.py``;
 4. a history entry ``history/<device-model>/<date>-<commit>.json`` (benchmarks + ceilings +
-   fingerprint), which ``python -m perf.gate`` compares later runs with;
+   fingerprint), which ``python -m inference_conformance.perf.gate`` compares later runs with;
 5. ``index.html`` (static, opens from disk), ``report.md``, ``results.json`` and ``plots/``.
 
 Each run writes into its own folder ``<out>/runs/<id>/`` with a manifest (complete or
-interrupted) and is published whole at the end (:mod:`reports.publish`): ``<out>/index.html``,
+interrupted) and is published whole at the end (:mod:`inference_conformance.reports.publish`): ``<out>/index.html``,
 ``report.md``, ``results.json``, ``benchmarks.json``, ``plots``, ``rows`` and ``manifest.json``
 always belong to one complete run. One run at a time per output folder.
 
@@ -40,12 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-from conformance import atomic
-from perf import env
-from perf import history as hist
-from perf.records import merge_passes, records as read_records
-from perf.settings import bench_settings
-from reports import build, merge, publish
+from inference_conformance.conformance import atomic
+from inference_conformance.perf import env
+from inference_conformance.perf import history as hist
+from inference_conformance.perf.records import merge_passes, records as read_records
+from inference_conformance.perf.settings import bench_settings
+from inference_conformance.reports import build, merge, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "reports" / "out"
@@ -90,10 +90,10 @@ def _stage(i: int, n: int, text: str) -> None:
 
 
 def measure_ceilings(device: str, quick: bool = True) -> dict | None:
-    """The device's measured ceilings from ``perf.ceilings.measure_ceilings`` (None when the
+    """The device's measured ceilings from ``inference_conformance.perf.ceilings.measure_ceilings`` (None when the
     probe fails; the report then says so)."""
     try:
-        from perf.ceilings import measure_ceilings as m
+        from inference_conformance.perf.ceilings import measure_ceilings as m
 
         c = m(device, quick)
         return json.loads(json.dumps(c, default=str)) if c else None
@@ -103,7 +103,7 @@ def measure_ceilings(device: str, quick: bool = True) -> dict | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(DEFAULT_OUT),
                     help="output folder: a new or empty one, or one an earlier run made (it carries the "
                          f"{publish.MARKER} marker); any other folder is refused")
@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--merge", action="append", default=[], metavar="RUN",
                     help="show this run folder's rows (pytest --results DIR, another environment's or machine's, or "
                          "a folder of them) beside this run's in the conformance matrix (repeatable; see "
-                         "python -m reports merge)")
+                         "python -m inference_conformance.reports merge)")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     return ap
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.merge_runs = merge.load(args.merge)
     except merge.MergeError as exc:
-        print(f"python -m reports: --merge: {exc}", file=sys.stderr)
+        print(f"python -m inference_conformance.reports: --merge: {exc}", file=sys.stderr)
         return 2
     if args.bench_passes < 1:
         ap.error("--bench-passes must be >= 1")
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         notes = publish.prepare_out(out, default=DEFAULT_OUT)
         lock = publish.Lock(out).acquire()
     except publish.Refused as exc:
-        print(f"python -m reports: {exc}", file=sys.stderr)
+        print(f"python -m inference_conformance.reports: {exc}", file=sys.stderr)
         return 2
     for note in notes + [lock.note]:
         if note:
@@ -172,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         refused = isinstance(exc, publish.Refused)
         reason = exc.args[0] if isinstance(exc, (Interrupted, publish.Refused)) else f"{type(exc).__name__}: {exc}"
         if refused:
-            print(f"python -m reports: {reason}", file=sys.stderr)
+            print(f"python -m inference_conformance.reports: {reason}", file=sys.stderr)
         if _Live.run is not None and _Live.run.manifest["status"] == "running":
             _Live.run.finish("interrupted", reason=f"{reason} during stage {_Live.run.manifest['stage']!r}")
             shown = publish.published(out)
-            print(f"python -m reports: run {_Live.run.id} interrupted ({reason}); {out} still shows "
+            print(f"python -m inference_conformance.reports: run {_Live.run.id} interrupted ({reason}); {out} still shows "
                   f"{'run ' + shown if shown else 'no report'}", file=sys.stderr)
         if isinstance(exc, Interrupted):
             return exc.args[1]
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args, out: Path, argv: list[str]) -> int:
-    from conformance.device import select_device
+    from inference_conformance.conformance.device import select_device
 
     device = select_device(args.device)
     earlier = publish.runs(out)  # under the lock: runs left "running" are marked interrupted
@@ -200,7 +200,7 @@ def _main(args, out: Path, argv: list[str]) -> int:
     if args.no_run and not complete:
         raise publish.Refused(f"{out} holds no complete run to render from"
                               + (f" (the newest, {earlier[0]['id']}, was {earlier[0]['status']})" if earlier else "")
-                              + ": run python -m reports without --no-run")
+                              + ": run python -m inference_conformance.reports without --no-run")
     source = complete[0] if complete and (args.no_run or args.no_properties) else None
     run = _Live.run = publish.Run(out, "render" if args.no_run else "run", argv,
                                   source=source["id"] if source else None)
@@ -209,7 +209,7 @@ def _main(args, out: Path, argv: list[str]) -> int:
         report_notes.append(f"The newest run, {earlier[0]['id']} (started {earlier[0]['started']}), was interrupted: "
                             f"{earlier[0].get('reason', '')}. {'These results are' if args.no_run else 'The properties are'}"
                             f" the rows of run {source['id']} (complete, ended {source['ended']}).")
-        print(f"python -m reports: {report_notes[-1]}", file=sys.stderr, flush=True)
+        print(f"python -m inference_conformance.reports: {report_notes[-1]}", file=sys.stderr, flush=True)
     if args.no_properties and not args.no_run and source is None:
         print(f"note: {out} holds no complete run: this report has no property rows", file=sys.stderr, flush=True)
     rows_dir = run.folder / "rows"
@@ -280,7 +280,7 @@ def _main(args, out: Path, argv: list[str]) -> int:
     outside = any(a == "--impl" or a.startswith("--impl=") for a in args.pytest_args)
     if outside and records and not (args.no_run or args.no_bench or args.no_history):
         print("history: not appended (--impl: the outside implementations' rows are named impl, impl2, ... "
-              "whatever their targets; compare two targets with python -m perf.ab --impl-a ... --impl-b ...)",
+              "whatever their targets; compare two targets with python -m inference_conformance.perf.ab --impl-a ... --impl-b ...)",
               flush=True)
     if not args.no_run and not args.no_bench and not args.no_history and records and not outside:
         _stage(4, n_stages, "history")

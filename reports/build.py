@@ -13,14 +13,14 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from conformance import atomic
-from conformance.results import Row, read_rows
-from perf import env
-from perf import history as hist
-from perf import records as benchmark_records
-from reports import plots, publish, templating
-from reports.killrate import kill_rates
-from reports.ledger import claims
+from inference_conformance.conformance import atomic
+from inference_conformance.conformance.results import Row, read_rows
+from inference_conformance.perf import env
+from inference_conformance.perf import history as hist
+from inference_conformance.perf import records as benchmark_records
+from inference_conformance.reports import plots, publish, templating
+from inference_conformance.reports.killrate import kill_rates
+from inference_conformance.reports.ledger import claims
 
 #: Verdicts worst first; an "expected fail" (listed in an --expect file) is still a failure of the
 #: law, ranked under a new one; an "unexpected pass" holds (the listed bug is fixed).
@@ -28,7 +28,7 @@ _ORDER = {"fail": 7, "error": 6, "expected fail": 5, "unexpected pass": 4, "part
           "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = templating.TEMPLATES
-#: The gate's calibration as ``python -m perf.calibrate analyse`` writes it.
+#: The gate's calibration as ``python -m inference_conformance.perf.calibrate analyse`` writes it.
 CALIBRATION = ROOT / "perf" / "calibration" / "gate_calibration.json"
 
 
@@ -235,7 +235,7 @@ def world_cards() -> list[dict]:
     """The shipped small world's model cards (smallworld/checkpoints/*.json), the figures
     the quantization and speculative-decoding claims are measured on. Empty if none ship."""
     try:
-        from smallworld import checkpoints as ck
+        from inference_conformance.smallworld import checkpoints as ck
     except ImportError:
         return []
     cards = []
@@ -256,9 +256,9 @@ def world_cards() -> list[dict]:
 
 
 def tolerance_rules() -> list[dict]:
-    """The tolerance policy's rules (conformance.tolerance.all_rules()): key, what each sees and what
+    """The tolerance policy's rules (inference_conformance.conformance.tolerance.all_rules()): key, what each sees and what
     it is blind to, for the report's section next to the verdicts."""
-    from conformance import tolerance
+    from inference_conformance.conformance import tolerance
 
     return [{"key": str(k).replace("torch.", ""), "name": r.name, "sees": r.sees, "blind_to": r.blind_to}
             for k, r in tolerance.all_rules().items()]
@@ -308,10 +308,10 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
             "gate_calibration": gate_calibration()}
 
 
-# ---- the regression gate's measured calibration (python -m perf.calibrate writes it) ----
+# ---- the regression gate's measured calibration (python -m inference_conformance.perf.calibrate writes it) ----
 def gate_calibration(path: Path = CALIBRATION) -> dict | None:
     """The gate's committed A/A calibration (false alarms, power), read as data: the ``report``
-    part of the JSON ``python -m perf.calibrate analyse`` writes, with the file's path; None
+    part of the JSON ``python -m inference_conformance.perf.calibrate analyse`` writes, with the file's path; None
     when the file is absent or unreadable or has no such part."""
     try:
         table = json.loads(Path(path).read_text()).get("report")
@@ -337,9 +337,9 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
                  matrix_runs: list | None = None) -> list[Path]:
     """Read rows (and benchmarks, ceilings, history) and write index.html, report.md,
     results.json and plots/ into ``out``, each file whole or not at all; earlier plots are
-    removed only where the suite made ``out`` (:func:`reports.publish.is_marked`). The
-    conformance matrix (:mod:`reports.merge`) shows this run's rows beside ``matrix_runs``
-    (runs of other environments, :func:`reports.merge.load`). Returns the written paths."""
+    removed only where the suite made ``out`` (:func:`inference_conformance.reports.publish.is_marked`). The
+    conformance matrix (:mod:`inference_conformance.reports.merge`) shows this run's rows beside ``matrix_runs``
+    (runs of other environments, :func:`inference_conformance.reports.merge.load`). Returns the written paths."""
     out = Path(out)
     rows = []
     if Path(rows_dir).is_dir():
@@ -358,7 +358,7 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
             p.unlink()
     ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir,
                   series_name=series_name, run=run)
-    from reports import merge
+    from inference_conformance.reports import merge
 
     ctx["matrix"] = merge.matrix([merge.run_of(rows_dir, rows, fp), *(matrix_runs or [])])
     ctx["matrix"].pop("rows")

@@ -1,4 +1,4 @@
-"""``python -m reports.faults --kills 20``: kill ``python -m reports`` at random moments and check
+"""``python -m inference_conformance.reports.faults --kills 20``: kill ``python -m inference_conformance.reports`` at random moments and check
 that nothing is lost or mixed (not part of CI: it takes minutes).
 
 First one complete run; then, ``--kills`` times: start a run, SIGKILL its parent process at a
@@ -9,7 +9,7 @@ output folder and the history folder: every file under its final name is whole (
 each JSON line parses, HTML ends with ``</html>``, PNG with its IEND chunk) and, after a
 finished run, no temporary or scratch file is left. By default the runs are tiny (one quick test
 file, one benchmark, quick ceilings, a history folder of their own); ``-- ARGS`` replaces the
-arguments of ``python -m reports`` after ``--out`` and ``--history``.
+arguments of ``python -m inference_conformance.reports`` after ``--out`` and ``--history``.
 
 Exit status 0 when every check held, 1 otherwise.
 """
@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from reports import publish
+from inference_conformance.reports import publish
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The tiny run: one quick test file, one benchmark, quick ceilings.
@@ -60,7 +60,7 @@ def whole(path: Path) -> str:
 
 def check_tree(*roots: Path) -> dict[str, list[str]]:
     """Walk ``roots``: ``truncated``: files under a final name that are not whole; ``leftovers``:
-    temporary and scratch files (:func:`reports.publish.is_scratch`)."""
+    temporary and scratch files (:func:`inference_conformance.reports.publish.is_scratch`)."""
     found: dict[str, list[str]] = {"truncated": [], "leftovers": []}
     for root in roots:
         for folder, dirs, files in os.walk(root):
@@ -102,7 +102,7 @@ def check_published(out: Path) -> list[str]:
 
 
 def reports_cmd(out: Path, history: Path, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "reports", "--out", str(out), "--history", str(history), *args]
+    return [sys.executable, "-m", "inference_conformance.reports", "--out", str(out), "--history", str(history), *args]
 
 
 def _run(cmd: list[str], log) -> tuple[int, float]:
@@ -117,11 +117,11 @@ def newest(out: Path) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports.faults", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports.faults", description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=20, help="how many runs to kill (default 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the output, history and log (default: a new temporary one)")
-    ap.add_argument("args", nargs="*", help="arguments of python -m reports (default: a tiny run)")
+    ap.add_argument("args", nargs="*", help="arguments of python -m inference_conformance.reports (default: a tiny run)")
     a = ap.parse_args(argv)
     if a.kills < 1:
         ap.error(f"--kills must be >= 1, got {a.kills}")

@@ -1,4 +1,4 @@
-"""``python -m reports.killrate``: run the bug-zoo tests and report the kill rate per technique.
+"""``python -m inference_conformance.reports.killrate``: run the bug-zoo tests and report the kill rate per technique.
 
 Every law names the known-bad implementations it must reject (``@pytest.mark.kills``); the zoo
 test of a law passes when the law rejects the bad implementation. The kill rate of a technique
@@ -17,7 +17,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from conformance.results import Row, read_rows
+from inference_conformance.conformance.results import Row, read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def format_rates(rates: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports.killrate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports.killrate", description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=None, help="read zoo rows from this folder instead of running pytest")
     ap.add_argument("-n", default="2", help="pytest-xdist workers (0: none)")
     ap.add_argument("pytest_args", nargs="*")

@@ -1,10 +1,10 @@
 """The conformance matrix: result rows of runs made in different environments, on other machines
 and devices, or as shards of one run (``pytest --shard K/N``), merged into one table.
 
-    python -m reports merge RUN... [--out DIR]
+    python -m inference_conformance.reports merge RUN... [--out DIR]
 
 A RUN is a ``pytest --results DIR`` folder (its rows, ``run.json`` and ``impls-*.json``,
-:mod:`conformance.runinfo`), a report folder of ``python -m reports`` (its ``rows/``), or a
+:mod:`inference_conformance.conformance.runinfo`), a report folder of ``python -m inference_conformance.reports`` (its ``rows/``), or a
 folder holding such folders (a CI job's downloaded artifacts). ``--out`` (default
 ``reports/out/matrix`` under the current folder) receives ``index.html`` (the matrix, filterable by technique),
 ``report.md`` and ``results.json``.
@@ -28,12 +28,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance import atomic
-from conformance.results import Row
-from conformance.runinfo import RUN_FILE
-from perf import env
-from reports import templating
-from reports.ledger import claims
+from inference_conformance.conformance import atomic
+from inference_conformance.conformance.results import Row
+from inference_conformance.conformance.runinfo import RUN_FILE
+from inference_conformance.perf import env
+from inference_conformance.reports import templating
+from inference_conformance.reports.ledger import claims
 
 #: relative to the current folder (the checkout's root in its CI; a pip-installed suite would
 #: otherwise write beside its package in site-packages)
@@ -310,7 +310,7 @@ def write(ctx: dict, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports merge", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run folders (pytest --results DIR), report folders, "
                                                            "or folders holding them")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = load(args.runs)
     except MergeError as exc:
-        print(f"python -m reports merge: {exc}", file=sys.stderr)
+        print(f"python -m inference_conformance.reports merge: {exc}", file=sys.stderr)
         return 2
     ctx = matrix(runs)
     for p in write(ctx, args.out):

@@ -3,7 +3,7 @@
 Every plot is data-driven: it gathers points from the result rows (``Row.extra`` plus
 ``measured``) and the benchmark records (``extra_info`` plus ``params`` and the median time),
 and is skipped with a note when no points exist. Every field read is declared in
-:mod:`conformance.fields`. What a check must record to appear in a plot:
+:mod:`inference_conformance.conformance.fields`. What a check must record to appear in a plot:
 
 - roofline:      benchmark extra_info ``flops`` and ``bytes`` (per call); ceilings from
                  ``perf/ceilings.py`` when available.
@@ -21,9 +21,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from conformance import atomic
-from conformance.fields import FIELDS
-from perf import records as benchmark_records
+from inference_conformance.conformance import atomic
+from inference_conformance.conformance.fields import FIELDS
+from inference_conformance.perf import records as benchmark_records
 
 SPECS = {
     "batch": dict(title="Decode step latency and throughput vs batch size (AI-9)",
@@ -91,7 +91,7 @@ def points(spec: dict, rows, records) -> dict[str, list[tuple]]:
 
 
 def _save(fig, out: Path, name: str) -> str:
-    """Draw ``fig`` to ``out/<name>.png``, whole or not at all (:mod:`conformance.atomic`)."""
+    """Draw ``fig`` to ``out/<name>.png``, whole or not at all (:mod:`inference_conformance.conformance.atomic`)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     _plt().close(fig)

@@ -1,4 +1,4 @@
-"""How ``python -m reports`` writes its output folder so that nothing is lost or mixed.
+"""How ``python -m inference_conformance.reports`` writes its output folder so that nothing is lost or mixed.
 
 - The folder is the suite's only when it carries the marker file ``.conformance-report``
   (written when the suite creates the folder, or adopts an empty one); an existing folder that
@@ -15,7 +15,7 @@
   ``index.html``, ``report.md``, ``results.json``, ``benchmarks.json``, ``plots``, ``rows`` and
   ``manifest.json`` in the folder are fixed links into ``current/``, so they all change at once.
 - The pytest children run in their own process group under a small group leader
-  (``python -m reports.publish lead``) that kills the whole group when the parent dies (Linux
+  (``python -m inference_conformance.reports.publish lead``) that kills the whole group when the parent dies (Linux
   ``PR_SET_PDEATHSIG``, even on SIGKILL) or when it is sent SIGTERM / SIGINT / SIGHUP.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from conformance import atomic
+from inference_conformance.conformance import atomic
 
 MARKER = ".conformance-report"
 LOCK = ".lock"
@@ -68,7 +68,7 @@ def is_marked(folder: str | os.PathLike) -> bool:
 
 
 def mark(folder: str | os.PathLike) -> None:
-    atomic.write_text(Path(folder) / MARKER, "made by python -m reports: its contents are the suite's "
+    atomic.write_text(Path(folder) / MARKER, "made by python -m inference_conformance.reports: its contents are the suite's "
                                              f"and may be replaced (marked {now()})\n")
 
 
@@ -122,7 +122,7 @@ class Lock:
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
             pid = holder[0] if holder else "unknown"
-            raise Refused(f"{self.path.parent} is in use by another python -m reports (pid {pid}, "
+            raise Refused(f"{self.path.parent} is in use by another python -m inference_conformance.reports (pid {pid}, "
                           f"started {' '.join(holder[1:2]) or 'at an unknown time'}); wait for it or choose another --out")
         old = os.pread(fd, 200, 0).decode(errors="replace").split()
         if old and old[0].isdigit() and int(old[0]) != os.getpid():
@@ -253,7 +253,7 @@ def prune(out: Path, keep: int = KEEP) -> list[Path]:
 
 def is_scratch(name: str) -> bool:
     """Whether ``name`` is unpublished work in progress: a temporary file of
-    :mod:`conformance.atomic` or a child's ``.*.partial`` output (rows, benchmark JSON)."""
+    :mod:`inference_conformance.conformance.atomic` or a child's ``.*.partial`` output (rows, benchmark JSON)."""
     return atomic.is_partial(name) or (name.startswith(".") and name.endswith(".partial"))
 
 
@@ -292,7 +292,7 @@ def _child_setup() -> None:  # preexec_fn: runs in the child between fork and ex
 
 def spawn(cmd: list[str], **popen) -> subprocess.Popen:
     """Start ``cmd`` under the group leader, in a new process group."""
-    lead = [sys.executable, "-m", "reports.publish", "lead", str(os.getpid()), "--", *cmd]
+    lead = [sys.executable, "-m", "inference_conformance.reports.publish", "lead", str(os.getpid()), "--", *cmd]
     return subprocess.Popen(lead, process_group=0, preexec_fn=_child_setup, **popen)
 
 
@@ -336,5 +336,5 @@ def lead(parent: int, cmd: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) < 4 or sys.argv[1] != "lead" or sys.argv[3] != "--":
-        sys.exit("usage: python -m reports.publish lead PARENT_PID -- COMMAND...")
+        sys.exit("usage: python -m inference_conformance.reports.publish lead PARENT_PID -- COMMAND...")
     sys.exit(lead(int(sys.argv[2]), sys.argv[4:]))

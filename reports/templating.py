@@ -1,6 +1,6 @@
 """The Jinja2 environments of the report's templates (``reports/templates/``): HTML (escaped)
-and Markdown (``md`` escapes a table cell), shared by the report (:mod:`reports.build`) and the
-conformance matrix (:mod:`reports.merge`)."""
+and Markdown (``md`` escapes a table cell), shared by the report (:mod:`inference_conformance.reports.build`) and the
+conformance matrix (:mod:`inference_conformance.reports.merge`)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -33,7 +33,7 @@ fi
 cat "$OUT/kernel_smoke.log"
 rm -rf "$OUT/history" && cp -r history "$OUT/history"
 # properties and tests: compiled kernels, 4 workers; benchmarks serially; ceilings; history; report
-$PY -m reports --device cuda -n 4 --out "$OUT/report" --history "$OUT/history" "$@" > "$OUT/reports.log" 2>&1
+$PY -m inference_conformance.reports --device cuda -n 4 --out "$OUT/report" --history "$OUT/history" "$@" > "$OUT/reports.log" 2>&1
 status=$?
 # the published names in $OUT/report are links into its run folder: a plain copy for whoever
 # collects $OUT and does not follow links

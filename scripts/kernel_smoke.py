@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def _calls(device: str):
     """(label, run) of every kernel module's own ``smoke_calls(device)``, module by module
-    (``optimized.triton_shared.kernel_modules``: no list of kernels is kept here)."""
-    from optimized.triton_shared import kernel_modules
+    (``inference_conformance.optimized.triton_shared.kernel_modules``: no list of kernels is kept here)."""
+    from inference_conformance.optimized.triton_shared import kernel_modules
 
     return [(c.label, c.run) for module in kernel_modules() for c in module.smoke_calls(device)]
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None)
     args = ap.parse_args(argv)
-    from conformance.device import select_device
+    from inference_conformance.conformance.device import select_device
 
     device = select_device(args.device)
     import torch

@@ -1,18 +1,18 @@
-"""``python -m smallworld``: print the shipped models' cards and a few sampled documents.
+"""``python -m inference_conformance.smallworld``: print the shipped models' cards and a few sampled documents.
 
-Training is ``python -m smallworld.train`` (see :mod:`smallworld.train`).
+Training is ``python -m inference_conformance.smallworld.train`` (see :mod:`inference_conformance.smallworld.train`).
 """
 from __future__ import annotations
 
 import argparse
 
-from smallworld import checkpoints
-from smallworld.checker import is_grammatical
-from smallworld.sample import sample_documents
+from inference_conformance.smallworld import checkpoints
+from inference_conformance.smallworld.checker import is_grammatical
+from inference_conformance.smallworld.sample import sample_documents
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m smallworld", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.smallworld", description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=3, help="documents to sample from each model")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

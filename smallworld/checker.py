@@ -1,6 +1,6 @@
 """The garden grammar's checker: decides exactly whether a whole document is grammatical.
 
-A chart recognizer over the grammar's own rule table (:class:`smallworld.grammar.Grammar`):
+A chart recognizer over the grammar's own rule table (:class:`inference_conformance.smallworld.grammar.Grammar`):
 ``ends(A, i)`` is the set of positions j such that nonterminal ``A`` derives ``words[i:j]``,
 computed by recursive descent over every rule of ``A`` with memoisation on ``(A, i)``. This is
 exact for any context-free grammar without left recursion and without empty rules (both are
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from smallworld.grammar import EOS, Grammar, grammar
+from inference_conformance.smallworld.grammar import EOS, Grammar, grammar
 
 
 class Recognizer:

@@ -1,10 +1,10 @@
 """The garden world's shipped checkpoints: loading and saving (safetensors + a JSON card).
 
 Three models live in ``smallworld/checkpoints/`` (written by ``python -m
-smallworld.train``): ``target`` (d=128, 4 layers, ~806K parameters, lecture 001 §0.3),
+inference_conformance.smallworld.train``): ``target`` (d=128, 4 layers, ~806K parameters, lecture 001 §0.3),
 ``draft_good`` (d=32, 1 layer, ~16K parameters, trained long) and ``draft_poor`` (the same
 architecture, trained briefly). Each is ``NAME.safetensors`` (float32 weights of
-:class:`reference.transformer.Transformer`) with ``NAME.json``, its card: config, parameter
+:class:`inference_conformance.reference.transformer.Transformer`) with ``NAME.json``, its card: config, parameter
 count, training steps and seed, test NLL, the NLL of a fixed test subset in float64 (what CI
 recomputes), the grammatical fraction of 1000 documents sampled at temperature 1, wall time.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch and the model are imported where weights are read: the cards need neither
     import torch
 
-    from reference.transformer import Transformer, TransformerConfig
+    from inference_conformance.reference.transformer import Transformer, TransformerConfig
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 NAMES = ("target", "draft_good", "draft_poor")
@@ -37,7 +37,7 @@ def resolve(name_or_path: str | Path) -> Path:
     for f in (p, p.with_suffix(".json")):
         if not f.exists():
             raise FileNotFoundError(f"checkpoint file {f} not found (shipped names: {', '.join(NAMES)}; "
-                                    "rebuild with `python -m smallworld.train`)")
+                                    "rebuild with `python -m inference_conformance.smallworld.train`)")
     return p
 
 
@@ -47,7 +47,7 @@ def load_card(name_or_path: str | Path) -> dict:
 
 
 def config_from_card(card: dict) -> TransformerConfig:
-    from reference.transformer import TransformerConfig
+    from inference_conformance.reference.transformer import TransformerConfig
 
     return TransformerConfig(**card["config"])
 
@@ -60,7 +60,7 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype | None = None,
     import torch
     from safetensors.torch import load_file
 
-    from reference.transformer import Transformer
+    from inference_conformance.reference.transformer import Transformer
 
     dtype = torch.float32 if dtype is None else dtype
     p = resolve(name_or_path)

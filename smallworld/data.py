@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from smallworld.grammar import generate_documents
-from smallworld.tokenizer import tokenizer
+from inference_conformance.smallworld.grammar import generate_documents
+from inference_conformance.smallworld.tokenizer import tokenizer
 
 #: name -> (seed, number of documents)
 SPLITS = {"train": (1001, 400_000), "val": (2002, 2_000), "test": (3003, 2_000)}

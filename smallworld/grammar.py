@@ -20,7 +20,7 @@ garden world. Structure a model has to learn:
 
 The grammar is a feature-instantiated context-free grammar (:class:`Grammar`): every feature
 (topic, agreement, depth, initial sound) is compiled into nonterminal names, so the generator
-(:func:`sample_document`) and the checker (:mod:`smallworld.checker`, a chart recognizer)
+(:func:`sample_document`) and the checker (:mod:`inference_conformance.smallworld.checker`, a chart recognizer)
 use the very same rule table. Depth is bounded, so there is no recursion without a bound and no
 empty rule. Lexical choices use Zipf weights (1/rank) so frequent and rare words both occur.
 

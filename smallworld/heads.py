@@ -5,7 +5,7 @@ predicts the token j + 1 places ahead, x_{t+1+j}, through one residual SiLU laye
 own (tied) output matrix: logits_j = W_out (h + SiLU(A_j h)). Only A_j is trained, on the
 target's hidden states of the training split, with the target frozen: a few hundred Adam steps,
 deterministic for a seed. The trained heads ship as ``checkpoints/heads/target_medusa2.safetensors``
-(``python -m smallworld.heads`` retrains and rewrites it; :func:`shipped_heads` loads it); any
+(``python -m inference_conformance.smallworld.heads`` retrains and rewrites it; :func:`shipped_heads` loads it); any
 head is a valid draft for greedy verification (SD-12 holds whatever they predict), training only
 raises α (SD-14).
 """
@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference.transformer import Transformer
+from inference_conformance.reference.transformer import Transformer
 
 
 class MedusaHeads(nn.Module):
@@ -70,7 +70,7 @@ def shipped_heads() -> MedusaHeads:
     FileNotFoundError when the file is missing, ValueError when it does not fit the target."""
     from safetensors.torch import load_file
 
-    from smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.checkpoints import load_model
 
     target = load_model("target", torch.float32)
     heads = MedusaHeads(target, 2)
@@ -91,8 +91,8 @@ def _frozen(heads: MedusaHeads) -> MedusaHeads:
 def train_heads(n_heads: int = 2, steps: int = 400, docs: int = 512, seed: int = 0) -> MedusaHeads:
     """Heads trained on the shipped float32 target (``docs`` training documents, ``steps`` Adam
     steps of 32 documents, lr 1e-2)."""
-    from smallworld.checkpoints import load_model
-    from smallworld.data import IGNORE, encode, pad_batch, split
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.data import IGNORE, encode, pad_batch, split
 
     torch.manual_seed(seed)
     target = load_model("target", torch.float32)

@@ -11,7 +11,7 @@ raises :class:`MissingTensor` / ValueError naming it.
 
 RoPE layout: Hugging Face Llama checkpoints store q_proj / k_proj already permuted for the
 "rotate half" convention (pairs ``(x[i], x[i + H/2])``), which is what
-:func:`reference.transformer.apply_rope` uses, so the weights are copied without permutation.
+:func:`inference_conformance.reference.transformer.apply_rope` uses, so the weights are copied without permutation.
 Name map (per layer ``i``)::
 
     model.embed_tokens.weight                     -> embed.weight
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from reference.transformer import Transformer, TransformerConfig
+from inference_conformance.reference.transformer import Transformer, TransformerConfig
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 _LAYER_MAP = {

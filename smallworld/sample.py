@@ -1,9 +1,9 @@
 """Sampling whole documents from a garden-world model (with a simple KV cache).
 
-:func:`sample_ids` runs the reference :class:`~reference.transformer.Transformer`'s one forward
+:func:`sample_ids` runs the reference :class:`~inference_conformance.reference.transformer.Transformer`'s one forward
 step by step over a :class:`GrowingCache` (each layer's keys and values so far), and draws every token with
-:func:`reference.transformer.sample_next` (one uniform per row per step from ``generator``),
-so it consumes the same random numbers as :func:`reference.transformer.generate` and emits the
+:func:`inference_conformance.reference.transformer.sample_next` (one uniform per row per step from ``generator``),
+so it consumes the same random numbers as :func:`inference_conformance.reference.transformer.generate` and emits the
 same tokens (``tests/test_world_models.py`` checks it in float64). It exists so that the
 training command can judge 1000 samples per model in seconds; the suite's KV-cache engines live
 in ``optimized/``.
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from reference.transformer import Transformer, naive_attention, sample_next
-from smallworld.checker import grammatical_fraction
-from smallworld.tokenizer import tokenizer
+from inference_conformance.reference.transformer import Transformer, naive_attention, sample_next
+from inference_conformance.smallworld.checker import grammatical_fraction
+from inference_conformance.smallworld.tokenizer import tokenizer
 
 
 class GrowingCache:
-    """The simplest :class:`~reference.transformer.AttentionCache`: each layer's keys and values
+    """The simplest :class:`~inference_conformance.reference.transformer.AttentionCache`: each layer's keys and values
     so far, grown by concatenation along T; the forward's queries attend over every cached key
     (one new token per row per step, so no mask is needed)."""
 

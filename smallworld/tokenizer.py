@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from smallworld.grammar import EOS, vocabulary
+from inference_conformance.smallworld.grammar import EOS, vocabulary
 
 PAD, BOS, UNK = "<pad>", "<bos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -74,5 +74,5 @@ class Tokenizer:
 
 @lru_cache(maxsize=1)
 def tokenizer() -> Tokenizer:
-    """The garden world's tokenizer (the vocabulary of :func:`smallworld.grammar.vocabulary`)."""
+    """The garden world's tokenizer (the vocabulary of :func:`inference_conformance.smallworld.grammar.vocabulary`)."""
     return Tokenizer(vocabulary())

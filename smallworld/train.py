@@ -1,8 +1,8 @@
 """Train the garden world's model pair and write the shipped checkpoints (CPU, deterministic).
 
-    python -m smallworld.train                       # all three: ~32 min wall on a busy 2-core machine
-    python -m smallworld.train --models draft_poor   # one of them
-    python -m smallworld.train --out /tmp/world --scale 0.05   # a quick smoke run
+    python -m inference_conformance.smallworld.train                       # all three: ~32 min wall on a busy 2-core machine
+    python -m inference_conformance.smallworld.train --models draft_poor   # one of them
+    python -m inference_conformance.smallworld.train --out /tmp/world --scale 0.05   # a quick smoke run
 
 Models (lecture 001 §0.3: target d=128, 4 layers, 806,144 parameters; draft d=32, 1 layer,
 15,968 parameters, a good draft trained 6 epochs and a poor one trained 1):
@@ -12,7 +12,7 @@ Models (lecture 001 §0.3: target d=128, 4 layers, 806,144 parameters; draft d=3
 - ``draft_poor``: the draft's architecture, trained for a small fraction of the good draft's steps.
 
 Plain PyTorch, float32, AdamW with warmup and cosine decay, batches of documents bucketed by
-length. Deterministic: weights are initialised by :func:`reference.transformer.init_weights`
+length. Deterministic: weights are initialised by :func:`inference_conformance.reference.transformer.init_weights`
 from the model's seed, batches are drawn with ``random.Random(seed)``, and the thread count is
 fixed (``--threads``, default 1; results can differ in the last bits with another count).
 After training, each model's card gets: test NLL (the whole test split, float32), the float64
@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from reference.transformer import Transformer, TransformerConfig, init_weights
-from smallworld import checker, data
-from smallworld.checkpoints import CHECKPOINT_DIR, save_model
-from smallworld.sample import sample_documents
-from smallworld.tokenizer import tokenizer
+from inference_conformance.reference.transformer import Transformer, TransformerConfig, init_weights
+from inference_conformance.smallworld import checker, data
+from inference_conformance.smallworld.checkpoints import CHECKPOINT_DIR, save_model
+from inference_conformance.smallworld.sample import sample_documents
+from inference_conformance.smallworld.tokenizer import tokenizer
 
 MAX_SEQ_LEN = 128
 
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    ap = argparse.ArgumentParser(prog="python -m smallworld.train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.smallworld.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     ap.add_argument("--out", default=str(CHECKPOINT_DIR), help="folder for NAME.safetensors + NAME.json")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (fixed for determinism)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from conformance.contracts.speculative import validate
-from optimized.speculative import verify as _verify
+from inference_conformance.conformance.contracts.speculative import validate
+from inference_conformance.optimized.speculative import verify as _verify
 
 
 def _verifier(reword):

@@ -1,7 +1,7 @@
 """An outside quantization that supports only 8-bit per-channel weights (the reference's
 arithmetic) and refuses every other bit width or granularity with NotImplementedError: the laws
 must report it "partial", naming what it refused, never a plain pass."""
-from reference import quantization as _ref
+from inference_conformance.reference import quantization as _ref
 
 
 def quantize(w, *, bits, granularity, g_idx=None):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perf import ab, settings
+from inference_conformance.perf import ab, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN, SLOWED = "attention=my_attention:attention", "attention=tests.slowed_attention:attention"
@@ -62,7 +62,7 @@ def _outside_backends(ids: list[str]) -> dict[str, set[str]]:
 def test_benchmark_ids_without_impl_unchanged_with_impl_named_by_place():
     """Without ``--impl``: the ids of the committed history, no outside row. With it: only the
     outside rows run, ``impl``/``impl2`` by order per technique, never the target."""
-    plain, outside = _collected([], [PLAIN, SLOWED, QUANT, "kv_cache=optimized.kv_cache:TORCH"])
+    plain, outside = _collected([], [PLAIN, SLOWED, QUANT, "kv_cache=inference_conformance.optimized.kv_cache:TORCH"])
     committed = _committed_names()
     assert committed, "no committed CPU history to compare with"
     missing = sorted(committed - set(plain))
@@ -122,7 +122,7 @@ def test_ab_between_two_impl_targets(tmp_path, monkeypatch):
 
 
 def test_ab_command_hands_each_side_its_targets_and_names_them(tmp_path, monkeypatch, capsys):
-    """``python -m perf.ab --impl-a ... --impl-b ...``: both sides on this working tree, each
+    """``python -m inference_conformance.perf.ab --impl-a ... --impl-b ...``: both sides on this working tree, each
     side's passes get its ``--impl`` options, the output and the JSON name the targets (the
     passes are stood in for: a doubled ``impl2`` row on B, three pairs)."""
     seen = {}
@@ -153,7 +153,7 @@ def test_ab_command_hands_each_side_its_targets_and_names_them(tmp_path, monkeyp
 
 @pytest.mark.parametrize("lockstep", [True, False], ids=["lockstep", "sequential"])
 def test_both_designs_hand_each_side_its_impl_options(tmp_path, monkeypatch, lockstep):
-    """The passes' command lines (:func:`perf.ab.pass_command`) carry each side's ``--impl``,
+    """The passes' command lines (:func:`inference_conformance.perf.ab.pass_command`) carry each side's ``--impl``,
     in lockstep pairs and in sequential passes alike (the passes themselves do nothing here)."""
     seen: dict[str, list[str]] = {}
     real = ab.pass_command
@@ -189,10 +189,10 @@ def test_impl_flags_are_checked_before_anything_runs(argv, message, capsys):
 def test_plugin_outside_rows_and_their_refusals(monkeypatch):
     """The plugin's accessors for benchmarks: ids by place, the target in extra_info, and a
     refusal of an outside row (only) made "unsupported"."""
-    from conformance import plugin, registry
-    from conformance.outcomes import Unsupported
+    from inference_conformance.conformance import plugin, registry
+    from inference_conformance.conformance.outcomes import Unsupported
 
-    target = "reference.attention:attention"
+    target = "inference_conformance.reference.attention:attention"
     monkeypatch.setitem(plugin._STATE, "outside", {"attention": [registry.load_outside("attention", target)] * 2})
     params = plugin.bench_backends("attention", ("naive", "torch"))
     assert params[:2] == ["naive", "torch"]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conformance import registry
+from inference_conformance.conformance import registry
 
 
 def _impls():
@@ -55,7 +55,7 @@ def test_bad_input_raises_naming_the_argument(impl, name, args, kwargs, exc, mat
 
 
 def test_triton_rejects_bad_tile_sizes():
-    fa = pytest.importorskip("optimized.flash_attention")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="block_m.*power of two"):
         fa.flash_attention(q, k, v, causal=False, scale=0.3, block_m=24)
@@ -65,16 +65,16 @@ def test_triton_rejects_bad_tile_sizes():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_split_kv_rejects_bad_num_splits(bad):
-    fd = pytest.importorskip("optimized.flash_decoding")
+    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="num_splits"):
         fd.flash_decoding(q, k, v, causal=False, scale=0.3, num_splits=bad)
 
 
 def test_triton_needs_cuda_tensors_without_the_interpreter(monkeypatch):
-    fa = pytest.importorskip("optimized.flash_attention")
-    fd = pytest.importorskip("optimized.flash_decoding")
-    shared = pytest.importorskip("optimized.triton_shared")
+    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
+    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
+    shared = pytest.importorskip("inference_conformance.optimized.triton_shared")
     monkeypatch.setattr(shared, "triton_interpreted", lambda: False)
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="q is on cpu.*CUDA"):
@@ -84,7 +84,7 @@ def test_triton_needs_cuda_tensors_without_the_interpreter(monkeypatch):
 
 
 def test_reference_blocked_rejects_bad_blocks():
-    from reference.attention import blocked_attention, online_softmax, split_kv_attention
+    from inference_conformance.reference.attention import blocked_attention, online_softmax, split_kv_attention
 
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="block sizes"):

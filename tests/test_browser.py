@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import merge
-from reports.ledger import claims
+from inference_conformance.reports import merge
+from inference_conformance.reports.ledger import claims
 from tests.test_merge import two_environments
 from tests.test_report import build_synthetic
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from perf import ab, calibrate, calibration_analysis, inject, stats
+from inference_conformance.perf import ab, calibrate, calibration_analysis, inject, stats
 
 NAMES = [f"benchmarks/bench_x.py::t{j}" for j in range(4)]
 
@@ -168,7 +168,7 @@ def test_report_shows_the_committed_calibration(tmp_path):
     file as data (no import of the calibration)."""
     import json
 
-    from reports import build
+    from inference_conformance.reports import build
 
     res = calibration_analysis.analyse(_sessions(np.random.default_rng(6), 4), window=3)
     doc = {"machine": {"cpu": "Test CPU", "cores": 2}, "calibrations": [res]}
@@ -234,7 +234,7 @@ def test_each_side_can_run_its_own_interpreter(tmp_path):
 
 
 def test_merge_passes_takes_the_geometric_mean_of_the_pass_medians():
-    from perf.records import merge_passes
+    from inference_conformance.perf.records import merge_passes
 
     p1 = [{"fullname": "x", "stats": {"median": 1.0, "rounds": 3}, "data": [1.0, 1.0, 1.0]},
           {"fullname": "only_first", "stats": {"median": 5.0}, "data": [5.0]}]

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from perf.ceilings import fraction_of_ceiling, measure_ceilings
-from conformance.tolerance import assert_scalar
+from inference_conformance.perf.ceilings import fraction_of_ceiling, measure_ceilings
+from inference_conformance.conformance.tolerance import assert_scalar
 
 # A made-up device: 100 TFLOP/s bf16, 1 TB/s copy: ridge at 100 FLOP/byte.
 FAKE = {"copy_bytes_per_s": 1e12, "matmul_flops_per_s": {"bfloat16": 100e12, "float32": 25e12}}

@@ -8,27 +8,27 @@ import re
 import sys
 from pathlib import Path
 
-from reports import docs
+from inference_conformance.reports import docs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_docs_are_current():
     bad = docs.stale(ROOT / "docs")
-    assert not bad, f"docs/ is stale ({', '.join(bad)}): run python -m reports.docs"
+    assert not bad, f"docs/ is stale ({', '.join(bad)}): run python -m inference_conformance.reports.docs"
 
 
 def test_every_claim_has_a_test_that_shows_its_check_failing():
     """The ledger's every verdict can fail (docs/claims.md): each claim of CLAIMS.md has a zoo test
     or a ``test_<claim>_rejects_*`` test marked with it (properties/falsify.py)."""
-    from reports import falsifiers
+    from inference_conformance.reports import falsifiers
 
     missing = falsifiers.claims_without_rejection()
     assert not missing, f"claims with no test showing their check reject a known-bad input: {missing}"
 
 
 def test_every_technique_has_a_page_naming_its_zoo_and_implementations():
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     pages = docs.pages()
     for technique in registry.contracts():
@@ -39,7 +39,7 @@ def test_every_technique_has_a_page_naming_its_zoo_and_implementations():
 
 
 def test_check_mode_fails_on_a_stale_page_and_names_it(tmp_path, capsys):
-    """``python -m reports.docs --check`` (its ``main``, in this process: its pages are computed
+    """``python -m inference_conformance.reports.docs --check`` (its ``main``, in this process: its pages are computed
     once per process, a subprocess would collect properties/ again): 0 on current pages; 1 naming
     every page edited by hand or missing."""
     for name, text in docs.pages().items():

@@ -1,5 +1,5 @@
 """Expectation files (``--expect``): an outside implementation with one known failure gates a CI
-run on "no new failures"; ``python -m reports.expect update`` writes the file from a run's rows.
+run on "no new failures"; ``python -m inference_conformance.reports.expect update`` writes the file from a run's rows.
 The runs are subprocesses (as a kernel project would run the suite) on two tiny laws."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import expectations
-from conformance.results import read_rows
-from reports import expect
+from inference_conformance.conformance import expectations
+from inference_conformance.conformance.results import read_rows
+from inference_conformance.reports import expect
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,12 +62,12 @@ def _run(tmp_path: Path, *args: str, bf16: bool = True, scale: bool = False) -> 
     laws = tmp_path / "laws"
     laws.mkdir(exist_ok=True)
     (laws / "test_tiny_laws.py").write_text(LAWS)
-    installed = any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
+    installed = any(ep.value == "inference_conformance.conformance.plugin" for ep in entry_points(group="pytest11"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env.update(CI="true", PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
                INFERENCE_CONFORMANCE_DIR=str(tmp_path / "storage"))
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfExX", "--device", "cpu",
-                           "-W", "ignore::pytest.PytestWarning", *([] if installed else ["-p", "conformance.plugin"]),
+                           "-W", "ignore::pytest.PytestWarning", *([] if installed else ["-p", "inference_conformance.conformance.plugin"]),
                            str(laws), "--impl", f"attention={TARGET}", *args],
                           cwd=laws, env=env, capture_output=True, text=True, timeout=600)
 
@@ -81,7 +81,7 @@ def test_known_failure_new_failure_and_fix(tmp_path):
     r = _run(tmp_path, "--results", str(tmp_path / "run1"))
     assert r.returncode == 1, r.stdout[-3000:]
     out = tmp_path / "expectations"
-    cli = subprocess.run([sys.executable, "-m", "reports.expect", "update", str(tmp_path / "run1"), "--out", str(out)],
+    cli = subprocess.run([sys.executable, "-m", "inference_conformance.reports.expect", "update", str(tmp_path / "run1"), "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     (path,) = out.glob("*.toml")
@@ -203,7 +203,7 @@ def test_the_same_test_in_two_files_is_an_error(tmp_path):
 def test_the_suites_own_files_name_registered_builtins_and_existing_laws():
     """expectations/ (applied to the built-ins in every run): each file names a built-in of its
     technique, and each entry a law that exists, so that no entry silently stops applying."""
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     loaded = expectations.load([expectations.BUILTIN])
     assert {(e.technique, e.name) for e in loaded} >= {("attention", "torch"), ("quantization", "torchao_int8"),
@@ -238,10 +238,9 @@ def test_the_builtin_expectations_ship_in_a_non_editable_install():
     """``pip install .`` (not ``-e``) must carry expectations/: the built-ins' expected failures
     are read from beside the installed packages on every run, and a suite installed without them
     would fail PyTorch's known NaN finding as new. Read from pyproject.toml's own package list."""
-    from setuptools import find_packages
-
     cfg = expectations.tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    packages = find_packages(str(ROOT), include=cfg["packages"]["find"]["include"])
-    assert expectations.BUILTIN.name in packages, f"{expectations.BUILTIN.name!r} is not a package: {packages}"
-    assert "*.toml" in cfg["package-data"].get(expectations.BUILTIN.name, []), cfg["package-data"]
+    name = f"inference_conformance.{expectations.BUILTIN.name}"
+    assert name in cfg["packages"], f"{name!r} is not a package: {cfg['packages']}"
+    assert cfg["package-dir"][name] == expectations.BUILTIN.name, cfg["package-dir"]
+    assert "*.toml" in cfg["package-data"].get(name, []), cfg["package-data"]
     assert sorted(expectations.BUILTIN.glob("*.toml")), expectations.BUILTIN

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import fields, results
+from inference_conformance.conformance import fields, results
 
 
 @pytest.mark.parametrize("key,declared", [("utilization", "utilisation"), ("tokens_per_S", "tokens_per_s"),
@@ -41,7 +41,7 @@ def test_record_and_bench_info_check_their_fields():
 
 
 def test_every_plot_reads_declared_fields():
-    from reports.plots import SPECS
+    from inference_conformance.reports.plots import SPECS
 
     used = {n for spec in SPECS.values() for key in ("x", "y", "group") for n in spec[key]}
     assert used <= set(fields.FIELDS)

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from perf import gate, history, stats
+from inference_conformance.perf import gate, history, stats
 
 
 def _samples(median: float, spread: float, n: int = 40, seed: int = 0) -> np.ndarray:
@@ -123,9 +123,9 @@ def test_run_to_run_spread_of_the_history_widens_the_rule():
     assert gate.gate(run, stable[-1], history=stable)[0].status == "regression"
     d = gate.gate(run, jumpy[-1], history=jumpy)[0]
     assert d.status == "noisy" and "run-to-run spread" in d.reason
-    # without history the rounds alone never call a +15% regression: inconclusive, see perf.ab
+    # without history the rounds alone never call a +15% regression: inconclusive, see inference_conformance.perf.ab
     d = gate.gate(run, jumpy[-1])[0]
-    assert d.status == "inconclusive" and d.basis == "rounds" and "perf.ab" in d.reason
+    assert d.status == "inconclusive" and d.basis == "rounds" and "inference_conformance.perf.ab" in d.reason
 
 
 # ------------------------------------------------------------- between-run model, family-wise
@@ -220,13 +220,13 @@ def test_rounds_fallback_warns_in_the_command_output(tmp_path, capsys):
     run = history.append(_entry("2026-01-02T00:00:00Z", "b" * 40, {"t1": 1e-3}), h)
     assert gate.main([str(run), "--history", str(h)]) == stats.EXIT_PASS
     out = capsys.readouterr().out
-    assert "INCONCLUSIVE" in out and "python -m perf.ab" in out
+    assert "INCONCLUSIVE" in out and "python -m inference_conformance.perf.ab" in out
 
 
 def test_runs_measured_differently_are_flagged(tmp_path, capsys):
     """A history entry records how its benchmarks were measured; a run timed with another timer
     or thread count than its baseline gets a warning (its times are not comparable)."""
-    from perf import settings
+    from inference_conformance.perf import settings
 
     h = tmp_path / "history"
     e = _entry("2026-01-01T00:00:00Z", "a" * 40, {"t1": 1e-3})

@@ -1,4 +1,4 @@
-"""``python -m perf.gate`` fails loudly and never silently passes: damaged run files and history
+"""``python -m inference_conformance.perf.gate`` fails loudly and never silently passes: damaged run files and history
 entries, bad options, missing benchmarks, no baseline, too little history and another device's
 baseline each give their exit code (0 pass, 1 regression, 2 usage or input error, 3 inconclusive
 with --strict) and one line naming the file, the entry and the field. The command runs as a
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perf import env, gate, history, settings, stats
-from perf.env import ROOT
+from inference_conformance.perf import env, gate, history, settings, stats
+from inference_conformance.perf.env import ROOT
 from tests.test_gate import _entry, _simulated_runs
 
 COMMITTED = ROOT / "history" / "cpu-amd-epyc"
@@ -23,7 +23,7 @@ COMMITTED_ENTRIES = sorted(COMMITTED.glob("*.json"))
 
 
 def _gate(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perf.gate", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "inference_conformance.perf.gate", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=120)
 
 
@@ -156,7 +156,7 @@ def test_fewer_than_3_earlier_entries_is_inconclusive_and_points_to_the_ab_mode(
     run = _write(tmp_path / "run.json", _entry("2026-01-09T00:00:00Z", "e" * 40, {"t1": 1.3e-3, "t2": 2e-3}))
     proc = _gate(run, "--history", h)
     assert proc.returncode == stats.EXIT_PASS, proc.stdout
-    assert "INCONCLUSIVE" in proc.stdout and "python -m perf.ab" in proc.stdout and "REGRESSION" not in proc.stdout
+    assert "INCONCLUSIVE" in proc.stdout and "python -m inference_conformance.perf.ab" in proc.stdout and "REGRESSION" not in proc.stdout
     assert _gate(run, "--history", h, "--strict").returncode == stats.EXIT_INCONCLUSIVE
 
 

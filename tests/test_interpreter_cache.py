@@ -1,11 +1,11 @@
-"""conformance.device.cache_interpreter_patching: Triton's interpreter, its language scan read
+"""inference_conformance.conformance.device.cache_interpreter_patching: Triton's interpreter, its language scan read
 once, wraps exactly what it wrapped before, and the kernels give the same bits."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from conformance.device import cache_interpreter_patching, triton_interpreted
+from inference_conformance.conformance.device import cache_interpreter_patching, triton_interpreted
 
 pytestmark = pytest.mark.skipif(not triton_interpreted(), reason="the interpreter runs only without CUDA")
 
@@ -80,7 +80,7 @@ def test_a_builtin_added_after_the_first_scan_is_wrapped_too(monkeypatch):
 def test_kernels_give_the_same_bits_with_and_without_the_cache(monkeypatch):
     from triton.runtime import interpreter
 
-    from optimized.flash_attention import attention
+    from inference_conformance.optimized.flash_attention import attention
 
     assert cache_interpreter_patching()
     g = torch.Generator().manual_seed(3)
@@ -100,7 +100,7 @@ def test_a_run_time_loop_bound_on_an_old_interpreter_gets_a_hint(tmp_path):
     import sys
     from pathlib import Path
 
-    from conformance.device import interpreter_hint
+    from inference_conformance.conformance.device import interpreter_hint
 
     err = "InterpreterError: TypeError('only 0-dimensional arrays can be converted to Python scalars')"
     assert "while loop" in interpreter_hint(err) and interpreter_hint("AssertionError: 1 != 2") is None

@@ -1,5 +1,5 @@
 """The bad-input law (``test_invalid_call_raises`` of properties/test_contract_generic.py, its
-check :func:`properties.generic_cases.check_invalid_call`): a documented exception type whose
+check :func:`inference_conformance.properties.generic_cases.check_invalid_call`): a documented exception type whose
 message names the argument, nothing written; it passes outside code worded its own way and
 rejects, saying why, every other answer."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import registry
-from conformance.registry import InvalidCall
-from properties.generic_cases import Refused, check_invalid_call, names
+from inference_conformance.conformance import registry
+from inference_conformance.conformance.registry import InvalidCall
+from inference_conformance.properties.generic_cases import Refused, check_invalid_call, names
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,7 @@ def test_names_is_not_fooled_by_a_longer_identifier():
 
 
 def test_every_contract_documents_invalid_calls_with_distinct_ids():
-    from properties.test_contract_generic import _invalid_calls
+    from inference_conformance.properties.test_contract_generic import _invalid_calls
 
     for technique in registry.contracts():
         calls = _invalid_calls(technique, "cpu")
@@ -94,7 +94,7 @@ def test_every_contract_documents_invalid_calls_with_distinct_ids():
 def test_outside_verifiers_judged_by_type_and_argument_not_wording(tmp_path):
     """Through ``--impl``: a verifier saying "must be a tensor" passes every invalid call; one
     raising RuntimeError fails every one, the message saying so."""
-    from conformance.results import read_rows
+    from inference_conformance.conformance.results import read_rows
 
     good, bad = "tests.outside_verifiers:tensor_wording", "tests.outside_verifiers:runtime_errors"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")

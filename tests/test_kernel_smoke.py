@@ -23,7 +23,7 @@ def test_every_kernel_runs_once_and_versions_are_printed(smoke, device, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("python ") and " torch " in out[0] and " triton " in out[0], out[0]
     names = [line.split("  ")[1] for line in out[1:]]
-    from optimized.triton_shared import kernel_modules
+    from inference_conformance.optimized.triton_shared import kernel_modules
 
     want = [c.label for m in kernel_modules() for c in m.smoke_calls(device)]
     assert names == want, out
@@ -33,7 +33,7 @@ def test_every_kernel_runs_once_and_versions_are_printed(smoke, device, capsys):
 
 @pytest.mark.parametrize("broken", ["raises", "wrong"])
 def test_a_failing_kernel_stops_the_check_in_one_line(smoke, device, capsys, monkeypatch, broken):
-    import optimized.flash_decoding as fd
+    import inference_conformance.optimized.flash_decoding as fd
 
     real = fd.flash_decoding
 
@@ -53,6 +53,6 @@ def test_a_failing_kernel_stops_the_check_in_one_line(smoke, device, capsys, mon
 def test_gpu_tier_runs_it_before_anything_long():
     lines = (ROOT / "scripts" / "gpu_tier.sh").read_text(encoding="utf-8").splitlines()
     smoke = [i for i, line in enumerate(lines) if "scripts/kernel_smoke.py --device cuda" in line and "if !" in line]
-    long_ = [i for i, line in enumerate(lines) if "-m reports" in line and not line.lstrip().startswith("#")]
+    long_ = [i for i, line in enumerate(lines) if "-m inference_conformance.reports" in line and not line.lstrip().startswith("#")]
     assert smoke and long_ and smoke[0] < long_[0], (smoke, long_)
     assert "exit 1" in "\n".join(lines[smoke[0]:smoke[0] + 4]), "a failed check must stop the tier"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.tolerance import assert_exact
-from optimized import kv_cache as engines
-from optimized.kv_append import StaticKVCache, kv_append, kv_append_torch
-from reference.transformer import TransformerConfig, build
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.optimized import kv_cache as engines
+from inference_conformance.optimized.kv_append import StaticKVCache, kv_append, kv_append_torch
+from inference_conformance.reference.transformer import TransformerConfig, build
 
 CFG = TransformerConfig(vocab_size=19, d_model=12, n_layers=2, n_heads=3, n_kv_heads=1, d_ff=16,
                         max_seq_len=16, head_dim=4)
@@ -111,7 +111,7 @@ def test_decode_before_prefill(device):
 
 def test_new_engine_rejects_bad_arguments(device):
     model = build(CFG, dtype=torch.float32, device=device)
-    with pytest.raises(TypeError, match="model must be a reference.transformer.Transformer"):
+    with pytest.raises(TypeError, match="model must be a inference_conformance.reference.transformer.Transformer"):
         engines.TORCH.new_engine(torch.nn.Linear(2, 2), max_batch=1, max_seq_len=4)
     with pytest.raises(ValueError, match="max_batch must be a positive int"):
         engines.TORCH.new_engine(model, max_batch=0, max_seq_len=4)

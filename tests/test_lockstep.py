@@ -1,4 +1,4 @@
-"""Lockstep A/B (perf.lockstep) and the benchmark process's settings: the two sides run
+"""Lockstep A/B (inference_conformance.perf.lockstep) and the benchmark process's settings: the two sides run
 their tests and the timed rounds inside a benchmark in turns, never at the same time; a side
 alone does not hang; the pytest plugin keeps the order through real pytest processes; the pinned
 benchmark environment; pedantic rounds that fill the time budget."""
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from perf import lockstep, settings
-from perf.env import ROOT
+from inference_conformance.perf import lockstep, settings
+from inference_conformance.perf.env import ROOT
 
 
 def test_common_order_is_side_a_order_of_the_shared_ids():
@@ -81,7 +81,7 @@ def _run_sides(tmp_path, tests_dir: str, extra_b: list[str] | None = None, chunk
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not an xdist worker
         env.update(PYTHONPATH=str(ROOT), **{lockstep.DIR_ENV: str(tmp_path), lockstep.SIDE_ENV: side,
                                             lockstep.CHUNK_ENV: str(chunk)})
-        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "perf.lockstep",
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "inference_conformance.perf.lockstep",
                 "--benchmark-enable", tests_dir] + (extra_b or [] if side == "b" else [])
         procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for p in procs:
@@ -91,7 +91,7 @@ def _run_sides(tmp_path, tests_dir: str, extra_b: list[str] | None = None, chunk
 
 
 def test_plugin_orders_real_pytest_processes(tmp_path):
-    """Two pytest processes with ``-p perf.lockstep``, one test only side B has."""
+    """Two pytest processes with ``-p inference_conformance.perf.lockstep``, one test only side B has."""
     tests = tmp_path / "tests"
     tests.mkdir()
     body = "import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.02)\n" for i in range(3))
@@ -147,7 +147,7 @@ class _FakeBenchmark:
 
 
 def test_pedantic_rounds_fill_the_time_budget():
-    from benchmarks.timing import MAX_ROUNDS, rounds
+    from inference_conformance.benchmarks.timing import MAX_ROUNDS, rounds
 
     assert rounds(_FakeBenchmark(), 0.001, 10) == 200           # 0.2 s of 1 ms calls
     assert rounds(_FakeBenchmark(), 0.5, 10) == 10              # a slow call keeps the minimum
@@ -182,7 +182,7 @@ def test_injection_plugin_writes_the_pass_ceilings(tmp_path):
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     out = tmp_path / "c.json"
     env = dict(os.environ, BENCH_CEILINGS_OUT=str(out), PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "perf.inject", "-p", "no:cacheprovider",
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "inference_conformance.perf.inject", "-p", "no:cacheprovider",
                     "--rootdir", str(tmp_path), str(tmp_path / "test_x.py")], env=env, cwd=tmp_path,
                    check=True, capture_output=True, timeout=120)
     doc = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""The conformance matrix (``python -m reports merge``) over synthetic run folders: two
+"""The conformance matrix (``python -m inference_conformance.reports merge``) over synthetic run folders: two
 environments side by side, every cell status, a failing cell's message and input, the newer
 run of one implementation and environment winning (and said), shards adding up, and a missing
 or damaged run folder named in a usage error."""
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.results import Row, write_rows
-from conformance.runinfo import write_run
-from reports import merge
-from reports.__main__ import main as reports_main
+from inference_conformance.conformance.results import Row, write_rows
+from inference_conformance.conformance.runinfo import write_run
+from inference_conformance.reports import merge
+from inference_conformance.reports.__main__ import main as reports_main
 
 NEW = {"python": "3.11.7", "cpu": "AMD EPYC", "cpu_count": 2, "torch": "2.13.0+cpu", "triton": "3.9.0",
        "cuda": None, "gpu": None, "gpu_count": 0, "device": "cpu", "commit": "a" * 40, "date": "2026-01-01T00:00:00Z"}
@@ -164,8 +164,8 @@ def test_missing_and_damaged_run_folders_are_named(tmp_path, capsys):
 
 def test_the_default_report_folder_is_adopted_with_the_ci_runs_and_the_matrix_in_it(tmp_path):
     """The README test command writes reports/out/ci/newest and merge reports/out/matrix before
-    any python -m reports has marked reports/out: the main job still takes the folder."""
-    from reports import publish
+    any python -m inference_conformance.reports has marked reports/out: the main job still takes the folder."""
+    from inference_conformance.reports import publish
 
     out = tmp_path / "out"
     make_run(out / "ci" / "newest", [row(NAN, "torch", "pass")])
@@ -185,7 +185,7 @@ def test_package_versions_found_by_module_name_when_the_distribution_is_named_ot
     ``yaml`` comes from PyYAML (a dependency of the test extra's transformers)."""
     from importlib import metadata
 
-    from conformance import runinfo
+    from inference_conformance.conformance import runinfo
 
     pytest.importorskip("yaml")
     assert runinfo._version("yaml") == metadata.version("PyYAML")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import registry
+from inference_conformance.conformance import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,8 +51,8 @@ def test_a_crashing_implementation_does_not_stop_the_run(tmp_path):
     laws = tmp_path / "laws"
     laws.mkdir()
     (laws / "test_tiny_laws.py").write_text(TINY_LAWS)
-    installed = any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
-    plugin = [] if installed else ["-p", "conformance.plugin"]
+    installed = any(ep.value == "inference_conformance.conformance.plugin" for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "inference_conformance.conformance.plugin"]
     r = _pytest(tmp_path, "-n", "1", *plugin, str(laws), "--impl", "attention=crashing_attention:attention",
                 cwd=laws)
     out = r.stdout + r.stderr
@@ -97,13 +97,13 @@ def test_a_result_of_the_wrong_type_is_a_type_error_naming_the_function(result):
 
 
 def test_runs_leave_no_hypothesis_or_benchmark_folder_in_the_project(tmp_path):
-    """`--pyargs properties` from another project writes its Hypothesis database and benchmark
+    """`--pyargs inference_conformance.properties` from another project writes its Hypothesis database and benchmark
     storage under the suite's own folder, never into that project."""
     project = tmp_path / "project"
     project.mkdir()
-    installed = any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
-    plugin = [] if installed else ["-p", "conformance.plugin"]
-    r = _pytest(tmp_path, "--pyargs", "properties.test_softmax", *plugin, "--hypothesis-profile", "dev", cwd=project)
+    installed = any(ep.value == "inference_conformance.conformance.plugin" for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "inference_conformance.conformance.plugin"]
+    r = _pytest(tmp_path, "--pyargs", "inference_conformance.properties.test_softmax", *plugin, "--hypothesis-profile", "dev", cwd=project)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert not (project / ".hypothesis").exists() and not (project / ".benchmarks").exists(), \
         sorted(p.name for p in project.iterdir())

@@ -36,9 +36,9 @@ def test_outside_speculative_verifiers_checked(tmp_path):
     """`--impl speculative=module:fn` (repeatable) checks outside verifiers with the SD-1 laws: in
     one run, a conforming one passes the statistical law and one whose acceptance is scaled by
     0.97 fails it (exit status 1)."""
-    from conformance.results import read_rows
+    from inference_conformance.conformance.results import read_rows
 
-    good, bad = "optimized.speculative:verify", "properties.zoo_speculative:acceptance_times_097"
+    good, bad = "inference_conformance.optimized.speculative:verify", "inference_conformance.properties.zoo_speculative:acceptance_times_097"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
@@ -57,7 +57,7 @@ def test_partial_support_is_reported_partial_with_what_was_refused(tmp_path):
     """An implementation that refuses every weight but 8-bit per channel passes QT-1 on what it
     accepts: the row says "partial" and names the refusal and the boundary classes only refused
     examples reached; the coverage check still runs (it would fail on classes no refusal explains)."""
-    from conformance.results import read_rows
+    from inference_conformance.conformance.results import read_rows
 
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
@@ -80,7 +80,7 @@ def test_outside_tree_verifiers_checked(tmp_path):
     """`--impl speculative_tree=module:fn` checks outside tree verifiers with the SD-11 law: the
     worked example (examples/my_tree_verifier.py) passes it and its variant that never updates the
     residual after a rejected sibling fails it (exit status 1)."""
-    from conformance.results import read_rows
+    from inference_conformance.conformance.results import read_rows
 
     good, bad = "my_tree_verifier:verify_tree", "my_tree_verifier:wrong_tree_verifier"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",

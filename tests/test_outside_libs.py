@@ -12,9 +12,9 @@ import importlib.metadata
 import pytest
 import torch
 
-from conformance import registry
-from conformance.contracts import quantization as qcontract
-from reference.attention import attention_naive
+from inference_conformance.conformance import registry
+from inference_conformance.conformance.contracts import quantization as qcontract
+from inference_conformance.reference.attention import attention_naive
 
 ATTENTION = ("flex_attention", "sdpa_math", "sdpa_flash_cpu", "jax", "ort_attention", "ort_mha", "ort_gqa")
 QUANTIZATION = ("bnb_int8", "compressed_tensors", "compressed_tensors_asym", "quanto_int8", "quanto_intx",
@@ -161,7 +161,7 @@ def test_bnb_int8_dequant_of_a_large_row_is_finite():
 @_xfail("torch", "the CPU flash SDPA kernel (sdpa_kernel(SDPBackend.FLASH_ATTENTION)) returns NaN for "
                  "is_causal=True with a negative scale; the math backend is right")
 def test_sdpa_flash_cpu_causal_negative_scale():
-    from optimized import outside_attention as oa
+    from inference_conformance.optimized import outside_attention as oa
 
     q, k, v = _qkv(torch.float32, B=1, Hq=2, Hkv=2, Tq=5, Tk=5, D=16)
     out = oa.sdpa_flash_cpu(q, k, v, causal=True, scale=-0.5)
@@ -173,7 +173,7 @@ def test_sdpa_flash_cpu_causal_negative_scale():
                "in float32: errors ~6e-8 against the float64 rule's 1e-12 x max|out|")
 def test_jax_float64_attention_is_float64_accurate():
     pytest.importorskip("jax")
-    from optimized import outside_attention as oa
+    from inference_conformance.optimized import outside_attention as oa
 
     q, k, v = _qkv(torch.float64, B=1, Hq=2, Hkv=2, Tq=3, Tk=4, D=8)
     out = oa.jax_attention(q, k, v, causal=False, scale=0.3)
@@ -186,7 +186,7 @@ def test_jax_float64_attention_is_float64_accurate():
                        "~1e-8 (float32-sized); without a mask it is exact to 2e-16")
 def test_ort_attention_float64_with_a_mask_is_float64_accurate():
     pytest.importorskip("onnxruntime")
-    from optimized import outside_attention as oa
+    from inference_conformance.optimized import outside_attention as oa
 
     q, k, v = _qkv(torch.float64)
     out = oa.ort_attention(q, k, v, causal=True, scale=0.3)              # Tq < Tk: a boolean mask
@@ -198,7 +198,7 @@ def test_ort_attention_float64_with_a_mask_is_float64_accurate():
                           "non-finite or wrong values (a worker crashed once in the law run)")
 def test_quanto_int8_bfloat16_matmul():
     pytest.importorskip("optimum.quanto")
-    from optimized.outside_quantization import quanto_int8
+    from inference_conformance.optimized.outside_quantization import quanto_int8
 
     worst = 0.0
     for seed in range(20):

@@ -3,7 +3,7 @@ small supported call, the findings of the laws pinned as minimal reproductions (
 greedy rejection path under SD-7, and SD-1 on samples at the peer job's size with its power.
 
 Skipped where vLLM is not installed (``requirements/peers-vllm.txt``, ``tox -e peers-vllm``).
-vLLM is imported only through :func:`optimized.outside_vllm.vllm_module` (which registers the
+vLLM is imported only through :func:`inference_conformance.optimized.outside_vllm.vllm_module` (which registers the
 interpreter's "cpu" backend entry first), never by ``pytest.importorskip``.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from conformance import results
-from conformance.tolerance import assert_close, assert_exact
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -29,10 +29,10 @@ VLLM_TESTED = "0.32.0"
 
 @pytest.fixture(scope="module")
 def ov():
-    from conformance.device import select_device
+    from inference_conformance.conformance.device import select_device
 
     select_device("cpu")
-    from optimized import outside_vllm
+    from inference_conformance.optimized import outside_vllm
 
     outside_vllm.vllm_module()
     return outside_vllm
@@ -48,7 +48,7 @@ def paged_inputs(lens, Hq, Hkv, D, block_size, dtype, tail=0.0, tail_in="kv", se
     cache or both: ``tail_in``), entries past a sequence's blocks 0. Returns (q, k_cache, v_cache,
     block_table, seq_lens, out_ref): out_ref the float64 reference over the same pages with the
     tails zeroed (what the contract says the result is)."""
-    from reference.paged_attention import paged_attention as paged_ref
+    from inference_conformance.reference.paged_attention import paged_attention as paged_ref
 
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in lens]
@@ -96,7 +96,7 @@ def test_dense_adapter_layout(ov, name, causal, Tq, Tk):
     """vLLM's unified attention and prefix prefill as the attention contract (B 2, GQA 4/2, D 64,
     float32; causal bottom-right with Tq < Tk and Tq = Tk, non-causal, decode): equal to the
     float64 reference."""
-    from reference.attention import attention as dense_ref
+    from inference_conformance.reference.attention import attention as dense_ref
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, Tq, 64, generator=g, dtype=torch.float64)
@@ -191,7 +191,7 @@ def test_finding_triton_decode_16bit_scores(ov):
     half an ulp of the largest output), where vLLM's unified attention on the same call passes:
     the kernel forms the scores as ``tl.sum(q[None, :] * k, 1)`` in the 16-bit input dtype, the
     contract computes them in float32. Listed in expectations/vllm_triton_decode.toml."""
-    from properties.paged_attention_cases import PagedCase, check_against_contiguous, make_inputs
+    from inference_conformance.properties.paged_attention_cases import PagedCase, check_against_contiguous, make_inputs
 
     case = PagedCase((64, 63), 6, 6, 192, 32, 0.0625, magnitude="large", amp=12.0)
     inp = make_inputs(case, 4, torch.float16, "cpu")
@@ -211,10 +211,10 @@ def test_sd7_vllm_greedy_rejection_equals_greedy_target(ov, draft):
     branches (draft tokens accepted and rejected; vLLM 0.32.0: 33 and 12 with the good draft, 27
     and 24 with the poor one), so that the equality is not that of the reference's own verifier or
     of rounds that never reject."""
-    from reference import speculative as ref
-    from reference.transformer import generate
-    from smallworld.checkpoints import load_model
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.reference import speculative as ref
+    from inference_conformance.reference.transformer import generate
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     calls = []
 
@@ -246,8 +246,8 @@ def test_sd1_statistical_at_peer_size(ov):
     follow the exact distributions. The law's power at this size against a verifier whose
     acceptance is scaled by 0.97, on exact draws, is recorded and must be at least 0.7 (it is
     about 0.8); the full law (84,000 rounds) is ``test_sd1_statistical``."""
-    from conformance.stats import upper_bound
-    from properties.speculative_cases import ALPHA, law_rejections, sd1_law_verdicts
+    from inference_conformance.conformance.stats import upper_bound
+    from inference_conformance.properties.speculative_cases import ALPHA, law_rejections, sd1_law_verdicts
 
     k, _ = law_rejections(POWER_DRAWS, 1, sizes=PEER_SIZES, accept_scale=0.97)
     power = k / POWER_DRAWS

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from properties.paged_attention_cases import PagedCase, make_inputs
-from reference import paged_attention as paged
+from inference_conformance.properties.paged_attention_cases import PagedCase, make_inputs
+from inference_conformance.reference import paged_attention as paged
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _impls():
-    out = {"reference": "reference.paged_attention:paged_attention"}
+    out = {"reference": "inference_conformance.reference.paged_attention:paged_attention"}
     try:
-        import optimized.paged_attention  # noqa: F401
-        out["triton"] = "optimized.paged_attention:paged_attention"
+        import inference_conformance.optimized.paged_attention  # noqa: F401
+        out["triton"] = "inference_conformance.optimized.paged_attention:paged_attention"
     except ImportError:
         pass
     return out
@@ -25,7 +25,7 @@ IMPLS = _impls()
 
 
 def _load(target):
-    from conformance.registry import _resolve
+    from inference_conformance.conformance.registry import _resolve
 
     return _resolve(target)
 
@@ -161,7 +161,7 @@ WRITE_CASES = {
 
 @pytest.mark.parametrize("what", list(WRITE_CASES))
 def test_write_kv_cache_rejects_bad_input_and_writes_nothing(what, device):
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     make, error, match = WRITE_CASES[what]
     args = make(_write_args(device))
     kc0 = args[0].clone()
@@ -171,23 +171,23 @@ def test_write_kv_cache_rejects_bad_input_and_writes_nothing(what, device):
 
 
 def test_paged_attention_rejects_bad_num_splits(call_args):
-    pa = pytest.importorskip("optimized.paged_attention")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
             pa.paged_attention(*call_args, scale=0.25, num_splits=bad)
 
 
 # ------------------------------------------------------------------ the mixed batch (paged_prefill)
-PREFILL_IMPLS = {"reference": "reference.paged_attention:paged_prefill"}
+PREFILL_IMPLS = {"reference": "inference_conformance.reference.paged_attention:paged_prefill"}
 if "triton" in IMPLS:
-    PREFILL_IMPLS["triton"] = "optimized.paged_prefill:paged_prefill"
+    PREFILL_IMPLS["triton"] = "inference_conformance.optimized.paged_prefill:paged_prefill"
 
 
 @pytest.fixture
 def prefill_args(device):
     """A valid mixed batch: sequences of 5 and 3 tokens, chunks of 4 and 1 query tokens
     (query_start_loc [0, 4, 5]), blocks of 2, Hq 4, Hkv 2, D 16."""
-    from properties.paged_attention_cases import PrefillCase, make_prefill_inputs
+    from inference_conformance.properties.paged_attention_cases import PrefillCase, make_prefill_inputs
 
     return make_prefill_inputs(PrefillCase((5, 3), (4, 1), 4, 2, 16, 2, 0.25), 3, torch.float32, device).args()
 
@@ -219,7 +219,7 @@ def test_paged_prefill_rejects_bad_input(which, what, prefill_args, device):
 
 
 def test_paged_prefill_rejects_bad_num_splits(prefill_args):
-    pp = pytest.importorskip("optimized.paged_prefill")
+    pp = pytest.importorskip("inference_conformance.optimized.paged_prefill")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
             pp.paged_prefill(*prefill_args, scale=0.25, num_splits=bad)

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GOOD = "reference.paged_attention:paged_attention"
-BAD = "properties.zoo_paged_attention:walk_capped_64_blocks"
+GOOD = "inference_conformance.reference.paged_attention:paged_attention"
+BAD = "inference_conformance.properties.zoo_paged_attention:walk_capped_64_blocks"
 
 
 def test_outside_paged_attention_kernels_are_checked():

@@ -1,5 +1,5 @@
 """The suite used from another project's CI: the installed pytest plugin adds --impl, and
-``pytest --pyargs properties --impl attention=mod:fn`` runs the conformance properties from a
+``pytest --pyargs inference_conformance.properties --impl attention=mod:fn`` runs the conformance properties from a
 directory outside this checkout (its own ini, no conftest of the suite). A conforming kernel
 passes, a wrong one fails, a hanging one fails its test by timeout, and a crashing one (under
 pytest-xdist) fails its test while the run goes on. Also: the generic contract checks reject
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import registry
-from conformance.results import read_rows
-from properties import generic_cases as generic
+from inference_conformance.conformance import registry
+from inference_conformance.conformance.results import read_rows
+from inference_conformance.properties import generic_cases as generic
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -39,7 +39,7 @@ def project(tmp_path_factory):
     return d
 
 
-def _pytest(project: Path, *args: str, timeout: int = 240, laws: str = "properties") -> subprocess.CompletedProcess:
+def _pytest(project: Path, *args: str, timeout: int = 240, laws: str = "inference_conformance.properties") -> subprocess.CompletedProcess:
     """pytest --pyargs ``laws`` (the package, or one law module where the whole package's
     collection would only be deselected) from ``project``."""
     env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(project), str(EXAMPLES)]))
@@ -66,7 +66,7 @@ def test_conforming_kernel_passes_and_wrong_one_fails_from_another_project(proje
 
 def test_hanging_kernel_fails_its_test_by_timeout(project):
     r = _pytest(project, "--impl", "attention=hang_kernel:attention", "--impl-timeout=3", "-k", FAST, timeout=60,
-                laws="properties.test_attention")
+                laws="inference_conformance.properties.test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "Timeout" in r.stdout and "1 failed" in r.stdout
 
@@ -74,7 +74,7 @@ def test_hanging_kernel_fails_its_test_by_timeout(project):
 def test_crashing_kernel_fails_its_test_not_the_run(project, tmp_path):
     rows = tmp_path / "rows"
     r = _pytest(project, "--impl", "attention=crash_kernel:attention", "-n", "1", f"--results={rows}", "-k",
-                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180, laws="properties.test_attention")
+                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180, laws="inference_conformance.properties.test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "crashed" in r.stdout and "2 failed" in r.stdout, r.stdout[-3000:]   # the second test still ran
     errors = [x for x in read_rows(rows) if x.verdict == "error" and "crashed" in x.message]
@@ -90,7 +90,7 @@ def test_unknown_technique_is_a_usage_error():
 
 def test_implementation_repr_is_short():
     """Hypothesis prints an implementation in every falsifying example: technique and name only."""
-    impl = registry.load("speculative", "torch", "optimized.speculative:verify", "builtin")
+    impl = registry.load("speculative", "torch", "inference_conformance.optimized.speculative:verify", "builtin")
     assert repr(impl) == "Implementation('speculative', 'torch')"
 
 
@@ -152,7 +152,7 @@ def test_repeatable_reads_an_implementations_own_object_of_numpy_arrays():
 
 
 def _ref_bthd(q, k, v, causal, scale):
-    from reference.attention import attention as ref
+    from inference_conformance.reference.attention import attention as ref
 
     return ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal, scale=scale).transpose(1, 2)
 
@@ -160,7 +160,7 @@ def _ref_bthd(q, k, v, causal, scale):
 def _paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
                         block_size, max_seq_len, alibi, kv_dtype, k_scale, v_scale):
     """vLLM's layout: key_cache (blocks, Hkv, D/x, block, x), value_cache (blocks, Hkv, D, block)."""
-    from reference.attention import attention as ref
+    from inference_conformance.reference.attention import attention as ref
 
     B, Hq, D = query.shape
     for b in range(B):
@@ -184,7 +184,7 @@ class _FlashInferPagedDecode:
         self.args = (indptr, indices, last_page_len, page_size, sm_scale)
 
     def run(self, q, kv):
-        from reference.attention import attention as ref
+        from inference_conformance.reference.attention import attention as ref
 
         indptr, indices, last, page_size, scale = self.args
         k_pages, v_pages = kv
@@ -202,7 +202,7 @@ class _FlashInferPagedDecode:
 def stand_ins(monkeypatch):
     import types
 
-    from optimized import outside_adapters as oa
+    from inference_conformance.optimized import outside_adapters as oa
 
     fa = types.ModuleType("flash_attn")
     fa.__version__ = "2.6.3"
@@ -222,9 +222,9 @@ def stand_ins(monkeypatch):
 @pytest.mark.parametrize("name,Tq,Hq,Hkv,Tk,D,causal", [("flash_attn", 3, 4, 2, 17, 16, True),
                                                          ("flashinfer", 5, 3, 1, 9, 64, True)])
 def test_outside_adapters_translate_the_contract(stand_ins, name, Tq, Hq, Hkv, Tk, D, causal):
-    from conformance import tolerance
-    from properties.strategies import randn
-    from reference.attention import attention as ref
+    from inference_conformance.conformance import tolerance
+    from inference_conformance.properties.strategies import randn
+    from inference_conformance.reference.attention import attention as ref
 
     q, k, v = (randn(s, seed) for s, seed in (((2, Hq, Tq, D), 1), ((2, Hkv, Tk, D), 2), ((2, Hkv, Tk, D), 3)))
     out = getattr(stand_ins, name)(q, k, v, causal=causal, scale=D ** -0.5)
@@ -236,9 +236,9 @@ def test_outside_paged_adapters_translate_the_contract(stand_ins, name):
     """A block table over a shuffled pool, a partial last block, NaN in every unused slot and
     out-of-range entries past the live blocks: the adapters must hand the library only what the
     contract says is live."""
-    from conformance import tolerance
-    from properties.strategies import randn
-    from reference.paged_attention import paged_attention as ref
+    from inference_conformance.conformance import tolerance
+    from inference_conformance.properties.strategies import randn
+    from inference_conformance.reference.paged_attention import paged_attention as ref
 
     B, Hq, Hkv, D, bs, nb = 2, 4, 2, 64, 16, 12
     lens = torch.tensor([37, 5], dtype=torch.int32)
@@ -261,7 +261,7 @@ def test_outside_paged_adapters_translate_the_contract(stand_ins, name):
 
 
 def test_outside_adapters_available_only_when_importable(monkeypatch):
-    from conformance import registry
+    from inference_conformance.conformance import registry
 
     monkeypatch.setattr(registry, "importable", lambda m: m == "flash_attn")
     impls = {i.name: i for i in registry.builtins("attention", "cuda")}

@@ -1,5 +1,5 @@
 """The report run loses nothing and never mixes runs, driven through the real command
-(``python -m reports`` in a subprocess, on the tiniest selection): SIGKILL at each write point
+(``python -m inference_conformance.reports`` in a subprocess, on the tiniest selection): SIGKILL at each write point
 (``CONFORMANCE_KILL_AT``) leaves no truncated file and the previous complete report published,
 and ``--no-run`` then says the newest run was interrupted; a second concurrent run is refused;
 SIGKILL or SIGTERM of the parent leaves no live child; an unmarked ``--out`` is refused and left
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import atomic
-from perf import env, history
-from reports import build, faults, publish
+from inference_conformance.conformance import atomic
+from inference_conformance.perf import env, history
+from inference_conformance.reports import build, faults, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["--select", "tests/test_fields.py", "-n", "0", "--no-bench"]
@@ -39,7 +39,7 @@ def reports(out: Path, hist: Path, *args: str, kill_at: str | None = None, wait:
     if kill_at:
         e[atomic.KILL_ENV] = kill_at
     # --device cpu: the device is not what these tests are about, and the parent then needs no torch
-    cmd = [sys.executable, "-m", "reports", "--out", str(out), "--history", str(hist), "--device", "cpu", *args]
+    cmd = [sys.executable, "-m", "inference_conformance.reports", "--out", str(out), "--history", str(hist), "--device", "cpu", *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)

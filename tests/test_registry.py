@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import registry
+from inference_conformance.conformance import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 TECHNIQUES = sorted(registry.contracts())
@@ -38,8 +38,8 @@ def test_every_builtin_resolves_or_says_why_not(technique):
 @pytest.fixture(scope="module")
 def zoo_tests() -> list[dict]:
     """Every zoo test the suite collects, with its technique and zoo entry (the plugin
-    parametrizes ``bad_impl`` over each law's ``kills``), as ``reports.falsifiers`` reads them."""
-    from reports import falsifiers
+    parametrizes ``bad_impl`` over each law's ``kills``), as ``inference_conformance.reports.falsifiers`` reads them."""
+    from inference_conformance.reports import falsifiers
 
     return [z for z in falsifiers.zoo_tests(ROOT) if z["zoo"] is not None]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.results import Row, write_rows
-from perf import env, history, records
-from reports import build
-from reports.ledger import claims
+from inference_conformance.conformance.results import Row, write_rows
+from inference_conformance.perf import env, history, records
+from inference_conformance.reports import build
+from inference_conformance.reports.ledger import claims
 
 
 def make_synthetic(folder: Path, *, n_history: int = 2) -> dict:
@@ -153,7 +153,7 @@ def test_report_survives_missing_inputs(tmp_path):
 
 
 def test_kill_rate_names_survivors(tmp_path, capsys):
-    from reports import killrate
+    from inference_conformance.reports import killrate
 
     rows = [Row("FA-3", f"p.py::law[zoo-{n}]", "attention", f"zoo:{n}", verdict=v)
             for n, v in (("a", "pass"), ("b", "pass"), ("c", "fail"))]
@@ -212,7 +212,7 @@ def test_a_trend_whose_interval_straddles_its_mark_is_inconclusive(tmp_path):
 
 
 def test_report_states_what_each_tolerance_rule_sees_and_cannot_see(report):
-    from conformance import tolerance
+    from inference_conformance.conformance import tolerance
 
     md = (report / "report.md").read_text()
     html = (report / "index.html").read_text()

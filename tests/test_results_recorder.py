@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import results, tolerance
+from inference_conformance.conformance import results, tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
 
 TESTS = '''
 import pytest
 import torch
-from conformance import results, tolerance
+from inference_conformance.conformance import results, tolerance
 
 @pytest.mark.claim("AI-1")
 def test_records_a_figure():
@@ -58,8 +58,8 @@ def test_rows_do_not_leak_between_tests_in_any_order(tmp_path, order):
     if order == "reversed":
         ids.reverse()
     out = tmp_path / "rows"
-    installed = any(ep.value == "conformance.plugin" for ep in entry_points(group="pytest11"))
-    plugin = [] if installed else ["-p", "conformance.plugin"]
+    installed = any(ep.value == "inference_conformance.conformance.plugin" for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "inference_conformance.conformance.plugin"]
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--results", str(out),
                         *plugin, *ids],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -74,8 +74,8 @@ def test_rows_do_not_leak_between_tests_in_any_order(tmp_path, order):
 def test_a_failed_comparison_beside_figures_is_a_row_of_its_own():
     """A test that records figures and then fails a comparison: the failing comparison is a row
     (its error, bound and rule), so the summary cell shows it, not a figure that held."""
-    from conformance import plugin
-    from conformance.summary import _cell
+    from inference_conformance.conformance import plugin
+    from inference_conformance.conformance.summary import _cell
 
     class Item:
         nodeid, stash = "t.py::test_x", {}

@@ -1,6 +1,6 @@
 """``--shard K/N``: the deal is stable and covers every test once; and three shards of a real
 selection (three laws of two techniques under the ``ci`` profile, an expected failure among
-them), run as three processes and merged (``python -m reports merge``), give the verdicts and
+them), run as three processes and merged (``python -m inference_conformance.reports merge``), give the verdicts and
 row counts of one run of the same selection."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import sharding
-from conformance.results import Row
-from reports import merge
+from inference_conformance.conformance import sharding
+from inference_conformance.conformance.results import Row
+from inference_conformance.reports import merge
 
 ROOT = Path(__file__).resolve().parent.parent
 SELECTION = ["properties/test_attention_nan.py", "properties/test_quantization.py",
@@ -90,4 +90,4 @@ def test_the_example_workflow_shards_uploads_and_merges():
     assert "--device cuda" in " ".join(s.get("run", "") for s in jobs["gpu"]["steps"])
     final = jobs["matrix"]
     assert set(final["needs"]) == {"cpu", "gpu"} and final["if"] == "always()"
-    assert any("python -m reports merge artifacts/" in s.get("run", "") for s in final["steps"])
+    assert any("python -m inference_conformance.reports merge artifacts/" in s.get("run", "") for s in final["steps"])

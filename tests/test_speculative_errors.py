@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import registry
+from inference_conformance.conformance import registry
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

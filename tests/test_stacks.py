@@ -11,7 +11,7 @@ import inspect
 import re
 from pathlib import Path
 
-from conformance import registry
+from inference_conformance.conformance import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from conformance import stats
+from inference_conformance.conformance import stats
 
 P = np.array([0.5, 0.2, 0.15, 0.1, 0.04, 0.01, 0.0])
 
@@ -53,8 +53,8 @@ CAL_DRAWS, CAL_LEVEL, CAL_ALPHA = 5000, 1e-3, 0.01
 def _sd1_count_tests():
     """(label, probs, n) of every G-test the statistical SD-1 law makes (its pairs' four outcome
     distributions at their rounds) and of the extreme-ratio law's corrections (4000 rounds)."""
-    from properties.speculative_cases import OUTCOMES, STAT_CONFIGS, STAT_SIZES
-    from reference.speculative import outcome_probabilities
+    from inference_conformance.properties.speculative_cases import OUTCOMES, STAT_CONFIGS, STAT_SIZES
+    from inference_conformance.reference.speculative import outcome_probabilities
 
     out = []
     for name, pq in STAT_CONFIGS.items():
@@ -112,9 +112,9 @@ def test_g_test_monte_carlo_critical_value_on_the_end_to_end_table():
     on 200,000 draws), so the check can fail."""
     import torch
 
-    from properties.speculative_cases import first_two_token_distribution
-    from smallworld.checkpoints import load_model
-    from smallworld.tokenizer import tokenizer
+    from inference_conformance.properties.speculative_cases import first_two_token_distribution
+    from inference_conformance.smallworld.checkpoints import load_model
+    from inference_conformance.smallworld.tokenizer import tokenizer
 
     exact = first_two_token_distribution(load_model("target", torch.float64), tokenizer().bos_id)
     test = stats.GTest(exact / exact.sum(), 3000, 1e-3)

@@ -21,7 +21,12 @@ def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join(["inference_conformance", *parts])
+
+
+def _pkg(module: str) -> str:
+    """The suite's subpackage a module belongs to: 'inference_conformance.perf.gate' -> 'perf'."""
+    return module.split(".")[1]
 
 
 def _modules() -> dict[str, Path]:
@@ -59,22 +64,22 @@ def test_import_graph_has_no_cycle():
 
 def test_import_graph_sees_top_level_and_lazy_imports():
     graph = import_graph()
-    assert "optimized.attention_tiles" in graph["optimized.flash_attention"]     # top-level
-    assert "conformance.contracts.attention" in graph["optimized.attention_tiles"] | graph["optimized.flash_attention"]
-    lazy = {m for m, deps in graph.items() if "reference.attention" in deps}
-    assert "properties.zoo_attention" in lazy
+    assert "inference_conformance.optimized.attention_tiles" in graph["inference_conformance.optimized.flash_attention"]     # top-level
+    assert "inference_conformance.conformance.contracts.attention" in graph["inference_conformance.optimized.attention_tiles"] | graph["inference_conformance.optimized.flash_attention"]
+    lazy = {m for m, deps in graph.items() if "inference_conformance.reference.attention" in deps}
+    assert "inference_conformance.properties.zoo_attention" in lazy
 
 
 def test_contracts_import_no_implementation():
     """The contracts (and the registry that loads them) import neither optimized/ nor reference/;
     every other module of conformance/ imports without importing optimized/, reference/ or
     perf/."""
-    contracts = [m for m in _modules() if m.startswith("conformance.contracts") or m == "conformance.registry"]
-    rest = [m for m in _modules() if m.split(".")[0] == "conformance" and m not in contracts]
+    contracts = [m for m in _modules() if m.startswith("inference_conformance.conformance.contracts") or m == "inference_conformance.conformance.registry"]
+    rest = [m for m in _modules() if _pkg(m) == "conformance" and m not in contracts]
     code = ("import importlib, sys\n"
-            "def loaded(top): return sorted(m for m in sys.modules if m.split('.')[0] in top)\n"
+            "def loaded(top): return sorted(m for m in sys.modules if m.startswith('inference_conformance.') and m.split('.')[1] in top)\n"
             f"for m in {contracts!r}: importlib.import_module(m)\n"
-            "from conformance import registry\n"
+            "from inference_conformance.conformance import registry\n"
             "for t in registry.contracts(): registry.contract(t)\n"
             "print(','.join(loaded(('optimized', 'reference'))))\n"
             f"for m in {rest!r}: importlib.import_module(m)\n"
@@ -90,7 +95,7 @@ def package_graph() -> dict[str, set[str]]:
     """package -> the suite's other packages its modules import (from :func:`import_graph`)."""
     out: dict[str, set[str]] = {p: set() for p in PACKAGES}
     for module, deps in import_graph().items():
-        out[module.split(".")[0]] |= {d.split(".")[0] for d in deps} - {module.split(".")[0]}
+        out[_pkg(module)] |= {_pkg(d) for d in deps} - {_pkg(module)}
     return out
 
 
@@ -98,8 +103,8 @@ def _imports_outside(package: str, allowed: set[str]) -> dict[str, list[str]]:
     """module of ``package`` -> the modules it imports from packages other than itself and ``allowed``."""
     out = {}
     for module, deps in import_graph().items():
-        if module.split(".")[0] == package:
-            bad = sorted(d for d in deps if d.split(".")[0] not in allowed | {package})
+        if _pkg(module) == package:
+            bad = sorted(d for d in deps if _pkg(d) not in allowed | {package})
             if bad:
                 out[module] = bad
     return out
@@ -125,7 +130,7 @@ def _commands() -> set[str]:
     """The modules of perf/ that are commands (``python -m perf.X``) or pytest plugins."""
     out = set()
     for name, path in _modules().items():
-        if name.split(".")[0] != "perf":
+        if _pkg(name) != "perf":
             continue
         tree = ast.parse(path.read_text(), str(path))
         main = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
@@ -140,29 +145,29 @@ def test_reports_renders_only():
     probe), never one of its commands or plugins (the calibration's results are read as data),
     and nothing of the suite imports reports/: it is the top of the stack."""
     commands = _commands()
-    assert {"perf.gate", "perf.ab", "perf.calibrate", "perf.lockstep", "perf.inject"} <= commands
+    assert {"inference_conformance.perf.gate", "inference_conformance.perf.ab", "inference_conformance.perf.calibrate", "inference_conformance.perf.lockstep", "inference_conformance.perf.inject"} <= commands
     graph = import_graph()
-    used = {m: sorted(graph[m] & commands) for m in graph if m.split(".")[0] == "reports"}
+    used = {m: sorted(graph[m] & commands) for m in graph if _pkg(m) == "reports"}
     assert {m: c for m, c in used.items() if c} == {}, "reports/ imports a command of perf/"
-    importers = sorted(m for m, deps in graph.items() if m.split(".")[0] != "reports"
-                       and any(d.split(".")[0] == "reports" for d in deps))
+    importers = sorted(m for m, deps in graph.items() if _pkg(m) != "reports"
+                       and any(_pkg(d) == "reports" for d in deps))
     assert importers == [], f"modules outside reports/ import it: {importers}"
 
 
 #: The one import of conformance/ that runs up a layer today (the ceilings probe does device work;
 #: it leaves conformance/ with the benchmark machinery, issue 20 item 6).
-UPWARD_IMPORTS_ALLOWED = {("conformance.ceilings", "reference.roofline")}
+UPWARD_IMPORTS_ALLOWED = {("inference_conformance.conformance.ceilings", "inference_conformance.reference.roofline")}
 
 
 def test_conformance_imports_no_layer_above_it():
     """conformance/ (the contracts, the registry, the law runner, the tolerance policy) imports
     nothing from properties/, optimized/ or reference/, at any depth of any function."""
     graph = import_graph()
-    upward = sorted((m, d) for m, deps in graph.items() if m.split(".")[0] == "conformance"
-                    for d in deps if d.split(".")[0] in ("properties", "optimized", "reference")
+    upward = sorted((m, d) for m, deps in graph.items() if _pkg(m) == "conformance"
+                    for d in deps if _pkg(d) in ("properties", "optimized", "reference")
                     and (m, d) not in UPWARD_IMPORTS_ALLOWED)
     assert not upward, f"conformance/ imports from the layers above it: {upward}"
-    assert "conformance.laws" in graph and "conformance.coverage" in graph["conformance.contracts.attention"]
+    assert "inference_conformance.conformance.laws" in graph and "inference_conformance.conformance.coverage" in graph["inference_conformance.conformance.contracts.attention"]
 
 
 def test_no_test_module_imports_another():
@@ -190,10 +195,51 @@ def _shape_names(text: str) -> set[str]:
 
 
 def test_contracts_use_the_glossary_names():
-    from conformance import registry
-    from conformance.contracts.glossary import SIZES
+    from inference_conformance.conformance import registry
+    from inference_conformance.conformance.contracts.glossary import SIZES
 
     for technique, c in registry.contracts().items():
         unknown = _shape_names(c.doc) - set(SIZES)
         assert not unknown, f"contract {technique!r} uses size names outside the glossary: {sorted(unknown)}"
     assert _shape_names("q (B, Z, T, H)") - set(SIZES) == {"Z", "H"}  # the check sees a stray name
+
+
+def _bare_imports(path: Path) -> list[str]:
+    """The imports in ``path`` of a suite package by its folder name (``from conformance import
+    x``) rather than its one import name (``from inference_conformance.conformance import x``)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            continue
+        bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in PACKAGES + ("expectations",)]
+    return bad
+
+
+def test_one_import_name():
+    """Every module of the suite, its tests, examples and scripts import the suite by its one
+    name, ``inference_conformance``: the folder names (conformance, reference, benchmarks, ...)
+    are names real projects use, and installed, nothing else is in site-packages."""
+    files = [p for d in (*PACKAGES, "expectations", "inference_conformance", "tests", "examples", "scripts")
+             for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "conftest.py"]
+    bad = [b for p in files for b in _bare_imports(p)]
+    assert not bad, "imports by a folder name instead of inference_conformance.<folder>:\n" + "\n".join(bad)
+    assert _bare_imports.__doc__ and "from conformance import" in _bare_imports.__doc__   # the check sees the form
+
+
+def test_pyproject_lists_every_package():
+    """The wheel holds every folder of the suite that is a package, each under its one name."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:   # Python 3.10
+        import tomli as tomllib
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    want = {"inference_conformance"} | {
+        "inference_conformance." + ".".join(i.parent.relative_to(ROOT).parts)
+        for d in (*PACKAGES, "expectations") for i in (ROOT / d).rglob("__init__.py")}
+    assert set(cfg["packages"]) == want
+    assert {k: v for k, v in cfg["package-dir"].items() if k != "inference_conformance"} == {
+        f"inference_conformance.{d}": d for d in (*PACKAGES, "expectations")}

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conformance import tolerance
+from inference_conformance.conformance import tolerance
 
 
 def _ref(seed=0, scale=1.0):
@@ -142,8 +142,8 @@ def test_shape_mismatch_is_a_value_error():
 def test_the_policy_is_a_table_a_technique_extends(monkeypatch):
     """A contract declares its scheme rules (``Contract.rules``); the policy finds them by name
     without anything registered at import, and refuses a name two rules claim."""
-    from conformance import registry
-    from conformance import tolerance as tol
+    from inference_conformance.conformance import registry
+    from inference_conformance.conformance import tolerance as tol
 
     rule = tol.NaiveMultipleRule("toy-int8-weight", factor=1.5, floor_ulps=1, cap_fraction=0.25,
                                  ulp_dtype=torch.bfloat16, sees="test", blind_to="test")
@@ -169,7 +169,7 @@ def test_the_policy_is_a_table_a_technique_extends(monkeypatch):
 
 
 def test_every_rule_states_what_it_sees_and_cannot_see():
-    from conformance import tolerance as tol
+    from inference_conformance.conformance import tolerance as tol
 
     for key, rule in tol.all_rules().items():
         assert rule.sees and rule.blind_to, key
@@ -194,8 +194,8 @@ def test_quant_matmul_floor_follows_the_products_magnitude_not_the_cancelled_out
     in numpy's order differs from torch's by ~5e-16 where |out| is ~3e-2; judged at the output's
     scale (floor 8 ulp x |out| = 5e-17) it was rejected, at the products' magnitude it passes,
     and an error of one quantization step still fails."""
-    from properties.quantization_cases import EXAMPLE_SEEDS, EXAMPLES, make_weight, make_x
-    from reference import quantization as ref
+    from inference_conformance.properties.quantization_cases import EXAMPLE_SEEDS, EXAMPLES, make_weight, make_x
+    from inference_conformance.reference import quantization as ref
 
     case, seed = EXAMPLES[-1], EXAMPLE_SEEDS[-1]
     w = make_weight(case, seed, torch.float64, "cpu", extreme=False)
@@ -204,9 +204,11 @@ def test_quant_matmul_floor_follows_the_products_magnitude_not_the_cancelled_out
     out_ref, out_pt = x @ d.T, x @ d.T
     out_np = torch.from_numpy(x.numpy() @ d.numpy().T)
     mag = float((x.abs() @ d.abs().T).max())
-    assert not tolerance.check_close(out_np, out_ref, out_pt=out_pt, rule="quant-matmul").ok or \
-        tolerance.max_abs_error(out_np, out_ref) == 0.0      # the old floor's false alarm (where orders differ)
-    assert tolerance.check_close(out_np, out_ref, out_pt=out_pt, rule="quant-matmul", magnitude=mag).ok
+    # the floor at the products' magnitude, not at the cancelled output's (whether numpy's order
+    # differs from torch's enough to cross the output-scale floor depends on its BLAS build)
+    at_out = tolerance.check_close(out_np, out_ref, out_pt=out_pt, rule="quant-matmul")
+    at_mag = tolerance.check_close(out_np, out_ref, out_pt=out_pt, rule="quant-matmul", magnitude=mag)
+    assert at_mag.ok and at_mag.bound > 4 * at_out.bound, (at_out, at_mag)
     step = float(qw.scales.max())
     bad = out_ref + step * x.abs().max()
     assert not tolerance.check_close(bad, out_ref, out_pt=out_pt, rule="quant-matmul", magnitude=mag).ok

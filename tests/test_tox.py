@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-# tox comes with the [test] extra; the main job (python -m reports) may run without it
+# tox comes with the [test] extra; the main job (python -m inference_conformance.reports) may run without it
 pytest.importorskip("tox", reason="tox is not installed (pip install -e '.[test]'): the tox environments are not checked")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from benchmarks.timing import RatioEstimate, paired_ratios, ratio_estimate, trend_fields
-from conformance import fields
+from inference_conformance.benchmarks.timing import RatioEstimate, paired_ratios, ratio_estimate, trend_fields
+from inference_conformance.conformance import fields
 
 SEEDS = 400
 

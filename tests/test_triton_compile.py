@@ -20,9 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 def _variants():
-    """Every kernel module's own ``compile_variants()`` (``optimized.triton_shared.kernel_modules``
+    """Every kernel module's own ``compile_variants()`` (``inference_conformance.optimized.triton_shared.kernel_modules``
     finds the modules that define kernels: no list of kernels is kept here)."""
-    from optimized.triton_shared import kernel_modules
+    from inference_conformance.optimized.triton_shared import kernel_modules
 
     for module in kernel_modules():
         yield from module.compile_variants()
@@ -74,7 +74,7 @@ def test_every_kernel_has_a_compile_variant_and_a_smoke_call(device):
     ``optimized/`` is compiled by some variant of its module, and its module has smoke calls."""
     import re
 
-    from optimized.triton_shared import kernel_modules
+    from inference_conformance.optimized.triton_shared import kernel_modules
 
     modules = kernel_modules()
     assert {m.__name__.split(".")[-1] for m in modules} >= {"flash_attention", "flash_decoding", "paged_attention",

@@ -3,10 +3,10 @@ checker's power against single-token corruptions (lecture 001 §6.4: whole docum
 by the world's real grammar)."""
 import pytest
 
-from conformance import results
-from properties.world_cases import WD1_MIN_REJECTED, check_wd1, corruptions
-from smallworld import checker, data, grammar
-from smallworld.checker import is_grammatical
+from inference_conformance.conformance import results
+from inference_conformance.properties.world_cases import WD1_MIN_REJECTED, check_wd1, corruptions
+from inference_conformance.smallworld import checker, data, grammar
+from inference_conformance.smallworld.checker import is_grammatical
 
 GOOD = [
     "the owl sings . it flies . <eos>",

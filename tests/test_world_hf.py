@@ -1,6 +1,6 @@
 """Loading Hugging Face Llama checkpoints into the reference transformer, checked against
 transformers itself: a tiny random LlamaForCausalLM is built offline, saved with
-save_pretrained, loaded with smallworld.hf_llama; its full-forward logits must equal
+save_pretrained, loaded with inference_conformance.smallworld.hf_llama; its full-forward logits must equal
 transformers' and its greedy generations must be transformers' tokens.
 
 Logits: the float64 reference is our loaded model in float64. transformers' float32 forward is
@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from conformance.tolerance import assert_close, assert_exact
-from reference.transformer import generate
-from smallworld.hf_llama import MissingTensor, UnsupportedCheckpoint, load_hf_llama
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
+from inference_conformance.reference.transformer import generate
+from inference_conformance.smallworld.hf_llama import MissingTensor, UnsupportedCheckpoint, load_hf_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,7 +75,7 @@ def test_greedy_generation_equals_transformers(tmp_path):
 
 
 def test_engine_cached_greedy_equals_transformers(tmp_path):
-    engine_mod = pytest.importorskip("optimized.kv_cache")
+    engine_mod = pytest.importorskip("inference_conformance.optimized.kv_cache")
     hf, folder = _tiny_llama(tmp_path, tie=True)
     ours = load_hf_llama(folder, dtype=torch.float64)
     prompt = _prompt(seed=4, batch=3, length=5)

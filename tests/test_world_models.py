@@ -8,15 +8,15 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from conformance import results
-from conformance.tolerance import assert_exact, assert_scalar
-from properties.world_cases import (WD2_GOOD_WITHIN, WD2_POOR_ABOVE, WD3_LEVEL, check_wd2_cards, check_wd2_subset,
+from inference_conformance.conformance import results
+from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
+from inference_conformance.properties.world_cases import (WD2_GOOD_WITHIN, WD2_POOR_ABOVE, WD3_LEVEL, check_wd2_cards, check_wd2_subset,
                                     check_wd3, wd3_p_value)
-from reference.transformer import Transformer, generate
-from smallworld import checkpoints, data
-from smallworld.checker import grammatical_fraction, is_grammatical
-from smallworld.sample import sample_documents, sample_ids
-from smallworld.tokenizer import tokenizer
+from inference_conformance.reference.transformer import Transformer, generate
+from inference_conformance.smallworld import checkpoints, data
+from inference_conformance.smallworld.checker import grammatical_fraction, is_grammatical
+from inference_conformance.smallworld.sample import sample_documents, sample_ids
+from inference_conformance.smallworld.tokenizer import tokenizer
 
 NAMES = checkpoints.NAMES
 LECTURE_NLL = {"target": 1.348, "draft_good": 1.363, "draft_poor": 1.799}
@@ -143,7 +143,7 @@ def test_sampled_documents_meet_the_claim(name, n):
 
 
 def test_cached_sampler_emits_the_reference_generate_tokens():
-    """sample_ids (KV cache) draws the same tokens as reference.transformer.generate (no cache)
+    """sample_ids (KV cache) draws the same tokens as inference_conformance.reference.transformer.generate (no cache)
     from the same random numbers (float64)."""
     model = checkpoints.load_model("draft_good", dtype=torch.float64)
     tok = tokenizer()
@@ -169,10 +169,10 @@ def test_load_errors_are_clear(tmp_path):
 
 def test_training_is_deterministic_from_the_seed():
     """Two short runs of the training loop with the same recipe give identical weights (a few
-    steps of the draft; the shipped checkpoints come from `python -m smallworld.train`)."""
+    steps of the draft; the shipped checkpoints come from `python -m inference_conformance.smallworld.train`)."""
     from rich.progress import Progress
 
-    from smallworld import train
+    from inference_conformance.smallworld import train
 
     r = train.Recipe(**{**train.RECIPES["draft_poor"].__dict__, "steps": 3, "batch_size": 16})
     seqs = data.encode(data.split("val", 200))

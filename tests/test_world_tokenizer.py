@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from smallworld.grammar import vocabulary
-from smallworld.tokenizer import SPECIALS, Tokenizer, tokenizer
+from inference_conformance.smallworld.grammar import vocabulary
+from inference_conformance.smallworld.tokenizer import SPECIALS, Tokenizer, tokenizer
 
 WORDS = vocabulary()
 TOK = tokenizer()

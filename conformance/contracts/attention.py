@@ -36,7 +36,7 @@ cannot see a NaN value is unspecified: a kernel may multiply its zero weight by 
 zeros for a NaN row, or NaN for a row that cannot see a NaN key, breaks the contract
 (``properties/test_attention_nan.py``).
 
-Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`conformance.contracts.glossary`.
+Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`inference_conformance.conformance.contracts.glossary`.
 
 Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
 FA-6 (memory linear in T), FA-7 (split-KV decoding = unsplit). Source: Dao et al. 2022
@@ -50,8 +50,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.coverage import CoverageClass
-from conformance.registry import Contract, InvalidCall
+from inference_conformance.conformance.coverage import CoverageClass
+from inference_conformance.conformance.registry import Contract, InvalidCall
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -219,9 +219,9 @@ CONTRACT = Contract(
 # ----------------------------------------------------------------------------------------------
 # coverage table: the boundary classes the laws must hand every implementation under `ci`
 # ----------------------------------------------------------------------------------------------
-# Each class is a conformance.coverage.CoverageClass whose observations are calls: dicts with B, Hq,
+# Each class is a inference_conformance.conformance.coverage.CoverageClass whose observations are calls: dicts with B, Hq,
 # Hkv, Tq, Tk, D, causal, scale, dtype, num_splits and the logits' max_logit, rise64, rise128
-# (properties.attention_cases.call_profile). The law runner records, per implementation, which
+# (inference_conformance.properties.attention_cases.call_profile). The law runner records, per implementation, which
 # classes each run reached; properties/test_attention_coverage.py fails on a class that FA-3's and
 # FA-7's laws and the production shapes leave unreached on the float64 reference under ``ci``.
 

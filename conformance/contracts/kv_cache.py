@@ -3,7 +3,7 @@
 An implementation is a factory: a function ``new_engine(model, max_batch, max_seq_len)``, or any
 object or module with a callable attribute ``new_engine`` (``--impl kv_cache=module:attr``
 names either). It returns an *engine* over the reference model ``model``
-(:class:`reference.transformer.Transformer`, in float64, float32 or bfloat16; the engine uses
+(:class:`inference_conformance.reference.transformer.Transformer`, in float64, float32 or bfloat16; the engine uses
 its weights, dtype and device as they are) that holds up to ``max_batch`` sequences of up to
 ``max_seq_len`` tokens each (``max_seq_len`` <= ``model.cfg.max_seq_len``).
 
@@ -67,19 +67,19 @@ A cache storage instead of an engine (the form of transformers' ``Cache`` object
 (B, Hkv, W', D) are what attention reads: every column held (W' >= the columns written: the
 first W are the columns in order, the rest unwritten capacity) or the last W' columns (a sliding
 window); ``held(layer) -> (k, v)``, optional, what it holds in the same layout, else an update
-with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``optimized.kv_storage.storage_engine(new_cache, footprint)`` drives the suite's own model
+with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``inference_conformance.optimized.kv_storage.storage_engine(new_cache, footprint)`` drives the suite's own model
 forward over it (its AttentionCache calls ``update`` and masks padding) and is an engine of this
 contract: the storage needs no engine of its own, and its bytes are measured from its tensors.
 
-Oracle: the reference model's full forward without a cache (``reference.transformer``:
+Oracle: the reference model's full forward without a cache (``inference_conformance.reference.transformer``:
 ``model(tokens)`` and ``generate``), which recomputes the whole prefix every step.
 
-Built-ins: ``triton`` (cache writes by the Triton kernel ``optimized.kv_append.kv_append_kernel``,
+Built-ins: ``triton`` (cache writes by the Triton kernel ``inference_conformance.optimized.kv_append.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
-:class:`optimized.kv_cache.KVCacheEngine`. Adapters: transformers' cache classes as storages
-(``hf_*``, :mod:`optimized.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`properties.zoo_kv_cache`.
+:class:`inference_conformance.optimized.kv_cache.KVCacheEngine`. Adapters: transformers' cache classes as storages
+(``hf_*``, :mod:`inference_conformance.optimized.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`inference_conformance.properties.zoo_kv_cache`.
 
-Names (B, S, V, Hkv, D, L) as in :mod:`conformance.contracts.glossary`.
+Names (B, S, V, Hkv, D, L) as in :mod:`inference_conformance.conformance.contracts.glossary`.
 
 Source: lecture 001 §1.1 (prefill and decode), §2 (the KV cache, experiments of §2.2 and sizes of
 §2.3), §1.3 (batching); CS336 lecture 10 part 3. Claims KV-1, KV-2, KV-3, KV-4, KV-10, AI-8, AI-9.
@@ -91,8 +91,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.coverage import CoverageClass
-from conformance.registry import Contract
+from inference_conformance.conformance.coverage import CoverageClass
+from inference_conformance.conformance.registry import Contract
 
 #: The layouts a cache may hold by design (see ``footprint()`` in the module docstring).
 LAYOUTS = ("exact", "padded", "reserved")
@@ -228,7 +228,7 @@ def _last_position(c) -> int:
 
 #: The kv_cache contract's coverage table. Observations are the laws' cases: objects with
 #: ``prompt_lens`` (one per sequence), ``steps`` (decode steps), ``n_layers``, ``n_heads``,
-#: ``n_kv_heads`` and ``head_dim`` (as properties.kv_cache_cases.Case).
+#: ``n_kv_heads`` and ``head_dim`` (as inference_conformance.properties.kv_cache_cases.Case).
 COVERAGE = (
     CoverageClass("B > 1, different prompt lengths", (_KV1, _KV4, _KV10),
                   lambda c: len(set(c.prompt_lens)) > 1),
@@ -261,4 +261,4 @@ CONTRACT = Contract(
     doc=__doc__,
 )
 # The engines' bad calls need a reference model, a layer above this one: they are
-# properties.kv_cache_cases.invalid_calls, which the bad-input law finds by the technique's name.
+# inference_conformance.properties.kv_cache_cases.invalid_calls, which the bad-input law finds by the technique's name.

@@ -53,7 +53,7 @@ a ``query_start_loc`` that is not int32 raises TypeError, one of the wrong shape
 0, not strictly increasing, not ending at N, or with a q_len_b above seq_lens[b] raises
 ValueError naming it (:func:`validate_prefill`).
 
-Oracle: the float64 reference (``reference.paged_attention.paged_attention``) gathers each sequence's
+Oracle: the float64 reference (``inference_conformance.reference.paged_attention.paged_attention``) gathers each sequence's
 blocks into a contiguous cache and calls the reference attention (``paged_prefill``: the
 masked reference attention with the chunk's causal mask); the laws compare every
 implementation with dense attention over the contiguous K/V the pages were cut from.
@@ -73,8 +73,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.coverage import CoverageClass
-from conformance.registry import Contract, InvalidCall
+from inference_conformance.conformance.coverage import CoverageClass
+from inference_conformance.conformance.registry import Contract, InvalidCall
 
 #: Dtypes of the contract (an implementation may still refuse one with NotImplementedError).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -368,8 +368,8 @@ def _prefill_coverage() -> tuple:
 
 #: The paged_attention contract's coverage table. Observations are the calls' cases: objects with
 #: ``lens`` (the sequence lengths), ``Hq``, ``Hkv``, ``D``, ``block_size``, ``scale`` and
-#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as properties.paged_attention_cases.PagedCase);
-#: PA-8's cases have ``qlens`` too (query tokens per sequence, properties.paged_attention_cases.PrefillCase).
+#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as inference_conformance.properties.paged_attention_cases.PagedCase);
+#: PA-8's cases have ``qlens`` too (query tokens per sequence, inference_conformance.properties.paged_attention_cases.PrefillCase).
 COVERAGE = _paged_coverage() + _prefill_coverage()
 
 

@@ -91,9 +91,9 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance import tolerance
-from conformance.coverage import CoverageClass
-from conformance.registry import Contract, InvalidCall
+from inference_conformance.conformance import tolerance
+from inference_conformance.conformance.coverage import CoverageClass
+from inference_conformance.conformance.registry import Contract, InvalidCall
 
 #: Dtypes of w (and x) in the contract.
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -569,7 +569,7 @@ def _quant_coverage() -> tuple:
 #: The quantization contract's coverage table. Observations are the quantize calls' cases:
 #: objects with ``N``, ``K``, ``bits``, ``granularity``, ``kinds`` (the GROUP_KINDS its cells
 #: cycle through) and ``M`` (the rows of x in the product laws), as
-#: properties.quantization_cases.QCase.
+#: inference_conformance.properties.quantization_cases.QCase.
 COVERAGE = _quant_coverage()
 
 

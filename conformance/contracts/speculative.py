@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.registry import Contract, InvalidCall
+from inference_conformance.conformance.registry import Contract, InvalidCall
 
 #: Dtypes of the probability tensors.
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)

@@ -60,9 +60,9 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.contracts.speculative import (DTYPES, PAD, TOKEN_DTYPE, check_tokens_and_probs, check_types,
+from inference_conformance.conformance.contracts.speculative import (DTYPES, PAD, TOKEN_DTYPE, check_tokens_and_probs, check_types,
                                                random_distributions)
-from conformance.registry import Contract, InvalidCall
+from inference_conformance.conformance.registry import Contract, InvalidCall
 
 __all__ = ["DTYPES", "PAD", "TreeShape", "validate", "depths", "children", "cases", "invalid", "CONTRACT"]
 
