@@ -39,3 +39,15 @@ def bench_settings(device: str, timer: str | None = None, threads: int | None = 
         raise ValueError(f"timer must be one of {sorted(TIMERS)}, got {timer!r}")
     return {"timer": timer, "env": pinned_env(device, threads),
             "pytest_args": [f"--benchmark-timer={TIMERS[timer]}"]}
+
+
+def is_pinned(device: str, environ: dict) -> bool:
+    """Whether a process environment ``environ`` (a mapping of variable names to strings) holds
+    the pinned benchmark environment of ``device`` ("cpu" or "cuda"): on the CPU the allocator
+    pins (:data:`MALLOC_PINS`) with their values and a fixed ``OMP_NUM_THREADS``; on CUDA
+    nothing is pinned beyond the timer, so always True. Raises ValueError for another device."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda":
+        return True
+    return all(environ.get(k) == v for k, v in MALLOC_PINS.items()) and bool(environ.get("OMP_NUM_THREADS"))
