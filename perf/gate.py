@@ -4,62 +4,16 @@ Compare a benchmark run with the stored history of the same device and settings:
 1 regression, 2 usage or input error, 3 inconclusive (only with --strict). RUN.json is a history entry (``history/<series>/*.json``, written by
 ``python -m inference_conformance.reports``) or a pytest-benchmark ``--benchmark-json`` file. The baseline defaults to
 the latest other entry of the run's series in ``history/``; a folder means its latest entry.
-
-Runs of unchanged code on one machine differ from each other (load, clocks, caches,
-neighbours) by more than the rounds of one run show: rounds of one run share the machine's
-state. So each benchmark is judged by the **between-run model** when the series holds at least
-``MIN_HISTORY`` (3) earlier entries with it (``--window``, default the last 20 up to the
-baseline): with m_1..m_n the ln(median) of those runs (mean mu, standard deviation s) and x the
-run's ln(median),
-
-- ratio r = exp(x - mu) (against the history's geometric mean), t = (x - mu) / (s sqrt(1 + 1/n)),
-  one-sided p-values from Student's t with n - 1 degrees of freedom (the run as a new draw
-  from the history's distribution of run medians: a prediction interval), and r's (1 - alpha)
-  interval exp(x - mu +- t_{1-alpha/2} s sqrt(1 + 1/n)).
-
-**Relative to the run's speed** (default; ``--no-normalize`` to judge raw medians): the
-benchmarks of one run share much of their shift (the machine's speed in that run), so where at
-least ``MIN_NORMALIZE`` (4) benchmarks are in the run and in every one of at least 4 entries of
-the window, each one is judged against what the run's speed predicts: the run's speed as that
-benchmark sees it is the median shift of the run's *other* benchmarks from their history means
-(one regressed benchmark barely moves it), and over the history a least-squares line of the
-benchmark's ln(median) on that speed gives the prediction and a t prediction interval with
-n - 2 degrees of freedom (:func:`inference_conformance.perf.stats.speed_test`; the slope is measured: about 1 for a benchmark
-that follows the machine, about 0 for one that does not). The run's speed itself,
-exp(median shift of all benchmarks), is judged by the plain between-run model as one more
-member of the family, ``(run speed: ...)``: a change that slows every benchmark alike fails
-there (with the wider spread of the machine's speed; when most benchmarks slow down, the
-unchanged rest look faster than the run's speed predicts and show as improvements). Each
-benchmark's own row cancels a uniform shift by construction, so the run-speed row is the only
-one that sees it: it holds half of alpha (:data:`RUN_SPEED_SHARE`, weighted Holm) rather than
-1/(m+1) of it. Its measured effect is in the calibration.
-
-With fewer entries a benchmark is **inconclusive**: the rounds of the run and of the baseline
-give its ratio r = median(run) / median(baseline) (bootstrap interval, Mann-Whitney U), but the
-rounds of one run do not see the variance between runs (that rule fails unchanged code often
-on a shared machine), so they call no regression; the message points to the A/B mode.
-
-Family-wise control: the p-values of all the run's judged benchmarks are adjusted by Holm's
-step-down method, so ``alpha`` (default 0.05) bounds the **run-level** false-alarm rate, the
-probability that the gate fails a run of unchanged code whatever the number of benchmarks, as
-far as the model holds (its measured rate: ``perf/calibration/gate_calibration.json``). Then,
-per benchmark, with p the Holm-adjusted p-value:
-
-- **regression** (exit 1): r > ``--hard-limit`` (default 1.5), whatever the noise and in every
-  mode (the rounds too); or r > 1 + threshold and p_slower < alpha: larger than the practical
-  threshold and statistically significant.
-- **improvement**: r < 1 - threshold and p_faster < alpha: the baseline should be updated.
-- **noisy** (a warning; exit 0, 3 with ``--strict``): neither of the above, and either the interval reaches past
-  1 + threshold (a regression larger than the threshold can be neither shown nor ruled out) or
-  r is beyond the threshold without significance: the run cannot decide.
-- **ok**: otherwise: the interval rules out a slowdown larger than the threshold.
-
+The rule (the between-run model, relative to the run's speed, Holm's family-wise control, the
+verdicts regression, improvement, noisy, ok, inconclusive) is :mod:`inference_conformance.perf.gate_rule`'s.
 Benchmarks only in the run are "new"; only in the baseline, "missing" (exit 2 unless
 ``--allow-missing``). A damaged run file or history entry, no baseline, no benchmark in common
-with it and a baseline of another device exit 2 with one line naming the file, the entry and
-the field (``--allow-new-series``, ``--allow-corrupt-history`` accept the second and an
-unusable entry, which is then named). The interleaved A/B mode (:mod:`inference_conformance.perf.ab`) applies the
-same rule to paired passes.
+with it, a baseline of another device and inputs measured with other settings (timer, threads,
+pinned environment: :mod:`inference_conformance.perf.settings_compare`) exit 2 with one line naming the file,
+the entry and the field or each setting that differs (``--allow-new-series``,
+``--allow-corrupt-history`` accept the second and an unusable entry, which is then named); an
+input not taken with the pinned settings is warned about on stderr. The interleaved A/B mode
+(:mod:`inference_conformance.perf.ab`) applies the same rule to paired passes.
 """
 from __future__ import annotations
 
@@ -69,193 +23,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from inference_conformance.perf import env, history, records
+from inference_conformance.perf import history
+from inference_conformance.perf.gate_inputs import (InputError, check_device, check_settings, earlier_files,  # noqa: F401
+                                                    is_entry, load_entries, load_run, warn_unpinned)
+from inference_conformance.perf.settings_compare import measured, version_notes
+from inference_conformance.perf.gate_rule import (DEFAULT_WINDOW, RUN_SPEED, RUN_SPEED_SHARE, ceiling_drift,  # noqa: F401
+                                                  gate, history_medians, samples)
 from inference_conformance.perf.stats import (DEFAULT_ALPHA, DEFAULT_HARD_LIMIT, EXIT_INCONCLUSIVE, EXIT_INPUT, EXIT_PASS,
-                        EXIT_REGRESSION, MIN_HISTORY, MIN_NORMALIZE, Decision, decide,
-                        history_test, judge_family, normalize_by_run_speed, print_decisions, rounds_test, speed_test)
-
-#: Earlier entries of the series the between-run model uses (the last ones before the run): 20
-#: rather than 10 gave the run-speed fit more power at the same false-alarm rate in the calibration.
-DEFAULT_WINDOW = 20
-#: The pseudo-benchmark that judges the run's speed itself (the median shift of its benchmarks).
-RUN_SPEED = "(run speed: the median shift of all benchmarks)"
-#: The run-speed row's share of alpha in the weighted Holm family (the benchmarks share the rest).
-#: It is the one row that sees a change slowing every benchmark alike (each benchmark's own row,
-#: relative to the run's speed, cancels a uniform shift by construction): with an equal share,
-#: 1 of 21 rows, a uniform 2x slowdown was caught in about half of the synthetic runs.
-RUN_SPEED_SHARE = 0.5
-
-
-def samples(rec: dict) -> list[float]:
-    """A benchmark record's per-round times in seconds (its raw ``data``, else its median alone)."""
-    data = rec.get("data") or []
-    if data:
-        return [float(x) for x in data]
-    med = (rec.get("stats") or {}).get("median")
-    return [float(med)] if med else []
-
-
-def load_run(path: str | Path) -> dict:
-    """A history entry from a history entry or a pytest-benchmark JSON file, validated
-    (:func:`inference_conformance.perf.history.load`): raises :class:`inference_conformance.perf.history.EntryError` naming the file, the
-    entry and the field of anything unusable."""
-    doc = history.validate(history.read_json(path), path)
-    if "fingerprint" in doc and "series" in doc:
-        return doc
-    fp = env.fingerprint(None)
-    mi = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
-    cpu = mi.get("cpu") if isinstance(mi.get("cpu"), dict) else {}
-    if cpu.get("brand_raw") and fp.get("device") == "cpu":
-        fp["cpu"] = cpu["brand_raw"]
-        if isinstance(cpu.get("count"), int):
-            fp["cpu_count"] = cpu["count"]
-    ci = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
-    if ci.get("id"):
-        fp["commit"], fp["dirty"] = ci["id"], bool(ci.get("dirty"))
-    return history.make_entry(fp, records.records(doc))
-
-
-def is_entry(doc: dict) -> bool:
-    """Whether ``doc`` is a history entry (rather than a pytest-benchmark JSON)."""
-    return "fingerprint" in doc and "series" in doc
-
-
-def earlier_files(folder: Path, run_path: Path, up_to: Path | None = None) -> list[Path]:
-    """The ``*.json`` files of ``folder`` that come before the run (oldest first): the run itself
-    excluded and, when the run lies in ``folder``, only the files named before it; with
-    ``up_to``, only those up to that file."""
-    rp = run_path.resolve()
-    out = []
-    for q in sorted(Path(folder).glob("*.json")):
-        qr = q.resolve()
-        if qr == rp or (rp.parent == qr.parent and q.name > rp.name) or (up_to is not None and q.name > up_to.name):
-            continue
-        out.append(q)
-    return out
-
-
-def load_entries(paths: list[Path], errors: list) -> list[tuple[Path, dict]]:
-    """The usable history entries among ``paths``; every unusable file's
-    :class:`inference_conformance.perf.history.EntryError` goes to ``errors`` (never skipped without a word)."""
-    out = []
-    for q in paths:
-        try:
-            doc = history.load(q)
-        except history.EntryError as e:
-            errors.append(e)
-            continue
-        if not is_entry(doc):
-            errors.append(history.EntryError(q, "not a history entry (no 'fingerprint' and 'series')",
-                                             field="fingerprint"))
-            continue
-        out.append((q, doc))
-    return out
-
-
-def history_medians(entries: list[dict]) -> dict[str, list[float]]:
-    """benchmark fullname -> its median in each of ``entries`` (where present)."""
-    out: dict[str, list[float]] = {}
-    for e in entries:
-        for b in e.get("benchmarks", []):
-            med = (b.get("stats") or {}).get("median")
-            if med:
-                out.setdefault(b["fullname"], []).append(float(med))
-    return out
-
-
-def gate(run: dict, base: dict, *, threshold: float = 0.10, alpha: float = DEFAULT_ALPHA,
-         history: list[dict] | None = None, min_history: int = MIN_HISTORY, normalize: bool = True,
-         hard_limit: float | None = DEFAULT_HARD_LIMIT, speed_share: float = RUN_SPEED_SHARE) -> list[Decision]:
-    """Decide every benchmark of ``run`` against ``base``; ``history`` (earlier entries of the
-    series, the baseline included, oldest first): benchmarks with at least ``min_history`` of
-    them are judged by the between-run model; the others are **inconclusive** (the rounds of one
-    run against ``base`` give their ratio, which fails only beyond ``hard_limit``).
-    ``normalize`` (default): where at least :data:`MIN_NORMALIZE` benchmarks are in the run and
-    in every history entry, they are judged relative to each run's speed
-    (:func:`inference_conformance.perf.stats.normalize_by_run_speed`) and the run's speed itself is one more decision
-    (:data:`RUN_SPEED`) holding the share ``speed_share`` of alpha in the weighted Holm family
-    (the benchmarks share the rest). Holm's method over all judged benchmarks makes ``alpha``
-    the run-level level; a ratio beyond ``hard_limit`` fails whatever the noise."""
-    base_by = {b["fullname"]: b for b in base.get("benchmarks", [])}
-    meds = history_medians(history or [])
-    run_meds = {}
-    for rec in run.get("benchmarks", []):
-        rs = samples(rec)
-        med = (rec.get("stats") or {}).get("median") or (float(np.median(rs)) if rs else None)
-        if med:
-            run_meds[rec["fullname"]] = float(med)
-    speed = None
-    if normalize and history and len(history) >= max(2, min_history):
-        speed = normalize_by_run_speed(run_meds, [{n: v[0] for n, v in history_medians([e]).items()}
-                                                  for e in history])
-    names, tests, weights, other = [], [], [], {}
-    seen = set()
-    for rec in run.get("benchmarks", []):
-        name = rec["fullname"]
-        seen.add(name)
-        rs, b = samples(rec), base_by.get(name)
-        h = meds.get(name, [])
-        if speed and name in speed.y_run:
-            tests.append(speed_test(speed, name, alpha=alpha))
-        elif name in run_meds and len(h) >= max(2, min_history):
-            tests.append(history_test(run_meds[name], h, alpha=alpha))
-        elif b is not None and samples(b) and rs:
-            other[name] = _few_history(name, rounds_test(samples(b), rs, alpha=alpha), len(h), threshold=threshold,
-                                       alpha=alpha, hard_limit=hard_limit)
-            continue
-        else:
-            other[name] = Decision(name, "new", reason="no baseline samples for this benchmark")
-            continue
-        names.append(name)
-        weights.append(1.0)
-    order = [rec["fullname"] for rec in run.get("benchmarks", [])]
-    if speed:
-        names.append(RUN_SPEED)
-        order.append(RUN_SPEED)
-        weights.append(len(tests) * speed_share / (1 - speed_share))
-        tests.append(history_test(speed.speed_run, speed.speed_history, alpha=alpha, relative=(
-            f" (all {len(speed.names)} benchmarks shifted alike: the machine, or a change that slows them all)")))
-    decided = {d.name: d for d in judge_family(names, tests, threshold=threshold, alpha=alpha, weights=weights,
-                                               hard_limit=hard_limit)}
-    result = [decided.get(n) or other[n] for n in order]
-    for name in base_by:
-        if name not in seen:
-            result.append(Decision(name, "missing", reason="in the baseline, not in this run"))
-    return result
-
-
-def _few_history(name: str, t, n_history: int, *, threshold: float, alpha: float, hard_limit: float | None) -> Decision:
-    """A benchmark with fewer than :data:`MIN_HISTORY` earlier entries: a regression only beyond
-    ``hard_limit``, else inconclusive (the rounds of one run do not see the between-run variance)."""
-    d = decide(name, t, t.p_slower, t.p_faster, threshold=threshold, alpha=alpha, hard_limit=hard_limit)
-    if hard_limit is None or t.ratio <= hard_limit:
-        d.status = "inconclusive"
-        d.reason = (f"median {(t.ratio - 1) * 100:+.1f}% against the baseline's rounds (interval "
-                    f"[{t.ci_low:.3f}, {t.ci_high:.3f}], {t.detail}), within the hard limit "
-                    f"{hard_limit:g}x; {n_history} earlier entr{'y' if n_history == 1 else 'ies'} hold this benchmark, "
-                    f"fewer than {MIN_HISTORY}: not judged from one run's rounds, use python -m inference_conformance.perf.ab"
-                    if hard_limit is not None else
-                    f"median {(t.ratio - 1) * 100:+.1f}% against the baseline's rounds; fewer than {MIN_HISTORY} "
-                    f"earlier entries: not judged from one run's rounds, use python -m inference_conformance.perf.ab")
-    return d
-
-
-def ceiling_drift(run: dict, base: dict) -> dict[str, float]:
-    """Relative change of the measured ceilings (copy bandwidth, matmul peak per dtype) between
-    the baseline and the run: a machine that got slower or busier shows here first."""
-    out = {}
-    rc, bc = run.get("ceilings") or {}, base.get("ceilings") or {}
-    for key in ("copy_bytes_per_s",):
-        if isinstance(rc.get(key), (int, float)) and isinstance(bc.get(key), (int, float)) and bc[key] > 0:
-            out[key] = rc[key] / bc[key] - 1
-    rp, bp = records.matmul_peaks(rc), records.matmul_peaks(bc)
-    for d in sorted(set(rp) & set(bp)):
-        if bp[d] > 0:
-            out[f"matmul_flops_per_s[{d}]"] = rp[d] / bp[d] - 1
-    return out
-
+                                              EXIT_REGRESSION, MIN_HISTORY, MIN_NORMALIZE, print_decisions)
 
 EXIT_CODES = f"""exit status:
   {EXIT_PASS}  pass: no regression (noisy or inconclusive benchmarks are reported; with --strict they exit {EXIT_INCONCLUSIVE})
@@ -264,14 +39,12 @@ EXIT_CODES = f"""exit status:
   {EXIT_INPUT}  usage or input error: a missing, empty, truncated or malformed run file or history entry
      (the message names the file, the entry and the field), a benchmark of the baseline missing from the
      run (--allow-missing), no baseline or no benchmark in common with it (--allow-new-series), an
-     unreadable history entry (--allow-corrupt-history), a baseline measured on another device;
+     unreadable history entry (--allow-corrupt-history), a baseline measured on another device
+     or with other settings (timer, threads, pinned environment: each difference is named);
      it wins over {EXIT_REGRESSION}
   {EXIT_INCONCLUSIVE}  inconclusive, only with --strict: no regression, but some benchmark could not be decided
      (noisy, or fewer than {MIN_HISTORY} earlier entries: use python -m inference_conformance.perf.ab)"""
 
-
-class InputError(Exception):
-    """An input the gate cannot judge (exit :data:`EXIT_INPUT`): one line saying what and where."""
 
 
 def _bounded(kind: type, ok, says: str):
@@ -294,8 +67,9 @@ _hard_limit = _bounded(float, lambda v: v > 1, "a ratio > 1 (inf: no hard limit)
 _window = _bounded(int, lambda v: v >= 0, ">= 0")
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m inference_conformance.perf.gate", description=__doc__.split("\n\n")[1],
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command's options; ``prog``: the usage line's command (default ``python -m inference_conformance.perf.gate``)."""
+    ap = argparse.ArgumentParser(prog=prog or "python -m inference_conformance.perf.gate", description=__doc__.split("\n\n")[1],
                                  epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="history entry or pytest-benchmark JSON of the run to judge")
     ap.add_argument("--baseline", default=None, help="baseline entry, or folder (its latest entry)")
@@ -326,21 +100,15 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the gate on ``argv`` (default ``sys.argv[1:]``); ``prog``: the command named in its usage
+    line. Returns the exit status (see :data:`EXIT_CODES`)."""
+    a = parser(prog).parse_args(argv)
     try:
         return _main(a)
     except (InputError, history.EntryError) as e:
         print(f"gate: error: {e}", file=sys.stderr)
         return EXIT_INPUT
-
-
-def _check_device(run: dict, run_path: Path, doc: dict, path: Path, what: str) -> None:
-    rf, bf = run.get("fingerprint") or {}, doc.get("fingerprint") or {}
-    if not env.same_device(rf, bf):
-        raise InputError(f"{path}: field 'fingerprint': {what} was measured on {env.device_label(bf)}, the run "
-                         f"{run_path} on {env.device_label(rf)}: times of two devices are not comparable "
-                         f"(its series: history/{run['series']}/)")
 
 
 def _main(a) -> int:
@@ -379,13 +147,16 @@ def _main(a) -> int:
             print(f"gate: {msg}; a run that starts its series (--allow-new-series): store it as the first baseline.")
             return EXIT_PASS
         raise InputError(f"{run_path}: {msg} (pass --allow-new-series to accept a run that starts a series)")
-    _check_device(run, run_path, base_doc, bpath, "the baseline")
+    check_device(run, run_path, base_doc, bpath, "the baseline")
+    check_settings(run, run_path, base_doc, bpath, "the baseline")
     earlier = []
     if a.window > 0:
         for q, doc in entries:
-            _check_device(run, run_path, doc, q, "this history entry")
+            check_device(run, run_path, doc, q, "this history entry")
+            check_settings(run, run_path, doc, q, "this history entry")
             earlier.append(doc)
         earlier = earlier[-a.window:]
+    warn_unpinned([(f"the run {run_path}", run), (f"the baseline {bpath}", base_doc)])
     base = base_doc
     if base.get("series") and base["series"] != run["series"]:
         print(f"gate: warning: baseline series {base['series']!r} differs from the run's {run['series']!r}")
@@ -403,10 +174,9 @@ def _main(a) -> int:
               + "): the machine may be busier or different; read the verdicts with care"
               + (" (the two were measured with different sizes: quick vs full)"
                  if (run.get("ceilings") or {}).get("quick") != (base.get("ceilings") or {}).get("quick") else ""))
-    if (run.get("settings") or {}) != (base.get("settings") or {}):
-        print(f"gate: WARNING: the run and the baseline were measured differently (timer, threads, allocator: "
-              f"{run.get('settings') or 'not recorded'} vs {base.get('settings') or 'not recorded'}): "
-              f"their times are not comparable; start a new baseline")
+    versions = version_notes(measured(base), measured(run))
+    if versions:
+        print(f"gate: note: library versions differ ({'; '.join(versions)}): their effect is part of the verdicts")
     if counts["improvement"]:
         print(f"gate: improvements beyond {a.threshold:.0%}: update the baseline "
               f"(commit this run into history/{run['series']}/)")

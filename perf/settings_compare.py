@@ -92,7 +92,8 @@ def measured(doc: dict, fp: dict | None = None, applied: dict | None = None) -> 
     s = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if "pinned" in s and "threads" in s:
         out = {"timer": timer_name(s.get("timer") or DEFAULT_TIMER), "threads": s.get("threads"),
-               "pinned": bool(s["pinned"]), "device": s.get("device") or device_of(fp), "source": "recorded"}
+               "pinned": bool(s["pinned"]), "device": s.get("device") or device_of(fp),
+               "source": s.get("source") or "recorded"}
     elif s.get("timer") or applied:
         s = s if s.get("timer") else applied
         dev = device_of(fp)

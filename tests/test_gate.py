@@ -223,9 +223,9 @@ def test_rounds_fallback_warns_in_the_command_output(tmp_path, capsys):
     assert "INCONCLUSIVE" in out and "python -m inference_conformance.perf.ab" in out
 
 
-def test_runs_measured_differently_are_flagged(tmp_path, capsys):
+def test_runs_measured_differently_are_refused(tmp_path, capsys):
     """A history entry records how its benchmarks were measured; a run timed with another timer
-    or thread count than its baseline gets a warning (its times are not comparable)."""
+    or environment than its baseline is refused (exit 2), each difference named."""
     from inference_conformance.perf import settings
 
     h = tmp_path / "history"
@@ -234,12 +234,14 @@ def test_runs_measured_differently_are_flagged(tmp_path, capsys):
     history.append(e, h)
     same = dict(e, fingerprint=dict(e["fingerprint"], date="2026-01-02T00:00:00Z", commit="b" * 40))
     p = history.append(same, h)
-    gate.main([str(p), "--history", str(h)])
-    assert "measured differently" not in capsys.readouterr().out
+    assert gate.main([str(p), "--history", str(h)]) == stats.EXIT_PASS
+    assert "measured differently" not in capsys.readouterr().err
     other = dict(same, fingerprint=dict(same["fingerprint"], date="2026-01-03T00:00:00Z", commit="c" * 40),
                  settings={k: v for k, v in settings.bench_settings("cpu", "wall", 0).items() if k != "pytest_args"})
-    gate.main([str(history.append(other, h)), "--history", str(h)])
-    assert "measured differently" in capsys.readouterr().out
+    assert gate.main([str(history.append(other, h)), "--history", str(h)]) == stats.EXIT_INPUT
+    err = capsys.readouterr().err
+    assert "measured differently" in err and "timer differs: base process_time, new perf_counter" in err
+    assert "pinned differs: base true, new false" in err
 
 
 # ----------------------------------------------------------------- relative to the run's speed
