@@ -36,6 +36,13 @@ tree. With ``--impl`` the benchmarks run only their rows of the outside implemen
 ``impl``, ``impl2``, ... by their order per technique, not by target
 (:func:`inference_conformance.conformance.plugin.bench_backends`), so A's first target pairs with B's first.
 
+Every pass's benchmark JSON records how it was measured (:mod:`inference_conformance.perf.settings_record`:
+timer, threads, pinned environment, device); passes measured differently (a side whose
+interpreter or checkout times otherwise) are refused, exit 2, each difference named
+(:func:`inference_conformance.perf.settings_compare.check_passes`); a side not taken with the pinned settings
+(``--threads 0`` on the CPU) is warned about on stderr. A pass of a checkout older than the
+recording is read as what this session applied to it.
+
 Its measured error rates on this suite (false alarms on unchanged code, power against an
 injected 15% slowdown) are in ``perf/calibration/gate_calibration.json`` and the report.
 """
@@ -54,8 +61,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inference_conformance.perf import records, settings
-from inference_conformance.perf.env import ROOT
+from inference_conformance.perf import records, settings, settings_compare
+from inference_conformance.perf.env import ROOT, fingerprint
 from inference_conformance.perf.stats import judge_family, log_ratio_test, print_decisions
 
 #: Pairs per A/B session: on the calibration machine (shared, 2 cores) 10 lockstep pairs caught an
@@ -228,7 +235,8 @@ def session(a: Path, b: Path, pairs: int = DEFAULT_PAIRS, *, workdir: Path, env_
     def add(side, i, t0, seconds, recs):
         ceil = workdir / f"pass{i}{side}.ceilings.json"
         passes.append({"side": side, "pair": i, "start": t0, "seconds": seconds, "records": recs,
-                       "ceilings": json.loads(ceil.read_text()) if ceil.exists() else None})
+                       "ceilings": json.loads(ceil.read_text()) if ceil.exists() else None,
+                       "settings": settings_compare.recorded(workdir / f"pass{i}{side}.json")})
         log(f"ab: pair {i + 1}/{pairs} side {side.upper()}{' (lockstep, both sides at once)' if lockstep else ''}: "
             f"{len(recs)} benchmarks in {seconds:.0f} s")
 
@@ -271,8 +279,12 @@ def decide(passes: list[dict], *, threshold: float = 0.10, alpha: float = 0.05):
                         threshold=threshold, alpha=alpha)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inference_conformance.perf.ab", description=__doc__.split("\n\n")[1])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run an A/B session on ``argv`` (default ``sys.argv[1:]``); ``prog``: the command named in the
+    usage line. Returns the exit status: 0 pass, 1 regression, 2 usage error, no results, or
+    passes measured with different settings."""
+    ap = argparse.ArgumentParser(prog=prog or "python -m inference_conformance.perf.ab",
+                                 description=__doc__.split("\n\n")[1])
     ap.add_argument("--a", default=None, help="baseline side: a git revision or a checkout folder "
                                                "(default with --impl-a: this working tree)")
     ap.add_argument("--b", default=None, help="candidate side: a git revision or a checkout folder "
@@ -339,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ab: no benchmark results from side {', '.join(empty)}: its pytest process failed or selected "
               f"nothing; run it alone to see why (python -m pytest benchmarks --benchmark-enable -k ... in that "
               f"checkout, with that interpreter and its --impl options)", file=sys.stderr)
+        return 2
+    diffs, warns = settings_compare.check_passes(passes, {"timer": timer, "env": env}, fingerprint(a.device))
+    for w in warns:
+        print(f"ab: warning: {w}", file=sys.stderr)
+    if diffs:
+        print(f"ab: error: the passes were measured differently: {'; '.join(diffs)}: their times are not "
+              f"comparable (give both sides the same timer, threads and pinned environment)", file=sys.stderr)
         return 2
     decisions = decide(passes, threshold=a.threshold, alpha=a.alpha)
     print(f"ab: A={side_label(a.a, a.impl_a)} B={side_label(a.b, a.impl_b)}, {a.pairs} "

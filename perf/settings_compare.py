@@ -26,6 +26,9 @@ a library upgrade is what the A/B mode's ``--python-a``/``--python-b`` is for.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from inference_conformance.perf.settings import is_pinned
 
 #: The fields two runs must share to be compared, in the order messages name them.
@@ -159,3 +162,45 @@ def unpinned(label: str, s: dict) -> str | None:
     return (f"{label} was not taken with the pinned benchmark settings (timer {_show('timer', s)}, threads "
             f"{_show('threads', s)}; {s.get('source', 'recorded')}): its times move with the machine's load and "
             f"allocator state; take runs with python -m inference_conformance.reports or inference_conformance.perf.ab")
+
+
+def compare_sides(sides: dict[str, list[dict]]) -> list[str]:
+    """The differences that forbid comparing the sides of an A/B session: ``sides`` maps a side's
+    label ("A", "B") to the measured settings (:func:`measured`) of each of its passes, in order.
+    One message per difference, each once: between the sides' first passes
+    (``"timer differs: A process_time, B cuda_event"``) and between the passes of one side."""
+    out = []
+    labels = list(sides)
+    for lab in labels:
+        runs = sides[lab]
+        for i, s in enumerate(runs[1:], 2):
+            out += differences(runs[0], s, (f"{lab} pass 1", f"{lab} pass {i}"))
+    for lab in labels[1:]:
+        if sides[labels[0]] and sides[lab]:
+            out += differences(sides[labels[0]][0], sides[lab][0], (labels[0], lab))
+    return list(dict.fromkeys(out))
+
+
+def recorded(path: Path) -> dict | None:
+    """The ``settings`` a pass's benchmark JSON recorded (:mod:`inference_conformance.perf.settings_record`), None
+    where it recorded none (a checkout older than the recording) or cannot be read."""
+    try:
+        s = json.loads(Path(path).read_text()).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return s if isinstance(s, dict) else None
+
+
+def check_passes(passes: list[dict], applied: dict, fp: dict) -> tuple[list[str], list[str]]:
+    """(differences, warnings) of the settings of an A/B session's passes (:mod:`inference_conformance.perf.ab`:
+    dicts with "side" and "settings", what :func:`recorded` read): each setting in which the passes were
+    measured differently (:func:`compare_sides`; a pass that recorded
+    none is read as ``applied``, the timer and environment this session gave it, on the device
+    of ``fp``) and one warning per side not taken with the pinned settings."""
+    sides: dict[str, list[dict]] = {}
+    for p in passes:
+        doc = {"settings": p["settings"]} if p.get("settings") else {}
+        sides.setdefault(p["side"].upper(), []).append(measured(doc, fp, applied))
+    sides = dict(sorted(sides.items()))
+    warns = [w for lab, runs in sides.items() for w in [unpinned(f"side {lab}", runs[0])] if w]
+    return compare_sides(sides), warns
