@@ -118,7 +118,7 @@ def pytest_sessionfinish(session):
         from inference_conformance.conformance.device import current_device
         from inference_conformance.perf.lockstep import exclusive
 
-        with exclusive():
+        with exclusive(session.config):
             c = measure_ceilings(current_device(), quick=True)
         doc = {"copy_bytes_per_s": c["copy_bytes_per_s"], "matmul_flops_per_s": c["matmul_flops_per_s"]}
     except Exception as exc:  # noqa: BLE001 - a failed probe is recorded, never fatal

@@ -24,7 +24,8 @@ sides hold one token between them and only its holder runs:
   every token hand-over to ``handovers-SIDE`` (a count), for checking afterwards.
 
 ``BENCH_LOCKSTEP_FIRST`` (``a`` or ``b``, default ``a``) chooses who holds the token first;
-:func:`inference_conformance.perf.ab.session` alternates it between pairs.
+:func:`inference_conformance.perf.ab.session` alternates it between pairs. A run's side of the token lives in
+its ``config.stash`` (:func:`state`), never in the module.
 """
 from __future__ import annotations
 
@@ -147,7 +148,13 @@ class Lockstep:
         self._write(f"exit-{self.side}", str(self.unpaired))
 
 
-_state: Lockstep | None = None
+#: Where a pytest run keeps its side of the token (None without lockstep): the run owns it.
+STATE_KEY = pytest.StashKey["Lockstep | None"]()
+
+
+def state(config) -> Lockstep | None:
+    """This run's side of the token (``config.stash``), None without lockstep or before collection."""
+    return config.stash.get(STATE_KEY, None) if config is not None else None
 
 
 def _from_env() -> Lockstep | None:
@@ -161,19 +168,18 @@ def _from_env() -> Lockstep | None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     """After -k/-m deselection: exchange the lists; common tests in A's order, the rest after."""
-    global _state
-    _state = _from_env()
-    if _state is None:
+    ls = config.stash[STATE_KEY] = _from_env()
+    if ls is None:
         return
-    order = {n: i for i, n in enumerate(_state.exchange([it.nodeid for it in items]))}
+    order = {n: i for i, n in enumerate(ls.exchange([it.nodeid for it in items]))}
     items.sort(key=lambda it: order.get(it.nodeid, len(order)))
 
 
-def _handing_over_setup(setup):
+def _handing_over_setup(ls: Lockstep, setup):
     """A pedantic ``setup`` (run before each round, outside the timed region) that first lets the
     other side run when this side has held the token for a chunk."""
     def wrapped():
-        _state.maybe_hand_over()
+        ls.maybe_hand_over()
         return setup() if setup is not None else None
 
     return wrapped
@@ -181,42 +187,47 @@ def _handing_over_setup(setup):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if _state is not None:
-        _state.before(item.nodeid)
+    ls = state(item.config)
+    if ls is not None:
+        ls.before(item.nodeid)
     yield
-    if _state is not None:
-        _state.after(item.nodeid)
+    if ls is not None:
+        ls.after(item.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    bench = getattr(item, "funcargs", {}).get("benchmark") if _state is not None else None
+    ls = state(item.config)
+    bench = getattr(item, "funcargs", {}).get("benchmark") if ls is not None else None
     if bench is not None and not bench.disabled:
         raw = bench._raw_pedantic
 
         def pedantic(target, args=(), kwargs=None, setup=None, *a, iterations=1, **kw):
             if iterations != 1:  # pytest-benchmark refuses a setup with iterations > 1
                 return raw(target, args, kwargs, setup, *a, iterations=iterations, **kw)
-            return raw(target, args, kwargs, _handing_over_setup(setup), *a, iterations=iterations, **kw)
+            return raw(target, args, kwargs, _handing_over_setup(ls, setup), *a, iterations=iterations, **kw)
 
         bench._raw_pedantic = pedantic
     yield
 
 
 @contextlib.contextmanager
-def exclusive():
+def exclusive(config):
     """Hold the token for a block of work outside the tests (a probe at the end of the session),
-    so that it never runs while the other side is timing; a no-op without lockstep."""
-    if _state is None:
+    so that it never runs while the other side is timing; a no-op without lockstep. ``config``:
+    the pytest run's config (whose stash holds the token)."""
+    ls = state(config)
+    if ls is None:
         yield
         return
-    _state.acquire()
+    ls.acquire()
     try:
         yield
     finally:
-        _state.release()
+        ls.release()
 
 
 def pytest_unconfigure(config):
-    if _state is not None:
-        _state.exit()
+    ls = state(config)
+    if ls is not None:
+        ls.exit()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -156,13 +157,16 @@ def test_pedantic_rounds_fill_the_time_budget():
     assert rounds(_FakeBenchmark(), 0.0, 7) == 7
 
 
-def test_exclusive_holds_the_token_for_work_outside_the_tests(tmp_path, monkeypatch):
+def test_exclusive_holds_the_token_for_work_outside_the_tests(tmp_path):
     """A probe at the end of a pass (the ceilings) waits for its turn and hands the token back;
-    without lockstep it just runs."""
-    with lockstep.exclusive():
+    without lockstep it just runs. The token is the run's (its config's stash), not the module's."""
+    config = types.SimpleNamespace(stash=pytest.Stash())
+    with lockstep.exclusive(config):
         pass  # no lockstep state: a no-op
+    assert lockstep.state(config) is None and lockstep.state(None) is None
     ls = lockstep.Lockstep(tmp_path, "b", first="a", timeout=20)
-    monkeypatch.setattr(lockstep, "_state", ls)
+    config.stash[lockstep.STATE_KEY] = ls
+    assert lockstep.state(types.SimpleNamespace(stash=pytest.Stash())) is None  # another run: its own state
     turned = threading.Event()
 
     def side_a():
@@ -171,7 +175,7 @@ def test_exclusive_holds_the_token_for_work_outside_the_tests(tmp_path, monkeypa
         (tmp_path / "turn").write_text("b")
 
     threading.Thread(target=side_a).start()
-    with lockstep.exclusive():
+    with lockstep.exclusive(config):
         assert turned.is_set() and ls.holding  # waited for A to hand over
     assert not ls.holding and (tmp_path / "turn").read_text() == "a"
 
