@@ -176,7 +176,7 @@ def normalize_by_run_speed(run_medians: dict[str, float], history_medians: list[
     other benchmarks share (the machine's speed in that run: clocks, load, memory layout), which
     one regressed benchmark barely moves. ``speed_run`` / ``speed_history`` are exp(median_k
     e_k) per run: the run's speed itself, judged as one more member of the family
-    (:data:`inference_conformance.perf.gate.RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
+    (:data:`inference_conformance.perf.gate_rule.RUN_SPEED`), so a change that slows every benchmark alike still fails the gate."""
     names = [n for n in run_medians if all(n in h for h in history_medians)]
     if len(names) < min_benchmarks or len(history_medians) < 4:
         return None
