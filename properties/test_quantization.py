@@ -168,7 +168,7 @@ def test_qt2_zero_point_rounding_is_not_idempotent():
 def test_qt2_packing_round_trips(bits, R, L, seed):
     """unpack(pack(u)) == u for random codes, in the reference and in the packed layout the
     kernels read (bit for bit the same bytes)."""
-    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization_packing as quant_torch
     from inference_conformance.reference import quantization as ref
 
     g = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ KV-cache formats and their bounds).
   model's weights against int8 absmax, the model's NLL with FP8 weights and FP8 W8A8.
 - QT-12: the KV-cache formats (int8 per token, int4 KIVI, FP8 per token) reconstruct every
   element within the contract's ``kv_bound``; attention over the quantized cache
-  (``inference_conformance.optimized.quantization.QuantizedKVCache``) is within ``attention_bound``, derived from the
+  (``inference_conformance.optimized.quantization_kv.QuantizedKVCache``) is within ``attention_bound``, derived from the
   steps and the softmax's sensitivity; a prefill in pieces equals one prefill; figures: the
   model's NLL with each format, and the cache bytes per token measured from the held tensors
   at Llama-3-8B's shape (KV-5's 240 requests). Known-bad formats (``KV_ZOO``) are rejected.
@@ -73,7 +73,7 @@ def cast_values(fmt: str, seed: int) -> torch.Tensor:
     mag = torch.exp2(torch.rand(400, generator=g, dtype=torch.float64) * (hi - lo) + lo)
     sign = torch.where(torch.rand(400, generator=g) < 0.5, -1.0, 1.0).double()
     x = mag * sign
-    from inference_conformance.reference.quantization import fp8_cast
+    from inference_conformance.reference.quantization_fp8 import fp8_cast
 
     grid = fp8_cast(x[:100], fmt)                                      # grid points, then their midpoints
     _, e = torch.frexp(grid)
@@ -89,7 +89,7 @@ def cast_values(fmt: str, seed: int) -> torch.Tensor:
 def law_fp8_cast(run, device, fmt, seed):
     """QT-11's cast: saturates (finite everywhere; ±F where |x| >= F), within half an ulp of x
     below F, and on the reference's grid (round to nearest even) exactly."""
-    from inference_conformance.reference.quantization import fp8_cast as ref_cast
+    from inference_conformance.reference.quantization_fp8 import fp8_cast as ref_cast
 
     f = contract.fp8_format(fmt)
     x = cast_values(fmt, seed).to(device)
@@ -108,7 +108,7 @@ def law_fp8_cast(run, device, fmt, seed):
     run.observe(fmt)
 
 
-FP8_CASTS = {"reference": "inference_conformance.reference.quantization:fp8_cast", "torch": "inference_conformance.optimized.quantization:fp8_cast"}
+FP8_CASTS = {"reference": "inference_conformance.reference.quantization_fp8:fp8_cast", "torch": "inference_conformance.optimized.quantization_fp8:fp8_cast"}
 
 
 def _cast_impl(name: str) -> SimpleNamespace:
@@ -208,7 +208,7 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     standard deviations) the same ratio, median over the 28 matrices, is recorded, with the
     rule that it is above 1 there: without an outlier int8's 8 bits of uniform steps beat E4M3's
     3 mantissa bits (the lecture's "more tolerant of the tails" holds where there are tails)."""
-    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization as quant_torch, quantization_fp8 as quant_fp8
     from inference_conformance.reference.quant_methods import named_block_linears
     from inference_conformance.smallworld import checkpoints
 
@@ -216,14 +216,14 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     w.view(-1)[w.abs().argmax()] = 0.323
     w[0, 0] = 3.0
     int8, e4m3, e5m2 = (_rms_error_but_largest(s, w) for s in
-                        (quant_torch.SYMMETRIC, quant_torch.FP8_E4M3, quant_torch.FP8_E5M2))
+                        (quant_torch.SYMMETRIC, quant_fp8.FP8_E4M3, quant_fp8.FP8_E5M2))
     model = checkpoints.load_model("target", dtype=torch.float64)
     ratios = {"fp8_e4m3fn": [], "fp8_e5m2": []}
     for _, lin in named_block_linears(model):
         wl = lin.weight.detach()
         i8 = _rms_error_but_largest(quant_torch.SYMMETRIC, wl)
-        ratios["fp8_e4m3fn"].append(_rms_error_but_largest(quant_torch.FP8_E4M3, wl) / i8)
-        ratios["fp8_e5m2"].append(_rms_error_but_largest(quant_torch.FP8_E5M2, wl) / i8)
+        ratios["fp8_e4m3fn"].append(_rms_error_but_largest(quant_fp8.FP8_E4M3, wl) / i8)
+        ratios["fp8_e5m2"].append(_rms_error_but_largest(quant_fp8.FP8_E5M2, wl) / i8)
     med = {k: sorted(v)[len(v) // 2] for k, v in ratios.items()}
     results.record("QT-11", measured=round(e4m3 / int8, 3), bound=0.5, lecture="FP8 more tolerant of the tails",
                    unit="RMS error without the outlier, E4M3 / int8 absmax, per tensor (QT-4's example)",
@@ -242,7 +242,7 @@ def test_qt11_nll_with_fp8_weights_and_w8a8():
     W8A8 (E4M3 weights per channel, activations per token, dynamic) beside int8 W8A8; int8
     weight-only per channel is QT-3's row. The rule: each within 1% of the unquantized NLL (the
     8-bit formats are almost lossless on this model, as int8 is in QT-3)."""
-    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization_fp8 as quant_torch
     from inference_conformance.reference.quant_methods import quantize_model_weights, w8a8_model
     from inference_conformance.smallworld import checkpoints, data
 
@@ -318,7 +318,7 @@ KV_EXAMPLES = tuple(dict(case=c, seed=s) for c, s in (
     (KVCase(1, 1, 1, 3, "fp8_e5m2"), 4), (KVCase(2, 1, 29, 8, "kivi:3:5", 1.0, 2), 6),
     (KVCase(1, 2, 5, 8, "int4_kivi_r8_g8", 30.0), 7)))                 # KIVI with no token quantized yet
 
-KV_IMPLS = {"reference": "inference_conformance.reference.quantization:KV_REFERENCE", "torch": "inference_conformance.optimized.quantization:KV_TORCH"}
+KV_IMPLS = {"reference": "inference_conformance.reference.quantization_kv:KV_REFERENCE", "torch": "inference_conformance.optimized.quantization_kv:KV_TORCH"}
 
 
 def _kv_impl(name: str):
@@ -379,7 +379,8 @@ def law_kv_attention(run, device, case, seed):
     sees the cache as decode holds it then) within the contract's attention_bound of exact
     attention, float64; the bound comes from the steps alone (kv_bound), plus 64 ulp of max|v|
     for float64 rounding."""
-    from inference_conformance.optimized.quantization import KVOps, QuantizedKVCache
+    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
+    from inference_conformance.reference.quantization_kv import KVOps
     from inference_conformance.reference.transformer import naive_attention
 
     note(str(case))
@@ -413,7 +414,7 @@ def test_qt12_cache_prefill_in_pieces_equals_one_prefill(fmt):
     then pieces of 5 and 20) gives the same outputs as one prefill of all 37 tokens (float64, to
     1e-12 relative): a group once quantized never changes, and each query sees the cache as
     decode holds it."""
-    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
 
     case = KVCase(2, 2, 37, 16, fmt, 30.0, 2)
     q, k, v = make_kv(case, 3, torch.float64, "cpu")
@@ -432,7 +433,7 @@ def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
     13 tokens then 11 single-token decode steps (positions given) give the logits of one forward
     over all 24 tokens with a fresh cache (float64 target model, to 1e-10 relative), so the NLL
     figure measured in one forward is decode's."""
-    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
     from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float64)
@@ -452,7 +453,7 @@ def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
 def kv_nll(model, docs, fmt) -> float:
     """:func:`inference_conformance.smallworld.data.nll` with every layer's attention through a QuantizedKVCache of
     ``fmt`` (each prediction as a decode step over the quantized cache sees it)."""
-    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
     from inference_conformance.smallworld import data
 
     total, count = 0.0, 0
@@ -500,7 +501,7 @@ def test_qt12_cache_bytes_per_token_and_kv5():
     both from the measured bytes). KIVI int4 (R = 128, G = 32, KIVI's own sizes): half a byte
     per value, a float32 scale per channel per 32 keys and per value token, 128 recent tokens in
     bf16 (recorded)."""
-    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
 
     L, Hkv, D, T, context = 32, 8, 128, 4096, 4096
     budget = 60 * 2 ** 30
