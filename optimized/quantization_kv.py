@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization import FP8_FORMATS, KVFormat, kv_quantized_tokens, levels
+from inference_conformance.conformance.contracts.quantization import levels
+from inference_conformance.conformance.contracts.quantization_kv import KVFormat, kv_quantized_tokens
+from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS
 from inference_conformance.optimized.quantization_packing import pack, storable, unpack
 from inference_conformance.optimized.quantization_fp8 import to_fp8
 from inference_conformance.reference.quantization_kv import KVOps

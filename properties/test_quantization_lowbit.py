@@ -29,7 +29,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization as contract
+from inference_conformance.conformance.contracts import quantization_fp8 as fp8_contract, quantization_kv as kv_contract
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import assert_exact, check_within
 from inference_conformance.conformance.zoo import expect_rejected
@@ -48,14 +48,14 @@ from inference_conformance.properties.quantization_cases import (
 from inference_conformance.properties.zoo_quantization import FP8_CAST_ZOO, KV_ZOO
 
 TECH = "quantization"
-FORMATS = tuple(contract.FP8_FORMATS)
+FORMATS = tuple(fp8_contract.FP8_FORMATS)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _fp8_only(impl) -> str | None:
     fmt = number_format(impl)
-    return None if fmt in contract.FP8_FORMATS else f"{impl.name} is an integer scheme ({fmt}): QT-1 judges it"
+    return None if fmt in fp8_contract.FP8_FORMATS else f"{impl.name} is an integer scheme ({fmt}): QT-1 judges it"
 
 
 def _as_impl(name: str, target: str, **attrs) -> SimpleNamespace:
@@ -67,7 +67,7 @@ def cast_values(fmt: str, seed: int) -> torch.Tensor:
     """float32 values for the cast law: log-uniform magnitudes from below the smallest
     subnormal to 4 F, both signs; every exact tie between two neighbouring grid values of a
     drawn sample; 0, ±F, F plus half the top spacing (rounds past F), ±inf, the subnormal steps."""
-    f = contract.fp8_format(fmt)
+    f = fp8_contract.fp8_format(fmt)
     g = torch.Generator().manual_seed(seed)
     lo, hi = f.emin - f.m - 2, torch.log2(torch.tensor(4 * f.max)).item()
     mag = torch.exp2(torch.rand(400, generator=g, dtype=torch.float64) * (hi - lo) + lo)
@@ -91,7 +91,7 @@ def law_fp8_cast(run, device, fmt, seed):
     below F, and on the reference's grid (round to nearest even) exactly."""
     from inference_conformance.reference.quantization_fp8 import fp8_cast as ref_cast
 
-    f = contract.fp8_format(fmt)
+    f = fp8_contract.fp8_format(fmt)
     x = cast_values(fmt, seed).to(device)
     out = run.impl.cast(x, fmt)
     assert out.shape == x.shape, (out.shape, x.shape)                  # values: float64 or x's dtype
@@ -102,7 +102,7 @@ def law_fp8_cast(run, device, fmt, seed):
     big = x64.abs() >= f.max
     assert_exact(o[big], torch.sign(x64[big]) * f.max, what=f"{fmt} cast of |x| >= {f.max:g} (saturates at ±F)")
     inside = ~big
-    check_within(o[inside], x64[inside], contract.fp8_value_bound(x64[inside], torch.ones(()), fmt),
+    check_within(o[inside], x64[inside], fp8_contract.fp8_value_bound(x64[inside], torch.ones(()), fmt),
                  what=f"{fmt} cast below F", rule="QT-11 half ulp").check()
     assert_exact(o, ref_cast(x64, fmt), what=f"{fmt} cast vs the reference grid (round to nearest even)")
     run.observe(fmt)
@@ -160,7 +160,7 @@ def law_fp8_within_half_ulp(run, device, dtype, case, seed):
     d = run.impl.dequantize(quantize(run.impl, w, case, run=run))
     assert tuple(d.shape) == tuple(w.shape) and d.dtype == w.dtype and d.device == w.device, (d.shape, d.dtype)
     fmt = number_format(run.impl)
-    check_within(d, w, contract.fp8_bound(w, fmt, case.granularity), what=f"{fmt} reconstruction ({case})",
+    check_within(d, w, fp8_contract.fp8_bound(w, fmt, case.granularity), what=f"{fmt} reconstruction ({case})",
                  rule="QT-11 half ulp").check()
 
 
@@ -279,11 +279,11 @@ class KVCase:
     outlier: float = 1.0
     group: int = 1
 
-    def format(self) -> contract.KVFormat:
-        if self.fmt in contract.KV_FORMATS:
-            return contract.KV_FORMATS[self.fmt]
+    def format(self) -> kv_contract.KVFormat:
+        if self.fmt in kv_contract.KV_FORMATS:
+            return kv_contract.KV_FORMATS[self.fmt]
         _, r, g = self.fmt.split(":")                                 # "kivi:R:G"
-        return contract.kv_format("int4_kivi", int(r), int(g))
+        return kv_contract.kv_format("int4_kivi", int(r), int(g))
 
 
 def make_kv(case: KVCase, seed: int, dtype, device):
@@ -300,7 +300,7 @@ def make_kv(case: KVCase, seed: int, dtype, device):
     return tuple(t.to(dtype).to(device) for t in (q, k, v))
 
 
-KV_FORMAT_NAMES = tuple(contract.KV_FORMATS) + ("kivi:0:4", "kivi:3:5")
+KV_FORMAT_NAMES = tuple(kv_contract.KV_FORMATS) + ("kivi:0:4", "kivi:3:5")
 
 
 @st.composite
@@ -339,7 +339,7 @@ def law_kv_within_step(run, device, dtype, case, seed):
     k_hat, v_hat = run.impl.dequantize_kv(run.impl.quantize_kv(k, v, fmt))
     for name, got, x in (("k", k_hat, k), ("v", v_hat, v)):
         assert got.shape == x.shape and got.dtype == x.dtype, (name, got.shape, got.dtype)
-        check_within(got, x, contract.kv_bound(x, fmt, name), what=f"{fmt.name} {name} ({case})",
+        check_within(got, x, kv_contract.kv_bound(x, fmt, name), what=f"{fmt.name} {name} ({case})",
                      rule="QT-12 half step").check()
     run.observe(fmt.kind)
 
@@ -389,7 +389,7 @@ def law_kv_attention(run, device, case, seed):
     out = QuantizedKVCache(fmt, KVOps(run.impl.name, run.impl)).attend(0, q, k, v)
     mask = _causal(case.T, device)
     out_ref = naive_attention(q, k, v, mask)
-    bound = contract.attention_bound(q, k, v, contract.kv_bound(k, fmt, "k"), contract.kv_bound(v, fmt, "v"),
+    bound = kv_contract.attention_bound(q, k, v, kv_contract.kv_bound(k, fmt, "k"), kv_contract.kv_bound(v, fmt, "v"),
                                      case.D ** -0.5, mask)
     bound = bound + 64 * torch.finfo(torch.float64).eps * float(v.abs().max())
     check_within(out, out_ref, bound, what=f"attention over {fmt.name} ({case})", rule="QT-12 attention bound").check()
@@ -418,8 +418,8 @@ def test_qt12_cache_prefill_in_pieces_equals_one_prefill(fmt):
 
     case = KVCase(2, 2, 37, 16, fmt, 30.0, 2)
     q, k, v = make_kv(case, 3, torch.float64, "cpu")
-    whole = QuantizedKVCache(contract.KV_FORMATS[fmt]).attend(0, q, k, v)
-    cache = QuantizedKVCache(contract.KV_FORMATS[fmt])
+    whole = QuantizedKVCache(kv_contract.KV_FORMATS[fmt]).attend(0, q, k, v)
+    cache = QuantizedKVCache(kv_contract.KV_FORMATS[fmt])
     pieces = [cache.attend(0, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]) for a, b in ((0, 11), (11, 12), (12, 17), (17, 37))]
     got = torch.cat(pieces, dim=2)
     err = float((got - whole).abs().max() / whole.abs().max())
@@ -438,7 +438,7 @@ def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
 
     model = checkpoints.load_model("target", dtype=torch.float64)
     tokens = data.pad_batch(data.encode(data.split("test", 4)))[0][:, :24]
-    fmt = contract.KV_FORMATS["int4_kivi_r8_g8"]
+    fmt = kv_contract.KV_FORMATS["int4_kivi_r8_g8"]
     with torch.no_grad():
         whole = model(tokens, None, QuantizedKVCache(fmt))
         cache = QuantizedKVCache(fmt)
@@ -478,8 +478,8 @@ def test_qt12_nll_with_a_quantized_kv_cache():
     model = checkpoints.load_model("target", dtype=torch.float32)
     docs = data.split("test", data.TEST_SUBSET)
     base = data.nll(model, docs)
-    formats = dict(contract.KV_FORMATS)
-    formats["int4_kivi_r0_g8"] = contract.kv_format("int4_kivi", 0, 8)
+    formats = dict(kv_contract.KV_FORMATS)
+    formats["int4_kivi_r0_g8"] = kv_contract.kv_format("int4_kivi", 0, 8)
     rel = {}
     for name, fmt in formats.items():
         nll = kv_nll(model, docs, fmt)
@@ -512,8 +512,8 @@ def test_qt12_cache_bytes_per_token_and_kv5():
     bf16_per_token = L * 2 * Hkv * D * 2
     assert budget // (context * bf16_per_token) == 120
     counts = {"bf16": 120}
-    for name, fmt in (("int8", contract.KV_FORMATS["int8"]), ("fp8_e4m3fn", contract.KV_FORMATS["fp8_e4m3fn"]),
-                      ("int4_kivi_r128_g32", contract.kv_format("int4_kivi", 128, 32))):
+    for name, fmt in (("int8", kv_contract.KV_FORMATS["int8"]), ("fp8_e4m3fn", kv_contract.KV_FORMATS["fp8_e4m3fn"]),
+                      ("int4_kivi_r128_g32", kv_contract.kv_format("int4_kivi", 128, 32))):
         cache = QuantizedKVCache(fmt)
         # T - 1 tokens appended (one query: only the bytes are measured), then one decode step
         cache.attend(0, q, k[:, :, :T - 1], v[:, :, :T - 1])

@@ -261,7 +261,7 @@ finer_groups = _FinerGroups()
 def _cast_unsaturated(x, fmt):
     """FP8 rounding without saturation: a value that rounds past F becomes NaN (E4M3fn has no
     inf: its top code is NaN) or inf (E5M2), as a cast with no clamp does on hardware."""
-    from inference_conformance.conformance.contracts.quantization import fp8_format
+    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
     from inference_conformance.reference.quantization_fp8 import fp8_cast
 
     f = fp8_format(fmt)
@@ -275,7 +275,7 @@ def _cast_unsaturated(x, fmt):
 def _cast_e5m2_grid(x, fmt):
     """Rounds to E5M2's grid whatever the format asked (saturating at the asked format's F): an
     E4M3 cast that keeps only 2 mantissa bits, errors up to 2^-3 relative."""
-    from inference_conformance.conformance.contracts.quantization import fp8_format
+    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
     from inference_conformance.reference.quantization_fp8 import fp8_cast
 
     top = fp8_format(fmt).max

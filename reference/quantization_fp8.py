@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization import fp8_format, validate_matmul, validate_quantize
+from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
+from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
 
 
 def fp8_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
