@@ -6,7 +6,7 @@ law for the one that ignores ``g_idx``). At the end, the kernels' own bugs
 token (QT-9 at 1 < M <= 16), the Triton kernels reading group k // g despite a g_idx (the
 act-order QT-9 law, ``properties/test_quantization.py``), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
 per-token scales applied per column, or a truncating activation quantizer. FP8 and KV-cache
-formats (QT-11, QT-12, ``properties/test_quantization_lowbit.py``): an FP8 scheme rounding to
+formats (QT-11, QT-12, ``properties/test_quantization_fp8.py``, ``properties/test_quantization_kv.py``): an FP8 scheme rounding to
 E5M2's grid while naming E4M3, :data:`FP8_CAST_ZOO` (a cast without saturation, E5M2's grid for
 E4M3) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token).
 
@@ -283,7 +283,7 @@ def _cast_e5m2_grid(x, fmt):
 
 
 #: Known-bad FP8 casts ``cast(x, fmt) -> values in x's dtype`` (outside the contract), each
-#: rejected by QT-11's cast law (properties/test_quantization_lowbit.py).
+#: rejected by QT-11's cast law (properties/test_quantization_fp8.py).
 FP8_CAST_ZOO = {"fp8_cast_unsaturated": _cast_unsaturated, "fp8_e5m2_grid_as_e4m3": _cast_e5m2_grid}
 
 
@@ -350,7 +350,7 @@ class _BadKV:
 
 
 #: Known-bad KV-cache format implementations (outside the contract), each rejected by QT-12's
-#: format law (properties/test_quantization_lowbit.py).
+#: format law (properties/test_quantization_kv.py).
 KV_ZOO = {z.name: z for z in (
     _BadKV("kivi_keys_per_token", "int4 KIVI with the keys quantized per token (over D) instead of per "
            "channel: an outlier channel sets every token's step.", keys_per_token=True),
