@@ -63,7 +63,7 @@ import sys
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate as validate_dense
-from inference_conformance.conformance.contracts.paged_attention import validate as validate_paged
+from inference_conformance.conformance.contracts.paged_attention_validate import validate as validate_paged
 from inference_conformance.conformance.contracts.speculative import PAD
 from inference_conformance.conformance.contracts.speculative import validate as validate_verify
 from inference_conformance.conformance.device import triton_interpreted

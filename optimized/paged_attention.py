@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_conformance.conformance.contracts.paged_attention import validate
+from inference_conformance.conformance.contracts.paged_attention_validate import validate
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention_tiles import (
     MAX_SPLITS,

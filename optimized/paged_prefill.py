@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_conformance.conformance.contracts.paged_attention import validate_prefill
+from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, paged_kv_tile
 from inference_conformance.optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
