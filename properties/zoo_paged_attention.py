@@ -244,7 +244,8 @@ def serving_engine_zoo() -> dict:
     """Known-bad engines outside the contract, by name: each rejected by its own law in
     ``properties/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
     engine and a decode engine vs one engine)."""
-    from inference_conformance.optimized.paged_engine import PagedCacheAttention, PagedEngine
+    from inference_conformance.optimized.paged_engine import PagedEngine
+    from inference_conformance.optimized.paged_engine_attention import PagedCacheAttention
 
     class _WriteAfterAttention(PagedCacheAttention):
         def attend(self, layer, q, k, v):
