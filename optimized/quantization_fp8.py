@@ -15,7 +15,7 @@ import torch
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
 from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
 from inference_conformance.optimized.quantization_packing import storable
-from inference_conformance.reference.quantization_fp8 import FP8Scheme
+from inference_conformance.reference.quantization_fp8 import FP8Scheme, element_scales
 
 
 def to_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -83,7 +83,7 @@ def check_fp8(qw) -> PackedFP8:
 def dequantize_fp8(qw: PackedFP8) -> torch.Tensor:
     """(N, K) in w's dtype: code x scale in the scales' dtype, rounded once."""
     qw = check_fp8(qw)
-    s = qw.scales.expand(qw.N, qw.K) if qw.granularity == "tensor" else qw.scales.repeat_interleave(qw.group_size, dim=1)
+    s = element_scales(qw)
     return (qw.values().to(s.dtype) * s).to(qw.dtype)
 
 

@@ -16,30 +16,18 @@ from inference_conformance.conformance.contracts.quantization_kv import KVFormat
 from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS
 from inference_conformance.optimized.quantization_packing import pack, storable, unpack
 from inference_conformance.optimized.quantization_fp8 import to_fp8
-from inference_conformance.reference.quantization_kv import KVOps
+from inference_conformance.reference.quantization_kv import KVOps, QuantizedKV
 
 
 @dataclass(frozen=True)
-class PackedKV:
-    """Keys and values (B, H, T, D) in a :class:`KVFormat`, as held: the first Tq tokens'
-    ``k_codes`` / ``v_codes`` (int8 for int8; FP8 dtypes for FP8; int4 KIVI codes u = q + 8 packed
-    two per byte along D, low nibble first, (B, H, Tq, ceil(D / 2)) uint8), ``k_scales`` /
-    ``v_scales`` float32 ((B, H, Tq, 1); KIVI keys (B, H, Tq / G, D)), ``k_rest`` / ``v_rest``
-    the other tokens in the cache's dtype, ``fmt``, ``dtype``, ``D``."""
+class PackedKV(QuantizedKV):
+    """Keys and values (B, H, T, D) in a :class:`KVFormat`, as held: the reference's fields
+    (:class:`inference_conformance.reference.quantization_kv.QuantizedKV`) with the first Tq
+    tokens' ``k_codes`` / ``v_codes`` int8 for int8, FP8 dtypes for FP8, int4 KIVI codes u = q + 8
+    packed two per byte along D, low nibble first, (B, H, Tq, ceil(D / 2)) uint8; ``k_scales`` /
+    ``v_scales`` float32 ((B, H, Tq, 1); KIVI keys (B, H, Tq / G, D)); and ``D``, the head dim."""
 
-    k_codes: torch.Tensor
-    v_codes: torch.Tensor
-    k_scales: torch.Tensor
-    v_scales: torch.Tensor
-    k_rest: torch.Tensor
-    v_rest: torch.Tensor
-    fmt: KVFormat
-    dtype: torch.dtype
     D: int
-
-    @property
-    def tokens(self) -> int:
-        return self.k_codes.shape[2] + self.k_rest.shape[2]
 
 
 def _kv_codes(x64: torch.Tensor, amax: torch.Tensor, fmt: KVFormat):

@@ -84,11 +84,18 @@ def _check_fp8(qw) -> FP8Weight:
     return qw
 
 
+def element_scales(qw) -> torch.Tensor:
+    """Every element's scale (N, K) of an FP8 weight (this module's or the optimized one's): its
+    ``scales`` per group of ``group_size`` columns, or the one scale of "tensor"."""
+    if qw.granularity == "tensor":
+        return qw.scales.expand(qw.N, qw.K)
+    return qw.scales.repeat_interleave(qw.group_size, dim=1)
+
+
 def dequantize_fp8(qw: FP8Weight) -> torch.Tensor:
     """(N, K) in w's dtype: value x scale in float64, rounded once."""
     qw = _check_fp8(qw)
-    s = qw.scales.expand(qw.N, qw.K) if qw.granularity == "tensor" else qw.scales.repeat_interleave(qw.group_size, dim=1)
-    return (qw.values * s).to(qw.dtype)
+    return (qw.values * element_scales(qw)).to(qw.dtype)
 
 
 def matmul_fp8(x: torch.Tensor, qw: FP8Weight) -> torch.Tensor:
