@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.checks import check_scale
+from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
 from inference_conformance.conformance.coverage import CoverageClass
 from inference_conformance.conformance.registry import Contract, InvalidCall
 
@@ -84,13 +84,7 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
     lengths, causal with Tq > Tk, non-finite scale), each naming the argument.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions (B, H, T, D), got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the attention contract takes "
-                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+        check_tensor(name, t, 4, "(B, H, T, D)", DTYPES, "attention")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if k.device != q.device or v.device != q.device:

@@ -1,5 +1,6 @@
 """Checks several contracts share, each raising the contract's documented error with the
-argument's name: the softmax ``scale`` of the attention contracts (:func:`check_scale`).
+argument's name: a tensor argument's type, rank and dtype (:func:`check_tensor`) and the softmax
+``scale`` of the attention contracts (:func:`check_scale`).
 No contract is declared here (the registry finds none: no ``CONTRACT``).
 """
 from __future__ import annotations
@@ -26,3 +27,19 @@ def check_scale(scale, dtype: torch.dtype) -> None:
         raise ValueError(f"scale must be representable in {str(acc).replace('torch.', '')}, the dtype the "
                          f"scores of {str(dtype).replace('torch.', '')} inputs are computed in "
                          f"(|scale| <= {torch.finfo(acc).max:.4g}), got {scale}")
+
+
+def check_tensor(name: str, t, rank: int, dims: str, dtypes: tuple, technique: str) -> None:
+    """``t`` (the argument ``name``) must be a torch.Tensor of ``rank`` dimensions (``dims`` names
+    them, e.g. "(B, H, T, D)") with a dtype in ``dtypes``, those of the ``technique`` contract.
+
+    Raises TypeError for a non-tensor or another dtype, ValueError for another rank, each naming
+    ``name``.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {dims}, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; the {technique} contract takes "
+                        f"{[str(d).replace('torch.', '') for d in dtypes]}")

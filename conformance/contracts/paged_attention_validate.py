@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.checks import check_scale
+from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
 from inference_conformance.conformance.contracts.paged_attention import DTYPES, INDEX_DTYPE, MAX_HEAD_DIM
 
 
@@ -54,13 +54,7 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
     for name, t, rank, dims in (("q", q, 3, "(B, Hq, D)"),
                                 ("k_cache", k_cache, 4, "(num_blocks, block_size, Hkv, D)"),
                                 ("v_cache", v_cache, 4, "(num_blocks, block_size, Hkv, D)")):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != rank:
-            raise ValueError(f"{name} must have {rank} dimensions {dims}, got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the paged_attention contract takes "
-                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+        check_tensor(name, t, rank, dims, DTYPES, "paged_attention")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"q, k_cache, v_cache must share one dtype, got q {q.dtype}, "
                         f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
