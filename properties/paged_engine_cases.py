@@ -1,4 +1,4 @@
-"""Inputs and helpers of the paged engine's laws (``properties/test_paged_engine.py``; PA-6..PA-9):
+"""Inputs and shared pieces of the paged engine's laws (``properties/test_paged_engine.py``; PA-6..PA-9):
 the test model (:data:`CFG`, :func:`model_for`), requests (:class:`Req`) and their strategies
 (:func:`workloads`, :func:`shared_prefix_workloads`), running them through an engine at their
 arrival steps (:func:`run_engine`, :func:`run_disaggregated`) or alone without a cache
