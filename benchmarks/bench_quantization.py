@@ -170,8 +170,8 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
     same for the bf16 cache; ``bytes_ratio_vs_bf16`` their ratio (the quantized format's memory
     gain, on any device). Times only mean something on a GPU (the torch path is no fused kernel:
     it writes the dequantized cache before attending)."""
-    from inference_conformance.conformance.contracts.quantization import KV_FORMATS
-    from inference_conformance.optimized.quantization import QuantizedKVCache
+    from inference_conformance.conformance.contracts.quantization_kv import KV_FORMATS
+    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
     from inference_conformance.reference.transformer import naive_attention
 
     Hq, Hkv, D = 32, 8, 128
@@ -218,7 +218,7 @@ def test_bench_fp8_matmul(benchmark, device, backend, scheme):
     ``bytes``: the codes, scales and x/out one call must read."""
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
-    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization as quant_torch, quantization_fp8 as quant_fp8
 
     N, K = SHAPES[device][0]
     M = 1
@@ -226,9 +226,9 @@ def test_bench_fp8_matmul(benchmark, device, backend, scheme):
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
     x = randn((M, K), 1, dtype=dtype, device=device)
     if backend == "triton":
-        impl = quant_torch.TRITON_FP8_E4M3 if scheme.startswith("fp8") else quant_torch.TRITON_SYMMETRIC
+        impl = quant_fp8.TRITON_FP8_E4M3 if scheme.startswith("fp8") else quant_torch.TRITON_SYMMETRIC
     else:
-        impl = quant_torch.FP8_E4M3 if scheme.startswith("fp8") else quant_torch.SYMMETRIC
+        impl = quant_fp8.FP8_E4M3 if scheme.startswith("fp8") else quant_torch.SYMMETRIC
     qw = impl.quantize(w, bits=8, granularity="channel")
     repeats = 5 if benchmark.disabled else 50
 

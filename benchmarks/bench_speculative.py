@@ -87,7 +87,7 @@ def test_sd1_law_calibration(device):
     verifier of a few percent bias over 50 runs of its real code."""
     from scipy import stats as sps  # here: every benchmark process imports this module
 
-    from inference_conformance.properties.speculative_cases import SUBTLE_BIASES, sd1_law_false_alarms
+    from inference_conformance.properties.speculative_calibration_cases import SUBTLE_BIASES, sd1_law_false_alarms
 
     exact_k, exact_limit = sd1_law_false_alarms(EXACT_DRAWS, seed=1)
     good = load("speculative", "torch", "inference_conformance.optimized.speculative:verify", "builtin")
@@ -353,7 +353,7 @@ def test_bench_tree_one_forward_vs_branches(benchmark, device, widths):
     in float32 after a 32-token prefix: the ratio branches / tree (the Triton kernel on a GPU,
     the reference core on a CPU, where the interpreter's time would be measured instead)."""
     from inference_conformance.conformance.device import current_device
-    from inference_conformance.optimized.speculative_engine import TreeCachedModel
+    from inference_conformance.optimized.speculative_tree_engine import TreeCachedModel
     from inference_conformance.smallworld.checkpoints import load_model
 
     if widths not in TREE_WIDTHS[current_device()]:
@@ -407,8 +407,9 @@ def test_bench_tokens_per_call(benchmark, device, drafter):
     import time
 
     from inference_conformance.conformance.device import current_device
-    from inference_conformance.optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
-                                              SelfSpeculativeDrafter, TopKTreeDrafter, TreeSpeculativeEngine)
+    from inference_conformance.optimized.speculative_drafters import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
+                                                                      SelfSpeculativeDrafter, TopKTreeDrafter)
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.checkpoints import load_model
     from inference_conformance.smallworld.data import encode, split
     from inference_conformance.smallworld.tokenizer import tokenizer

@@ -40,7 +40,7 @@ import importlib
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate
-from inference_conformance.conformance.contracts.paged_attention import validate as validate_paged
+from inference_conformance.conformance.contracts.paged_attention_validate import validate as validate_paged
 
 HALF = (torch.float16, torch.bfloat16)
 

@@ -6,7 +6,7 @@ contract (``conformance/contracts/quantization.py``)::
 Each calls the library's own quantize, dequantize and (where it has one) matmul, and only moves
 data between layouts (torch <-> numpy, the library's packing). Where the library's scheme is not
 the contract's absmax step s = max|w| / (2^(b-1) - 1), the adapter declares it (``symmetric =
-False`` for a zero point, or ``scheme``, one of :data:`inference_conformance.conformance.contracts.quantization.SCHEMES`)
+False`` for a zero point, or ``scheme``, one of :data:`inference_conformance.conformance.contracts.quantization_bounds.SCHEMES`)
 and QT-1 checks the bound that scheme promises; QT-2 (idempotence, the absmax claim) reads
 "differs by design" for a declared scheme. Refused (NotImplementedError, reported
 "unsupported"): the bits, granularities and dtypes each library does not take, and ``matmul``

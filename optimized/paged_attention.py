@@ -31,17 +31,17 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_conformance.conformance.contracts.paged_attention import validate
+from inference_conformance.conformance.contracts.paged_attention_validate import validate
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention_tiles import (
-    MAX_SPLITS,
     fold_scale,
     log_sum_exp,
     merge_splits,
     paged_kv_tile,
     split_kv_merge_kernel,
 )
-from inference_conformance.optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
+from inference_conformance.optimized.paged_attention_splits import tokens_per_split
+from inference_conformance.optimized.triton_shared import check_device, flat_grid, tile_loop
 
 
 @triton.jit
@@ -129,12 +129,8 @@ def _write_kv_kernel(K_ptr, V_ptr, KC_ptr, VC_ptr, SLOT_ptr,
 #: :func:`inference_conformance.optimized.attention_tiles.merge_splits`; no float argument reaches it).
 _paged_merge_kernel = split_kv_merge_kernel
 
-#: Tokens per split under the interpreter: one split up to this length, then a few.
-INTERPRET_TOKENS_PER_SPLIT = 128
 #: Tokens per tile under the interpreter (fewer, larger tiles: its cost is per operation).
 INTERPRET_BLOCK_N = 128
-#: Fewest tokens per split on GPU.
-MIN_TOKENS_PER_SPLIT = 256
 
 
 def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
@@ -147,19 +143,6 @@ def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
     n = budget // (BLOCK_H * BLOCK_D)
     BLOCK_N = max(4, min(64, 1 << max(0, n.bit_length() - 1)))
     return BLOCK_H, BLOCK_N, BLOCK_D
-
-
-def _tokens_per_split(B: int, Hkv: int, max_len: int, block_n: int, device: torch.device,
-                      num_splits: int | None) -> int:
-    if num_splits is not None:
-        per = -(-max_len // min(num_splits, MAX_SPLITS))
-    elif triton_interpreted() or device.type != "cuda":
-        per = max_len if max_len <= INTERPRET_TOKENS_PER_SPLIT else -(-max_len // 2)
-    else:
-        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        want = max(1, min(MAX_SPLITS, -(-2 * sms // (B * Hkv))))
-        per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
-    return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -179,7 +162,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q, scale = fold_scale(q, scale)                                          # float64: scale into q
     max_len = int(seq_lens.max())
     BLOCK_H, BLOCK_N, BLOCK_D = _tiles(q.dtype, shape.group, shape.D)
-    per = _tokens_per_split(shape.B, shape.Hkv, max_len, BLOCK_N, q.device, num_splits)
+    per = tokens_per_split(shape.B, shape.Hkv, max_len, BLOCK_N, q.device, num_splits)
     S = -(-max_len // per)
     acc64 = q.dtype == torch.float64
     out = torch.empty(shape.B, shape.Hq, shape.D, dtype=q.dtype, device=q.device)

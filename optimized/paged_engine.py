@@ -37,11 +37,8 @@ its remaining tokens as the budget still allows (a chunk; a long prompt is split
 steps, each chunk batched with the other requests' decode tokens). A request samples only in the
 step that computes its last token. Without a budget every request computes all its tokens at once.
 
-Disaggregation (PA-9): :meth:`PagedEngine.send` packs a request that has computed its prompt
-(and sampled its first token) into a :class:`KVTransfer`, its blocks by id in logical order with
-their K/V, and frees them; :meth:`PagedEngine.receive` on another engine (its own pool, its own
-block size) books blocks for the tokens and writes them into its own block ids through its slot
-mapping. :class:`DisaggregatedEngine` runs a prefill engine and a decode engine so.
+Disaggregation (PA-9): ``optimized/paged_engine_disagg.py`` (the engine's ``send`` and ``receive``,
+:class:`DisaggregatedEngine`).
 
 ``attention``: any ``paged_attention`` implementation (default: the reference;
 ``inference_conformance.optimized.paged_attention.paged_attention`` for the Triton kernel), called with one query per
@@ -55,110 +52,17 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from inference_conformance.optimized.paged_engine_attention import PagedCacheAttention, torch_write
+from inference_conformance.optimized.paged_engine_disagg import TransferMixin
+from inference_conformance.optimized.paged_engine_state import EngineRequest
 from inference_conformance.reference.paged_attention import OutOfBlocks, PagedKVCache
 from inference_conformance.reference.transformer import Transformer, sample_next
 
 
-def _torch_write(k_cache, v_cache, k, v, slot_mapping) -> None:
-    nb, bs, hkv, d = k_cache.shape
-    idx = slot_mapping.to(torch.int64)
-    k_cache.view(nb * bs, hkv, d).index_copy_(0, idx, k)
-    v_cache.view(nb * bs, hkv, d).index_copy_(0, idx, v)
-
-
-@dataclass
-class PagedCacheAttention:
-    """The attention backend (:class:`inference_conformance.reference.transformer.AttentionCache`) of one step's
-    forward over a paged cache: the forward's N tokens, of several sequences, are one row
-    (B = 1, T = N) of the token matrix.
-
-    Each layer writes token i's k, v into slot ``slots[i]`` of its layer's caches
-    (``write(k_caches[layer], v_caches[layer], k (N, Hkv, D), v, slots)``; caches
-    (num_blocks, block_size, Hkv, D)), then calls ``attention`` (a ``paged_attention``
-    implementation) with one query per token, the block table of the token's sequence
-    (``tables``: (N, max_blocks) int32) and ``seq_lens`` (N,) int32 = the keys it sees.
-    """
-
-    k_caches: list
-    v_caches: list
-    write: Callable
-    attention: Callable
-    tables: torch.Tensor
-    slots: torch.Tensor
-    seq_lens: torch.Tensor
-    scale: float
-    #: the mixed-batch path: a ``paged_prefill`` implementation and its per-sequence block table
-    #: (R, max_blocks), seq_lens (R,) and query_start_loc (R + 1,); None: one query per token
-    prefill: Callable | None = None
-    seq_tables: torch.Tensor | None = None
-    seq_seq_lens: torch.Tensor | None = None
-    query_start_loc: torch.Tensor | None = None
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (1, Hq, N, D), k, v (1, Hkv, N, D) after RoPE -> attention output (1, Hq, N, D): the
-        step's K/V written first, then attention over the cache (the chunk sees its own keys)."""
-        self._write(layer, k, v)
-        return self._attend(layer, q)
-
-    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.write(self.k_caches[layer], self.v_caches[layer], k[0].transpose(0, 1).contiguous(),
-                   v[0].transpose(0, 1).contiguous(), self.slots)
-
-    def _attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        qt = q[0].transpose(0, 1).contiguous()                               # (N, Hq, D)
-        if self.prefill is not None:
-            out = self.prefill(qt, k_cache, v_cache, self.seq_tables, self.seq_seq_lens, self.query_start_loc,
-                               scale=self.scale)
-        else:
-            out = self.attention(qt, k_cache, v_cache, self.tables, self.seq_lens, scale=self.scale)
-        return out.transpose(0, 1)[None]
-
-
-@dataclass
-class _Request:
-    rid: object
-    prompt: list
-    max_new: int
-    temperature: float
-    generator: torch.Generator | None
-    out: list = field(default_factory=list)
-    computed: int = 0          # tokens whose K/V are in the cache
-    keys: list = field(default_factory=list)   # prefix-cache keys of its full computed blocks
-
-    @property
-    def tokens(self) -> list:
-        return self.prompt + self.out
-
-
-@dataclass
-class KVTransfer:
-    """A request handed from one engine to another (PA-9): its tokens, sampling state and the K/V
-    of its first ``length`` tokens as the sender's blocks: ``block_ids`` (the sender's ids, in
-    logical order), ``block_size`` (the sender's), ``k``, ``v`` (per layer (len(block_ids),
-    block_size, Hkv, D), block i holding tokens i·block_size ..). ``logits``: the logits it
-    sampled from so far (with ``keep_logits``)."""
-
-    rid: object
-    prompt: list
-    out: list
-    max_new: int
-    temperature: float
-    generator: torch.Generator | None
-    length: int
-    block_size: int
-    block_ids: list
-    k: list
-    v: list
-    logits: list = field(default_factory=list)
-
-
-class PagedEngine:
+class PagedEngine(TransferMixin):
     """Continuous batching over ``model`` with a paged cache of ``num_blocks`` blocks of
     ``block_size`` tokens (shared by all layers), at most ``max_batch`` running requests.
 
@@ -197,11 +101,11 @@ class PagedEngine:
         if attention is None:
             from inference_conformance.reference.paged_attention import paged_attention as attention
         self.attention = attention
-        self.write = write or _torch_write
+        self.write = write or torch_write
         self.prefix: dict[str, int] | None = {} if prefix_cache else None
         self.model_key = f"{id(model)}:{w.dtype}:{w.device}"
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
         self.finished: dict = {}
         self._ids: set = set()
         self.stats = Counter()
@@ -225,7 +129,7 @@ class PagedEngine:
         if -(-total // self.block_size) > self.book.allocator.num_blocks:
             raise ValueError(f"request {rid!r} needs more than all {self.book.allocator.num_blocks} blocks")
         self._ids.add(rid)
-        self.waiting.append(_Request(rid, prompt, max_new_tokens, float(temperature), generator))
+        self.waiting.append(EngineRequest(rid, prompt, max_new_tokens, float(temperature), generator))
 
     def fork(self, parent, child, generator: torch.Generator | None = None, temperature: float | None = None) -> None:
         """Parallel sampling: ``child`` continues ``parent`` (a running request that has computed
@@ -241,7 +145,7 @@ class PagedEngine:
         self.book.fork(parent, child)
         self._ids.add(child)
         t = p.temperature if temperature is None else float(temperature)
-        self.running.append(_Request(child, list(p.prompt), p.max_new, t, generator, list(p.out), p.computed,
+        self.running.append(EngineRequest(child, list(p.prompt), p.max_new, t, generator, list(p.out), p.computed,
                                      list(p.keys)))
 
     def blocks_in_use(self) -> int:
@@ -280,7 +184,7 @@ class PagedEngine:
         h.update(",".join(map(str, tokens)).encode())
         return h.hexdigest()
 
-    def _release(self, r: _Request) -> None:
+    def _release(self, r: EngineRequest) -> None:
         self.book.free(r.rid)
         r.keys = []
 
@@ -302,7 +206,7 @@ class PagedEngine:
                 self.waiting.appendleft(victim)
                 self.stats["preemptions"] += 1
 
-    def _admit(self) -> list[_Request]:
+    def _admit(self) -> list[EngineRequest]:
         new = []
         while self.waiting and len(self.running) < self.max_batch:
             r = self.waiting[0]
@@ -342,7 +246,7 @@ class PagedEngine:
         """Keys each token's query sees: every token up to and including its own position."""
         return (positions + 1).to(torch.int32)
 
-    def _schedule(self) -> list[tuple[_Request, int]]:
+    def _schedule(self) -> list[tuple[EngineRequest, int]]:
         """(request, tokens it computes this step) of the running requests, within the token
         budget: decode tokens first, then the prompts' chunks in admission order; in running
         order. Requests left out wait for a later step."""
@@ -410,74 +314,7 @@ class PagedEngine:
         self.emitted.append(list(produced))
         return produced
 
-    # ------------------------------------------------------------------ disaggregation (PA-9)
-    def ready_to_send(self) -> list:
-        """Ids of running requests that have computed every token but their last sampled one
-        (a prefill engine hands these to a decode engine)."""
-        return [r.rid for r in self.running if r.out and r.computed == len(r.tokens) - 1]
-
-    def _pack(self, r: _Request) -> tuple[list, list, list]:
-        """(block ids, K per layer, V per layer) of the request's computed tokens' blocks, in
-        logical order."""
-        n_blocks = -(-r.computed // self.block_size)
-        ids = list(self.book.tables[r.rid][:n_blocks])
-        idx = torch.tensor(ids, dtype=torch.int64, device=self.k[0].device)
-        return ids, [c[idx].clone() for c in self.k], [c[idx].clone() for c in self.v]
-
-    def send(self, rid) -> KVTransfer:
-        """Take running request ``rid`` (ready: :meth:`ready_to_send`) out of this engine as a
-        :class:`KVTransfer` and free its blocks. ValueError for a request that is not ready."""
-        r = next((x for x in self.running if x.rid == rid), None)
-        if r is None or rid not in self.ready_to_send():
-            raise ValueError(f"request {rid!r} is not running with its prompt computed")
-        ids, ks, vs = self._pack(r)
-        t = KVTransfer(r.rid, list(r.prompt), list(r.out), r.max_new, r.temperature, r.generator, r.computed,
-                       self.block_size, ids, ks, vs, list(self.logits.pop(r.rid, [])) if self.logits is not None else [])
-        self.running.remove(r)
-        self._release(r)
-        self._ids.discard(rid)
-        return t
-
-    def _place(self, t: KVTransfer, rid) -> None:
-        """Write the transfer's tokens into this engine's blocks of ``rid`` (booked): token p of
-        sender block p // t.block_size, slot p % t.block_size, goes to this engine's slot of p."""
-        dev = self.k[0].device
-        slots = torch.tensor([self.book.slot(rid, p) for p in range(t.length)], device=dev)
-        for l in range(self.cfg.n_layers):
-            k = t.k[l].reshape(-1, *t.k[l].shape[2:])[:t.length].to(dev)
-            v = t.v[l].reshape(-1, *t.v[l].shape[2:])[:t.length].to(dev)
-            self.write(self.k[l], self.v[l], k.contiguous(), v.contiguous(), slots[:k.shape[0]])
-
-    def receive(self, t: KVTransfer) -> None:
-        """Continue a request sent by another engine: book blocks of this engine's block size for
-        its ``t.length`` tokens (and the next), write their K/V into them by slot mapping
-        (:meth:`_place`), and run it from its last sampled token. ValueError for a used id, a
-        full batch, a transfer of another model shape; :class:`OutOfBlocks` when its blocks do
-        not fit (nothing booked then)."""
-        if t.rid in self._ids:
-            raise ValueError(f"request id {t.rid!r} already used")
-        if len(self.running) >= self.max_batch:
-            raise ValueError(f"the batch is full ({self.max_batch} running)")
-        shape = (self.cfg.n_kv_heads, self.cfg.hd)
-        for name, cs in (("k", t.k), ("v", t.v)):
-            if len(cs) != self.cfg.n_layers or any(tuple(c.shape) != (len(t.block_ids), t.block_size, *shape)
-                                                   for c in cs):
-                raise ValueError(f"transfer {name}: {len(cs)} layers of blocks do not fit {self.cfg.n_layers} layers "
-                                 f"of ({len(t.block_ids)}, {t.block_size}, {shape[0]}, {shape[1]})")
-        need = -(-(t.length + 1) // self.block_size)
-        self._evict_cached(need)
-        if self.book.allocator.num_free < need:
-            raise OutOfBlocks(f"{need} blocks needed, {self.book.allocator.num_free} free")
-        self.book.new_sequence(t.rid)
-        self.book.append_tokens(t.rid, t.length)
-        self._place(t, t.rid)
-        r = _Request(t.rid, list(t.prompt), t.max_new, t.temperature, t.generator, list(t.out), t.length)
-        self._ids.add(t.rid)
-        self.running.append(r)
-        if self.logits is not None:
-            self.logits[t.rid] = list(t.logits)
-
-    def _register_blocks(self, r: _Request) -> None:
+    def _register_blocks(self, r: EngineRequest) -> None:
         if self.prefix is None:
             return
         table = self.book.tables[r.rid]
@@ -503,49 +340,3 @@ class PagedEngine:
                                   seq_seq_lens=seq_lens, query_start_loc=query_start_loc)
         return self.model(tokens[None], positions[None], attention, rows=torch.tensor(last, device=tokens.device))
 
-
-class DisaggregatedEngine:
-    """Prefill/decode disaggregation (PA-9; Splitwise, DistServe): requests go to
-    ``prefill_engine``, which computes each prompt and samples its first token; each such request
-    is then sent (:meth:`PagedEngine.send`) to ``decode_engine``, with its own pool and block size,
-    which continues it. Each :meth:`step` steps the prefill engine, moves every ready request
-    across while the decode engine has room (the others wait in the prefill engine), then steps
-    the decode engine. ``finished``: rid -> tokens, from either engine (a one-token request ends
-    in the prefill engine); ``transfers``: requests moved so far."""
-
-    def __init__(self, prefill_engine: PagedEngine, decode_engine: PagedEngine):
-        self.prefill_engine, self.decode_engine = prefill_engine, decode_engine
-        self.transfers = 0
-
-    def add_request(self, rid, prompt, max_new_tokens: int, temperature: float = 0.0,
-                    generator: torch.Generator | None = None) -> None:
-        if rid in self.decode_engine._ids:
-            raise ValueError(f"request id {rid!r} already used")
-        self.prefill_engine.add_request(rid, prompt, max_new_tokens, temperature, generator)
-
-    def has_work(self) -> bool:
-        return self.prefill_engine.has_work() or self.decode_engine.has_work()
-
-    @property
-    def finished(self) -> dict:
-        return {**self.prefill_engine.finished, **self.decode_engine.finished}
-
-    @property
-    def logits(self) -> dict | None:
-        p, d = self.prefill_engine.logits, self.decode_engine.logits
-        return None if p is None or d is None else {**p, **d}
-
-    def step(self) -> None:
-        self.prefill_engine.step()
-        d = self.decode_engine
-        for rid in self.prefill_engine.ready_to_send():
-            if len(d.running) >= d.max_batch:
-                break
-            d.receive(self.prefill_engine.send(rid))
-            self.transfers += 1
-        d.step()
-
-    def run(self) -> dict:
-        while self.has_work():
-            self.step()
-        return self.finished

@@ -29,10 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_conformance.conformance.contracts.paged_attention import validate_prefill
+from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
 from inference_conformance.conformance.device import triton_interpreted
-from inference_conformance.optimized.attention_tiles import MAX_SPLITS, fold_scale, log_sum_exp, merge_splits, paged_kv_tile
-from inference_conformance.optimized.triton_shared import check_device, flat_grid, sm_count, tile_loop
+from inference_conformance.optimized.attention_tiles import fold_scale, log_sum_exp, merge_splits, paged_kv_tile
+from inference_conformance.optimized.paged_attention_splits import tokens_per_split
+from inference_conformance.optimized.triton_shared import check_device, flat_grid, tile_loop
 
 
 @triton.jit
@@ -101,14 +102,10 @@ def _paged_prefill_kernel(
                  o.to(O_ptr.dtype.element_ty), mask=io_mask)
 
 
-#: Keys per split under the interpreter: one split up to this length, then two.
-INTERPRET_TOKENS_PER_SPLIT = 128
 #: Keys per tile under the interpreter (fewer, larger tiles: its cost is per operation).
 INTERPRET_BLOCK_N = 64
 #: Query rows (BLOCK_Q · BLOCK_H) of a program: query tokens per tile are ROWS // BLOCK_H, 1 to 16.
 ROWS = 16
-#: Fewest keys per split on GPU.
-MIN_TOKENS_PER_SPLIT = 256
 
 
 def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int, int]:
@@ -137,19 +134,6 @@ def plan_tiles(query_start_loc: torch.Tensor, block_q: int) -> tuple[torch.Tenso
     return torch.tensor(seqs, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32)
 
 
-def _tokens_per_split(tiles: int, Hkv: int, max_len: int, block_n: int, device: torch.device,
-                      num_splits: int | None) -> int:
-    if num_splits is not None:
-        per = -(-max_len // min(num_splits, MAX_SPLITS))
-    elif triton_interpreted() or device.type != "cuda":
-        per = max_len if max_len <= INTERPRET_TOKENS_PER_SPLIT or tiles > 2 else -(-max_len // 2)
-    else:
-        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        want = max(1, min(MAX_SPLITS, -(-2 * sms // (tiles * Hkv))))
-        per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
-    return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N
-
-
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float,
                   num_splits: int | None = None) -> torch.Tensor:
@@ -174,7 +158,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     tile_seq, tile_q0 = plan_tiles(query_start_loc, BLOCK_Q)
     tiles = tile_seq.numel()
     max_len = int(seq_lens.max())
-    per = _tokens_per_split(tiles, shape.Hkv, max_len, BLOCK_N, q.device, num_splits)
+    per = tokens_per_split(tiles, shape.Hkv, max_len, BLOCK_N, q.device, num_splits, split_interpreted=tiles <= 2)
     S = -(-max_len // per)
     acc64 = q.dtype == torch.float64
     out = torch.empty(N, shape.Hq, shape.D, dtype=q.dtype, device=q.device)

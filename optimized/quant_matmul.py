@@ -209,7 +209,7 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     kernels gather them per K row); None: group k // group_size (the plain path, unchanged).
     ``path``: "gemv" (decode launch, M <= GEMV_MAX_M), "tiled", or None: "gemv" when
     M <= GEMV_MAX_M, else "tiled". ``number_format`` "fp8_e4m3fn" / "fp8_e5m2" (QT-11): codes
-    (N, K) uint8 are the bit patterns of that FP8 format (``inference_conformance.optimized.quantization.PackedFP8``),
+    (N, K) uint8 are the bit patterns of that FP8 format (``inference_conformance.optimized.quantization_fp8.PackedFP8``),
     bits must be 8 and zeros None (no zero point); "int" (the default): integer codes as above.
 
     Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
@@ -353,7 +353,7 @@ def smoke_calls(device: str):
     def fp8(M):
         def run():
             from inference_conformance.conformance import tolerance
-            from inference_conformance.reference import quantization as ref
+            from inference_conformance.reference import quantization_fp8 as ref
 
             g = torch.Generator().manual_seed(0)
             w = torch.randn(40, 96, generator=g).to(device, torch.bfloat16)

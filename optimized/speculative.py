@@ -59,9 +59,9 @@ def implementations():
     rejection sampler (adapters: :mod:`inference_conformance.optimized.outside_transformers`, :mod:`inference_conformance.optimized.outside_vllm`,
     unavailable where their package is missing)."""
     from inference_conformance.conformance.registry import builtin
-    from inference_conformance.optimized import outside_transformers, outside_vllm
+    from inference_conformance.optimized import outside_transformers, outside_vllm_speculative
 
     return (builtin("speculative", "torch", verify),
             builtin("speculative", "hf_assisted", outside_transformers.assisted_verify, needs="transformers",
                     adapter=True, peer="hf"),
-            *outside_vllm.speculative_registrations())
+            *outside_vllm_speculative.speculative_registrations())

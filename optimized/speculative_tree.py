@@ -17,14 +17,42 @@ import torch
 from inference_conformance.conformance.contracts.speculative_tree import PAD, children, depths, validate
 
 
-def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator, check: bool = True):
-    """The ``speculative_tree`` contract (``conformance/contracts/speculative_tree.py``), batched.
+class TreeRules:
+    """The per-node rules of recursive rejection sampling, each on the whole batch at once (B rows,
+    V tokens; float64): the row a node's token is tested against, the acceptance test, the
+    residual after a rejection, the correction once every child of a node is rejected, and the
+    row an accepted node continues from. :func:`walk_tree` applies them; a known-bad verifier
+    overrides one."""
 
-    Returns (tokens (B, depth+1) int64, path (B, depth) int64) on the inputs' device. ``check``
-    runs the contract's host-side validation first (default).
-    """
-    if check:
-        validate(parents, draft_tokens, draft_probs, target_probs, generator)
+    def test_row(self, r: torch.Tensor, p_u: torch.Tensor) -> torch.Tensor:
+        """The row (B, V) a node is tested against: the residual r (p_u: the parent's target row)."""
+        return r
+
+    def accept(self, u: torch.Tensor, q_x: torch.Tensor, r_x: torch.Tensor, p_u: torch.Tensor,
+               x: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: accept token x (B,) when u · q(x) < r(x)."""
+        return u * q_x < r_x
+
+    def residual(self, r: torch.Tensor, q_u: torch.Tensor, p_u: torch.Tensor) -> torch.Tensor:
+        """The residual (B, V) after a rejection: norm(max(0, r − q)); r itself where that is 0
+        (r = q: unspecified)."""
+        res = (r - q_u).clamp_min(0.0)
+        mass = res.sum(-1, keepdim=True)
+        return torch.where(mass > 0, res / mass.clamp_min(1e-300), r)
+
+    def correction(self, r: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
+        """The row (B, V) the correction is drawn from once a node's last child is rejected: r."""
+        return r
+
+    def accepted_row(self, p: torch.Tensor, i: int, leaf: bool, dep: list) -> torch.Tensor:
+        """The target row (B, V) a row continues from after accepting node i (a ``leaf`` or not;
+        ``dep``: every node's depth): p[:, i + 1]."""
+        return p[:, i + 1]
+
+
+def walk_tree(parents, draft_tokens, draft_probs, target_probs, generator, rules: TreeRules):
+    """One pass over the nodes in index order under ``rules`` (see the module docstring); inputs as
+    the contract's, validated by the caller. Returns (tokens (B, depth+1), path (B, depth)) int64."""
     par = [int(x) for x in parents.tolist()]
     kids = children(par)
     dep = depths(par)
@@ -41,26 +69,42 @@ def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator, 
     tokens = torch.full((B, depth + 1), PAD, dtype=torch.int64, device=dev)
     for i, pi in enumerate(par):
         tried = ~done & (cur == pi)
-        q_u = q[:, pi + 1]                                                    # (B, V)
+        q_u, p_u = q[:, pi + 1], p[:, pi + 1]                                 # (B, V)
         x = draft_tokens[:, i]
         q_x = q_u.gather(1, x[:, None])[:, 0]
-        r_x = r.gather(1, x[:, None])[:, 0]
-        acc = tried & (u[:, i] * q_x < r_x)
+        r_x = rules.test_row(r, p_u).gather(1, x[:, None])[:, 0]
+        acc = tried & rules.accept(u[:, i], q_x, r_x, p_u, x)
         rej = tried & ~acc
-        res = (r - q_u).clamp_min(0.0)
-        mass = res.sum(-1, keepdim=True)
-        res = torch.where(mass > 0, res / mass.clamp_min(1e-300), r)          # r = q: keep r (unspecified)
-        r = torch.where(acc[:, None], p[:, i + 1], torch.where(rej[:, None], res, r))
+        res = rules.residual(r, q_u, p_u)
+        leaf = not kids[i + 1]
+        last = kids[pi + 1][-1] == i
+        r = torch.where(acc[:, None], rules.accepted_row(p, i, leaf, dep), torch.where(rej[:, None], res, r))
+        if last:
+            r = torch.where(rej[:, None], rules.correction(r, q_u), r)
         cur = torch.where(acc, torch.full_like(cur, i), cur)
         path[:, dep[i] - 1] = torch.where(acc, i, path[:, dep[i] - 1])
         tokens[:, dep[i] - 1] = torch.where(acc, x, tokens[:, dep[i] - 1])
-        leaf = not kids[i + 1]
-        last = kids[pi + 1][-1] == i
         done = done | (acc & leaf) | (rej & last)
     n_acc = (path >= 0).sum(-1)
     emitted = torch.multinomial(r, 1, generator=generator)[:, 0]
     tokens.scatter_(1, n_acc[:, None], emitted[:, None])
     return tokens, path
+
+
+#: The exact rules (SpecInfer's recursive rejection sampling).
+EXACT = TreeRules()
+
+
+def verify_tree(parents, draft_tokens, draft_probs, target_probs, *, generator, check: bool = True):
+    """The ``speculative_tree`` contract (``conformance/contracts/speculative_tree.py``), batched.
+
+    Returns (tokens (B, depth+1) int64, path (B, depth) int64) on the inputs' device. ``check``
+    runs the contract's host-side validation first (default): TypeError/ValueError as its
+    ``validate``.
+    """
+    if check:
+        validate(parents, draft_tokens, draft_probs, target_probs, generator)
+    return walk_tree(parents, draft_tokens, draft_probs, target_probs, generator, EXACT)
 
 
 def implementations():

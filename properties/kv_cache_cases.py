@@ -16,7 +16,7 @@ from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.registry import InvalidCall
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.properties.strategies import gqa_heads, randint, seeds
-from inference_conformance.reference.transformer import Transformer, TransformerConfig, init_weights
+from inference_conformance.reference.transformer import Transformer, TransformerConfig, init_weights, layer_kv, sample_next
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16)
 #: Head dims the laws draw: RoPE needs them even; 6, 10 and 14 are not powers of two.
@@ -244,3 +244,89 @@ def invalid_calls(device) -> list[InvalidCall]:
                     args=lambda impl: (_tiny_model(device),), kwargs={"max_batch": 1, "max_seq_len": 17}),
     ]
     return out
+
+
+def where_worst(out: torch.Tensor, out_ref: torch.Tensor, case: Case) -> str:
+    """Which sequence and position the row of the largest error is, in logits concatenated as
+    (Σ(S_b + T), V): "sequence b, prompt position t" or "sequence b, decode step s"."""
+    err = torch.nan_to_num((out.double().cpu() - out_ref.double().cpu()).abs(), nan=float("inf"))
+    row = int(err.amax(dim=1).argmax())
+    for b, n in enumerate(case.prompt_lens):
+        if row < n + case.steps:
+            return (f"worst row: sequence {b}, prompt position {row}" if row < n
+                    else f"worst row: sequence {b}, decode step {row - n + 1} of {case.steps}")
+        row -= n + case.steps
+    return "worst row: none"
+
+
+def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.Generator, run=None):
+    """generate() of the reference, with the engine's cache: same sampler, same random numbers."""
+    B, S = prompt.shape
+    engine = open_engine(impl, model, B, S + n, run=run)
+    lens = torch.full((B,), S, dtype=torch.int64, device=prompt.device)
+    logits = engine.prefill(prompt, lens)[:, -1]                                # (B, V)
+    tokens = [prompt]
+    for i in range(n):
+        nxt = sample_next(logits, temperature, gen)                             # (B,)
+        tokens.append(nxt[:, None])
+        if i + 1 < n:
+            logits = engine.decode(nxt)
+    return torch.cat(tokens, dim=1)                                             # (B, S + n)
+
+
+def reference_kv(model, tokens):
+    """Per layer, the reference model's keys (after RoPE) and values for ``tokens`` (1, n):
+    [(k (K, n, H), v (K, n, H))]."""
+    return [(k[0], v[0]) for k, v in layer_kv(model, tokens)]
+
+
+def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> int:
+    """Lecture 001 §2.3: 2 (k and v) × layers × KV heads × head dim × bytes per value × tokens."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * torch.empty((), dtype=dtype).element_size() * tokens
+
+
+#: Llama's KV heads and head dim (8 × 128): the append kernel tiles T in blocks of
+#: 4096 // 1024 = 4 tokens, so a 9-token prompt spans three blocks (at the drawn shapes, one).
+LLAMA_KV_SHAPE = Case(n_layers=1, n_heads=8, n_kv_heads=8, head_dim=128, seed=5, prompt_lens=(9, 6), steps=2)
+
+
+def check_quantized_values(out, out_ref, fp, dtype):
+    """A quantized cache's first-layer values against the model's own in its dtype (what the
+    cache quantized): within the relative error its number format promises, rel·|x| (+ one
+    rounding of the model's dtype), with a floor of rel·2^-6·max|x| for values near zero
+    (e4m3's smallest normal is 2^-6 of its range). Only layer 0: deeper layers' keys and values
+    of decoded tokens depend on the lossy cache's own attention above them, which no per-value
+    bound covers (comparing them was a false alarm on a correct cache)."""
+    err = (out.double() - out_ref.double()).abs()
+    rel = fp.value_rel_error + torch.finfo(dtype).eps
+    bound = rel * out_ref.double().abs() + fp.value_rel_error * 2.0 ** -6 * float(out_ref.abs().max())
+    worst = int((err - bound).argmax())
+    results.record("KV-4", measured=float((err / bound).max()), bound=1.0, unit="max |error| / format bound",
+                   rule=f"differs by design: {fp.why}; |k - k_ref| <= {fp.value_rel_error:g}·|k_ref| + floor")
+    assert bool((err <= bound).all()), (
+        f"cached value {worst}: {float(out.flatten()[worst]):.6g} vs the model's {float(out_ref.flatten()[worst]):.6g}, "
+        f"error {float(err.flatten()[worst]):.3g} > the format's bound {float(bound.flatten()[worst]):.3g} ({fp.why})")
+
+
+LLAMA_SHAPES = {
+    # name: (layers, query heads, KV heads, head dim, lecture figure in KiB per token)
+    "Llama-2-7B": (32, 32, 32, 128, 512),
+    "Llama-3-8B": (32, 32, 8, 128, 128),
+}
+
+
+def prefill_then_decode_calls(impl, model, prompt, lens, nexts):
+    """Prefill then one decode per row of ``nexts`` (T, B); returns the logits of every call."""
+    engine = impl.new_engine(model, max_batch=prompt.shape[0], max_seq_len=prompt.shape[1] + len(nexts) + 1)
+    out = [engine.prefill(prompt, lens)]
+    out += [engine.decode(nxt) for nxt in nexts]
+    return out
+
+
+def decode_case(engine, case: Case, device):
+    """Prefill ``case``'s padded prompts on ``engine`` and decode its steps; per row, the logits
+    (S_b + T, V) concatenated over the rows, as :func:`full_forward` gives them."""
+    full, prompt, lens = sequences(case, device)
+    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
+    steps = [engine.decode(full[torch.arange(len(lens), device=device), lens + i]) for i in range(case.steps)]
+    return torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)])

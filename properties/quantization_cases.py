@@ -24,6 +24,7 @@ do); judging it would judge the flush, not the fusion.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from hypothesis import note
@@ -120,6 +121,13 @@ def make_x(case: QCase, seed: int, dtype: torch.dtype, device: str) -> torch.Ten
     return torch.randn(case.M, case.K, generator=g, dtype=torch.float64).to(dtype).to(device)
 
 
+def as_impl(name: str, target: str, **attrs) -> SimpleNamespace:
+    """A stand-in implementation object for a law over functions outside the contract (an FP8
+    cast, a KV-cache format): ``name``, ``target`` (where it lives, as ``--impl`` names it),
+    origin "builtin", and the functions ``attrs``."""
+    return SimpleNamespace(name=name, target=target, origin="builtin", **attrs)
+
+
 def number_format(impl) -> str:
     """The implementation's number format: its ``number_format`` attribute (default "int")."""
     return str(getattr(getattr(impl, "namespace", impl), "number_format", "int"))
@@ -127,9 +135,9 @@ def number_format(impl) -> str:
 
 def integer_only(impl) -> str | None:
     """None for an integer scheme; for an FP8 scheme, why an integer law does not apply (its
-    laws are QT-11's, ``properties/test_quantization_lowbit.py``)."""
+    laws are QT-11's, ``properties/test_quantization_fp8.py``)."""
     fmt = number_format(impl)
-    return None if fmt == "int" else f"{fmt} is an FP8 scheme: QT-11's laws judge it (test_quantization_lowbit.py)"
+    return None if fmt == "int" else f"{fmt} is an FP8 scheme: QT-11's laws judge it (test_quantization_fp8.py)"
 
 
 def symmetric(impl) -> bool:

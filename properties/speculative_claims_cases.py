@@ -267,7 +267,7 @@ def check_sd7(target, draft, gamma: int, verify_fn=None, rows: int = 3, n_tokens
 
 # ------------------------------------------------------------------------------------ SD-13
 #: ε values of SD-13's figure (δ = sqrt(ε), Medusa's default pairing), and the trees it is
-#: measured on (:data:`inference_conformance.properties.speculative_cases.TREE_STAT_CONFIGS`).
+#: measured on (:data:`inference_conformance.properties.speculative_tree_cases.TREE_STAT_CONFIGS`).
 TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.2, 0.3, 0.5)
 TYPICAL_CASE = "binary-V3"
 TYPICAL_TREES = (TYPICAL_CASE, "three-drafts-V3")
@@ -282,7 +282,7 @@ def check_sd13_figure(typical: Callable = ref_tree.typical_acceptance,
     (the exact enumerator): on a dense binary tree and three independent drafts over V = 3, the
     distance of typical acceptance from the target at every ε of :data:`TYPICAL_EPSILONS`
     (δ = sqrt(ε)) is > 1e-3 ("not exact, by design"). Returns {tree: {ε: TV}}."""
-    from inference_conformance.properties.speculative_cases import TREE_STAT_CONFIGS
+    from inference_conformance.properties.speculative_tree_cases import TREE_STAT_CONFIGS
 
     figure = {}
     for name in TYPICAL_TREES:
@@ -307,7 +307,7 @@ def check_sd13_limits(typical: Callable = ref_tree.typical_acceptance,
     (ε >= 1, δ >= exp(H_max): nothing accepted, every token from p) and a one-hot target (only its
     token passes); and > 1e-3 on the dense tree at ε = 0.09, δ = 0.3 (the same enumeration can
     find it inexact). Returns {limit: TV}."""
-    from inference_conformance.properties.speculative_cases import TREE_STAT_CONFIGS, tree_case
+    from inference_conformance.properties.speculative_tree_cases import TREE_STAT_CONFIGS, tree_case
 
     dense = TREE_STAT_CONFIGS[TYPICAL_CASE]
     never = typical(1.0, math.exp(math.log(dense.V)) + 1.0)
@@ -389,7 +389,7 @@ def sd14_copy_prompt(doc: int, target) -> tuple:
     (``<bos>`` + sentence). Returns the ids (a tuple; () when the target writes no sentence)."""
     import torch
 
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.data import encode, split
 
     first = _first_sentence(encode(split("val", doc + 1))[doc])
@@ -414,7 +414,7 @@ def find_sd14_copy_docs(n: int, target) -> tuple:
     the prompt; the shipped target mostly writes <eos> first, then s). Returns their indices."""
     import torch
 
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.data import SPLITS
 
     found = []
@@ -452,7 +452,7 @@ def sd14_lookup_runs(target, make_drafter, prompts, n_tokens: int = SD14_TOKENS)
     per prompt) on each prompt ((1, S) int64), ``n_tokens`` tokens each: one statistics dict
     (``rounds``, ``emitted``, ``accepted``, ``drafted``; ``output``: the generated ids) per prompt,
     in order."""
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
 
     runs = []
     for prompt in prompts:
@@ -477,7 +477,7 @@ def sd14_arm(arm: str) -> tuple:
     """The runs of one arm of SD-14 on :func:`sd14_target` (:func:`sd14_lookup_runs`, cached per process):
     "lookup" (the shipped prompt lookup on the copy prompts), "output-only" (the same lookup
     restricted to the output, :class:`OutputOnlyLookup`) or "free" (the lookup from <bos>)."""
-    from inference_conformance.optimized.speculative_engine import PromptLookupDrafter
+    from inference_conformance.optimized.speculative_drafters import PromptLookupDrafter
 
     def lookup(S):
         return PromptLookupDrafter(SD14_NGRAM, SD14_GAMMA)

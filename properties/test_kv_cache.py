@@ -36,11 +36,14 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.kv_cache import COVERAGE
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
-from inference_conformance.properties.kv_cache_cases import (CAPACITY_SLACK, DTYPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
-                                      check_footprint, examples, full_forward, model_for, open_engine, run_engine,
-                                      sequences)
+from inference_conformance.properties.kv_cache_cases import (
+    CAPACITY_SLACK, DTYPES, LLAMA_KV_SHAPE, LLAMA_SHAPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
+    check_footprint, check_quantized_values, decode_case, engine_generate, examples, formula_bytes,
+    full_forward, model_for, open_engine, prefill_then_decode_calls, reference_kv, run_engine, sequences,
+    where_worst,
+)
 from inference_conformance.properties.strategies import generator, randint
-from inference_conformance.reference.transformer import TransformerConfig, generate, layer_kv, sample_next
+from inference_conformance.reference.transformer import TransformerConfig, generate
 
 TECH = "kv_cache"
 #: The laws that need no 16-bit model: float64 and float32.
@@ -64,19 +67,6 @@ def law_prefill_then_decode_equals_full_forward(run, device, dtype, case):
     out_pt = torch.cat(full_forward(model, case, device)) if dtype in HALF_DTYPES else None
     assert_close(out, out_ref, out_pt=out_pt, rule=model_rule(dtype),
                  what=f"prefill + decode logits vs full forward ({where_worst(out, out_ref, case)})")
-
-
-def where_worst(out: torch.Tensor, out_ref: torch.Tensor, case: Case) -> str:
-    """Which sequence and position the row of the largest error is, in logits concatenated as
-    (Σ(S_b + T), V): "sequence b, prompt position t" or "sequence b, decode step s"."""
-    err = torch.nan_to_num((out.double().cpu() - out_ref.double().cpu()).abs(), nan=float("inf"))
-    row = int(err.amax(dim=1).argmax())
-    for b, n in enumerate(case.prompt_lens):
-        if row < n + case.steps:
-            return (f"worst row: sequence {b}, prompt position {row}" if row < n
-                    else f"worst row: sequence {b}, decode step {row - n + 1} of {case.steps}")
-        row -= n + case.steps
-    return "worst row: none"
 
 
 KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached",
@@ -117,22 +107,6 @@ def test_lecture_experiment_20_plus_30(impl, device):
     assert_close(out, out_ref, what="20 + 30 cached logits vs float64 full forward")
 
 
-# ---------------------------------------------------------------------------------------- KV-2
-def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.Generator, run=None):
-    """generate() of the reference, with the engine's cache: same sampler, same random numbers."""
-    B, S = prompt.shape
-    engine = open_engine(impl, model, B, S + n, run=run)
-    lens = torch.full((B,), S, dtype=torch.int64, device=prompt.device)
-    logits = engine.prefill(prompt, lens)[:, -1]                                # (B, V)
-    tokens = [prompt]
-    for i in range(n):
-        nxt = sample_next(logits, temperature, gen)                             # (B,)
-        tokens.append(nxt[:, None])
-        if i + 1 < n:
-            logits = engine.decode(nxt)
-    return torch.cat(tokens, dim=1)                                             # (B, S + n)
-
-
 def law_same_seed_same_tokens(run, device, dtype, case, temperature):
     """KV-2: with generators of the same seed, the engine's generation samples exactly the
     tokens of the reference's generate() without a cache."""
@@ -156,23 +130,6 @@ KV2 = Law(
 
 test_same_seed_same_tokens = KV2.conformance_test("test_same_seed_same_tokens")
 (test_same_seed_same_tokens_rejects,) = KV2.zoo_tests("test_same_seed_same_tokens_rejects")
-
-
-# ---------------------------------------------------------------------------------------- KV-4
-def reference_kv(model, tokens):
-    """Per layer, the reference model's keys (after RoPE) and values for ``tokens`` (1, n):
-    [(k (K, n, H), v (K, n, H))]."""
-    return [(k[0], v[0]) for k, v in layer_kv(model, tokens)]
-
-
-def formula_bytes(cfg: TransformerConfig, dtype: torch.dtype, tokens: int) -> int:
-    """Lecture 001 §2.3: 2 (k and v) × layers × KV heads × head dim × bytes per value × tokens."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.hd * torch.empty((), dtype=dtype).element_size() * tokens
-
-
-#: Llama's KV heads and head dim (8 × 128): the append kernel tiles T in blocks of
-#: 4096 // 1024 = 4 tokens, so a 9-token prompt spans three blocks (at the drawn shapes, one).
-LLAMA_KV_SHAPE = Case(n_layers=1, n_heads=8, n_kv_heads=8, head_dim=128, seed=5, prompt_lens=(9, 6), steps=2)
 
 
 def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
@@ -221,24 +178,6 @@ def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
         check_quantized_values(torch.cat(first_layer), torch.cat(first_layer_model), fp, dtype)
 
 
-def check_quantized_values(out, out_ref, fp, dtype):
-    """A quantized cache's first-layer values against the model's own in its dtype (what the
-    cache quantized): within the relative error its number format promises, rel·|x| (+ one
-    rounding of the model's dtype), with a floor of rel·2^-6·max|x| for values near zero
-    (e4m3's smallest normal is 2^-6 of its range). Only layer 0: deeper layers' keys and values
-    of decoded tokens depend on the lossy cache's own attention above them, which no per-value
-    bound covers (comparing them was a false alarm on a correct cache)."""
-    err = (out.double() - out_ref.double()).abs()
-    rel = fp.value_rel_error + torch.finfo(dtype).eps
-    bound = rel * out_ref.double().abs() + fp.value_rel_error * 2.0 ** -6 * float(out_ref.abs().max())
-    worst = int((err - bound).argmax())
-    results.record("KV-4", measured=float((err / bound).max()), bound=1.0, unit="max |error| / format bound",
-                   rule=f"differs by design: {fp.why}; |k - k_ref| <= {fp.value_rel_error:g}·|k_ref| + floor")
-    assert bool((err <= bound).all()), (
-        f"cached value {worst}: {float(out.flatten()[worst]):.6g} vs the model's {float(out_ref.flatten()[worst]):.6g}, "
-        f"error {float(err.flatten()[worst]):.3g} > the format's bound {float(bound.flatten()[worst]):.3g} ({fp.why})")
-
-
 KV4 = Law(
     claim="KV-4", technique=TECH, body=law_cache_holds_exactly_the_tokens,
     given={"case": cases()}, examples=(dict(case=PINNED), dict(case=LLAMA_KV_SHAPE)),
@@ -249,13 +188,6 @@ KV4 = Law(
 
 test_cache_holds_exactly_the_tokens = KV4.conformance_test("test_cache_holds_exactly_the_tokens")
 (test_cache_holds_exactly_the_tokens_rejects,) = KV4.zoo_tests("test_cache_holds_exactly_the_tokens_rejects")
-
-
-LLAMA_SHAPES = {
-    # name: (layers, query heads, KV heads, head dim, lecture figure in KiB per token)
-    "Llama-2-7B": (32, 32, 32, 128, 512),
-    "Llama-3-8B": (32, 32, 8, 128, 128),
-}
 
 
 @pytest.mark.technique(TECH)
@@ -345,15 +277,6 @@ test_batch_mates_change_nothing = KV10.conformance_test("test_batch_mates_change
 (test_batch_mates_change_nothing_rejects,) = KV10.zoo_tests("test_batch_mates_change_nothing_rejects")
 
 
-# ------------------------------------------------------------- checks every contract gets
-def _calls(impl, model, prompt, lens, nexts):
-    """Prefill then one decode per row of ``nexts`` (T, B); returns the logits of every call."""
-    engine = impl.new_engine(model, max_batch=prompt.shape[0], max_seq_len=prompt.shape[1] + len(nexts) + 1)
-    out = [engine.prefill(prompt, lens)]
-    out += [engine.decode(nxt) for nxt in nexts]
-    return out
-
-
 @pytest.mark.technique(TECH)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_engine_mutates_no_input_and_repeats_bit_identically(impl, dtype, device):
@@ -366,8 +289,8 @@ def test_engine_mutates_no_input_and_repeats_bit_identically(impl, dtype, device
     full, prompt, lens = sequences(case, device)
     nexts = [full[torch.arange(len(lens), device=device), lens + i] for i in range(case.steps)]  # T x (B,)
     kept = [prompt.clone(), lens.clone()] + [n.clone() for n in nexts]
-    first = _calls(impl, model, prompt, lens, nexts)
-    second = _calls(impl, model, prompt, lens, nexts)
+    first = prefill_then_decode_calls(impl, model, prompt, lens, nexts)
+    second = prefill_then_decode_calls(impl, model, prompt, lens, nexts)
     for a, b in zip(first, second):
         assert_exact(a, b, what="logits of two engines fed the same calls")
     for got, want in zip([prompt, lens] + nexts, kept):
@@ -416,15 +339,6 @@ KV4_PAST_256 = Law(claim="KV-4", technique=TECH, body=law_bfloat16_cache_past_25
 test_bfloat16_cache_past_256_positions = KV4_PAST_256.conformance_test("test_bfloat16_cache_past_256_positions")
 (test_bfloat16_cache_past_256_positions_rejects,) = KV4_PAST_256.zoo_tests(
     "test_bfloat16_cache_past_256_positions_rejects")
-
-
-def decode_case(engine, case: Case, device):
-    """Prefill ``case``'s padded prompts on ``engine`` and decode its steps; per row, the logits
-    (S_b + T, V) concatenated over the rows, as :func:`full_forward` gives them."""
-    full, prompt, lens = sequences(case, device)
-    pre = engine.prefill(prompt, lens)                                          # (B, S, V)
-    steps = [engine.decode(full[torch.arange(len(lens), device=device), lens + i]) for i in range(case.steps)]
-    return torch.cat([torch.cat([pre[b, :n]] + [s[b:b + 1] for s in steps]) for b, n in enumerate(case.prompt_lens)])
 
 
 def law_a_second_prefill_forgets_the_first(run, device, dtype):

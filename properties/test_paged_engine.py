@@ -26,7 +26,6 @@ sender's ids (PA-9); each is rejected.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -34,66 +33,24 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.tolerance import assert_close, assert_exact
-from inference_conformance.optimized.paged_engine import DisaggregatedEngine, PagedEngine
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.optimized.paged_engine import PagedEngine
+from inference_conformance.properties.paged_engine_cases import (
+    SYSTEM,
+    Req,
+    alone,
+    blocks_for,
+    model_for,
+    run_disaggregated,
+    run_engine,
+    same_as,
+    shared_prefix_workloads,
+    workloads,
+)
 from inference_conformance.properties.zoo_paged_attention import _engine_zoo, expect_rejection, serving_engine_zoo
-from inference_conformance.reference.transformer import Transformer, TransformerConfig, generate, init_weights
+from inference_conformance.reference.transformer import generate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-CFG = TransformerConfig(vocab_size=37, d_model=16, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=24, max_seq_len=64,
-                        head_dim=4)
-
-
-def model_for(seed: int, device: str = "cpu") -> Transformer:
-    """The test model in float64, weights with std d_model^-1/2 (attention far from uniform)."""
-    return init_weights(Transformer(CFG), seed, std=CFG.d_model ** -0.5).to(device=device, dtype=torch.float64).eval()
-
-
-@dataclass(frozen=True)
-class Req:
-    prompt: tuple
-    max_new: int
-    arrival: int
-    temperature: float
-    seed: int
-
-
-@st.composite
-def workloads(draw, max_requests: int = 5, max_prompt: int = 14, max_new: int = 6):
-    n = draw(st.integers(1, max_requests))
-    reqs = []
-    for i in range(n):
-        plen = draw(st.integers(1, max_prompt))
-        prompt = tuple(draw(st.lists(st.integers(0, CFG.vocab_size - 1), min_size=plen, max_size=plen)))
-        reqs.append(Req(prompt, draw(st.integers(1, max_new)), draw(st.integers(0, 4)),
-                        draw(st.sampled_from([0.0, 0.0, 1.0])), draw(st.integers(0, 2**16))))
-    return tuple(reqs)
-
-
-def run_engine(engine: PagedEngine, reqs) -> dict:
-    """Add each request at its arrival step, step until all finish; rid (its index) -> tokens."""
-    step = 0
-    pending = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
-    while pending or engine.has_work():
-        while pending and reqs[pending[0]].arrival <= step:
-            i = pending.pop(0)
-            r = reqs[i]
-            gen = torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
-            engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
-        engine.step()
-        step += 1
-    return engine.finished
-
-
-def alone(model, r: Req) -> list:
-    gen = torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
-    toks, _ = generate(model, torch.tensor([list(r.prompt)]), r.max_new, r.temperature, gen)
-    return toks[0, len(r.prompt):].tolist()
-
-
-def blocks_for(reqs, block_size: int) -> int:
-    return max(-(-(len(r.prompt) + r.max_new) // block_size) for r in reqs)
 
 
 #: Four requests in 7 blocks of 2: preemption and recomputation happen; one is sampled.
@@ -144,43 +101,15 @@ def test_pa6_engine_through_the_triton_kernels(device):
     model = model_for(5, device)
     engine = PagedEngine(model, num_blocks=6, block_size=2, max_batch=2,
                          attention=pa.paged_attention, write=pa.write_kv_cache)
-    step = 0
-    pending = list(range(len(reqs)))
-    while pending or engine.has_work():
-        while pending and reqs[pending[0]].arrival <= step:
-            i = pending.pop(0)
-            r = reqs[i]
-            gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
-            engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
-        engine.step()
-        step += 1
+    run_engine(engine, reqs, device)
     for i, r in enumerate(reqs):
-        gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
-        toks, _ = generate(model, torch.tensor([list(r.prompt)], device=device), r.max_new, r.temperature, gen)
-        assert_exact(torch.tensor(engine.finished[i]), toks[0, len(r.prompt):].cpu(), what=f"request {i} (Triton)")
+        assert_exact(torch.tensor(engine.finished[i]), torch.tensor(alone(model, r, device)), what=f"request {i} (Triton)")
 
 
 @pytest.mark.claim("PA-6")
 def test_pa6_zoo_query_missing_its_token_rejected():
     bad, _ = _engine_zoo()
     expect_rejection("PA-6", law_engine_equals_alone, bad, match="vs run alone")
-
-
-# ---------------------------------------------------------------------------------------- PA-7
-SYSTEM = tuple(range(2, 14))    # a 12-token system prompt: 4 full blocks of 3
-
-
-@st.composite
-def shared_prefix_workloads(draw):
-    """Requests that share a system prompt (and some also an earlier turn), arriving over time."""
-    n = draw(st.integers(2, 5))
-    reqs = []
-    for i in range(n):
-        tail = tuple(draw(st.lists(st.integers(0, CFG.vocab_size - 1), min_size=1, max_size=6)))
-        prefix = SYSTEM if draw(st.booleans()) or i == 0 else SYSTEM[: draw(st.integers(0, len(SYSTEM)))]
-        reqs.append(Req(prefix + tail, draw(st.integers(1, 4)), draw(st.integers(0, 3)) + 2 * i,
-                        draw(st.sampled_from([0.0, 1.0])), draw(st.integers(0, 2**16))))
-    return tuple(reqs)
 
 
 #: Equal tokens after different prefixes: block (7, 8, 9) follows (1, 2, 3) in one prompt and
@@ -288,18 +217,6 @@ def test_pa6_parallel_sampling_by_fork_shares_the_prompt():
                    rule=f"unshared: {unshared * bs} slots", unshared=unshared * bs)
 
 
-
-# ---------------------------------------------------------------------------------------- PA-8
-def same_as(engine, baseline, reqs, what: str) -> None:
-    """Every request's sampled tokens equal (exactly) and its logits, token by token, within the
-    float64 tolerance of ``baseline``'s (both engines keep their logits)."""
-    for i, r in enumerate(reqs):
-        assert_exact(torch.tensor(engine.finished[i]), torch.tensor(baseline.finished[i]),
-                     what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) tokens, {what}")
-        assert_close(torch.stack(engine.logits[i]), torch.stack(baseline.logits[i]),
-                     what=f"request {i} logits, {what}")
-
-
 #: A 19-token prompt arriving while two requests decode, a token budget of 4: the prompt is
 #: prefilled in chunks of 4 minus the decode tokens batched with them, over blocks of 3; the
 #: second prompt's chunks start inside a block.
@@ -363,16 +280,7 @@ def test_pa8_chunked_engine_through_the_triton_mixed_batch_kernel(device):
     chunked = PagedEngine(model, num_blocks=12, block_size=2, keep_logits=True, max_num_batched_tokens=5,
                           prefill=pp.paged_prefill, write=pa.write_kv_cache)
     for engine in (whole, chunked):
-        step = 0
-        pending = list(range(len(reqs)))
-        while pending or engine.has_work():
-            while pending and reqs[pending[0]].arrival <= step:
-                i = pending.pop(0)
-                r = reqs[i]
-                gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
-                engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
-            engine.step()
-            step += 1
+        run_engine(engine, reqs, device)
     assert max(chunked.step_tokens) <= 5 < max(whole.step_tokens)
     same_as(chunked, whole, reqs, "Triton mixed batch, budget 5, vs unchunked reference")
 
@@ -387,22 +295,6 @@ def test_engine_rejects_bad_token_budget():
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="max_num_batched_tokens"):
             PagedEngine(model_for(0), num_blocks=4, block_size=2, max_num_batched_tokens=bad)
-
-
-# ---------------------------------------------------------------------------------------- PA-9
-def run_disaggregated(engine_class, model, reqs, bs_prefill: int, bs_decode: int, slack: int, pool_seed: int,
-                      budget: int | None = None):
-    """A prefill engine (blocks of ``bs_prefill``) and a decode engine (``bs_decode``), each pool
-    handing its blocks out in a random order (a server that has served other requests), both
-    engines of ``engine_class``; returns the :class:`DisaggregatedEngine` after the run."""
-    def engine(bs, salt):
-        e = engine_class(model, num_blocks=sum(-(-(len(r.prompt) + r.max_new) // bs) for r in reqs) + slack,
-                         block_size=bs, keep_logits=True, max_num_batched_tokens=budget)
-        e.book.allocator.shuffle_free(torch.Generator().manual_seed(pool_seed + salt))
-        return e
-    dis = DisaggregatedEngine(engine(bs_prefill, 0), engine(bs_decode, 1))
-    run_engine(dis, reqs)
-    return dis
 
 
 #: Prompts over partly filled last blocks on both sides (blocks of 3 and of 2), one request of a

@@ -25,7 +25,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization as contract
+from inference_conformance.conformance.contracts import quantization as contract, quantization_bounds
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import check_close, check_within
 from inference_conformance.properties import strategies as S
@@ -68,7 +68,7 @@ def law_half_step(run, device, dtype, case, seed):
     assert tuple(d.shape) == tuple(w.shape), f"dequantize returned {tuple(d.shape)}, w is {tuple(w.shape)}"
     assert d.dtype == w.dtype, f"dequantize returned {d.dtype}, w is {w.dtype}"
     assert d.device == w.device, f"dequantize returned a tensor on {d.device}, w is on {w.device}"
-    bound = contract.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl), scheme=scheme(run.impl))
+    bound = quantization_bounds.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl), scheme=scheme(run.impl))
     check_within(d, w, bound, what=f"reconstruction of w ({case})", rule="QT-1 half step").check()
     check_levels(d, case)
 
@@ -134,7 +134,7 @@ def law_idempotent(run, device, dtype, case, seed):
 QT2 = Law(claim="QT-2", technique=TECH, body=law_idempotent, given={"case": quant_cases(), "seed": S.seeds},
           examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)), dtypes=(torch.float64, torch.float32),
           applies=lambda impl: integer_only(impl) or (
-              (f"differs by design: {scheme(impl)} ({contract.SCHEMES[scheme(impl)]}), not the "
+              (f"differs by design: {scheme(impl)} ({quantization_bounds.SCHEMES[scheme(impl)]}), not the "
                "contract's absmax step that QT-2 states") if scheme(impl) else None if symmetric(impl) else (
               "QT-2 is the absmax claim; round-to-nearest zero-point quantization with a rounded scale is not "
               "idempotent in general (test_qt2_zero_point_rounding_is_not_idempotent)")))
@@ -168,7 +168,7 @@ def test_qt2_zero_point_rounding_is_not_idempotent():
 def test_qt2_packing_round_trips(bits, R, L, seed):
     """unpack(pack(u)) == u for random codes, in the reference and in the packed layout the
     kernels read (bit for bit the same bytes)."""
-    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization_packing as quant_torch
     from inference_conformance.reference import quantization as ref
 
     g = torch.Generator().manual_seed(seed)
@@ -254,7 +254,7 @@ def law_act_order_half_step(run, device, dtype, case, seed):
     w = make_weight(case, seed, dtype, device)
     d = run.impl.dequantize(quantize(run.impl, w, case, g_idx, run=run))
     assert tuple(d.shape) == tuple(w.shape) and d.dtype == w.dtype, (tuple(d.shape), d.dtype)
-    bound = contract.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl), g_idx=g_idx)
+    bound = quantization_bounds.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl), g_idx=g_idx)
     check_within(d, w, bound, what=f"reconstruction of w under g_idx ({case})", rule="QT-1 half step per g_idx group").check()
 
 

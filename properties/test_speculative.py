@@ -11,6 +11,8 @@ for every registered ``verify`` (``--impl speculative=module:fn`` ones included)
 independent rounds per fixed (p, q) pair (two dense ones, three boundary classes), four G-tests
 per pair (first token, first two, number accepted, (number accepted, last token)) at a stated
 family-wise false-alarm rate for the whole law, after exact checks of the output's structure. The bug zoo (``properties/zoo_speculative.py``) is each shown rejected.
+The statistical law's own calibration is in ``properties/test_speculative_calibration.py``; SD-1,
+SD-5 and SD-7 on the small world's checkpoints in ``properties/test_speculative_small_world.py``.
 """
 from __future__ import annotations
 
@@ -26,36 +28,26 @@ from inference_conformance.conformance.tolerance import Verdict, report_verdict,
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.properties.speculative_cases import (
     ALPHA,
-    OUTCOMES,
+    EXACT_BOUND,
     PINNED,
     STAT_CONFIGS,
-    STAT_SIZES,
-    SUBTLE_BIASES,
     certain_cases,
     extend,
-    first_two_token_distribution,
-    law_limit,
-    law_rejections,
-    marginals,
-    outcome_counts,
     pq_pairs,
-    run_trials,
-    sd1_law_false_alarms,
     sd1_law_verdicts,
-    verifier_outcomes,
 )
-from inference_conformance.conformance.stats import check_counts, upper_bound
-from inference_conformance.properties.speculative_claims_cases import (SD5_ALPHA_TOL, SD5_GAMMAS, SD5_LECTURE, SD5_LOW, SD5_ROWS, SD5_TOKENS,
-                                                 SD5_TOKENS_TOL, SD5_Z, RoundLog, check_sd2, check_sd4, check_sd5_tokens_kept,
-                                                 check_sd6, check_sd7, sd5_parts)
+from inference_conformance.conformance.stats import check_counts
+from inference_conformance.properties.speculative_claims_cases import (
+    check_sd2,
+    check_sd4,
+    check_sd6,
+)
 from inference_conformance.reference import speculative as ref
 
 TECH = "speculative"
 ZOO_ALL = ("late_rejection", "resample_from_p", "accept_q_over_p", "continue_after_rejection",
            "drops_bonus_token", "unnormalised_residual", "acceptance_times_097", "residual_toward_q",
            "bonus_from_q")
-#: The exact rule of SD-1: the enumerated distribution equals the target's to this bound (float64).
-EXACT_BOUND = 1e-12
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -141,71 +133,6 @@ test_sd1_statistical = SD1_STATISTICAL.conformance_test(
     accepted follow the exact distributions, for two dense pairs and three boundary classes
     (G-tests, family-wise false-alarm rate 1e-3 over the whole law, fixed seeds).""")
 (test_sd1_zoo_rejected,) = SD1_STATISTICAL.zoo_tests("test_sd1_zoo_rejected")
-
-
-# --------------------------------------- the statistical law's own error rates, exactly
-#: Exact multinomial draws of the whole law under ``ci`` (``benchmarks/bench_speculative.py``
-#: makes 20,000): the false-alarm count is judged against binom.ppf(1 − 1e-3, draws, ALPHA).
-LAW_DRAWS, POWER_DRAWS = 2000, 1000
-
-
-@pytest.mark.claim("SD-1")
-def test_verifier_outcomes_equal_the_enumeration():
-    """The closed form of a round's distribution (speculative_cases.verifier_outcomes, unbiased)
-    equals the reference's walk over every path, on the law's pairs and the pinned classes."""
-    for pq in (*STAT_CONFIGS.values(), *PINNED):
-        a, b = verifier_outcomes(pq.q, pq.p), ref.round_outcomes(pq.q, pq.p)
-        err = max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
-        assert err <= EXACT_BOUND, f"{pq!r}: closed form vs enumeration differ by {err:.3g}"
-
-
-@pytest.mark.claim("SD-1")
-def test_sd1_law_false_alarm_rate_exact_draws():
-    """The law's family-wise false-alarm rate is at most ALPHA = 1e-3: on 2000 exact draws
-    (ci; 20,000 in the report) its false alarms do not exceed binom.ppf(0.999, 2000, 1e-3) = 8.
-    That check rejects a law whose real rate is 1e-2 with probability 0.998."""
-    k, limit = sd1_law_false_alarms(LAW_DRAWS)
-    assert k <= limit, f"{k} false alarms in {LAW_DRAWS} exact draws (limit {limit})"
-
-
-def test_sd1_law_calibration_rejects_a_law_without_bonferroni():
-    """The calibration can fail: the same law with every G-test at ALPHA (no division over the
-    24 tests, a family-wise rate near 1e-2) exceeds the limit on the same draws."""
-    k, _ = law_rejections(LAW_DRAWS, 0, alpha=ALPHA * len(OUTCOMES) * len(STAT_CONFIGS))
-    assert k > law_limit(LAW_DRAWS), f"a law without Bonferroni passed the calibration ({k} false alarms)"
-
-
-@pytest.mark.claim("SD-1")
-@pytest.mark.parametrize("bias", sorted(SUBTLE_BIASES))
-def test_sd1_law_power_against_subtle_biases(bias):
-    """The law's power against each known-bad verifier of a few percent bias (the zoo's
-    acceptance x 0.97, residual mixed 3% toward q, bonus from q 3%), on 1000 exact draws of its
-    rounds: at least 0.9 with 99.9% confidence (Clopper-Pearson lower bound), each check's
-    rejection rate recorded."""
-    k, per_check = law_rejections(POWER_DRAWS, 1, **SUBTLE_BIASES[bias])
-    lower = 1 - upper_bound(POWER_DRAWS - k, POWER_DRAWS)
-    strong = {c: round(n / POWER_DRAWS, 3) for c, n in sorted(per_check.items(), key=lambda x: -x[1])[:4] if n}
-    results.record("SD-1", measured=k / POWER_DRAWS, bound=0.9, unit=f"power of the statistical law against {bias}",
-                   rule=f"{POWER_DRAWS} exact draws of the biased rounds, rounds per pair {STAT_SIZES}; "
-                        f"99.9% lower bound {lower:.3f} >= 0.9", what=f"strongest checks {strong}",
-                   power=k / POWER_DRAWS, power_runs=POWER_DRAWS, draft=bias)
-    assert lower >= 0.9, f"power against {bias}: {k}/{POWER_DRAWS} (lower bound {lower:.3f})"
-
-
-@pytest.mark.parametrize("bias", sorted(SUBTLE_BIASES))
-def test_subtle_zoo_entries_follow_their_enumeration(bias):
-    """Each of those zoo verifiers emits the distribution verifier_outcomes gives for its bias
-    (G-tests at 1e-3 on every pair), so the power stated above is that entry's power."""
-    from inference_conformance.conformance import registry
-
-    impl = {i.name: i for i in registry.zoo("speculative")}[bias]
-    for name, pq in STAT_CONFIGS.items():
-        tokens, n = run_trials(impl, pq, STAT_SIZES[name], seed=5, device="cpu")
-        counts = outcome_counts(tokens, n, pq.V, pq.gamma)
-        exact = marginals(verifier_outcomes(pq.q, pq.p, **SUBTLE_BIASES[bias]), pq.V, pq.gamma)
-        for k in OUTCOMES:
-            check_counts(counts[k], exact[k], alpha=ALPHA / len(OUTCOMES) / len(STAT_CONFIGS),
-                         what=f"{bias} on {name}: {k} vs its own enumerated distribution").check()
 
 
 # ------------------------------------------------ SD-1 structure: decisions that are certain
@@ -392,113 +319,3 @@ def test_formula_errors():
     with pytest.raises(ValueError, match="c"):
         ref.speedup(0.5, 3, -0.1)
 
-
-# -------------------------------------------------------------- the small world (SD-5, SD-7)
-def _world(dtype):
-    from inference_conformance.smallworld.checkpoints import load_model
-
-    return {name: load_model(name, dtype) for name in ("target", "draft_good", "draft_poor")}
-
-
-def _bos(B):
-    from inference_conformance.smallworld.tokenizer import tokenizer
-
-    return torch.full((B, 1), tokenizer().bos_id, dtype=torch.int64)
-
-
-@pytest.mark.claim("SD-5")
-@pytest.mark.parametrize("draft", ["draft_good", "draft_poor"])
-def test_sd5_tokens_per_call_on_small_world(draft):
-    """SD-5: speculative sampling on the small world (reference verifier, no cache) for γ = 1..10:
-    measured α (mean Σ min(p, q) over verified positions) and tokens per target call, recorded
-    next to the formula (1 − α^(γ+1)) / (1 − α) at the measured α and the estimated speedup
-    tokens per call / (1 + γc), c from the parameter counts (draft / target). The claim is judged
-    as written, part by part (rows with ``holds``): the lecture's α and tokens per call within
-    the stated tolerances ("not reproduced with the shipped drafts" where not), and "measured
-    slightly below the formula" one-sided (not above it beyond sampling noise, z <= 2.326, and
-    at most 20% below). The test fails only when measured is more than 20% below the formula:
-    a verifier or a round loop that lost tokens."""
-
-    models = _world(torch.float32)
-    c = (sum(p.numel() for p in models[draft].parameters())
-         / sum(p.numel() for p in models["target"].parameters()))
-    by_gamma = {}
-    for gamma in SD5_GAMMAS:
-        gen = torch.Generator().manual_seed(gamma)
-        log = RoundLog(SD5_ROWS, SD5_TOKENS)
-        _, st = ref.speculative_generate(models["target"], models[draft], _bos(SD5_ROWS), SD5_TOKENS, gamma,
-                                         generator=gen, verify_fn=log)
-        assert len(log.emitted) == st["rounds"] and sum(log.emitted) == st["emitted"]
-        alpha = ref.overlap_alpha(st)
-        tpc = st["emitted"] / st["rounds"]
-        formula = ref.tokens_per_call(alpha, gamma)
-        by_gamma[gamma] = (alpha, log.emitted, formula)
-        results.record("SD-5", measured=tpc, lecture=formula, unit="tokens per target call",
-                       rule="measured on the small world; lecture column: the formula at the measured alpha",
-                       gamma=gamma, tokens_per_call=tpc, alpha=round(alpha, 3), draft=draft,
-                       estimated_speedup=round(tpc / (1 + gamma * c), 3), c_params=round(c, 4),
-                       what=f"gamma {gamma}, estimated speedup {tpc / (1 + gamma * c):.2f}x at c = {c:.3f} "
-                            f"(parameter counts); tokens per call")
-        results.record("SD-5", measured=formula, unit="tokens per target call (formula)",
-                       rule="(1 - a^(g+1)) / (1 - a) at the measured alpha",
-                       gamma=gamma, tokens_per_call=formula, alpha=round(alpha, 3), draft=f"{draft} (formula)",
-                       estimated_speedup=round(ref.speedup(min(alpha, 1.0), gamma, c), 3), c_params=round(c, 4))
-    lec = SD5_LECTURE[draft]
-    parts = sd5_parts(draft, by_gamma)
-    mean_alpha, tokens, far = parts["mean_alpha"], parts["tokens"], parts["far"]
-    shipped = "" if parts["alpha_holds"] else " (not reproduced with the shipped drafts)"
-    results.record("SD-5", measured=round(mean_alpha, 3), lecture=lec["alpha"], unit="alpha (mean over gamma = 1..10)",
-                   draft=draft, alpha=mean_alpha, holds=not shipped,
-                   trend_rule=f"{draft}: alpha within {SD5_ALPHA_TOL} of the lecture's {lec['alpha']}{shipped}")
-    where = "at gamma = 8" if draft == "draft_good" else "at every gamma >= 4"
-    results.record("SD-5", measured={g: round(t, 2) for g, t in tokens.items()}, lecture=lec["tokens"],
-                   unit="tokens per target call", draft=draft, holds=not far,
-                   trend_rule=f"{draft}: about {lec['tokens']:g} tokens per call {where} (within {SD5_TOKENS_TOL})"
-                              + (f"; not reproduced with the shipped drafts at gamma {sorted(far)}" if far else ""))
-    z, ratio, detectable = parts["z"], parts["ratio"], parts["detectable"]
-    results.record("SD-5", measured=round(ratio, 3), lecture="slightly below the formula", unit="measured / formula (mean over gamma)",
-                   rule=f"one-sided: pooled z of measured - formula <= {SD5_Z} (1%) and ratio >= {SD5_LOW}; "
-                        f"an excess of {detectable:.1%} is found with probability 0.9",
-                   what=f"z = {z:.2f}", draft=draft, holds=parts["below_holds"],
-                   trend_rule=f"{draft}: measured not above the formula (z <= {SD5_Z}), at most {1 - SD5_LOW:.0%} below"
-                              + ("" if z <= SD5_Z else f"; measured ABOVE the formula (z = {z:.1f}): not reproduced"))
-    check_sd5_tokens_kept(draft, by_gamma)
-
-
-@pytest.mark.claim("SD-7")
-@pytest.mark.parametrize("draft", ["draft_good", "draft_poor"])
-@pytest.mark.parametrize("gamma", [1, 4])
-def test_sd7_greedy_speculative_equals_greedy_target(draft, gamma):
-    """SD-7 (exercise 8): greedy speculative decoding emits exactly the tokens of greedy decoding
-    with the target, token for token, whatever the draft's quality (float64 models;
-    :func:`inference_conformance.properties.speculative_claims_cases.check_sd7`)."""
-    models = _world(torch.float64)
-    check_sd7(models["target"], models[draft], gamma, draft_name=draft)
-
-
-@pytest.mark.claim("SD-1")
-@pytest.mark.parametrize("verifier", ["reference", "torch", "zoo:accept_q_over_p"])
-def test_sd1_end_to_end_small_world(verifier):
-    """SD-1 end to end: 3000 speculative generations on the small world (poor draft, γ = 2) emit
-    their first two tokens with the target's own distribution (G-test, α = 1e-3, bins below 5
-    expected pooled, the critical value from G's exact null distribution by Monte Carlo: the
-    chi-square one rejected 2e-3 of correct runs here, tests/test_stats.py); the same run (same seed) with the min(1, q/p) verifier of the zoo is rejected.
-    (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
-    a bound of 171 at 3000.)"""
-    from inference_conformance.conformance import registry
-    from inference_conformance.smallworld.tokenizer import tokenizer
-
-    impls = {i.name: i for i in registry.builtins("speculative")}
-    impls.update({f"zoo:{i.name}": i for i in registry.zoo("speculative")})
-    models = _world(torch.float64)
-    B, V = 3000, models["target"].cfg.vocab_size
-    gen = torch.Generator().manual_seed(21)
-    out, _ = ref.speculative_generate(models["target"], models["draft_poor"], _bos(B), 2, 2, generator=gen,
-                                      verify_fn=impls[verifier].verify)
-    counts = np.bincount((out[:, 1] * V + out[:, 2]).numpy(), minlength=V * V)
-    exact = first_two_token_distribution(models["target"], tokenizer().bos_id)
-    v = check_counts(counts, exact / exact.sum(), alpha=ALPHA, what=f"first two tokens, verifier {verifier}")
-    if verifier.startswith("zoo:"):
-        assert not v.ok, f"the end-to-end G-test accepted the known-bad {verifier}: {v.message()}"
-    else:
-        v.check()

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import trends
+from inference_conformance.optimized.speculative_drafters import PromptLookupDrafter
 from inference_conformance.properties import speculative_claims_cases as sc
 from inference_conformance.properties.falsify import judges, rejects
 from inference_conformance.reference import speculative as ref
@@ -247,23 +248,13 @@ def test_sd13_rejects_typical_acceptance_on_the_draft_probability():
 
 
 # ------------------------------------------------------------------------ SD-14: prompt lookup
-class LookupMatchingItself:
+class LookupMatchingItself(PromptLookupDrafter):
     """Prompt lookup whose search starts at the key's own position (``range(len(ctx) - n, ...)``,
     not ``len(ctx) - n - 1``): it finds the n-gram it looks for, with nothing after it, and never
     proposes a token."""
 
-    def __init__(self, ngram: int = 3, gamma: int = 5):
-        self.ngram, self.gamma = ngram, gamma
-
-    def propose(self, context, hidden):
-        ctx = list(context)
-        for n in range(min(self.ngram, len(ctx) - 1), 0, -1):
-            key = ctx[-n:]
-            for s in range(len(ctx) - n, -1, -1):
-                if ctx[s:s + n] == key:
-                    new = ctx[s + n:s + n + self.gamma]
-                    return list(range(-1, len(new) - 1)), new
-        return [], []
+    def starts(self, length: int, n: int) -> range:
+        return range(length - n, -1, -1)
 
 
 class LookupIgnoringThePrompt:
@@ -271,7 +262,6 @@ class LookupIgnoringThePrompt:
     context it is given for the prompt and drops it from every later search (one per generation)."""
 
     def __init__(self, ngram: int = 3, gamma: int = 5):
-        from inference_conformance.optimized.speculative_engine import PromptLookupDrafter
 
         self.lookup, self.prompt_len = PromptLookupDrafter(ngram, gamma), None
 

@@ -28,8 +28,8 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.stats import check_counts, upper_bound
 from inference_conformance.conformance.tolerance import Verdict, report_verdict
-from inference_conformance.properties.speculative_cases import (
-    ALPHA,
+from inference_conformance.properties.speculative_cases import ALPHA
+from inference_conformance.properties.speculative_tree_cases import (
     PINNED_TREES,
     TREE_STAT_CONFIGS,
     TREE_STAT_TRIALS,

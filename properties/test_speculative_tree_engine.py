@@ -45,7 +45,7 @@ def _model(name: str, dtype: torch.dtype):
 def _cached_scorer(attention: str):
     """The engine's tree forward as a scorer: prefill the prefix, then one tree forward."""
     def score(model, prefix, parents, tree_tokens):
-        from inference_conformance.optimized.speculative_engine import TreeCachedModel
+        from inference_conformance.optimized.speculative_tree_engine import TreeCachedModel
 
         m = TreeCachedModel(model, prefix.shape[0], 64)
         m.attention = attention
@@ -114,8 +114,13 @@ def test_sd10_zoo_rejected(bad):
 # ------------------------------------------------------------------------------------- SD-12
 def _drafter(name: str):
     """The drafter ``name`` over the float64 shipped models (the heads trained only when asked)."""
-    from inference_conformance.optimized.speculative_engine import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
-                                              SelfSpeculativeDrafter, TopKTreeDrafter)
+    from inference_conformance.optimized.speculative_drafters import (
+        ChainDrafter,
+        HeadsDrafter,
+        PromptLookupDrafter,
+        SelfSpeculativeDrafter,
+        TopKTreeDrafter,
+    )
 
     target = _model("target", torch.float64)
     draft = _model("draft_good", torch.float64)
@@ -173,7 +178,7 @@ def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
     """SD-12 for each drafter (engine with the reference-core tree attention, float64): output
     token for token equal to greedy target decoding from two prompts, the cache equal to the
     committed tokens' after every round; tokens per target call recorded."""
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
 
     stats = law_sd12_greedy(TreeSpeculativeEngine, _drafter(drafter))
     results.record("SD-12", measured=0, bound=0, unit="tokens differing from greedy target decoding",
@@ -185,7 +190,8 @@ def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
 def test_sd12_greedy_tree_with_the_triton_kernel():
     """SD-12 with the Triton tree-attention kernel in the engine (interpreted on a CPU: one short
     run of the top-k draft tree, float64)."""
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine, TopKTreeDrafter
+    from inference_conformance.optimized.speculative_drafters import TopKTreeDrafter
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
 
     law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(_model("draft_good", torch.float64), (2, 1)),
                     attention="triton", n_tokens=6, prompts=_prompts()[1:])
@@ -195,7 +201,7 @@ def test_sd12_greedy_tree_with_the_triton_kernel():
 def test_sd12_zoo_engine_rejected():
     """The engine that keeps a rejected branch's keys and values is rejected by SD-12's law (its
     cache check, and its output)."""
-    from inference_conformance.optimized.speculative_engine import TopKTreeDrafter
+    from inference_conformance.optimized.speculative_drafters import TopKTreeDrafter
 
     cls = engine_zoo()["rejected_branch_kv_kept"]
     impl = type("Bad", (), {"name": "rejected_branch_kv_kept",
@@ -208,7 +214,7 @@ def test_sd12_zoo_engine_rejected():
 
 # ------------------------------------------------------------------------------------- SD-14
 def _run(drafter, prompts, n_tokens: int):
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
 
     target = _model("target", torch.float64)
     total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
@@ -257,7 +263,7 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     """SD-14: α (accepted / drafted) and tokens per target call of self-speculation (the target
     without block 1) against the good and the poor draft, γ = 4 greedy chains, free generation
     from <bos>, 32 tokens, recorded; every figure is >= 1 token per call and α in [0, 1]."""
-    from inference_conformance.optimized.speculative_engine import ChainDrafter, SelfSpeculativeDrafter
+    from inference_conformance.optimized.speculative_drafters import ChainDrafter, SelfSpeculativeDrafter
 
     target = _model("target", torch.float64)
     drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter(target, (1,), 4),

@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from inference_conformance.conformance.contracts.paged_attention import validate
+from inference_conformance.conformance.contracts.paged_attention_validate import validate
 
 #: The fixed table walk of :func:`walk_capped_64_blocks` (a kernel that loads a fixed-size
 #: window of the block table).
@@ -143,7 +143,7 @@ def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
 def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions):
     """The mixed batch with the bug injected: ``positions(n, q_len, C)`` the position each of a
     chunk's q_len queries attends up to (correct: n - q_len + i), C the longest chunk of the call."""
-    from inference_conformance.conformance.contracts.paged_attention import validate_prefill
+    from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
     from inference_conformance.reference.attention import masked_attention
     from inference_conformance.reference.paged_attention import gather
 
@@ -244,7 +244,8 @@ def serving_engine_zoo() -> dict:
     """Known-bad engines outside the contract, by name: each rejected by its own law in
     ``properties/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
     engine and a decode engine vs one engine)."""
-    from inference_conformance.optimized.paged_engine import PagedCacheAttention, PagedEngine
+    from inference_conformance.optimized.paged_engine import PagedEngine
+    from inference_conformance.optimized.paged_engine_attention import PagedCacheAttention
 
     class _WriteAfterAttention(PagedCacheAttention):
         def attend(self, layer, q, k, v):

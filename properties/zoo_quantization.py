@@ -6,7 +6,7 @@ law for the one that ignores ``g_idx``). At the end, the kernels' own bugs
 token (QT-9 at 1 < M <= 16), the Triton kernels reading group k // g despite a g_idx (the
 act-order QT-9 law, ``properties/test_quantization.py``), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
 per-token scales applied per column, or a truncating activation quantizer. FP8 and KV-cache
-formats (QT-11, QT-12, ``properties/test_quantization_lowbit.py``): an FP8 scheme rounding to
+formats (QT-11, QT-12, ``properties/test_quantization_fp8.py``, ``properties/test_quantization_kv.py``): an FP8 scheme rounding to
 E5M2's grid while naming E4M3, :data:`FP8_CAST_ZOO` (a cast without saturation, E5M2's grid for
 E4M3) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token).
 
@@ -21,12 +21,14 @@ import math
 import torch
 
 from inference_conformance.conformance.contracts.quantization import levels, validate_matmul, validate_quantize
-from inference_conformance.optimized import quantization as quant_torch
+from inference_conformance.optimized import quantization as quant_torch, quantization_fp8 as quant_fp8, quantization_kv as quant_kv
+from inference_conformance.optimized import quantization_packing as quant_pack
+from inference_conformance.reference.quantization import codes_per_byte
 
 
 def _swap_order(u: torch.Tensor, bits: int, L: int) -> torch.Tensor:
     """Reverse the codes within each byte's run (high bits read first), (R, L) -> (R, L)."""
-    per = quant_torch.codes_per_byte(bits)
+    per = codes_per_byte(bits)
     R = u.shape[0]
     full = torch.nn.functional.pad(u, (0, (-L) % per)).reshape(R, -1, per).flip(-1).reshape(R, -1)
     return full[:, :L]
@@ -87,11 +89,11 @@ class _Bad:
         stored = stored.to(torch.int32)
         if self.zeros_interleave:          # packed low-first, repacked for the kernel high-first
             stored = _swap_order(stored, b, stored.shape[1])
-        return quant_torch.PackedWeight(quant_torch.pack(u.reshape(N, K).to(torch.int32), b), s,
+        return quant_torch.PackedWeight(quant_pack.pack(u.reshape(N, K).to(torch.int32), b), s,
                                         stored.to(torch.uint8), b, g, granularity, N, K, w.dtype, self.symmetric)
 
     def _dequantize64(self, qw, swap: bool = False) -> torch.Tensor:
-        u = quant_torch.unpack(qw.codes, qw.bits, qw.K)
+        u = quant_pack.unpack(qw.codes, qw.bits, qw.K)
         if swap:
             u = _swap_order(u, qw.bits, qw.K)
         s, z = qw.scales, qw.zeros.to(torch.int32)
@@ -259,8 +261,8 @@ finer_groups = _FinerGroups()
 def _cast_unsaturated(x, fmt):
     """FP8 rounding without saturation: a value that rounds past F becomes NaN (E4M3fn has no
     inf: its top code is NaN) or inf (E5M2), as a cast with no clamp does on hardware."""
-    from inference_conformance.conformance.contracts.quantization import fp8_format
-    from inference_conformance.reference.quantization import fp8_cast
+    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
+    from inference_conformance.reference.quantization_fp8 import fp8_cast
 
     f = fp8_format(fmt)
     top_half_step = 2.0 ** (math.floor(math.log2(f.max)) - f.m - 1)     # half the spacing at F
@@ -273,15 +275,15 @@ def _cast_unsaturated(x, fmt):
 def _cast_e5m2_grid(x, fmt):
     """Rounds to E5M2's grid whatever the format asked (saturating at the asked format's F): an
     E4M3 cast that keeps only 2 mantissa bits, errors up to 2^-3 relative."""
-    from inference_conformance.conformance.contracts.quantization import fp8_format
-    from inference_conformance.reference.quantization import fp8_cast
+    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
+    from inference_conformance.reference.quantization_fp8 import fp8_cast
 
     top = fp8_format(fmt).max
     return fp8_cast(x, "fp8_e5m2").clamp(-top, top).to(x.dtype)
 
 
 #: Known-bad FP8 casts ``cast(x, fmt) -> values in x's dtype`` (outside the contract), each
-#: rejected by QT-11's cast law (properties/test_quantization_lowbit.py).
+#: rejected by QT-11's cast law (properties/test_quantization_fp8.py).
 FP8_CAST_ZOO = {"fp8_cast_unsaturated": _cast_unsaturated, "fp8_e5m2_grid_as_e4m3": _cast_e5m2_grid}
 
 
@@ -293,16 +295,16 @@ class _E5M2GridAsE4M3:
     number_format = "fp8_e4m3fn"
 
     def quantize(self, w, *, bits, granularity):
-        qw = quant_torch.quantize_fp8(w, bits=bits, granularity=granularity, fmt="fp8_e4m3fn")
+        qw = quant_fp8.quantize_fp8(w, bits=bits, granularity=granularity, fmt="fp8_e4m3fn")
         y = qw.values().to(torch.float32)                             # on E4M3's grid; |y| <= 448
-        e5m2 = quant_torch.to_fp8(y, "fp8_e5m2").to(torch.float32)      # rounded again, to E5M2's grid
-        return dataclasses.replace(qw, codes=quant_torch.to_fp8(e5m2, "fp8_e4m3fn").view(torch.uint8))
+        e5m2 = quant_fp8.to_fp8(y, "fp8_e5m2").to(torch.float32)      # rounded again, to E5M2's grid
+        return dataclasses.replace(qw, codes=quant_fp8.to_fp8(e5m2, "fp8_e4m3fn").view(torch.uint8))
 
     def dequantize(self, qw):
-        return quant_torch.dequantize_fp8(qw)
+        return quant_fp8.dequantize_fp8(qw)
 
     def matmul(self, x, qw):
-        return quant_torch.matmul_fp8(x, qw)
+        return quant_fp8.matmul_fp8(x, qw)
 
 
 fp8_e5m2_grid_as_e4m3_scheme = _E5M2GridAsE4M3()
@@ -311,44 +313,44 @@ fp8_e5m2_grid_as_e4m3_scheme = _E5M2GridAsE4M3()
 # ------------------------------------------------------------------- KV-cache formats (QT-12)
 class _BadKV:
     """A KV-cache format implementation (``quantize_kv``, ``dequantize_kv``, ``kv_nbytes`` as
-    ``inference_conformance.optimized.quantization``) with one bug in its int4 KIVI path; the other formats are right."""
+    ``inference_conformance.optimized.quantization_kv``) with one bug in its int4 KIVI path; the other formats are right."""
 
     def __init__(self, name: str, doc: str, *, keys_per_token: bool = False, block_scale_per_token: bool = False):
         self.name, self.__doc__ = name, doc
         self.keys_per_token, self.block_scale_per_token = keys_per_token, block_scale_per_token
 
     def quantize_kv(self, k, v, fmt):
-        qkv = quant_torch.quantize_kv(k, v, fmt)
+        qkv = quant_kv.quantize_kv(k, v, fmt)
         if fmt.kind != "int4_kivi" or not self.keys_per_token:
             return qkv
         # the KIVI axis swapped: keys quantized per token (over D) like the values
         Tq = qkv.k_codes.shape[2]
         k64 = k.detach().double()[:, :, :Tq]
-        codes, scales = quant_torch._kv_codes(k64, k64.abs().amax(-1, keepdim=True), fmt)
-        return dataclasses.replace(qkv, k_codes=quant_torch._pack4(codes), k_scales=scales)
+        codes, scales = quant_kv._kv_codes(k64, k64.abs().amax(-1, keepdim=True), fmt)
+        return dataclasses.replace(qkv, k_codes=quant_kv._pack4(codes), k_scales=scales)
 
     def dequantize_kv(self, qkv):
         if qkv.fmt.kind != "int4_kivi":
-            return quant_torch.dequantize_kv(qkv)
-        vq = (quant_torch._unpack4(qkv.v_codes, qkv.D).double() * qkv.v_scales.double()).to(qkv.dtype)
+            return quant_kv.dequantize_kv(qkv)
+        vq = (quant_kv._unpack4(qkv.v_codes, qkv.D).double() * qkv.v_scales.double()).to(qkv.dtype)
         v_hat = torch.cat([vq, qkv.v_rest], dim=2)
         if self.keys_per_token:                                 # its own per-token key scales
-            kc = quant_torch._unpack4(qkv.k_codes, qkv.D).double() * qkv.k_scales.double()
+            kc = quant_kv._unpack4(qkv.k_codes, qkv.D).double() * qkv.k_scales.double()
             return torch.cat([kc.to(qkv.dtype), qkv.k_rest], dim=2), v_hat
         # a scale per block of G tokens, read per token: token t takes entry t of a per-token
         # scale buffer whose first Tq / G entries hold the block scales (the rest unwritten: 0)
         Tq = qkv.k_codes.shape[2]
         buf = torch.zeros(*qkv.k_scales.shape[:2], Tq, qkv.D, dtype=qkv.k_scales.dtype)
         buf[:, :, :qkv.k_scales.shape[2]] = qkv.k_scales
-        kc = quant_torch._unpack4(qkv.k_codes, qkv.D).double() * buf.double()
+        kc = quant_kv._unpack4(qkv.k_codes, qkv.D).double() * buf.double()
         return torch.cat([kc.to(qkv.dtype), qkv.k_rest], dim=2), v_hat
 
     def kv_nbytes(self, qkv):
-        return quant_torch.kv_nbytes(qkv)
+        return quant_kv.kv_nbytes(qkv)
 
 
 #: Known-bad KV-cache format implementations (outside the contract), each rejected by QT-12's
-#: format law (properties/test_quantization_lowbit.py).
+#: format law (properties/test_quantization_kv.py).
 KV_ZOO = {z.name: z for z in (
     _BadKV("kivi_keys_per_token", "int4 KIVI with the keys quantized per token (over D) instead of per "
            "channel: an outlier channel sets every token's step.", keys_per_token=True),

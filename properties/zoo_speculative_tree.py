@@ -13,88 +13,86 @@ import math
 
 import torch
 
-from inference_conformance.conformance.contracts.speculative_tree import PAD, children, depths, validate
+from inference_conformance.conformance.contracts.speculative_tree import validate
+from inference_conformance.optimized.speculative_tree import TreeRules, walk_tree
 
 
-def _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, *, accept_scale=1.0,
-                 unnormalised=False, sibling_vs_p=False, correction_from_q=False, bonus_deepest=False,
-                 typical=None):
-    validate(parents, draft_tokens, draft_probs, target_probs, generator)
-    par = [int(x) for x in parents.tolist()]
-    kids, dep = children(par), depths(par)
-    depth = max(dep)
-    B, n = draft_tokens.shape
-    dev = draft_tokens.device
-    q = draft_probs.to(torch.float64)
-    p = target_probs.to(torch.float64)
-    u = torch.rand((B, n), generator=generator, dtype=torch.float64, device=dev)
-    cur = torch.full((B,), -1, dtype=torch.int64, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    r = p[:, 0].clone()
-    path = torch.full((B, depth), PAD, dtype=torch.int64, device=dev)
-    tokens = torch.full((B, depth + 1), PAD, dtype=torch.int64, device=dev)
-    deepest = max(range(n), key=lambda i: (dep[i], i))
-    for i, pi in enumerate(par):
-        tried = ~done & (cur == pi)
-        q_u, p_u = q[:, pi + 1], p[:, pi + 1]
-        x = draft_tokens[:, i]
-        q_x = q_u.gather(1, x[:, None])[:, 0]
-        test_row = p_u if sibling_vs_p else r
-        r_x = test_row.gather(1, x[:, None])[:, 0]
-        if typical is not None:          # Medusa: p(x) > min(eps, delta exp(-H(p))), deterministic
-            eps, delta = typical
-            h = -(p_u * torch.log(p_u.clamp_min(1e-300))).sum(-1)
-            acc = tried & (p_u.gather(1, x[:, None])[:, 0] > torch.clamp(delta * torch.exp(-h), max=eps))
-        else:
-            acc = tried & (u[:, i] * q_x < accept_scale * torch.minimum(q_x, r_x))
-        rej = tried & ~acc
+class _Unrenormalised(TreeRules):
+    def residual(self, r, q_u, p_u):
         res = (r - q_u).clamp_min(0.0)
-        mass = res.sum(-1, keepdim=True)
-        res = torch.where(mass > 0, res if unnormalised else res / mass.clamp_min(1e-300), r)
-        if typical is not None:
-            res = p_u
-        r = torch.where(acc[:, None], p[:, i + 1], torch.where(rej[:, None], res, r))
-        if correction_from_q:
-            r = torch.where(rej[:, None] & (kids[pi + 1][-1] == i), q_u, r)
-        if bonus_deepest and not kids[i + 1]:
-            r = torch.where(acc[:, None], p[:, deepest + 1], r)
-        cur = torch.where(acc, torch.full_like(cur, i), cur)
-        path[:, dep[i] - 1] = torch.where(acc, i, path[:, dep[i] - 1])
-        tokens[:, dep[i] - 1] = torch.where(acc, x, tokens[:, dep[i] - 1])
-        done = done | (acc & (not kids[i + 1])) | (rej & (kids[pi + 1][-1] == i))
-    n_acc = (path >= 0).sum(-1)
-    emitted = torch.multinomial(r, 1, generator=generator)[:, 0]
-    tokens.scatter_(1, n_acc[:, None], emitted[:, None])
-    return tokens, path
+        return torch.where(res.sum(-1, keepdim=True) > 0, res, r)            # the bug: no division by the mass
+
+
+class _SiblingVsP(TreeRules):
+    def test_row(self, r, p_u):
+        return p_u                                                            # the bug: p, not the residual
+
+
+class _CorrectionFromQ(TreeRules):
+    def correction(self, r, q_u):
+        return q_u                                                            # the bug: the draft's q
+
+
+class _BonusDeepest(TreeRules):
+    def accepted_row(self, p, i, leaf, dep):
+        if not leaf:
+            return super().accepted_row(p, i, leaf, dep)
+        deepest = max(range(len(dep)), key=lambda j: (dep[j], j))
+        return p[:, deepest + 1]                                              # the bug: another branch's row
+
+
+class _ScaledAcceptance(TreeRules):
+    def accept(self, u, q_x, r_x, p_u, x):
+        return u * q_x < 0.97 * torch.minimum(q_x, r_x)                       # the bug: 0.97 min(1, r/q)
+
+
+class _Typical(TreeRules):
+    """Medusa: accept x when p(x) > min(eps, delta exp(-H(p))), deterministic; then sample from p."""
+
+    def __init__(self, eps: float, delta: float):
+        self.eps, self.delta = eps, delta
+
+    def accept(self, u, q_x, r_x, p_u, x):
+        h = -(p_u * torch.log(p_u.clamp_min(1e-300))).sum(-1)
+        return p_u.gather(1, x[:, None])[:, 0] > torch.clamp(self.delta * torch.exp(-h), max=self.eps)
+
+    def residual(self, r, q_u, p_u):
+        return p_u
+
+
+def _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, rules: TreeRules):
+    """The batched verifier (``inference_conformance.optimized.speculative_tree``) under ``rules``: one bug each."""
+    validate(parents, draft_tokens, draft_probs, target_probs, generator)
+    return walk_tree(parents, draft_tokens, draft_probs, target_probs, generator, rules)
 
 
 def unrenormalised_sibling_residual(parents, draft_tokens, draft_probs, target_probs, *, generator):
     """After a rejected sibling the residual max(0, r − q) is not renormalised: the next sibling's
     acceptance min(1, r(x)/q(x)) reads an unnormalised r."""
-    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, unnormalised=True)
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _Unrenormalised())
 
 
 def sibling_tested_against_p(parents, draft_tokens, draft_probs, target_probs, *, generator):
     """Every sibling is tested against the target's p, not the residual updated by the rejected
     siblings before it."""
-    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, sibling_vs_p=True)
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _SiblingVsP())
 
 
 def correction_from_q(parents, draft_tokens, draft_probs, target_probs, *, generator):
     """When every sibling is rejected the token is drawn from the draft's q instead of the updated
     residual."""
-    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, correction_from_q=True)
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _CorrectionFromQ())
 
 
 def bonus_from_deepest_node(parents, draft_tokens, draft_probs, target_probs, *, generator):
     """At an accepted leaf the bonus token is drawn from the target's row of the deepest node of the
     tree (the last one flattened), which belongs to another branch."""
-    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, bonus_deepest=True)
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _BonusDeepest())
 
 
 def acceptance_times_097(parents, draft_tokens, draft_probs, target_probs, *, generator):
     """Every acceptance probability is 0.97 min(1, r/q): a few percent of bias, for the law's power."""
-    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, accept_scale=0.97)
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _ScaledAcceptance())
 
 
 #: Medusa's defaults for its typical acceptance (Cai et al. 2024: ε = 0.09, δ = sqrt(ε) = 0.3).
@@ -105,7 +103,7 @@ def typical_acceptance_as_exact(parents, draft_tokens, draft_probs, target_probs
     """Medusa's typical acceptance (accept x when p(x) > min(ε, δ·exp(−H(p))), then sample from p)
     presented as an exact tree verifier."""
     return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator,
-                        typical=(TYPICAL_EPSILON, TYPICAL_DELTA))
+                        _Typical(TYPICAL_EPSILON, TYPICAL_DELTA))
 
 
 def implementations():
@@ -155,7 +153,7 @@ TREE_SCORER_ZOO = {"siblings_see_each_other": siblings_see_each_other, "flattene
 
 
 def _engine_zoo():
-    from inference_conformance.optimized.speculative_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
 
     class RejectedBranchKVKept(TreeSpeculativeEngine):
         """Drops the rejected branches by shrinking the length only: the slots after the pending

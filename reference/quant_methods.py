@@ -140,10 +140,10 @@ def fake_quantize_activations(x: torch.Tensor, bits: int, granularity: str) -> t
 def fake_quantize_fp8(x: torch.Tensor, fmt: str, granularity: str) -> torch.Tensor:
     """Dynamic FP8 quantization of x (..., K) (QT-11), returned dequantized in x's dtype: s =
     max|x| / F for the whole tensor (``"tensor"``) or per row of the last dimension
-    (``"token"``, per output channel for a weight), values ``inference_conformance.reference.quantization.fp8_cast(x /
+    (``"token"``, per output channel for a weight), values ``inference_conformance.reference.quantization_fp8.fp8_cast(x /
     s)`` (round to nearest even, saturating). Raises ValueError for another granularity or format."""
-    from inference_conformance.conformance.contracts.quantization import fp8_format
-    from inference_conformance.reference.quantization import fp8_cast
+    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
+    from inference_conformance.reference.quantization_fp8 import fp8_cast
 
     if granularity not in ("tensor", "token"):
         raise ValueError(f"granularity must be 'tensor' or 'token', got {granularity!r}")

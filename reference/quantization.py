@@ -37,11 +37,8 @@ offset (j % (8 // b)) * b: the FIRST element sits in the LOW bits ("low nibble f
 code per byte. :func:`probe_packing` checks the order with a known pattern (pack 0..7, compare
 the bytes, unpack, compare).
 
-FP8 (QT-11, :func:`fp8_cast`, :class:`FP8Scheme`): w_hat = fp8(w / s) s, s = max|w_group| / F,
-the cast computed in float64 (round to nearest even on the format's grid, saturating at ±F).
-KV-cache formats (QT-12, :func:`quantize_kv`, :func:`dequantize_kv`, :func:`kv_nbytes`): int8
-and FP8 per token and head, int4 KIVI (keys per channel over groups of tokens, values per token,
-the recent tokens in full precision), as the contract's ``KVFormat`` says.
+FP8 (QT-11) is in ``reference/quantization_fp8.py``, the KV-cache formats (QT-12) in
+``reference/quantization_kv.py``.
 """
 from __future__ import annotations
 
@@ -52,10 +49,6 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import (
-    FP8_FORMATS,
-    KVFormat,
-    fp8_format,
-    kv_quantized_tokens,
     levels,
     validate_g_idx,
     validate_matmul,
@@ -253,217 +246,6 @@ SYMMETRIC = Scheme(True)
 ASYMMETRIC = Scheme(False)
 
 
-# ------------------------------------------------------------------------------ FP8 (QT-11)
-def fp8_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """x rounded to the FP8 format's grid, computed in float64: round to nearest, ties to even,
-    then saturated at ±F (F = 448 for E4M3fn, 57344 for E5M2; inf saturates too, NaN stays NaN).
-    The grid's spacing at |x| is 2^(max(e, emin) - m) for 2^e <= |x| < 2^(e+1): the normal
-    binades, then the subnormal step 2^(emin - m) below 2^emin. Returns float64 of x's shape
-    (the value, not the 8-bit code). Raises ValueError for an unknown format (``number_format``)."""
-    f = fp8_format(fmt)
-    x64 = x.detach().to(torch.float64)
-    finite = torch.isfinite(x64)
-    xs = torch.where(finite, x64, 0.0)
-    _, e = torch.frexp(xs)                                  # |x| = m 2^e, m in [0.5, 1): leading bit 2^(e-1)
-    exp = torch.clamp(e.to(torch.int64) - 1, min=f.emin)
-    spacing = torch.ldexp(torch.ones_like(xs), (exp - f.m).to(torch.int32))
-    y = torch.round(xs / spacing) * spacing                 # torch.round: half to even; x / spacing is exact
-    y = torch.clamp(y, -f.max, f.max)
-    return torch.where(finite, y, torch.clamp(x64, -f.max, f.max))
-
-
-@dataclass(frozen=True)
-class FP8Weight:
-    """The reference's FP8 weight: ``values`` (N, K) float64, each on the format's grid (the
-    FP8 number, code x 1), ``scales`` (N or 1, groups) float64, ``fmt`` the format's name,
-    ``granularity`` as given, ``group_size`` (K for "channel" and "tensor"), ``N``, ``K``,
-    ``dtype`` (w's)."""
-
-    values: torch.Tensor
-    scales: torch.Tensor
-    fmt: str
-    granularity: object
-    group_size: int
-    N: int
-    K: int
-    dtype: torch.dtype
-
-
-def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> FP8Weight:
-    """FP8 quantization of w (N, K): s = max|w_group| / F per group (one for "tensor", one per
-    row for "channel", per g columns for an int g), values fp8_cast(w / s) (QT-11). bits must
-    be 8 (NotImplementedError otherwise, after validating the call). Raises TypeError/ValueError
-    as the contract's validate_quantize."""
-    shape = validate_quantize(w, bits, granularity)
-    if shape.bits != 8:
-        raise NotImplementedError(f"an FP8 scheme stores 8 bits; bits={bits} is not one of its formats")
-    f = fp8_format(fmt)
-    w64 = w.detach().to("cpu", torch.float64)
-    N, K, g = shape.N, shape.K, shape.group_size
-    values = torch.zeros(N, K, dtype=torch.float64)
-    if granularity == "tensor":
-        s = float(w64.abs().max()) / f.max
-        scales = torch.tensor([[s]], dtype=torch.float64)
-        values = fp8_cast(w64 / s, fmt) if s > 0 else values
-    else:
-        scales = torch.zeros(N, K // g, dtype=torch.float64)
-        for n in range(N):
-            for j in range(K // g):
-                v = w64[n, j * g:(j + 1) * g]
-                s = float(v.abs().max()) / f.max
-                scales[n, j] = s
-                if s > 0:
-                    values[n, j * g:(j + 1) * g] = fp8_cast(v / s, fmt)
-    return FP8Weight(values.to(w.device), scales.to(w.device), fmt, granularity, g, N, K, w.dtype)
-
-
-def _check_fp8(qw) -> FP8Weight:
-    if not isinstance(qw, FP8Weight):
-        raise TypeError(f"qw must be a inference_conformance.reference.quantization.FP8Weight (what quantize returned), got {type(qw).__name__}")
-    return qw
-
-
-def dequantize_fp8(qw: FP8Weight) -> torch.Tensor:
-    """(N, K) in w's dtype: value x scale in float64, rounded once."""
-    qw = _check_fp8(qw)
-    s = qw.scales.expand(qw.N, qw.K) if qw.granularity == "tensor" else qw.scales.repeat_interleave(qw.group_size, dim=1)
-    return (qw.values * s).to(qw.dtype)
-
-
-def matmul_fp8(x: torch.Tensor, qw: FP8Weight) -> torch.Tensor:
-    """x (M, K) @ dequantize_fp8(qw).T in float64, rounded once to x's dtype (validate_matmul)."""
-    qw = _check_fp8(qw)
-    validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.values.device)
-    return (x.to(torch.float64) @ dequantize_fp8(qw).to(torch.float64).T).to(x.dtype)
-
-
-class FP8Scheme:
-    """An FP8 scheme of the contract (``number_format`` E4M3fn or E5M2) over a module's
-    ``quantize_fp8``, ``dequantize_fp8`` and ``matmul_fp8`` (this module's by default)."""
-
-    symmetric = True
-
-    def __init__(self, fmt: str, ops=None):
-        self.number_format = fp8_format(fmt).name
-        self._ops = ops if ops is not None else sys.modules[__name__]
-
-    def quantize(self, w, *, bits, granularity):
-        return self._ops.quantize_fp8(w, bits=bits, granularity=granularity, fmt=self.number_format)
-
-    def dequantize(self, qw):
-        return self._ops.dequantize_fp8(qw)
-
-    def matmul(self, x, qw):
-        return self._ops.matmul_fp8(x, qw)
-
-    def __repr__(self) -> str:
-        return f"{self._ops.__name__}.FP8Scheme({self.number_format!r})"
-
-
-FP8_E4M3 = FP8Scheme("fp8_e4m3fn")
-FP8_E5M2 = FP8Scheme("fp8_e5m2")
-
-
-# ------------------------------------------------------------------- KV-cache formats (QT-12)
-@dataclass(frozen=True)
-class QuantizedKV:
-    """Keys and values (B, H, T, D) in a :class:`KVFormat`: ``k_codes``, ``v_codes`` the first
-    Tq = kv_quantized_tokens(T) tokens' codes (int8 for int8 and KIVI, one code per element;
-    FP8 grid values as float64 for FP8), ``k_scales``, ``v_scales`` float64 ((B, H, Tq, 1) per
-    token; KIVI keys (B, H, Tq / G, D), one per group of G tokens and channel), ``k_rest``,
-    ``v_rest`` the remaining T - Tq tokens in full precision (x's dtype), ``fmt``, ``dtype``."""
-
-    k_codes: torch.Tensor
-    v_codes: torch.Tensor
-    k_scales: torch.Tensor
-    v_scales: torch.Tensor
-    k_rest: torch.Tensor
-    v_rest: torch.Tensor
-    fmt: KVFormat
-    dtype: torch.dtype
-
-    @property
-    def tokens(self) -> int:
-        return self.k_codes.shape[2] + self.k_rest.shape[2]
-
-
-def _absmax_codes(x64: torch.Tensor, s: torch.Tensor, qmax: int) -> torch.Tensor:
-    safe = torch.where(s > 0, s, 1.0)
-    return torch.round(x64 / safe).clamp(-qmax, qmax).to(torch.int8)
-
-
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, fmt: KVFormat) -> QuantizedKV:
-    """Quantize a cache's keys and values (B, H, T, D), float64 throughout (QT-12; the step of
-    each element is the contract's ``kv_step``). Raises ValueError for k, v of other shapes."""
-    if k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"k and v must both be (B, H, T, D), got {tuple(k.shape)} and {tuple(v.shape)}")
-    B, H, T, D = k.shape
-    Tq = kv_quantized_tokens(T, fmt)
-    k64, v64 = k.detach().to(torch.float64)[:, :, :Tq], v.detach().to(torch.float64)[:, :, :Tq]
-    if fmt.kind in FP8_FORMATS:
-        top = FP8_FORMATS[fmt.kind].max
-        ks, vs = k64.abs().amax(-1, keepdim=True) / top, v64.abs().amax(-1, keepdim=True) / top
-        kc = torch.where(ks > 0, fp8_cast(k64 / torch.where(ks > 0, ks, 1.0), fmt.kind), 0.0)
-        vc = torch.where(vs > 0, fp8_cast(v64 / torch.where(vs > 0, vs, 1.0), fmt.kind), 0.0)
-    else:
-        qmax = levels(fmt.code_bits, True)
-        vs = v64.abs().amax(-1, keepdim=True) / qmax
-        vc = _absmax_codes(v64, vs, qmax)
-        if fmt.kind == "int4_kivi":                                   # keys per channel, per group of G tokens
-            grouped = k64.reshape(B, H, Tq // fmt.group, fmt.group, D)
-            ks = grouped.abs().amax(dim=3) / qmax                      # (B, H, Tq / G, D)
-            kc = _absmax_codes(grouped, ks[:, :, :, None], qmax).reshape(B, H, Tq, D)
-        else:
-            ks = k64.abs().amax(-1, keepdim=True) / qmax
-            kc = _absmax_codes(k64, ks, qmax)
-    return QuantizedKV(kc, vc, ks, vs, k[:, :, Tq:].clone(), v[:, :, Tq:].clone(), fmt, k.dtype)
-
-
-def dequantize_kv(qkv: QuantizedKV) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k_hat, v_hat) (B, H, T, D) in the cache's dtype: codes x scales in float64, rounded once,
-    the full-precision tokens as stored."""
-    fmt = qkv.fmt
-    kc, vc = qkv.k_codes.to(torch.float64), qkv.v_codes.to(torch.float64)
-    if fmt.kind == "int4_kivi":
-        ks = qkv.k_scales.repeat_interleave(fmt.group, dim=2)          # group g covers tokens gG .. gG + G - 1
-    else:
-        ks = qkv.k_scales
-    k_hat = torch.cat([(kc * ks).to(qkv.dtype), qkv.k_rest], dim=2)
-    v_hat = torch.cat([(vc * qkv.v_scales).to(qkv.dtype), qkv.v_rest], dim=2)
-    return k_hat, v_hat
-
-
-def kv_nbytes(qkv: QuantizedKV, scale_bytes: int = 4) -> int:
-    """Bytes the format holds, counted from its tensors: one byte per int8 / FP8 code, half a
-    byte per int4 code (two per byte, as packed), ``scale_bytes`` per scale (float32 scales, as
-    ``inference_conformance.optimized.quantization`` holds them), the full-precision tokens at their dtype's size."""
-    codes = (qkv.k_codes.numel() + qkv.v_codes.numel()) * qkv.fmt.code_bits // 8
-    scales = (qkv.k_scales.numel() + qkv.v_scales.numel()) * scale_bytes
-    rest = qkv.k_rest.numel() * qkv.k_rest.element_size() + qkv.v_rest.numel() * qkv.v_rest.element_size()
-    return codes + scales + rest
-
-
-class KVOps:
-    """One KV-cache quantization implementation: ``quantize_kv(k, v, fmt)``, ``dequantize_kv(qkv)``
-    and ``kv_nbytes(qkv)`` of a module (this one's by default)."""
-
-    def __init__(self, name: str, ops=None):
-        self.name = name
-        self._ops = ops if ops is not None else sys.modules[__name__]
-
-    def quantize_kv(self, k, v, fmt):
-        return self._ops.quantize_kv(k, v, fmt)
-
-    def dequantize_kv(self, qkv):
-        return self._ops.dequantize_kv(qkv)
-
-    def kv_nbytes(self, qkv):
-        return self._ops.kv_nbytes(qkv)
-
-
-KV_REFERENCE = KVOps("reference")
-
-
 # ------------------------------------------------------------------------------------ probes
 #: The documented bytes of the known patterns (low bits first).
 PACKED_0_TO_7_4BIT = (0x10, 0x32, 0x54, 0x76)
@@ -496,6 +278,7 @@ def implementations():
     """The quantization references: symmetric absmax and asymmetric (zero point) schemes, and
     the FP8 schemes E4M3fn and E5M2 (QT-11)."""
     from inference_conformance.conformance.registry import builtin
+    from inference_conformance.reference.quantization_fp8 import FP8_E4M3, FP8_E5M2
 
     return (builtin("quantization", "reference", SYMMETRIC), builtin("quantization", "reference_asym", ASYMMETRIC),
             builtin("quantization", "reference_fp8_e4m3", FP8_E4M3), builtin("quantization", "reference_fp8_e5m2", FP8_E5M2))

@@ -216,11 +216,13 @@ def test_sd7_vllm_greedy_rejection_equals_greedy_target(ov, draft):
     from inference_conformance.smallworld.checkpoints import load_model
     from inference_conformance.smallworld.tokenizer import tokenizer
 
+    from inference_conformance.optimized.outside_vllm_speculative import rejection_greedy
+
     calls = []
 
     def vllm_greedy(*args, **kwargs):
         calls.append(1)
-        return ov.rejection_greedy(*args, **kwargs)
+        return rejection_greedy(*args, **kwargs)
 
     models = {name: load_model(name, torch.float64) for name in ("target", draft)}
     prompt = torch.full((3, 1), tokenizer().bos_id, dtype=torch.int64)
@@ -247,7 +249,9 @@ def test_sd1_statistical_at_peer_size(ov):
     acceptance is scaled by 0.97, on exact draws, is recorded and must be at least 0.7 (it is
     about 0.8); the full law (84,000 rounds) is ``test_sd1_statistical``."""
     from inference_conformance.conformance.stats import upper_bound
-    from inference_conformance.properties.speculative_cases import ALPHA, law_rejections, sd1_law_verdicts
+    from inference_conformance.properties.speculative_cases import ALPHA, sd1_law_verdicts
+    from inference_conformance.optimized.outside_vllm_speculative import rejection_sample
+    from inference_conformance.properties.speculative_calibration_cases import law_rejections
 
     k, _ = law_rejections(POWER_DRAWS, 1, sizes=PEER_SIZES, accept_scale=0.97)
     power = k / POWER_DRAWS
@@ -256,5 +260,5 @@ def test_sd1_statistical_at_peer_size(ov):
                    rule=f"{POWER_DRAWS} exact draws, rounds {PEER_SIZES}, against acceptance x 0.97; "
                         f"99.9% lower bound {lower:.3f}", what="vllm_triton_rejection", power=power)
     assert lower >= 0.7, f"power {power:.3f} (lower bound {lower:.3f}) at {PEER_SIZES}"
-    failed = [v for v in sd1_law_verdicts(ov.rejection_sample, 7, "cpu", ALPHA, sizes=PEER_SIZES) if not v.ok]
+    failed = [v for v in sd1_law_verdicts(rejection_sample, 7, "cpu", ALPHA, sizes=PEER_SIZES) if not v.ok]
     assert not failed, "; ".join(f"{v.what}: {v.detail}" for v in failed) + f" ({_version(ov)})"

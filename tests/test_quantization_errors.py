@@ -82,7 +82,7 @@ def test_kernel_wrapper_checks_the_fp8_arguments(device):
     """The Triton wrapper's FP8 mode: an unknown number_format, bits other than 8, zero points
     passed with FP8 codes raise ValueError naming the argument, before any launch."""
     qm = pytest.importorskip("inference_conformance.optimized.quant_matmul")
-    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized import quantization_fp8 as quant_torch
 
     w = torch.randn(6, 32).to(device)
     qw = quant_torch.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
@@ -100,9 +100,9 @@ def test_kernel_wrapper_checks_the_fp8_arguments(device):
 def test_kv_format_arguments_name_themselves():
     """KV-cache formats: an unknown kind, residual/group on a per-token kind, a group < 1 and
     k, v of different shapes raise ValueError naming the argument."""
-    from inference_conformance.conformance.contracts.quantization import kv_format
-    from inference_conformance.optimized import quantization as quant_torch
-    from inference_conformance.reference import quantization as ref
+    from inference_conformance.conformance.contracts.quantization_kv import kv_format
+    from inference_conformance.optimized import quantization_kv as quant_torch
+    from inference_conformance.reference import quantization_kv as ref
 
     for kwargs, name in ((dict(kind="int3"), "kind"), (dict(kind="int8", residual=4), "residual"),
                          (dict(kind="int4_kivi", group=0), "group"), (dict(kind="int4_kivi", residual=-1), "residual")):
@@ -120,6 +120,7 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
     g_idx of the wrong dtype, length or range (an int64 g_idx is taken as int32 is)."""
     qm = pytest.importorskip("inference_conformance.optimized.quant_matmul")
     from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized.quantization_packing import unpack
 
     w = torch.randn(6, 32).to(device)
     qw = quant_torch.quantize(w, bits=4, granularity=8)
@@ -133,7 +134,7 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
                                x @ quant_torch.dequantize(qa).T)
     bad = {
         "codes int32": ((x, qw.codes.int(), qw.scales, qw.zeros), kw, TypeError, "codes must be uint8"),
-        "codes unpacked": ((x, quant_torch.unpack(qw.codes, 4, 32).to(torch.uint8), qw.scales, qw.zeros), kw,
+        "codes unpacked": ((x, unpack(qw.codes, 4, 32).to(torch.uint8), qw.scales, qw.zeros), kw,
                            ValueError, r"codes must have shape \(N, ceil\(K / 2\)\) = \(6, 16\)"),
         "scales of another grouping": ((x, qw.codes, qw.scales[:, :2], qw.zeros), kw, ValueError,
                                        r"scales must have shape \(N, K // group_size\) = \(6, 4\)"),

@@ -40,7 +40,8 @@ def test_tree_attention_rejects_bad_input_naming_the_argument(fn, what):
 
 
 def test_tree_engine_refuses_a_batch_and_an_unknown_backend():
-    from inference_conformance.optimized.speculative_engine import PromptLookupDrafter, TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative_drafters import PromptLookupDrafter
+    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.checkpoints import load_model
 
     target = load_model("target", torch.float32)

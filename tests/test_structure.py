@@ -219,13 +219,30 @@ def _bare_imports(path: Path) -> list[str]:
     return bad
 
 
+def _suite_files() -> list[Path]:
+    """Every .py file of the suite: its packages, tests, examples, scripts and conftest.py."""
+    return [p for d in (*PACKAGES, "expectations", "inference_conformance", "tests", "examples", "scripts")
+            for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "conftest.py"]
+
+
+#: The most lines a file of the suite may have (CONTRIBUTING.md: split a longer one by responsibility).
+MAX_LINES = 400
+
+
+def test_files_are_at_most_400_lines():
+    """Every .py file of the suite is at most :data:`MAX_LINES` lines: a longer one holds more than
+    one responsibility and is split into ``<technique>_<what>.py`` modules."""
+    files = _suite_files()
+    assert len(files) > 100 and ROOT / "conftest.py" in files                  # the check sees the suite
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
 def test_one_import_name():
     """Every module of the suite, its tests, examples and scripts import the suite by its one
     name, ``inference_conformance``: the folder names (conformance, reference, benchmarks, ...)
     are names real projects use, and installed, nothing else is in site-packages."""
-    files = [p for d in (*PACKAGES, "expectations", "inference_conformance", "tests", "examples", "scripts")
-             for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "conftest.py"]
-    bad = [b for p in files for b in _bare_imports(p)]
+    bad = [b for p in _suite_files() for b in _bare_imports(p)]
     assert not bad, "imports by a folder name instead of inference_conformance.<folder>:\n" + "\n".join(bad)
     assert _bare_imports.__doc__ and "from conformance import" in _bare_imports.__doc__   # the check sees the form
 

@@ -45,11 +45,11 @@ FA-6 (memory linear in T), FA-7 (split-KV decoding = unsplit). Source: Dao et al
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
+from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
 from inference_conformance.conformance.coverage import CoverageClass
 from inference_conformance.conformance.registry import Contract, InvalidCall
 
@@ -84,13 +84,7 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
     lengths, causal with Tq > Tk, non-finite scale), each naming the argument.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions (B, H, T, D), got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the attention contract takes "
-                            f"{[str(d).replace('torch.', '') for d in DTYPES]}")
+        check_tensor(name, t, 4, "(B, H, T, D)", DTYPES, "attention")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -117,15 +111,7 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
         raise ValueError(f"k/v length Tk must be >= 1, got {Tk}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a Python bool, got {type(causal).__module__}.{type(causal).__name__}")
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number (e.g. 1/sqrt(D)), got {type(scale).__name__}")
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be finite, got {scale}")
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if abs(float(scale)) > torch.finfo(acc).max:
-        raise ValueError(f"scale must be representable in {str(acc).replace('torch.', '')}, the dtype the "
-                         f"scores of {str(q.dtype).replace('torch.', '')} inputs are computed in "
-                         f"(|scale| <= {torch.finfo(acc).max:.4g}), got {scale}")
+    check_scale(scale, q.dtype)
     if causal and Tq > Tk:
         raise ValueError(f"causal attention needs Tq <= Tk (bottom-right mask), got Tq={Tq}, Tk={Tk}")
     return AttentionShape(B, Hq, Hkv, Tq, Tk, D)
