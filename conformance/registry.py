@@ -234,6 +234,10 @@ class Implementation:
         # are attributes for whoever needs them
         return f"Implementation({self.technique!r}, {self.name!r})"
 
+    def _repr_pretty_(self, printer, cycle) -> None:
+        # Hypothesis' printer spells a dataclass out field by field unless it finds this
+        printer.text(repr(self))
+
 
 def _checked_result(fn: Callable, want: Any, who: str) -> Callable:
     """``fn`` whose result must be an instance of ``want`` (a type or a tuple of types), else a
