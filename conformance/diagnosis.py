@@ -111,11 +111,13 @@ def _replay(law, bug, run, args: tuple, drawn: dict, index: int, what: str) -> A
 
 
 def diagnose(law, run, args: tuple, drawn: dict, index: int, comparison: Comparison,
-             seconds: float = SECONDS) -> str:
+             seconds: float | None = None) -> str:
     """The diagnosis line of a failure of ``law`` on ``run``'s implementation: the known bugs of
     the law's technique whose output at the failing comparison (number ``index`` of the
     example, ``comparison``) is within that comparison's rule and bound of the
-    implementation's, or that none is. ``seconds``: the time the replays may take."""
+    implementation's, or that none is. ``seconds``: the time the replays may take (default
+    :data:`SECONDS`)."""
+    seconds = SECONDS if seconds is None else seconds
     try:
         regs, _ = registry.registrations(law.technique)
         bugs = [b for b in registry.zoo(law.technique) if b.unavailable is None]

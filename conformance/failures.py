@@ -17,6 +17,9 @@ The tolerance policy notes each comparison it makes (:func:`note_comparison`) wh
 example runs under :func:`capturing`: the verdict, the output judged, and how to judge another
 output against it by the same rule and bound (what the diagnosis replays the zoo with). This
 module imports nothing of the suite.
+
+Both failures print as their message alone (:class:`PlainFailure`): no traceback of the
+suite's frames (``--full-trace`` shows them).
 """
 from __future__ import annotations
 
@@ -27,8 +30,30 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+import pytest
 
-class LawFailure(AssertionError):
+
+class PlainFailure(AssertionError, pytest.fail.Exception):
+    """An AssertionError that pytest prints as its message alone, without the traceback (as
+    ``pytest.fail(..., pytrace=False)``; ``--full-trace`` shows it): a failure whose message
+    says everything. Code that catches AssertionError catches it."""
+
+    def __init__(self, message: str) -> None:
+        AssertionError.__init__(self, message)
+        pytest.fail.Exception.__init__(self, message, pytrace=False)
+
+
+class ToleranceFailure(PlainFailure):
+    """A comparison of the tolerance policy failed: the message is the verdict's (what was
+    judged, the measured error, the bound, the rule, the worst element); ``verdict`` is the
+    :class:`inference_conformance.conformance.tolerance.Verdict` itself."""
+
+    def __init__(self, message: str, verdict: Any = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+class LawFailure(PlainFailure):
     """A law rejected an implementation: the message is the case, the failing comparison, the
     implementation and the diagnosis, one line each (see the module's docstring). ``case``,
     ``comparison``, ``implementation``, ``diagnosis``: those lines' text."""
@@ -38,13 +63,11 @@ class LawFailure(AssertionError):
         lines = [f"case: {case}", comparison, f"implementation: {implementation}"]
         super().__init__("\n".join(lines + ([f"diagnosis: {diagnosis}"] if diagnosis else [])))
 
-    def __reduce__(self):
-        return type(self), (self.case, self.comparison, self.implementation, self.diagnosis)
 
-
-# pytest and the traceback module print a builtin exception's name without its module: the
-# failure's first line starts with "LawFailure: case: ..." in the terminal and in result rows
-LawFailure.__module__ = "builtins"
+# pytest and the traceback module print a builtin exception's name without its module: a
+# failure's first line reads "LawFailure: case: ..." in the terminal and in result rows
+for _cls in (PlainFailure, ToleranceFailure, LawFailure):
+    _cls.__module__ = "builtins"
 
 
 @dataclass(frozen=True)
@@ -127,5 +150,5 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["Comparison", "LawFailure", "capturing", "case_line", "comparison_line", "first_line",
+__all__ = ["Comparison", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing", "case_line", "comparison_line", "first_line",
            "note_comparison"]

@@ -156,7 +156,6 @@ MAX_KEPT_FAILURES = 8
 
 def _fail(failure: LawFailure) -> NoReturn:
     """Raise the compact failure, without the chain of Hypothesis' report it replaces."""
-    __tracebackhide__ = True
     raise failure from None
 
 
@@ -279,7 +278,6 @@ class Law:
         comparison, the implementation and the diagnosis, one line each), for a zoo entry the
         law's own AssertionError; and :class:`inference_conformance.conformance.outcomes.Unsupported`
         when ``impl`` refused every example."""
-        __tracebackhide__ = True
         interpreted = runs_interpreted(impl)
         run = Run(self.name, getattr(impl, "name", str(impl)), impl, interpreted, tuple(self.coverage))
         try:
@@ -349,7 +347,6 @@ class Law:
         law = self
 
         def test(impl, **fixtures):
-            __tracebackhide__ = True
             reason = law.applies(impl) if law.applies else None
             if reason:
                 pytest.skip(reason)

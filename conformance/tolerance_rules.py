@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference_conformance.conformance.failures import ToleranceFailure
+
 REL_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 #: 16-bit kernel rule: allowed ulps of each element, and ulps of the output's scale.
@@ -48,12 +50,10 @@ class Verdict:
         return text + (f"; {self.detail}" if self.detail else "")
 
     def check(self) -> "Verdict":
-        """Raise AssertionError with :meth:`message` (the verdict as its ``verdict``) unless ``ok``;
-        return self."""
+        """Raise :class:`inference_conformance.conformance.failures.ToleranceFailure` (an
+        AssertionError printed as its message alone) with :meth:`message` unless ``ok``; return self."""
         if not self.ok:
-            failure = AssertionError(self.message())
-            failure.verdict = self            # the law runner's compact message reads it
-            raise failure
+            raise ToleranceFailure(self.message(), self)
         return self
 
 
