@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAW_FILES = ("properties/test_attention.py", "properties/test_attention_nan.py",
              "properties/test_attention_coverage.py", "properties/test_contract_generic.py")
 #: Lines printed by the run of test_a_wrong_attention_over_the_attention_laws_is_short: measured
-#: 113 for 20 failing tests (7 laws with their diagnosis, 13 checks with one line each), where
+#: 108 for 20 failing tests (7 laws with their diagnosis, 13 checks with one line each), where
 #: each failing law printed ~150 lines before (the falsifying example with the whole Run and its
 #: coverage table); the issue's bound for 26 failing laws is 200.
 LINE_BOUND = 200
