@@ -36,11 +36,23 @@ import pytest
 class PlainFailure(AssertionError, pytest.fail.Exception):
     """An AssertionError that pytest prints as its message alone, without the traceback (as
     ``pytest.fail(..., pytrace=False)``; ``--full-trace`` shows it): a failure whose message
-    says everything. Code that catches AssertionError catches it."""
+    says everything. Code that catches AssertionError catches it. With notes (Hypothesis'
+    falsifying example), it prints as any AssertionError, notes included."""
 
     def __init__(self, message: str) -> None:
         AssertionError.__init__(self, message)
         pytest.fail.Exception.__init__(self, message, pytrace=False)
+
+    @property
+    def pytrace(self) -> bool:
+        """Whether pytest prints the traceback: only once notes were added to the failure
+        (Hypothesis' falsifying example of a test that is not a law), which pytest prints with
+        the traceback alone."""
+        return bool(getattr(self, "__notes__", None))
+
+    @pytrace.setter
+    def pytrace(self, value: bool) -> None:
+        pass                                     # pytest's constructor sets it; the notes decide
 
 
 class ToleranceFailure(PlainFailure):

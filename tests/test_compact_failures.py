@@ -62,6 +62,8 @@ def test_failures_are_assertion_errors_printed_as_their_message():
     assert str(failure).splitlines() == ["case: B=1", "output: measured error 1 EXCEEDS bound 0 (rule exact)",
                                          "implementation: mine", "diagnosis: none"]
     assert not failure.pytrace                   # pytest prints the message alone (--full-trace: the frames)
+    failure.add_note("Falsifying example: test(x=1)")
+    assert failure.pytrace                       # a note is printed with the traceback only
     with pytest.raises(ToleranceFailure, match="EXCEEDS") as info:
         assert_close(torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
     assert info.value.verdict.error == 1.0 and isinstance(info.value, AssertionError)
