@@ -4,13 +4,14 @@ A law that fails on an implementation raises :class:`LawFailure` (an AssertionEr
 message is::
 
     case: B=1 Hq=2 Hkv=1 Tq=3 Tk=5 D=16 causal=True scale=0.25 seed=7 dtype=float16
+    diagnosis: same output as known bug top_left_causal: Causal mask aligned top-left (j <= i) ...
     attention output: measured error 3.1e-01 EXCEEDS bound 9.8e-04 (rule float16); worst element (0, 1, 2, 3): ...
     implementation: my_attention:attention
-    diagnosis: same output as known bug top_left_causal: causal mask aligned top-left (j <= i) ...
 
-the drawn case by its fields (never the objects that drew it), the failing comparison (the
-measured error, the bound, the tolerance rule's name and the worst element), the implementation
-and the diagnosis (:mod:`inference_conformance.conformance.diagnosis`). Hypothesis' own report
+the drawn case by its fields (never the objects that drew it), the diagnosis
+(:mod:`inference_conformance.conformance.diagnosis`; second, so that a report showing a
+message's first 300 characters shows it), the failing comparison (the measured error, the
+bound, the tolerance rule's name and the worst element) and the implementation. Hypothesis' own report
 (the falsifying example with every argument's repr) is left out: the case line says it.
 
 The tolerance policy notes each comparison it makes (:func:`note_comparison`) while a law's
@@ -66,14 +67,15 @@ class ToleranceFailure(PlainFailure):
 
 
 class LawFailure(PlainFailure):
-    """A law rejected an implementation: the message is the case, the failing comparison, the
-    implementation and the diagnosis, one line each (see the module's docstring). ``case``,
+    """A law rejected an implementation: the message is the case, the diagnosis, the failing
+    comparison and the implementation, one line each (see the module's docstring). ``case``,
     ``comparison``, ``implementation``, ``diagnosis``: those lines' text."""
 
     def __init__(self, case: str, comparison: str, implementation: str, diagnosis: str = "") -> None:
         self.case, self.comparison, self.implementation, self.diagnosis = case, comparison, implementation, diagnosis
-        lines = [f"case: {case}", comparison, f"implementation: {implementation}"]
-        super().__init__("\n".join(lines + ([f"diagnosis: {diagnosis}"] if diagnosis else [])))
+        # the diagnosis second: a report that shows the first 300 characters of a message shows it
+        lines = [f"case: {case}"] + ([f"diagnosis: {diagnosis}"] if diagnosis else [])
+        super().__init__("\n".join(lines + [comparison, f"implementation: {implementation}"]))
 
 
 # pytest and the traceback module print a builtin exception's name without its module: a

@@ -274,8 +274,8 @@ class Law:
         """Run the law on ``impl`` with its parameters ``args``; return what it saw.
 
         Raises the law's failure: for an implementation that is not a zoo entry a
-        :class:`inference_conformance.conformance.failures.LawFailure` (the case, the failing
-        comparison, the implementation and the diagnosis, one line each), for a zoo entry the
+        :class:`inference_conformance.conformance.failures.LawFailure` (the case, the diagnosis,
+        the failing comparison and the implementation, one line each), for a zoo entry the
         law's own AssertionError; and :class:`inference_conformance.conformance.outcomes.Unsupported`
         when ``impl`` refused every example."""
         interpreted = runs_interpreted(impl)

@@ -4,19 +4,21 @@ diagnosis tests (``tests/test_diagnosis.py``: ``--impl attention=tests.one_bug_i
 - :func:`top_left_attention`: the causal mask aligned top-left (query i sees keys j <= i, as
   torch's ``is_causal``), wrong whenever Tq < Tk;
 - :func:`default_scale_attention`: the caller's ``scale`` dropped for the textbook 1/sqrt(D);
-- :data:`floor_quantization`: absmax quantization rounding down (floor) instead of to nearest.
+- :data:`floor_quantization`: absmax quantization rounding down (floor) instead of to nearest
+  (``examples/my_quantization.py``'s quantizer with floor for its rounding).
 
-Each is otherwise a plain, correct implementation of its contract: the diagnosis must name the
+Each is otherwise a correct implementation of its contract: the diagnosis must name the
 known bug from the output alone.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate
-from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
 
 
 def _softmax_attention(q, k, v, *, causal: bool, scale: float, diagonal: int):
@@ -47,30 +49,14 @@ def default_scale_attention(q, k, v, *, causal, scale):
                               diagonal=k.shape[2] - q.shape[2])
 
 
-class FloorQuantization:
-    """Symmetric absmax quantization, one int8 code per weight, codes = floor(w / s) (the bug:
-    round to nearest is the contract's); s = max|w_group| / (2^(b-1) - 1), kept in float64."""
-
-    symmetric = True
-
-    def quantize(self, w, *, bits, granularity):
-        shape = validate_quantize(w, bits, granularity)
-        top = 2 ** (shape.bits - 1) - 1
-        groups = w.double().reshape(1, -1) if granularity == "tensor" else w.double().reshape(-1, shape.group_size)
-        s = groups.abs().amax(dim=1, keepdim=True) / top
-        codes = torch.floor(groups / torch.where(s > 0, s, 1.0)).clamp(-top, top).to(torch.int8)
-        return (codes, s, (shape.N, shape.K), w.dtype)
-
-    def dequantize(self, qw):
-        if not (isinstance(qw, tuple) and len(qw) == 4):
-            raise TypeError("qw must be what FloorQuantization.quantize returned")
-        codes, s, size, dtype = qw
-        return (codes.double() * s).reshape(size).to(dtype)
-
-    def matmul(self, x, qw):
-        w = self.dequantize(qw)
-        validate_matmul(x, K=w.shape[1], dtype=w.dtype, device=w.device)
-        return torch.matmul(x, w.T)
+def _worked_example(name: str):
+    """The module ``examples/<name>.py`` (the worked outside implementations; not a package)."""
+    spec = importlib.util.spec_from_file_location(f"one_bug_{name}", Path(__file__).resolve().parents[1] / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-floor_quantization = FloorQuantization()
+#: The worked quantization example (absmax, one int8 code per weight, float64 scales) with its
+#: codes rounded down, floor(w / s), where the contract rounds to nearest.
+floor_quantization = _worked_example("my_quantization").AbsMax(rounding=torch.floor)

@@ -59,8 +59,8 @@ def test_the_case_line_gives_fields_not_objects():
 def test_failures_are_assertion_errors_printed_as_their_message():
     failure = LawFailure("B=1", "output: measured error 1 EXCEEDS bound 0 (rule exact)", "mine", "none")
     assert isinstance(failure, AssertionError) and isinstance(failure, PlainFailure)
-    assert str(failure).splitlines() == ["case: B=1", "output: measured error 1 EXCEEDS bound 0 (rule exact)",
-                                         "implementation: mine", "diagnosis: none"]
+    assert str(failure).splitlines() == ["case: B=1", "diagnosis: none", "output: measured error 1 EXCEEDS bound 0 (rule exact)",
+                                         "implementation: mine"]
     assert not failure.pytrace                   # pytest prints the message alone (--full-trace: the frames)
     failure.add_note("Falsifying example: test(x=1)")
     assert failure.pytrace                       # a note is printed with the traceback only
