@@ -16,11 +16,12 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from inference_conformance.conformance import diagnosis, registry
+from inference_conformance.conformance import diagnosis, expectations, registry
 from inference_conformance.conformance.failures import LawFailure, ToleranceFailure
 from inference_conformance.conformance.laws import Law
 from inference_conformance.conformance.results import read_rows
 from inference_conformance.properties.attention_cases import Case, call, check_against_reference, make_inputs
+from inference_conformance.reports import expect
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = Case(B=1, Hq=2, Hkv=1, Tq=3, Tk=9, D=8, causal=True, scale=0.3)
@@ -113,5 +114,10 @@ def test_an_outside_implementation_is_diagnosed_by_name(tmp_path, technique, tar
     assert r.returncode == 1, out[-3000:]
     said = f"diagnosis: same output as known bug {bug}"
     assert said in out, out[-3000:]
-    failed = [row for row in read_rows(tmp_path / "rows") if row.verdict == "fail"]
+    rows = read_rows(tmp_path / "rows")
+    failed = [row for row in rows if row.verdict == "fail"]
     assert failed and all(said in row.message for row in failed), [row.message for row in failed]
+    # the expectation file written from the run carries the case and the diagnosis
+    (written,) = expect.update(rows, tmp_path / "expected.toml")
+    entries = expectations.parse(written.read_text(encoding="utf-8")).entries.values()
+    assert entries and all("case: " in e.measured and said in e.measured for e in entries), list(entries)
