@@ -9,7 +9,8 @@ to, and the checks that use them are in :mod:`inference_conformance.conformance.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -122,14 +123,16 @@ def scale_of(out_ref: torch.Tensor) -> float:
 
 
 
+@dataclass(frozen=True)
 class Rule:
     """One comparison rule of the policy: ``judge(out, out_ref, out_pt, what) -> Verdict``.
-    ``sees``: the errors it is sure to catch; ``blind_to``: what it cannot see."""
+    ``sees``: the errors it is sure to catch; ``blind_to``: what it cannot see (keywords, after
+    each rule's own fields); ``needs_out_pt``: whether it judges by the naive computation
+    ``out_pt`` (a property of the rule's kind)."""
 
-    name: str
-    sees: str
-    blind_to: str
-    needs_out_pt: bool
+    sees: str = field(default="", kw_only=True)
+    blind_to: str = field(default="", kw_only=True)
+    needs_out_pt: ClassVar[bool] = False
 
     def judge(self, out: torch.Tensor, out_ref: torch.Tensor, out_pt, what: str, magnitude: float | None = None) -> Verdict:
         raise NotImplementedError
@@ -141,9 +144,6 @@ class RelativeRule(Rule):
 
     name: str
     rel: float
-    sees: str = ""
-    blind_to: str = ""
-    needs_out_pt: bool = False
 
     def judge(self, out, out_ref, out_pt, what, magnitude=None):
         err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
@@ -165,9 +165,6 @@ class MixedPrecisionRule(Rule):
     dtype: torch.dtype
     element_ulps: float
     scale_ulps: float
-    sees: str = ""
-    blind_to: str = ""
-    needs_out_pt: bool = False
 
     def judge(self, out, out_ref, out_pt, what, magnitude=None):
         rule = (f"{self.name}: |out-out_mix| <= {self.element_ulps:g} ulp(out_mix) + "
@@ -210,9 +207,7 @@ class NaiveMultipleRule(Rule):
     floor_ulps: float
     cap_fraction: float | None = None
     ulp_dtype: torch.dtype | None = None
-    sees: str = ""
-    blind_to: str = ""
-    needs_out_pt: bool = True
+    needs_out_pt: ClassVar[bool] = True
 
     def judge(self, out, out_ref, out_pt, what, magnitude=None):
         err, scale = max_abs_error(out, out_ref), scale_of(out_ref)
