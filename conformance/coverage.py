@@ -22,6 +22,14 @@ class CoverageClass:
     laws: tuple
     test: Callable[[Any], bool]
 
+    def __repr__(self) -> str:
+        # short: a run's coverage table holds dozens, each with a lambda
+        return f"CoverageClass({self.name!r})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        # Hypothesis' printer spells a dataclass out field by field unless it finds this
+        printer.text(repr(self))
+
 
 def classes_reached(table: Iterable[CoverageClass], law: str, observation: Any) -> set[str]:
     """Names of the classes of ``table`` that ``law`` must reach and ``observation`` reaches."""

@@ -42,6 +42,7 @@ from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from inference_conformance.conformance import results
 from inference_conformance.conformance.coverage import CoverageClass, classes_reached, missing_classes
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.conformance.failures import LawFailure, capturing
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.zoo import expect_rejected
 
@@ -86,10 +87,16 @@ class Run:
     observations: list = field(default_factory=list, repr=False)
     worst: Any = None
     _example: list = field(default_factory=list, repr=False)
+    #: (exception, drawn arguments, comparisons) of the examples that failed, latest last
+    _failures: list = field(default_factory=list, repr=False)
 
     def __repr__(self) -> str:
         # short: Hypothesis prints it in every falsifying example, before the case that matters
         return f"Run({self.law!r}, {self.implementation!r})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        # Hypothesis' printer spells a dataclass out field by field unless it finds this
+        printer.text(repr(self))
 
     def observe(self, observation: Any) -> None:
         """Record what the running example hands the implementation; its boundary classes
@@ -141,6 +148,15 @@ def refusal(run: Run | None, what: str) -> Iterator[None]:
         if run is not None and currently_in_test_context():
             run.refuse(reason)
         unsupported(reason)
+
+
+#: Failed examples a run keeps for its compact failure (the reported one is among the last).
+MAX_KEPT_FAILURES = 8
+
+
+def _fail(failure: LawFailure) -> NoReturn:
+    """Raise the compact failure, without the chain of Hypothesis' report it replaces."""
+    raise failure from None
 
 
 @dataclass(frozen=True)
@@ -221,16 +237,22 @@ class Law:
         def example_body(run, *args, **drawn):
             run._begin_example()
             try:
-                body(run, *args, **drawn)
+                with capturing() as comparisons:
+                    body(run, *args, **drawn)
             except UnsatisfiedAssumption:
                 run._end_example(refused=True)
                 raise
-            except BaseException:
+            except BaseException as exc:
                 run._end_example(refused=False)
+                # what the compact failure and the diagnosis read (the last few: shrinking fails often)
+                called = signature.bind(run, *args, **drawn).arguments      # drawn ones may come positionally
+                drawn = {k: v for k, v in list(called.items())[1 + len(self.params):]}
+                run._failures[:] = run._failures[-(MAX_KEPT_FAILURES - 1):] + [(exc, drawn, comparisons)]
                 raise
             run._end_example(refused=False)
 
-        example_body.__signature__ = inspect.signature(body)          # what Hypothesis binds
+        signature = inspect.signature(body)
+        example_body.__signature__ = signature          # what Hypothesis binds
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             setattr(example_body, attr, getattr(body, attr))
         # under ``derandomize`` the draws follow from the law's name (and this runner), not from the
@@ -251,14 +273,24 @@ class Law:
     def __call__(self, impl, *args) -> Run:
         """Run the law on ``impl`` with its parameters ``args``; return what it saw.
 
-        Raises the law's failure (an AssertionError of the tolerance policy, ...), and
-        :class:`inference_conformance.conformance.outcomes.Unsupported` when ``impl`` refused every example."""
+        Raises the law's failure: for an implementation that is not a zoo entry a
+        :class:`inference_conformance.conformance.failures.LawFailure` (the case, the diagnosis,
+        the failing comparison and the implementation, one line each), for a zoo entry the
+        law's own AssertionError; and :class:`inference_conformance.conformance.outcomes.Unsupported`
+        when ``impl`` refused every example."""
         interpreted = runs_interpreted(impl)
         run = Run(self.name, getattr(impl, "name", str(impl)), impl, interpreted, tuple(self.coverage))
         try:
             self.hypothesis_test(interpreted)(run, *args)
         except Unsatisfiable:
             pass
+        except (AssertionError, BaseExceptionGroup) as exc:
+            from inference_conformance.conformance import diagnosis
+
+            failure = diagnosis.compact(self, run, args, exc)
+            if failure is None:
+                raise
+            _fail(failure)
         if run.ran == 0 and run.refused:
             unsupported(f"{run.refused[0]} (and every other example)")
         rec = results.recorder()

@@ -1,0 +1,168 @@
+"""Compact law failures: what a failing law says, in a few lines.
+
+A law that fails on an implementation raises :class:`LawFailure` (an AssertionError), whose
+message is::
+
+    case: B=1 Hq=2 Hkv=1 Tq=3 Tk=5 D=16 causal=True scale=0.25 seed=7 dtype=float16
+    diagnosis: same output as known bug top_left_causal: Causal mask aligned top-left (j <= i) ...
+    attention output: measured error 3.1e-01 EXCEEDS bound 9.8e-04 (rule float16); worst element (0, 1, 2, 3): ...
+    implementation: my_attention:attention
+
+the drawn case by its fields (never the objects that drew it), the diagnosis
+(:mod:`inference_conformance.conformance.diagnosis`; second, so that a report showing a
+message's first 300 characters shows it), the failing comparison (the measured error, the
+bound, the tolerance rule's name and the worst element) and the implementation. Hypothesis' own report
+(the falsifying example with every argument's repr) is left out: the case line says it.
+
+The tolerance policy notes each comparison it makes (:func:`note_comparison`) while a law's
+example runs under :func:`capturing`: the verdict, the output judged, and how to judge another
+output against it by the same rule and bound (what the diagnosis replays the zoo with). This
+module imports nothing of the suite.
+
+Both failures print as their message alone (:class:`PlainFailure`): no traceback of the
+suite's frames (``--full-trace`` shows them).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import pytest
+
+
+class PlainFailure(AssertionError, pytest.fail.Exception):
+    """An AssertionError that pytest prints as its message alone, without the traceback (as
+    ``pytest.fail(..., pytrace=False)``; ``--full-trace`` shows it): a failure whose message
+    says everything. Code that catches AssertionError catches it. With notes (Hypothesis'
+    falsifying example), it prints as any AssertionError, notes included."""
+
+    def __init__(self, message: str) -> None:
+        AssertionError.__init__(self, message)
+        pytest.fail.Exception.__init__(self, message, pytrace=False)
+
+    @property
+    def pytrace(self) -> bool:
+        """Whether pytest prints the traceback: only once notes were added to the failure
+        (Hypothesis' falsifying example of a test that is not a law), which pytest prints with
+        the traceback alone."""
+        return bool(getattr(self, "__notes__", None))
+
+    @pytrace.setter
+    def pytrace(self, value: bool) -> None:
+        pass                                     # pytest's constructor sets it; the notes decide
+
+
+class ToleranceFailure(PlainFailure):
+    """A comparison of the tolerance policy failed: the message is the verdict's (what was
+    judged, the measured error, the bound, the rule, the worst element); ``verdict`` is the
+    :class:`inference_conformance.conformance.tolerance.Verdict` itself."""
+
+    def __init__(self, message: str, verdict: Any = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+class LawFailure(PlainFailure):
+    """A law rejected an implementation: the message is the case, the diagnosis, the failing
+    comparison and the implementation, one line each (see the module's docstring). ``case``,
+    ``comparison``, ``implementation``, ``diagnosis``: those lines' text."""
+
+    def __init__(self, case: str, comparison: str, implementation: str, diagnosis: str = "") -> None:
+        self.case, self.comparison, self.implementation, self.diagnosis = case, comparison, implementation, diagnosis
+        # the diagnosis second: a report that shows the first 300 characters of a message shows it
+        lines = [f"case: {case}"] + ([f"diagnosis: {diagnosis}"] if diagnosis else [])
+        super().__init__("\n".join(lines + [comparison, f"implementation: {implementation}"]))
+
+
+# pytest and the traceback module print a builtin exception's name without its module: a
+# failure's first line reads "LawFailure: case: ..." in the terminal and in result rows
+for _cls in (PlainFailure, ToleranceFailure, LawFailure):
+    _cls.__module__ = "builtins"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison of the tolerance policy inside a law's example: its ``verdict``, the
+    output ``out`` it judged and ``same(out, other) -> bool``, whether ``other`` (a tensor or
+    number of ``out``'s shape) is within the comparison's own rule and bound of ``out``."""
+
+    verdict: Any
+    out: Any
+    same: Callable[[Any, Any], bool]
+
+
+_COMPARISONS: contextvars.ContextVar[list | None] = contextvars.ContextVar("law_comparisons", default=None)
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[list]:
+    """Within the block, every comparison of the tolerance policy is appended to the list
+    yielded (a fresh one; nested blocks restore the outer list)."""
+    found: list[Comparison] = []
+    token = _COMPARISONS.set(found)
+    try:
+        yield found
+    finally:
+        _COMPARISONS.reset(token)
+
+
+def note_comparison(verdict: Any, out: Any, same: Callable[[Any, Any], bool]) -> None:
+    """Called by the tolerance policy for each comparison: kept only inside :func:`capturing`."""
+    found = _COMPARISONS.get()
+    if found is not None:
+        found.append(Comparison(verdict, out, same))
+
+
+def _value(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}" if math.isfinite(x) else str(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):           # a tensor or an array: its shape
+        return f"{type(x).__name__}{tuple(x.shape)}:{str(x.dtype).replace('torch.', '')}"
+    if type(x).__module__ == "torch" and type(x).__name__ == "dtype":
+        return str(x).replace("torch.", "")
+    text = repr(x) if not isinstance(x, str) else x
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fields(name: str, x: Any) -> list[str]:
+    """``name=value``, or for a dataclass its fields that differ from their defaults."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        out = []
+        for f in dataclasses.fields(x):
+            v = getattr(x, f.name)
+            if f.repr and (f.default is dataclasses.MISSING or v != f.default):
+                out.append(f"{f.name}={_value(v)}")
+        return out
+    return [f"{name}={_value(x)}"]
+
+
+def case_line(drawn: Mapping[str, Any], params: Mapping[str, Any] = {}) -> str:
+    """The failing case by its fields: each drawn argument (a dataclass by its fields that are
+    not at their defaults, a tensor by its shape and dtype, a long repr cut at 60 characters),
+    then the law's parameters ``params`` (dtype, ...)."""
+    parts = [p for name, x in drawn.items() for p in _fields(name, x)]
+    parts += [f"{name}={_value(x)}" for name, x in params.items()]
+    return " ".join(parts) if parts else "(no drawn arguments)"
+
+
+def comparison_line(verdict: Any) -> str:
+    """The failing comparison: what was judged, the measured error against the bound, the
+    tolerance rule's name (its formula is in the documentation and the report) and the worst
+    element."""
+    rule = str(verdict.rule).split(":", 1)[0]
+    text = f"{verdict.what}: measured error {verdict.error:.3e} EXCEEDS bound {verdict.bound:.3e} (rule {rule})"
+    return text + (f"; {verdict.detail}" if verdict.detail else "")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's own message, first line (its type where it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["Comparison", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing", "case_line", "comparison_line", "first_line",
+           "note_comparison"]
