@@ -19,7 +19,8 @@ def list_impls(config, device: str, rows: list | None = None) -> int:
     table = Table("technique", "name", "origin", f"on {device}", title="registered implementations")
     for technique, name, origin, state in (registry.listing(device) if rows is None else rows):
         table.add_row(technique, name, origin, state)
-    for technique, targets in registry.parse_impl_option(config.getoption("impl")).items():
+    impls = config.getoption("impl")
+    for technique, targets in (registry.parse_impl_option(impls) if impls else {}).items():
         for _, target in targets:
             try:
                 registry.load_outside(technique, target)

@@ -86,8 +86,6 @@ __all__ = ["bench_backends", "bench_id", "outside", "outside_backends", "outside
            "pytest_make_collect_report", "pytest_handlecrashitem", "pytest_runtest_makereport",
            "pytest_runtest_protocol", "pytest_sessionfinish", "pytest_terminal_summary"]
 
-plugin_profiles.register()   # under the suite's own names; loads none
-
 
 def pytest_addoption(parser):
     group = parser.getgroup("conformance", "inference conformance suite")
@@ -157,7 +155,8 @@ def pytest_configure(config):
         except ValueError as exc:
             raise pytest.UsageError(f"--device {st.device_option}: {exc}") from exc
     try:
-        targets = registry.parse_impl_option(config.getoption("impl"))
+        impls = config.getoption("impl")       # contracts import torch: only when asked for
+        targets = registry.parse_impl_option(impls) if impls else {}
         sharding.parse(config.getoption("shard"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc

@@ -17,21 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 
-from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
-
-try:  # Hypothesis >= 3.x keeps it here (a stable private helper since 2017)
-    from hypothesis._settings import local_settings
-except ImportError:  # pragma: no cover - a Hypothesis without it: profiles apply by parent only
-    local_settings = None
-
 PREFIX = "inference_conformance."
 #: Where the suite keeps what Hypothesis and pytest-benchmark store between runs (environment
 #: variable INFERENCE_CONFORMANCE_DIR, default ~/.cache/inference-conformance), never in the
 #: project that runs it.
 STORAGE_ENV = "INFERENCE_CONFORMANCE_DIR"
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-             HealthCheck.function_scoped_fixture]
+_SUPPRESS = ("too_slow", "data_too_large", "filter_too_much", "function_scoped_fixture")
 #: The suite's profiles by short name: ``ci`` (chosen when CI=true), ``compat`` (the oldest
 #: stack's run in CI: every law's pinned boundary cases and 3 drawn examples), ``dev`` (the
 #: default), ``thorough`` (nightly).
@@ -52,11 +43,23 @@ def storage_dir() -> str:
 
 
 def register() -> None:
-    """Register the suite's profiles under :data:`PREFIX` names (idempotent; loads none)."""
+    """Register the suite's profiles under :data:`PREFIX` names (idempotent; loads none).
+    Hypothesis is imported here, not with the plugin: a run that never reaches the suite's code
+    does not pay for it."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        settings.get_profile(PREFIX + "dev")
+        return
+    except InvalidArgument:
+        pass
+    suppress = [getattr(HealthCheck, name) for name in _SUPPRESS]
     database = DirectoryBasedExampleDatabase(os.path.join(storage_dir(), "hypothesis", "examples"))
     for short, values in PROFILES.items():
         stored = {} if values.get("derandomize") else {"database": database}   # derandomized: none
-        settings.register_profile(PREFIX + short, deadline=None, suppress_health_check=_SUPPRESS,
+        settings.register_profile(PREFIX + short, deadline=None, suppress_health_check=suppress,
                                   print_blob=True, **stored, **values)
 
 
@@ -78,6 +81,9 @@ def alias_requested(config) -> None:
     which loads it for the whole run, finds it (a name the project registered is left alone)."""
     chosen = config.getoption("hypothesis_profile", default=None)
     if chosen in PROFILES:
+        from hypothesis import settings
+
+        register()
         try:
             settings.get_profile(chosen)
         except Exception:  # noqa: BLE001 - hypothesis.errors.InvalidArgument: not registered
@@ -88,6 +94,11 @@ def applied(name: str):
     """A context in which ``name`` is Hypothesis's default settings (a null context where
     Hypothesis offers no way to do that locally). Raises hypothesis' InvalidArgument for an
     unregistered ``name``."""
-    if local_settings is None:  # pragma: no cover
+    from hypothesis import settings
+
+    try:  # Hypothesis keeps it here (a stable private helper since 2017)
+        from hypothesis._settings import local_settings
+    except ImportError:  # pragma: no cover - a Hypothesis without it: the profile applies nowhere
         return contextlib.nullcontext()
+    register()
     return local_settings(settings.get_profile(name))
