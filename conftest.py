@@ -9,3 +9,8 @@ entry point is imported before conftests, so it is never registered twice.
 import sys
 
 pytest_plugins = [] if "inference_conformance.conformance.plugin" in sys.modules else ["inference_conformance.conformance.plugin"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "installed: builds the wheel and runs the suite installed from it "
+                                       "(about a minute); leave out with -m 'not installed'")
