@@ -206,8 +206,13 @@ def _share_cores(device: str) -> None:
 
 
 def _suite_owned_storage(config) -> None:
-    """A run of the suite alone: pytest-benchmark's storage (for --benchmark-autosave /
-    --benchmark-save) under :func:`storage_dir` unless the user named one."""
+    """A run of the suite alone: Hypothesis's home (its caches; the suite's profiles name their
+    own database) and pytest-benchmark's storage (for --benchmark-autosave / --benchmark-save)
+    under :func:`storage_dir`, the latter unless the user named one. A run that holds a project's
+    tests too leaves both where the project has them."""
+    import hypothesis.configuration
+
+    hypothesis.configuration.set_hypothesis_home_dir(os.path.join(storage_dir(), "hypothesis"))
     opt = config.option
     if getattr(opt, "benchmark_storage", None) in (None, "file://./.benchmarks"):
         opt.benchmark_storage = "file://" + os.path.join(storage_dir(), "benchmarks")
