@@ -132,3 +132,15 @@ def assert_same(seen_without: list[dict], seen_with: list[dict]) -> None:
 def summary_line(run: subprocess.CompletedProcess) -> str:
     """pytest's last line without its duration: "4 passed"."""
     return run.stdout.splitlines()[-1].split(" in ")[0] if run.stdout.strip() else ""
+
+
+def check_inert(project: Path, without: Path | None, with_: Path) -> None:
+    """Run the project's tests without the suite's plugin (the suite at ``without``, or not on
+    PYTHONPATH) and with it (the suite at ``with_``): both pass alike, and each test saw the same
+    (:func:`assert_same`)."""
+    plain, seen_plain = run_project(project, without, False, "without")
+    plugged, seen_plugged = run_project(project, with_, True, "with")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert plugged.returncode == 0, plugged.stdout + plugged.stderr
+    assert summary_line(plain) == summary_line(plugged) == "4 passed"
+    assert_same(seen_plain, seen_plugged)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugin_project import assert_same, make_project, run_project, summary_line
+from tests.plugin_project import check_inert, make_project
 
 pytestmark = pytest.mark.installed
 
@@ -93,12 +93,7 @@ def test_the_wheel_installs_one_import_name_and_the_plugin(site, project):
 
 
 def test_the_projects_tests_behave_as_without_the_suite(site, project):
-    without, seen_without = run_project(project, None, False, "without")
-    with_, seen_with = run_project(project, site, True, "with")
-    assert without.returncode == 0, without.stdout + without.stderr
-    assert with_.returncode == 0, with_.stdout + with_.stderr
-    assert summary_line(without) == summary_line(with_) == "4 passed"
-    assert_same(seen_without, seen_with)
+    check_inert(project, None, site)
 
 
 def test_the_suites_benchmarks_are_collected_from_the_project(site, project):

@@ -12,19 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugin_project import assert_same, make_project, run_project, summary_line
+from tests.plugin_project import check_inert, make_project
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_projects_tests_see_no_difference(tmp_path):
     project = make_project(tmp_path / "kernel_project")
-    without, seen_without = run_project(project, ROOT, False, "without")
-    with_, seen_with = run_project(project, ROOT, True, "with")
-    assert without.returncode == 0, without.stdout + without.stderr
-    assert with_.returncode == 0, with_.stdout + with_.stderr
-    assert summary_line(without) == summary_line(with_) == "4 passed"
-    assert_same(seen_without, seen_with)
+    check_inert(project, ROOT, ROOT)
 
 
 def test_the_suites_own_tests_run_under_the_suites_profile(request):
