@@ -58,12 +58,13 @@ def select_device(requested: str | None = None) -> str:
 def current_device(config=None) -> str:
     """The device of the pytest run ``config`` (default: the run collecting or running the
     current test, :func:`inference_conformance.conformance.plugin_state.active_config`); outside a
-    pytest run, :func:`resolve_device` of None. Returns "cpu" or "cuda"."""
+    pytest run (a command of the suite's own), :func:`select_device` of None, which sets Triton
+    up for it. Returns "cpu" or "cuda"."""
     from inference_conformance.conformance import plugin_state
 
     config = config if config is not None else plugin_state.active_config()
     if config is None:
-        return resolve_device(None)
+        return select_device(None)
     return plugin_state.state(config).device
 
 

@@ -78,7 +78,7 @@ from inference_conformance.conformance.plugin_results import (_RECORDER, _rows_f
                                                               pytest_runtest_makereport, pytest_runtest_protocol,
                                                               pytest_sessionfinish, pytest_terminal_summary, recorder)
 from inference_conformance.conformance import plugin_results
-from inference_conformance.conformance.plugin_state import is_suite_node, state, suite_invocation
+from inference_conformance.conformance.plugin_state import enter, is_suite_node, leave, state, suite_invocation
 
 __all__ = ["bench_backends", "bench_id", "outside", "outside_backends", "outside_info", "outside_refusals",
            "storage_dir", "STORAGE_ENV", "OUTSIDE_TIMEOUT_S", "_RECORDER", "_rows_for", "recorder",
@@ -147,6 +147,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", line)
     plugin_profiles.alias_requested(config)
     st = state(config)
+    enter(config)
     st.profile = plugin_profiles.profile_name(config)
     st.device_option, st.resolver = config.getoption("device"), resolve_device
     if st.device_option not in (None, "", "auto"):
@@ -180,6 +181,10 @@ def pytest_configure(config):
         outside_impls.isolate_crashes(config)
     if suite_run:
         _suite_owned_storage(config)
+
+
+def pytest_unconfigure(config):
+    leave(config)
 
 
 def _load(technique: str, target: str):

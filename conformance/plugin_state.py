@@ -3,8 +3,8 @@ module), and how the plugin tells the suite's own tests from a project's.
 
 - :class:`RunState` (:func:`state`): the device, the ``--impl`` implementations, the
   expectation entries, the ``--results`` folder's writer and the verdicts for the summary.
-- :func:`active_config`: the pytest config of the run that is collecting or running a node of
-  the current context (set by the plugin around each collection and each test, a
+- :func:`active_config`: the pytest config of the run in the current context (set by the plugin
+  from configure to unconfigure and around each collection and each test, a
   :class:`contextvars.ContextVar`, so nested in-process runs each see their own), or None: what
   the benchmarks' accessors and :func:`inference_conformance.conformance.device.current_device`
   read when no config is passed.
@@ -53,6 +53,7 @@ class RunState:
     interpreter_ready: bool = False
     resolver: Callable[[str | None], str] | None = None
     _device: str | None = None
+    _token: Any = None
 
     @property
     def device(self) -> str:
@@ -98,6 +99,23 @@ def activated(config) -> Iterator[None]:
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def enter(config) -> None:
+    """Make ``config`` the :func:`active_config` from its configure to its unconfigure (hooks
+    such as ``pytest_sessionfinish`` of the suite's other plugins read it); see :func:`leave`."""
+    state(config)._token = _ACTIVE.set(config)
+
+
+def leave(config) -> None:
+    """Undo :func:`enter` (where it was done in this context)."""
+    st = state(config)
+    if st._token is not None:
+        try:
+            _ACTIVE.reset(st._token)
+        except ValueError:  # pragma: no cover - unconfigured from another context
+            pass
+        st._token = None
 
 
 def suite_roots() -> list[Path]:
