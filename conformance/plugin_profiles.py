@@ -76,10 +76,13 @@ def profile_name(config) -> str:
 
 
 def alias_requested(config) -> None:
-    """``--hypothesis-profile ci`` (a short name of the suite's) where no such profile is
+    """``--hypothesis-profile inference_conformance.ci``: the suite's profiles are registered now.
+    ``--hypothesis-profile ci`` (a short name of the suite's) where no such profile is
     registered: register that name as the suite's profile, so that Hypothesis's own plugin,
     which loads it for the whole run, finds it (a name the project registered is left alone)."""
     chosen = config.getoption("hypothesis_profile", default=None)
+    if chosen and chosen.startswith(PREFIX):
+        register()           # Hypothesis's plugin loads it next: it must exist by then
     if chosen in PROFILES:
         from hypothesis import settings
 

@@ -54,3 +54,32 @@ def test_device_options_are_checked_without_state(option):
             resolve_device(option)
     else:
         assert resolve_device(option) in ("cpu", "cuda")
+
+
+@pytest.mark.parametrize("given, env, want", [
+    ("ci", {}, "inference_conformance.ci"), ("thorough", {}, "inference_conformance.thorough"),
+    ("theirs", {}, "theirs"), (None, {"HYPOTHESIS_PROFILE": "compat"}, "inference_conformance.compat"),
+    (None, {"CI": "true"}, "inference_conformance.ci"), (None, {"CI": ""}, "inference_conformance.dev")])
+def test_the_suites_profile_is_named_for_its_own_tests(monkeypatch, given, env, want):
+    import types
+
+    from inference_conformance.conformance.plugin_profiles import profile_name
+
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    config = types.SimpleNamespace(getoption=lambda name, default=None: given)
+    assert profile_name(config) == want
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")  # registered in a test
+def test_a_short_name_is_registered_only_where_the_project_has_none():
+    import types
+
+    from hypothesis import settings
+
+    from inference_conformance.conformance.plugin_profiles import alias_requested
+
+    settings.register_profile("compat", max_examples=123)          # the project's own "compat"
+    alias_requested(types.SimpleNamespace(getoption=lambda name, default=None: "compat"))
+    assert settings.get_profile("compat").max_examples == 123
