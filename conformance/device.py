@@ -1,15 +1,19 @@
-"""Device selection, done once per process before any Triton kernel is defined.
+"""Device selection, without state of its own.
 
 Without CUDA, Triton kernels run under Triton's interpreter, which is chosen when
 ``triton.jit`` decorates a function; so ``TRITON_INTERPRET=1`` must be set before any module
-that defines a kernel is imported. :func:`select_device` is called from the pytest plugin's
-``pytest_configure`` and from the report's entry point, never at import time.
+that defines a kernel is imported. :func:`resolve_device` only answers which device an option
+names; :func:`use_device` sets the interpreter up for it, and is called by the pytest plugin
+when the suite's own code is collected (never for a project's tests alone) and by the report's
+entry point, never at import time. The chosen device of a pytest run lives in that run's
+``config.stash`` (:mod:`inference_conformance.conformance.plugin_state`): :func:`current_device`
+reads it.
 """
 from __future__ import annotations
 
 import os
 
-_selected: str | None = None
+DEVICES = ("cpu", "cuda", "auto")
 
 
 def cuda_available() -> bool:
@@ -18,30 +22,50 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def select_device(requested: str | None = None) -> str:
-    """Resolve ``requested`` ("cpu", "cuda" or None for auto) and set up Triton accordingly.
+def resolve_device(requested: str | None = None) -> str:
+    """The device ``requested`` names: "cpu", "cuda", or for None/""/"auto" "cuda" when
+    ``torch.cuda.is_available()`` else "cpu". Sets nothing.
 
-    Returns "cpu" or "cuda". Raises ValueError for an unknown name or when "cuda" is requested
-    on a machine without CUDA.
-    """
-    global _selected
-    if requested not in (None, "", "auto", "cpu", "cuda"):
+    Raises ValueError for an unknown name (naming ``requested``) or when "cuda" is requested on a
+    machine without CUDA."""
+    if requested not in (None, "", *DEVICES):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {requested!r}")
     if requested in (None, "", "auto"):
-        device = "cuda" if cuda_available() else "cpu"
-    else:
-        device = requested
-        if device == "cuda" and not cuda_available():
-            raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
+        return "cuda" if cuda_available() else "cpu"
+    if requested == "cuda" and not cuda_available():
+        raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
+    return requested
+
+
+def use_device(device: str) -> str:
+    """Set Triton up for ``device`` ("cpu" or "cuda"): on "cpu", ``TRITON_INTERPRET=1`` unless
+    already set. Call before any kernel module is imported; returns ``device``. Raises ValueError
+    for another name."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    _selected = device
     return device
 
 
-def current_device() -> str:
-    """The device chosen by :func:`select_device` (auto-selecting if it was never called)."""
-    return _selected if _selected is not None else select_device(None)
+def select_device(requested: str | None = None) -> str:
+    """:func:`resolve_device` then :func:`use_device`: what a command of the suite's own (the
+    report, a smoke script) calls once, first. Returns "cpu" or "cuda"; raises ValueError as
+    :func:`resolve_device` does."""
+    return use_device(resolve_device(requested))
+
+
+def current_device(config=None) -> str:
+    """The device of the pytest run ``config`` (default: the run collecting or running the
+    current test, :func:`inference_conformance.conformance.plugin_state.active_config`); outside a
+    pytest run (a command of the suite's own), :func:`select_device` of None, which sets Triton
+    up for it. Returns "cpu" or "cuda"."""
+    from inference_conformance.conformance import plugin_state
+
+    config = config if config is not None else plugin_state.active_config()
+    if config is None:
+        return select_device(None)
+    return plugin_state.state(config).device
 
 
 def triton_interpreted() -> bool:

@@ -10,15 +10,17 @@ import pytest
 from inference_conformance.conformance import registry
 
 
-def list_impls(config, device: str) -> int:
-    """``--list-impls``: the registry and the ``--impl`` targets as a table; returns 0."""
+def list_impls(config, device: str, rows: list | None = None) -> int:
+    """``--list-impls``: the registry (``rows``, default ``registry.listing(device)``) and the
+    ``--impl`` targets as a table; returns 0."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table("technique", "name", "origin", f"on {device}", title="registered implementations")
-    for technique, name, origin, state in registry.listing(device):
+    for technique, name, origin, state in (registry.listing(device) if rows is None else rows):
         table.add_row(technique, name, origin, state)
-    for technique, targets in registry.parse_impl_option(config.getoption("impl")).items():
+    impls = config.getoption("impl")
+    for technique, targets in (registry.parse_impl_option(impls) if impls else {}).items():
         for _, target in targets:
             try:
                 registry.load_outside(technique, target)

@@ -43,54 +43,48 @@ Markers a property test uses:
   @pytest.mark.kills("no_max_subtract") the known-bad implementations the law must reject.
 
 Hypothesis profiles: ``ci`` (chosen when CI=true), ``compat`` (the oldest stack's CI run), ``dev``
-(default), ``thorough``; select with
-``--hypothesis-profile`` or HYPOTHESIS_PROFILE.
+(default), ``thorough``; select with ``--hypothesis-profile`` or HYPOTHESIS_PROFILE. They are
+registered as ``inference_conformance.<name>`` and apply to the suite's own tests only
+(:mod:`inference_conformance.conformance.plugin_profiles`).
+
+Inert elsewhere: installed, the plugin is loaded by every pytest run in the environment; for a
+test that is not the suite's (by its path: :func:`inference_conformance.conformance.plugin_state.is_suite_path`)
+it loads no Hypothesis profile, moves no example database, sets no environment variable and
+changes no option's default. ``TRITON_INTERPRET=1`` (on a machine without CUDA) is set when the
+suite's own code is collected, or at configure when the run is the suite's alone or uses its
+options (``--impl``, ``--results``, ``--expect``); ``bench_*.py`` of the suite's benchmarks are
+collected whatever the project's ``python_files``.
+
+The run's state lives in ``config.stash`` (:mod:`inference_conformance.conformance.plugin_state`);
+the hooks are split by job: collection (``plugin_collect``), results (``plugin_results``), the
+benchmarks' accessors (``plugin_bench``), ``--list-impls``'s cache (``plugin_list``).
 """
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 
-import hypothesis.configuration
 import pytest
-from hypothesis import HealthCheck, settings
 
-from inference_conformance.conformance import expectations, registry, results, runinfo, sharding, summary, verdicts
+from inference_conformance.conformance import expectations, plugin_profiles, registry, runinfo, sharding
 from inference_conformance.conformance import outside as outside_impls
-from inference_conformance.conformance.device import interpreter_hint, select_device
-from inference_conformance.conformance.outcomes import refusal_is_unsupported
+from inference_conformance.conformance.device import resolve_device, select_device
+from inference_conformance.conformance.plugin_bench import (bench_backends, bench_id, outside, outside_backends,
+                                                            outside_info, outside_refusals)
+from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, pytest_collect_file,
+                                                              pytest_collection_modifyitems, pytest_generate_tests,
+                                                              pytest_make_collect_report, ready)
+from inference_conformance.conformance.plugin_profiles import STORAGE_ENV, storage_dir
+from inference_conformance.conformance.plugin_results import (_RECORDER, _rows_for, pytest_handlecrashitem,
+                                                              pytest_runtest_makereport, pytest_runtest_protocol,
+                                                              pytest_sessionfinish, pytest_terminal_summary, recorder)
+from inference_conformance.conformance import plugin_results
+from inference_conformance.conformance.plugin_state import enter, is_suite_node, leave, state, suite_invocation
 
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-             HealthCheck.function_scoped_fixture]
-#: Where the suite keeps what Hypothesis and pytest-benchmark store between runs (environment
-#: variable INFERENCE_CONFORMANCE_DIR, default ~/.cache/inference-conformance), never in the
-#: project that runs it.
-STORAGE_ENV = "INFERENCE_CONFORMANCE_DIR"
-
-
-def storage_dir() -> str:
-    """The suite-owned folder for Hypothesis's example database and benchmark storage."""
-    base = os.environ.get(STORAGE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "inference-conformance")
-    return os.path.abspath(base)
-
-
-# Hypothesis's home (its example database, its caches) under the suite's own folder
-hypothesis.configuration.set_hypothesis_home_dir(os.path.join(storage_dir(), "hypothesis"))
-settings.register_profile("ci", max_examples=10, derandomize=True, deadline=None,
-                          suppress_health_check=_SUPPRESS, print_blob=True)
-settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SUPPRESS,
-                          print_blob=True)
-#: ``compat``: the oldest supported stack's run in CI (.ci/run), a compatibility check of the same
-#: kernels: every law's pinned boundary cases and 3 drawn examples (the newest stack draws ``ci``'s 10)
-settings.register_profile("compat", max_examples=3, derandomize=True, deadline=None,
-                          suppress_health_check=_SUPPRESS, print_blob=True)
-settings.register_profile("thorough", max_examples=500, deadline=None,
-                          suppress_health_check=_SUPPRESS, print_blob=True)
-
-_STATE: dict = {"rows": [], "outside": {}, "device": None, "expect": [], "expect_builtin": [], "run": None}
-#: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``).
-OUTSIDE_TIMEOUT_S = 300.0
+__all__ = ["bench_backends", "bench_id", "outside", "outside_backends", "outside_info", "outside_refusals",
+           "storage_dir", "STORAGE_ENV", "OUTSIDE_TIMEOUT_S", "_RECORDER", "_rows_for", "recorder",
+           "pytest_collect_file", "pytest_collection_modifyitems", "pytest_generate_tests",
+           "pytest_make_collect_report", "pytest_handlecrashitem", "pytest_runtest_makereport",
+           "pytest_runtest_protocol", "pytest_sessionfinish", "pytest_terminal_summary"]
 
 
 def pytest_addoption(parser):
@@ -123,238 +117,110 @@ def pytest_addoption(parser):
     sharding.add_option(group)
 
 
-def outside(technique: str) -> list:
-    """The outside implementations of ``technique`` given with ``--impl`` (loaded once, at
-    configure), in the order given; [] without ``--impl`` or outside a pytest run."""
-    return list(_STATE["outside"].get(technique, ()))
-
-
-def bench_id(index: int) -> str:
-    """The backend id of the ``index``-th (from 0) outside implementation of a technique in a
-    benchmark: ``impl``, ``impl2``, ``impl3``, ... (independent of the target string)."""
-    return "impl" if index == 0 else f"impl{index + 1}"
-
-
-def outside_backends(technique: str) -> dict:
-    """Backend id (:func:`bench_id`) -> outside implementation of ``technique``, in ``--impl`` order."""
-    return {bench_id(i): impl for i, impl in enumerate(outside(technique))}
-
-
-def outside_info(technique: str, backend: str) -> dict:
-    """The extra_info naming the target behind an outside benchmark row ``backend``
-    (``{"implementation": "module:attr"}``); {} for a built-in backend."""
-    impl = outside_backends(technique).get(backend)
-    return {"implementation": impl.target} if impl is not None else {}
-
-
-def outside_refusals(technique: str, backend: str):
-    """A context for a benchmark row's first calls (its in-test ``median_seconds``): for an
-    outside row, its implementation's ``NotImplementedError`` ends the test as "unsupported" (as
-    in the laws); a built-in's refusal stays an error. Never wrap the ``benchmark.pedantic`` loop
-    in it (no overhead per timed round)."""
-    impl = outside_backends(technique).get(backend)
-    return refusal_is_unsupported(impl.name) if impl is not None else nullcontext()
-
-
-def bench_backends(technique: str, builtin: tuple[str, ...] | list[str]) -> list:
-    """A benchmark's ``backend`` parameter values: the ``builtin`` names (ids unchanged), then
-    one ``impl``/``impl2``/... per outside implementation of ``technique``, each marked
-    ``outside_bench(technique)`` so that ``--impl`` keeps exactly these rows. Call it where the
-    benchmark module is collected (after configure): ``@pytest.mark.parametrize("backend",
-    bench_backends("attention", BACKENDS))``."""
-    return list(builtin) + [pytest.param(b, id=b, marks=pytest.mark.outside_bench(technique))
-                            for b in outside_backends(technique)]
-
-
-def _profile_name(config) -> str:
-    chosen = config.getoption("hypothesis_profile", default=None)
-    if chosen:
-        return chosen
-    if os.environ.get("HYPOTHESIS_PROFILE"):
-        return os.environ["HYPOTHESIS_PROFILE"]
-    return "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
-
 
 def pytest_cmdline_main(config):
-    """``--list-impls``: print the registry and exit, like ``--markers``."""
+    """``--list-impls``: print the registry and exit, like ``--markers``. The registry's listing
+    is cached (:mod:`inference_conformance.conformance.plugin_list`)."""
     if not config.getoption("list_impls", default=False):
         return None
-    return outside_impls.list_impls(config, select_device(config.getoption("device")))
+    from inference_conformance.conformance import plugin_list
 
-
-def pytest_configure(config):
-    for line in ("technique(name): the technique whose contract the test checks",
-                 "claim(*ids): claim ids of the ledger (CLAIMS.md) the test checks",
-                 "kills(*names): known-bad implementations the law must reject",
-                 "gpu: needs a CUDA device (skipped elsewhere)",
-                 "experiment(why): a slow experiment of the main job, run only with --experiments",
-                 "outside_bench(technique): a benchmark row timing an outside implementation (--impl)"):
-        config.addinivalue_line("markers", line)
-    settings.load_profile(_profile_name(config))
     try:
         device = select_device(config.getoption("device"))
     except ValueError as exc:
         raise pytest.UsageError(f"--device {config.getoption('device')}: {exc}") from exc
-    _STATE["device"] = device
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if device == "cpu" and worker.startswith("gw"):
-        # one xdist worker per core: torch's own thread pool per worker would oversubscribe the
-        # cores, and OpenMP spin-waits make tiny-tensor tests 10-100x slower.
-        import torch
+    rows, _ = plugin_list.listing(device)
+    return outside_impls.list_impls(config, device, rows)
 
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-    if device == "cuda" and worker.startswith("gw"):
-        import torch
 
-        torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())
+_MARKERS = ("technique(name): the technique whose contract the test checks",
+            "claim(*ids): claim ids of the ledger (CLAIMS.md) the test checks",
+            "kills(*names): known-bad implementations the law must reject",
+            "gpu: needs a CUDA device (skipped elsewhere)",
+            "experiment(why): a slow experiment of the main job, run only with --experiments",
+            "outside_bench(technique): a benchmark row timing an outside implementation (--impl)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    for line in _MARKERS:
+        config.addinivalue_line("markers", line)
+    plugin_profiles.alias_requested(config)
+    st = state(config)
+    enter(config)
+    st.profile = plugin_profiles.profile_name(config)
+    st.device_option, st.resolver = config.getoption("device"), resolve_device
+    if st.device_option not in (None, "", "auto"):
+        try:
+            st._device = resolve_device(st.device_option)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--device {st.device_option}: {exc}") from exc
     try:
-        outside = registry.parse_impl_option(config.getoption("impl"))
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from exc
-    loaded = {}
-    for technique, targets in outside.items():
-        impls = []
-        for name, target in targets:
-            try:
-                impls.append(registry.load_outside(technique, target))
-            except Exception as exc:  # noqa: BLE001 - any failure to import the user's code: one line
-                raise pytest.UsageError(outside_impls.load_error(technique, target, exc)) from exc
-        loaded[technique] = impls
-    _STATE["outside"] = loaded
-    try:
-        _STATE["expect"] = expectations.load(config.getoption("expect") or [])
-        _STATE["expect_builtin"] = expectations.load([expectations.BUILTIN]) if expectations.BUILTIN.is_dir() else []
-    except (ValueError, OSError) as exc:
-        raise pytest.UsageError(f"--expect: {exc}") from exc
-    try:
+        impls = config.getoption("impl")       # contracts import torch: only when asked for
+        targets = registry.parse_impl_option(impls) if impls else {}
         sharding.parse(config.getoption("shard"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
+    suite_run = suite_invocation(config)
+    if suite_run or targets or config.getoption("results", default=None) or config.getoption("expect"):
+        ready(config)          # before an --impl target (which may define kernels) is imported
+        _share_cores(st.device)
+    st.outside = {technique: [_load(technique, target) for _, target in pairs] for technique, pairs in targets.items()}
+    try:
+        st.expect = expectations.load(config.getoption("expect") or [])
+        st.expect_builtin = expectations.load([expectations.BUILTIN]) if expectations.BUILTIN.is_dir() else []
+    except (ValueError, OSError) as exc:
+        raise pytest.UsageError(f"--expect: {exc}") from exc
     config.pluginmanager.register(sharding, "inference_conformance.conformance.sharding")
-    _STATE["run"] = None
+    plugin_results.register(config)
     if config.getoption("results", default=None):
-        files = [e.source for e in _STATE["expect"] + _STATE["expect_builtin"]]
-        _STATE["run"] = runinfo.RunFolder(config.getoption("results"), device, config.getoption("shard"),
-                                          config.invocation_params.args, files)
-    if loaded:
+        files = [e.source for e in st.expect + st.expect_builtin]
+        st.run = runinfo.RunFolder(config.getoption("results"), st.device, config.getoption("shard"),
+                                   config.invocation_params.args, files)
+    if st.outside:
         outside_impls.isolate_crashes(config)
-    _suite_owned_storage(config)
+    if suite_run:
+        _suite_owned_storage(config)
+
+
+def pytest_unconfigure(config):
+    leave(config)
+
+
+def _load(technique: str, target: str):
+    try:
+        return registry.load_outside(technique, target)
+    except Exception as exc:  # noqa: BLE001 - any failure to import the user's code: one line
+        raise pytest.UsageError(outside_impls.load_error(technique, target, exc)) from exc
+
+
+def _share_cores(device: str) -> None:
+    """Under pytest-xdist: on CPU, torch's threads split between the workers (one thread pool per
+    worker would oversubscribe the cores, and OpenMP spin-waits make tiny-tensor tests 10-100x
+    slower); on CUDA, one GPU per worker in turn."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    import torch
+
+    if device == "cpu":
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    else:
+        torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())
 
 
 def _suite_owned_storage(config) -> None:
-    """pytest-benchmark's storage (for --benchmark-autosave / --benchmark-save) under
-    :func:`storage_dir` unless the user named one; Hypothesis's database is set in the profiles."""
-    root = storage_dir()
+    """A run of the suite alone: Hypothesis's home (its caches; the suite's profiles name their
+    own database) and pytest-benchmark's storage (for --benchmark-autosave / --benchmark-save)
+    under :func:`storage_dir`, the latter unless the user named one. A run that holds a project's
+    tests too leaves both where the project has them."""
+    import hypothesis.configuration
+
+    hypothesis.configuration.set_hypothesis_home_dir(os.path.join(storage_dir(), "hypothesis"))
     opt = config.option
     if getattr(opt, "benchmark_storage", None) in (None, "file://./.benchmarks"):
-        opt.benchmark_storage = "file://" + os.path.join(root, "benchmarks")
-
-
-def _technique(node) -> str | None:
-    m = node.get_closest_marker("technique")
-    return m.args[0] if m else None
-
-
-def pytest_generate_tests(metafunc):
-    technique = _technique(metafunc.definition)
-    if technique is None:
-        return
-    if "impl" in metafunc.fixturenames:
-        outside = _STATE["outside"].get(technique)
-        impls = outside if outside else registry.builtins(technique, _STATE["device"])
-        # a benchmark's row of an outside implementation is named by its place, not its target
-        timed = bool(outside) and "benchmark" in metafunc.fixturenames
-        for i in impls:
-            if _STATE["run"] is not None:
-                _STATE["run"].saw(i)
-        params = [pytest.param(i, id=bench_id(n) if timed else i.name,
-                               marks=[pytest.mark.skip(reason=i.unavailable)] if i.unavailable else [])
-                  for n, i in enumerate(impls)]
-        metafunc.parametrize("impl", params)
-    if "bad_impl" in metafunc.fixturenames:
-        kills = metafunc.definition.get_closest_marker("kills")
-        names = list(kills.args) if kills else []
-        zoo = {i.name: i for i in registry.zoo(technique)}
-        unknown = [n for n in names if n not in zoo]
-        if unknown:
-            raise pytest.UsageError(f"{metafunc.definition.nodeid}: kills unknown zoo entries {unknown}")
-        metafunc.parametrize("bad_impl", [pytest.param(zoo[n], id=f"zoo-{n}") for n in names])
-
-
-def _is_outside(impl) -> bool:
-    return impl is not None and bool(getattr(impl, "outside", False))
-
-
-def _outside_bench(item) -> str | None:
-    m = item.get_closest_marker("outside_bench")
-    return m.args[0] if m else None
-
-
-def _bench_function(item) -> tuple[str, str] | None:
-    """(module, function) of a benchmark test (one taking the ``benchmark`` fixture), else None."""
-    return None if "benchmark" not in getattr(item, "fixturenames", ()) else (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
-
-
-def pytest_collection_modifyitems(config, items):
-    timeout = config.getoption("impl_timeout", default=OUTSIDE_TIMEOUT_S)
-    if timeout and config.pluginmanager.hasplugin("timeout"):
-        for item in items:
-            if (_is_outside(_param(item, "impl")) or _outside_bench(item)) \
-                    and item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(timeout))
-    if _expecting():
-        strict = not config.getoption("allow_unexpected_pass", default=False)
-        for item in items:
-            entry = _expected(item)
-            if entry is not None and entry.expected == "fail":
-                item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
-    if config.getoption("zoo_only", default=False):
-        keep = [i for i in items if "bad_impl" in getattr(i, "fixturenames", ())]
-        drop = [i for i in items if "bad_impl" not in getattr(i, "fixturenames", ())]
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-            items[:] = keep
-    techniques = set(_STATE["outside"])
-    if not techniques:
-        return
-    # a benchmark with an outside row keeps its built-in rows beside it, in one pinned run
-    beside = set() if config.getoption("outside_bench_only", default=False) else \
-        {_bench_function(i) for i in items if _outside_bench(i) in techniques}
-    keep, drop = [], []
-    for item in items:
-        t = _technique(item)
-        uses_zoo = "bad_impl" in getattr(item, "fixturenames", ())
-        (keep if (t in techniques and not uses_zoo) or _outside_bench(item) in techniques
-         or _bench_function(item) in beside else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
-_EXPECTED = pytest.StashKey[object]()
-
-
-def _expected(item):
-    """The :class:`inference_conformance.conformance.expectations.Entry` for ``item`` (its ``impl``'s file lists it), or None."""
-    if _EXPECTED in item.stash:
-        return item.stash[_EXPECTED]
-    impl = _param(item, "impl")
-    entry = None
-    if impl is not None and _expecting():
-        dtype = _param(item, "dtype")
-        how = dict(law=getattr(item, "originalname", ""), technique=impl.technique,
-                   dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
-                   impl_target=getattr(impl, "target", "") or "")
-        entry = expectations.lookup(_STATE["expect"], impl.name, item.name, **how)
-        if entry is None and impl.origin == "builtin":   # the suite's own files: its built-ins only
-            entry = expectations.lookup(_STATE["expect_builtin"], impl.name, item.name, **how)
-    item.stash[_EXPECTED] = entry
-    return entry
-
-
-def _expecting() -> bool:
-    return bool(_STATE["expect"] or _STATE["expect_builtin"])
+        opt.benchmark_storage = "file://" + os.path.join(storage_dir(), "benchmarks")
 
 
 @pytest.fixture
@@ -370,149 +236,18 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def device() -> str:
+def device(request) -> str:
     """The device tensors are created on: "cpu" or "cuda" (``--device``)."""
-    return _STATE["device"]
-
-
-_RECORDER = pytest.StashKey[results.Recorder]()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Each test item gets its own :class:`inference_conformance.conformance.results.Recorder`, active from its setup
-    to its teardown; its rows are built from it (no state is shared between tests)."""
-    rec = item.stash.setdefault(_RECORDER, results.Recorder())
-    with results.recording(rec):
-        return (yield)
-
-
-@pytest.fixture
-def recorder(request) -> results.Recorder:
-    """The running test's recorder (what its result rows are built from)."""
-    return request.node.stash.setdefault(_RECORDER, results.Recorder())
+    return state(request.config).device
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    if not is_suite_node(item):
+        return
     exp = item.get_closest_marker("experiment")
     if exp is not None and not item.config.getoption("experiments", default=False):
         pytest.skip(f"{exp.args[0] if exp.args else 'an experiment'}: run by python -m inference_conformance.reports "
                     "(pytest --experiments)")
-    if item.get_closest_marker("gpu") and _STATE["device"] != "cuda":
+    if item.get_closest_marker("gpu") and state(item.config).device != "cuda":
         pytest.skip("needs a CUDA device")
-
-
-def _param(item, name):
-    cs = getattr(item, "callspec", None)
-    return cs.params.get(name) if cs is not None else None
-
-
-def _rows_for(item, outcome: str, message: str) -> list[results.Row]:
-    claims = item.get_closest_marker("claim")
-    claim_ids = list(claims.args) if claims else []
-    impl = _param(item, "impl")
-    bad = _param(item, "bad_impl")
-    dtype = _param(item, "dtype")
-    base = dict(check=item.nodeid, technique=_technique(item) or "",
-                implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
-                dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
-                device=_STATE["device"] or "", verdict=outcome, message=message[:2000])
-    cur = item.stash.get(_RECORDER, None) or results.Recorder()
-    rows = []
-    w = cur.worst
-    for fig in cur.figures:
-        rows.append(results.Row(claim=fig["claim"], measured=fig["measured"], lecture=fig["lecture"],
-                                bound=fig["bound"], unit=fig["unit"], rule=fig["rule"],
-                                extra=fig["extra"], examples=cur.count, **base))
-    if cur.figures and w is not None and not w.ok and outcome in ("fail", "error"):
-        # the test failed on a comparison, not on its figures: that comparison is its own row, so
-        # that the summary and the report show the error that failed, not a figure that held
-        rows.append(results.Row(claim=claim_ids[0] if claim_ids else cur.figures[0]["claim"],
-                                measured=w.error, bound=w.bound, rule=w.rule, unit="max abs error",
-                                examples=cur.count, **base))
-    if not cur.figures:
-        for cid in claim_ids or [""]:
-            row = results.Row(claim=cid, examples=cur.count, **base)
-            if bad is not None and cur.text:
-                row.measured, row.unit = cur.text, "rejection"
-            elif w is not None and outcome in ("pass", "partial", "fail"):
-                row.measured, row.bound, row.rule = w.error, w.bound, w.rule
-                row.unit = "max abs error"
-            rows.append(row)
-    return rows
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        entry = _expected(item) if _expecting() else None
-        rec = item.stash.get(_RECORDER, None)
-        outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
-                                            item.config.getoption("allow_unexpected_pass", default=False))
-        hint = interpreter_hint(str(report.longrepr)) if report.failed else None
-        if hint:
-            report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
-            message = f"{message}\nhint: {hint}"
-        rows = _rows_for(item, outcome, message)
-        crash = getattr(report.longrepr, "reprcrash", None)
-        if report.failed and crash is not None and "\n" in crash.message:
-            # the row keeps the whole message (a law's case, comparison, implementation and
-            # diagnosis); the terminal's summary line (-ra, not cut under CI) shows its first line
-            crash.message = crash.message.split("\n", 1)[0]
-        _STATE["rows"].extend(rows)
-        _write(item.config, rows)
-        report.user_properties.append(("conformance_rows", len(rows)))
-        report.user_properties.append(("conformance_verdicts", [
-            (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict,
-             _number(r.measured), _number(r.bound))
-            for r in rows if r.technique]))
-    return report
-
-
-def pytest_runtest_logreport(report):
-    """Collect the verdicts for the terminal summary; with pytest-xdist this runs in the
-    controller too, from the workers' reports (their rows stay in the workers)."""
-    for name, value in getattr(report, "user_properties", ()):
-        if name == "conformance_verdicts":
-            _STATE.setdefault("verdicts", []).extend(tuple(v) for v in value)
-
-
-def _rows_path(config) -> str | None:
-    out = config.getoption("results", default=None)
-    if not out:
-        return None
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    return os.path.join(out, f"rows-{worker}-{os.getpid()}.jsonl")
-
-
-def _write(config, rows) -> None:
-    path = _rows_path(config)
-    if path and rows:
-        results.write_rows(rows, path)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem, report, sched):
-    """pytest-xdist: a worker died running ``crashitem`` (a segfault in a kernel, say): record
-    an error row for it; xdist fails that test and restarts the worker, the run goes on."""
-    config = getattr(sched, "config", None)
-    row = results.Row(claim="", check=crashitem, device=_STATE["device"] or "", verdict="error",
-                      message="worker crashed while running this test (segfault or hard exit in the implementation)")
-    _STATE["rows"].append(row)
-    if config is not None:
-        _write(config, [row])
-
-
-def _number(x):
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _STATE["run"] is not None:
-        _STATE["run"].finish(exitstatus)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    summary.write(terminalreporter, _STATE.get("verdicts", []))

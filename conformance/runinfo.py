@@ -19,6 +19,7 @@ folder that holds an earlier one (its ``run.json``) first removes that run's fil
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 from importlib import metadata
@@ -51,19 +52,19 @@ def _version(dist: str) -> str | None:
     return None
 
 
-_DISTS: dict | None = None
+@functools.lru_cache(maxsize=1)
+def _packages_distributions() -> dict:
+    """Top-level module -> distributions (read once per process: it lists every installed one)."""
+    try:
+        return metadata.packages_distributions()
+    except Exception:  # noqa: BLE001 - broken metadata must not stop a run
+        return {}
 
 
 def _distribution_of(target: str) -> str | None:
     """The installed distribution that provides an outside target's top-level module, if any."""
-    global _DISTS
-    if _DISTS is None:
-        try:
-            _DISTS = metadata.packages_distributions()
-        except Exception:  # noqa: BLE001 - broken metadata must not stop a run
-            _DISTS = {}
     top = target.split(":", 1)[0].split(".", 1)[0]             # "pkg.mod:attr" or a module name
-    names = _DISTS.get(top) or []
+    names = _packages_distributions().get(top) or []
     return names[0] if names else None
 
 

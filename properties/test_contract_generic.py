@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from inference_conformance.conformance import plugin, registry
+from inference_conformance.conformance import registry
+from inference_conformance.conformance.plugin_state import state
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.properties.generic_cases import (
     Refused,
@@ -58,10 +59,10 @@ def _contracts_with_cases() -> list[str]:
     return sorted(t for t, c in registry.contracts().items() if c.cases)
 
 
-def _impls(technique: str, device: str) -> list:
+def _impls(config, technique: str, device: str) -> list:
     """The ``--impl`` implementations of ``technique``, else the registry's, each with its marks
     (the technique, so ``--impl`` keeps it; a skip with the reason where it is unavailable)."""
-    outside = plugin._STATE["outside"].get(technique)
+    outside = state(config).outside.get(technique)
     out = []
     for i in outside if outside else registry.builtins(technique, device):
         marks = [pytest.mark.technique(technique)]
@@ -85,17 +86,17 @@ def _invalid_calls(technique: str, device: str) -> list:
 def pytest_generate_tests(metafunc):
     if "impl" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("technique"):
         return
-    device = plugin._STATE.get("device") or "cpu"
+    device = state(metafunc.config).device
     if "call" in metafunc.fixturenames:
         params = [pytest.param(i, call, id=f"{t}-{i.name}-{call.what}", marks=marks)
                   for t in sorted(registry.contracts())
-                  for call in _invalid_calls(t, device) for i, marks in _impls(t, device)]
+                  for call in _invalid_calls(t, device) for i, marks in _impls(metafunc.config, t, device)]
         if not params:
             params = [pytest.param(None, None, id="none", marks=pytest.mark.skip(reason="no contract sets `invalid`"))]
         metafunc.parametrize("impl,call", params)
         return
     params = [pytest.param(i, id=f"{t}-{i.name}", marks=marks)
-              for t in _contracts_with_cases() for i, marks in _impls(t, device)]
+              for t in _contracts_with_cases() for i, marks in _impls(metafunc.config, t, device)]
     if not params:
         params = [pytest.param(None, id="none", marks=pytest.mark.skip(reason="no contract sets `cases` yet"))]
     metafunc.parametrize("impl", params)

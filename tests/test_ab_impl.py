@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -191,22 +192,26 @@ def test_plugin_outside_rows_and_their_refusals(monkeypatch):
     refusal of an outside row (only) made "unsupported"."""
     from inference_conformance.conformance import plugin, registry
     from inference_conformance.conformance.outcomes import Unsupported
+    from inference_conformance.conformance.plugin_state import activated, state
 
     target = "inference_conformance.reference.attention:attention"
-    monkeypatch.setitem(plugin._STATE, "outside", {"attention": [registry.load_outside("attention", target)] * 2})
-    params = plugin.bench_backends("attention", ("naive", "torch"))
+    config = types.SimpleNamespace(stash=pytest.Stash())       # a run's config: only its stash is read
+    state(config).outside = {"attention": [registry.load_outside("attention", target)] * 2}
+    assert plugin.bench_backends("attention", ("naive", "torch")) == ["naive", "torch"]  # no run active
+    with activated(config):
+        params = plugin.bench_backends("attention", ("naive", "torch"))
     assert params[:2] == ["naive", "torch"]
     assert [(p.id, p.values, [m.args for m in p.marks]) for p in params[2:]] == [
         ("impl", ("impl",), [("attention",)]), ("impl2", ("impl2",), [("attention",)])]
-    assert plugin.bench_backends("quantization", ("torch",)) == ["torch"]
-    assert plugin.outside_info("attention", "impl2") == {"implementation": target}
-    assert plugin.outside_info("attention", "torch") == {}
+    assert plugin.bench_backends("quantization", ("torch",), config) == ["torch"]
+    assert plugin.outside_info("attention", "impl2", config) == {"implementation": target}
+    assert plugin.outside_info("attention", "torch", config) == {}
     with pytest.raises(Unsupported, match=f"unsupported: {target} refused: no float32"):
-        with plugin.outside_refusals("attention", "impl"):
+        with plugin.outside_refusals("attention", "impl", config):
             raise NotImplementedError("no float32")
     with pytest.raises(NotImplementedError):  # a built-in's refusal stays an error
-        with plugin.outside_refusals("attention", "torch"):
+        with plugin.outside_refusals("attention", "torch", config):
             raise NotImplementedError("no float32")
     with pytest.raises(ValueError):  # anything else is not a refusal
-        with plugin.outside_refusals("attention", "impl"):
+        with plugin.outside_refusals("attention", "impl", config):
             raise ValueError("bad q")

@@ -42,7 +42,7 @@ def project(tmp_path_factory):
 def _pytest(project: Path, *args: str, timeout: int = 240, laws: str = "inference_conformance.properties") -> subprocess.CompletedProcess:
     """pytest --pyargs ``laws`` (the package, or one law module where the whole package's
     collection would only be deselected) from ``project``."""
-    env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(project), str(EXAMPLES)]))
+    env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT), str(project), str(EXAMPLES)]))
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     cmd = [sys.executable, "-m", "pytest", "--pyargs", laws, "-p", "no:cacheprovider", "-q",

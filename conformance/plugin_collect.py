@@ -1,0 +1,180 @@
+"""Collection hooks of the suite's pytest plugin: ``bench_*.py`` of the suite's benchmarks
+collected whatever the project's ``python_files``, the suite's profile and device around its
+own modules only, the registry's parametrization and the selection ``--impl``, ``--zoo-only``
+and ``--expect`` make."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from _pytest.python import path_matches_patterns
+
+from inference_conformance.conformance import expectations, registry, verdicts
+from inference_conformance.conformance.plugin_bench import bench_id
+from inference_conformance.conformance.plugin_profiles import applied
+from inference_conformance.conformance.plugin_state import activated, is_suite_node, is_suite_path, state
+
+#: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``).
+OUTSIDE_TIMEOUT_S = 300.0
+
+
+def ready(config) -> None:
+    """The suite's code is about to run in this process: set Triton up for the run's device
+    (``TRITON_INTERPRET=1`` without CUDA), once, before any kernel module is imported."""
+    st = state(config)
+    if not st.interpreter_ready:
+        from inference_conformance.conformance.device import use_device
+
+        use_device(st.device)
+        st.interpreter_ready = True
+
+
+@contextlib.contextmanager
+def suite_context(node):
+    """Around collecting or running ``node``: the run's config is the active one, and for a node
+    of the suite, its device is set up and its Hypothesis profile is the default."""
+    config = node.config
+    with activated(config):
+        if not is_suite_node(node):
+            yield
+            return
+        ready(config)
+        with applied(state(config).profile):
+            yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    with suite_context(collector):
+        return (yield)
+
+
+def _benchmarks_folders() -> list[Path]:
+    import inference_conformance
+
+    return [Path(b, "benchmarks").resolve() for b in inference_conformance.__path__ if Path(b, "benchmarks").is_dir()]
+
+
+def pytest_collect_file(file_path: Path, parent):
+    """``bench_*.py`` in the suite's ``benchmarks`` folder are test modules even where the
+    project's ``python_files`` does not say so (``pytest --pyargs inference_conformance.benchmarks``
+    from any project); where it does, pytest collects them already."""
+    if not path_matches_patterns(file_path, ["bench_*.py"]) \
+            or path_matches_patterns(file_path, parent.config.getini("python_files")):
+        return None
+    if not is_suite_path(file_path.parent, _benchmarks_folders()):
+        return None
+    return parent.ihook.pytest_pycollect_makemodule(module_path=file_path, parent=parent)
+
+
+def technique_of(node) -> str | None:
+    m = node.get_closest_marker("technique")
+    return m.args[0] if m else None
+
+
+def pytest_generate_tests(metafunc):
+    technique = technique_of(metafunc.definition)
+    if technique is None:
+        return
+    st = state(metafunc.config)
+    if "impl" in metafunc.fixturenames:
+        outside = st.outside.get(technique)
+        impls = outside if outside else registry.builtins(technique, st.device)
+        # a benchmark's row of an outside implementation is named by its place, not its target
+        timed = bool(outside) and "benchmark" in metafunc.fixturenames
+        for i in impls:
+            if st.run is not None:
+                st.run.saw(i)
+        params = [pytest.param(i, id=bench_id(n) if timed else i.name,
+                               marks=[pytest.mark.skip(reason=i.unavailable)] if i.unavailable else [])
+                  for n, i in enumerate(impls)]
+        metafunc.parametrize("impl", params)
+    if "bad_impl" in metafunc.fixturenames:
+        kills = metafunc.definition.get_closest_marker("kills")
+        names = list(kills.args) if kills else []
+        zoo = {i.name: i for i in registry.zoo(technique)}
+        unknown = [n for n in names if n not in zoo]
+        if unknown:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: kills unknown zoo entries {unknown}")
+        metafunc.parametrize("bad_impl", [pytest.param(zoo[n], id=f"zoo-{n}") for n in names])
+
+
+def param(item, name):
+    """The value of parameter ``name`` of ``item`` (None when it has none)."""
+    cs = getattr(item, "callspec", None)
+    return cs.params.get(name) if cs is not None else None
+
+
+def _is_outside(impl) -> bool:
+    return impl is not None and bool(getattr(impl, "outside", False))
+
+
+def _outside_bench(item) -> str | None:
+    m = item.get_closest_marker("outside_bench")
+    return m.args[0] if m else None
+
+
+def _bench_function(item) -> tuple[str, str] | None:
+    """(module, function) of a benchmark test (one taking the ``benchmark`` fixture), else None."""
+    if "benchmark" not in getattr(item, "fixturenames", ()):
+        return None
+    return item.nodeid.split("::")[0], getattr(item, "originalname", item.name)
+
+
+def _deselect(config, items, keep) -> None:
+    drop = [i for i in items if i not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i in keep]
+
+
+def pytest_collection_modifyitems(config, items):
+    st = state(config)
+    timeout = config.getoption("impl_timeout", default=OUTSIDE_TIMEOUT_S)
+    if timeout and config.pluginmanager.hasplugin("timeout"):
+        for item in items:
+            if (_is_outside(param(item, "impl")) or _outside_bench(item)) \
+                    and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(timeout))
+    if st.expecting():
+        strict = not config.getoption("allow_unexpected_pass", default=False)
+        for item in items:
+            entry = expected(item)
+            if entry is not None and entry.expected == "fail":
+                item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
+    if config.getoption("zoo_only", default=False):
+        _deselect(config, items, {i for i in items if "bad_impl" in getattr(i, "fixturenames", ())})
+    techniques = set(st.outside)
+    if not techniques:
+        return
+    # a benchmark with an outside row keeps its built-in rows beside it, in one pinned run
+    beside = set() if config.getoption("outside_bench_only", default=False) else \
+        {_bench_function(i) for i in items if _outside_bench(i) in techniques}
+    keep = {item for item in items
+            if (technique_of(item) in techniques and "bad_impl" not in getattr(item, "fixturenames", ()))
+            or _outside_bench(item) in techniques or _bench_function(item) in beside}
+    _deselect(config, items, keep)
+
+
+_EXPECTED = pytest.StashKey[object]()
+
+
+def expected(item):
+    """The :class:`inference_conformance.conformance.expectations.Entry` for ``item`` (its
+    ``impl``'s file lists it), or None."""
+    if _EXPECTED in item.stash:
+        return item.stash[_EXPECTED]
+    st = state(item.config)
+    impl = param(item, "impl")
+    entry = None
+    if impl is not None and st.expecting():
+        dtype = param(item, "dtype")
+        how = dict(law=getattr(item, "originalname", ""), technique=impl.technique,
+                   dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
+                   impl_target=getattr(impl, "target", "") or "")
+        entry = expectations.lookup(st.expect, impl.name, item.name, **how)
+        if entry is None and impl.origin == "builtin":   # the suite's own files: its built-ins only
+            entry = expectations.lookup(st.expect_builtin, impl.name, item.name, **how)
+    item.stash[_EXPECTED] = entry
+    return entry

@@ -1,0 +1,169 @@
+"""Result hooks of the suite's pytest plugin: each test's recorder, its result rows (written to
+``--results``), the verdicts of the terminal summary and the run folder's closing record. All
+of it is kept per test (``item.stash``) or per run (``config.stash``)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from inference_conformance.conformance import results, summary, verdicts
+from inference_conformance.conformance.device import interpreter_hint
+from inference_conformance.conformance.plugin_collect import expected, param, suite_context, technique_of
+from inference_conformance.conformance.plugin_state import is_suite_node, state
+
+_RECORDER = pytest.StashKey[results.Recorder]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test item gets its own :class:`inference_conformance.conformance.results.Recorder`,
+    active from its setup to its teardown; its rows are built from it (no state is shared between
+    tests). A test of the suite runs under the suite's profile and device."""
+    rec = item.stash.setdefault(_RECORDER, results.Recorder())
+    with suite_context(item), results.recording(rec):
+        return (yield)
+
+
+@pytest.fixture
+def recorder(request) -> results.Recorder:
+    """The running test's recorder (what its result rows are built from)."""
+    return request.node.stash.setdefault(_RECORDER, results.Recorder())
+
+
+def _rows_for(item, outcome: str, message: str, device: str | None = None) -> list[results.Row]:
+    """The result rows of ``item`` ended with ``outcome`` and ``message``; ``device`` defaults to
+    the run's (item.config), "" without one."""
+    if device is None:
+        config = getattr(item, "config", None)
+        device = state(config).device if config is not None else ""
+    claims = item.get_closest_marker("claim")
+    claim_ids = list(claims.args) if claims else []
+    impl = param(item, "impl")
+    bad = param(item, "bad_impl")
+    dtype = param(item, "dtype")
+    base = dict(check=item.nodeid, technique=technique_of(item) or "",
+                implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
+                dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
+                device=device, verdict=outcome, message=message[:2000])
+    cur = item.stash.get(_RECORDER, None) or results.Recorder()
+    rows = []
+    w = cur.worst
+    for fig in cur.figures:
+        rows.append(results.Row(claim=fig["claim"], measured=fig["measured"], lecture=fig["lecture"],
+                                bound=fig["bound"], unit=fig["unit"], rule=fig["rule"],
+                                extra=fig["extra"], examples=cur.count, **base))
+    if cur.figures and w is not None and not w.ok and outcome in ("fail", "error"):
+        # the test failed on a comparison, not on its figures: that comparison is its own row, so
+        # that the summary and the report show the error that failed, not a figure that held
+        rows.append(results.Row(claim=claim_ids[0] if claim_ids else cur.figures[0]["claim"],
+                                measured=w.error, bound=w.bound, rule=w.rule, unit="max abs error",
+                                examples=cur.count, **base))
+    if not cur.figures:
+        for cid in claim_ids or [""]:
+            row = results.Row(claim=cid, examples=cur.count, **base)
+            if bad is not None and cur.text:
+                row.measured, row.unit = cur.text, "rejection"
+            elif w is not None and outcome in ("pass", "partial", "fail"):
+                row.measured, row.bound, row.rule = w.error, w.bound, w.rule
+                row.unit = "max abs error"
+            rows.append(row)
+    return rows
+
+
+def _number(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if not ((report.when == "call" or (report.when == "setup" and report.outcome != "passed"))
+            and _counts(item)):
+        return report
+    st = state(item.config)
+    entry = expected(item) if st.expecting() else None
+    rec = item.stash.get(_RECORDER, None)
+    outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
+                                        item.config.getoption("allow_unexpected_pass", default=False))
+    hint = interpreter_hint(str(report.longrepr)) if report.failed else None
+    if hint:
+        report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
+        message = f"{message}\nhint: {hint}"
+    rows = _rows_for(item, outcome, message, st.device)
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if report.failed and crash is not None and "\n" in crash.message:
+        # the row keeps the whole message (a law's case, diagnosis, comparison and
+        # implementation); the terminal's summary line (-ra, not cut under CI) shows its first line
+        crash.message = crash.message.split("\n", 1)[0]
+    _write(item.config, rows)
+    report.user_properties.append(("conformance_rows", len(rows)))
+    report.user_properties.append(("conformance_verdicts", [
+        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict,
+         _number(r.measured), _number(r.bound))
+        for r in rows if r.technique]))
+    return report
+
+
+def _counts(item) -> bool:
+    """Whether ``item`` makes result rows: a test of the suite, one that says what it checks (a
+    ``technique`` or ``claim`` marker), or any test of a run that asked for rows (``--results``)."""
+    return (is_suite_node(item) or technique_of(item) is not None or item.get_closest_marker("claim") is not None
+            or bool(item.config.getoption("results", default=None)))
+
+
+class VerdictCollector:
+    """Collects the verdicts of one run's reports for its terminal summary (registered per run by
+    :func:`register`); with pytest-xdist it runs in the controller too, from the workers' reports
+    (their rows stay in the workers)."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "conformance_verdicts":
+                state(self.config).verdicts.extend(tuple(v) for v in value)
+
+
+def register(config) -> None:
+    """Register the run's :class:`VerdictCollector` (once per config)."""
+    name = f"inference_conformance-verdicts-{id(config)}"
+    if config.pluginmanager.get_plugin(name) is None:
+        config.pluginmanager.register(VerdictCollector(config), name)
+
+
+def _rows_path(config) -> str | None:
+    out = config.getoption("results", default=None)
+    if not out:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return os.path.join(out, f"rows-{worker}-{os.getpid()}.jsonl")
+
+
+def _write(config, rows) -> None:
+    path = _rows_path(config)
+    if path and rows:
+        results.write_rows(rows, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """pytest-xdist: a worker died running ``crashitem`` (a segfault in a kernel, say): record
+    an error row for it; xdist fails that test and restarts the worker, the run goes on."""
+    config = getattr(sched, "config", None)
+    device = state(config).device if config is not None else ""
+    row = results.Row(claim="", check=crashitem, device=device, verdict="error",
+                      message="worker crashed while running this test (segfault or hard exit in the implementation)")
+    if config is not None:
+        _write(config, [row])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    run = state(session.config).run
+    if run is not None:
+        run.finish(exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    summary.write(terminalreporter, state(config).verdicts)
