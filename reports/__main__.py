@@ -105,7 +105,8 @@ class Job:
 
     def pytest(self, *targets: str) -> list[str]:
         """``python -m pytest`` collecting ``targets`` (checkout folders, or the installed packages'
-        names under ``--pyargs`` with the suite's own configuration file in the run folder)."""
+        names under ``--pyargs`` with the suite's own configuration file in the run folder, run
+        there: never the current project's configuration or conftest)."""
         cmd = [sys.executable, "-m", "pytest"]
         if not self.pyargs:
             return cmd + list(targets)
@@ -113,7 +114,8 @@ class Job:
         if not ini.exists():
             atomic.write_text(ini, INSTALLED_INI)
         self.cwd = self.run.folder
-        return cmd + ["-c", str(ini), f"--rootdir={self.run.folder}", "--pyargs", *targets]
+        # rootdir: the installed package, so that test ids read as from the checkout (properties/test_x.py::...)
+        return cmd + ["-c", str(ini), f"--rootdir={ROOT}", "--pyargs", *targets]
 
 
 def measure_ceilings(device: str, quick: bool = True) -> dict | None:
