@@ -1,0 +1,98 @@
+"""The wheel: one top-level name, everything the suite reads shipped inside it, and the one
+command working from it (``list``, a tiny report, ``merge`` in ledger order) in a folder that
+is not the checkout.
+
+The wheel is built from a copy of the checkout (``pip wheel --no-build-isolation``: the running
+environment's setuptools, no download) and installed with ``pip install --no-deps --target``,
+so it runs on this environment's torch and Triton with nothing but the wheel's files for the suite.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from inference_conformance.reports import publish
+from tests.test_cli import command, imported, ledger_order_holds, ledger_ordered_run
+
+ROOT = Path(__file__).resolve().parent.parent
+#: what a build must not copy from the checkout (environments, outputs, caches, history)
+SKIP = shutil.ignore_patterns(".git", ".venv*", ".tox", "build", "*.egg-info", "__pycache__", publish.OUT_NAME, "out",
+                              "history", ".hypothesis", ".benchmarks")
+#: files the suite reads at run time, which the wheel must hold
+SHIPPED = ("inference_conformance/CLAIMS.md", "inference_conformance/reports/templates/index.html.j2",
+           "inference_conformance/reports/templates/report.md.j2", "inference_conformance/reports/templates/matrix.html.j2",
+           "inference_conformance/reports/templates/matrix.md.j2", "inference_conformance/perf/calibration/gate_calibration.json",
+           "inference_conformance/smallworld/checkpoints/target.safetensors",
+           "inference_conformance/smallworld/checkpoints/draft_good.safetensors",
+           "inference_conformance/smallworld/checkpoints/heads/target_medusa2.safetensors",
+           "inference_conformance/cli.py", "inference_conformance/catalog.py", "inference_conformance/__main__.py")
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
+                                reason="building the wheel without a download needs setuptools in this environment")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, the folder it is installed into)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=SKIP, symlinks=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src)], check=True,
+                   timeout=300)
+    wheel = next((tmp / "dist").glob("inference_conformance-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(tmp / "site"), str(wheel)], check=True,
+                   timeout=300)
+    return wheel, tmp / "site"
+
+
+def test_the_wheel_has_one_top_level_name_and_ships_what_the_suite_reads(installed):
+    wheel, _ = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"inference_conformance"}, sorted(tops)
+    missing = [f for f in SHIPPED if f not in names]
+    assert not missing, missing
+    assert any(n.startswith("inference_conformance/expectations/") and n.endswith(".toml") for n in names)
+    claims = zipfile.ZipFile(wheel).read("inference_conformance/CLAIMS.md").decode()
+    assert claims == (ROOT / "CLAIMS.md").read_text(encoding="utf-8"), "the wheel's ledger is the checkout's"
+    entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "inference-conformance = inference_conformance.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_list_from_the_wheel_imports_no_torch(installed, tmp_path):
+    _, site = installed
+    done = command("list", flags=("-X", "importtime"), cwd=tmp_path, pythonpath=str(site))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch" not in imported(done.stderr)
+    assert "attention: attention; claims" in done.stdout and "QT-9 " in done.stdout, done.stdout[:2000]
+    where = subprocess.run([sys.executable, "-c", "import inference_conformance as p; print(p.__file__)"], cwd=tmp_path,
+                           env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert where.stdout.strip() == str(site / "inference_conformance" / "__init__.py"), where
+
+
+def test_a_report_and_a_merge_from_the_wheel_finish_in_the_current_folder(installed, tmp_path):
+    """The main job from the wheel collects the installed laws (--pyargs), reads the shipped ledger
+    and templates, and writes ./inference-conformance-out; merge keeps the ledger order."""
+    _, site = installed
+    done = command("run", "--no-bench", "--no-history", "-n", "0", "--select", "inference_conformance.properties.test_roofline",
+                   "--", "-k", "intensity", cwd=tmp_path, pythonpath=str(site))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / publish.OUT_NAME
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["summary"]["total"] >= 60 and doc["summary"]["checked"] >= 1, doc["summary"]
+    rows = [json.loads(line) for f in (out / "rows").glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    assert rows and all(r["check"].startswith("properties/test_roofline.py::") for r in rows), rows[:3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [publish.OUT_NAME]
+    assert not any(p.name == publish.OUT_NAME for p in site.rglob(publish.OUT_NAME))
+    run = ledger_ordered_run(tmp_path / "runs" / "one")
+    merged = command("merge", str(run), "--out", str(tmp_path / "matrix"), cwd=tmp_path, pythonpath=str(site))
+    assert merged.returncode == 0, merged.stderr
+    ledger_order_holds(tmp_path / "matrix" / "results.json")
