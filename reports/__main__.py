@@ -80,12 +80,17 @@ class Job:
         self.run: publish.Run | None = None
         self.children: list[subprocess.Popen] = []
         self.cwd: Path = ROOT
+        #: the folder the command was run in: the children (run elsewhere) import ``--impl`` targets from it
+        self.origin = Path.cwd()
         #: where the children collect: the checkout's folders, or the installed packages
         self.pyargs = not publish.CHECKOUT
 
     def child(self, cmd: list[str], point: str, env: dict | None = None) -> int:
         """Run one pytest child in its own process group; a child killed by a signal stops the run."""
         started = publish.now()
+        env = dict(os.environ if env is None else env)
+        paths = [str(self.origin / p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(self.origin)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # relative entries meant the command's folder
         proc = publish.spawn(cmd, cwd=self.cwd, env=env)
         self.children.append(proc)
         self.run.update(child_pgid=proc.pid)
