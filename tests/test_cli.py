@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,12 +112,16 @@ def test_merge_keeps_the_ledger_order(tmp_path):
 
 
 def test_outputs_land_in_the_suites_folder_under_the_current_one(tmp_path):
-    """A tiny report (one law module, no benchmarks) run from another folder writes there, into
-    ./inference-conformance-out only."""
-    done = command("run", "--no-bench", "--no-history", "-n", "0", "--select", "properties/test_roofline.py",
-                   "--", "-k", "intensity", cwd=tmp_path)
+    """A tiny report (one law module, no benchmarks) of an outside implementation in the current
+    folder (``run --impl``, imported from there though the children run elsewhere) writes there,
+    into ./inference-conformance-out only."""
+    shutil.copy(ROOT / "examples" / "my_attention.py", tmp_path)
+    done = command("run", "--no-bench", "--no-history", "-n", "0", "--impl", "attention=my_attention:attention",
+                   "--select", "properties/test_attention_nan.py", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = tmp_path / publish.OUT_NAME
-    assert sorted(p.name for p in tmp_path.iterdir()) == [publish.OUT_NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([publish.OUT_NAME, "my_attention.py"])
     assert publish.is_marked(out) and (out / "report.md").is_file() and (out / "results.json").is_file()
     assert f"in {out} " in done.stdout, done.stdout[-2000:]
+    rows = [json.loads(line) for f in (out / "rows").glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    assert rows and {r["implementation"] for r in rows} == {"my_attention:attention"}, rows[:3]
