@@ -96,3 +96,36 @@ def test_a_report_and_a_merge_from_the_wheel_finish_in_the_current_folder(instal
     merged = command("merge", str(run), "--out", str(tmp_path / "matrix"), cwd=tmp_path, pythonpath=str(site))
     assert merged.returncode == 0, merged.stderr
     ledger_order_holds(tmp_path / "matrix" / "results.json")
+
+
+#: run from the installed wheel: each shipped datum read where the suite reads it, and printed
+READ_DATA = """
+import json, torch
+from pathlib import Path
+import inference_conformance as pkg
+from inference_conformance.conformance import expectations
+from inference_conformance.reports import build, ledger, templating
+from inference_conformance.smallworld.checkpoints import load_model
+from inference_conformance.smallworld.heads import shipped_heads
+where = {"package": str(Path(pkg.__file__).parent), "claims": len(ledger.claims()),
+         "expectations": len(expectations.load([expectations.BUILTIN])),
+         "calibration": build.gate_calibration() is not None,
+         "template": templating.html_env().get_template("matrix.html.j2").filename,
+         "target": sum(p.numel() for p in load_model("target", torch.float32).parameters()),
+         "heads": sum(p.numel() for p in shipped_heads().layers.parameters())}
+print(json.dumps(where))
+"""
+
+
+def test_the_shipped_data_is_read_from_the_installed_package(installed, tmp_path):
+    """The ledger, the expectations, the gate's calibration, a template, the world's checkpoints
+    and the heads load from the wheel's files (nothing from the checkout is on the path)."""
+    _, site = installed
+    done = subprocess.run([sys.executable, "-c", READ_DATA], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["package"] == str(site / "inference_conformance"), got
+    assert got["claims"] >= 60 and got["expectations"] >= 10 and got["calibration"], got
+    assert got["template"].startswith(str(site / "inference_conformance" / "reports" / "templates")), got
+    assert got["target"] > 0 and got["heads"] > 0, got
