@@ -24,7 +24,7 @@ from inference_conformance.reports import docs, ledger, publish
 
 #: The suite's root (the checkout, or the installed package folder), where its layers' folders are.
 ROOT = publish.ROOT
-#: The registration helpers whose calls declare implementations, and the origin each gives.
+#: The registry functions whose calls declare implementations, and the origin each gives.
 _DECLARERS = {"builtin": "builtin", "known_bad": "zoo"}
 
 
