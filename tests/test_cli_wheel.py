@@ -129,3 +129,24 @@ def test_the_shipped_data_is_read_from_the_installed_package(installed, tmp_path
     assert got["claims"] >= 60 and got["expectations"] >= 10 and got["calibration"], got
     assert got["template"].startswith(str(site / "inference_conformance" / "reports" / "templates")), got
     assert got["target"] > 0 and got["heads"] > 0, got
+
+
+def _collected(args: list[str], cwd: Path, pythonpath: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin", "HOME": str(cwd)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return sorted(line for line in done.stdout.splitlines() if "::" in line)
+
+
+def test_the_benchmarks_collect_from_the_wheel_as_from_the_checkout(installed, tmp_path):
+    """Under the configuration ``run`` writes for an installed suite, ``--pyargs
+    inference_conformance.benchmarks`` collects every bench_*.py test the checkout has, by the same ids."""
+    from inference_conformance.reports.__main__ import INSTALLED_INI
+
+    _, site = installed
+    (tmp_path / "pytest.ini").write_text(INSTALLED_INI)
+    wheel = _collected(["-c", "pytest.ini", f"--rootdir={site / 'inference_conformance'}", "--pyargs",
+                        "inference_conformance.benchmarks"], tmp_path, str(site))
+    checkout = _collected(["benchmarks"], ROOT, str(ROOT))
+    assert len(checkout) > 50 and wheel == checkout, (len(wheel), len(checkout), sorted(set(wheel) ^ set(checkout))[:5])
