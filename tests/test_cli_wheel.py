@@ -35,7 +35,8 @@ SHIPPED = ("inference_conformance/CLAIMS.md", "inference_conformance/reports/tem
            "inference_conformance/cli.py", "inference_conformance/catalog.py", "inference_conformance/__main__.py")
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
-                                reason="building the wheel without a download needs setuptools in this environment")
+                                reason="building the wheel without a download needs setuptools in this environment "
+                                       "(the [test] extra installs it)")
 
 
 @pytest.fixture(scope="module")
