@@ -1,7 +1,12 @@
-"""``python -m inference_conformance.reports``: run the conformance properties and benchmarks, write reports/out/.
+"""``inference-conformance run``: run the conformance properties and benchmarks, write ./inference-conformance-out/.
 
-``python -m inference_conformance.reports merge RUN... [--out DIR]`` merges run folders into one conformance matrix
+``python -m inference_conformance.reports`` is the same command. ``inference-conformance merge RUN... [--out DIR]``
+(also ``python -m inference_conformance.reports merge``) merges run folders into one conformance matrix
 (:mod:`inference_conformance.reports.merge`); ``--merge RUN`` shows other runs beside this one's in its report.
+From a checkout (on ``PYTHONPATH`` or installed editable) the stages collect the checkout's
+``properties``, ``tests`` and ``benchmarks`` folders; from an installed wheel they collect the
+installed packages (``pytest --pyargs inference_conformance.properties``), in a pytest
+configuration of the suite's own (never the current project's).
 
 Steps (each prints its progress; a failing property never stops the report):
 
@@ -47,10 +52,16 @@ from inference_conformance.perf.records import merge_passes, records as read_rec
 from inference_conformance.perf.settings import bench_settings
 from inference_conformance.reports import build, merge, publish
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "reports" / "out"
+ROOT = publish.ROOT
 #: The suite's own tooling tests (browser, packaging) run in CI, not in the report.
-REPORT_IGNORES = ("tests/test_browser.py", "tests/test_plugin.py")
+REPORT_IGNORES = ("tests/test_browser.py", "tests/test_plugin.py", "tests/test_cli_wheel.py")
+#: The pytest configuration of an installed suite's children (a checkout uses its pyproject.toml).
+INSTALLED_INI = """[pytest]
+python_files = test_*.py bench_*.py
+addopts = -ra
+timeout = 900
+filterwarnings = ignore::DeprecationWarning:triton.*
+"""
 
 
 class Interrupted(Exception):
@@ -61,32 +72,55 @@ def _on_signal(signum, _frame):
     raise Interrupted(f"stopped by {signal.Signals(signum).name}", 128 + signum)
 
 
-class _Live:
-    """The run in progress and its live children (killed, group by group, when it stops)."""
-    run: publish.Run | None = None
-    children: list[subprocess.Popen] = []
+class Job:
+    """One invocation of the main job: its run folder's :class:`publish.Run` once started, and its
+    live pytest children (killed, group by group, when it stops). Owned by :func:`main`."""
 
+    def __init__(self) -> None:
+        self.run: publish.Run | None = None
+        self.children: list[subprocess.Popen] = []
+        self.cwd: Path = ROOT
+        #: the folder the command was run in: the children (run elsewhere) import ``--impl`` targets from it
+        self.origin = Path.cwd()
+        #: where the children collect: the checkout's folders, or the installed packages
+        self.pyargs = not publish.CHECKOUT
 
-def _child(cmd: list[str], point: str, env: dict | None = None) -> int:
-    """Run one pytest child in its own process group; a child killed by a signal stops the run."""
-    started = publish.now()
-    proc = publish.spawn(cmd, cwd=ROOT, env=env)
-    _Live.children.append(proc)
-    _Live.run.update(child_pgid=proc.pid)
-    atomic.kill_point(point)
-    rc = proc.wait()
-    _Live.children.remove(proc)
-    _Live.run.command(cmd, rc, started)
-    if rc < 0 or rc >= 128:
-        sig = -rc if rc < 0 else rc - 128
-        raise Interrupted(f"the {point} pytest process died of signal {sig}", 128 + sig)
-    return rc
+    def child(self, cmd: list[str], point: str, env: dict | None = None) -> int:
+        """Run one pytest child in its own process group; a child killed by a signal stops the run."""
+        started = publish.now()
+        env = dict(os.environ if env is None else env)
+        paths = [str(self.origin / p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(self.origin)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # relative entries meant the command's folder
+        proc = publish.spawn(cmd, cwd=self.cwd, env=env)
+        self.children.append(proc)
+        self.run.update(child_pgid=proc.pid)
+        atomic.kill_point(point)
+        rc = proc.wait()
+        self.children.remove(proc)
+        self.run.command(cmd, rc, started)
+        if rc < 0 or rc >= 128:
+            sig = -rc if rc < 0 else rc - 128
+            raise Interrupted(f"the {point} pytest process died of signal {sig}", 128 + sig)
+        return rc
 
+    def stage(self, i: int, n: int, text: str) -> None:
+        print(f"\n=== [{i}/{n}] {text}", flush=True)
+        if self.run is not None:
+            self.run.update(stage=text.split(":")[0])
 
-def _stage(i: int, n: int, text: str) -> None:
-    print(f"\n=== [{i}/{n}] {text}", flush=True)
-    if _Live.run is not None:
-        _Live.run.update(stage=text.split(":")[0])
+    def pytest(self, *targets: str) -> list[str]:
+        """``python -m pytest`` collecting ``targets`` (checkout folders, or the installed packages'
+        names under ``--pyargs`` with the suite's own configuration file in the run folder, run
+        there: never the current project's configuration or conftest)."""
+        cmd = [sys.executable, "-m", "pytest"]
+        if not self.pyargs:
+            return cmd + list(targets)
+        ini = self.run.folder / "pytest.ini"
+        if not ini.exists():
+            atomic.write_text(ini, INSTALLED_INI)
+        self.cwd = self.run.folder
+        # rootdir: the installed package, so that test ids read as from the checkout (properties/test_x.py::...)
+        return cmd + ["-c", str(ini), f"--rootdir={ROOT}", "--pyargs", *targets]
 
 
 def measure_ceilings(device: str, quick: bool = True) -> dict | None:
@@ -102,11 +136,15 @@ def measure_ceilings(device: str, quick: bool = True) -> dict | None:
         return None
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(DEFAULT_OUT),
-                    help="output folder: a new or empty one, or one an earlier run made (it carries the "
-                         f"{publish.MARKER} marker); any other folder is refused")
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0].replace("``", ""))
+    ap.add_argument("--out", default=None,
+                    help=f"output folder (default: ./{publish.OUT_NAME} under the current folder): a new or empty "
+                         f"one, or one an earlier run made (it carries the {publish.MARKER} marker); any other "
+                         "folder is refused")
+    ap.add_argument("--impl", action="append", default=[], metavar="TECHNIQUE=MODULE:ATTR",
+                    help="check this outside implementation (repeatable; pytest's --impl): only its technique's "
+                         "properties run, against it")
     ap.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"])
     ap.add_argument("--profile", default="ci", help="Hypothesis profile (ci, dev, thorough)")
     ap.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for the properties ('0': none, 'auto')")
@@ -117,14 +155,16 @@ def _parser() -> argparse.ArgumentParser:
                     help="skip the properties (keep the rows of the last complete run): benchmarks, ceilings, "
                          "history, report")
     ap.add_argument("--select", action="append", default=None, metavar="PATH",
-                    help="the properties stage runs these test paths (repeatable) instead of properties/ and tests/")
+                    help="the properties stage runs these test paths (repeatable) instead of properties/ and tests/ "
+                         "(from an installed suite: module names, e.g. inference_conformance.properties.test_roofline)")
     ap.add_argument("--bench-k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
     ap.add_argument("--no-history", action="store_true", help="do not append this run to history/")
     ap.add_argument("--bench-passes", type=int, default=1, metavar="M",
                     help="run the benchmarks in M separate processes and store the geometric mean of their "
                          "medians: each process has its own memory layout, so M > 1 narrows the run-to-run "
                          "spread the history gate sees (see README, 'Which mode in CI')")
-    ap.add_argument("--history", default=str(hist.HISTORY), help="history folder")
+    ap.add_argument("--history", default=None,
+                    help=f"history folder (default: the checkout's history/; installed: ./{publish.OUT_NAME}/history)")
     ap.add_argument("--bench-max-time", type=float, default=None,
                     help="pytest-benchmark --benchmark-max-time (default 0.2 s on cpu, 1 s on cuda)")
     ap.add_argument("--quick-ceilings", action="store_true", help="measure the device's ceilings on tiny sizes")
@@ -135,48 +175,54 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--merge", action="append", default=[], metavar="RUN",
                     help="show this run folder's rows (pytest --results DIR, another environment's or machine's, or "
                          "a folder of them) beside this run's in the conformance matrix (repeatable; see "
-                         "python -m inference_conformance.reports merge)")
+                         "inference-conformance merge)")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "inference-conformance run") -> int:
+    """The main job (see the module doc); ``argv`` without the program name. Returns the exit status."""
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["merge"]:
         return merge.main(given[1:])
-    ap = _parser()
-    args = ap.parse_args(argv)
+    ap = _parser(prog)
+    args = ap.parse_args(given)
     try:
         args.merge_runs = merge.load(args.merge)
     except merge.MergeError as exc:
-        print(f"python -m inference_conformance.reports: --merge: {exc}", file=sys.stderr)
+        print(f"{prog}: --merge: {exc}", file=sys.stderr)
         return 2
     if args.bench_passes < 1:
         ap.error("--bench-passes must be >= 1")
-    out = Path(args.out).expanduser()
+    args.pytest_args += [f"--impl={i}" for i in args.impl]
+    if args.history is None:
+        args.history = str(hist.HISTORY if publish.CHECKOUT else publish.default_out("history"))
+    default = publish.default_out()
+    out = (Path(args.out).expanduser() if args.out else default).resolve()
+    job = Job()
     try:
-        notes = publish.prepare_out(out, default=DEFAULT_OUT)
+        notes = publish.prepare_out(out, default=default)
         lock = publish.Lock(out).acquire()
     except publish.Refused as exc:
-        print(f"python -m inference_conformance.reports: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     for note in notes + [lock.note]:
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)
     handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        return _main(args, out, list(sys.argv[1:] if argv is None else argv))
+        return _main(args, out, given, job)
     except BaseException as exc:
-        for proc in list(_Live.children):
+        for proc in list(job.children):
             publish.kill_group(proc)
         refused = isinstance(exc, publish.Refused)
         reason = exc.args[0] if isinstance(exc, (Interrupted, publish.Refused)) else f"{type(exc).__name__}: {exc}"
         if refused:
-            print(f"python -m inference_conformance.reports: {reason}", file=sys.stderr)
-        if _Live.run is not None and _Live.run.manifest["status"] == "running":
-            _Live.run.finish("interrupted", reason=f"{reason} during stage {_Live.run.manifest['stage']!r}")
+            print(f"{prog}: {reason}", file=sys.stderr)
+        if job.run is not None and job.run.manifest["status"] == "running":
+            job.run.finish("interrupted", reason=f"{reason} during stage {job.run.manifest['stage']!r}")
             shown = publish.published(out)
-            print(f"python -m inference_conformance.reports: run {_Live.run.id} interrupted ({reason}); {out} still shows "
+            print(f"{prog}: run {job.run.id} interrupted ({reason}); {out} still shows "
                   f"{'run ' + shown if shown else 'no report'}", file=sys.stderr)
         if isinstance(exc, Interrupted):
             return exc.args[1]
@@ -186,11 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-        _Live.run, _Live.children = None, []
         lock.release()
 
 
-def _main(args, out: Path, argv: list[str]) -> int:
+def _main(args, out: Path, argv: list[str], job: Job) -> int:
     from inference_conformance.conformance.device import select_device
 
     device = select_device(args.device)
@@ -200,16 +245,16 @@ def _main(args, out: Path, argv: list[str]) -> int:
     if args.no_run and not complete:
         raise publish.Refused(f"{out} holds no complete run to render from"
                               + (f" (the newest, {earlier[0]['id']}, was {earlier[0]['status']})" if earlier else "")
-                              + ": run python -m inference_conformance.reports without --no-run")
+                              + ": run inference-conformance run without --no-run")
     source = complete[0] if complete and (args.no_run or args.no_properties) else None
-    run = _Live.run = publish.Run(out, "render" if args.no_run else "run", argv,
+    run = job.run = publish.Run(out, "render" if args.no_run else "run", argv,
                                   source=source["id"] if source else None)
     report_notes = []
     if source is not None and earlier[0]["status"] != "complete":
         report_notes.append(f"The newest run, {earlier[0]['id']} (started {earlier[0]['started']}), was interrupted: "
                             f"{earlier[0].get('reason', '')}. {'These results are' if args.no_run else 'The properties are'}"
                             f" the rows of run {source['id']} (complete, ended {source['ended']}).")
-        print(f"python -m inference_conformance.reports: {report_notes[-1]}", file=sys.stderr, flush=True)
+        print(f"note: {report_notes[-1]}", file=sys.stderr, flush=True)
     if args.no_properties and not args.no_run and source is None:
         print(f"note: {out} holds no complete run: this report has no property rows", file=sys.stderr, flush=True)
     rows_dir = run.folder / "rows"
@@ -240,14 +285,15 @@ def _main(args, out: Path, argv: list[str]) -> int:
         if args.model:
             common.append(f"--model={Path(args.model).resolve()}")
         if not args.no_properties:
-            cmd = [sys.executable, "-m", "pytest", *(args.select or ["properties", "tests"]), "-q",
-                   "--benchmark-disable", f"--results={scratch}", "--durations=10", *common]
-            cmd += [f"--ignore={p}" for p in REPORT_IGNORES]
+            own = ["inference_conformance.properties"] if job.pyargs else ["properties", "tests"]
+            cmd = job.pytest(*(args.select or own)) + ["-q", "--benchmark-disable", f"--results={scratch}",
+                                                       "--durations=10", *common]
+            cmd += [] if job.pyargs else [f"--ignore={p}" for p in REPORT_IGNORES]
             if args.workers not in ("0", "") and importlib.util.find_spec("xdist") is not None:
                 cmd += ["-n", args.workers]
             cmd += args.pytest_args
-            _stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
-            _child(cmd, "properties")
+            job.stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
+            job.child(cmd, "properties")
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
             settings = dict(bench_settings(device), passes=args.bench_passes)
@@ -255,22 +301,23 @@ def _main(args, out: Path, argv: list[str]) -> int:
                 f"benchmarks-pass{i}.json" for i in range(args.bench_passes)]
             for i, name in enumerate(names):
                 partial = run.folder / f".{name}.partial"
-                cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "--benchmark-enable",
+                cmd = job.pytest("inference_conformance.benchmarks" if job.pyargs else "benchmarks") + [
+                       "-q", "--benchmark-enable",
                        f"--benchmark-json={partial}", f"--benchmark-max-time={max_time}",
                        "--benchmark-min-rounds=5", "--durations=10", "--experiments", *settings["pytest_args"], *common]
                 cmd += [f"--results={scratch / 'bench'}"] if i == 0 else []  # the claims' rows: first pass only
                 if args.bench_k:
                     cmd += ["-k", args.bench_k]
                 cmd += args.pytest_args
-                _stage(2, n_stages, f"benchmarks, pass {i + 1}/{len(names)}: "
+                job.stage(2, n_stages, f"benchmarks, pass {i + 1}/{len(names)}: "
                        + " ".join(f"{k}={v}" for k, v in settings["env"].items()) + " " + " ".join(cmd[2:]))
-                _child(cmd, "benchmarks", env=dict(os.environ, **settings["env"]))
+                job.child(cmd, "benchmarks", env=dict(os.environ, **settings["env"]))
                 if partial.exists():
                     os.replace(partial, run.folder / name)
             if len(names) > 1:
                 merged = merge_passes([read_records(run.folder / j) for j in names])
                 atomic.write_text(bench_json, json.dumps({"benchmarks": merged, "passes": len(names)}))
-            _stage(3, n_stages, f"device ceilings ({device})")
+            job.stage(3, n_stages, f"device ceilings ({device})")
             ceilings = measure_ceilings(device, quick=args.quick_ceilings)
             print(f"ceilings: {ceilings}", flush=True)
         os.replace(scratch, rows_dir)
@@ -283,11 +330,11 @@ def _main(args, out: Path, argv: list[str]) -> int:
               "whatever their targets; compare two targets with python -m inference_conformance.perf.ab --impl-a ... --impl-b ...)",
               flush=True)
     if not args.no_run and not args.no_bench and not args.no_history and records and not outside:
-        _stage(4, n_stages, "history")
+        job.stage(4, n_stages, "history")
         path = hist.append(hist.make_entry(fp, records, ceilings, settings=settings), history_dir)
         print(f"appended {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", flush=True)
         run.update(history_entry=str(path))
-    _stage(5, n_stages, "report")
+    job.stage(5, n_stages, "report")
     shown = {"id": run.id, "kind": run.manifest["kind"], "started": run.manifest["started"],
              "rows_of": source["id"] if args.no_run else run.id, "notes": report_notes}
     build.write_report(rows_dir, run.folder, bench_json=bench_json, ceilings=ceilings, fp=fp,

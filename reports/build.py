@@ -11,6 +11,7 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import asdict
+from importlib import resources
 from pathlib import Path
 
 from inference_conformance.conformance import atomic
@@ -27,9 +28,9 @@ from inference_conformance.reports.ledger import claims
 _ORDER = {"fail": 7, "error": 6, "expected fail": 5, "unexpected pass": 4, "partial": 3, "pass": 2,
           "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = templating.TEMPLATES
-#: The gate's calibration as ``python -m inference_conformance.perf.calibrate analyse`` writes it.
-CALIBRATION = ROOT / "perf" / "calibration" / "gate_calibration.json"
+#: The gate's calibration as ``python -m inference_conformance.perf.calibrate analyse`` writes it
+#: (package data of ``inference_conformance.perf``).
+CALIBRATION = resources.files("inference_conformance.perf") / "calibration" / "gate_calibration.json"
 
 
 def fingerprint(device: str | None = None) -> dict:

@@ -7,7 +7,8 @@ laws check, plus ``docs/index.md`` listing the pages. A page links the technique
 guide page (``docs/guide/<technique>.md``: laws, measured figures, benchmarks) when one exists. Nothing on a page is typed twice: change
 the contract, a registration or the ledger and regenerate.
 
-Usage: python -m inference_conformance.reports.docs [--out docs] [--check]
+Usage: inference-conformance docs [--out DIR] [--check] (or python -m inference_conformance.reports.docs); the
+default folder is the checkout's ``docs/``, or ``./inference-conformance-out/docs`` from an installed suite.
 
 ``--check`` writes nothing and exits 1 naming every page that is missing or differs from what
 the code gives (``tests/test_docs.py`` runs it), 0 when all are current. Pages are written
@@ -161,15 +162,19 @@ def stale(out: Path, root: Path = ROOT) -> list[str]:
             if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports.docs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs", help="folder of the pages (default: docs/)")
+def main(argv: list[str] | None = None, prog: str = "inference-conformance docs") -> int:
+    """Write the pages (or ``--check`` them); returns the exit status."""
+    from inference_conformance.reports.publish import CHECKOUT, default_out
+
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" if CHECKOUT else default_out("docs"),
+                    help="folder of the pages (default: %(default)s)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is stale")
     a = ap.parse_args(argv)
     if a.check:
         bad = stale(a.out)
         if bad:
-            print(f"stale technique reference in {a.out}: {', '.join(bad)}; run python -m inference_conformance.reports.docs",
+            print(f"stale technique reference in {a.out}: {', '.join(bad)}; run inference-conformance docs",
                   file=sys.stderr)
             return 1
         print(f"{a.out}: every page is current")

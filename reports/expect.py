@@ -1,6 +1,8 @@
 """Write or refresh expectation files (:mod:`inference_conformance.conformance.expectations`) from a run's rows.
 
-    python -m inference_conformance.reports.expect update RUN --out PATH [--builtins] [--impl NAME ...]
+    inference-conformance expect update RUN --out PATH [--builtins] [--impl NAME ...]
+
+(also ``python -m inference_conformance.reports.expect``).
 
 RUN is the ``--results DIR`` folder (or one rows file) of any pytest run. One file per outside
 implementation (``--builtins``: the built-ins too) lists the tests it failed, refused
@@ -92,14 +94,15 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
                 reason=kept.reason if kept is not None else NEW_REASON,
                 link=kept.link if kept is not None else "")
         header = (f"Expected outcomes of {impl} in the conformance suite (pytest --expect {path.name}).\n"
-                  "Refreshed by: python -m inference_conformance.reports.expect update RUN --out PATH (reasons and links are kept).")
+                  "Refreshed by: inference-conformance expect update RUN --out PATH (reasons and links are kept).")
         atomic.write_text(path, expectations.dumps(exp, header))
         written.append(path)
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports.expect", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "inference-conformance expect") -> int:
+    """``expect update RUN --out PATH``: write the expectation files; 0, or 2 naming the problem."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("update", help="write or refresh expectation files from a run's rows")
     up.add_argument("run", type=Path, help="the run's --results folder (or one rows file)")
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         written = update(read_rows(args.run), args.out, builtins=args.builtins, only=args.impl)
     except ValueError as exc:
-        print(f"python -m inference_conformance.reports.expect: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     for p in written:
         print(p)

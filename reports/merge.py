@@ -6,7 +6,7 @@ and devices, or as shards of one run (``pytest --shard K/N``), merged into one t
 A RUN is a ``pytest --results DIR`` folder (its rows, ``run.json`` and ``impls-*.json``,
 :mod:`inference_conformance.conformance.runinfo`), a report folder of ``python -m inference_conformance.reports`` (its ``rows/``), or a
 folder holding such folders (a CI job's downloaded artifacts). ``--out`` (default
-``reports/out/matrix`` under the current folder) receives ``index.html`` (the matrix, filterable by technique),
+``inference-conformance-out/matrix`` under the current folder) receives ``index.html`` (the matrix, filterable by technique),
 ``report.md`` and ``results.json``.
 
 Rows of the matrix are implementations in one environment (technique, name, package versions,
@@ -32,12 +32,12 @@ from inference_conformance.conformance import atomic
 from inference_conformance.conformance.results import Row
 from inference_conformance.conformance.runinfo import RUN_FILE
 from inference_conformance.perf import env
-from inference_conformance.reports import templating
+from inference_conformance.reports import publish, templating
 from inference_conformance.reports.ledger import claims
 
-#: relative to the current folder (the checkout's root in its CI; a pip-installed suite would
-#: otherwise write beside its package in site-packages)
-DEFAULT_OUT = Path("reports") / "out" / "matrix"
+#: relative to the current folder, inside the suite's one output folder (a pip-installed suite
+#: would otherwise write beside its package in site-packages, or into a project's own reports/)
+DEFAULT_OUT = Path(publish.OUT_NAME) / "matrix"
 #: cell statuses, in the order the legend lists them
 STATUSES = ("pass", "fail", "expected fail", "unexpected pass", "unsupported", "partial", "not run")
 
@@ -208,10 +208,7 @@ def matrix(runs: list[Run]) -> dict:
     environment, device, runs, cells}]), ``details`` (each failing cell's ``tests``: test id, dtype, verdict, message, input, run),
     ``counts`` (cells per status), ``rows`` (the kept result rows, each with its ``run``)."""
     kept, notes = merge(runs)
-    try:
-        rank = {c.id: i for i, c in enumerate(claims())}
-    except OSError:                      # an installed copy without the ledger: claims sort by id
-        rank = {}
+    rank = {c.id: i for i, c in enumerate(claims())}   # the shipped ledger: columns in ledger order
     techniques: dict[str, dict] = {}
     for row, run in kept:
         t = techniques.setdefault(row.technique, {"columns": set(), "rows": {}})
@@ -309,8 +306,9 @@ def write(ctx: dict, out: Path) -> list[Path]:
                                                                default=str))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m inference_conformance.reports merge", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "inference-conformance merge") -> int:
+    """``merge RUN... [--out DIR]``: write the matrix of the runs; 0, or 2 naming a bad run folder."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run folders (pytest --results DIR), report folders, "
                                                            "or folders holding them")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
@@ -318,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = load(args.runs)
     except MergeError as exc:
-        print(f"python -m inference_conformance.reports merge: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     ctx = matrix(runs)
     for p in write(ctx, args.out):

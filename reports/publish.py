@@ -45,6 +45,23 @@ PUBLISHED = ("index.html", "report.md", "results.json", "benchmarks.json", "plot
 #: What the suite itself put into its default folder before it was marked (adopted with a note).
 LEGACY = frozenset(PUBLISHED) | {"browser-screenshot.png", "benchmarks-gpu.json", "gpu",
                                  "ci", "matrix"}  # the README test command's run folders, merge's default out
+#: The one folder, under the current directory, that every output of the suite goes to by default
+#: (the report, the matrix, expectation drafts, and from an installed suite the history and docs):
+#: never inside the installed package, never a project's own ``reports/``.
+OUT_NAME = "inference-conformance-out"
+#: The suite's root: the checkout (``CLAIMS.md``, ``history/``, ``tests/`` beside the folders), or
+#: the installed package folder ``site-packages/inference_conformance``.
+ROOT = Path(__file__).resolve().parent.parent
+#: Whether the suite runs from its checkout (on ``PYTHONPATH`` or installed editable), where its
+#: ``tests/`` and ``history/`` are, rather than from a wheel.
+CHECKOUT = (ROOT / "pyproject.toml").is_file() and (ROOT / "tests").is_dir()
+
+
+def default_out(*parts: str) -> Path:
+    """``./inference-conformance-out/<parts>`` under the current directory (:data:`OUT_NAME`)."""
+    return Path.cwd().joinpath(OUT_NAME, *parts)
+
+
 #: Run folders kept (the published one is always kept).
 KEEP = 5
 FORMAT = 1

@@ -1,29 +1,31 @@
-"""The Jinja2 environments of the report's templates (``reports/templates/``): HTML (escaped)
-and Markdown (``md`` escapes a table cell), shared by the report (:mod:`inference_conformance.reports.build`) and the
-conformance matrix (:mod:`inference_conformance.reports.merge`)."""
+"""The Jinja2 environments of the report's templates (``reports/templates/``, shipped as package
+data and loaded through the package, :class:`jinja2.PackageLoader`): HTML (escaped) and Markdown
+(``md`` escapes a table cell), shared by the report (:mod:`inference_conformance.reports.build`)
+and the conformance matrix (:mod:`inference_conformance.reports.merge`)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+PACKAGE, FOLDER = "inference_conformance.reports", "templates"
 
 
 def _md_cell(s) -> str:
     return str(s or "").replace("|", "\\|").replace("\n", " ")
 
 
-def html_env():
+def _env(**options):
     import jinja2
 
-    e = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html", "j2"]),
-                           trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
+    e = jinja2.Environment(loader=jinja2.PackageLoader(PACKAGE, FOLDER), keep_trailing_newline=True, **options)
     e.filters["md"] = _md_cell
     return e
+
+
+def html_env():
+    """The HTML templates' environment: autoescaped."""
+    import jinja2
+
+    return _env(autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=False, lstrip_blocks=False)
 
 
 def md_env():
-    import jinja2
-
-    e = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False, keep_trailing_newline=True)
-    e.filters["md"] = _md_cell
-    return e
+    """The Markdown templates' environment: not escaped (``md`` escapes table cells)."""
+    return _env(autoescape=False)

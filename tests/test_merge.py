@@ -163,8 +163,8 @@ def test_missing_and_damaged_run_folders_are_named(tmp_path, capsys):
 
 
 def test_the_default_report_folder_is_adopted_with_the_ci_runs_and_the_matrix_in_it(tmp_path):
-    """The README test command writes reports/out/ci/newest and merge reports/out/matrix before
-    any python -m inference_conformance.reports has marked reports/out: the main job still takes the folder."""
+    """The default report folder holding only what the suite writes there unmarked (the README test
+    command's run folders under ci/, a matrix) is adopted by the main job; another folder is refused."""
     from inference_conformance.reports import publish
 
     out = tmp_path / "out"
@@ -193,11 +193,12 @@ def test_package_versions_found_by_module_name_when_the_distribution_is_named_ot
 
 
 def test_the_default_out_is_under_the_current_folder_not_beside_the_package(tmp_path, monkeypatch, capsys):
-    """Without --out the matrix goes to reports/out/matrix under the folder merge runs in (a
-    pip-installed suite's package folder is site-packages)."""
+    """Without --out the matrix goes to inference-conformance-out/matrix under the folder merge runs
+    in (a pip-installed suite's package folder is site-packages; a project's reports/ is its own)."""
     run = make_run(tmp_path / "runs" / "a", [row(NAN, "torch", "pass")])
     monkeypatch.chdir(tmp_path)
     assert merge.main([str(run)]) == 0
-    assert (tmp_path / "reports" / "out" / "matrix" / "index.html").is_file()
+    assert (tmp_path / "inference-conformance-out" / "matrix" / "index.html").is_file()
+    assert not (tmp_path / "reports").exists()
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == str(Path("reports") / "out" / "matrix" / "index.html"), printed
+    assert printed[0] == str(Path("inference-conformance-out") / "matrix" / "index.html"), printed
