@@ -108,15 +108,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def cached_results(rows_dir: str | os.PathLike) -> list[str]:
-    """One line per experiment figure in ``rows_dir`` (a folder of result rows) that came from
-    the experiment cache: "SD-3: <what> (computed <time>)"; [] when none did or the folder is
+    """One line per experiment figure in ``rows_dir`` (a folder of result rows, and its
+    subfolders) that came from the experiment cache: "SD-3: <what> (computed <time>)"; [] when none did or the folder is
     missing."""
     from inference_conformance.conformance.results import read_rows
 
-    if not Path(rows_dir).is_dir():
-        return []
+    folders = sorted({f.parent for f in Path(rows_dir).rglob("*.jsonl")})   # the laws' rows, bench/ the benchmarks'
     seen, out = set(), []
-    for r in read_rows(rows_dir):
+    for r in (r for d in folders for r in read_rows(d)):
         if (r.extra or {}).get("cached") is True:
             line = f"{r.claim}: {r.check.split('::')[-1]} (computed {r.extra.get('cached_at', '?')})"
             if line not in seen:

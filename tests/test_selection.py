@@ -111,6 +111,8 @@ def test_the_cached_results_are_listed(tmp_path):
             Row(claim="SD-3", check="benchmarks/x.py::test_sd3", extra={"cached": True, "cached_at": "T1"}),
             Row(claim="SD-9", check="benchmarks/y.py::test_sd9[greedy]", extra={}),
             Row(claim="SD-1", check="benchmarks/x.py::test_sd1", extra={"cached": "yes"})]
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows[2:]))
+    (tmp_path / "bench" / "rows-main.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows[:2]))
     assert progress.cached_results(tmp_path) == ["SD-3: test_sd3 (computed T1)"]
     assert progress.cached_results(tmp_path / "missing") == []
