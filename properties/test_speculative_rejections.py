@@ -1,8 +1,8 @@
-"""The speculative-decoding claims' checks (properties/speculative_claims_cases.py, SD-9's rule in
-conformance/trends.py) reject known-bad inputs: each test feeds the claim's own check or verdict
-rule the suite's formula, enumerator, verifier or measurements (they must pass, or be judged
-"holds") and a known-bad one with one classic mistake (it must fail by the check's own message,
-or be judged "fails").
+"""The speculative-decoding claims' checks (properties/speculative_claims_cases.py,
+properties/speculative_sd14_cases.py, SD-9's rule in conformance/trends.py) reject known-bad inputs:
+each test feeds the claim's own check or verdict rule the suite's formula, enumerator, verifier or
+measurements (they must pass, or be judged "holds") and a known-bad one with one classic mistake (it
+must fail by the check's own message, or be judged "fails").
 
 Claims: SD-2..SD-7, SD-9, SD-13, SD-14. Nothing here is timed; SD-3's counts, SD-5's and SD-9's
 measurements and SD-14's recorded figures are synthetic or recorded sets of the form their tests
@@ -20,6 +20,7 @@ import torch
 from inference_conformance.conformance import trends
 from inference_conformance.optimized.speculative_drafters import PromptLookupDrafter
 from inference_conformance.properties import speculative_claims_cases as sc
+from inference_conformance.properties import speculative_sd14_cases as s14
 from inference_conformance.properties.falsify import judges, rejects
 from inference_conformance.reference import speculative as ref
 from inference_conformance.reference import speculative_tree as ref_tree
@@ -274,8 +275,8 @@ class LookupIgnoringThePrompt:
 def _paired(make_drafter):
     """``make_drafter``'s runs on SD-14's copy prompts (those of
     ``test_sd14_prompt_lookup_copy_vs_free``, 16 tokens each) and the output-only baseline's."""
-    runs = sc.sd14_lookup_runs(sc.sd14_target(), make_drafter, sc.sd14_copy_prompts())
-    return list(runs), list(sc.sd14_arm("output-only"))
+    runs = s14.sd14_lookup_runs(s14.sd14_target(), make_drafter, s14.sd14_copy_prompts())
+    return list(runs), list(s14.sd14_arm("output-only"))
 
 
 @pytest.mark.claim("SD-14")
@@ -284,8 +285,8 @@ def test_sd14_rejects_prompt_lookup_matching_itself():
     prompts (holds); one whose search matches the key itself proposes nothing, 1 token per call,
     behind the baseline (fails); the shipped lookup ahead on only the first 4 prompts cannot be
     decided (sign test p = 1/16 >= 0.05: inconclusive)."""
-    lookup, base = list(sc.sd14_arm("lookup")), list(sc.sd14_arm("output-only"))
-    judges("SD-14", sc.judge_sd14_lookup, {"holds": (lookup, base),
+    lookup, base = list(s14.sd14_arm("lookup")), list(s14.sd14_arm("output-only"))
+    judges("SD-14", s14.judge_sd14_lookup, {"holds": (lookup, base),
                                            "fails": _paired(lambda S: LookupMatchingItself(3, 5)),
                                            "inconclusive": (lookup[:4], base[:4])})
 
@@ -295,7 +296,7 @@ def test_sd14_rejects_lookup_that_ignores_the_prompt():
     """A lookup that searches only the generated output is not ahead of the output-only baseline
     on the copy prompts (it ties on each): the paired rule fails it by its own message; the
     shipped lookup passes the same check."""
-    rejects("SD-14", sc.check_sd14_lookup, (list(sc.sd14_arm("lookup")), list(sc.sd14_arm("output-only"))),
+    rejects("SD-14", s14.check_sd14_lookup, (list(s14.sd14_arm("lookup")), list(s14.sd14_arm("output-only"))),
             _paired(lambda S: LookupIgnoringThePrompt(3, 5)),
             match=r"SD-14: prompt lookup not ahead of the same lookup restricted to the output \(fails\): "
                   r"tokens per call ahead on 0")
@@ -305,7 +306,7 @@ def test_sd14_rejects_lookup_that_ignores_the_prompt():
 def test_sd14_rejects_alpha_counted_per_call():
     """α as accepted / drafted passes; α as accepted per target call (2.5 for self-speculation)
     is no acceptance rate."""
-    good = {k: (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"]) for k, s in sc.SD14_RECORDED.items()}
-    bad = {k: (s["accepted"] / s["rounds"], s["emitted"] / s["rounds"]) for k, s in sc.SD14_RECORDED.items()}
-    rejects("SD-14", sc.check_sd14_figures, (good,), (bad,),
+    good = {k: (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"]) for k, s in s14.SD14_RECORDED.items()}
+    bad = {k: (s["accepted"] / s["rounds"], s["emitted"] / s["rounds"]) for k, s in s14.SD14_RECORDED.items()}
+    rejects("SD-14", s14.check_sd14_figures, (good,), (bad,),
             match=r"SD-14: self \(block 1 skipped\): alpha 2.53, tokens per call 3.53 outside")

@@ -26,8 +26,8 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.speculative_tree import SHAPES
 from inference_conformance.conformance.tolerance import assert_close, assert_exact, check_close
 from inference_conformance.conformance.zoo import expect_rejected
-from inference_conformance.properties import speculative_claims_cases as sc
-from inference_conformance.properties.speculative_claims_cases import check_sd14_figures, copy_prompts, free_prompts
+from inference_conformance.properties import speculative_sd14_cases as s14
+from inference_conformance.properties.speculative_sd14_cases import check_sd14_figures, copy_prompts, free_prompts
 from inference_conformance.properties.zoo_speculative_tree import TREE_SCORER_ZOO, engine_zoo
 from inference_conformance.reference.speculative_tree import path_logits, tree_logits
 from inference_conformance.reference.transformer import generate, layer_kv
@@ -228,34 +228,34 @@ def _run(drafter, prompts, n_tokens: int):
 @pytest.mark.claim("SD-14")
 def test_sd14_prompt_lookup_copy_vs_free():
     """SD-14: prompt lookup (n-gram 3, γ = 5) on the 6 copy prompts
-    (:func:`inference_conformance.properties.speculative_claims_cases.sd14_copy_prompts`: prompts holding the sentence
+    (:func:`inference_conformance.properties.speculative_sd14_cases.sd14_copy_prompts`: prompts holding the sentence
     the greedy target writes next), paired on each prompt with the same lookup restricted to the
-    output (:class:`~inference_conformance.properties.speculative_claims_cases.OutputOnlyLookup`), 16 tokens each, on
+    output (:class:`~inference_conformance.properties.speculative_sd14_cases.OutputOnlyLookup`), 16 tokens each, on
     the same engine and greedy target; the claim is judged by the one-sided sign test of
-    :func:`~inference_conformance.properties.speculative_claims_cases.judge_sd14_lookup` at significance level 0.05.
+    :func:`~inference_conformance.properties.speculative_sd14_cases.judge_sd14_lookup` at significance level 0.05.
     Free generation from <bos> (one row: greedy is deterministic) is recorded beside it, not
     judged. Every copy prompt's output must still repeat its first sentence (the selection holds
     for this target)."""
-    prompts = sc.sd14_copy_prompts()
-    lookup, base, free = (list(sc.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
-    verdict = sc.judge_sd14_lookup(lookup, base)
-    wins, losses, ties, p = sc.sd14_sign_test(lookup, base)
+    prompts = s14.sd14_copy_prompts()
+    lookup, base, free = (list(s14.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
+    verdict = s14.judge_sd14_lookup(lookup, base)
+    wins, losses, ties, p = s14.sd14_sign_test(lookup, base)
     holds = {"holds": True, "fails": False}.get(verdict)
-    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {sc.SD14_LEVEL}; "
+    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {s14.SD14_LEVEL}; "
             "fails where wins <= losses")
     for task, arm, runs in (("copy", "prompt lookup", lookup), ("copy", "lookup restricted to the output", base),
                             ("free", "prompt lookup", free)):
         total = {k: sum(r[k] for r in runs) for k in ("rounds", "emitted", "accepted", "drafted")}
-        tpc = sc.tokens_per_call(total)
+        tpc = s14.tokens_per_call(total)
         results.record("SD-14", measured=round(tpc, 3), lecture="shines on tasks that copy from the prompt",
                        unit=f"tokens per target call, {arm}, {task}", drafter="lookup", task=task,
                        tokens_per_call=round(tpc, 3), rounds=total["rounds"], pairs=len(prompts), trend=verdict,
                        alpha=round(total["accepted"] / max(1, total["drafted"]), 3), holds=holds,
                        trend_rule=rule, what=f"ahead on {wins}, behind on {losses}, tied on {ties}; p = {p:.3g}")
-    stale = [d for d, pr, r in zip(sc.SD14_COPY_DOCS, prompts, lookup)
-             if not sc.repeats_first_sentence(pr[0].tolist(), r["output"])]
+    stale = [d for d, pr, r in zip(s14.SD14_COPY_DOCS, prompts, lookup)
+             if not s14.repeats_first_sentence(pr[0].tolist(), r["output"])]
     assert not stale, f"SD-14: the target no longer repeats the copy prompts' first sentence (documents {stale})"
-    assert all(sc.tokens_per_call(r) >= 1 for r in lookup + base + free), "fewer than one token per call"
+    assert all(s14.tokens_per_call(r) >= 1 for r in lookup + base + free), "fewer than one token per call"
 
 
 @pytest.mark.claim("SD-14")
@@ -278,5 +278,5 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
                        drafter="self" if name.startswith("self") else "chain", draft=name, gamma=4,
                        alpha=round(table[name][0], 3), tokens_per_call=round(table[name][1], 3), rounds=s["rounds"])
     check_sd14_figures(table)
-    assert counts == sc.SD14_RECORDED, (f"sc.SD14_RECORDED (properties/speculative_claims_cases.py), the "
+    assert counts == s14.SD14_RECORDED, (f"s14.SD14_RECORDED (properties/speculative_sd14_cases.py), the "
                                         f"rejection tests' good input, is stale: live {counts}")

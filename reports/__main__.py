@@ -50,7 +50,8 @@ from inference_conformance.perf import env
 from inference_conformance.perf import history as hist
 from inference_conformance.perf.records import merge_passes, records as read_records
 from inference_conformance.perf.settings import bench_settings
-from inference_conformance.reports import build, merge, publish
+from inference_conformance.conformance.sizes import FULL_ENV
+from inference_conformance.reports import build, merge, progress, publish, selection
 
 ROOT = publish.ROOT
 #: The suite's own tooling tests (browser, packaging) run in CI, not in the report.
@@ -171,6 +172,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, metavar="PATH",
                     help="run the model-level claims (KV-1, KV-2, FA-3 on a real layer) on this checkpoint: a "
                          "Hugging Face Llama folder or a world checkpoint (default: the shipped target)")
+    ap.add_argument("--full", action="store_true",
+                    help="run the experiments at their full sizes (conformance/sizes.py; slow), not the defaults")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a claim fails or a kill rate < 100%%")
     ap.add_argument("--merge", action="append", default=[], metavar="RUN",
                     help="show this run folder's rows (pytest --results DIR, another environment's or machine's, or "
@@ -281,19 +284,21 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
         if args.no_properties and source is not None:
             for f in (source["folder"] / "rows").glob("*.jsonl"):
                 shutil.copy2(f, scratch / f.name)
-        common = ["-p", "no:cacheprovider", f"--hypothesis-profile={args.profile}", f"--device={device}"]
+        common = ["-p", "no:cacheprovider", "-p", "inference_conformance.reports.progress",
+                  f"--hypothesis-profile={args.profile}", f"--device={device}"]
+        sized = dict(os.environ, **{FULL_ENV: "1"} if args.full else {})
         if args.model:
             common.append(f"--model={Path(args.model).resolve()}")
         if not args.no_properties:
-            own = ["inference_conformance.properties"] if job.pyargs else ["properties", "tests"]
+            own = ["inference_conformance.properties"] if job.pyargs else selection.main_job_paths(ROOT)
             cmd = job.pytest(*(args.select or own)) + ["-q", "--benchmark-disable", f"--results={scratch}",
                                                        "--durations=10", *common]
             cmd += [] if job.pyargs else [f"--ignore={p}" for p in REPORT_IGNORES]
             if args.workers not in ("0", "") and importlib.util.find_spec("xdist") is not None:
                 cmd += ["-n", args.workers]
-            cmd += args.pytest_args
+            cmd += ([] if args.select else selection.marker_args(args.pytest_args)) + args.pytest_args
             job.stage(1, n_stages, "properties and analytic tests: " + " ".join(cmd[2:]))
-            job.child(cmd, "properties")
+            job.child(cmd, "properties", env=sized)
         if not args.no_bench:
             max_time = args.bench_max_time or (1.0 if device == "cuda" else 0.2)
             settings = dict(bench_settings(device), passes=args.bench_passes)
@@ -311,12 +316,14 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
                 cmd += args.pytest_args
                 job.stage(2, n_stages, f"benchmarks, pass {i + 1}/{len(names)}: "
                        + " ".join(f"{k}={v}" for k, v in settings["env"].items()) + " " + " ".join(cmd[2:]))
-                job.child(cmd, "benchmarks", env=dict(os.environ, **settings["env"]))
+                job.child(cmd, "benchmarks", env=dict(sized, **settings["env"]))
                 if partial.exists():
                     os.replace(partial, run.folder / name)
             if len(names) > 1:
                 merged = merge_passes([read_records(run.folder / j) for j in names])
-                atomic.write_text(bench_json, json.dumps({"benchmarks": merged, "passes": len(names)}))
+                first = json.loads((run.folder / names[0]).read_text(encoding="utf-8"))  # how they were measured
+                atomic.write_text(bench_json, json.dumps({"benchmarks": merged, "passes": len(names),
+                                                          "settings": first.get("settings")}))
             job.stage(3, n_stages, f"device ceilings ({device})")
             ceilings = measure_ceilings(device, quick=args.quick_ceilings)
             print(f"ceilings: {ceilings}", flush=True)
@@ -351,6 +358,8 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
           f"{s['not_measured']} not measured on this device, {s['not_checked']} without a check")
     for t, k in doc["killrates"].items():
         print(f"bug zoo {t}: {k['killed']}/{k['total']} rejected")
+    for line in progress.cached_results(rows_dir):
+        print(f"from the experiment cache: {line}")
     print(f"published run {run.id} in {out} (index.html, report.md, results.json -> {run.folder})")
     print(f"done in {time.time() - t0:.0f} s")
     if args.strict and (s["failing"] or any(k["rate"] not in (None, 1.0) for k in doc["killrates"].values())):
