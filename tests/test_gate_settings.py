@@ -172,7 +172,9 @@ def test_a_benchmark_json_records_its_settings(tmp_path):
     """A real pytest-benchmark run with the pinned environment and CPU timer records them."""
     (tmp_path / "test_b.py").write_text("def test_b(benchmark):\n    benchmark(sum, [1, 2])\n")
     out = tmp_path / "b.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **settings.pinned_env("cpu"))
+    # without the xdist worker's variables: pytest-benchmark disables itself when it sees them
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+    env.update(PYTHONPATH=str(ROOT), **settings.pinned_env("cpu"))
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                     "inference_conformance.perf.settings_record", "--rootdir", str(tmp_path), f"--benchmark-json={out}",
                     "--benchmark-max-time=0.01", *settings.bench_settings("cpu")["pytest_args"], str(tmp_path / "test_b.py")],

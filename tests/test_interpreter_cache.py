@@ -108,8 +108,9 @@ def test_a_run_time_loop_bound_on_an_old_interpreter_gets_a_hint(tmp_path):
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    # --results: a test outside the suite gets the suite's rows and hints only in a run that asks for them
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
-                        "--device", "cpu", "test_k.py"], cwd=tmp_path, env=env, capture_output=True,
+                        "--device", "cpu", f"--results={tmp_path / 'rows'}", "test_k.py"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "the interpreter's limit, not the implementation's" in r.stdout and "while loop" in r.stdout, r.stdout[-3000:]
