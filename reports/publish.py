@@ -247,6 +247,10 @@ def publish(out: Path, run: Run) -> None:
     _link(f"{RUNS}/{run.id}", out / CURRENT)
     for name in PUBLISHED:
         p = out / name
+        if not os.path.lexists(run.folder / name):  # not made by this run (--no-bench: no benchmarks, no plots)
+            if p.is_symlink():
+                p.unlink()                          # never a link to nothing
+            continue
         if p.is_symlink() and os.readlink(p) == f"{CURRENT}/{name}":
             continue
         if p.is_dir() and not p.is_symlink():

@@ -292,4 +292,23 @@ def test_old_run_folders_are_pruned_but_never_the_published_one(tmp_path):
     gone = publish.prune(out)
     left = {m["id"] for m in publish.runs(out, settle=False)}
     assert left == {made[0].id} | {r.id for r in made[-publish.KEEP:]}, (left, gone)
-    assert len(gone) == 1 and (out / "index.html").is_symlink()
+    assert len(gone) == 1 and (out / publish.MANIFEST).is_symlink()
+
+
+def test_a_run_without_benchmarks_publishes_no_link_to_nothing(tmp_path):
+    """A run that made no benchmarks.json and no plots (--no-bench) publishes no link to them, and
+    removes the links an earlier run left: every published name is a link to something."""
+    out = tmp_path / "out"
+    publish.prepare_out(out)
+    full = publish.Run(out, "run", [])
+    (full.folder / "benchmarks.json").write_text("{}")
+    (full.folder / "plots").mkdir()
+    full.finish("complete")
+    publish.publish(out, full)
+    assert (out / "benchmarks.json").is_file() and (out / "plots").is_dir()
+    bare = publish.Run(out, "run", [])
+    bare.finish("complete")
+    publish.publish(out, bare)
+    links = [p for p in out.iterdir() if p.is_symlink()]
+    assert links and all(p.exists() for p in links), [p.name for p in links if not p.exists()]
+    assert not os.path.lexists(out / "benchmarks.json") and not os.path.lexists(out / "plots")
