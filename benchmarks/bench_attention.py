@@ -148,7 +148,7 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
                 median_s=t, tflops=f / t / 1e12, gbytes_per_s=kv_bytes / t / 1e9, sdpa_median_s=t_sdpa,
                 speed_vs_sdpa=t_sdpa / t, **outside_info("attention", backend))
     if backend == "triton":
-        from inference_conformance.optimized.flash_attention import flash_attention
+        from inference_conformance.optimized.attention.flash_attention import flash_attention
 
         t_unsplit = median_seconds(lambda: flash_attention(q, k, v, causal=True, scale=scale), device, repeats)
         split = ratio_estimate(paired_ratios(lambda: flash_attention(q, k, v, causal=True, scale=scale), run, device,

@@ -6,7 +6,7 @@ the same tokens) and the engine's step times with and without a token budget.
 
 Each test builds one decode step: B sequences of ``context`` tokens, K/V cut into blocks placed
 by a random permutation of the pool, and the same K/V contiguous (B, Hkv, context, D). It times
-the paged backend and, in the same run, the contiguous decode (``inference_conformance.optimized.flash_decoding`` on
+the paged backend and, in the same run, the contiguous decode (``inference_conformance.optimized.attention.flash_decoding`` on
 CUDA, standard attention on the CPU) with synchronised medians, so the ratio is recorded even
 when pytest-benchmark is disabled. extra_info: median latency, KV bytes read per call
 (``bytes``: 2·B·context·Hkv·D·bytes per value), GB/s, paged / contiguous latency, and the goal
@@ -99,7 +99,7 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
     t = median_seconds(run, device, repeats)
     q4 = q[:, :, None, :]
     if device == "cuda":
-        from inference_conformance.optimized.flash_decoding import flash_decoding
+        from inference_conformance.optimized.attention.flash_decoding import flash_decoding
 
         def contiguous():
             return flash_decoding(q4, k, v, causal=False, scale=scale)
@@ -132,12 +132,12 @@ ENGINE_NEW = {"cuda": 32, "cpu": 4}
 
 
 def test_bench_engine_throughput(benchmark, device, batch):
-    """The continuous-batching engine (``optimized/paged_engine.py``) over a small reference
+    """The continuous-batching engine (``optimized/paged_attention/engine.py``) over a small reference
     transformer: ``batch`` requests of 32-token prompts generating ENGINE_NEW tokens each, all
     admitted at once; tokens/s = generated tokens / wall time of the whole run (prefill
     included). On CUDA attention and writes are the Triton kernels; on the CPU the reference
     attention (the interpreter's timings mean nothing)."""
-    from inference_conformance.optimized.paged_engine import PagedEngine
+    from inference_conformance.optimized.paged_attention.engine import PagedEngine
     from inference_conformance.reference.transformer import TransformerConfig, build
 
     cfg = TransformerConfig(vocab_size=96, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=344,
@@ -217,9 +217,9 @@ def test_bench_mixed_batch(benchmark, device, backend, heads, n_dec, context, ch
     q, kc, vc, table, lens, loc, k_last, v_last = _mixed_inputs(n_dec, context, chunk, prefix, Hq, Hkv, dtype, device)
     scale = D ** -0.5
     if backend == "triton":
-        from inference_conformance.optimized.flash_attention import flash_attention as dense_prefill
+        from inference_conformance.optimized.attention.flash_attention import flash_attention as dense_prefill
         from inference_conformance.optimized.paged_attention import paged_attention as decode
-        from inference_conformance.optimized.paged_prefill import paged_prefill as mixed
+        from inference_conformance.optimized.paged_attention.prefill import paged_prefill as mixed
     else:
         from inference_conformance.reference.attention import attention_naive as dense_prefill
         from inference_conformance.reference.paged_attention import paged_attention as decode
@@ -261,7 +261,7 @@ def test_bench_engine_chunked_steps(benchmark, device, chunked):
     import time
 
     from inference_conformance.benchmarks.timing import sync
-    from inference_conformance.optimized.paged_engine import PagedEngine
+    from inference_conformance.optimized.paged_attention.engine import PagedEngine
     from inference_conformance.reference.transformer import TransformerConfig, build
 
     n_dec, n_new, long_prompt, budget = CHUNKED[device]
@@ -272,7 +272,7 @@ def test_bench_engine_chunked_steps(benchmark, device, chunked):
     kw = {}
     if device == "cuda":
         from inference_conformance.optimized.paged_attention import write_kv_cache
-        from inference_conformance.optimized.paged_prefill import paged_prefill
+        from inference_conformance.optimized.paged_attention.prefill import paged_prefill
 
         kw = dict(prefill=paged_prefill, write=write_kv_cache)
     g = torch.Generator().manual_seed(0)

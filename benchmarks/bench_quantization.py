@@ -1,5 +1,5 @@
 """Weight-only quantized matmul timings (QT-10): the Triton kernel with int8 per-channel and int4
-groups of 128 (``optimized/quant_matmul.py``) against bf16 ``torch.matmul`` on the same
+groups of 128 (``optimized/quantization/matmul.py``) against bf16 ``torch.matmul`` on the same
 decode-shaped product, side by side in one run.
 
 Each test builds x (M, K) and a Linear weight (N, K) of a Llama-7B/8B shape, quantizes it once and
@@ -18,7 +18,7 @@ Goals (not asserted; GPU, shapes of >= 64 MB of bf16 weights): at M = 1 int8 >= 
 int4 g128 >= 2.5x; int4 >= 2x up to M = 16; never below 0.9x bf16 up to M = 128.
 
 M runs 1..128 on a GPU: up to ``GEMV_MAX_M`` the kernel takes its decode launch (split-K), above
-it the tiled one; each row records which (``path``). W8A8 (``optimized/w8a8_matmul.py``): the
+it the tiled one; each row records which (``path``). W8A8 (``optimized/quantization/w8a8_matmul.py``): the
 whole W8A8 Linear (per-token activation quantization on the host, then the int8 x int8 -> int32
 kernel) and the kernel alone (``kernel_median_s``) against the same bf16 product; on the CPU
 its PyTorch twin runs the small shape as a smoke test.
@@ -105,7 +105,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
                   + (M * K + M * N) * dtype.itemsize)
         info.update(bytes=nbytes, gbytes_per_s=nbytes / t / 1e9)
     if backend == "triton":
-        from inference_conformance.optimized.quant_matmul import GEMV_MAX_M
+        from inference_conformance.optimized.quantization.matmul import GEMV_MAX_M
 
         info["goal"] = _goal(scheme, M, N * K * 2)
         info["path"] = "gemv" if M <= GEMV_MAX_M else "tiled"
@@ -127,7 +127,7 @@ def test_bench_w8a8(benchmark, device, backend, N, K, M):
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
     if backend == "torch" and device == "cuda":
         pytest.skip("the PyTorch twin accumulates in float64: a CPU smoke test, not a GPU baseline")
-    from inference_conformance.optimized import w8a8_matmul as w8
+    from inference_conformance.optimized.quantization import w8a8_matmul as w8
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
@@ -171,7 +171,7 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
     gain, on any device). Times only mean something on a GPU (the torch path is no fused kernel:
     it writes the dequantized cache before attending)."""
     from inference_conformance.conformance.contracts.quantization_kv import KV_FORMATS
-    from inference_conformance.optimized.quantization_kv import QuantizedKVCache
+    from inference_conformance.optimized.quantization.kv import QuantizedKVCache
     from inference_conformance.reference.transformer import naive_attention
 
     Hq, Hkv, D = 32, 8, 128
@@ -213,12 +213,13 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
 @pytest.mark.parametrize("scheme", ["fp8_e4m3fn_channel", "int8_channel"])
 def test_bench_fp8_matmul(benchmark, device, backend, scheme):
     """Weight-only FP8 (E4M3 per channel) beside int8 per channel and bf16, at M = 1 on the
-    first shape of the device: the Triton kernel (``optimized/quant_matmul.py``, FP8 bytes
+    first shape of the device: the Triton kernel (``optimized/quantization/matmul.py``, FP8 bytes
     bitcast in registers; GPU only) and the torch path (dequantize, then torch.matmul).
     ``bytes``: the codes, scales and x/out one call must read."""
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
-    from inference_conformance.optimized import quantization as quant_torch, quantization_fp8 as quant_fp8
+    from inference_conformance.optimized.quantization import fp8 as quant_fp8
+    from inference_conformance.optimized import quantization as quant_torch
 
     N, K = SHAPES[device][0]
     M = 1

@@ -3,7 +3,7 @@
 When a law fails on an implementation, :func:`compact` turns the failure into a
 :class:`inference_conformance.conformance.failures.LawFailure` (the case, the failing comparison,
 the implementation) and :func:`diagnose` adds its last line: the technique's known-bad entries
-(``properties/zoo_<technique>.py``, :func:`inference_conformance.conformance.registry.zoo`) are
+(``properties/<technique>/zoo.py``, :func:`inference_conformance.conformance.registry.zoo`) are
 replayed on the failing case, one run of the law's body each (the law's own inputs, calls and
 comparisons), and the output each hands to the failing comparison is judged against the
 implementation's by that comparison's own rule and bound::

@@ -10,7 +10,7 @@ each layer, which returns :class:`Registration` objects made by :func:`builtin` 
 - ``reference/<technique>.py``: the float64-capable references (origin "builtin");
 - ``optimized/<technique>.py``: the optimized implementations and the adapters of other
   projects' kernels (origin "builtin", ``adapter=True`` for the adapters);
-- ``properties/zoo_<technique>.py``: the known-bad implementations every law must reject
+- ``properties/<technique>/zoo.py``: the known-bad implementations every law must reject
   (origin "zoo").
 
 The technique's name is the only link, so adding a technique adds one module per folder and no
@@ -45,7 +45,7 @@ from inference_conformance.conformance.registry_declarations import (  # noqa: F
 ENTRY_POINT_GROUP = "inference_conformance.implementations"
 #: Where a technique's implementations are declared, by layer: module name templates.
 LAYERS = ("inference_conformance.reference.{technique}", "inference_conformance.optimized.{technique}",
-          "inference_conformance.properties.zoo_{technique}")
+          "inference_conformance.properties.{technique}.zoo")
 #: The suite's own top-level packages: an implementation defined elsewhere is outside code.
 SUITE_PACKAGES = tuple(f"inference_conformance.{p}" for p in ("reference", "optimized", "properties", "conformance"))
 
@@ -340,7 +340,7 @@ def listing(device: str | None = None) -> list[tuple[str, str, str, str]]:
         try:
             impls += zoo(technique)
         except ImportError as exc:
-            rows.append((technique, f"inference_conformance.properties.zoo_{technique}", "zoo", f"cannot import: {exc}"))
+            rows.append((technique, f"inference_conformance.properties.{technique}.zoo", "zoo", f"cannot import: {exc}"))
         for i in impls:
             origin = "adapter" if i.adapter else i.origin
             rows.append((technique, i.name, origin, i.unavailable or "available"))

@@ -25,7 +25,7 @@ Rules (chosen by the dtype of the output under test):
   dropped key among ~1000, all-zero or unchanged outputs. Blind to: errors within 1 ulp of each
   element plus half an ulp of the scale (a bfloat16 scaling by 1% or less; a 16-bit accumulator
   over a few key tiles). It needs no ``out_pt``, so an overflowing naive 16-bit computation
-  cannot widen it. Measured (properties/test_attention.py, bfloat16): the built-ins (reference,
+  cannot widen it. Measured (properties/attention/test_attention.py, bfloat16): the built-ins (reference,
   Triton, split-KV, SDPA, and a model of the GPU kernel that rounds P to bfloat16 before P·V)
   use at most 0.71 of the bound; a ×1.02 output at least 1.67 of it, the 16-bit accumulator at
   Tk = 1100 at least 1.5, a dropped key at Tk = 1100 at least 4.

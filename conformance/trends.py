@@ -6,8 +6,8 @@ claims are judged by.
 their logs; a :class:`TrendRule` says "holds" when the interval lies wholly on the claim's side
 of its mark, "fails" when it lies wholly on the other, "inconclusive" when it straddles the mark
 (or there is no interval). The benchmarks (``benchmarks/``) judge their measured ratios with the
-rules declared here; ``properties/test_trend_rejections.py`` (SD-9's:
-``properties/test_speculative_rejections.py``) feeds the same rules synthetic ratios without the
+rules declared here; ``properties/roofline/test_trend_rejections.py`` (SD-9's:
+``properties/speculative/test_speculative_rejections.py``) feeds the same rules synthetic ratios without the
 trend.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ to learn its implementations, which takes torch, the kernels and the peers' adap
 This catalog reads the same declarations statically with :mod:`ast`: each technique's contract
 (``CONTRACT = Contract(technique=..., functions=...)`` in ``conformance/contracts/``), every
 ``builtin(...)`` call in ``reference/`` and ``optimized/`` and every ``known_bad(...)`` call in
-``properties/zoo_*.py`` (a technique and a name written as strings, or names drawn from a dict
+``properties/<technique>/zoo.py`` (a technique and a name written as strings, or names drawn from a dict
 literal the call iterates), and the claims from ``CLAIMS.md`` (:mod:`inference_conformance.reports.ledger`).
 ``tests/test_cli.py`` checks the catalog against the live registry. Which implementations run on
 this machine (devices, installed packages) is the live registry's question: ``pytest --list-impls``.
@@ -130,8 +130,8 @@ def techniques(root: Path = ROOT) -> dict[str, dict]:
 
 def implementations(root: Path = ROOT) -> list[Entry]:
     """Every declared implementation: references, optimized built-ins and adapters, then the zoo."""
-    files = sorted((root / "reference").glob("*.py")) + sorted((root / "optimized").glob("*.py")) \
-        + sorted((root / "properties").glob("zoo_*.py"))
+    files = sorted((root / "reference").rglob("*.py")) + sorted((root / "optimized").rglob("*.py")) \
+        + sorted((root / "properties").glob("*/zoo.py"))
     return [e for f in files for e in _declared(f, root)]
 
 
@@ -143,7 +143,7 @@ def catalog(root: Path = ROOT) -> dict:
     impls = implementations(root)
     out = {}
     for name, t in sorted(techs.items()):
-        own = (f"reference/{name}.py", f"optimized/{name}.py")   # the technique's own modules first
+        own = (f"reference/{name}.py", f"optimized/{name}.py", f"reference/{name}/__init__.py", f"optimized/{name}/__init__.py")   # the technique's own modules first
         mine = [asdict(e) for e in sorted((e for e in impls if e.technique == name),
                                           key=lambda e: (e.origin == "zoo", e.module not in own, e.module[0] != "r"))]
         out[name] = {"functions": t["functions"], "optional": t["optional"], "contract": t["module"],

@@ -24,13 +24,16 @@ def _thin(data: list[float], n: int = MAX_SAMPLES) -> list[float]:
 
 
 def technique_of(b: dict) -> str:
-    """The technique a benchmark belongs to: extra_info['technique'], else its file name
-    (benchmarks/bench_<technique>.py), else its group."""
+    """The technique a benchmark belongs to: extra_info['technique'], else its folder
+    (benchmarks/<technique>/bench_*.py) or file name (benchmarks/bench_<technique>.py), else its group."""
     info = b.get("extra_info") or {}
     if info.get("technique"):
         return str(info["technique"])
     full = b.get("fullname", "")
-    stem = Path(full.split("::")[0]).stem
+    path = Path(full.split("::")[0])
+    stem = path.stem
+    if stem.startswith("bench_") and path.parent.name not in ("", "benchmarks"):
+        return path.parent.name
     if stem.startswith("bench_"):
         return stem[len("bench_"):]
     return b.get("group") or stem or "other"

@@ -1,5 +1,5 @@
 """Showing that a claim's own check can fail: the helper every ``test_<claim>_rejects_<what>``
-of ``properties/test_*_rejections.py`` uses (``docs/claims.md`` lists those tests per claim).
+of ``properties/<technique>/test_*_rejections.py`` uses (``docs/claims.md`` lists those tests per claim).
 
 A rejection test runs the claim's check (the same function the claim's verdict comes from) on the
 suite's own formula, model or measurements, which must pass, and on a known-bad one, which must

@@ -12,7 +12,7 @@ them: given a layer and that layer's new q, k, v (after RoPE) it stores k, v whe
 keeps them and returns the attention output. :data:`FULL_RECOMPUTE` (causal attention over the
 given tokens, no cache) is the reference's; the static KV cache
 (:class:`inference_conformance.optimized.kv_cache.StaticCacheAttention`), the paged cache
-(:class:`inference_conformance.optimized.paged_engine_attention.PagedCacheAttention`) and the speculative engine's rollback cache
+(:class:`inference_conformance.optimized.paged_attention.engine_attention.PagedCacheAttention`) and the speculative engine's rollback cache
 (the static one, rolled back between forwards) are the engines'.
 
 Source: lecture 001 §1-2 (the model and the KV cache), CS336 lecture 10 part 1 (the transformer

@@ -157,7 +157,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                          "history, report")
     ap.add_argument("--select", action="append", default=None, metavar="PATH",
                     help="the properties stage runs these test paths (repeatable) instead of properties/ and tests/ "
-                         "(from an installed suite: module names, e.g. inference_conformance.properties.test_roofline)")
+                         "(from an installed suite: module names, e.g. inference_conformance.properties.roofline.test_roofline)")
     ap.add_argument("--bench-k", default=None, metavar="EXPR", help="pytest -k expression selecting benchmarks")
     ap.add_argument("--no-history", action="store_true", help="do not append this run to history/")
     ap.add_argument("--bench-passes", type=int, default=1, metavar="M",

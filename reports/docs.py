@@ -46,7 +46,7 @@ def _technique_claims(technique: str, contract_doc: str, root: Path) -> list[str
     """Claim ids the contract names and the ``claim`` markers of the law modules of
     ``technique`` (those whose ``TECH`` or ``technique(...)`` marker names it)."""
     ids = _claim_ids(contract_doc)
-    for path in sorted((root / "properties").glob("test_*.py")):
+    for path in sorted((root / "properties").rglob("test_*.py")):
         text = path.read_text(encoding="utf-8")
         if re.search(rf"""(TECH\s*=\s*|technique\()["']{technique}["']""", text):
             for group in re.findall(r"claim\(([^)]*)\)", text):

@@ -55,7 +55,7 @@ def test_bad_input_raises_naming_the_argument(impl, name, args, kwargs, exc, mat
 
 
 def test_triton_rejects_bad_tile_sizes():
-    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
+    fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="block_m.*power of two"):
         fa.flash_attention(q, k, v, causal=False, scale=0.3, block_m=24)
@@ -65,15 +65,15 @@ def test_triton_rejects_bad_tile_sizes():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_split_kv_rejects_bad_num_splits(bad):
-    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="num_splits"):
         fd.flash_decoding(q, k, v, causal=False, scale=0.3, num_splits=bad)
 
 
 def test_triton_needs_cuda_tensors_without_the_interpreter(monkeypatch):
-    fa = pytest.importorskip("inference_conformance.optimized.flash_attention")
-    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
+    fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
     shared = pytest.importorskip("inference_conformance.optimized.triton_shared")
     monkeypatch.setattr(shared, "triton_interpreted", lambda: False)
     q, k, v = _qkv()

@@ -83,14 +83,14 @@ def test_a_report_and_a_merge_from_the_wheel_finish_in_the_current_folder(instal
     """The main job from the wheel collects the installed laws (--pyargs), reads the shipped ledger
     and templates, and writes ./inference-conformance-out; merge keeps the ledger order."""
     _, site = installed
-    done = command("run", "--no-bench", "--no-history", "-n", "0", "--select", "inference_conformance.properties.test_roofline",
+    done = command("run", "--no-bench", "--no-history", "-n", "0", "--select", "inference_conformance.properties.roofline.test_roofline",
                    "--", "-k", "intensity", cwd=tmp_path, pythonpath=str(site))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = tmp_path / publish.OUT_NAME
     doc = json.loads((out / "results.json").read_text())
     assert doc["summary"]["total"] >= 60 and doc["summary"]["checked"] >= 1, doc["summary"]
     rows = [json.loads(line) for f in (out / "rows").glob("*.jsonl") for line in f.read_text().splitlines() if line]
-    assert rows and all(r["check"].startswith("properties/test_roofline.py::") for r in rows), rows[:3]
+    assert rows and all(r["check"].startswith("properties/roofline/test_roofline.py::") for r in rows), rows[:3]
     assert sorted(p.name for p in tmp_path.iterdir()) == [publish.OUT_NAME]
     assert not any(p.name == publish.OUT_NAME for p in site.rglob(publish.OUT_NAME))
     run = ledger_ordered_run(tmp_path / "runs" / "one")

@@ -23,8 +23,8 @@ from inference_conformance.conformance.tolerance import assert_close
 ROOT = Path(__file__).resolve().parents[1]
 #: The attention laws and checks an outside attention runs (``-k attention`` keeps the generic
 #: contract checks of attention only).
-LAW_FILES = ("properties/test_attention.py", "properties/test_attention_nan.py",
-             "properties/test_attention_coverage.py", "properties/test_contract_generic.py")
+LAW_FILES = ("properties/attention/test_attention.py", "properties/attention/test_attention_nan.py",
+             "properties/attention/test_attention_coverage.py", "properties/test_contract_generic.py")
 #: Lines printed by the run of test_a_wrong_attention_over_the_attention_laws_is_short: measured
 #: 108 for 20 failing tests (7 laws with their diagnosis, 13 checks with one line each), where
 #: each failing law printed ~150 lines before (the falsifying example with the whole Run and its

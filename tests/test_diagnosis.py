@@ -20,7 +20,7 @@ from inference_conformance.conformance import diagnosis, expectations, registry
 from inference_conformance.conformance.failures import LawFailure, ToleranceFailure
 from inference_conformance.conformance.laws import Law
 from inference_conformance.conformance.results import read_rows
-from inference_conformance.properties.attention_cases import Case, call, check_against_reference, make_inputs
+from inference_conformance.properties.attention.cases import Case, call, check_against_reference, make_inputs
 from inference_conformance.reports import expect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,10 +101,10 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("technique, target, law, bug", [
-    ("attention", "top_left_attention", "properties/test_attention.py::test_fa3_matches_float64_reference", "top_left_causal"),
-    ("attention", "default_scale_attention", "properties/test_attention.py::test_fa3_matches_float64_reference",
+    ("attention", "top_left_attention", "properties/attention/test_attention.py::test_fa3_matches_float64_reference", "top_left_causal"),
+    ("attention", "default_scale_attention", "properties/attention/test_attention.py::test_fa3_matches_float64_reference",
      "ignores_scale"),
-    ("quantization", "floor_quantization", "properties/test_quantization.py::test_qt1_within_half_step", "floor_not_round"),
+    ("quantization", "floor_quantization", "properties/quantization/test_quantization.py::test_qt1_within_half_step", "floor_not_round"),
 ])
 def test_an_outside_implementation_is_diagnosed_by_name(tmp_path, technique, target, law, bug):
     """pytest --impl, as a user runs it: the terminal and the result rows name the known bug."""

@@ -208,7 +208,7 @@ def test_the_suites_own_files_name_registered_builtins_and_existing_laws():
     loaded = expectations.load([expectations.BUILTIN])
     assert {(e.technique, e.name) for e in loaded} >= {("attention", "torch"), ("quantization", "torchao_int8"),
                                                         ("quantization", "torchao_intx")}
-    laws = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "properties").glob("test_*.py"))
+    laws = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "properties").rglob("test_*.py"))
     for exp in loaded:
         regs, _ = registry.registrations(exp.technique)
         assert exp.name in {r.name for r in regs if r.origin == "builtin"}, exp.source

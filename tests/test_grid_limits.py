@@ -68,8 +68,8 @@ def _attention(fn_name: str, B: int, Hq: int, Hkv: int, Tk: int, **kw):
     def make(device, real):
         from inference_conformance.reference.attention import attention as ref
 
-        mod = importlib.import_module("inference_conformance.optimized.flash_decoding" if fn_name == "flash_decoding"
-                                      else "inference_conformance.optimized.flash_attention")
+        mod = importlib.import_module("inference_conformance.optimized.attention.flash_decoding" if fn_name == "flash_decoding"
+                                      else "inference_conformance.optimized.attention.flash_attention")
         g = torch.Generator().manual_seed(0)
         q = torch.randn(B, Hq, 1, 1, generator=g, dtype=torch.float64)
         k = torch.randn(B, Hkv, Tk, 1, generator=g, dtype=torch.float64)
@@ -84,7 +84,7 @@ def _attention(fn_name: str, B: int, Hq: int, Hkv: int, Tk: int, **kw):
 
 def _paged(B: int, Hq: int, Hkv: int, n: int, block_size: int, num_splits: int):
     def make(device, real):
-        from inference_conformance.properties.paged_attention_cases import PagedCase, check_against_contiguous, make_inputs
+        from inference_conformance.properties.paged_attention.cases import PagedCase, check_against_contiguous, make_inputs
         from inference_conformance.optimized.paged_attention import paged_attention
 
         case = PagedCase((n,) * B, Hq, Hkv, 1, block_size, 1.0, spare_blocks=0, spare_cols=0)
@@ -103,7 +103,7 @@ def _paged(B: int, Hq: int, Hkv: int, n: int, block_size: int, num_splits: int):
 
 def _quant(M: int, N: int):
     def make(device, real):
-        from inference_conformance.optimized.quant_matmul import quant_matmul
+        from inference_conformance.optimized.quantization.matmul import quant_matmul
 
         g = torch.Generator().manual_seed(0)
         x = torch.randn(M, 2, generator=g)
@@ -122,7 +122,7 @@ def _quant(M: int, N: int):
 
 def _w8a8(M: int, N: int):
     def make(device, real):
-        from inference_conformance.optimized.w8a8_matmul import w8a8_matmul, w8a8_matmul_torch
+        from inference_conformance.optimized.quantization.w8a8_matmul import w8a8_matmul, w8a8_matmul_torch
 
         g = torch.Generator().manual_seed(0)
         x_q = torch.randint(-127, 128, (M, 1), generator=g, dtype=torch.int8).to(device)
@@ -136,7 +136,7 @@ def _w8a8(M: int, N: int):
 
 def _kv_append(Hkv: int, T: int, D: int):
     def make(device, real):
-        from inference_conformance.optimized.kv_append import kv_append, kv_append_torch
+        from inference_conformance.optimized.kv_cache.append import kv_append, kv_append_torch
 
         g = torch.Generator().manual_seed(0)
         new = [torch.randn(1, Hkv, 1, D, generator=g).to(device, torch.float16).expand(1, Hkv, T, D) for _ in "kv"]
@@ -156,8 +156,8 @@ def _kv_append(Hkv: int, T: int, D: int):
     return make
 
 
-FA, FD, TILES = "inference_conformance.optimized.flash_attention", "inference_conformance.optimized.flash_decoding", "inference_conformance.optimized.attention_tiles"
-PA, QM = "inference_conformance.optimized.paged_attention", "inference_conformance.optimized.quant_matmul"
+FA, FD, TILES = "inference_conformance.optimized.attention.flash_attention", "inference_conformance.optimized.attention.flash_decoding", "inference_conformance.optimized.attention.tiles"
+PA, QM = "inference_conformance.optimized.paged_attention", "inference_conformance.optimized.quantization.matmul"
 MERGE = (TILES, "split_kv_merge_kernel")
 
 #: Each launch at a shape whose former axis-1 or axis-2 count exceeds 65,535 (the former grid in
@@ -183,9 +183,9 @@ LAUNCHES = {
     # decode (cdiv(N, 64), splits): column blocks were already on axis 0
     "quant_gemv-65536-column-tiles": Launch(((QM, "quant_gemv_kernel"),), _quant(1, PAST * 64)),
     # (cdiv(M, 16), cdiv(N, 64)) with N = 65536 · 64
-    "w8a8-65536-column-tiles": Launch((("inference_conformance.optimized.w8a8_matmul", "w8a8_matmul_kernel"),), _w8a8(1, PAST * 64)),
+    "w8a8-65536-column-tiles": Launch((("inference_conformance.optimized.quantization.w8a8_matmul", "w8a8_matmul_kernel"),), _w8a8(1, PAST * 64)),
     # (B, cdiv(T, BLOCK_T)) with BLOCK_T = 1 (Hkv·D = 4096 lanes) and T = 65536 tokens
-    "kv_append-65536-token-tiles": Launch((("inference_conformance.optimized.kv_append", "kv_append_kernel"),),
+    "kv_append-65536-token-tiles": Launch((("inference_conformance.optimized.kv_cache.append", "kv_append_kernel"),),
                                           _kv_append(2, PAST, 2048)),
 }
 
@@ -211,7 +211,7 @@ LAUNCHES["paged_write-65536-tokens"] = Launch(((PA, "_write_kv_kernel"),), _writ
 def _tree_attention(B: int):
     """B sequences, one query head, a one-node tree after a one-token prefix: B programs."""
     def make(device, real):
-        from inference_conformance.optimized.tree_attention import tree_attention
+        from inference_conformance.optimized.speculative_tree.tree_attention import tree_attention
 
         g = torch.Generator().manual_seed(0)
         q = torch.randn(B, 1, 1, 1, generator=g, dtype=torch.float64)
@@ -229,7 +229,7 @@ def _tree_attention(B: int):
     return make
 
 
-LAUNCHES["tree_attention-65536-sequences"] = Launch((("inference_conformance.optimized.tree_attention", "tree_attention_kernel"),),
+LAUNCHES["tree_attention-65536-sequences"] = Launch((("inference_conformance.optimized.speculative_tree.tree_attention", "tree_attention_kernel"),),
                                                     _tree_attention(PAST))   # (B * Hq,): axis 0
 
 
@@ -237,7 +237,7 @@ def _paged_prefill(B: int):
     """B sequences of one cached token each, one query token each (the mixed batch's decode rows),
     one head, block size 16, no key split: B tiles, B programs; each output is its token's value."""
     def make(device, real):
-        from inference_conformance.optimized.paged_prefill import paged_prefill
+        from inference_conformance.optimized.paged_attention.prefill import paged_prefill
 
         g = torch.Generator().manual_seed(0)
         kc = torch.randn(B, 16, 1, 1, generator=g).to(device)
@@ -253,7 +253,7 @@ def _paged_prefill(B: int):
     return make
 
 
-LAUNCHES["paged_prefill-65536-sequences"] = Launch((("inference_conformance.optimized.paged_prefill", "_paged_prefill_kernel"),),
+LAUNCHES["paged_prefill-65536-sequences"] = Launch((("inference_conformance.optimized.paged_attention.prefill", "_paged_prefill_kernel"),),
                                                    _paged_prefill(PAST))   # (S * tiles * Hkv,): axis 0
 
 

@@ -105,7 +105,7 @@ def test_the_suites_benchmarks_are_collected_from_the_project(site, project):
 
 
 def test_a_law_runs_an_outside_implementation(site, project):
-    r = _pytest(project, site, "--pyargs", "inference_conformance.properties.test_attention", "--device", "cpu",
+    r = _pytest(project, site, "--pyargs", "inference_conformance.properties.attention.test_attention", "--device", "cpu",
                 "--impl", "attention=my_attention:attention", "-k", "test_fa3_noncontiguous_inputs")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert re.search(r"\b1 passed\b", r.stdout) and "my_attention:attention" in r.stdout, r.stdout[-3000:]

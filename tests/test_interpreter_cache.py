@@ -80,7 +80,7 @@ def test_a_builtin_added_after_the_first_scan_is_wrapped_too(monkeypatch):
 def test_kernels_give_the_same_bits_with_and_without_the_cache(monkeypatch):
     from triton.runtime import interpreter
 
-    from inference_conformance.optimized.flash_attention import attention
+    from inference_conformance.optimized.attention.flash_attention import attention
 
     assert cache_interpreter_patching()
     g = torch.Generator().manual_seed(3)

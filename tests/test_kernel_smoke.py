@@ -33,7 +33,7 @@ def test_every_kernel_runs_once_and_versions_are_printed(smoke, device, capsys):
 
 @pytest.mark.parametrize("broken", ["raises", "wrong"])
 def test_a_failing_kernel_stops_the_check_in_one_line(smoke, device, capsys, monkeypatch, broken):
-    import inference_conformance.optimized.flash_decoding as fd
+    import inference_conformance.optimized.attention.flash_decoding as fd
 
     real = fd.flash_decoding
 

@@ -8,7 +8,7 @@ import torch
 
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.optimized import kv_cache as engines
-from inference_conformance.optimized.kv_append import StaticKVCache, kv_append, kv_append_torch
+from inference_conformance.optimized.kv_cache.append import StaticKVCache, kv_append, kv_append_torch
 from inference_conformance.reference.transformer import TransformerConfig, build
 
 CFG = TransformerConfig(vocab_size=19, d_model=12, n_layers=2, n_heads=3, n_kv_heads=1, d_ff=16,

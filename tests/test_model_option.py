@@ -26,7 +26,7 @@ def _run(*args) -> subprocess.CompletedProcess:
     env = dict(os.environ, CI="true")
     env.pop("PYTEST_XDIST_WORKER", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "properties/test_model_claims.py", *args],
+                           "properties/kv_cache/test_model_claims.py", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

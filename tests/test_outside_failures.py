@@ -66,7 +66,7 @@ def test_a_crashing_implementation_does_not_stop_the_run(tmp_path):
                                            (RAISING, ["RuntimeError", "the vendor library is missing"])])
 def test_an_implementation_that_cannot_be_imported_is_one_line(tmp_path, source, words):
     (tmp_path / "bad_attention.py").write_text(source)
-    r = _pytest(tmp_path, "properties/test_attention.py", "--impl", "attention=bad_attention:attention")
+    r = _pytest(tmp_path, "properties/attention/test_attention.py", "--impl", "attention=bad_attention:attention")
     err = r.stdout + r.stderr
     assert r.returncode == 4 and "INTERNALERROR" not in err and "Traceback" not in err, err[-3000:]
     line = next(x for x in err.splitlines() if "--impl attention=bad_attention:attention" in x)
@@ -103,7 +103,7 @@ def test_runs_leave_no_hypothesis_or_benchmark_folder_in_the_project(tmp_path):
     project.mkdir()
     installed = any(ep.value == "inference_conformance.conformance.plugin" for ep in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "inference_conformance.conformance.plugin"]
-    r = _pytest(tmp_path, "--pyargs", "inference_conformance.properties.test_softmax", *plugin, "--hypothesis-profile", "dev", cwd=project)
+    r = _pytest(tmp_path, "--pyargs", "inference_conformance.properties.attention.test_softmax", *plugin, "--hypothesis-profile", "dev", cwd=project)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert not (project / ".hypothesis").exists() and not (project / ".benchmarks").exists(), \
         sorted(p.name for p in project.iterdir())

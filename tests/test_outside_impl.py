@@ -38,11 +38,11 @@ def test_outside_speculative_verifiers_checked(tmp_path):
     0.97 fails it (exit status 1)."""
     from inference_conformance.conformance.results import read_rows
 
-    good, bad = "inference_conformance.optimized.speculative:verify", "inference_conformance.properties.zoo_speculative:acceptance_times_097"
+    good, bad = "inference_conformance.optimized.speculative:verify", "inference_conformance.properties.speculative.zoo:acceptance_times_097"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/test_speculative.py", "-k", "test_sd1_statistical",
+           "properties/speculative/test_speculative.py", "-k", "test_sd1_statistical",
            "--impl", f"speculative={good}", "--impl", f"speculative={bad}", "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
@@ -62,7 +62,7 @@ def test_partial_support_is_reported_partial_with_what_was_refused(tmp_path):
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-                           "properties/test_quantization.py", "-k", "test_qt1_within_half_step",
+                           "properties/quantization/test_quantization.py", "-k", "test_qt1_within_half_step",
                            "--impl", "quantization=tests.partial_quantization:IMPL",
                            "--results", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -87,7 +87,7 @@ def test_outside_tree_verifiers_checked(tmp_path):
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/test_speculative_tree.py", "-k", "test_sd11_statistical and not reference and not torch",
+           "properties/speculative_tree/test_speculative_tree.py", "-k", "test_sd11_statistical and not reference and not torch",
            "--impl", f"speculative_tree={good}", "--impl", f"speculative_tree={bad}", "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""The CPU libraries' adapters (optimized/outside_attention.py, optimized/outside_quantization.py):
+"""The CPU libraries' adapters (optimized/attention/outside.py, optimized/quantization/outside.py):
 each adapter's layout on one small call, their registration (unavailable outside the peers-libs
 environment, with the reason), and the minimal reproductions of what the laws found in each
 library, pinned to the version tested (requirements/peers-libs.txt). A reproduction asserts the
@@ -161,7 +161,7 @@ def test_bnb_int8_dequant_of_a_large_row_is_finite():
 @_xfail("torch", "the CPU flash SDPA kernel (sdpa_kernel(SDPBackend.FLASH_ATTENTION)) returns NaN for "
                  "is_causal=True with a negative scale; the math backend is right")
 def test_sdpa_flash_cpu_causal_negative_scale():
-    from inference_conformance.optimized import outside_attention as oa
+    from inference_conformance.optimized.attention import outside as oa
 
     q, k, v = _qkv(torch.float32, B=1, Hq=2, Hkv=2, Tq=5, Tk=5, D=16)
     out = oa.sdpa_flash_cpu(q, k, v, causal=True, scale=-0.5)
@@ -173,7 +173,7 @@ def test_sdpa_flash_cpu_causal_negative_scale():
                "in float32: errors ~6e-8 against the float64 rule's 1e-12 x max|out|")
 def test_jax_float64_attention_is_float64_accurate():
     pytest.importorskip("jax")
-    from inference_conformance.optimized import outside_attention as oa
+    from inference_conformance.optimized.attention import outside as oa
 
     q, k, v = _qkv(torch.float64, B=1, Hq=2, Hkv=2, Tq=3, Tk=4, D=8)
     out = oa.jax_attention(q, k, v, causal=False, scale=0.3)
@@ -186,7 +186,7 @@ def test_jax_float64_attention_is_float64_accurate():
                        "~1e-8 (float32-sized); without a mask it is exact to 2e-16")
 def test_ort_attention_float64_with_a_mask_is_float64_accurate():
     pytest.importorskip("onnxruntime")
-    from inference_conformance.optimized import outside_attention as oa
+    from inference_conformance.optimized.attention import outside as oa
 
     q, k, v = _qkv(torch.float64)
     out = oa.ort_attention(q, k, v, causal=True, scale=0.3)              # Tq < Tk: a boolean mask
@@ -198,7 +198,7 @@ def test_ort_attention_float64_with_a_mask_is_float64_accurate():
                           "non-finite or wrong values (a worker crashed once in the law run)")
 def test_quanto_int8_bfloat16_matmul():
     pytest.importorskip("optimum.quanto")
-    from inference_conformance.optimized.outside_quantization import quanto_int8
+    from inference_conformance.optimized.quantization.outside import quanto_int8
 
     worst = 0.0
     for seed in range(20):

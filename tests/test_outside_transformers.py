@@ -1,5 +1,5 @@
-"""The transformers adapters (optimized/outside_transformers.py) and the storage bridge
-(optimized/kv_storage.py): each cache class's layout as the bridge sees it, the measured
+"""The transformers adapters (optimized/kv_cache/outside_transformers.py, optimized/speculative/outside_transformers.py) and the storage bridge
+(optimized/kv_cache/storage.py): each cache class's layout as the bridge sees it, the measured
 footprint (inference_conformance.conformance.contracts.kv_cache.held_bytes), and the findings of the kv_cache laws on
 transformers, each a minimal reproduction pinned to the version it was seen on (5.24.0).
 
@@ -28,7 +28,7 @@ def _config(n_layers=1):
 
 def _padded_run(impl):
     """The laws' padded batch on a tiny model: prompts of 5, 2 and 7 tokens, 3 decode steps."""
-    from inference_conformance.properties.kv_cache_cases import PINNED, model_for, run_engine
+    from inference_conformance.properties.kv_cache.cases import PINNED, model_for, run_engine
 
     model = model_for(PINNED.cfg(), PINNED.seed, torch.float32, "cpu")
     engine, _ = run_engine(impl, model, PINNED, "cpu", exact=False)
@@ -67,7 +67,7 @@ def test_footprint_rejects_an_unknown_layout():
 def test_cache_classes_hold_their_layout(name, layout, slots):
     """What each class holds on the laws' padded batch, measured: the slots of its layout × 96
     bytes (2 × 2 layers × 1 KV head × 6 × 4 bytes), against 23 cached tokens (2208 bytes)."""
-    from inference_conformance.optimized import outside_transformers as hf
+    from inference_conformance.optimized.kv_cache import outside_transformers as hf
 
     engine = _padded_run(getattr(hf, name))
     assert engine.footprint().layout == layout
@@ -79,8 +79,8 @@ def test_storage_layouts_are_translated_not_recomputed():
     DynamicCache's tensors are exactly the k, v of the padded forward (RoPE applied by the
     model), with the padding columns held too (layer 0; deeper layers' padding columns are
     unspecified: the bridge's mask keeps padding queries off other padding)."""
-    from inference_conformance.optimized import outside_transformers as hf
-    from inference_conformance.properties.kv_cache_cases import PINNED, model_for, sequences
+    from inference_conformance.optimized.kv_cache import outside_transformers as hf
+    from inference_conformance.properties.kv_cache.cases import PINNED, model_for, sequences
     from inference_conformance.reference.transformer import layer_kv
 
     model = model_for(PINNED.cfg(), PINNED.seed, torch.float64, "cpu")
@@ -130,7 +130,7 @@ def test_assisted_verify_follows_the_contract_on_a_certain_case():
     """hf_assisted (transformers' _speculative_sampling): a draft token the target gives
     probability 1 is accepted, and the bonus token then comes from the target's last row;
     equal generators give equal results."""
-    from inference_conformance.optimized.outside_transformers import assisted_verify
+    from inference_conformance.optimized.speculative.outside_transformers import assisted_verify
 
     V = 4
     draft_tokens = torch.tensor([[2, 1]])

@@ -1,9 +1,9 @@
-"""vLLM's CPU build under the contracts (``optimized/outside_vllm.py``): each adapter's layout on a
+"""vLLM's CPU build under the contracts (``optimized/paged_attention/outside_vllm.py``): each adapter's layout on a
 small supported call, the findings of the laws pinned as minimal reproductions (vLLM 0.32.0), the
 greedy rejection path under SD-7, and SD-1 on samples at the peer job's size with its power.
 
 Skipped where vLLM is not installed (``requirements/peers-vllm.txt``, ``tox -e peers-vllm``).
-vLLM is imported only through :func:`inference_conformance.optimized.outside_vllm.vllm_module` (which registers the
+vLLM is imported only through :func:`inference_conformance.optimized.paged_attention.outside_vllm.vllm_module` (which registers the
 interpreter's "cpu" backend entry first), never by ``pytest.importorskip``.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def ov():
     from inference_conformance.conformance.device import select_device
 
     select_device("cpu")
-    from inference_conformance.optimized import outside_vllm
+    from inference_conformance.optimized.paged_attention import outside_vllm
 
     outside_vllm.vllm_module()
     return outside_vllm
@@ -191,7 +191,7 @@ def test_finding_triton_decode_16bit_scores(ov):
     half an ulp of the largest output), where vLLM's unified attention on the same call passes:
     the kernel forms the scores as ``tl.sum(q[None, :] * k, 1)`` in the 16-bit input dtype, the
     contract computes them in float32. Listed in expectations/vllm_triton_decode.toml."""
-    from inference_conformance.properties.paged_attention_cases import PagedCase, check_against_contiguous, make_inputs
+    from inference_conformance.properties.paged_attention.cases import PagedCase, check_against_contiguous, make_inputs
 
     case = PagedCase((64, 63), 6, 6, 192, 32, 0.0625, magnitude="large", amp=12.0)
     inp = make_inputs(case, 4, torch.float16, "cpu")
@@ -216,7 +216,7 @@ def test_sd7_vllm_greedy_rejection_equals_greedy_target(ov, draft):
     from inference_conformance.smallworld.checkpoints import load_model
     from inference_conformance.smallworld.tokenizer import tokenizer
 
-    from inference_conformance.optimized.outside_vllm_speculative import rejection_greedy
+    from inference_conformance.optimized.speculative.outside_vllm import rejection_greedy
 
     calls = []
 
@@ -235,7 +235,7 @@ def test_sd7_vllm_greedy_rejection_equals_greedy_target(ov, draft):
 
 
 #: SD-1 on samples at the peer job's size: the pair that carries the power against an acceptance
-#: scaled by 0.97 (``properties/speculative_cases.py``), in 3,000 rounds.
+#: scaled by 0.97 (``properties/speculative/cases.py``), in 3,000 rounds.
 PEER_SIZES = {"gamma3-V5": 3000}
 #: Exact multinomial draws for the law's power at that size.
 POWER_DRAWS = 1000
@@ -249,9 +249,9 @@ def test_sd1_statistical_at_peer_size(ov):
     acceptance is scaled by 0.97, on exact draws, is recorded and must be at least 0.7 (it is
     about 0.8); the full law (84,000 rounds) is ``test_sd1_statistical``."""
     from inference_conformance.conformance.stats import upper_bound
-    from inference_conformance.properties.speculative_cases import ALPHA, sd1_law_verdicts
-    from inference_conformance.optimized.outside_vllm_speculative import rejection_sample
-    from inference_conformance.properties.speculative_calibration_cases import law_rejections
+    from inference_conformance.properties.speculative.cases import ALPHA, sd1_law_verdicts
+    from inference_conformance.optimized.speculative.outside_vllm import rejection_sample
+    from inference_conformance.properties.speculative.calibration_cases import law_rejections
 
     k, _ = law_rejections(POWER_DRAWS, 1, sizes=PEER_SIZES, accept_scale=0.97)
     power = k / POWER_DRAWS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_conformance.properties.paged_attention_cases import PagedCase, make_inputs
+from inference_conformance.properties.paged_attention.cases import PagedCase, make_inputs
 from inference_conformance.reference import paged_attention as paged
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -180,14 +180,14 @@ def test_paged_attention_rejects_bad_num_splits(call_args):
 # ------------------------------------------------------------------ the mixed batch (paged_prefill)
 PREFILL_IMPLS = {"reference": "inference_conformance.reference.paged_attention:paged_prefill"}
 if "triton" in IMPLS:
-    PREFILL_IMPLS["triton"] = "inference_conformance.optimized.paged_prefill:paged_prefill"
+    PREFILL_IMPLS["triton"] = "inference_conformance.optimized.paged_attention.prefill:paged_prefill"
 
 
 @pytest.fixture
 def prefill_args(device):
     """A valid mixed batch: sequences of 5 and 3 tokens, chunks of 4 and 1 query tokens
     (query_start_loc [0, 4, 5]), blocks of 2, Hq 4, Hkv 2, D 16."""
-    from inference_conformance.properties.paged_attention_cases import PrefillCase, make_prefill_inputs
+    from inference_conformance.properties.paged_attention.cases import PrefillCase, make_prefill_inputs
 
     return make_prefill_inputs(PrefillCase((5, 3), (4, 1), 4, 2, 16, 2, 0.25), 3, torch.float32, device).args()
 
@@ -219,7 +219,7 @@ def test_paged_prefill_rejects_bad_input(which, what, prefill_args, device):
 
 
 def test_paged_prefill_rejects_bad_num_splits(prefill_args):
-    pp = pytest.importorskip("inference_conformance.optimized.paged_prefill")
+    pp = pytest.importorskip("inference_conformance.optimized.paged_attention.prefill")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
             pp.paged_prefill(*prefill_args, scale=0.25, num_splits=bad)

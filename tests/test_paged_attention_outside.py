@@ -9,14 +9,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = "inference_conformance.reference.paged_attention:paged_attention"
-BAD = "inference_conformance.properties.zoo_paged_attention:walk_capped_64_blocks"
+BAD = "inference_conformance.properties.paged_attention.zoo:walk_capped_64_blocks"
 
 
 def test_outside_paged_attention_kernels_are_checked():
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", "--device", "cpu",
-           "properties/test_paged_attention.py", "--impl", f"paged_attention={GOOD}", "--impl",
+           "properties/paged_attention/test_paged_attention.py", "--impl", f"paged_attention={GOOD}", "--impl",
            f"paged_attention={BAD}", "-k", "pa1_paged_equals_contiguous and float64"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

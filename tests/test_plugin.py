@@ -30,7 +30,7 @@ CRASH = "import os\ndef attention(q, k, v, *, causal, scale):\n    os.abort()\n"
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A kernel project's checkout: outside the suite, with its own pytest configuration."""
-    if not (ROOT / "properties" / "test_attention.py").exists() or not (EXAMPLES / "my_attention.py").exists():
+    if not (ROOT / "properties" / "attention" / "test_attention.py").exists() or not (EXAMPLES / "my_attention.py").exists():
         pytest.skip("the attention properties or examples/my_attention.py are not in this checkout")
     d = tmp_path_factory.mktemp("kernel_project")
     (d / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-ra"\ntestpaths = ["tests"]\n')
@@ -66,7 +66,7 @@ def test_conforming_kernel_passes_and_wrong_one_fails_from_another_project(proje
 
 def test_hanging_kernel_fails_its_test_by_timeout(project):
     r = _pytest(project, "--impl", "attention=hang_kernel:attention", "--impl-timeout=3", "-k", FAST, timeout=60,
-                laws="inference_conformance.properties.test_attention")
+                laws="inference_conformance.properties.attention.test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "Timeout" in r.stdout and "1 failed" in r.stdout
 
@@ -74,7 +74,7 @@ def test_hanging_kernel_fails_its_test_by_timeout(project):
 def test_crashing_kernel_fails_its_test_not_the_run(project, tmp_path):
     rows = tmp_path / "rows"
     r = _pytest(project, "--impl", "attention=crash_kernel:attention", "-n", "1", f"--results={rows}", "-k",
-                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180, laws="inference_conformance.properties.test_attention")
+                f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180, laws="inference_conformance.properties.attention.test_attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "crashed" in r.stdout and "2 failed" in r.stdout, r.stdout[-3000:]   # the second test still ran
     errors = [x for x in read_rows(rows) if x.verdict == "error" and "crashed" in x.message]
@@ -202,7 +202,8 @@ class _FlashInferPagedDecode:
 def stand_ins(monkeypatch):
     import types
 
-    from inference_conformance.optimized import outside_adapters as oa
+    from inference_conformance.optimized.attention import outside_kernels as dense
+    from inference_conformance.optimized.paged_attention import outside_kernels as paged
 
     fa = types.ModuleType("flash_attn")
     fa.__version__ = "2.6.3"
@@ -215,8 +216,9 @@ def stand_ins(monkeypatch):
     ops.paged_attention_v1 = _paged_attention_v1
     for name, mod in (("flash_attn", fa), ("flashinfer", fi), ("vllm._custom_ops", ops)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(oa, "_need", lambda *a, **k: None)  # the stand-ins run on the CPU
-    return oa
+    monkeypatch.setattr(dense, "_need", lambda *a, **k: None)  # the stand-ins run on the CPU
+    return types.SimpleNamespace(flash_attn=dense.flash_attn, flashinfer=dense.flashinfer,
+                                 vllm_paged=paged.vllm_paged, flashinfer_paged=paged.flashinfer_paged)
 
 
 @pytest.mark.parametrize("name,Tq,Hq,Hkv,Tk,D,causal", [("flash_attn", 3, 4, 2, 17, 16, True),

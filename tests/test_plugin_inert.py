@@ -39,7 +39,7 @@ def test_the_suites_own_tests_run_under_the_suites_profile(request):
 def test_suite_paths_are_told_by_path_not_by_name(tmp_path):
     from inference_conformance.conformance.plugin_state import is_suite_path
 
-    assert is_suite_path(ROOT / "properties" / "test_attention.py")
+    assert is_suite_path(ROOT / "properties" / "attention" / "test_attention.py")
     assert is_suite_path(ROOT / "benchmarks")
     assert not is_suite_path(tmp_path / "benchmarks" / "bench_x.py")
     assert not is_suite_path(tmp_path / "properties")

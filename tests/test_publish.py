@@ -157,9 +157,9 @@ def _running_child(out: Path, proc) -> tuple[dict, int]:
     return m, m["child_pgid"]
 
 
-SLOW = ["--select", "properties/test_roofline.py", "-n", "1", "--no-bench"]
+SLOW = ["--select", "properties/roofline/test_roofline.py", "-n", "1", "--no-bench"]
 #: Minutes of work (500 examples per law), killed after its first rows.
-LONG = ["--select", "properties/test_block_allocator.py", "--profile", "thorough", "-n", "1", "--no-bench"]
+LONG = ["--select", "properties/paged_attention/test_block_allocator.py", "--profile", "thorough", "-n", "1", "--no-bench"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -198,7 +198,7 @@ def test_a_second_concurrent_run_is_refused(tmp_path):
     assert len(publish.runs(out, settle=False)) == 1, "the refused run left a run folder"
     assert faults.check_published(out) == []
     doc = json.loads((out / "results.json").read_text())
-    assert {r["check"].split("::")[0] for r in doc["rows"]} == {"properties/test_roofline.py"}
+    assert {r["check"].split("::")[0] for r in doc["rows"]} == {"properties/roofline/test_roofline.py"}
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(baseline, tmp_path):

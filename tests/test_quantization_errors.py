@@ -81,8 +81,8 @@ def test_fp8_schemes_refuse_other_bits_after_validating(which, device):
 def test_kernel_wrapper_checks_the_fp8_arguments(device):
     """The Triton wrapper's FP8 mode: an unknown number_format, bits other than 8, zero points
     passed with FP8 codes raise ValueError naming the argument, before any launch."""
-    qm = pytest.importorskip("inference_conformance.optimized.quant_matmul")
-    from inference_conformance.optimized import quantization_fp8 as quant_torch
+    qm = pytest.importorskip("inference_conformance.optimized.quantization.matmul")
+    from inference_conformance.optimized.quantization import fp8 as quant_torch
 
     w = torch.randn(6, 32).to(device)
     qw = quant_torch.quantize_fp8(w, bits=8, granularity="channel", fmt="fp8_e4m3fn")
@@ -101,8 +101,8 @@ def test_kv_format_arguments_name_themselves():
     """KV-cache formats: an unknown kind, residual/group on a per-token kind, a group < 1 and
     k, v of different shapes raise ValueError naming the argument."""
     from inference_conformance.conformance.contracts.quantization_kv import kv_format
-    from inference_conformance.optimized import quantization_kv as quant_torch
-    from inference_conformance.reference import quantization_kv as ref
+    from inference_conformance.optimized.quantization import kv as quant_torch
+    from inference_conformance.reference.quantization import kv as ref
 
     for kwargs, name in ((dict(kind="int3"), "kind"), (dict(kind="int8", residual=4), "residual"),
                          (dict(kind="int4_kivi", group=0), "group"), (dict(kind="int4_kivi", residual=-1), "residual")):
@@ -118,9 +118,9 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
     """The host wrapper of the Triton kernel: packed codes of the wrong dtype or shape, scales
     that do not match the groups, zero points of another shape, bits outside 2..8, an act-order
     g_idx of the wrong dtype, length or range (an int64 g_idx is taken as int32 is)."""
-    qm = pytest.importorskip("inference_conformance.optimized.quant_matmul")
+    qm = pytest.importorskip("inference_conformance.optimized.quantization.matmul")
     from inference_conformance.optimized import quantization as quant_torch
-    from inference_conformance.optimized.quantization_packing import unpack
+    from inference_conformance.optimized.quantization.packing import unpack
 
     w = torch.randn(6, 32).to(device)
     qw = quant_torch.quantize(w, bits=4, granularity=8)
@@ -164,7 +164,7 @@ def test_outside_implementation_via_impl_option(tmp_path):
     env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), str(ROOT)]))
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "inference_conformance.properties.test_quantization", "-p", "no:cacheprovider", "-q",
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "inference_conformance.properties.quantization.test_quantization", "-p", "no:cacheprovider", "-q",
            "--device=cpu", "--impl", "quantization=my_quantization:quantization",
            "--impl", "quantization=my_quantization:wrong_quantization",
            "-k", "test_qt1_within_half_step and float32"]

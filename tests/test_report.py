@@ -24,14 +24,14 @@ def make_synthetic(folder: Path, *, n_history: int = 2) -> dict:
           "triton": "3.x", "cuda": None, "gpu": None, "gpu_count": 0, "driver": None, "device": "cpu",
           "commit": "0123456789abcdef", "dirty": False, "date": "2026-01-02T03:04:05Z"}
     rows = [
-        Row("FA-3", "properties/test_attention.py::test_tiled_equals_standard[naive-float64]", "attention",
+        Row("FA-3", "properties/attention/test_attention.py::test_tiled_equals_standard[naive-float64]", "attention",
             "naive", "float64", "cpu", 1e-15, 1e-12, None, "max abs error", "float64", "pass", "", 10),
-        Row("FA-3", "properties/test_attention.py::test_tiled_equals_standard[triton-float16]", "attention",
+        Row("FA-3", "properties/attention/test_attention.py::test_tiled_equals_standard[triton-float16]", "attention",
             "triton", "float16", "cpu", 2e-3, 1e-3, None, "max abs error", "float16", "fail",
             "output: measured error 2e-3 EXCEEDS bound 1e-3", 3),
-        Row("FA-3", "properties/test_attention.py::test_tiled_equals_standard[zoo-no_max_subtract]", "attention",
+        Row("FA-3", "properties/attention/test_attention.py::test_tiled_equals_standard[zoo-no_max_subtract]", "attention",
             "zoo:no_max_subtract", "", "cpu", "AssertionError: output", None, None, "rejection", "", "pass", "", 1),
-        Row("FA-7", "properties/test_attention.py::test_split_kv_gpu", "attention", "triton", "", "cpu",
+        Row("FA-7", "properties/attention/test_attention.py::test_split_kv_gpu", "attention", "triton", "", "cpu",
             verdict="skip", message="needs a CUDA device"),
         Row("FA-1", "tests/test_softmax.py::test_overflow", "attention", "", "", "cpu", 0.665, None, 0.665,
             "", "", "pass", "", 1),

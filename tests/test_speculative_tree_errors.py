@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_conformance.optimized.tree_attention import tree_attention, tree_attention_torch
+from inference_conformance.optimized.speculative_tree.tree_attention import tree_attention, tree_attention_torch
 
 
 def _args():
@@ -40,8 +40,8 @@ def test_tree_attention_rejects_bad_input_naming_the_argument(fn, what):
 
 
 def test_tree_engine_refuses_a_batch_and_an_unknown_backend():
-    from inference_conformance.optimized.speculative_drafters import PromptLookupDrafter
-    from inference_conformance.optimized.speculative_tree_engine import TreeSpeculativeEngine
+    from inference_conformance.optimized.speculative.drafters import PromptLookupDrafter
+    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.checkpoints import load_model
 
     target = load_model("target", torch.float32)

@@ -1,4 +1,4 @@
-"""The one split-KV merge (``inference_conformance.optimized.attention_tiles.merge_splits``, claim FA-7) that
+"""The one split-KV merge (``inference_conformance.optimized.attention.tiles.merge_splits``, claim FA-7) that
 Flash-Decoding and paged attention share: a split that saw no key (lse = -inf) weighs 0, and a
 row whose splits all saw none comes out 0, never NaN; through the public kernels too, where
 later splits are empty for early causal rows (split-KV) and for short sequences (paged)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_conformance.properties.paged_attention_cases import PagedCase, make_inputs
+from inference_conformance.properties.paged_attention.cases import PagedCase, make_inputs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -29,7 +29,7 @@ def _spy_merge(monkeypatch, mod):
 
 @pytest.mark.parametrize("part_dtype", [torch.float32, torch.float64])
 def test_merge_weighs_empty_splits_zero_and_gives_zero_for_a_row_with_no_key(device, part_dtype):
-    tiles = pytest.importorskip("inference_conformance.optimized.attention_tiles")
+    tiles = pytest.importorskip("inference_conformance.optimized.attention.tiles")
     g = torch.Generator().manual_seed(0)
     B, Hq, Tq, S, D = 1, 2, 3, 3, 5
     o_part = torch.randn(B * Hq, Tq, S, D, generator=g, dtype=torch.float64)
@@ -51,7 +51,7 @@ def test_merge_weighs_empty_splits_zero_and_gives_zero_for_a_row_with_no_key(dev
 
 
 def test_merge_rejects_partials_that_do_not_fit_the_output(device):
-    tiles = pytest.importorskip("inference_conformance.optimized.attention_tiles")
+    tiles = pytest.importorskip("inference_conformance.optimized.attention.tiles")
     o_part = torch.zeros(4, 3, 2, 5, device=device)
     out = torch.empty(1, 2, 3, 5, device=device)
     with pytest.raises(ValueError, match="do not fit"):
@@ -61,7 +61,7 @@ def test_merge_rejects_partials_that_do_not_fit_the_output(device):
 def test_split_kv_with_splits_past_a_causal_row_matches_the_reference(device, monkeypatch):
     """Tq = Tk = 8, causal, one key per split: row r sees splits 0..r, the other splits are
     empty for it."""
-    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
     from inference_conformance.reference.attention import attention_naive
 
     g = torch.Generator().manual_seed(1)
@@ -91,9 +91,9 @@ def test_paged_splits_past_a_short_sequence_weigh_zero(device, monkeypatch):
 def test_triton_num_splits_past_max_splits_is_capped(device, monkeypatch):
     """A num_splits above MAX_SPLITS (here a million) makes MAX_SPLITS splits (the merge holds a
     row's splits in one tile), dense and paged, with the exact result."""
-    fd = pytest.importorskip("inference_conformance.optimized.flash_decoding")
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
     pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
-    from inference_conformance.optimized.attention_tiles import MAX_SPLITS
+    from inference_conformance.optimized.attention.tiles import MAX_SPLITS
     from inference_conformance.reference.attention import attention_naive
     from inference_conformance.reference.paged_attention import paged_attention as paged_ref
 

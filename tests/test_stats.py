@@ -53,7 +53,7 @@ CAL_DRAWS, CAL_LEVEL, CAL_ALPHA = 5000, 1e-3, 0.01
 def _sd1_count_tests():
     """(label, probs, n) of every G-test the statistical SD-1 law makes (its pairs' four outcome
     distributions at their rounds) and of the extreme-ratio law's corrections (4000 rounds)."""
-    from inference_conformance.properties.speculative_cases import OUTCOMES, STAT_CONFIGS, STAT_SIZES
+    from inference_conformance.properties.speculative.cases import OUTCOMES, STAT_CONFIGS, STAT_SIZES
     from inference_conformance.reference.speculative import outcome_probabilities
 
     out = []
@@ -112,7 +112,7 @@ def test_g_test_monte_carlo_critical_value_on_the_end_to_end_table():
     on 200,000 draws), so the check can fail."""
     import torch
 
-    from inference_conformance.properties.speculative_cases import first_two_token_distribution
+    from inference_conformance.properties.speculative.cases import first_two_token_distribution
     from inference_conformance.smallworld.checkpoints import load_model
     from inference_conformance.smallworld.tokenizer import tokenizer
 

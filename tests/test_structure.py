@@ -64,10 +64,10 @@ def test_import_graph_has_no_cycle():
 
 def test_import_graph_sees_top_level_and_lazy_imports():
     graph = import_graph()
-    assert "inference_conformance.optimized.attention_tiles" in graph["inference_conformance.optimized.flash_attention"]     # top-level
-    assert "inference_conformance.conformance.contracts.attention" in graph["inference_conformance.optimized.attention_tiles"] | graph["inference_conformance.optimized.flash_attention"]
+    assert "inference_conformance.optimized.attention.tiles" in graph["inference_conformance.optimized.attention.flash_attention"]     # top-level
+    assert "inference_conformance.conformance.contracts.attention" in graph["inference_conformance.optimized.attention.tiles"] | graph["inference_conformance.optimized.attention.flash_attention"]
     lazy = {m for m, deps in graph.items() if "inference_conformance.reference.attention" in deps}
-    assert "inference_conformance.properties.zoo_attention" in lazy
+    assert "inference_conformance.properties.attention.zoo" in lazy
 
 
 def test_contracts_import_no_implementation():

@@ -194,7 +194,7 @@ def test_quant_matmul_floor_follows_the_products_magnitude_not_the_cancelled_out
     in numpy's order differs from torch's by ~5e-16 where |out| is ~3e-2; judged at the output's
     scale (floor 8 ulp x |out| = 5e-17) it was rejected, at the products' magnitude it passes,
     and an error of one quantization step still fails."""
-    from inference_conformance.properties.quantization_cases import EXAMPLE_SEEDS, EXAMPLES, make_weight, make_x
+    from inference_conformance.properties.quantization.cases import EXAMPLE_SEEDS, EXAMPLES, make_weight, make_x
     from inference_conformance.reference import quantization as ref
 
     case, seed = EXAMPLES[-1], EXAMPLE_SEEDS[-1]

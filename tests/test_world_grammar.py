@@ -4,7 +4,7 @@ by the world's real grammar)."""
 import pytest
 
 from inference_conformance.conformance import results
-from inference_conformance.properties.world_cases import WD1_MIN_REJECTED, check_wd1, corruptions
+from inference_conformance.properties.world.cases import WD1_MIN_REJECTED, check_wd1, corruptions
 from inference_conformance.smallworld import checker, data, grammar
 from inference_conformance.smallworld.checker import is_grammatical
 

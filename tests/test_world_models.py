@@ -10,7 +10,7 @@ from scipy.stats import binomtest
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
-from inference_conformance.properties.world_cases import (WD2_GOOD_WITHIN, WD2_POOR_ABOVE, WD3_LEVEL, check_wd2_cards, check_wd2_subset,
+from inference_conformance.properties.world.cases import (WD2_GOOD_WITHIN, WD2_POOR_ABOVE, WD3_LEVEL, check_wd2_cards, check_wd2_subset,
                                     check_wd3, wd3_p_value)
 from inference_conformance.reference.transformer import Transformer, generate
 from inference_conformance.smallworld import checkpoints, data

@@ -34,7 +34,7 @@ all of the rows ``out[b, h, i]`` of the heads reading KV head ``g`` whose query 
 be without the NaN: a key the mask hides must not leak. (Only component ``d`` of the rows that
 cannot see a NaN value is unspecified: a kernel may multiply its zero weight by it.) Returning
 zeros for a NaN row, or NaN for a row that cannot see a NaN key, breaks the contract
-(``properties/test_attention_nan.py``).
+(``properties/attention/test_attention_nan.py``).
 
 Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`inference_conformance.conformance.contracts.glossary`.
 
@@ -207,8 +207,8 @@ CONTRACT = Contract(
 # ----------------------------------------------------------------------------------------------
 # Each class is a inference_conformance.conformance.coverage.CoverageClass whose observations are calls: dicts with B, Hq,
 # Hkv, Tq, Tk, D, causal, scale, dtype, num_splits and the logits' max_logit, rise64, rise128
-# (inference_conformance.properties.attention_cases.call_profile). The law runner records, per implementation, which
-# classes each run reached; properties/test_attention_coverage.py fails on a class that FA-3's and
+# (inference_conformance.properties.attention.cases.call_profile). The law runner records, per implementation, which
+# classes each run reached; properties/attention/test_attention_coverage.py fails on a class that FA-3's and
 # FA-7's laws and the production shapes leave unreached on the float64 reference under ``ci``.
 
 

@@ -34,8 +34,8 @@ distribution ``q``, ``γ`` (``gamma``) draft tokens per round, acceptance rate `
 Quantization: ``bits``, ``group_size`` (weights per scale along K), ``absmax`` scaling,
 ``scale`` / ``zero_point``; granularity "tensor", "channel" or a group size.
 
-One documented exception: the analytic models of the lectures (``reference/roofline.py``,
-``reference/perf_model.py``) keep CS336's letters (D model dim, F MLP dim, N/K query/KV heads,
+One documented exception: the analytic models of the lectures (``reference/roofline/__init__.py``,
+``reference/roofline/perf_model.py``) keep CS336's letters (D model dim, F MLP dim, N/K query/KV heads,
 H head dim, S context) so that every formula reads as the lecture prints it; their docstrings say so.
 
 Tensors under test: ``out`` (the implementation's output), ``out_ref`` (the float64 reference),

@@ -67,17 +67,17 @@ A cache storage instead of an engine (the form of transformers' ``Cache`` object
 (B, Hkv, W', D) are what attention reads: every column held (W' >= the columns written: the
 first W are the columns in order, the rest unwritten capacity) or the last W' columns (a sliding
 window); ``held(layer) -> (k, v)``, optional, what it holds in the same layout, else an update
-with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``inference_conformance.optimized.kv_storage.storage_engine(new_cache, footprint)`` drives the suite's own model
+with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``inference_conformance.optimized.kv_cache.storage.storage_engine(new_cache, footprint)`` drives the suite's own model
 forward over it (its AttentionCache calls ``update`` and masks padding) and is an engine of this
 contract: the storage needs no engine of its own, and its bytes are measured from its tensors.
 
 Oracle: the reference model's full forward without a cache (``inference_conformance.reference.transformer``:
 ``model(tokens)`` and ``generate``), which recomputes the whole prefix every step.
 
-Built-ins: ``triton`` (cache writes by the Triton kernel ``inference_conformance.optimized.kv_append.kv_append_kernel``,
+Built-ins: ``triton`` (cache writes by the Triton kernel ``inference_conformance.optimized.kv_cache.append.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
 :class:`inference_conformance.optimized.kv_cache.KVCacheEngine`. Adapters: transformers' cache classes as storages
-(``hf_*``, :mod:`inference_conformance.optimized.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`inference_conformance.properties.zoo_kv_cache`.
+(``hf_*``, :mod:`inference_conformance.optimized.kv_cache.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`inference_conformance.properties.kv_cache.zoo`.
 
 Names (B, S, V, Hkv, D, L) as in :mod:`inference_conformance.conformance.contracts.glossary`.
 
@@ -209,7 +209,7 @@ def held_bytes(obj, *, skip: tuple = ()) -> int:
     return total
 
 # ----------------------------------------------------------------------------------------------
-# coverage table: the boundary classes the laws of properties/test_kv_cache.py must hand every
+# coverage table: the boundary classes the laws of properties/kv_cache/test_kv_cache.py must hand every
 # engine in every profile (their pinned cases reach them; the drawn ones may too)
 # ----------------------------------------------------------------------------------------------
 _KV1 = "law_prefill_then_decode_equals_full_forward"
@@ -228,7 +228,7 @@ def _last_position(c) -> int:
 
 #: The kv_cache contract's coverage table. Observations are the laws' cases: objects with
 #: ``prompt_lens`` (one per sequence), ``steps`` (decode steps), ``n_layers``, ``n_heads``,
-#: ``n_kv_heads`` and ``head_dim`` (as inference_conformance.properties.kv_cache_cases.Case).
+#: ``n_kv_heads`` and ``head_dim`` (as inference_conformance.properties.kv_cache.cases.Case).
 COVERAGE = (
     CoverageClass("B > 1, different prompt lengths", (_KV1, _KV4, _KV10),
                   lambda c: len(set(c.prompt_lens)) > 1),
@@ -261,4 +261,4 @@ CONTRACT = Contract(
     doc=__doc__,
 )
 # The engines' bad calls need a reference model, a layer above this one: they are
-# inference_conformance.properties.kv_cache_cases.invalid_calls, which the bad-input law finds by the technique's name.
+# inference_conformance.properties.kv_cache.cases.invalid_calls, which the bad-input law finds by the technique's name.

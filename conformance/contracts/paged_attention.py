@@ -126,7 +126,7 @@ def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
 # ----------------------------------------------------------------------------------------------
 # coverage table: the boundary classes PA-1's law must hand every implementation in every profile
 # ----------------------------------------------------------------------------------------------
-#: PA-1's law (properties/test_paged_attention.py).
+#: PA-1's law (properties/paged_attention/test_paged_attention.py).
 _PA1 = ("law_paged_equals_contiguous",)
 
 
@@ -171,7 +171,7 @@ def _paged_coverage() -> tuple:
     return tuple(out)
 
 
-#: PA-8's law of the mixed batch (properties/test_paged_attention.py).
+#: PA-8's law of the mixed batch (properties/paged_attention/test_paged_attention.py).
 _PA8 = ("law_prefill_equals_causal",)
 
 #: Query tokens per program tile of a mixed-batch kernel that a chunk may exceed (16 is vLLM's
@@ -202,8 +202,8 @@ def _prefill_coverage() -> tuple:
 
 #: The paged_attention contract's coverage table. Observations are the calls' cases: objects with
 #: ``lens`` (the sequence lengths), ``Hq``, ``Hkv``, ``D``, ``block_size``, ``scale`` and
-#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as inference_conformance.properties.paged_attention_cases.PagedCase);
-#: PA-8's cases have ``qlens`` too (query tokens per sequence, inference_conformance.properties.paged_attention_cases.PrefillCase).
+#: ``magnitude`` ("large": integer-valued q, k of ~1e1, as inference_conformance.properties.paged_attention.cases.PagedCase);
+#: PA-8's cases have ``qlens`` too (query tokens per sequence, inference_conformance.properties.paged_attention.cases.PrefillCase).
 COVERAGE = _paged_coverage() + _prefill_coverage()
 
 

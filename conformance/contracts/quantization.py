@@ -296,9 +296,9 @@ def cases(seed: int, device: str) -> list[tuple[tuple, dict]]:
 # ----------------------------------------------------------------------------------------------
 # coverage table: the boundary classes QT-1's law must hand every implementation in every profile
 # ----------------------------------------------------------------------------------------------
-#: QT-1's law (properties/test_quantization.py).
+#: QT-1's law (properties/quantization/test_quantization.py).
 _QT1 = ("law_half_step",)
-#: The contents of a group that break quantizers (properties/quantization_cases.py draws them).
+#: The contents of a group that break quantizers (properties/quantization/cases.py draws them).
 GROUP_KINDS = ("normal", "zero", "pos", "neg", "outlier", "subnormal")
 
 
@@ -331,7 +331,7 @@ def _quant_coverage() -> tuple:
 #: The quantization contract's coverage table. Observations are the quantize calls' cases:
 #: objects with ``N``, ``K``, ``bits``, ``granularity``, ``kinds`` (the GROUP_KINDS its cells
 #: cycle through) and ``M`` (the rows of x in the product laws), as
-#: inference_conformance.properties.quantization_cases.QCase.
+#: inference_conformance.properties.quantization.cases.QCase.
 COVERAGE = _quant_coverage()
 
 

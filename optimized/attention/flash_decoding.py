@@ -1,0 +1,148 @@
+"""Split-KV attention (Flash-Decoding) in Triton: the "triton_splitkv" implementation of the
+attention contract.
+
+At decode time Tq is 1 (or a few draft tokens) and the KV cache is long: the FlashAttention grid
+(query tiles × heads) then has only B·Hq programs, too few to fill the GPU. Flash-Decoding
+(Dao, Haziza, Massa, Sizov 2023) also splits the keys into ``num_splits`` ranges: each program
+streams one range and writes a partial output o_s, normalised over its own keys, and the
+log-sum-exp lse_s = m_s + log l_s of its scores (in float64: at logits of ~1e3 a float32 lse
+rounds by ~1e-4, which the weights below would carry); a second kernel merges the partials exactly:
+
+    out = sum_s w_s o_s,   w_s = exp(lse_s − max_s lse_s) / sum_s exp(lse_s − max_s lse_s)
+
+(claim FA-7; lecture 001 §3.4). Any Tq, causal or not, GQA, D 1..256 are supported: the split
+kernel shares the work of a program (``attend_q_tile``) with FlashAttention, and the merge
+(``split_kv_merge_kernel``, which weighs a split that saw no key 0) with paged attention, all
+in :mod:`inference_conformance.optimized.attention.tiles`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inference_conformance.conformance.contracts.attention import validate
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
+                                       split_kv_merge_kernel, two_stage)
+from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
+
+
+@triton.jit
+def _split_kv_kernel(
+        Q_ptr, K_ptr, V_ptr, OP_ptr, LSE_ptr,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_pbh, stride_pm, stride_ps, stride_pd,
+        stride_lbh, stride_lm, stride_ls,
+        Hq, Tq, Tk, D, GROUP, NUM_SPLITS, scale,
+        CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """1-D grid of cdiv(Tq, BLOCK_M) · NUM_SPLITS · B · Hq programs: program
+    pid_m + cdiv(Tq, BLOCK_M) · (split + NUM_SPLITS · pid_bh) (nothing on CUDA's axes 1 and 2,
+    which stop at 65,535). Split s covers keys [s·Tk // NUM_SPLITS, (s+1)·Tk // NUM_SPLITS).
+    Writes o_s (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S); a split with no visible key for a row
+    writes o = 0, lse = -inf."""
+    tiles_m = tl.cdiv(Tq, BLOCK_M)
+    rest = tl.program_id(0) // tiles_m
+    split = rest % NUM_SPLITS
+    pid_bh = rest // NUM_SPLITS
+    b, h, offs_m, offs_d, io_mask, o, lse = attend_q_tile(
+        Q_ptr, K_ptr, V_ptr, tl.program_id(0) % tiles_m, pid_bh,
+        (split * Tk) // NUM_SPLITS, ((split + 1) * Tk) // NUM_SPLITS,
+        stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale,
+        CAUSAL, EVEN_D, DOT_MODE, TWO_STAGE, BLOCK_M, BLOCK_N, BLOCK_D)
+    op_ptrs = OP_ptr + pid_bh * stride_pbh + offs_m[:, None] * stride_pm + split * stride_ps + offs_d[None, :] * stride_pd
+    tl.store(op_ptrs, o.to(OP_ptr.dtype.element_ty), mask=io_mask)
+    tl.store(LSE_ptr + pid_bh * stride_lbh + offs_m * stride_lm + split * stride_ls,
+             lse.to(LSE_ptr.dtype.element_ty), mask=offs_m < Tq)
+
+
+#: The merge kernel under the name the launch-capture laws patch (launches go through
+#: :func:`inference_conformance.optimized.attention.tiles.merge_splits`; no float argument reaches it).
+_merge_kernel = split_kv_merge_kernel
+
+#: Default number of splits under the interpreter (enough to exercise the merge, few programs).
+INTERPRET_SPLITS = 2
+#: Fewest keys per split that the automatic choice allows on GPU.
+MIN_KEYS_PER_SPLIT = 256
+
+
+def default_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, device: torch.device) -> int:
+    """Splits that bring the grid to about two programs per streaming multiprocessor, each split
+    keeping at least MIN_KEYS_PER_SPLIT keys (under the interpreter: INTERPRET_SPLITS)."""
+    if triton_interpreted() or device.type != "cuda":
+        return max(1, min(INTERPRET_SPLITS, Tk))
+    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    programs = triton.cdiv(Tq, block_m) * B * Hq
+    want = triton.cdiv(2 * sms, programs)
+    return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
+def _blocks(dtype: torch.dtype, D: int, Tq: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the split kernel."""
+    bm, bn = fixed_blocks(dtype, D, Tq)
+    return bm, bn, 4, (1 if dtype == torch.float64 or triton_interpreted() else 2)
+
+
+def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
+                   num_splits: int | None = None) -> torch.Tensor:
+    """Split-KV attention: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype.
+
+    ``num_splits``: number of key ranges (larger values are capped at min(Tk, MAX_SPLITS)); None chooses
+    from the grid size (:func:`default_num_splits`). Raises TypeError / ValueError as the
+    contract's ``validate`` does, ValueError for a bad ``num_splits`` or CPU tensors without
+    the interpreter.
+    """
+    shape = validate(q, k, v, causal, scale)
+    check_device(q)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    mode = dot_mode(q.dtype)
+    q, scale = fold_scale(q, scale)
+    BLOCK_D = block_d(shape.D)
+    bm, bn, warps, stages = _blocks(q.dtype, shape.D, shape.Tq)
+    if num_splits is None:
+        num_splits = default_num_splits(shape.B, shape.Hq, shape.Tq, shape.Tk, bm, q.device)
+    S = min(num_splits, shape.Tk, MAX_SPLITS)
+    part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
+    o_part = torch.empty(shape.B * shape.Hq, shape.Tq, S, shape.D, dtype=part_dtype, device=q.device)
+    lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
+    grid = flat_grid(triton.cdiv(shape.Tq, bm), S, shape.B * shape.Hq)
+    _split_kv_kernel[grid](
+        q, k, v, o_part, lse, *q.stride(), *k.stride(), *v.stride(), *o_part.stride(), *lse.stride(),
+        shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, S, float(scale),
+        CAUSAL=causal, EVEN_D=BLOCK_D == shape.D, DOT_MODE=mode, TWO_STAGE=two_stage(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BLOCK_D, num_warps=warps, num_stages=stages)
+    out = torch.empty(shape.B, shape.Hq, shape.Tq, shape.D, dtype=q.dtype, device=q.device)
+    return merge_splits(o_part, lse, out)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
+              num_splits: int | None = None) -> torch.Tensor:
+    """The "triton_splitkv" implementation of the attention contract: always the split-KV path
+    (:func:`flash_decoding`), whatever the shape; ``num_splits`` as there."""
+    return flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
+
+
+def compile_variants():
+    """The split-KV partials (fp16, causal, two-stage: two key-tile loops)."""
+    from inference_conformance.optimized.triton_shared import DOT_NATIVE, CompileVariant
+
+    return [CompileVariant("split_kv fp16 causal", _split_kv_kernel,
+                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
+                            "scale": "fp32"},
+                           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
+                                BLOCK_D=64), min_for_loops=2)]
+
+
+def smoke_calls(device: str):
+    """bfloat16 decode over three splits, against the float64 reference."""
+    from inference_conformance.optimized.attention.tiles import attention_smoke
+    from inference_conformance.optimized.triton_shared import SmokeCall
+
+    return [SmokeCall("flash_decoding bfloat16 causal Tq=1 Tk=70 num_splits=3",
+                      attention_smoke(flash_decoding, device, torch.bfloat16, 1, 70, True, num_splits=3))]

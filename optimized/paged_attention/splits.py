@@ -1,0 +1,36 @@
+"""How the paged kernels split a sequence's keys (split-KV; claims PA-1, PA-8): the decode kernel
+(``optimized/paged_attention/__init__.py``) and the mixed-batch kernel (``optimized/paged_attention/prefill.py``)
+both size their key ranges by :func:`tokens_per_split`; the ranges are merged exactly
+(``inference_conformance.optimized.attention.tiles.merge_splits``).
+"""
+from __future__ import annotations
+
+import torch
+
+from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.tiles import MAX_SPLITS
+from inference_conformance.optimized.triton_shared import sm_count
+
+#: Keys per split under the interpreter: one split up to this length, then two.
+INTERPRET_TOKENS_PER_SPLIT = 128
+#: Fewest keys per split on GPU.
+MIN_TOKENS_PER_SPLIT = 256
+
+
+def tokens_per_split(programs: int, Hkv: int, max_len: int, block_n: int, device: torch.device,
+                     num_splits: int | None, *, split_interpreted: bool = True) -> int:
+    """Keys per split (a multiple of ``block_n``) of a launch with ``programs`` x ``Hkv``
+    programs per split (sequences, or query tiles) over sequences of at most ``max_len`` keys:
+    ceil(max_len / num_splits) when ``num_splits`` is given (at most MAX_SPLITS ranges); under
+    the interpreter or on the CPU one split up to INTERPRET_TOKENS_PER_SPLIT keys, then two (one
+    whatever the length when not ``split_interpreted``); on GPU enough splits for two programs
+    per SM, each at least MIN_TOKENS_PER_SPLIT keys. Queries the GPU's SM count on CUDA only."""
+    if num_splits is not None:
+        per = -(-max_len // min(num_splits, MAX_SPLITS))
+    elif triton_interpreted() or device.type != "cuda":
+        per = max_len if max_len <= INTERPRET_TOKENS_PER_SPLIT or not split_interpreted else -(-max_len // 2)
+    else:
+        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        want = max(1, min(MAX_SPLITS, -(-2 * sms // (programs * Hkv))))
+        per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
+    return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N

@@ -1,0 +1,1 @@
+"""The attention laws (one subpackage per technique)."""

@@ -1,0 +1,1 @@
+"""The kv_cache laws (one subpackage per technique)."""

@@ -1,0 +1,1 @@
+"""The paged_attention laws (one subpackage per technique)."""

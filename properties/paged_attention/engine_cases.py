@@ -1,0 +1,119 @@
+"""Inputs and shared pieces of the paged engine's laws (``properties/paged_attention/test_paged_engine.py``; PA-6..PA-9):
+the test model (:data:`CFG`, :func:`model_for`), requests (:class:`Req`) and their strategies
+(:func:`workloads`, :func:`shared_prefix_workloads`), running them through an engine at their
+arrival steps (:func:`run_engine`, :func:`run_disaggregated`) or alone without a cache
+(:func:`alone`), and the comparison of two engines' tokens and logits (:func:`same_as`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
+from inference_conformance.optimized.paged_attention.engine import PagedEngine
+from inference_conformance.optimized.paged_attention.engine_disagg import DisaggregatedEngine
+from inference_conformance.reference.transformer import Transformer, TransformerConfig, generate, init_weights
+
+
+CFG = TransformerConfig(vocab_size=37, d_model=16, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=24, max_seq_len=64,
+                        head_dim=4)
+
+
+def model_for(seed: int, device: str = "cpu") -> Transformer:
+    """The test model in float64, weights with std d_model^-1/2 (attention far from uniform)."""
+    return init_weights(Transformer(CFG), seed, std=CFG.d_model ** -0.5).to(device=device, dtype=torch.float64).eval()
+
+
+@dataclass(frozen=True)
+class Req:
+    prompt: tuple
+    max_new: int
+    arrival: int
+    temperature: float
+    seed: int
+
+
+@st.composite
+def workloads(draw, max_requests: int = 5, max_prompt: int = 14, max_new: int = 6):
+    n = draw(st.integers(1, max_requests))
+    reqs = []
+    for i in range(n):
+        plen = draw(st.integers(1, max_prompt))
+        prompt = tuple(draw(st.lists(st.integers(0, CFG.vocab_size - 1), min_size=plen, max_size=plen)))
+        reqs.append(Req(prompt, draw(st.integers(1, max_new)), draw(st.integers(0, 4)),
+                        draw(st.sampled_from([0.0, 0.0, 1.0])), draw(st.integers(0, 2**16))))
+    return tuple(reqs)
+
+
+def run_engine(engine: PagedEngine, reqs, device: str = "cpu") -> dict:
+    """Add each request at its arrival step, step until all finish; rid (its index) -> tokens.
+    A sampled request's generator (seeded by its ``seed``) is on ``device``."""
+    step = 0
+    pending = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
+    while pending or engine.has_work():
+        while pending and reqs[pending[0]].arrival <= step:
+            i = pending.pop(0)
+            r = reqs[i]
+            gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
+            engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
+        engine.step()
+        step += 1
+    return engine.finished
+
+
+def alone(model, r: Req, device: str = "cpu") -> list:
+    """The tokens ``r`` gets run alone through ``model`` without any cache (its generator on
+    ``device``, seeded by its ``seed``)."""
+    gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
+    toks, _ = generate(model, torch.tensor([list(r.prompt)], device=device), r.max_new, r.temperature, gen)
+    return toks[0, len(r.prompt):].tolist()
+
+
+def blocks_for(reqs, block_size: int) -> int:
+    return max(-(-(len(r.prompt) + r.max_new) // block_size) for r in reqs)
+
+
+# ---------------------------------------------------------------------------------------- PA-7
+SYSTEM = tuple(range(2, 14))    # a 12-token system prompt: 4 full blocks of 3
+
+
+@st.composite
+def shared_prefix_workloads(draw):
+    """Requests that share a system prompt (and some also an earlier turn), arriving over time."""
+    n = draw(st.integers(2, 5))
+    reqs = []
+    for i in range(n):
+        tail = tuple(draw(st.lists(st.integers(0, CFG.vocab_size - 1), min_size=1, max_size=6)))
+        prefix = SYSTEM if draw(st.booleans()) or i == 0 else SYSTEM[: draw(st.integers(0, len(SYSTEM)))]
+        reqs.append(Req(prefix + tail, draw(st.integers(1, 4)), draw(st.integers(0, 3)) + 2 * i,
+                        draw(st.sampled_from([0.0, 1.0])), draw(st.integers(0, 2**16))))
+    return tuple(reqs)
+
+
+# ---------------------------------------------------------------------------------------- PA-8
+def same_as(engine, baseline, reqs, what: str) -> None:
+    """Every request's sampled tokens equal (exactly) and its logits, token by token, within the
+    float64 tolerance of ``baseline``'s (both engines keep their logits)."""
+    for i, r in enumerate(reqs):
+        assert_exact(torch.tensor(engine.finished[i]), torch.tensor(baseline.finished[i]),
+                     what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) tokens, {what}")
+        assert_close(torch.stack(engine.logits[i]), torch.stack(baseline.logits[i]),
+                     what=f"request {i} logits, {what}")
+
+
+# ---------------------------------------------------------------------------------------- PA-9
+def run_disaggregated(engine_class, model, reqs, bs_prefill: int, bs_decode: int, slack: int, pool_seed: int,
+                      budget: int | None = None):
+    """A prefill engine (blocks of ``bs_prefill``) and a decode engine (``bs_decode``), each pool
+    handing its blocks out in a random order (a server that has served other requests), both
+    engines of ``engine_class``; returns the :class:`DisaggregatedEngine` after the run."""
+    def engine(bs, salt):
+        e = engine_class(model, num_blocks=sum(-(-(len(r.prompt) + r.max_new) // bs) for r in reqs) + slack,
+                         block_size=bs, keep_logits=True, max_num_batched_tokens=budget)
+        e.book.allocator.shuffle_free(torch.Generator().manual_seed(pool_seed + salt))
+        return e
+    dis = DisaggregatedEngine(engine(bs_prefill, 0), engine(bs_decode, 1))
+    run_engine(dis, reqs)
+    return dis

@@ -1,0 +1,329 @@
+"""Known-bad paged-attention implementations (the bug zoo): each is a classic paged-decode
+kernel bug, and the PA-1 law (``properties/paged_attention/test_paged_attention.py``) must reject every one; the
+mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``: a correct decode call, a
+buggy ``paged_prefill``) are rejected by the PA-8 law.
+
+All follow the paged_attention contract's signature and compute in float64 for float64 inputs
+and float32 otherwise, so that only the bug (not rounding) makes them wrong. The engines outside
+the contract keep their known-bad versions here too: ``_engine_zoo`` (PA-6, PA-7) and
+``serving_engine_zoo`` (chunked prefill and disaggregation, PA-8, PA-9), each rejected by its
+own law in ``properties/paged_attention/test_paged_engine.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from inference_conformance.conformance.contracts.paged_attention_validate import validate
+
+#: The fixed table walk of :func:`walk_capped_64_blocks` (a kernel that loads a fixed-size
+#: window of the block table).
+CAPPED_BLOCKS = 64
+
+
+def _paged(q, k_cache, v_cache, block_table, seq_lens, scale, *, read_len=None, table=None, head_map=None,
+           skip_slot=None):
+    """Paged decode with the bug injected: ``read_len(n, block_size)`` tokens read per sequence
+    (default n), ``table(b, n_blocks, row, shape)`` the physical blocks, ``head_map(h, Hq, Hkv)``,
+    ``skip_slot(slots, block_size)`` the tokens (a bool mask over their slots in their blocks) never read."""
+    shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    bs = shape.block_size
+    heads = torch.tensor([head_map(h, shape.Hq, shape.Hkv) if head_map else h // shape.group
+                          for h in range(shape.Hq)], device=q.device)
+    out = torch.empty(shape.B, shape.Hq, shape.D, dtype=q.dtype, device=q.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        m = read_len(n, bs) if read_len else n
+        nb = -(-m // bs)
+        blocks = (table(b, nb, block_table[b], shape) if table else block_table[b, :nb]).to(torch.int64)
+        k = k_cache[blocks].reshape(nb * bs, shape.Hkv, shape.D)[:m].to(acc)[:, heads]    # (m, Hq, D)
+        v = v_cache[blocks].reshape(nb * bs, shape.Hkv, shape.D)[:m].to(acc)[:, heads]
+        if skip_slot is not None:
+            kept = ~skip_slot(torch.arange(m, device=q.device) % bs, bs)
+            k, v = k[kept], v[kept]
+        s = torch.einsum("hd,thd->ht", q[b].to(acc), k) * scale                           # (Hq, m)
+        p = torch.softmax(s, dim=-1)
+        out[b] = torch.einsum("ht,thd->hd", p, v).to(q.dtype)
+    return out
+
+
+def ignores_partial_block(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Reads only the full blocks: the tokens of a partly filled last block are dropped."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, read_len=lambda n, bs: (n // bs) * bs)
+
+
+def reads_nan_slots(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Reads the whole last block, garbage slots past seq_lens included (no tail mask)."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, read_len=lambda n, bs: -(-n // bs) * bs)
+
+
+def identity_table(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Assumes sequence b's blocks are contiguous from b * max_blocks (the block table is never read)."""
+    def table(b, nb, row, shape):
+        return (b * shape.max_blocks + torch.arange(nb, device=row.device)) % shape.num_blocks
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, table=table)
+
+
+def off_by_one_length(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Treats seq_lens as the index of the last token: the newest token is never read."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, read_len=lambda n, bs: max(1, n - 1))
+
+
+def gqa_modulo(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Query head h reads KV head h % Hkv instead of h // (Hq // Hkv)."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, head_map=lambda h, hq, hkv: h % hkv)
+
+
+def tiles_of_128_skip_block_tail(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Walks each block in tiles of 128 slots, block_size // 128 of them: a block above 128
+    slots that is not a multiple of 128 (144, 200) loses its last block_size % 128 slots."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
+                  skip_slot=lambda slot, bs: (slot >= 128 * (bs // 128)) & (bs > 128))
+
+
+def walk_capped_64_blocks(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Walks at most 64 entries of the block table (a fixed-size table window): tokens past
+    64 blocks are dropped."""
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
+                  read_len=lambda n, bs: min(n, CAPPED_BLOCKS * bs))
+
+
+def _read_with_shape_strides(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel that computes offsets from the shape (ignoring ``.stride()``) reads: ``t``'s
+    storage from its offset, as if ``t`` were contiguous."""
+    strides, acc = [], 1
+    for n in reversed(t.shape):
+        strides.append(acc)
+        acc *= n
+    return torch.as_strided(t, t.shape, tuple(reversed(strides)), t.storage_offset())
+
+
+def table_stride_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Indexes block_table[b, i] as ptr + b * max_blocks + i (the row stride taken from the
+    shape): wrong when the table is a column slice of a wider one (table[:, :n]). The entries it
+    reads there may be any value (the contract leaves unused entries unspecified, out of range
+    included); like a kernel it then reads whatever block that offset lands in (taken modulo
+    the pool here), never raising."""
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    table = _read_with_shape_strides(block_table)
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale,
+                  table=lambda b, nb, row, shape: table[b, :nb] % shape.num_blocks)
+
+
+def cache_strides_from_shape(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Computes cache offsets from the shape (assumes contiguous caches): wrong when k_cache and
+    v_cache are kv[:, 0] and kv[:, 1] of one (num_blocks, 2, block_size, Hkv, D) tensor (vLLM's
+    layout)."""
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    return _paged(q, _read_with_shape_strides(k_cache), _read_with_shape_strides(v_cache), block_table,
+                  seq_lens, scale)
+
+
+def block_offsets_in_int32(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """Computes a block's element offset, block id x block stride, in int32: past 2^31 it wraps
+    (negative), and like a kernel it reads whatever block the wrapped offset lands in (taken
+    modulo the pool here), never raising."""
+    def table(b, nb, row, shape):
+        off = row[:nb].to(torch.int64) * k_cache.stride(0)
+        wrapped = (off + 2**31) % 2**32 - 2**31                           # the int32 product
+        return torch.div(wrapped, k_cache.stride(0), rounding_mode="floor") % shape.num_blocks
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale, table=table)
+
+
+def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
+    """For 16-bit inputs the scale is folded into q in q's dtype (q * scale rounded to bfloat16
+    or float16) and the scores computed with scale 1; the contract scales them in float32."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return _paged(q * scale, k_cache, v_cache, block_table, seq_lens, 1.0)
+    return _paged(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+# ------------------------------------------------------------ the mixed batch (PA-8)
+def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions):
+    """The mixed batch with the bug injected: ``positions(n, q_len, C)`` the position each of a
+    chunk's q_len queries attends up to (correct: n - q_len + i), C the longest chunk of the call."""
+    from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
+    from inference_conformance.reference.attention import masked_attention
+    from inference_conformance.reference.paged_attention import gather
+
+    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    loc = query_start_loc.tolist()
+    C = max(b - a for a, b in zip(loc, loc[1:]))
+    out = torch.empty_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        m = loc[b + 1] - loc[b]
+        k, v = (gather(c, block_table[b], n).to(acc) for c in (k_cache, v_cache))
+        pos = positions(n, m, C).to(q.device)
+        mask = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
+        o = masked_attention(q[loc[b]:loc[b + 1]].to(acc).transpose(0, 1), k, v, scale=scale, mask=mask)
+        out[loc[b]:loc[b + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def _with_prefill(prefill):
+    """A mixed-batch zoo entry: the contract's decode call correct (the reference), the
+    ``paged_prefill`` buggy."""
+    import types
+
+    from inference_conformance.reference.paged_attention import paged_attention
+
+    return types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=prefill)
+
+
+def chunk_offset_from_zero(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """The causal mask of a chunk counted from 0: query i sees keys <= i, not <= prefix + i (the
+    cached prefix's offset forgotten, as a prefill kernel run on a later chunk)."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C: torch.arange(m))
+
+
+def last_chunk_as_c(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """Every sequence's chunk taken as C tokens long (the call's longest): the cached prefix of a
+    shorter last chunk, or of a decode token, is put at n - C, so its queries miss their newest keys."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C: torch.arange(n - C, n - C + m))
+
+
+def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
+    """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
+    failure's first line, recorded as the test's rejection (the failing comparison inside is the
+    point, not the test's error). Raises AssertionError when the law accepts it."""
+    import re
+
+    from inference_conformance.conformance import results
+
+    try:
+        law(*args)
+    except AssertionError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if match is not None and not re.search(match, str(exc)):
+            raise
+        results.recorder().reset()
+        results.record(claim, measured=f"rejected: {text[:200]}", unit="rejection")
+        return text
+    raise AssertionError(f"the law {getattr(law, '__name__', law)!r} accepted a known-bad implementation")
+
+
+# ------------------------------------------------------------------ block allocator (PA-4)
+from inference_conformance.reference.paged_attention import PagedKVCache  # noqa: E402
+
+
+class CowForgetsToCopy(PagedKVCache):
+    """Copy-on-write that never copies: a write to a shared block goes into the shared block
+    itself, so it changes what every other holder of the block reads."""
+
+    def _own(self, seq, index: int) -> int:
+        return self.tables[seq][index]
+
+
+# ------------------------------------------------ continuous-batching engine (PA-6, PA-7)
+def _engine_zoo():
+    from inference_conformance.optimized.paged_attention.engine import PagedEngine
+
+    class QueryMissesItsOwnToken(PagedEngine):
+        """Each token's query sees the keys before its position but not its own (seq_lens off
+        by one; the first token still sees itself)."""
+
+        def _query_lens(self, positions):
+            return positions.clamp(min=1).to(torch.int32)
+
+    class PrefixKeyWithoutParent(PagedEngine):
+        """Prefix-cache key of a block from its own tokens only: equal tokens after different
+        prefixes (other positions, other context) share K/V that is not theirs."""
+
+        def _block_key(self, parent, tokens):
+            return super()._block_key("", tokens)
+
+    return QueryMissesItsOwnToken, PrefixKeyWithoutParent
+
+
+# ----------------------------- chunked prefill and disaggregation: the engines (PA-8, PA-9)
+def serving_engine_zoo() -> dict:
+    """Known-bad engines outside the contract, by name: each rejected by its own law in
+    ``properties/paged_attention/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
+    engine and a decode engine vs one engine)."""
+    from inference_conformance.optimized.paged_attention.engine import PagedEngine
+    from inference_conformance.optimized.paged_attention.engine_attention import PagedCacheAttention
+
+    class _WriteAfterAttention(PagedCacheAttention):
+        def attend(self, layer, q, k, v):
+            out = self._attend(layer, q)
+            self._write(layer, k, v)
+            return out
+
+    class ChunkKVWrittenAfterAttention(PagedEngine):
+        """Each layer attends first and writes the step's K/V after: a chunk's queries miss the
+        keys of their own chunk (and a decode token its own key)."""
+
+        def _backend(self, **kw):
+            return _WriteAfterAttention(**kw)
+
+    class SendsBlocksInIdOrder(PagedEngine):
+        """The transfer sends a request's blocks sorted by block id, not in its block table's
+        logical order: a pool that hands blocks out in no particular order reorders the tokens."""
+
+        def _pack(self, r):
+            ids, ks, vs = super()._pack(r)
+            order = sorted(range(len(ids)), key=ids.__getitem__)
+            return [ids[i] for i in order], [k[order] for k in ks], [v[order] for v in vs]
+
+    class DropsLastBlock(PagedEngine):
+        """The transfer leaves out the request's last block (the partly filled one being written)."""
+
+        def _pack(self, r):
+            ids, ks, vs = super()._pack(r)
+            return ids[:-1], [k[:-1] for k in ks], [v[:-1] for v in vs]
+
+    class TruncatesToWholeBlocks(PagedEngine):
+        """The receiver writes only the tokens that fill whole blocks of its own block size: the
+        tail that lands in its partly filled last block is lost."""
+
+        def _place(self, t, rid):
+            whole = (t.length // self.block_size) * self.block_size
+            super()._place(dataclasses.replace(t, length=whole), rid)
+
+    class PlacesAtSenderIds(PagedEngine):
+        """The receiver writes each transferred token at the sender's slot (the sender's block id
+        and offset, taken in its own pool), not at the slot of its own block table."""
+
+        def _place(self, t, rid):
+            dev = self.k[0].device
+            n_slots = self.k[0].shape[0] * self.block_size
+            slots = torch.tensor([(t.block_ids[p // t.block_size] * t.block_size + p % t.block_size) % n_slots
+                                  for p in range(t.length)], device=dev)
+            for layer in range(self.cfg.n_layers):
+                k = t.k[layer].reshape(-1, *t.k[layer].shape[2:])[:t.length].to(dev).contiguous()
+                v = t.v[layer].reshape(-1, *t.v[layer].shape[2:])[:t.length].to(dev).contiguous()
+                self.write(self.k[layer], self.v[layer], k, v, slots)
+
+    return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
+            "transfer_in_block_id_order": SendsBlocksInIdOrder,
+            "transfer_drops_last_block": DropsLastBlock,
+            "transfer_truncated_to_whole_blocks": TruncatesToWholeBlocks,
+            "transfer_placed_at_sender_ids": PlacesAtSenderIds}
+
+
+def implementations():
+    """The known-bad paged_attention implementations (the bug zoo): each law's ``kills`` names those it
+    must reject."""
+    from inference_conformance.conformance.registry import known_bad
+
+    return (
+        known_bad("paged_attention", "ignores_partial_block", ignores_partial_block),
+        known_bad("paged_attention", "reads_nan_slots", reads_nan_slots),
+        known_bad("paged_attention", "identity_table", identity_table),
+        known_bad("paged_attention", "off_by_one_length", off_by_one_length),
+        known_bad("paged_attention", "gqa_modulo", gqa_modulo),
+        known_bad("paged_attention", "walk_capped_64_blocks", walk_capped_64_blocks),
+        known_bad("paged_attention", "tiles_of_128_skip_block_tail", tiles_of_128_skip_block_tail),
+        known_bad("paged_attention", "table_stride_from_shape", table_stride_from_shape),
+        known_bad("paged_attention", "cache_strides_from_shape", cache_strides_from_shape),
+        known_bad("paged_attention", "scale_folded_in_16bit", scale_folded_in_16bit),
+        known_bad("paged_attention", "block_offsets_in_int32", block_offsets_in_int32),
+        known_bad("paged_attention", "chunk_offset_from_zero", _with_prefill(chunk_offset_from_zero),
+                  bug="a chunk's causal offset counted from 0 instead of from its cached prefix"),
+        known_bad("paged_attention", "last_chunk_as_c", _with_prefill(last_chunk_as_c),
+                  bug="the last chunk's (and a decode token's) length taken as the chunk size C"),
+    )

@@ -1,0 +1,1 @@
+"""The quantization laws (one subpackage per technique)."""

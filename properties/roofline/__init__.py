@@ -1,0 +1,1 @@
+"""The roofline laws (one subpackage per technique)."""

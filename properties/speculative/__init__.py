@@ -1,0 +1,1 @@
+"""The speculative laws (one subpackage per technique)."""

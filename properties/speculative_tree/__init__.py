@@ -1,0 +1,1 @@
+"""The speculative_tree laws (one subpackage per technique)."""

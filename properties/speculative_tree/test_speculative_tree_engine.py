@@ -1,0 +1,282 @@
+"""Laws of token trees in the model (claims SD-10, SD-12, SD-14; SpecInfer, Medusa, self-
+speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped target.
+
+- SD-10: a tree scored in one forward (tree mask, depth positions) gives every node the logits of
+  its root-to-node path run alone, for every tree scorer: the reference (the one model forward
+  over :class:`inference_conformance.reference.speculative_tree.TreeAttention`), and the engine's cached forward with
+  the Triton tree-attention kernel and with the reference core; the known-bad scorers
+  (``properties/speculative_tree/zoo.py``: siblings that see each other, positions from the
+  flattened index) are each rejected by the same comparison.
+- SD-12: greedy tree speculation with every drafter (draft chain, top-k draft tree, Medusa-style
+  heads, self-speculation, prompt lookup) emits exactly greedy target decoding, and after every
+  round the target's cache holds exactly the committed tokens' keys and values (the rejected
+  branches dropped); the engine that keeps a rejected branch's KV is rejected by both.
+- SD-14: prompt lookup's tokens per target call on copy prompts, paired against the same lookup
+  searching the output only (sign test), free generation recorded beside it, and
+  self-speculation's α and tokens per call against the shipped drafts (recorded figures).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.speculative_tree import SHAPES
+from inference_conformance.conformance.tolerance import assert_close, assert_exact, check_close
+from inference_conformance.conformance.zoo import expect_rejected
+from inference_conformance.properties.speculative import sd14_cases as s14
+from inference_conformance.properties.speculative.sd14_cases import check_sd14_figures, copy_prompts, free_prompts
+from inference_conformance.properties.speculative_tree.zoo import TREE_SCORER_ZOO, engine_zoo
+from inference_conformance.reference.speculative_tree import path_logits, tree_logits
+from inference_conformance.reference.transformer import generate, layer_kv
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@lru_cache(maxsize=None)
+def _model(name: str, dtype: torch.dtype):
+    from inference_conformance.smallworld.checkpoints import load_model
+
+    return load_model(name, dtype)
+
+
+def _cached_scorer(attention: str):
+    """The engine's tree forward as a scorer: prefill the prefix, then one tree forward."""
+    def score(model, prefix, parents, tree_tokens):
+        from inference_conformance.optimized.speculative_tree.engine import TreeCachedModel
+
+        m = TreeCachedModel(model, prefix.shape[0], 64)
+        m.attention = attention
+        m.nan_fill = True
+        m.start(prefix.shape[0])
+        m.extend(prefix, torch.full((prefix.shape[0],), prefix.shape[1], dtype=torch.int64))
+        return m.tree_forward(tree_tokens, torch.tensor(parents, dtype=torch.int64))
+    return score
+
+
+#: The tree scorers SD-10 is checked on, and the dtype each runs in (the Triton kernel runs
+#: interpreted on a CPU: float32, one tree).
+SCORERS = {"reference": (tree_logits, torch.float64), "engine-torch": (_cached_scorer("torch"), torch.float64),
+           "engine-triton": (_cached_scorer("triton"), torch.float32)}
+
+
+def _tree_inputs(shape: str, S: int, seed: int, B: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    parents = list(SHAPES[shape])
+    prefix = torch.randint(4, 294, (B, S), generator=g)
+    tokens = torch.randint(4, 294, (B, len(parents)), generator=g)
+    return prefix, parents, tokens
+
+
+def law_sd10_tree_attention(scorer, dtype, cases):
+    """SD-10 on the shipped target: each node's logits from the one tree forward equal those of its
+    root-to-node path run alone (float64 reference in the same dtype's rule)."""
+    model, oracle = _model("target", dtype), _model("target", torch.float64)
+    for shape, S, seed in cases:
+        prefix, parents, tokens = _tree_inputs(shape, S, seed)
+        out = scorer(model, prefix, parents, tokens)
+        out_ref = path_logits(oracle, prefix, parents, tokens)
+        assert_close(out, out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
+                                        f"root-to-node path alone")
+
+
+#: Trees and prefix lengths: every shape (siblings, chains, a wide root), a one-token prefix and
+#: prefixes across the kernel's 16-key tiles; the interpreted kernel gets two of them.
+SD10_CASES = (("binary", 5, 1), ("three-drafts", 17, 2), ("wide-root", 1, 3), ("chain", 32, 4))
+SD10_INTERPRETED = (("wide-root", 17, 3), ("binary", 1, 1))
+
+
+@pytest.mark.claim("SD-10")
+@pytest.mark.parametrize("scorer", sorted(SCORERS))
+def test_sd10_tree_attention_equals_each_path_alone(scorer):
+    fn, dtype = SCORERS[scorer]
+    law_sd10_tree_attention(fn, dtype, SD10_INTERPRETED if "triton" in scorer else SD10_CASES)
+    results.record("SD-10", measured="equal", unit="node logits vs root-to-node path alone",
+                   rule=f"tolerance policy of {str(dtype).replace('torch.', '')}", what=scorer)
+
+
+test_sd10_tree_attention_equals_each_path_alone.__doc__ = law_sd10_tree_attention.__doc__
+
+
+@pytest.mark.claim("SD-10")
+@pytest.mark.parametrize("bad", sorted(TREE_SCORER_ZOO))
+def test_sd10_zoo_rejected(bad):
+    """Each known-bad tree scorer is rejected by SD-10's own comparison (float64)."""
+    fn = TREE_SCORER_ZOO[bad]
+    impl = type("Bad", (), {"name": bad, "target": f"inference_conformance.properties.speculative_tree.zoo:{fn.__name__}"})()
+    text = expect_rejected(lambda _impl: law_sd10_tree_attention(fn, torch.float64, SD10_CASES[:2]), impl)
+    results.record("SD-10", measured="rejected", unit="known-bad tree scorer", rule="SD-10 comparison",
+                   what=f"{bad}: {text[:120]}")
+
+
+# ------------------------------------------------------------------------------------- SD-12
+def _drafter(name: str):
+    """The drafter ``name`` over the float64 shipped models (the heads trained only when asked)."""
+    from inference_conformance.optimized.speculative.drafters import (
+        ChainDrafter,
+        HeadsDrafter,
+        PromptLookupDrafter,
+        SelfSpeculativeDrafter,
+        TopKTreeDrafter,
+    )
+
+    target = _model("target", torch.float64)
+    draft = _model("draft_good", torch.float64)
+    if name == "heads":
+        from inference_conformance.smallworld.heads import shipped_heads
+
+        return HeadsDrafter(target, shipped_heads().over(target))
+    return {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
+            "self": lambda: SelfSpeculativeDrafter(target, (1,), 3),
+            "lookup": lambda: PromptLookupDrafter(3, 5)}[name]()
+
+
+def _prompts():
+    from inference_conformance.smallworld.tokenizer import tokenizer
+
+    tok = tokenizer()
+    g = torch.Generator().manual_seed(11)
+    words = torch.randint(4, tok.vocab_size, (6,), generator=g).tolist()
+    return [torch.tensor([[tok.bos_id]]), torch.tensor([[tok.bos_id] + words + words[:3]])]
+
+
+def cache_matches(engine, committed, worst: list) -> None:
+    """After a round: the target's cache holds the committed tokens but the pending one, and its
+    keys and values are those of recomputing over exactly those tokens (float64 1e-12 x scale);
+    NaN past the length."""
+    m = engine.target
+    n = len(committed) - 1
+    assert_exact(m.lengths()[:1].cpu(), torch.tensor([n]), what="target cache length after the round")
+    expected = layer_kv(m.model, torch.tensor([committed[:n]]))
+    for layer, (k, v) in enumerate(expected):
+        for name, got, want in (("k", m.cache.k[layer, 0, :, :n], k[0]), ("v", m.cache.v[layer, 0, :, :n], v[0])):
+            worst.append(assert_close(got, want, what=f"layer {layer} cached {name} vs recomputed over the committed "
+                                                      f"tokens").error)
+        assert bool(torch.isnan(m.cache.k[layer, 0, :, n:n + 8]).all()), "slots past the length must be forgotten (NaN)"
+
+
+def law_sd12_greedy(engine_cls, drafter, attention: str = "torch", n_tokens: int = 20, prompts=None):
+    """SD-12: greedy tree speculation emits exactly greedy target decoding, with the cache checked
+    after every round; returns the generation's stats."""
+    target = _model("target", torch.float64)
+    worst: list = []
+    total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
+    for prompt in prompts or _prompts():
+        engine = engine_cls(target, drafter, max_seq_len=64, attention=attention, nan_fill=True)
+        out, stats = engine.generate(prompt, n_tokens, on_round=lambda e, c: cache_matches(e, c, worst))
+        want = generate(target, prompt, n_tokens)[0]
+        assert_exact(out, want, what=f"greedy tree speculation vs greedy target decoding ({type(drafter).__name__})")
+        total = {k: total[k] + stats[k] for k in total}
+    return total
+
+
+@pytest.mark.claim("SD-12")
+@pytest.mark.parametrize("drafter", ["chain", "heads", "lookup", "self", "tree"])
+def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
+    """SD-12 for each drafter (engine with the reference-core tree attention, float64): output
+    token for token equal to greedy target decoding from two prompts, the cache equal to the
+    committed tokens' after every round; tokens per target call recorded."""
+    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
+
+    stats = law_sd12_greedy(TreeSpeculativeEngine, _drafter(drafter))
+    results.record("SD-12", measured=0, bound=0, unit="tokens differing from greedy target decoding",
+                   rule="token for token, two prompts, 20 tokens each; cache checked every round", drafter=drafter,
+                   tokens_per_call=round(stats["emitted"] / stats["rounds"], 3), rounds=stats["rounds"])
+
+
+@pytest.mark.claim("SD-12")
+def test_sd12_greedy_tree_with_the_triton_kernel():
+    """SD-12 with the Triton tree-attention kernel in the engine (interpreted on a CPU: one short
+    run of the top-k draft tree, float64)."""
+    from inference_conformance.optimized.speculative.drafters import TopKTreeDrafter
+    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
+
+    law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(_model("draft_good", torch.float64), (2, 1)),
+                    attention="triton", n_tokens=6, prompts=_prompts()[1:])
+
+
+@pytest.mark.claim("SD-12")
+def test_sd12_zoo_engine_rejected():
+    """The engine that keeps a rejected branch's keys and values is rejected by SD-12's law (its
+    cache check, and its output)."""
+    from inference_conformance.optimized.speculative.drafters import TopKTreeDrafter
+
+    cls = engine_zoo()["rejected_branch_kv_kept"]
+    impl = type("Bad", (), {"name": "rejected_branch_kv_kept",
+                            "target": "inference_conformance.properties.speculative_tree.zoo:RejectedBranchKVKept"})()
+    drafter = TopKTreeDrafter(_model("draft_good", torch.float64), (2, 2, 1))
+    text = expect_rejected(lambda _impl: law_sd12_greedy(cls, drafter), impl)
+    results.record("SD-12", measured="rejected", unit="known-bad engine", rule="SD-12 output and cache checks",
+                   what=f"rejected_branch_kv_kept: {text[:120]}")
+
+
+# ------------------------------------------------------------------------------------- SD-14
+def _run(drafter, prompts, n_tokens: int):
+    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
+
+    target = _model("target", torch.float64)
+    total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
+    for prompt in prompts:
+        engine = TreeSpeculativeEngine(target, drafter, max_seq_len=128, attention="torch")
+        _, stats = engine.generate(prompt, n_tokens)
+        total = {k: total[k] + stats[k] for k in total}
+    return total
+
+
+@pytest.mark.claim("SD-14")
+def test_sd14_prompt_lookup_copy_vs_free():
+    """SD-14: prompt lookup (n-gram 3, γ = 5) on the 6 copy prompts
+    (:func:`inference_conformance.properties.speculative.sd14_cases.sd14_copy_prompts`: prompts holding the sentence
+    the greedy target writes next), paired on each prompt with the same lookup restricted to the
+    output (:class:`~inference_conformance.properties.speculative.sd14_cases.OutputOnlyLookup`), 16 tokens each, on
+    the same engine and greedy target; the claim is judged by the one-sided sign test of
+    :func:`~inference_conformance.properties.speculative.sd14_cases.judge_sd14_lookup` at significance level 0.05.
+    Free generation from <bos> (one row: greedy is deterministic) is recorded beside it, not
+    judged. Every copy prompt's output must still repeat its first sentence (the selection holds
+    for this target)."""
+    prompts = s14.sd14_copy_prompts()
+    lookup, base, free = (list(s14.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
+    verdict = s14.judge_sd14_lookup(lookup, base)
+    wins, losses, ties, p = s14.sd14_sign_test(lookup, base)
+    holds = {"holds": True, "fails": False}.get(verdict)
+    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {s14.SD14_LEVEL}; "
+            "fails where wins <= losses")
+    for task, arm, runs in (("copy", "prompt lookup", lookup), ("copy", "lookup restricted to the output", base),
+                            ("free", "prompt lookup", free)):
+        total = {k: sum(r[k] for r in runs) for k in ("rounds", "emitted", "accepted", "drafted")}
+        tpc = s14.tokens_per_call(total)
+        results.record("SD-14", measured=round(tpc, 3), lecture="shines on tasks that copy from the prompt",
+                       unit=f"tokens per target call, {arm}, {task}", drafter="lookup", task=task,
+                       tokens_per_call=round(tpc, 3), rounds=total["rounds"], pairs=len(prompts), trend=verdict,
+                       alpha=round(total["accepted"] / max(1, total["drafted"]), 3), holds=holds,
+                       trend_rule=rule, what=f"ahead on {wins}, behind on {losses}, tied on {ties}; p = {p:.3g}")
+    stale = [d for d, pr, r in zip(s14.SD14_COPY_DOCS, prompts, lookup)
+             if not s14.repeats_first_sentence(pr[0].tolist(), r["output"])]
+    assert not stale, f"SD-14: the target no longer repeats the copy prompts' first sentence (documents {stale})"
+    assert all(s14.tokens_per_call(r) >= 1 for r in lookup + base + free), "fewer than one token per call"
+
+
+@pytest.mark.claim("SD-14")
+def test_sd14_self_speculation_against_the_shipped_drafts():
+    """SD-14: α (accepted / drafted) and tokens per target call of self-speculation (the target
+    without block 1) against the good and the poor draft, γ = 4 greedy chains, free generation
+    from <bos>, 32 tokens, recorded; every figure is >= 1 token per call and α in [0, 1]."""
+    from inference_conformance.optimized.speculative.drafters import ChainDrafter, SelfSpeculativeDrafter
+
+    target = _model("target", torch.float64)
+    drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter(target, (1,), 4),
+                "draft_good": ChainDrafter(_model("draft_good", torch.float64), 4),
+                "draft_poor": ChainDrafter(_model("draft_poor", torch.float64), 4)}
+    table, counts = {}, {}
+    for name, d in drafters.items():
+        s = _run(d, free_prompts(1) + copy_prompts(1), 32)
+        counts[name] = {k: s[k] for k in ("rounds", "emitted", "accepted", "drafted")}
+        table[name] = (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"])
+        results.record("SD-14", measured=round(table[name][1], 3), unit=f"tokens per target call, {name}, gamma = 4",
+                       drafter="self" if name.startswith("self") else "chain", draft=name, gamma=4,
+                       alpha=round(table[name][0], 3), tokens_per_call=round(table[name][1], 3), rounds=s["rounds"])
+    check_sd14_figures(table)
+    assert counts == s14.SD14_RECORDED, (f"s14.SD14_RECORDED (properties/speculative/sd14_cases.py), the "
+                                        f"rejection tests' good input, is stale: live {counts}")

@@ -1,0 +1,1 @@
+"""The world laws (one subpackage per technique)."""

@@ -1,0 +1,127 @@
+"""One technique, one name: in each top-level folder a technique's code is one module or one
+subpackage named after it (README, "Map"), so that everything about paged attention is found in
+``reference/paged_attention``, ``optimized/paged_attention``, ``properties/paged_attention`` and
+``benchmarks/bench_paged_attention.py``.
+
+The names are the contracts' (``conformance/contracts/<technique>.py``, read statically) plus the
+topics below, which have claims but no contract of their own. Anything else at the top of a folder
+is shared by every technique and listed here with the reason; a new file there fails this test
+until it is placed under its technique or listed.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from inference_conformance.catalog import techniques
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("reference", "optimized", "properties", "benchmarks")
+
+#: Claims without a contract, by folder: name -> what it is.
+TOPICS = {
+    "reference": {"roofline": "the analytic performance model (AI-*, KV-4, KV-5)",
+                  "transformer": "the reference model every technique's laws run"},
+    "optimized": {},
+    "properties": {"roofline": "the roofline and trend claims (AI-*)", "world": "the small world's claims (WD-*)"},
+    "benchmarks": {},
+}
+
+#: Modules every technique shares, by folder: file -> why it is not one technique's.
+SHARED = {
+    "reference": {},
+    "optimized": {"triton_shared.py": "the Triton helpers of every kernel (the interpreter switch, dot upcast, "
+                                      "the kernel list)"},
+    "properties": {"strategies.py": "the Hypothesis strategies every law draws from",
+                   "falsify.py": "the helper every rejection test uses",
+                   "generic_cases.py": "the checks every contract gets",
+                   "test_contract_generic.py": "runs generic_cases.py over every contract"},
+    "benchmarks": {"conftest.py": "the benchmark fixtures", "timing.py": "the timers every benchmark uses",
+                   "bench_ceilings.py": "the device's ceilings every benchmark's figures are divided by (AI-4); "
+                                        "its name is kept because benchmark history is keyed by file (history/)"},
+}
+
+IGNORED = {"__init__.py", "__pycache__"}
+
+
+def _names(folder: str) -> set[str]:
+    return set(techniques(ROOT)) | set(TOPICS[folder])
+
+
+def _entries(folder: str) -> list[Path]:
+    return sorted(p for p in (ROOT / folder).iterdir() if p.name not in IGNORED and not p.name.startswith("."))
+
+
+def _owner(entry: Path, folder: str) -> str | None:
+    """The technique or topic a top-level entry of ``folder`` belongs to, or None."""
+    names = _names(folder)
+    if entry.is_dir():
+        return entry.name if entry.name in names and (entry / "__init__.py").is_file() else None
+    stem = entry.stem
+    if folder == "benchmarks":
+        stem = stem.removeprefix("bench_")
+    elif folder == "properties":
+        return None                     # laws live in a subpackage per technique (test files need their prefix)
+    return stem if entry.suffix == ".py" and stem in names else None
+
+
+def test_contracts_found():
+    assert {"attention", "kv_cache", "paged_attention", "quantization", "speculative"} <= set(techniques(ROOT))
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_entry_is_one_technique_or_shared(folder):
+    stray = [e.name for e in _entries(folder) if e.name not in SHARED[folder] and _owner(e, folder) is None]
+    assert not stray, (f"{folder}/: {stray} belong to no technique; move each into its technique's module or "
+                       f"subpackage (names: {sorted(_names(folder))}), or list it in tests/test_layout.py SHARED "
+                       "with the reason")
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_one_place_per_technique(folder):
+    owners: dict[str, list[str]] = {}
+    for e in _entries(folder):
+        if (o := _owner(e, folder)) is not None:
+            owners.setdefault(o, []).append(e.name)
+    split = {o: names for o, names in owners.items() if len(names) > 1}
+    assert not split, f"{folder}/: a technique in more than one place: {split}"
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_module_under_another_techniques_name(folder):
+    """Inside a technique's subpackage, no module is named after another technique (``test_<name>``,
+    ``bench_<name>`` or ``<name>_*`` for a longer or different name): it belongs in that one's place."""
+    names = _names(folder)
+    wrong = []
+    for pkg in (e for e in _entries(folder) if e.is_dir() and _owner(e, folder)):
+        for f in pkg.rglob("*.py"):
+            stem = re.sub(r"^(test|bench)_", "", f.stem)
+            claims = [n for n in names if stem == n or stem.startswith(n + "_")]
+            best = max(claims, key=len, default=pkg.name)
+            if best != pkg.name:
+                wrong.append(f"{f.relative_to(ROOT)} (named for {best})")
+    assert not wrong, f"modules under another technique's name: {wrong}"
+
+
+def test_every_technique_has_its_laws():
+    missing = [t for t in techniques(ROOT) if not (ROOT / "properties" / t / "__init__.py").is_file()]
+    assert not missing, f"contracts without properties/<technique>/: {missing}"
+
+
+def test_the_check_rejects_a_flat_file(tmp_path, monkeypatch):
+    """The layout rule itself can fail: a flat ``optimized/paged_engine.py`` belongs to no name."""
+    global ROOT
+    fake = tmp_path / "optimized"
+    fake.mkdir()
+    (fake / "paged_engine.py").write_text("")
+    (fake / "attention.py").write_text("")
+    (fake / "attention").mkdir()
+    (fake / "attention" / "__init__.py").write_text("")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    monkeypatch.setattr(f"{__name__}.techniques", lambda root: {"attention": {}, "paged_attention": {}})
+    with pytest.raises(AssertionError, match="paged_engine.py"):
+        test_every_entry_is_one_technique_or_shared("optimized")
+    with pytest.raises(AssertionError, match="more than one place"):
+        test_one_place_per_technique("optimized")
