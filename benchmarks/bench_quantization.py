@@ -1,5 +1,5 @@
 """Weight-only quantized matmul timings (QT-10): the Triton kernel with int8 per-channel and int4
-groups of 128 (``optimized/quantization/matmul.py``) against bf16 ``torch.matmul`` on the same
+groups of 128 (``optimized/quantization/quant_matmul.py``) against bf16 ``torch.matmul`` on the same
 decode-shaped product, side by side in one run.
 
 Each test builds x (M, K) and a Linear weight (N, K) of a Llama-7B/8B shape, quantizes it once and
@@ -105,7 +105,7 @@ def test_bench_quant_matmul(benchmark, device, backend, scheme, N, K, M):
                   + (M * K + M * N) * dtype.itemsize)
         info.update(bytes=nbytes, gbytes_per_s=nbytes / t / 1e9)
     if backend == "triton":
-        from inference_conformance.optimized.quantization.matmul import GEMV_MAX_M
+        from inference_conformance.optimized.quantization.quant_matmul import GEMV_MAX_M
 
         info["goal"] = _goal(scheme, M, N * K * 2)
         info["path"] = "gemv" if M <= GEMV_MAX_M else "tiled"
@@ -213,7 +213,7 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
 @pytest.mark.parametrize("scheme", ["fp8_e4m3fn_channel", "int8_channel"])
 def test_bench_fp8_matmul(benchmark, device, backend, scheme):
     """Weight-only FP8 (E4M3 per channel) beside int8 per channel and bf16, at M = 1 on the
-    first shape of the device: the Triton kernel (``optimized/quantization/matmul.py``, FP8 bytes
+    first shape of the device: the Triton kernel (``optimized/quantization/quant_matmul.py``, FP8 bytes
     bitcast in registers; GPU only) and the torch path (dequantize, then torch.matmul).
     ``bytes``: the codes, scales and x/out one call must read."""
     if backend == "triton" and device != "cuda":

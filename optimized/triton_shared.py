@@ -3,7 +3,7 @@
 (``flat_grid``) and the output tile of a program of a matmul's grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``, ``dot_mode``),
 float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels (:mod:`inference_conformance.optimized.attention.tiles`,
 :mod:`inference_conformance.optimized.attention.flash_attention`, :mod:`inference_conformance.optimized.attention.flash_decoding`,
-:mod:`inference_conformance.optimized.paged_attention`) and the quantized matmuls (:mod:`inference_conformance.optimized.quantization.matmul`,
+:mod:`inference_conformance.optimized.paged_attention`) and the quantized matmuls (:mod:`inference_conformance.optimized.quantization.quant_matmul`,
 :mod:`inference_conformance.optimized.quantization.w8a8_matmul`) import this module; it imports none of them.
 """
 from __future__ import annotations
@@ -180,6 +180,6 @@ def kernel_modules() -> list:
 
     here = Path(__file__).resolve().parent
     kernel = re.compile(r"@triton\.jit\s*\n\s*def \w+_kernel\(")
-    names = sorted(".".join(p.relative_to(here).with_suffix("").parts) for p in here.rglob("*.py")
-                   if kernel.search(p.read_text(encoding="utf-8")))
+    names = sorted(".".join(p.relative_to(here).parent.parts if p.stem == "__init__" else p.relative_to(here).with_suffix("").parts)
+                   for p in here.rglob("*.py") if kernel.search(p.read_text(encoding="utf-8")))
     return [importlib.import_module(f"{__package__}.{n}") for n in names]

@@ -75,10 +75,10 @@ def _impls(config, technique: str, device: str) -> list:
 def _invalid_calls(technique: str, device: str) -> list:
     """The contract's invalid calls; for a contract whose bad calls need objects of a layer above
     conformance/ (the kv_cache engines need a reference model), ``invalid_calls(device)`` of
-    ``properties/<technique>_cases.py``."""
+    ``properties/<technique>/cases.py``."""
     calls = registry.invalid_calls(technique, device)
-    if not calls and registry.importable(f"inference_conformance.properties.{technique}_cases"):
-        module = importlib.import_module(f"inference_conformance.properties.{technique}_cases")
+    if not calls and registry.importable(f"inference_conformance.properties.{technique}.cases"):
+        module = importlib.import_module(f"inference_conformance.properties.{technique}.cases")
         calls = list(getattr(module, "invalid_calls", lambda device: [])(device))
     return calls
 

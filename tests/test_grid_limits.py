@@ -103,7 +103,7 @@ def _paged(B: int, Hq: int, Hkv: int, n: int, block_size: int, num_splits: int):
 
 def _quant(M: int, N: int):
     def make(device, real):
-        from inference_conformance.optimized.quantization.matmul import quant_matmul
+        from inference_conformance.optimized.quantization.quant_matmul import quant_matmul
 
         g = torch.Generator().manual_seed(0)
         x = torch.randn(M, 2, generator=g)
@@ -157,7 +157,7 @@ def _kv_append(Hkv: int, T: int, D: int):
 
 
 FA, FD, TILES = "inference_conformance.optimized.attention.flash_attention", "inference_conformance.optimized.attention.flash_decoding", "inference_conformance.optimized.attention.tiles"
-PA, QM = "inference_conformance.optimized.paged_attention", "inference_conformance.optimized.quantization.matmul"
+PA, QM = "inference_conformance.optimized.paged_attention", "inference_conformance.optimized.quantization.quant_matmul"
 MERGE = (TILES, "split_kv_merge_kernel")
 
 #: Each launch at a shape whose former axis-1 or axis-2 count exceeds 65,535 (the former grid in

@@ -10,6 +10,7 @@ until it is placed under its technique or listed.
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -105,6 +106,33 @@ def test_no_module_under_another_techniques_name(folder):
     assert not wrong, f"modules under another technique's name: {wrong}"
 
 
+def _top_level_names(init: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_submodule_shadows_its_package(folder):
+    """Importing ``pkg.x`` sets the attribute ``x`` of ``pkg``: a submodule named like a function
+    of its package's ``__init__`` replaces that function for every later caller (a module is not
+    callable), depending on import order."""
+    clashes = {}
+    for pkg in (e for e in _entries(folder) if e.is_dir() and (e / "__init__.py").is_file()):
+        subs = {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"} | {
+            p.name for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+        if hit := subs & _top_level_names(pkg / "__init__.py"):
+            clashes[str(pkg.relative_to(ROOT))] = sorted(hit)
+    assert not clashes, f"submodules named like their package's own names: {clashes}"
+
+
 def test_every_technique_has_its_laws():
     missing = [t for t in techniques(ROOT) if not (ROOT / "properties" / t / "__init__.py").is_file()]
     assert not missing, f"contracts without properties/<technique>/: {missing}"
@@ -112,7 +140,6 @@ def test_every_technique_has_its_laws():
 
 def test_the_check_rejects_a_flat_file(tmp_path, monkeypatch):
     """The layout rule itself can fail: a flat ``optimized/paged_engine.py`` belongs to no name."""
-    global ROOT
     fake = tmp_path / "optimized"
     fake.mkdir()
     (fake / "paged_engine.py").write_text("")
@@ -125,3 +152,7 @@ def test_the_check_rejects_a_flat_file(tmp_path, monkeypatch):
         test_every_entry_is_one_technique_or_shared("optimized")
     with pytest.raises(AssertionError, match="more than one place"):
         test_one_place_per_technique("optimized")
+    (fake / "attention" / "__init__.py").write_text("def matmul(x, w):\n    return x @ w\n")
+    (fake / "attention" / "matmul.py").write_text("")
+    with pytest.raises(AssertionError, match="matmul"):
+        test_no_submodule_shadows_its_package("optimized")

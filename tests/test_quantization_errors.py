@@ -81,7 +81,7 @@ def test_fp8_schemes_refuse_other_bits_after_validating(which, device):
 def test_kernel_wrapper_checks_the_fp8_arguments(device):
     """The Triton wrapper's FP8 mode: an unknown number_format, bits other than 8, zero points
     passed with FP8 codes raise ValueError naming the argument, before any launch."""
-    qm = pytest.importorskip("inference_conformance.optimized.quantization.matmul")
+    qm = pytest.importorskip("inference_conformance.optimized.quantization.quant_matmul")
     from inference_conformance.optimized.quantization import fp8 as quant_torch
 
     w = torch.randn(6, 32).to(device)
@@ -118,7 +118,7 @@ def test_kernel_wrapper_checks_the_packed_tensors(device):
     """The host wrapper of the Triton kernel: packed codes of the wrong dtype or shape, scales
     that do not match the groups, zero points of another shape, bits outside 2..8, an act-order
     g_idx of the wrong dtype, length or range (an int64 g_idx is taken as int32 is)."""
-    qm = pytest.importorskip("inference_conformance.optimized.quantization.matmul")
+    qm = pytest.importorskip("inference_conformance.optimized.quantization.quant_matmul")
     from inference_conformance.optimized import quantization as quant_torch
     from inference_conformance.optimized.quantization.packing import unpack
 

@@ -1,6 +1,6 @@
 """Vectorized PyTorch weight quantization (the ``torch`` and ``torch_asym`` implementations of the
 ``quantization`` contract), the packed layout the Triton kernel reads
-(``optimized/quantization/matmul.py``), and the ``triton`` / ``triton_asym`` schemes (this module's
+(``optimized/quantization/quant_matmul.py``), and the ``triton`` / ``triton_asym`` schemes (this module's
 quantize, the kernel's matmul: :class:`TritonScheme`). Same arithmetic as the reference (``reference/quantization/__init__.py``:
 w_hat = (u - z) * s, scale rounded up to 16 significant bits, codes packed along K low bits
 first), computed on whole tensors at once; claims QT-1, QT-2, QT-9 (lecture 001 §5.1–5.2).
@@ -124,7 +124,7 @@ ASYMMETRIC = Scheme(False, sys.modules[__name__])
 class TritonScheme:
     """The ``triton`` implementation: quantize and dequantize as this module (float32 scales;
     with GPTQ's act-order ``g_idx`` (K,), an int group size, stored in the packed weight as
-    int32), matmul by the Triton kernels of :func:`inference_conformance.optimized.quantization.matmul.quant_matmul` (with the
+    int32), matmul by the Triton kernels of :func:`inference_conformance.optimized.quantization.quant_matmul.quant_matmul` (with the
     stored g_idx). Refuses float64 weights (NotImplementedError) after validating the call."""
 
     def __init__(self, symmetric: bool):
@@ -140,7 +140,7 @@ class TritonScheme:
         return dequantize(qw)
 
     def matmul(self, x, qw):
-        from inference_conformance.optimized.quantization.matmul import quant_matmul
+        from inference_conformance.optimized.quantization.quant_matmul import quant_matmul
 
         qw = check_packed(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
@@ -162,7 +162,7 @@ def implementations():
     from inference_conformance.conformance.registry import builtin
     from inference_conformance.optimized.quantization import outside_torchao
     from inference_conformance.optimized.quantization import outside as oq
-    from inference_conformance.optimized.quantization import matmul as quant_matmul
+    from inference_conformance.optimized.quantization import quant_matmul
     from inference_conformance.optimized.quantization.fp8 import FP8_E4M3, FP8_E5M2, TRITON_FP8_E4M3, TRITON_FP8_E5M2
 
     return (

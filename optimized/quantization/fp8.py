@@ -100,7 +100,7 @@ FP8_E5M2 = FP8Scheme("fp8_e5m2", sys.modules[__name__])
 
 class TritonFP8Scheme:
     """The ``triton_fp8_*`` implementations: quantize and dequantize as :func:`quantize_fp8`
-    (float32 scales), matmul by the Triton kernels of :func:`inference_conformance.optimized.quantization.matmul.quant_matmul`
+    (float32 scales), matmul by the Triton kernels of :func:`inference_conformance.optimized.quantization.quant_matmul.quant_matmul`
     with ``number_format`` (each byte bitcast to the FP8 format in registers). Refuses float64
     weights (NotImplementedError) after validating the call."""
 
@@ -119,7 +119,7 @@ class TritonFP8Scheme:
         return dequantize_fp8(qw)
 
     def matmul(self, x, qw):
-        from inference_conformance.optimized.quantization.matmul import quant_matmul
+        from inference_conformance.optimized.quantization.quant_matmul import quant_matmul
 
         qw = check_fp8(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)

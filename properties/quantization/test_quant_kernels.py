@@ -1,6 +1,6 @@
 """Laws of the quantized Triton kernels' own paths (claim QT-9; lecture 001 §5.2–5.3).
 
-- The weight-only matmul's two launches (``optimized/quantization/matmul.py``): the decode launch
+- The weight-only matmul's two launches (``optimized/quantization/quant_matmul.py``): the decode launch
   (split-K, M <= GEMV_MAX_M) and the tiled one (larger M). QT-9's law of
   ``properties/quantization/test_quantization.py`` (matmul equals x @ dequantize(qw).T, tolerance rule
   ``quant-matmul``) runs on pinned cases at M = 1, 16 and 17, K spanning several groups and
@@ -77,7 +77,7 @@ def test_qt9_decode_zoo_rejected(bad_impl, device):
 def test_decode_launch_is_chosen_by_M(monkeypatch, device):
     """M <= GEMV_MAX_M launches quant_gemv_kernel (with more than one K split here), larger M
     the tiled kernel; path= forces either and refuses the decode launch above GEMV_MAX_M."""
-    from inference_conformance.optimized.quantization import matmul as qm
+    from inference_conformance.optimized.quantization import quant_matmul as qm
     from inference_conformance.optimized import quantization as quant_torch
 
     seen = {"gemv": [], "tiled": []}

@@ -299,7 +299,7 @@ def test_act_order_examples_reach_both_launches():
     """The pinned act-order examples (run in every profile) reach both Triton launches with a
     g_idx that moves columns across K tiles: the decode launch (M <= GEMV_MAX_M) over several
     split-K ranges and the tiled launch (M > GEMV_MAX_M) over several K tiles."""
-    qm = pytest.importorskip("inference_conformance.optimized.quantization.matmul")
+    qm = pytest.importorskip("inference_conformance.optimized.quantization.quant_matmul")
 
     def crosses(case, i, tile):            # some group holds columns of two K tiles
         g_idx = make_g_idx(case, i + 1, "cpu")

@@ -147,7 +147,7 @@ class _BadTritonLaunch:
         return quant_torch.dequantize(qw)
 
     def matmul(self, x, qw):
-        from inference_conformance.optimized.quantization import matmul as quant_matmul
+        from inference_conformance.optimized.quantization import quant_matmul
 
         qw = quant_torch.check_packed(qw)
         M = validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
