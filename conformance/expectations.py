@@ -27,6 +27,7 @@ and an unexpected pass still fails the run.
 """
 from __future__ import annotations
 
+import importlib.resources
 import re
 import sys
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ else:  # pragma: no cover - the oldest stack
 
 EXPECTED = ("fail", "unsupported", "partial")
 #: The suite's own expectation files (one per built-in that fails something today).
-BUILTIN = Path(__file__).resolve().parent.parent / "expectations"
+#: Package data, found through importlib.resources (an installed wheel, an editable install or the checkout).
+BUILTIN = Path(str(importlib.resources.files("inference_conformance.expectations")))
 _ENTRY_FIELDS = {"expected", "reason", "measured", "link", "dtype"}
 _IMPL_FIELDS = {"name", "target", "technique"}
 

@@ -30,6 +30,7 @@ The result (``perf/calibration/gate_calibration.json``) is committed; the report
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import json
 import os
 import sys
@@ -46,7 +47,7 @@ from inference_conformance.perf.gate import DEFAULT_WINDOW
 from inference_conformance.perf.stats import DEFAULT_ALPHA
 
 #: The calibration's data: the raw passes ``collect`` appends to and the result ``analyse`` writes.
-CAL_DIR = Path(__file__).resolve().parent / "calibration"
+CAL_DIR = Path(str(importlib.resources.files("inference_conformance.perf") / "calibration"))
 RESULT = CAL_DIR / "gate_calibration.json"
 #: The committed raw passes, one file per design: lockstep pairs (the default), and sequential
 #: passes with the CPU and the wall timer.

@@ -10,6 +10,7 @@ recomputes), the grammatical fraction of 1000 documents sampled at temperature 1
 """
 from __future__ import annotations
 
+import importlib.resources
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +20,8 @@ if TYPE_CHECKING:  # torch and the model are imported where weights are read: th
 
     from inference_conformance.reference.transformer import Transformer, TransformerConfig
 
-CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+#: Package data, found through importlib.resources (an installed wheel, an editable install or the checkout).
+CHECKPOINT_DIR = Path(str(importlib.resources.files("inference_conformance.smallworld") / "checkpoints"))
 NAMES = ("target", "draft_good", "draft_poor")
 
 

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from inference_conformance.reference.transformer import Transformer
+from inference_conformance.smallworld.checkpoints import CHECKPOINT_DIR
 
 
 class MedusaHeads(nn.Module):
@@ -61,7 +62,7 @@ def hidden_states(target: Transformer, inputs: torch.Tensor) -> torch.Tensor:
 
 
 #: The shipped heads: trained by :func:`train_heads` with its defaults.
-HEADS_FILE = Path(__file__).resolve().parent / "checkpoints" / "heads" / "target_medusa2.safetensors"
+HEADS_FILE = CHECKPOINT_DIR / "heads" / "target_medusa2.safetensors"
 
 
 @lru_cache(maxsize=1)

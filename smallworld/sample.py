@@ -4,7 +4,7 @@
 step by step over a :class:`GrowingCache` (each layer's keys and values so far), and draws every token with
 :func:`inference_conformance.reference.transformer.sample_next` (one uniform per row per step from ``generator``),
 so it consumes the same random numbers as :func:`inference_conformance.reference.transformer.generate` and emits the
-same tokens (``tests/test_world_models.py`` checks it in float64). It exists so that the
+same tokens (``properties/world/test_world_models.py`` checks it in float64). It exists so that the
 training command can judge 1000 samples per model in seconds; the suite's KV-cache engines live
 in ``optimized/``.
 """

@@ -1,5 +1,5 @@
 """The checks of the small world's claims WD-1..WD-3, each a function of the checker, model,
-cards or counts it judges: ``tests/test_world_grammar.py`` and ``tests/test_world_models.py``
+cards or counts it judges: ``properties/world/test_world_grammar.py`` and ``properties/world/test_world_models.py``
 give them the shipped checker, checkpoints and cards, ``properties/world/test_world_rejections.py``
 known-bad ones (a checker blind to agreement, the wrong checkpoint for a card, cards and counts
 off the claim). Each raises AssertionError naming what it missed."""
