@@ -25,8 +25,8 @@ from inference_conformance.reports.ledger import claims
 
 #: Verdicts worst first; an "expected fail" (listed in an --expect file) is still a failure of the
 #: law, ranked under a new one; an "unexpected pass" holds (the listed bug is fixed).
-_ORDER = {"fail": 7, "error": 6, "expected fail": 5, "unexpected pass": 4, "partial": 3, "pass": 2,
-          "unsupported": 1, "skip": 0}
+_ORDER = {"crashed": 9, "fail": 7, "error": 6, "stale expectation": 5.5, "expected fail": 5, "unexpected pass": 4,
+          "partial": 3, "pass": 2, "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
 #: The gate's calibration as ``python -m inference_conformance.perf.calibrate analyse`` writes it
 #: (package data of ``inference_conformance.perf``).
@@ -74,7 +74,7 @@ def _fig_text(r: Row, value) -> str:
     return f"{what}: {text}" if what else text
 
 
-_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails",
+_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails", "crashed": "fails",
                   "expected fail": "fails (expected)", "unexpected pass": "holds (unexpected pass)"}
 
 
