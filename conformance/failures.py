@@ -169,11 +169,19 @@ _COMPARISON = re.compile(r"^(?P<what>.+?): measured error (?P<error>\S+) EXCEEDS
                          r"\(rule (?P<rule>[^)]*)\)")
 
 
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+
+
+#: a measured error a failed assert's message states ("... error 0.598 > the format's bound ...")
+_ERROR = re.compile(r"\berror (inf|nan|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
+
+
 def _leading_text(line: str) -> str:
-    """The words a failure's line starts with, up to its first number or bracket: the kind of
-    check it reports, without the figures that vary from run to run ("max abs error 0.5 > 0.05"
-    -> "max abs error")."""
-    return re.split(r"[0-9(\[{=<>]", line, maxsplit=1)[0].strip().rstrip(":;,.-").strip()
+    """A failure's line as the kind of check it reports: up to its first ": " or "; " (what
+    follows names the example), each number written N ("3 certain case(s) wrong: ..." ->
+    "N certain case(s) wrong"; "max abs error 0.5 > 0.05" -> "max abs error N > N")."""
+    head = re.split(r": |; ", line, maxsplit=1)[0]
+    return " ".join(_NUMBER.sub("N", head).split())
 
 
 def _check_name(what: str) -> str:
@@ -199,8 +207,9 @@ def failure_kind(exc: BaseException, worst: Any = None) -> dict:
     RuntimeError, ValueError, ...). For a failed comparison of the tolerance policy, ``check`` is
     what it judged (the verdict's ``what``), ``rule`` the tolerance rule's name and ``error`` the
     measured error (a float in the output's units; inf for a NaN), the drawn case it may name
-    left out (:func:`_check_name`); for any other failure
-    ``check`` is the leading words of its first line and ``rule`` / ``error`` are absent.
+    left out (:func:`_check_name`); for any other failure ``check`` is its first line's kind
+    (:func:`_leading_text`), ``error`` the figure it states as "error X" (absent where none) and
+    ``rule`` is absent.
     ``worst``: the test's worst verdict of the tolerance policy, used for a plain AssertionError
     that names no comparison of its own. A group of exceptions is judged by its first."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -222,7 +231,11 @@ def failure_kind(exc: BaseException, worst: Any = None) -> dict:
         error = _number(m["error"])
         return {"exception": "AssertionError", "check": _check_name(m["what"]), "rule": m["rule"],
                 "error": math.inf if math.isnan(error) else error}
-    return {"exception": "AssertionError", "check": _leading_text(line)}
+    kind = {"exception": "AssertionError", "check": _leading_text(line)}
+    figure = _ERROR.search(line)
+    if figure is not None and _number(figure[1]) is not None:
+        kind["error"] = math.inf if math.isnan(_number(figure[1])) else _number(figure[1])
+    return kind
 
 
 __all__ = ["Comparison", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing", "case_line", "comparison_line",
