@@ -38,7 +38,8 @@ def _profile(config) -> tuple[str, int]:
         from hypothesis import settings
 
         name = state(config).profile if config is not None else ""
-        return name.rsplit(".", 1)[-1] if name else "", int(settings.default.max_examples)
+        chosen = settings.get_profile(name) if name else settings.default
+        return name.rsplit(".", 1)[-1] if name else "", int(chosen.max_examples)
     except Exception:  # noqa: BLE001 - a row is written without the profile rather than not at all
         return "", 0
 
@@ -172,9 +173,11 @@ def pytest_handlecrashitem(crashitem, report, sched):
     and restarts the worker, the run goes on."""
     config = getattr(sched, "config", None)
     device = state(config).device if config is not None else ""
+    profile, max_examples = _profile(config)
     row = results.Row(claim="", check=crashitem, device=device, verdict="error",
                       message="worker crashed while running this test (segfault or hard exit in the implementation)",
-                      failure={"exception": results.CRASH, "check": "worker crashed"})
+                      failure={"exception": results.CRASH, "check": "worker crashed"}, profile=profile,
+                      max_examples=max_examples)
     if config is not None:
         _write(config, [row])
 

@@ -10,15 +10,11 @@ folder holding such folders (a CI job's downloaded artifacts). ``--out`` (defaul
 ``report.md`` and ``results.json``.
 
 Rows of the matrix are implementations in one environment (technique, name, package versions,
-device, Hypothesis profile and example count); columns are the laws of that technique, grouped
-by claim; a cell is the law's outcome over its parameters (:data:`STATUSES`; "crashed", a test
-whose process died, outranks every other) and names the runs it came from; a failing cell links
-its message and failing input. A newer run's results for the same test of the same
-implementation and environment replace an older run's only where it ran at least as many
-examples, did not merely skip the test, did not refuse an input the older run failed on, and
-the older one did not crash; otherwise both are kept, and the page says which run replaced, or
-did not replace, which (shards of one run hold different tests, so they simply add up). A
-missing or damaged run folder is a :class:`MergeError` naming it.
+device, Hypothesis profile and example count); columns are the laws of its technique by claim;
+a cell is the law's outcome over its parameters (:data:`STATUSES`; "crashed" outranks all),
+names its runs and, failing, links its message and input. A newer run replaces an older one's
+results for a test only as :func:`_why_kept` allows (the page says which run replaced, or did
+not replace, which; shards add up). A missing or damaged run folder is a :class:`MergeError`.
 """
 from __future__ import annotations
 
@@ -135,7 +131,6 @@ def _law(r: Row) -> str:
 def _packages_text(packages: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))
 
-
 def _input_of(message: str) -> tuple[str, str]:
     """(the message, the failing input): Hypothesis's shrunk "Falsifying example" or the pinned
     "Failing explicit example" with what follows, split from the assertion's own text."""
@@ -167,7 +162,8 @@ _WEIGHT = {"crashed": 9, "fail": 8, "error": 8, "stale expectation": 7, "unexpec
 def _attribute(runs: list[Run]) -> None:
     """Give each crashed row the technique, implementation and dtype of its test (from the rows
     of the same test, law or file in any run; the implementation whose name starts the test's
-    parameters), "(unknown)" where nothing says; and the verdict "crashed"."""
+    parameters), "(unknown)" where nothing says; its run's profile where it names none; and the
+    verdict "crashed"."""
     by_check, by_law, by_file, names = {}, {}, {}, defaultdict(set)
     for run in runs:
         for (t, n) in run.packages:
@@ -175,23 +171,26 @@ def _attribute(runs: list[Run]) -> None:
         for r in run.rows:
             if r.technique and not crashed(r):
                 by_check.setdefault(r.check, r)
-                by_law.setdefault(r.check.split("[")[0], r.technique)
+                by_law.setdefault(r.check.split("[")[0], r)
                 by_file.setdefault(r.check.split("::")[0], r.technique)
                 if r.implementation:
                     names[r.technique].add(r.implementation)
     for run in runs:
+        profile, examples = next(((r.profile, r.max_examples) for r in run.rows if r.max_examples), ("", 0))
         for i, r in enumerate(run.rows):
             if not crashed(r):
                 continue
             same = by_check.get(r.check)
-            technique = r.technique or (same.technique if same else by_law.get(r.check.split("[")[0])
-                                        or by_file.get(r.check.split("::")[0], "(unknown)"))
+            law = same or by_law.get(r.check.split("[")[0])
+            technique = r.technique or (law.technique if law else by_file.get(r.check.split("::")[0], "(unknown)"))
             params = r.check.partition("[")[2].rstrip("]")
             fits = [n for n in names.get(technique, ()) if params == n or params.startswith(n + "-")]
             impl = r.implementation or (same.implementation if same else max(fits, key=len) if fits
                                         else params.split("-")[0] or "(unknown)")
             run.rows[i] = dataclasses.replace(r, technique=technique, implementation=impl, verdict="crashed",
-                                              dtype=r.dtype or (same.dtype if same else ""))
+                                              claim=r.claim or (law.claim if law else ""),
+                                              dtype=r.dtype or (same.dtype if same else ""),
+                                              profile=r.profile or profile, max_examples=r.max_examples or examples)
 
 
 def _impl_env(run: Run, row: Row) -> str:
@@ -211,11 +210,12 @@ def _profile(rows: list[Row]) -> str:
 
 def _why_kept(new: tuple[Run, list[Row]], old: tuple[Run, list[Row]]) -> str:
     """"" when the newer run's rows of a test replace the older run's, else why they do not:
-    a crash is never replaced, a weaker profile (fewer examples) never replaces a stronger one,
+    a crash replaces anything and is never replaced, a weaker profile (fewer examples) never
+    replaces a stronger one,
     a skip never replaces a test that ran, a refusal never replaces a failure."""
     (v_new, n_new), (v_old, n_old) = ((max((r.verdict for r in rs), key=lambda v: _WEIGHT.get(v, 8)),
                                        max((r.max_examples or 0 for r in rs), default=0)) for _, rs in (new, old))
-    return ("a crash is never replaced" if v_old == "crashed"
+    return ("" if v_new == "crashed" else "a crash is never replaced" if v_old == "crashed"
             else f"it ran fewer examples ({n_new} < {n_old}): a weaker profile" if n_new < n_old
             else "it skipped the test" if v_new == "skip" and v_old != "skip"
             else "it refused the input the older run failed on"
@@ -234,9 +234,8 @@ def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
     groups: dict[tuple, list] = defaultdict(list)        # key -> [(run, rows)], oldest first
     for run in order:
         mine: dict[tuple, list[Row]] = defaultdict(list)
-        for row in run.rows:
-            if row.technique and row.implementation and not row.implementation.startswith("zoo:"):
-                mine[(row.technique, row.implementation, _impl_env(run, row), row.check)].append(row)
+        for row in (r for r in run.rows if r.technique and r.implementation and not r.implementation.startswith("zoo:")):
+            mine[(row.technique, row.implementation, _impl_env(run, row), row.check)].append(row)
         for key, rows in mine.items():
             groups[key].append((run, rows))
     kept, replaced, refused = [], defaultdict(int), defaultdict(int)
@@ -245,6 +244,9 @@ def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
         for new in found:
             stay = []
             for old in held:
+                for a, b in ((new[1], old[1]), (old[1], new[1])):     # a crash that names no profile: the other's
+                    a[:] = [dataclasses.replace(r, profile=b[0].profile, max_examples=b[0].max_examples)
+                            if crashed(r) and not r.max_examples else r for r in a]
                 why = _why_kept(new, old)
                 if why:
                     stay.append(old)
@@ -384,10 +386,9 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance merge
     ctx = matrix(runs)
     for p in write(ctx, args.out):
         print(p)
-    c = ctx["counts"]
     n_rows = sum(len(t["rows"]) for t in ctx["techniques"])
     print(f"{len(runs)} runs, {n_rows} implementation rows, "
-          + ", ".join(f"{n} {s}" for s, n in c.items() if n) + " cells")
+          + ", ".join(f"{n} {s}" for s, n in ctx["counts"].items() if n) + " cells")
     for note in ctx["notes"]:
         print(f"note: {note}")
     return 0
