@@ -44,7 +44,8 @@ def _profile(config) -> tuple[str, int]:
         return "", 0
 
 
-def _rows_for(item, outcome: str, message: str, device: str | None = None, failure: dict | None = None) -> list[results.Row]:
+def _rows_for(item, outcome: str, message: str, device: str | None = None, failure: dict | None = None,
+              evidence: dict | None = None) -> list[results.Row]:
     """The result rows of ``item`` ended with ``outcome`` and ``message`` (``failure``: its
     failure kind, for a test that failed); ``device`` defaults to the run's (item.config), ""
     without one."""
@@ -61,7 +62,7 @@ def _rows_for(item, outcome: str, message: str, device: str | None = None, failu
                 implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
                 dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
                 device=device, verdict=outcome, message=message[:2000], profile=profile, max_examples=max_examples,
-                failure={k: v for k, v in (failure or {}).items() if k != "mro"})
+                failure={k: v for k, v in (failure or {}).items() if k != "mro"}, evidence=evidence or {})
     cur = item.stash.get(_RECORDER, None) or results.Recorder()
     rows = []
     w = cur.worst
@@ -108,7 +109,8 @@ def pytest_runtest_makereport(item, call):
     if hint:
         report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
         message = f"{message}\nhint: {hint}"
-    rows = _rows_for(item, outcome, message, st.device, failure)
+    evidence = verdicts.evidence_of(rec.partial) if rec is not None and rec.partial else {}
+    rows = _rows_for(item, outcome, message, st.device, failure, evidence)
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.failed and crash is not None and "\n" in crash.message:
         # the row keeps the whole message (a law's case, diagnosis, comparison and
@@ -117,7 +119,8 @@ def pytest_runtest_makereport(item, call):
     _write(item.config, rows)
     report.user_properties.append(("conformance_rows", len(rows)))
     report.user_properties.append(("conformance_verdicts", [
-        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict,
+        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-",
+         verdicts.effective(r.verdict, r.evidence),
          _number(r.measured), _number(r.bound))
         for r in rows if r.technique]))
     return report

@@ -9,8 +9,16 @@ band of the measured error): any other failure of the test, a crash included, is
 skipped by the test itself, is a "stale expectation": the implementation no longer reaches the
 failure it was listed for (it may refuse the very input it failed); like an unexpected pass it
 fails the test unless ``--allow-unexpected-pass``. A skip before the test ran (its
-implementation's package missing, a skip marker) is only "skip"."""
+implementation's package missing, a skip marker) is only "skip".
+
+A law that passed on part of its input ("partial") says "k of n examples" and the boundary
+classes only refused examples reached (its rows' ``evidence``); with fewer than
+:data:`MIN_ACCEPTED` of its examples accepted, its row stays "partial" (what happened) and every
+reader judges it "not enough evidence" (:data:`THIN`, :func:`effective`), which never reads as
+holding."""
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -19,6 +27,48 @@ from inference_conformance.conformance.outcomes import Unsupported
 
 #: the verdict of a listed failure that was refused or skipped instead
 STALE = "stale expectation"
+#: the verdict of a law that passed on too little of its input to say it holds
+THIN = "not enough evidence"
+#: below this fraction of its examples accepted, a partial law is "not enough evidence"
+MIN_ACCEPTED = 0.25
+
+
+def evidence_of(partial: str) -> dict:
+    """What a law's "partial: refused R of N examples (reason); classes only refused: a, b" text
+    (:meth:`inference_conformance.conformance.laws.Run.partial_text`) says: ``{"accepted": N - R,
+    "examples": N, "refused_classes": [a, b]}``; {} for any other text."""
+    m = re.search(r"refused (\d+) of (\d+) examples", partial)
+    if m is None:
+        return {}
+    _, sep, classes = partial.rpartition("; classes only refused: ")
+    return {"accepted": int(m[2]) - int(m[1]), "examples": int(m[2]),
+            "refused_classes": [c.strip() for c in classes.split(",") if c.strip()] if sep else []}
+
+
+def insufficient(evidence: dict) -> str:
+    """Why a partial law's ``evidence`` (:func:`evidence_of`) is not enough to say it holds:
+    fewer than :data:`MIN_ACCEPTED` of its examples accepted; "" when it is enough. (The
+    boundary classes only refused examples reached are shown beside every partial verdict.)"""
+    k, n = evidence.get("accepted", 0), evidence.get("examples", 0)
+    if n and k < MIN_ACCEPTED * n:
+        return f"{k} of {n} examples accepted, fewer than {MIN_ACCEPTED:g} of them"
+    return ""
+
+
+def effective(verdict: str, evidence: dict | None) -> str:
+    """The verdict a report shows for a row's ``verdict`` and ``evidence``: :data:`THIN` for a
+    partial row whose evidence is :func:`insufficient`, else ``verdict``."""
+    return THIN if verdict == "partial" and evidence and insufficient(evidence) else verdict
+
+
+def partial_message(partial: str) -> str:
+    """A partial law's message, led by "k of n examples" and its refused classes."""
+    ev = evidence_of(partial)
+    if not ev:
+        return partial
+    refused = ev["refused_classes"]
+    return (f"partial: {ev['accepted']} of {ev['examples']} examples"
+            + (f", refused classes: {', '.join(refused)}" if refused else "") + f" ({partial})")
 
 
 def expect_reason(entry) -> str:
@@ -91,7 +141,10 @@ def outcome(report, call, entry, partial: str, allow_unexpected_pass: bool, wors
         outcome = "fail" if report.when == "call" else "error"
         message = _crash_message(report)
     else:
-        outcome, message = ("partial", partial) if partial else ("pass", "")
+        outcome, message = ("partial", partial_message(partial)) if partial else ("pass", "")
+        thin = insufficient(evidence_of(partial)) if partial else ""
+        if thin:
+            message = f"{THIN}: {thin}; {message}"
         if entry is not None and entry.expected in ("unsupported", "partial") and outcome == "pass":
             # listed as refused (in all or part): a full pass is a fix, said like wptrunner
             outcome = "unexpected pass"

@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference_conformance.conformance import atomic
+from inference_conformance.conformance import atomic, verdicts
 from inference_conformance.conformance.results import Row, crashed
 from inference_conformance.conformance.runinfo import RUN_FILE
 from inference_conformance.perf import env
@@ -38,7 +38,7 @@ from inference_conformance.reports.ledger import claims
 DEFAULT_OUT = Path(publish.OUT_NAME) / "matrix"
 #: cell statuses, in the order the legend lists them
 STATUSES = ("crashed", "pass", "fail", "expected fail", "unexpected pass", "stale expectation", "unsupported", "partial",
-            "not run")
+            "not enough evidence", "not run")
 
 
 class MergeError(ValueError):
@@ -124,12 +124,9 @@ def env_key(fp: dict) -> str:
                       + ([f"CUDA {fp['cuda']}"] if fp.get("cuda") else []))
 
 
-def _law(r: Row) -> str:
-    return r.check.split("::")[-1].split("[")[0]
-
-
 def _packages_text(packages: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))
+
 
 def _input_of(message: str) -> tuple[str, str]:
     """(the message, the failing input): Hypothesis's shrunk "Falsifying example" or the pinned
@@ -145,7 +142,7 @@ def _status(counts: dict[str, int]) -> str:
     """A cell's status from its verdict counts over the law's parameters: a crash outranks all."""
     if counts.get("fail") or counts.get("error"):
         return "crashed" if counts.get("crashed") else "fail"
-    for s in ("crashed", "stale expectation", "unexpected pass", "expected fail"):
+    for s in ("crashed", "stale expectation", "unexpected pass", "expected fail", "not enough evidence"):
         if counts.get(s):
             return s
     if counts.get("partial") or (counts.get("pass") and counts.get("unsupported")):
@@ -156,14 +153,13 @@ def _status(counts: dict[str, int]) -> str:
 _WORDS = {"skip": "not run", "error": "fail"}
 #: how much a verdict weighs when a newer run's results meet an older run's (higher: worse)
 _WEIGHT = {"crashed": 9, "fail": 8, "error": 8, "stale expectation": 7, "unexpected pass": 6, "expected fail": 5,
-           "partial": 4, "pass": 3, "unsupported": 2, "skip": 0}
+           "not enough evidence": 4.5, "partial": 4, "pass": 3, "unsupported": 2, "skip": 0}
 
 
 def _attribute(runs: list[Run]) -> None:
-    """Give each crashed row the technique, implementation and dtype of its test (from the rows
-    of the same test, law or file in any run; the implementation whose name starts the test's
-    parameters), "(unknown)" where nothing says; its run's profile where it names none; and the
-    verdict "crashed"."""
+    """Give each crashed row the verdict "crashed", its run's profile and its test's technique,
+    claim, implementation and dtype (from the rows of the same test, law or file in any run; the
+    implementation whose name starts the test's parameters; "(unknown)" where nothing says)."""
     by_check, by_law, by_file, names = {}, {}, {}, defaultdict(set)
     for run in runs:
         for (t, n) in run.packages:
@@ -275,7 +271,7 @@ def matrix(runs: list[Run]) -> dict:
     techniques: dict[str, dict] = {}
     for row, run in kept:
         t = techniques.setdefault(row.technique, {"columns": set(), "rows": {}})
-        col = (row.claim, _law(row))
+        col = (row.claim, row.check.split("::")[-1].split("[")[0])      # (claim, law)
         t["columns"].add(col)
         packages = run.packages.get((row.technique, row.implementation), {})
         profile = _profile([row])
@@ -306,7 +302,7 @@ def matrix(runs: list[Run]) -> dict:
                 got = m["cells"].get(col, [])
                 vc: dict[str, int] = defaultdict(int)
                 for row, _ in got:
-                    vc[row.verdict] += 1
+                    vc[verdicts.effective(row.verdict, row.evidence)] += 1
                 status = _status(vc)
                 counts[status] += 1
                 words = defaultdict(int)
@@ -315,6 +311,10 @@ def matrix(runs: list[Run]) -> dict:
                 cell = {"status": status, "counts": dict(words),
                         "text": status if len(words) <= 1 else " · ".join(f"{v} {n}" for v, n in sorted(words.items())),
                         "detail": None, "runs": sorted({run.id for _, run in got}, key=lambda i: int(i[3:]))}
+                ev = [row.evidence for row, _ in got if row.evidence]   # a partial cell: how much of its input ran
+                refused = ", ".join(sorted({c for e in ev for c in e.get("refused_classes", ())}))
+                cell["text"] += (f" ({sum(e['accepted'] for e in ev)} of {sum(e['examples'] for e in ev)} examples"
+                                 + (f"; refused classes: {refused})" if refused else ")")) if ev else ""
                 bad = [(row, run) for row, run in got if row.verdict in ("fail", "error", "expected fail", "crashed",
                                                                           "unexpected pass", "stale expectation")]
                 if bad:
