@@ -18,6 +18,20 @@ A key is a test id: the law's function name with its parameters, as pytest print
 parameters, and an entry's optional ``dtype`` narrows it to one dtype. A damaged file raises
 ValueError naming the file, the entry and the field.
 
+A ``fail`` entry names the failure it expects, its signature (what ``expect update`` writes)::
+
+    exception = "AssertionError"    # a failed check; any other type names a crash (RuntimeError, ...)
+    check = "attention output"      # what the failing comparison judged (or a failed assert's first words)
+    rule = "bfloat16"               # the tolerance rule of that comparison
+    error = [0.15, 0.62]            # band [low, high] of its measured error, in the output's units
+
+A failure of the listed test outside its signature (another check or rule, an error outside
+the band, another exception type: a crash) is a new failure, never an expected one. An entry
+without signature fields expects a failed check only (``exception = "AssertionError"``): a
+crash under it is still a new failure. A listed failure that ends "unsupported" or skipped in
+its test (not for want of its package) is a stale entry, failed like an unexpected pass unless
+``--allow-unexpected-pass``.
+
 A file whose ``technique`` is set covers only that technique's implementation of that name (the
 built-ins' names repeat across techniques: "torch" is an attention, a KV cache, a quantization
 and a verifier). The suite's own files, for its built-ins, are in the repository's
@@ -28,6 +42,7 @@ and an unexpected pass still fails the run.
 from __future__ import annotations
 
 import importlib.resources
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -42,14 +57,21 @@ EXPECTED = ("fail", "unsupported", "partial")
 #: The suite's own expectation files (one per built-in that fails something today).
 #: Package data, found through importlib.resources (an installed wheel, an editable install or the checkout).
 BUILTIN = Path(str(importlib.resources.files("inference_conformance.expectations")))
-_ENTRY_FIELDS = {"expected", "reason", "measured", "link", "dtype"}
+_TEXT_FIELDS = {"expected", "reason", "measured", "link", "dtype", "exception", "check", "rule"}
+#: the fields of a fail entry's signature (:meth:`Entry.admits`)
+SIGNATURE = ("exception", "check", "rule", "error")
+_ENTRY_FIELDS = _TEXT_FIELDS | {"error"}
+#: the band ``expect update`` writes around a measured error: [error / BAND, error * BAND]
+BAND = 2.0
 _IMPL_FIELDS = {"name", "target", "technique"}
 
 
 @dataclass(frozen=True)
 class Entry:
     """One expected outcome: ``key`` (a test id pattern), ``expected``, ``reason``, ``measured``,
-    ``link``, ``dtype`` ("" for any), ``source`` (the file it came from)."""
+    ``link``, ``dtype`` ("" for any), ``source`` (the file it came from), and for a "fail" entry
+    its signature: ``exception`` (type name), ``check``, ``rule`` ("" for any) and ``error``
+    (``(low, high)`` band of the measured error, or None for any)."""
 
     key: str
     expected: str
@@ -58,6 +80,44 @@ class Entry:
     link: str = ""
     dtype: str = ""
     source: str = ""
+    exception: str = ""
+    check: str = ""
+    rule: str = ""
+    error: tuple | None = None
+
+    @property
+    def signed(self) -> bool:
+        """Whether the entry names its failure (any signature field set)."""
+        return bool(self.exception or self.check or self.rule or self.error is not None)
+
+    def signature(self) -> str:
+        """The signature in words ("AssertionError of 'attention output' under rule bfloat16
+        with error in [0.031, 3.1]")."""
+        text = self.exception or "AssertionError"
+        text += f" of {self.check!r}" if self.check else ""
+        text += f" under rule {self.rule}" if self.rule else ""
+        if self.error is not None:
+            text += f" with error in [{self.error[0]:.3g}, {self.error[1]:.3g}]"
+        return text
+
+    def admits(self, kind: dict) -> str:
+        """"" when the failure ``kind`` (:func:`inference_conformance.conformance.failures.failure_kind`:
+        exception, check, rule, error) is within this entry's signature, else the first difference
+        in words. An unsigned entry admits any failed check (an AssertionError), no crash."""
+        want = self.exception or "AssertionError"
+        if want not in kind.get("mro", (kind.get("exception", ""),)):
+            return f"raised {kind.get('exception')}, expected {want}"
+        if self.check and kind.get("check", "") != self.check:
+            return f"failed check {kind.get('check', '')!r}, expected {self.check!r}"
+        if self.rule and kind.get("rule", "") != self.rule:
+            return f"under rule {kind.get('rule') or '(none)'}, expected rule {self.rule}"
+        if self.error is not None:
+            error = kind.get("error")
+            if error is None:
+                return "no measured error, expected one in the band"
+            if not self.error[0] <= error <= self.error[1]:
+                return f"measured error {error:.3g} outside the band [{self.error[0]:.3g}, {self.error[1]:.3g}]"
+        return ""
 
     def matches(self, test_name: str, law: str = "", dtype: str = "") -> bool:
         if self.dtype and self.dtype != dtype:
@@ -133,11 +193,38 @@ def parse(text: str, source: str = "<string>") -> Expectations:
             raise ValueError(f"{where}: field 'expected' is {entry['expected']!r}; must be one of {', '.join(EXPECTED)}")
         if "reason" not in entry:
             raise ValueError(f"{where}: field 'reason' is missing (say why it is expected)")
-        for name in _ENTRY_FIELDS & set(entry):
+        for name in _TEXT_FIELDS & set(entry):
             if not isinstance(entry[name], str):
                 raise ValueError(f"{where}: field {name!r} must be a string, got {entry[name]!r}")
+        signed = [name for name in SIGNATURE if name in entry]
+        if signed and entry["expected"] != "fail":
+            raise ValueError(f"{where}: field {signed[0]!r} names a failure's signature; only an entry with "
+                             f"expected = \"fail\" has one (this one is {entry['expected']!r})")
+        if "exception" in entry and not entry["exception"].isidentifier():
+            raise ValueError(f"{where}: field 'exception' must be an exception's type name "
+                             f"(AssertionError, RuntimeError, ...), got {entry['exception']!r}")
+        if "error" in entry:
+            entry = dict(entry, error=_band(entry["error"], where))
         out.entries[key] = Entry(key=key, source=source, **entry)
     return out
+
+
+def _band(value, where: str) -> tuple[float, float]:
+    """A signature's error band: two numbers, low <= high (inf allowed: a NaN error counts as inf)."""
+    ok = isinstance(value, list) and len(value) == 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) for x in value)
+    if not ok or value[0] > value[1] or value[0] < 0:
+        raise ValueError(f"{where}: field 'error' must be a band [low, high] of two numbers, 0 <= low <= high "
+                         f"(inf allowed), got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def band(error: float) -> tuple[float, float]:
+    """The band ``expect update`` writes around a measured ``error``: one :data:`BAND` factor
+    either side, to three significant digits; [inf, inf] for an infinite (or NaN) error."""
+    if math.isinf(error) or math.isnan(error):
+        return math.inf, math.inf
+    return float(f"{error / BAND:.3g}"), float(f"{error * BAND:.3g}")
 
 
 def load(paths) -> list[Expectations]:
@@ -196,6 +283,10 @@ def _string(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _float(x: float) -> str:
+    return "inf" if math.isinf(x) else repr(float(x))
+
+
 def dumps(exp: Expectations, header: str = "") -> str:
     """The TOML text of ``exp`` (:func:`parse` reads it back unchanged); entries sorted by key."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
@@ -207,8 +298,10 @@ def dumps(exp: Expectations, header: str = "") -> str:
     for key in sorted(exp.entries):
         e = exp.entries[key]
         lines += ["", f"[tests.{_string(key)}]", f"expected = {_string(e.expected)}", f"reason = {_string(e.reason)}"]
-        for name in ("measured", "link", "dtype"):
+        for name in ("measured", "link", "dtype", "exception", "check", "rule"):
             if getattr(e, name):
                 lines.append(f"{name} = {_string(getattr(e, name))}")
+        if e.error is not None:
+            lines.append(f"error = [{_float(e.error[0])}, {_float(e.error[1])}]")
     return "\n".join(lines) + "\n"
 

@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -164,5 +165,78 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["Comparison", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing", "case_line", "comparison_line", "first_line",
-           "note_comparison"]
+_COMPARISON = re.compile(r"^(?P<what>.+?): measured error (?P<error>\S+) EXCEEDS bound (?P<bound>\S+) "
+                         r"\(rule (?P<rule>[^)]*)\)")
+
+
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+
+
+#: a measured error a failed assert's message states ("... error 0.598 > the format's bound ...")
+_ERROR = re.compile(r"\berror (inf|nan|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
+
+
+def _leading_text(line: str) -> str:
+    """A failure's line as the kind of check it reports: up to its first ": " or "; " (what
+    follows names the example), each number written N ("3 certain case(s) wrong: ..." ->
+    "N certain case(s) wrong"; "max abs error 0.5 > 0.05" -> "max abs error N > N")."""
+    head = re.split(r": |; ", line, maxsplit=1)[0]
+    return " ".join(_NUMBER.sub("N", head).split())
+
+
+def _check_name(what: str) -> str:
+    """A comparison's ``what`` without the drawn case it names ("the NaN elements of the output
+    (NanCase(causal=True, ...))" -> "the NaN elements of the output"): the check, not its example."""
+    head, sep, rest = what.partition(" (")
+    return head if sep and "=" in rest else what
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def failure_kind(exc: BaseException, worst: Any = None) -> dict:
+    """What kind of failure ``exc`` is, as an expectation's signature names it:
+    ``{"exception", "check", "rule", "error"}``.
+
+    ``exception``: "AssertionError" for any failed check (a :class:`LawFailure`, a
+    :class:`ToleranceFailure`, a plain ``assert``), else the exception's type name (a crash:
+    RuntimeError, ValueError, ...). For a failed comparison of the tolerance policy, ``check`` is
+    what it judged (the verdict's ``what``), ``rule`` the tolerance rule's name and ``error`` the
+    measured error (a float in the output's units; inf for a NaN), the drawn case it may name
+    left out (:func:`_check_name`); for any other failure ``check`` is its first line's kind
+    (:func:`_leading_text`), ``error`` the figure it states as "error X" (absent where none) and
+    ``rule`` is absent.
+    ``worst``: the test's worst verdict of the tolerance policy, used for a plain AssertionError
+    that names no comparison of its own. A group of exceptions is judged by its first."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if not isinstance(exc, AssertionError):
+        return {"exception": type(exc).__name__, "check": _leading_text(first_line(exc)),
+                "mro": [c.__name__ for c in type(exc).__mro__ if c is not object]}
+    verdict = getattr(exc, "verdict", None)
+    if verdict is None and not isinstance(exc, LawFailure) and worst is not None and not worst.ok \
+            and first_line(exc).startswith(f"{worst.what}: measured error"):
+        verdict = worst
+    if verdict is not None:
+        error = float(verdict.error)
+        return {"exception": "AssertionError", "check": _check_name(verdict.what), "rule": str(verdict.rule).split(":", 1)[0],
+                "error": math.inf if math.isnan(error) else error}
+    line = exc.comparison if isinstance(exc, LawFailure) else first_line(exc)
+    m = _COMPARISON.match(line)
+    if m is not None and _number(m["error"]) is not None:
+        error = _number(m["error"])
+        return {"exception": "AssertionError", "check": _check_name(m["what"]), "rule": m["rule"],
+                "error": math.inf if math.isnan(error) else error}
+    kind = {"exception": "AssertionError", "check": _leading_text(line)}
+    figure = _ERROR.search(line)
+    if figure is not None and _number(figure[1]) is not None:
+        kind["error"] = math.inf if math.isnan(_number(figure[1])) else _number(figure[1])
+    return kind
+
+
+__all__ = ["Comparison", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing", "case_line", "comparison_line",
+           "failure_kind", "first_line", "note_comparison"]

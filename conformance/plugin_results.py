@@ -31,12 +31,28 @@ def recorder(request) -> results.Recorder:
     return request.node.stash.setdefault(_RECORDER, results.Recorder())
 
 
-def _rows_for(item, outcome: str, message: str, device: str | None = None) -> list[results.Row]:
-    """The result rows of ``item`` ended with ``outcome`` and ``message``; ``device`` defaults to
-    the run's (item.config), "" without one."""
+def _profile(config) -> tuple[str, int]:
+    """The Hypothesis profile the running test is under (its short name where it is the suite's)
+    and that profile's example count; ("", 0) where none can be read."""
+    try:
+        from hypothesis import settings
+
+        name = state(config).profile if config is not None else ""
+        chosen = settings.get_profile(name) if name else settings.default
+        return name.rsplit(".", 1)[-1] if name else "", int(chosen.max_examples)
+    except Exception:  # noqa: BLE001 - a row is written without the profile rather than not at all
+        return "", 0
+
+
+def _rows_for(item, outcome: str, message: str, device: str | None = None, failure: dict | None = None,
+              evidence: dict | None = None) -> list[results.Row]:
+    """The result rows of ``item`` ended with ``outcome`` and ``message`` (``failure``: its
+    failure kind, for a test that failed); ``device`` defaults to the run's (item.config), ""
+    without one."""
+    config = getattr(item, "config", None)
     if device is None:
-        config = getattr(item, "config", None)
         device = state(config).device if config is not None else ""
+    profile, max_examples = _profile(config)
     claims = item.get_closest_marker("claim")
     claim_ids = list(claims.args) if claims else []
     impl = param(item, "impl")
@@ -45,7 +61,8 @@ def _rows_for(item, outcome: str, message: str, device: str | None = None) -> li
     base = dict(check=item.nodeid, technique=technique_of(item) or "",
                 implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
                 dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
-                device=device, verdict=outcome, message=message[:2000])
+                device=device, verdict=outcome, message=message[:2000], profile=profile, max_examples=max_examples,
+                failure={k: v for k, v in (failure or {}).items() if k != "mro"}, evidence=evidence or {})
     cur = item.stash.get(_RECORDER, None) or results.Recorder()
     rows = []
     w = cur.worst
@@ -84,13 +101,16 @@ def pytest_runtest_makereport(item, call):
     st = state(item.config)
     entry = expected(item) if st.expecting() else None
     rec = item.stash.get(_RECORDER, None)
+    worst = rec.worst if rec is not None else None
     outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
-                                        item.config.getoption("allow_unexpected_pass", default=False))
+                                        item.config.getoption("allow_unexpected_pass", default=False), worst)
+    failure = verdicts.failure_of(call, worst) if outcome in ("fail", "error", "expected fail") else {}
     hint = interpreter_hint(str(report.longrepr)) if report.failed else None
     if hint:
         report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
         message = f"{message}\nhint: {hint}"
-    rows = _rows_for(item, outcome, message, st.device)
+    evidence = verdicts.evidence_of(rec.partial) if rec is not None and rec.partial else {}
+    rows = _rows_for(item, outcome, message, st.device, failure, evidence)
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.failed and crash is not None and "\n" in crash.message:
         # the row keeps the whole message (a law's case, diagnosis, comparison and
@@ -99,7 +119,8 @@ def pytest_runtest_makereport(item, call):
     _write(item.config, rows)
     report.user_properties.append(("conformance_rows", len(rows)))
     report.user_properties.append(("conformance_verdicts", [
-        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-", r.verdict,
+        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-",
+         verdicts.effective(r.verdict, r.evidence),
          _number(r.measured), _number(r.bound))
         for r in rows if r.technique]))
     return report
@@ -150,11 +171,16 @@ def _write(config, rows) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched):
     """pytest-xdist: a worker died running ``crashitem`` (a segfault in a kernel, say): record
-    an error row for it; xdist fails that test and restarts the worker, the run goes on."""
+    an error row for it marked as a crash (:func:`inference_conformance.conformance.results.crashed`;
+    the matrix attributes it to its implementation and shows "crashed"); xdist fails that test
+    and restarts the worker, the run goes on."""
     config = getattr(sched, "config", None)
     device = state(config).device if config is not None else ""
+    profile, max_examples = _profile(config)
     row = results.Row(claim="", check=crashitem, device=device, verdict="error",
-                      message="worker crashed while running this test (segfault or hard exit in the implementation)")
+                      message="worker crashed while running this test (segfault or hard exit in the implementation)",
+                      failure={"exception": results.CRASH, "check": "worker crashed"}, profile=profile,
+                      max_examples=max_examples)
     if config is not None:
         _write(config, [row])
 

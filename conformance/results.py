@@ -27,7 +27,16 @@ class Row:
     ``measured`` / ``bound`` are numbers in ``unit`` (an error, a ratio, bytes, ...);
     ``lecture`` is the figure the lecture gives (text or number); ``verdict`` is one of
     "pass", "partial" (passed on what the implementation accepted; it refused other examples:
-    ``message`` says which), "fail", "skip", "unsupported", "error".
+    ``message`` says which; with ``evidence`` showing fewer than a quarter of its examples
+    accepted, reports read it "not enough evidence"), "fail", "skip", "unsupported", "error", "crashed" (the process running
+    it died: no outcome was reported), and under an expectation "expected fail", "unexpected
+    pass", "stale expectation". ``failure``: a failed test's kind (exception, check, rule, error:
+    :func:`inference_conformance.conformance.failures.failure_kind`), what an expectation's
+    signature is written from; ``profile`` / ``max_examples``: the Hypothesis profile the test ran
+    under and its example count (what the matrix compares runs by); ``evidence``: for a law
+    that refused some of its examples ("partial"), ``{"accepted": k,
+    "examples": n, "refused_classes": [...]}`` (the boundary classes reached only by refused
+    examples).
     """
 
     claim: str
@@ -45,6 +54,21 @@ class Row:
     message: str = ""
     examples: int = 0
     extra: dict = field(default_factory=dict)
+    failure: dict = field(default_factory=dict)
+    profile: str = ""
+    max_examples: int = 0
+    evidence: dict = field(default_factory=dict)
+
+
+#: ``failure["exception"]`` of the row of a test whose process died (a crashed pytest-xdist worker)
+CRASH = "WorkerCrash"
+
+
+def crashed(row: Row) -> bool:
+    """Whether ``row`` says its test's process died while running it ("crashed"; written as an
+    "error" row with the :data:`CRASH` failure, or by older versions with its message alone)."""
+    return row.verdict == "crashed" or (row.verdict == "error" and (
+        (row.failure or {}).get("exception") == CRASH or str(row.message).startswith("worker crashed")))
 
 
 class Recorder:

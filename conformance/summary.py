@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 
-_SHORT = {"unsupported": "unsup", "expected fail": "xfail", "unexpected pass": "xpass"}
+_SHORT = {"unsupported": "unsup", "expected fail": "xfail", "unexpected pass": "xpass", "stale expectation": "stale",
+          "not enough evidence": "thin"}
 
 
 def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[str]) -> str:
@@ -32,7 +33,8 @@ def write(terminalreporter, verdicts: list[tuple]) -> None:
     claim, implementation, verdict, measured, bound)."""
     if not verdicts:
         return
-    order = ["pass", "skip", "unsupported", "partial", "unexpected pass", "expected fail", "error", "fail"]
+    order = ["pass", "skip", "unsupported", "partial", "not enough evidence", "unexpected pass", "expected fail",
+             "stale expectation", "error", "fail"]
     outcomes: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
     impls: list[str] = []
     for technique, law, claim, name, verdict, *figures in verdicts:
@@ -50,4 +52,6 @@ def write(terminalreporter, verdicts: list[tuple]) -> None:
     for (t, k), row in sorted(table.items()):
         tr.write_line(f"{t}: {k}".ljust(width) + "  ".join(f"{row.get(i, '.'):>{col}}" for i in impls))
     tr.write_line("a cell: the outcome over the law's parameters (counts where they differ; unsup = "
-                  "unsupported), a failure with its worst measured error > bound; '.': not run there")
+                  "unsupported; stale = a listed failure now refused or skipped; thin = not enough evidence, "
+                  "fewer than a quarter of the examples accepted), a failure with its worst "
+                  "measured error > bound; '.': not run there")

@@ -7,6 +7,7 @@ Everything the report shows is computed here once, as one JSON-able context dict
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -14,7 +15,7 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-from inference_conformance.conformance import atomic
+from inference_conformance.conformance import atomic, verdicts
 from inference_conformance.conformance.results import Row, read_rows
 from inference_conformance.perf import env
 from inference_conformance.perf import history as hist
@@ -25,8 +26,8 @@ from inference_conformance.reports.ledger import claims
 
 #: Verdicts worst first; an "expected fail" (listed in an --expect file) is still a failure of the
 #: law, ranked under a new one; an "unexpected pass" holds (the listed bug is fixed).
-_ORDER = {"fail": 7, "error": 6, "expected fail": 5, "unexpected pass": 4, "partial": 3, "pass": 2,
-          "unsupported": 1, "skip": 0}
+_ORDER = {"crashed": 9, "fail": 7, "error": 6, "stale expectation": 5.5, "expected fail": 5, "not enough evidence": 4.5,
+          "unexpected pass": 4, "partial": 3, "pass": 2, "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
 #: The gate's calibration as ``python -m inference_conformance.perf.calibrate analyse`` writes it
 #: (package data of ``inference_conformance.perf``).
@@ -74,7 +75,8 @@ def _fig_text(r: Row, value) -> str:
     return f"{what}: {text}" if what else text
 
 
-_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails",
+_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails", "crashed": "fails",
+                  "not enough evidence": "not enough evidence",
                   "expected fail": "fails (expected)", "unexpected pass": "holds (unexpected pass)"}
 
 
@@ -106,7 +108,7 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
     "not measured" when every row was skipped (e.g. GPU-only on a CPU run), "not checked"
     without rows."""
     by_claim: dict[str, list[Row]] = defaultdict(list)
-    for r in rows:
+    for r in _judged(rows):
         if r.claim and not _is_zoo(r):
             by_claim[r.claim].append(r)
     bench_by_claim: dict[str, list[dict]] = defaultdict(list)
@@ -135,7 +137,10 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
         if not measured_text and brecs:
             measured_text = "; ".join(f"{b['name']}: median {_secs(b['stats'].get('median'))}" for b in brecs[:3])
         checks = sorted({r.check.split("[")[0] for r in rs} | {b["fullname"].split("[")[0] for b in brecs})
+        evidence = "; ".join(f"{_evidence_text(r)} ({'/'.join(filter(None, (r.implementation, r.dtype)))})"
+                             for r in rs if r.evidence)
         out.append({"id": c.id, "kind": c.kind, "text": c.text, "section": c.section, "verdict": verdict,
+                    "evidence_text": evidence,
                     "checks": checks, "lecture": figures[0].lecture if figures else None,
                     "measured": figures[0].measured if figures else None,
                     "unit": figures[0].unit if figures else (rs[0].unit if rs else ""),
@@ -145,6 +150,21 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
                     "by_impl": by_impl,
                     "by_impl_text": ", ".join(f"{i}: {v}" for i, v in by_impl.items()) if len(by_impl) > 1 else ""})
     return out
+
+
+def _judged(rows: list[Row]) -> list[Row]:
+    """The rows as the report judges them: a partial row with too little evidence reads "not
+    enough evidence" (:func:`inference_conformance.conformance.verdicts.effective`)."""
+    return [r if r.verdict != "partial" else dataclasses.replace(r, verdict=verdicts.effective(r.verdict, r.evidence))
+            for r in rows]
+
+
+def _evidence_text(r: Row) -> str:
+    """A partial row's "k of n examples" and the classes only its refused examples reached."""
+    ev = r.evidence or {}
+    refused = ev.get("refused_classes") or []
+    return f"{ev.get('accepted')} of {ev.get('examples')} examples" + (
+        f", refused classes: {', '.join(refused)}" if refused else "")
 
 
 def _worst_measured(rs: list[Row]) -> str:
@@ -174,9 +194,11 @@ def summary(ledger: list[dict]) -> dict:
     for c in ledger:
         n[c["verdict"]] += 1
     holding = n["holds"] + n["holds (partial)"] + n["holds (unexpected pass)"]
-    failing = n["fails"] + n["fails (expected)"]
+    # a claim without enough evidence counts with the failing ones (--strict fails it), never as holding
+    failing = n["fails"] + n["fails (expected)"] + n["not enough evidence"]
     return {"total": len(ledger), "checked": holding + failing + n["inconclusive"], "holding": holding,
-            "partial": n["holds (partial)"], "failing": failing, "inconclusive": n["inconclusive"],
+            "partial": n["holds (partial)"], "failing": failing, "not_enough_evidence": n["not enough evidence"],
+            "inconclusive": n["inconclusive"],
             "not_measured": n["not measured"], "not_checked": n["not checked"]}
 
 
@@ -189,7 +211,7 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
     """technique -> {impls: [...], properties: [{law, claim, dtype, cells: {impl: cell}}]}: the
     worst verdict (then the largest error/bound) per law, claim, dtype and implementation."""
     tables: dict[str, dict] = {}
-    for r in rows:
+    for r in _judged(rows):
         if not r.technique or _is_zoo(r):
             continue
         t = tables.setdefault(r.technique, {"impls": [], "props": {}})
@@ -208,6 +230,8 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
             cell["error_text"] = f"{_num(r.measured)} / {_num(r.bound)}"
         elif r.unit == "rejection":
             cell["error_text"] = ""
+        if r.evidence:
+            cell["error_text"] = "; ".join(filter(None, (cell["error_text"], _evidence_text(r))))
         prev = prop["cells"].get(impl)
         if prev is None or (_ORDER.get(r.verdict, _ORDER["error"]), ratio) > (_ORDER.get(prev["verdict"], _ORDER["error"]), prev["ratio"]):
             prop["cells"][impl] = cell

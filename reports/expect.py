@@ -6,11 +6,16 @@
 
 RUN is the ``--results DIR`` folder (or one rows file) of any pytest run. One file per outside
 implementation (``--builtins``: the built-ins too) lists the tests it failed, refused
-("unsupported") or passed only in part, with the measured error text. PATH is a folder (one
+("unsupported") or passed only in part, with the measured error text; a failure is listed with
+its signature (the exception type, the failing check, its tolerance rule and a band of one
+factor :data:`inference_conformance.conformance.expectations.BAND` either side of the measured
+error), so that only that failure is expected, never another failure of the same test. PATH is a folder (one
 ``<implementation>.toml`` per implementation) or, for one implementation, a ``.toml`` file. An
 existing file is refreshed: its reasons and links are kept, the measured text is the run's, an
 entry whose test ran and passed is dropped (the ratchet), and an entry whose test did not run is
-kept. Each file is written whole or not at all.
+kept. A kept entry's signature is kept where it admits the run's failure (a band widened by hand
+stays), else rewritten from the run; a listed failure now refused ("stale expectation") is listed
+as "unsupported". Each file is written whole or not at all.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from inference_conformance.conformance.results import Row, read_rows
 
 #: row verdict -> the outcome an expectation lists
 _LISTED = {"fail": "fail", "error": "fail", "expected fail": "fail", "unsupported": "unsupported",
-           "partial": "partial"}
+           "partial": "partial", "stale expectation": "unsupported"}
 #: how bad a listed outcome is, when one test has several rows
 _RANK = {"fail": 2, "partial": 1, "unsupported": 0}
 NEW_REASON = "new in this run: say why it is expected"
@@ -46,6 +51,28 @@ def file_name(impl: str, technique: str = "") -> str:
     (their names repeat across techniques), as in the suite's own ``expectations/``."""
     stem = impl if is_outside(impl) or not technique else f"{technique}-{impl}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_") + ".toml"
+
+
+def _signature(listed: str, failure: dict, kept) -> dict:
+    """The signature fields of a refreshed entry: none unless it lists a failure; the kept
+    entry's where it admits ``failure`` (or the run recorded none), else written from ``failure``
+    (a row's :func:`inference_conformance.conformance.failures.failure_kind`)."""
+    if listed != "fail":
+        return {}
+    old = {k: getattr(kept, k) for k in expectations.SIGNATURE} if kept is not None and kept.signed else None
+    kind = dict(failure)
+    if kind.get("error") is not None:
+        kind["error"] = float(kind["error"])              # written as "inf" where infinite
+    if old is not None and (not kind or not kept.admits(kind)):
+        return old
+    if not kind:
+        return {}
+    fields = {"exception": kind.get("exception") or "AssertionError", "check": kind.get("check") or ""}
+    if kind.get("rule"):
+        fields["rule"] = kind["rule"]
+    if kind.get("error") is not None:
+        fields["error"] = expectations.band(kind["error"])
+    return fields
 
 
 def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str] | None = None) -> list[Path]:
@@ -79,20 +106,20 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
             if listed is None:
                 continue
             prev = failing.get(key)
-            if prev is None or _RANK[listed] > _RANK[prev[0]]:
-                failing[key] = (listed, " ".join(str(r.message).split())[:500])
+            if prev is None or _RANK[listed] > _RANK[prev[0]] or (listed == prev[0] and r.failure and not prev[2]):
+                failing[key] = (listed, " ".join(str(r.message).split())[:500], r.failure or {})
         exp = expectations.Expectations(name=impl, technique=technique or (old.technique if old else ""),
                                         target=old.target if old else "")
         if old is not None:
             for key, e in old.entries.items():
                 if not any(e.matches(k, k.split("[")[0], d) for k, d in ran.items()):
                     exp.entries[key] = e          # not run this time: kept as it was
-        for key, (listed, measured) in failing.items():
+        for key, (listed, measured, failure) in failing.items():
             kept = old.find(key, key.split("[")[0], ran[key]) if old is not None else None
             exp.entries[key] = expectations.Entry(
                 key=key, expected=listed, measured=measured,
                 reason=kept.reason if kept is not None else NEW_REASON,
-                link=kept.link if kept is not None else "")
+                link=kept.link if kept is not None else "", **_signature(listed, failure, kept))
         header = (f"Expected outcomes of {impl} in the conformance suite (pytest --expect {path.name}).\n"
                   "Refreshed by: inference-conformance expect update RUN --out PATH (reasons and links are kept).")
         atomic.write_text(path, expectations.dumps(exp, header))

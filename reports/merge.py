@@ -10,26 +10,24 @@ folder holding such folders (a CI job's downloaded artifacts). ``--out`` (defaul
 ``report.md`` and ``results.json``.
 
 Rows of the matrix are implementations in one environment (technique, name, package versions,
-device); columns are the laws of that technique, grouped by claim; a cell is the law's outcome
-over its parameters: pass, fail, expected fail, unexpected pass, unsupported, partial (some
-parameters refused, the rest pass) or not run, and a failing cell links its message and the
-failing input (Hypothesis's shrunk example, or the pinned one). Two runs with results for the
-same test of the same implementation in the same environment are never mixed: the newer run's
-results win, and the page says which run replaced which (shards of one run hold different
-tests, so they simply add up). A missing or damaged run folder is a :class:`MergeError` naming
-it.
+device, Hypothesis profile and example count); columns are the laws of its technique by claim;
+a cell is the law's outcome over its parameters (:data:`STATUSES`; "crashed" outranks all),
+names its runs and, failing, links its message and input. A newer run replaces an older one's
+results for a test only as :func:`_why_kept` allows (the page says which run replaced, or did
+not replace, which; shards add up). A missing or damaged run folder is a :class:`MergeError`.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference_conformance.conformance import atomic
-from inference_conformance.conformance.results import Row
+from inference_conformance.conformance import atomic, verdicts
+from inference_conformance.conformance.results import Row, crashed
 from inference_conformance.conformance.runinfo import RUN_FILE
 from inference_conformance.perf import env
 from inference_conformance.reports import publish, templating
@@ -39,7 +37,8 @@ from inference_conformance.reports.ledger import claims
 #: would otherwise write beside its package in site-packages, or into a project's own reports/)
 DEFAULT_OUT = Path(publish.OUT_NAME) / "matrix"
 #: cell statuses, in the order the legend lists them
-STATUSES = ("pass", "fail", "expected fail", "unexpected pass", "unsupported", "partial", "not run")
+STATUSES = ("crashed", "pass", "fail", "expected fail", "unexpected pass", "stale expectation", "unsupported", "partial",
+            "not enough evidence", "not run")
 
 
 class MergeError(ValueError):
@@ -125,10 +124,6 @@ def env_key(fp: dict) -> str:
                       + ([f"CUDA {fp['cuda']}"] if fp.get("cuda") else []))
 
 
-def _law(r: Row) -> str:
-    return r.check.split("::")[-1].split("[")[0]
-
-
 def _packages_text(packages: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))
 
@@ -144,61 +139,125 @@ def _input_of(message: str) -> tuple[str, str]:
 
 
 def _status(counts: dict[str, int]) -> str:
-    """A cell's status from its verdict counts over the law's parameters."""
+    """A cell's status from its verdict counts over the law's parameters: a crash outranks all."""
     if counts.get("fail") or counts.get("error"):
-        return "fail"
-    for s in ("unexpected pass", "expected fail"):
+        return "crashed" if counts.get("crashed") else "fail"
+    for s in ("crashed", "stale expectation", "unexpected pass", "expected fail", "not enough evidence"):
         if counts.get(s):
             return s
     if counts.get("partial") or (counts.get("pass") and counts.get("unsupported")):
         return "partial"
-    if counts.get("pass"):
-        return "pass"
-    if counts.get("unsupported"):
-        return "unsupported"
-    return "not run"
+    return "pass" if counts.get("pass") else "unsupported" if counts.get("unsupported") else "not run"
 
 
 _WORDS = {"skip": "not run", "error": "fail"}
+#: how much a verdict weighs when a newer run's results meet an older run's (higher: worse)
+_WEIGHT = {"crashed": 9, "fail": 8, "error": 8, "stale expectation": 7, "unexpected pass": 6, "expected fail": 5,
+           "not enough evidence": 4.5, "partial": 4, "pass": 3, "unsupported": 2, "skip": 0}
+
+
+def _attribute(runs: list[Run]) -> None:
+    """Give each crashed row the verdict "crashed", its run's profile and its test's technique,
+    claim, implementation and dtype (from the rows of the same test, law or file in any run; the
+    implementation whose name starts the test's parameters; "(unknown)" where nothing says)."""
+    by_check, by_law, by_file, names = {}, {}, {}, defaultdict(set)
+    for run in runs:
+        for (t, n) in run.packages:
+            names[t].add(n)
+        for r in run.rows:
+            if r.technique and not crashed(r):
+                by_check.setdefault(r.check, r)
+                by_law.setdefault(r.check.split("[")[0], r)
+                by_file.setdefault(r.check.split("::")[0], r.technique)
+                if r.implementation:
+                    names[r.technique].add(r.implementation)
+    for run in runs:
+        profile, examples = next(((r.profile, r.max_examples) for r in run.rows if r.max_examples), ("", 0))
+        for i, r in enumerate(run.rows):
+            if not crashed(r):
+                continue
+            same = by_check.get(r.check)
+            law = same or by_law.get(r.check.split("[")[0])
+            technique = r.technique or (law.technique if law else by_file.get(r.check.split("::")[0], "(unknown)"))
+            params = r.check.partition("[")[2].rstrip("]")
+            fits = [n for n in names.get(technique, ()) if params == n or params.startswith(n + "-")]
+            impl = r.implementation or (same.implementation if same else max(fits, key=len) if fits
+                                        else params.split("-")[0] or "(unknown)")
+            run.rows[i] = dataclasses.replace(r, technique=technique, implementation=impl, verdict="crashed",
+                                              claim=r.claim or (law.claim if law else ""),
+                                              dtype=r.dtype or (same.dtype if same else ""),
+                                              profile=r.profile or profile, max_examples=r.max_examples or examples)
 
 
 def _impl_env(run: Run, row: Row) -> str:
     """An implementation's environment in a run: the machine and stack (``env_key``) and the
     versions of the packages it needs, so that a run where its package is missing (its rows
     "not run") never replaces one where it ran, whichever is newer."""
-    packages = run.packages.get((row.technique, row.implementation), {})
-    text = _packages_text(packages)
+    text = _packages_text(run.packages.get((row.technique, row.implementation), {}))
     return env_key(run.fingerprint) + (f" · {text}" if text else "")
 
 
+def _profile(rows: list[Row]) -> str:
+    """The Hypothesis profile and example count rows ran under ("" for rows that do not say)."""
+    n = max((r.max_examples or 0 for r in rows), default=0)
+    names = sorted({r.profile for r in rows if r.profile})
+    return f"profile {'/'.join(names) or '?'} ({n} examples)" if n or names else ""
+
+
+def _why_kept(new: tuple[Run, list[Row]], old: tuple[Run, list[Row]]) -> str:
+    """"" when the newer run's rows of a test replace the older run's, else why they do not:
+    a crash replaces anything and is never replaced, a weaker profile (fewer examples) never
+    replaces a stronger one,
+    a skip never replaces a test that ran, a refusal never replaces a failure."""
+    (v_new, n_new), (v_old, n_old) = ((max((r.verdict for r in rs), key=lambda v: _WEIGHT.get(v, 8)),
+                                       max((r.max_examples or 0 for r in rs), default=0)) for _, rs in (new, old))
+    return ("" if v_new == "crashed" else "a crash is never replaced" if v_old == "crashed"
+            else f"it ran fewer examples ({n_new} < {n_old}): a weaker profile" if n_new < n_old
+            else "it skipped the test" if v_new == "skip" and v_old != "skip"
+            else "it refused the input the older run failed on"
+            if v_new == "unsupported" and v_old in ("fail", "error", "expected fail", "stale expectation") else "")
+
+
 def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
-    """The rows the matrix shows, each with its run, and the notes on runs replaced: for each test
-    of an implementation in an environment (with its packages' versions), the newest run that
-    has it wins."""
+    """The rows the matrix shows, each with its run, and the notes on runs replaced or kept: for
+    each test of an implementation in an environment (with its packages' versions), a newer run's
+    rows replace an older run's only where :func:`_why_kept` allows; the rows of both are kept
+    otherwise (a weaker profile's in a matrix row of their own, a skip dropped)."""
     order = sorted(runs, key=lambda r: (r.started, r.folder))
     for i, r in enumerate(order):
         r.id = f"run{i + 1}"
-    owner: dict[tuple, Run] = {}
-    for run in order:                       # oldest first: a newer run overwrites
-        for row in run.rows:
-            if not row.technique or not row.implementation or row.implementation.startswith("zoo:"):
-                continue
-            owner[(row.technique, row.implementation, _impl_env(run, row), row.check)] = run
-    kept, replaced = [], defaultdict(int)
+    _attribute(order)
+    groups: dict[tuple, list] = defaultdict(list)        # key -> [(run, rows)], oldest first
     for run in order:
-        for row in run.rows:
-            key = (row.technique, row.implementation, _impl_env(run, row), row.check)
-            winner = owner.get(key)
-            if winner is None:
-                continue
-            if winner is run:
-                kept.append((row, run))
-            else:
-                replaced[(row.technique, row.implementation, key[2], run.id, winner.id)] += 1
+        mine: dict[tuple, list[Row]] = defaultdict(list)
+        for row in (r for r in run.rows if r.technique and r.implementation and not r.implementation.startswith("zoo:")):
+            mine[(row.technique, row.implementation, _impl_env(run, row), row.check)].append(row)
+        for key, rows in mine.items():
+            groups[key].append((run, rows))
+    kept, replaced, refused = [], defaultdict(int), defaultdict(int)
+    for key, found in groups.items():
+        held: list[tuple[Run, list[Row]]] = []
+        for new in found:
+            stay = []
+            for old in held:
+                for a, b in ((new[1], old[1]), (old[1], new[1])):     # a crash that names no profile: the other's
+                    a[:] = [dataclasses.replace(r, profile=b[0].profile, max_examples=b[0].max_examples)
+                            if crashed(r) and not r.max_examples else r for r in a]
+                why = _why_kept(new, old)
+                if why:
+                    stay.append(old)
+                    refused[(key[0], key[1], key[2], new[0].id, old[0].id, why)] += len(new[1])
+                else:
+                    replaced[(key[0], key[1], key[2], old[0].id, new[0].id)] += len(old[1])
+            ran = [old for old in stay if any(r.verdict != "skip" for r in old[1])]
+            held = stay + ([] if ran and all(r.verdict == "skip" for r in new[1]) else [new])
+        kept += [(row, run) for run, rows in held for row in rows]
     by = {r.id: r for r in order}
     notes = [f"{t} / {impl} on {e}: {n} result row{'s' if n != 1 else ''} of {old} ({by[old].folder}, started "
              f"{by[old].started}) replaced by the newer {new} ({by[new].folder}, started {by[new].started})"
              for (t, impl, e, old, new), n in sorted(replaced.items())]
+    notes += [f"{t} / {impl} on {e}: {n} result row{'s' if n != 1 else ''} of the newer {new} ({by[new].folder}) "
+              f"did not replace {old}'s: {why}" for (t, impl, e, new, old, why), n in sorted(refused.items())]
     return kept, notes
 
 
@@ -212,10 +271,12 @@ def matrix(runs: list[Run]) -> dict:
     techniques: dict[str, dict] = {}
     for row, run in kept:
         t = techniques.setdefault(row.technique, {"columns": set(), "rows": {}})
-        col = (row.claim, _law(row))
+        col = (row.claim, row.check.split("::")[-1].split("[")[0])      # (claim, law)
         t["columns"].add(col)
         packages = run.packages.get((row.technique, row.implementation), {})
-        rkey = (row.implementation, env_key(run.fingerprint), _packages_text(packages))
+        profile = _profile([row])
+        rkey = (row.implementation, env_key(run.fingerprint) + (f" · {profile}" if profile else ""),
+                _packages_text(packages))
         mrow = t["rows"].setdefault(rkey, {"implementation": row.implementation, "environment": rkey[1],
                                            "packages": packages, "packages_text": rkey[2],
                                            "device": row.device or run.fingerprint.get("device") or "",
@@ -241,7 +302,7 @@ def matrix(runs: list[Run]) -> dict:
                 got = m["cells"].get(col, [])
                 vc: dict[str, int] = defaultdict(int)
                 for row, _ in got:
-                    vc[row.verdict] += 1
+                    vc[verdicts.effective(row.verdict, row.evidence)] += 1
                 status = _status(vc)
                 counts[status] += 1
                 words = defaultdict(int)
@@ -249,9 +310,13 @@ def matrix(runs: list[Run]) -> dict:
                     words[_WORDS.get(v, v)] += n
                 cell = {"status": status, "counts": dict(words),
                         "text": status if len(words) <= 1 else " · ".join(f"{v} {n}" for v, n in sorted(words.items())),
-                        "detail": None}
-                bad = [(row, run) for row, run in got if row.verdict in ("fail", "error", "expected fail",
-                                                                          "unexpected pass")]
+                        "detail": None, "runs": sorted({run.id for _, run in got}, key=lambda i: int(i[3:]))}
+                ev = [row.evidence for row, _ in got if row.evidence]   # a partial cell: how much of its input ran
+                refused = ", ".join(sorted({c for e in ev for c in e.get("refused_classes", ())}))
+                cell["text"] += (f" ({sum(e['accepted'] for e in ev)} of {sum(e['examples'] for e in ev)} examples"
+                                 + (f"; refused classes: {refused})" if refused else ")")) if ev else ""
+                bad = [(row, run) for row, run in got if row.verdict in ("fail", "error", "expected fail", "crashed",
+                                                                          "unexpected pass", "stale expectation")]
                 if bad:
                     cell["detail"] = f"d{len(details) + 1}"
                     items = []
@@ -321,10 +386,9 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance merge
     ctx = matrix(runs)
     for p in write(ctx, args.out):
         print(p)
-    c = ctx["counts"]
     n_rows = sum(len(t["rows"]) for t in ctx["techniques"])
     print(f"{len(runs)} runs, {n_rows} implementation rows, "
-          + ", ".join(f"{n} {s}" for s, n in c.items() if n) + " cells")
+          + ", ".join(f"{n} {s}" for s, n in ctx["counts"].items() if n) + " cells")
     for note in ctx["notes"]:
         print(f"note: {note}")
     return 0

@@ -1,0 +1,103 @@
+"""A law passed on part of its input says how much: every partial row, cell and claim shows "k of
+n examples" and the boundary classes only refused examples reached, and below a quarter of its
+examples accepted the verdict is "not enough evidence", which never reads as holding and which
+the report's --strict fails (it counts with the failing claims)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from inference_conformance.conformance import verdicts
+from inference_conformance.conformance.results import Row, read_rows, write_rows
+from inference_conformance.conformance.runinfo import write_run
+from inference_conformance.reports import build, merge
+
+ROOT = Path(__file__).resolve().parent.parent
+QT1 = "properties/quantization/test_quantization.py::test_qt1_within_half_step"
+ONE = "partial: refused 570 of 571 examples (gguf refuses bits=8); classes only refused: bits:8, granularity:tensor"
+MOST = "partial: refused 2 of 10 examples (refuses 3-bit)"
+
+
+def row(impl, verdict, evidence=None, dtype="float32", message=""):
+    return Row(claim="QT-1", check=f"{QT1}[{impl}-{dtype}]", technique="quantization", implementation=impl,
+               dtype=dtype, device="cpu", verdict=verdict, evidence=evidence or {}, message=message,
+               profile="ci", max_examples=10)
+
+
+def test_the_partial_text_is_read_and_judged():
+    one, most = verdicts.evidence_of(ONE), verdicts.evidence_of(MOST)
+    assert one == {"accepted": 1, "examples": 571, "refused_classes": ["bits:8", "granularity:tensor"]}
+    assert most == {"accepted": 8, "examples": 10, "refused_classes": []}
+    assert "1 of 571 examples accepted, fewer than 0.25" in verdicts.insufficient(one)
+    assert verdicts.insufficient(most) == "" and verdicts.insufficient({"accepted": 3, "examples": 12}) == ""
+    assert verdicts.effective("partial", one) == "not enough evidence"
+    assert verdicts.effective("partial", most) == "partial" and verdicts.effective("pass", {}) == "pass"
+    assert verdicts.evidence_of("refused the input") == {}
+
+
+def test_a_partial_rows_message_leads_with_k_of_n():
+    class Report:
+        skipped, failed, passed, when, longrepr = False, False, True, "call", None
+
+    class Call:
+        excinfo = None
+
+    verdict, message = verdicts.outcome(Report(), Call(), None, ONE, False)
+    assert verdict == "partial"
+    assert message.startswith("not enough evidence: 1 of 571 examples accepted")
+    assert "partial: 1 of 571 examples, refused classes: bits:8, granularity:tensor" in message
+    verdict, message = verdicts.outcome(Report(), Call(), None, MOST, False)
+    assert (verdict, message.split(" (")[0]) == ("partial", "partial: 8 of 10 examples")
+
+
+def test_claims_and_cells_show_k_of_n_and_never_hold_on_too_little():
+    thin = row("gguf_q4_0", "partial", verdicts.evidence_of(ONE), message=ONE)
+    ok = row("reference", "pass")
+    ledger = build.claim_verdicts([ok, thin])
+    qt1 = next(c for c in ledger if c["id"] == "QT-1")
+    assert qt1["verdict"] == "not enough evidence" and qt1["by_impl"]["gguf_q4_0"] == "not enough evidence"
+    assert "1 of 571 examples, refused classes: bits:8, granularity:tensor" in qt1["evidence_text"]
+    s = build.summary([qt1])
+    assert s["holding"] == 0 and s["failing"] == 1 and s["not_enough_evidence"] == 1   # --strict exits 1 on it
+    cell = build.property_tables([ok, thin])["quantization"]["properties"][0]["cells"]["gguf_q4_0"]
+    assert cell["verdict"] == "not enough evidence" and "1 of 571 examples" in cell["error_text"]
+    # enough of the examples: still partial, holding, and it says how much
+    most = build.claim_verdicts([ok, row("gguf_q4_0", "partial", verdicts.evidence_of(MOST), message=MOST)])
+    qt1 = next(c for c in most if c["id"] == "QT-1")
+    assert qt1["verdict"] == "holds (partial)" and "8 of 10 examples" in qt1["evidence_text"]
+
+
+def test_the_matrix_cell_says_k_of_n(tmp_path):
+    fp = {"python": "3.11", "cpu": "x", "torch": "2.13.0+cpu", "triton": "3.9.0", "device": "cpu", "date": "2026-01-01"}
+    write_run(str(tmp_path), started="2026-01-01T00:00:00Z", device="cpu", shard=None, args=[], expect=[], fp=fp)
+    write_rows([row("gguf_q4_0", "partial", verdicts.evidence_of(ONE), message=ONE),
+                row("gguf_q4_0", "partial", verdicts.evidence_of(MOST), dtype="float64", message=MOST)],
+               tmp_path / "rows-main-1.jsonl")
+    ctx = merge.matrix(merge.load([tmp_path]))
+    (cell,) = ctx["techniques"][0]["rows"][0]["cells"]
+    assert cell["status"] == "not enough evidence"
+    assert "(9 of 581 examples; refused classes: bits:8, granularity:tensor)" in cell["text"], cell
+
+
+def test_an_implementation_that_accepts_little_is_not_enough_evidence(tmp_path):
+    """tests/partial_quantization.py accepts only 8-bit per-channel weights: under ci, QT-1 runs
+    11 of its 215 examples. Its rows stay "partial" with that count; the terminal and the report
+    read them "not enough evidence"."""
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci", PYTHONPATH=str(ROOT))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+                           "properties/quantization/test_quantization.py", "-k", "test_qt1_within_half_step and float32",
+                           "--impl", "quantization=tests.partial_quantization:IMPL", "--results", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    rows = [r for r in read_rows(tmp_path) if "test_qt1_within_half_step" in r.check]
+    assert proc.returncode == 0 and rows, out[-3000:]
+    (r,) = rows
+    ev = r.evidence
+    assert r.verdict == "partial" and 0 < ev["accepted"] < ev["examples"] / 4, (r.verdict, ev)
+    assert f"{ev['accepted']} of {ev['examples']} examples" in r.message and "bits:4" in ev["refused_classes"]
+    assert "thin" in out.split("conformance verdicts")[-1], out[-3000:]
+    qt1 = next(c for c in build.claim_verdicts(rows) if c["id"] == "QT-1")
+    assert qt1["verdict"] == "not enough evidence", qt1
