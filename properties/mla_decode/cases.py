@@ -223,6 +223,9 @@ EXAMPLES = (
 ZOO = ("query_rope_position_off_by_one", "cached_rope_rotated_again", "nope_not_absorbed",
        "absorbed_with_head0_projection", "split_merge_without_rescale", "block_table_ignored")
 
+#: The entries KV-12's law also rejects in bfloat16, by the contract's 16-bit rule.
+ZOO_16BIT = ("query_rope_position_off_by_one", "nope_not_absorbed", "split_merge_without_rescale")
+
 #: KV-12's law over every implementation and dtype; a Triton kernel under the interpreter gets
 #: a third of the drawn examples (the pinned ones always run).
 KV12 = Law(
@@ -230,6 +233,8 @@ KV12 = Law(
     given={"case": mla_cases(), "seed": S.seeds},
     examples=tuple(dict(case=c, seed=i + 1) for i, c in enumerate(EXAMPLES)),
     dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(ZOO, (torch.float64,)),),
+    kills=(Kills(ZOO, (torch.float64,)),
+           Kills(ZOO_16BIT, (torch.bfloat16,), doc="The 16-bit rule (mla-decode-16bit) sees the RoPE, absorption "
+                                                     "and merge bugs in bfloat16 too.")),
     coverage=COVERAGE,
     interpreted_examples=lambda n: max(4, n // 3))
