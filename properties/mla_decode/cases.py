@@ -221,7 +221,8 @@ EXAMPLES = (
 
 #: The known-bad implementations KV-12's law rejects in float64 (properties/mla_decode/zoo.py).
 ZOO = ("query_rope_position_off_by_one", "cached_rope_rotated_again", "nope_not_absorbed",
-       "absorbed_with_head0_projection", "split_merge_without_rescale", "block_table_ignored")
+       "absorbed_with_head0_projection", "split_merge_without_rescale", "block_table_ignored",
+       "head_tile_wraps_at_16", "block_table_row_of_sequence_0")
 
 #: The entries KV-12's law also rejects in bfloat16, by the contract's 16-bit rule.
 ZOO_16BIT = ("query_rope_position_off_by_one", "nope_not_absorbed", "split_merge_without_rescale")

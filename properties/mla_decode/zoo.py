@@ -119,6 +119,26 @@ def block_table_ignored(q_nope, q_rope, w_uk, cache, block_table, seq_lens, *, s
                    tokens=tokens)
 
 
+def head_tile_wraps_at_16(q_nope, q_rope, w_uk, cache, block_table, seq_lens, *, scale, rope_theta):
+    """A kernel tiling the query heads by 16 whose tile offset is dropped: head h reads the
+    absorbed and rotated query of head h % 16 (right up to 16 heads)."""
+    q_lat, q_rot = absorb(q_nope, q_rope, w_uk, seq_lens, rope_theta)
+    wrap = torch.arange(q_lat.shape[1], device=q_lat.device) % 16
+    return _decode((q_nope, q_rope, w_uk, cache, block_table, seq_lens), scale=scale, rope_theta=rope_theta,
+                   q_lat=q_lat[:, wrap], q_rot=q_rot[:, wrap])
+
+
+def block_table_row_of_sequence_0(q_nope, q_rope, w_uk, cache, block_table, seq_lens, *, scale, rope_theta):
+    """A paged kernel without the table's batch stride: every sequence looks its blocks up in
+    sequence 0's row (entries past that row's blocks clamped into the pool, NaN slots read as 0)."""
+    if block_table is None:
+        return _decode((q_nope, q_rope, w_uk, cache, block_table, seq_lens), scale=scale, rope_theta=rope_theta)
+    row0 = block_table[:1].expand_as(block_table).clamp(0, cache.shape[0] - 1)
+    tokens, _ = gather(cache, row0, seq_lens, accumulator(q_nope.dtype))
+    return _decode((q_nope, q_rope, w_uk, cache, block_table, seq_lens), scale=scale, rope_theta=rope_theta,
+                   tokens=torch.nan_to_num(tokens, nan=0.0))
+
+
 def implementations():
     """The known-bad MLA decode implementations: KV-12's law names each in its ``kills``."""
     from inference_conformance.conformance.registry import known_bad
@@ -130,4 +150,6 @@ def implementations():
         known_bad("mla_decode", "absorbed_with_head0_projection", absorbed_with_head0_projection),
         known_bad("mla_decode", "split_merge_without_rescale", split_merge_without_rescale),
         known_bad("mla_decode", "block_table_ignored", block_table_ignored),
+        known_bad("mla_decode", "head_tile_wraps_at_16", head_tile_wraps_at_16),
+        known_bad("mla_decode", "block_table_row_of_sequence_0", block_table_row_of_sequence_0),
     )
