@@ -24,7 +24,7 @@ from inference_conformance.conformance.contracts.mla_decode import INDEX_DTYPE, 
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention.tiles import MAX_SPLITS, log_sum_exp, merge_splits
 from inference_conformance.optimized.mla_decode.vectorized import absorb
-from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count, tile_loop
+from inference_conformance.optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode, flat_grid, sm_count, tile_loop
 
 
 @triton.jit
@@ -112,6 +112,12 @@ def mla_split_kernel(QL_ptr, QR_ptr, CACHE_ptr, BT_ptr, LENS_ptr, OP_ptr, LSE_pt
     tl.store(LSE_ptr + rows * stride_lbh + split * stride_ls, log_sum_exp(m_i, l_i), mask=h_mask)
 
 
+#: True: float16 inputs take the GPU's 16-bit path (DOT_NATIVE: the absorbed query cast to the
+#: cache's dtype in registers, P cast before P·C) under the interpreter too, so that CPU tests
+#: check it (the interpreter's bfloat16 tl.dot is wrong, its float16 one is not). None: the
+#: dtype's mode (:func:`inference_conformance.optimized.triton_shared.dot_mode`).
+NATIVE_FLOAT16_OVERRIDE: bool | None = None
+
 #: Splits under the interpreter when none is asked for (enough to exercise the merge).
 INTERPRET_SPLITS = 2
 #: Fewest tokens per split that the automatic choice allows on GPU.
@@ -154,7 +160,7 @@ def mla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, c
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
-    mode = dot_mode(q_nope.dtype)
+    mode = DOT_NATIVE if NATIVE_FLOAT16_OVERRIDE and q_nope.dtype == torch.float16 else dot_mode(q_nope.dtype)
     q_lat, q_rot = absorb(q_nope, q_rope, w_uk, seq_lens, rope_theta)
     if mode == DOT_SUM:     # compiled Triton types a float argument as float32: fold the scale in float64
         q_lat, q_rot, scale = q_lat * float(scale), q_rot * float(scale), 1.0
@@ -183,7 +189,7 @@ def mla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, c
 
 def compile_variants():
     """The split kernel in bfloat16 at DeepSeek's sizes (C = 512, R = 64) and in float64."""
-    from inference_conformance.optimized.triton_shared import DOT_NATIVE, CompileVariant
+    from inference_conformance.optimized.triton_shared import CompileVariant
 
     types = {"QL_ptr": "*fp32", "QR_ptr": "*fp32", "CACHE_ptr": "*bf16", "BT_ptr": "*i32", "LENS_ptr": "*i32",
              "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32"}

@@ -22,6 +22,7 @@ from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.properties import strategies as S
 from inference_conformance.properties.mla_decode.cases import (
+    EXAMPLES,
     KV12,
     MLACase,
     call,
@@ -66,6 +67,24 @@ def test_kv12_production_shapes(impl, device, dtype, name):
     c = PRODUCTION_CASES[name]
     inp = make_inputs(c, 23, dtype, device)
     check_against_materialised(call(impl, inp, c), inp, c, what=f"MLA decode at {name}")
+
+
+@pytest.mark.technique("mla_decode")
+@pytest.mark.claim("KV-12")
+@pytest.mark.parametrize("name", ["example-0", "example-2-large", "deepseek-Hq16-paged-bs64"])
+def test_kv12_triton_gpu_16bit_path(device, name):
+    """The Triton kernel's GPU 16-bit path (the absorbed query cast to the cache's dtype, P cast
+    before P·C), forced on for float16 wherever the kernel runs, so that the interpreter checks it
+    too, by the contract's 16-bit rule."""
+    split_kv = pytest.importorskip("inference_conformance.optimized.mla_decode.split_kv")
+    c = {"example-0": EXAMPLES[0], "example-2-large": EXAMPLES[2], **PRODUCTION_CASES}[name]
+    inp = make_inputs(c, 3, torch.float16, device)
+    saved, split_kv.NATIVE_FLOAT16_OVERRIDE = split_kv.NATIVE_FLOAT16_OVERRIDE, True
+    try:
+        out = split_kv.mla_decode(*inp.args(), scale=c.scale, rope_theta=c.rope_theta, num_splits=c.num_splits)
+    finally:
+        split_kv.NATIVE_FLOAT16_OVERRIDE = saved
+    check_against_materialised(out, inp, c, what=f"Triton MLA decode, 16-bit GPU path, {name}")
 
 
 # ------------------------------------------------------------ the bridge to KV-7's MLA layer
