@@ -33,8 +33,11 @@ from inference_conformance.reference import mla_decode as ref
 class MLACase:
     """One mla_decode call: ``lens`` (seq_lens, one per sequence), Hq, D (no-RoPE head dim), C
     (latent dim), R (RoPE dim), ``block_size`` (None: a contiguous cache), ``scale``,
-    ``magnitude`` ("normal": N(0, 1) inputs; "large": q and cache scaled by ``amp``, logits of
-    ~1e2..1e3), ``num_splits`` (handed to implementations that take it; None: their choice)."""
+    ``magnitude`` ("normal": N(0, 1) inputs; "large": integer q_nope and latents in [-8, 8] drawn
+    with std ``amp``, an integer W_uk in [-2, 2], RoPE keys 0 and a power-of-two scale: logits of
+    ~1e2..1e3 that every correct float32 or float64 implementation computes exactly, so that only
+    the softmax and the merge are judged), ``num_splits`` (handed to implementations that take
+    it; None: their choice)."""
 
     lens: tuple
     Hq: int
@@ -96,8 +99,10 @@ def mla_cases(draw, max_len: int = 300):
     c = draw(st.sampled_from([1.0, 0.5, 2.0, -1.0]))
     large = draw(st.booleans())
     splits = draw(st.sampled_from([None, 1, 2, 3, 5]))
-    return case(lens, Hq, D, C, R, bs, c, magnitude="large" if large else "normal", amp=6.0 if large else 1.0,
-                num_splits=splits)
+    if large:
+        return MLACase(lens, Hq, D, C, R, bs, draw(st.sampled_from([1 / 16, 1 / 64, -1 / 16])), "large", 6.0,
+                       num_splits=splits)
+    return case(lens, Hq, D, C, R, bs, c, num_splits=splits)
 
 
 @dataclass
@@ -139,13 +144,19 @@ def paged(tokens: torch.Tensor, lens, block_size: int, seed: int, spare_blocks: 
 
 def make_inputs(c: MLACase, seed: int, dtype: torch.dtype, device: str) -> MLAInputs:
     """Inputs for ``c`` from ``seed`` (drawn in float64, then cast): q_nope, q_rope and the cache
-    N(0, amp²), w_uk N(0, 1/C); a contiguous cache has one spare slot per sequence, every slot
-    past a sequence's length NaN."""
+    N(0, 1), w_uk N(0, 1/C) ("large": see :class:`MLACase`); a contiguous cache has one spare slot
+    per sequence, every slot past a sequence's length NaN."""
     B, T = c.B, max(c.lens)
-    q_nope = S.randn((B, c.Hq, c.D), seed, scale=c.amp)
-    q_rope = S.randn((B, c.Hq, c.R), seed + 1, scale=c.amp)
-    w_uk = S.randn((c.Hq, c.C, c.D), seed + 2, scale=1 / math.sqrt(c.C))
-    tokens = S.randn((B, T + 1, c.C + c.R), seed + 3, scale=c.amp)
+    q_rope = S.randn((B, c.Hq, c.R), seed + 1)
+    if c.magnitude == "large":       # integers: absorption and scores exact in float32 (|s| < 2^24)
+        q_nope = S.randn((B, c.Hq, c.D), seed, scale=c.amp).round().clamp(-8, 8)
+        w_uk = S.randn((c.Hq, c.C, c.D), seed + 2).round().clamp(-2, 2)
+        tokens = S.randn((B, T + 1, c.C + c.R), seed + 3, scale=c.amp).round().clamp(-8, 8)
+        tokens[..., c.C:] = 0.0
+    else:
+        q_nope = S.randn((B, c.Hq, c.D), seed)
+        w_uk = S.randn((c.Hq, c.C, c.D), seed + 2, scale=1 / math.sqrt(c.C))
+        tokens = S.randn((B, T + 1, c.C + c.R), seed + 3)
     for b, n in enumerate(c.lens):
         tokens[b, n:] = float("nan")
     table = None
@@ -214,7 +225,7 @@ EXAMPLES = (
     # contiguous, 20 query heads (two head tiles), lengths one past and one short of 32
     case((33, 31), 20, 8, 16, 4, None, num_splits=2),
     # blocks of 16, one head, decode position 299, large logits, 4 splits
-    case((300,), 1, 32, 64, 16, 16, magnitude="large", amp=6.0, num_splits=4),
+    MLACase((300,), 1, 32, 64, 16, 16, 1 / 16, "large", 6.0, num_splits=4),
     # blocks of one token, negative scale, a length a multiple of 32
     case((17, 64), 3, 8, 12, 2, 1, c=-1.0, num_splits=2),
 )
