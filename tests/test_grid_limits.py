@@ -257,6 +257,28 @@ LAUNCHES["paged_prefill-65536-sequences"] = Launch((("inference_conformance.opti
                                                    _paged_prefill(PAST))   # (S * tiles * Hkv,): axis 0
 
 
+def _mla_decode(B: int):
+    """B sequences of one cached token each, one query head, C = 1, R = 2, a contiguous cache, one
+    split: B programs, then the merge; each output is its token's latent."""
+    def make(device, real):
+        from inference_conformance.optimized.mla_decode.split_kv import mla_decode
+
+        g = torch.Generator().manual_seed(0)
+        q_nope, q_rope, w_uk, cache = (torch.randn(*s, generator=g).to(device)
+                                       for s in ((B, 1, 1), (B, 1, 2), (1, 1, 1), (B, 1, 3)))
+        lens = torch.ones(B, dtype=torch.int32, device=device)
+
+        def check(out):
+            assert_close(out[:, 0, 0], cache[:, 0, 0], what=f"mla_decode over {B} sequences")
+        return (lambda: mla_decode(q_nope, q_rope, w_uk, cache, None, lens, scale=1.0, rope_theta=10000.0,
+                                   num_splits=1)), check
+    return make
+
+
+LAUNCHES["mla_decode-65536-sequences"] = Launch((("inference_conformance.optimized.mla_decode.split_kv", "mla_split_kernel"),
+                                                 MERGE), _mla_decode(PAST))   # (S * head tiles * B,): axis 0
+
+
 def _record(monkeypatch, launch: Launch, device: str, run: bool):
     grids = []
     for mod_name, name in launch.kernels:

@@ -17,6 +17,8 @@ Sizes (single letters are sizes, never two things):
 ``d_model``    model width (the residual stream); ``d_ff`` the MLP's hidden width
 ``V``          vocabulary size
 ``M, N, K``    a matmul (M, K) @ (K, N) (quantized weights: W is (N, K))
+``C``          MLA's latent dim: the compressed KV cached per token (DeepSeek-V2: 512)
+``R``          MLA's decoupled RoPE dim: the RoPE key cached per token beside the latent (64)
 =============  ==============================================================================
 
 Objects of paged attention (vLLM's terms; Kwon et al. 2023):
@@ -64,4 +66,6 @@ SIZES = {
     "M": "rows of a matmul's activations x (M, K)",
     "N": "output features of a matmul: rows of a Linear weight W (N, K)",
     "K": "the reduction dimension of a matmul (input features of W)",
+    "C": "MLA's latent dim (the compressed KV cached per token)",
+    "R": "MLA's decoupled RoPE dim (the RoPE key cached per token)",
 }

@@ -1,0 +1,1 @@
+"""The MLA decode laws (claim KV-12)."""
