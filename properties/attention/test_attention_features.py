@@ -72,3 +72,47 @@ def test_fa8_an_implementation_lacking_an_option_is_unsupported_not_passed():
         law(_implementation("plain", plain), "cpu", torch.float64)
     run = law(_implementation("window_only", window_only), "cpu", torch.float64)
     assert 0 < run.ran < len(PINNED) and run.refused and all("takes no" in r for r in run.refused)
+
+
+# ------------------------------------------------- the suite's Triton kernels: what the window skips
+@pytest.mark.claim("FA-8")
+@pytest.mark.parametrize("kernel", ["flash_attention", "flash_decoding"])
+def test_fa8_triton_never_reads_the_key_tiles_a_window_hides(device, kernel):
+    """The kernels skip the key tiles before each query tile's window instead of masking them:
+    NaN values in keys 0..63, which no row's window reaches (W = 40, rows at keys 160..199),
+    would turn a read tile's 0·NaN products into NaN; the output stays equal to the reference's.
+    A kernel that streamed every tile and masked would fail here, though its values are right."""
+    fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
+    case = FCase(1, 2, 1, 40, 200, 16, True, 0.25, window=40)
+    q, k, v = make_inputs(case, 7, torch.float32, device)
+    v[:, :, :64] = float("nan")
+    if kernel == "flash_attention":
+        out = fa.flash_attention(q, k, v, causal=True, scale=case.scale, window=40, block_m=16, block_n=32)
+    else:
+        out = fd.flash_decoding(q, k, v, causal=True, scale=case.scale, window=40, num_splits=3)
+    assert not torch.isnan(out).any(), "a key tile the window hides was read"
+    v[:, :, :64] = 0.0
+    check_options(out, q, k, v, case, None, what=f"{kernel} with NaN in the hidden tiles")
+
+
+@pytest.mark.claim("FA-8")
+@pytest.mark.parametrize("kernel", ["flash_attention", "flash_decoding"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
+def test_fa8_triton_two_stage_tile_loop(device, kernel, dtype):
+    """The GPU's tile loop (whole visible tiles unmasked first), forced on wherever the kernels
+    run: a cap and sinks on its unmasked stage, and a window, which takes the one masked pass."""
+    fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
+    tiles = pytest.importorskip("inference_conformance.optimized.attention.tiles")
+    saved = tiles.TWO_STAGE_OVERRIDE
+    tiles.TWO_STAGE_OVERRIDE = True
+    try:
+        for case in (FCase(1, 4, 2, 20, 130, 16, True, 0.25, "large", 12.0, softcap=5.0, sinks="dominant"),
+                     FCase(1, 2, 1, 33, 161, 24, True, 0.25, window=47, sinks="mixed")):
+            q, k, v = make_inputs(case, 3, dtype, device)
+            sinks = make_sinks(case, q, k, 3)
+            fn = fa.flash_attention if kernel == "flash_attention" else fd.flash_decoding
+            check_options(call_options(fn, q, k, v, case, sinks), q, k, v, case, sinks, what=f"{kernel}, two stages")
+    finally:
+        tiles.TWO_STAGE_OVERRIDE = saved
