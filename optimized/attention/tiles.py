@@ -2,7 +2,7 @@
 :mod:`inference_conformance.optimized.attention.flash_decoding`, :mod:`inference_conformance.optimized.paged_attention`, :mod:`inference_conformance.optimized.paged_attention.prefill`):
 the whole work of one program of the dense kernels (``attend_q_tile``: its prologue, the
 online-softmax key-tile loop ``_attn_tile``, two-stage or masked, and the normalisation), the
-key tile over a paged cache of both paged kernels (``paged_kv_tile``), the split-KV merge kernel with its
+split-KV merge kernel with its
 host wrapper ``merge_splits``, and the host-side choices of tile sizes and loop shape. The
 kernel modules import this one; it imports none of them. Pieces that are not about attention
 (the loop over tiles, the dtype modes, the device checks) are in :mod:`inference_conformance.optimized.triton_shared`.
@@ -189,45 +189,6 @@ def _attn_tile(state, args, start_n, CONSTS: tl.constexpr):
     k_ptrs += BLOCK_N * stride_kn
     v_ptrs += BLOCK_N * stride_vn
     return acc, m_i, l_i, k_ptrs, v_ptrs
-
-
-@triton.jit
-def paged_kv_tile(state, args, t0, CONSTS: tl.constexpr):
-    """One tile of BLOCK_N token positions t0 + offs_n of a sequence in a paged cache, the core
-    the paged decode kernel (:mod:`inference_conformance.optimized.paged_attention`) and the mixed-batch kernel
-    (:mod:`inference_conformance.optimized.paged_attention.prefill`) share (a ``tile_loop`` body; state (acc, m_i, l_i) of the
-    online softmax of the program's BLOCK_M query rows, CONSTS = (PAGE, CAUSAL)): look each
-    token's block up in the table (``phys = bt_row[t // PAGE]``), load its K/V slot ``t % PAGE``
-    of the program's KV head, mask tokens at or past ``end`` and, with CAUSAL, tokens past each
-    row's last visible position ``row_lim`` (BLOCK_M,), and update the online softmax. Products
-    are broadcast multiplies and sums in the accumulator dtype of q (float64 or float32)."""
-    acc, m_i, l_i = state
-    (q, row_lim, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale,
-     stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd) = args
-    PAGE: tl.constexpr = CONSTS[0]
-    CAUSAL: tl.constexpr = CONSTS[1]
-    offs_t = t0 + offs_n                                                # (BLOCK_N,) token positions
-    t_mask = offs_t < end
-    phys = tl.load(bt_row + (offs_t // PAGE) * stride_btm, mask=t_mask, other=0).to(tl.int64)
-    slot = offs_t % PAGE
-    kv_mask = t_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_head + phys[:, None] * stride_kn + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale           # (BLOCK_M, BLOCK_N)
-    if CAUSAL:
-        s = tl.where(t_mask[None, :] & (offs_t[None, :] <= row_lim[:, None]), s, float("-inf"))
-    else:
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])                                     # (BLOCK_M, BLOCK_N)
-    v = tl.load(v_head + phys[:, None] * stride_vn + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    m_i = m_new
-    return acc, m_i, l_i
 
 
 @triton.jit
