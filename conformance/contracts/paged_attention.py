@@ -254,7 +254,25 @@ def invalid(device: str) -> list[InvalidCall]:
     out = [InvalidCall(what, args, {"scale": 0.25}, (exc,), argument) for what, args, exc, argument in calls]
     out += [InvalidCall("scale-a-string", (q, kc, vc, bt, sl), {"scale": "0.25"}, (TypeError,), "scale"),
             InvalidCall("scale-inf", (q, kc, vc, bt, sl), {"scale": math.inf}, (ValueError,), "scale")]
+    for what, kw, exc, argument in (("window-0", {"window": 0}, ValueError, "window"),
+                                    ("softcap-negative", {"softcap": -1.0}, ValueError, "softcap"),
+                                    ("sinks-per-kv-head", {"sinks": torch.zeros(1, device=device)}, ValueError, "sinks")):
+        out.append(InvalidCall(what, (q, kc, vc, bt, sl), {"scale": 0.25, **kw}, (exc,), argument,
+                               on=_taking(set(kw))))
     return out + _invalid_prefill(q, kc, vc, bt, sl)
+
+
+def _taking(options: set):
+    """``on`` of an invalid call with FA-8's ``options``: the implementation, or NotImplementedError
+    ("unsupported") where its ``paged_attention`` lacks one of them."""
+    def receiver(impl):
+        from inference_conformance.conformance.contracts.attention import accepts_options
+
+        lacking = sorted(options - accepts_options(getattr(impl, "paged_attention", impl)))
+        if lacking:
+            raise NotImplementedError(f"{getattr(impl, 'name', impl)} takes no {', '.join(lacking)} option")
+        return impl
+    return receiver
 
 
 def _invalid_prefill(q, kc, vc, bt, sl) -> list[InvalidCall]:

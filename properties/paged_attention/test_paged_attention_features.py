@@ -175,3 +175,20 @@ def test_fa8_paged_zoo_entries_are_right_without_the_option():
     pin = make_prefill_inputs(pcase, 1, torch.float64, "cpu")
     assert_close(zoo.prefill_window_from_chunk_start(*pin.args(), scale=pcase.scale),
                  rp.paged_prefill(*pin.args(), scale=pcase.scale), what="window off")
+
+
+@pytest.mark.claim("FA-8")
+def test_fa8_paged_decode_never_reads_the_tokens_a_window_hides(device):
+    """The Triton decode kernel starts at each sequence's first visible token: NaN values in the
+    tokens before the window (which a kernel that read and masked them would multiply by a zero
+    weight into NaN) leave the output equal to the dense reference's."""
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
+    case, opts = PagedCase((130, 70), 2, 1, 16, 16, 0.25), Options(window=40)
+    inp = make_inputs(case, 9, torch.float32, device)
+    for b, n in enumerate(case.lens):
+        for t in range(n - opts.window):                  # token t of sequence b: slot t % 16 of its block
+            inp.v_cache[int(inp.block_table[b, t // 16]), t % 16] = float("nan")
+    out = pa.paged_attention(*inp.args(), scale=case.scale, window=opts.window, num_splits=3)
+    assert not torch.isnan(out).any(), "a token the window hides was read"
+    _check(out, inp.q, inp.k, [vb.nan_to_num() for vb in inp.v], list(range(case.B + 1)), opts, None, case.scale,
+           "paged decode with NaN before the window")
