@@ -163,3 +163,51 @@ def test_bench_decode(benchmark, device, backend, Tk, BH):
                        split_ms=1e3 * t, unsplit_ms=1e3 * t_unsplit, sdpa_ms=1e3 * t_sdpa)
     results.bench_info(benchmark, **info)
     benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
+
+
+# ----------------------------------------------------------------- FA-8: the options' overhead
+#: (B, Hq, Tq, W, D) of the options' benchmark: Tq queries with a window of W keys over
+#: Tk = Tq + W keys (every row sees exactly W keys), against plain attention of the same Tq
+#: queries over W keys without a mask (every row sees the same W).
+OPTIONS_SIZES = {"cuda": ((1, 32, 4096, 1024, 128), (1, 32, 8192, 512, 128)), "cpu": ((1, 4, 256, 64, 64),)}
+
+
+@pytest.mark.claim("FA-8")
+@pytest.mark.parametrize("backend", bench_backends("attention", ("torch", "triton")))
+def test_bench_window_and_sinks_overhead(benchmark, device, backend):
+    """FA-8's options at equal visible keys, in one run: a window of W over Tq + W keys against
+    plain attention over W keys (the ratio is the window's cost: the key tiles the kernel reads
+    past the W each row sees, the band's masks), and sinks against none at the same shape. A
+    kernel that streamed every key and masked would show Tk / W (9x, 17x) here, not ~1."""
+    fn = _attention_fn(backend, device)
+    dtype = _dtype(device)
+    repeats = 3 if benchmark.disabled else 10
+    for B, Hq, Tq, W, D in OPTIONS_SIZES[device]:
+        q, k, v = _inputs(B, Hq, Tq, Tq + W, D, dtype, device)
+        kw, vw = k[:, :, -W:].contiguous(), v[:, :, -W:].contiguous()
+        sinks = torch.linspace(-1.0, 1.0, Hq, device=device)
+        scale = D ** -0.5
+
+        def windowed():
+            return fn(q, k, v, causal=True, scale=scale, window=W)
+
+        def plain():
+            return fn(q, kw, vw, causal=False, scale=scale)
+
+        def with_sinks():
+            return fn(q, kw, vw, causal=False, scale=scale, sinks=sinks)
+
+        with outside_refusals("attention", backend):
+            window_ratio = ratio_estimate(paired_ratios(windowed, plain, device, repeats))
+            sink_ratio = ratio_estimate(paired_ratios(with_sinks, plain, device, repeats))
+        t = median_seconds(windowed, device, repeats)
+        results.record("FA-8", measured=round(window_ratio.estimate, 3),
+                       unit="windowed / plain attention latency at equal visible keys (same run)",
+                       rule=f"{backend} {dtype}, B={B}, Hq={Hq}, Tq={Tq}, W={W}, Tk={Tq + W}, D={D}",
+                       ci_low=window_ratio.low, ci_high=window_ratio.high, sinks_ratio=round(sink_ratio.estimate, 3),
+                       keys_ratio=(Tq + W) / W)
+    results.bench_info(benchmark, claim="FA-8", technique="attention", backend=backend, device=device,
+                       dtype=str(dtype).replace("torch.", ""), B=B, Hq=Hq, Tq=Tq, W=W, D=D, median_s=t,
+                       window_overhead=window_ratio.estimate, sinks_overhead=sink_ratio.estimate,
+                       **outside_info("attention", backend))
+    benchmark.pedantic(windowed, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from inference_conformance.conformance.contracts.attention import causal_mask, validate
+from inference_conformance.conformance.contracts.attention import validate, window_mask
 
 # ----------------------------------------------------------------------------------------------
 # softmax and online softmax (FA-1, FA-2)
@@ -108,7 +108,8 @@ def _expand_kv(k: torch.Tensor, Hq: int) -> torch.Tensor:
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                      mask: torch.Tensor | None = None, softmax_dtype: torch.dtype | None = None,
-                     softmax_fn=None) -> torch.Tensor:
+                     softmax_fn=None, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The one attention core of every reference in the suite: softmax(scale · q kᵀ, masked) · v.
 
     Shapes (glossary: ``conformance/contracts/glossary.py``): ``q`` (..., Hq, Tq, D); ``k``
@@ -121,6 +122,9 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale
     ones for the naive same-dtype ``out_pt``); the softmax runs in ``softmax_dtype`` (default:
     q's dtype) with ``softmax_fn`` (default: the stable :func:`softmax`, FA-1), and the
     probabilities are cast to v's dtype before P·V. A row with no visible key gives NaN (0/0).
+    ``softcap`` c: the scores become c·tanh(s / c) before the mask; ``sinks`` (Hq,): one logit
+    per query head joins each row's softmax as one more column (in the scores' dtype, neither
+    scaled nor capped) whose probability is dropped: it weighs no value (claim FA-8).
 
     Used by the attention reference (``attention_naive``), the reference transformer, the engines'
     torch attention, the KV-cache variants (sliding window, CLA, MLA) and the bug zoo. Raises
@@ -142,32 +146,45 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale
         if mask is not None:
             mask = mask.unflatten(-3, (Hkv, group)) if mask.shape[-3] == Hq else mask.unsqueeze(-3)
     s = (q @ k.transpose(-1, -2)) * scale                        # (..., Tq, Tk)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     if mask is not None:
         s = s.masked_fill(~mask, -math.inf)
-    p = (softmax_fn or softmax)(s.to(softmax_dtype or s.dtype))  # (..., Tq, Tk)
+    s = s.to(softmax_dtype or s.dtype)
+    if sinks is not None:                                         # (Hq,) -> one more column
+        sink = sinks.to(s.dtype).reshape((Hkv, group, 1, 1) if group > 1 else (Hq, 1, 1))
+        s = torch.cat([s, sink.expand(*s.shape[:-1], 1)], dim=-1)  # (..., Tq, Tk + 1)
+    p = (softmax_fn or softmax)(s)                                # (..., Tq, Tk[+1])
+    if sinks is not None:
+        p = p[..., :-1]
     out = p.to(v.dtype) @ v                                       # (..., Tq, Dv)
     return out.flatten(-4, -3) if group > 1 else out
 
 
 def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                    scale: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+                    scale: float, dtype: torch.dtype | None = None, window: int | None = None,
+                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Standard attention, materialising the (Tq, Tk) score matrix S and probabilities P.
 
     Computed in ``dtype`` (default: q's dtype; 16-bit inputs give the naive same-dtype result
-    ``out_pt`` of the tolerance policy); returns (B, Hq, Tq, D) in that dtype. Shapes and errors
+    ``out_pt`` of the tolerance policy); returns (B, Hq, Tq, D) in that dtype. The options
+    ``window``, ``softcap``, ``sinks`` as the contract defines them (FA-8). Shapes and errors
     as in the attention contract.
     """
-    shape = validate(q, k, v, causal, scale)
+    shape = validate(q, k, v, causal, scale, window, softcap, sinks)
     dt = dtype or q.dtype
-    mask = causal_mask(shape.Tq, shape.Tk, q.device) if causal else None
-    return masked_attention(q.to(dt), k.to(dt), v.to(dt), scale=scale, mask=mask)
+    mask = window_mask(shape.Tq, shape.Tk, window, q.device) if causal else None
+    return masked_attention(q.to(dt), k.to(dt), v.to(dt), scale=scale, mask=mask, softcap=softcap,
+                            sinks=sinks)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-              scale: float) -> torch.Tensor:
+              scale: float, window: int | None = None, softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The "reference" implementation of the contract: naive attention computed in float64,
-    returned in q's dtype. (B, Hq, Tq, D)."""
-    return attention_naive(q, k, v, causal=causal, scale=scale, dtype=torch.float64).to(q.dtype)
+    returned in q's dtype, every option included. (B, Hq, Tq, D)."""
+    return attention_naive(q, k, v, causal=causal, scale=scale, dtype=torch.float64, window=window,
+                           softcap=softcap, sinks=sinks).to(q.dtype)
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,

@@ -93,3 +93,58 @@ def test_reference_blocked_rejects_bad_blocks():
         split_kv_attention(q, k, v, causal=False, scale=0.3, num_splits=0)
     with pytest.raises(ValueError, match="chunks"):
         online_softmax(torch.zeros(5), [2, 2])
+
+
+def _bad_options():
+    q, k, v = _qkv()
+    return [
+        ("window a float", {"causal": True, "window": 2.0}, TypeError, r"window"),
+        ("window a bool", {"causal": True, "window": True}, TypeError, r"window"),
+        ("window 0", {"causal": True, "window": 0}, ValueError, r"window.*>= 1"),
+        ("window without causal", {"window": 3}, ValueError, r"window.*causal"),
+        ("softcap a string", {"softcap": "30"}, TypeError, r"softcap"),
+        ("softcap negative", {"softcap": -1.0}, ValueError, r"softcap.*positive"),
+        ("softcap nan", {"softcap": math.nan}, ValueError, r"softcap"),
+        ("softcap 1e40 with float32 inputs", {"softcap": 1e40}, ValueError, r"softcap.*float32"),
+        ("sinks a list", {"sinks": [0.0] * 4}, TypeError, r"sinks"),
+        ("sinks integer", {"sinks": torch.zeros(4, dtype=torch.long)}, TypeError, r"sinks"),
+        ("sinks per KV head", {"sinks": torch.zeros(2)}, ValueError, r"sinks.*\(Hq,\)"),
+        ("sinks 2-D", {"sinks": torch.zeros(1, 4)}, ValueError, r"sinks"),
+        ("sinks inf", {"sinks": torch.tensor([0.0, math.inf, 0.0, 0.0])}, ValueError, r"sinks.*finite"),
+        ("sinks on another device", {"sinks": torch.zeros(4, device="meta")}, ValueError, r"sinks.*device"),
+    ]
+
+
+@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("name,kwargs,exc,match", _bad_options(), ids=[c[0] for c in _bad_options()])
+def test_bad_option_raises_naming_it(impl, name, kwargs, exc, match):
+    """Claim FA-8's options: a wrong value raises TypeError / ValueError naming the option, in
+    every built-in that takes it (one that lacks the option is "unsupported" for it)."""
+    from inference_conformance.conformance.contracts.attention import OPTIONS, accepts_options
+
+    lacking = (set(kwargs) & set(OPTIONS)) - accepts_options(impl)
+    if lacking:
+        pytest.skip(f"unsupported: {impl.name} takes no {sorted(lacking)}")
+    q, k, v = _qkv()
+    with pytest.raises(exc, match=match):
+        impl(q, k, v, **{"causal": False, "scale": 0.3, **kwargs})
+
+
+def test_an_implementation_lacking_an_option_is_refused_not_passed():
+    """``accepts_options`` reads the signature: a function without the keyword lacks the option,
+    and the invalid calls of the contract refuse it (NotImplementedError: "unsupported")."""
+    from inference_conformance.conformance.contracts import attention as contract
+
+    def plain(q, k, v, *, causal, scale):
+        return q
+
+    def windowed(q, k, v, *, causal, scale, window=None):
+        return q
+
+    assert contract.accepts_options(plain) == frozenset()
+    assert contract.accepts_options(windowed) == {"window"}
+    assert contract.accepts_options(lambda q, k, v, **kw: q) == set(contract.OPTIONS)
+    calls = [c for c in contract.invalid("cpu") if "sinks" in c.kwargs]
+    assert calls
+    with pytest.raises(NotImplementedError, match="sinks"):
+        calls[0].on(windowed)

@@ -1,6 +1,7 @@
 """The ``attention`` contract: exact scaled-dot-product attention (FlashAttention and friends).
 
-    attention(q, k, v, *, causal: bool, scale: float) -> Tensor
+    attention(q, k, v, *, causal: bool, scale: float,
+              window: int | None = None, softcap: float | None = None, sinks: Tensor | None = None) -> Tensor
 
 Shapes: ``q`` (B, Hq, Tq, D); ``k``, ``v`` (B, Hkv, Tk, D) with Hq a multiple of Hkv; query head
 ``h`` attends KV head ``h // (Hq // Hkv)`` (grouped-query attention; Hkv = Hq is multi-head,
@@ -36,15 +37,37 @@ cannot see a NaN value is unspecified: a kernel may multiply its zero weight by 
 zeros for a NaN row, or NaN for a row that cannot see a NaN key, breaks the contract
 (``properties/attention/test_attention_nan.py``).
 
+Options (claim FA-8; each keyword optional, ``None`` = off, the default):
+
+- ``window`` (int W >= 1): a left sliding window, with ``causal=True`` only (ValueError naming
+  ``window`` otherwise). Query ``i``, at the bottom-right aligned position i' = i + (Tk - Tq),
+  sees the keys ``j`` with ``i' - W < j <= i'``: the W latest keys up to its own
+  (:func:`window_mask`); W >= Tk is plain causal attention.
+- ``softcap`` (a positive finite real c): the scores s = scale · q·k become ``c · tanh(s / c)``
+  before the mask and the softmax (Gemma 2, Grok): every logit lies in (-c, c).
+- ``sinks`` (a (Hq,) floating tensor on q's device, finite): one logit per query head (used as
+  given: neither scaled nor capped) that joins every row's softmax denominator and attends to no
+  value: ``out[b, h, i] = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j))`` over the
+  visible keys (gpt-oss, StreamingLLM's attention sink as a learned logit).
+
+An implementation whose ``attention`` lacks the keyword (:func:`accepts_options`), or raises
+``NotImplementedError`` for a value, is reported "unsupported" for the option, never a pass.
+Wrong values raise ``TypeError`` or ``ValueError`` naming the option (:func:`validate_options`).
+
 Names (B, Hq, Hkv, G, Tq, Tk, D) as in :mod:`inference_conformance.conformance.contracts.glossary`.
 
 Claims checked against this contract: FA-3 (tiled = standard attention for every block size),
-FA-6 (memory linear in T), FA-7 (split-KV decoding = unsplit). Source: Dao et al. 2022
-(FlashAttention), Dao 2023 (FlashAttention-2), lecture 001 §3.
+FA-6 (memory linear in T), FA-7 (split-KV decoding = unsplit), FA-8 (the options equal the float64
+reference, in every kernel). Source: Dao et al. 2022
+(FlashAttention), Dao 2023 (FlashAttention-2), lecture 001 §3; Beltagy et al. 2020 and Jiang et
+al. 2023 (sliding window), Gemma Team 2024 (soft-capping), Xiao et al. 2023 and OpenAI 2025
+(gpt-oss: sinks).
 """
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -76,12 +99,13 @@ class AttentionShape:
         return self.Hq // self.Hkv
 
 
-def validate(q, k, v, causal, scale) -> AttentionShape:
+def validate(q, k, v, causal, scale, window=None, softcap=None, sinks=None) -> AttentionShape:
     """Check one call against the contract; return its sizes.
 
     Raises TypeError (not a tensor, unsupported or mixed dtypes, ``causal`` not a bool, ``scale``
     not a real number) or ValueError (wrong rank or sizes, mixed devices, D outside 1..256, empty
-    lengths, causal with Tq > Tk, non-finite scale), each naming the argument.
+    lengths, causal with Tq > Tk, non-finite scale), each naming the argument; and for the
+    options as :func:`validate_options` does.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, 4, "(B, H, T, D)", DTYPES, "attention")
@@ -114,7 +138,62 @@ def validate(q, k, v, causal, scale) -> AttentionShape:
     check_scale(scale, q.dtype)
     if causal and Tq > Tk:
         raise ValueError(f"causal attention needs Tq <= Tk (bottom-right mask), got Tq={Tq}, Tk={Tk}")
+    validate_options(q, causal, window, softcap, sinks)
     return AttentionShape(B, Hq, Hkv, Tq, Tk, D)
+
+
+#: The optional keywords of the attention contract (claim FA-8).
+OPTIONS = ("window", "softcap", "sinks")
+
+
+def validate_options(q, causal, window=None, softcap=None, sinks=None) -> None:
+    """Check the options of a call as the module's docstring says (None is always valid; a
+    softcap must also fit the scores' dtype); TypeError / ValueError naming the option."""
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, numbers.Integral):
+            raise TypeError(f"window must be an int >= 1 or None, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (or None for no window), got {window}")
+        if not causal:
+            raise ValueError("window (a left sliding window) needs causal=True")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+            raise TypeError(f"softcap must be a positive real number or None, got {type(softcap).__name__}")
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if not (math.isfinite(float(softcap)) and 0 < float(softcap) <= torch.finfo(acc).max):
+            raise ValueError(f"softcap must be positive and finite (in {str(acc).replace('torch.', '')}), got {softcap}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            raise TypeError(f"sinks must be a torch.Tensor of shape (Hq,) or None, got {type(sinks).__name__}")
+        if sinks.dtype not in DTYPES:
+            raise TypeError(f"sinks has dtype {sinks.dtype}; it must be a floating tensor {[str(d) for d in DTYPES]}")
+        if tuple(sinks.shape) != (q.shape[1],):
+            raise ValueError(f"sinks must have shape (Hq,) = ({q.shape[1]},), got {tuple(sinks.shape)}")
+        if sinks.device != q.device:
+            raise ValueError(f"sinks must be on q's device {q.device}, got {sinks.device}")
+        if not bool(torch.isfinite(sinks).all()):
+            raise ValueError("sinks must be finite")
+
+
+def accepts_options(fn) -> frozenset:
+    """The options (:data:`OPTIONS`) an implementation's ``attention`` takes as keywords (all,
+    with ``**kwargs``); the suite reports the others "unsupported" for it."""
+    fn = getattr(fn, "attention", fn)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return frozenset(OPTIONS)
+    return frozenset(o for o in OPTIONS if o in params)
+
+
+def window_mask(Tq: int, Tk: int, window: int | None, device=None) -> torch.Tensor:
+    """(Tq, Tk) bool, True where query i may attend key j under a left window W: ``i' - W < j
+    <= i'``, i' = i + (Tk - Tq); W = None is :func:`causal_mask`."""
+    i = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
+    j = torch.arange(Tk, device=device)[None, :]
+    return (j <= i) & (j > i - (window if window is not None else Tk))   # (Tq, Tk)
 
 
 def causal_mask(Tq: int, Tk: int, device=None) -> torch.Tensor:
@@ -187,9 +266,30 @@ def invalid(device: str) -> list[InvalidCall]:
         ("scale-1e40-float32", (q, k, v), {"scale": 1e40}, ValueError, "scale"),
         ("causal-with-tq-above-tk", _qkv(device, Tq=6, Tk=5), {"causal": True}, ValueError, ("causal", "Tq", "Tk")),
         ("k-on-another-device", (q, k.to(meta), v), {}, ValueError, "k"),
+        ("window-a-float", (q, k, v), {"causal": True, "window": 2.0}, TypeError, "window"),
+        ("window-0", (q, k, v), {"causal": True, "window": 0}, ValueError, "window"),
+        ("window-without-causal", (q, k, v), {"window": 2}, ValueError, ("window", "causal")),
+        ("softcap-a-string", (q, k, v), {"softcap": "30"}, TypeError, "softcap"),
+        ("softcap-0", (q, k, v), {"softcap": 0.0}, ValueError, "softcap"),
+        ("softcap-inf", (q, k, v), {"softcap": math.inf}, ValueError, "softcap"),
+        ("sinks-a-list", (q, k, v), {"sinks": [0.0] * 4}, TypeError, "sinks"),
+        ("sinks-integer", (q, k, v), {"sinks": torch.zeros(4, dtype=torch.long, device=device)}, TypeError, "sinks"),
+        ("sinks-per-kv-head", (q, k, v), {"sinks": torch.zeros(2, device=device)}, ValueError, "sinks"),
+        ("sinks-nan", (q, k, v), {"sinks": torch.full((4,), math.nan, device=device)}, ValueError, "sinks"),
     ]
-    return [InvalidCall(what, args, {"causal": False, "scale": 0.3, **kw}, (exc,), argument)
+    return [InvalidCall(what, args, {"causal": False, "scale": 0.3, **kw}, (exc,), argument,
+                        on=_taking(set(kw) & set(OPTIONS)))
             for what, args, kw, exc, argument in calls]
+
+
+def _taking(options: set):
+    """``on`` of an invalid call: NotImplementedError (unsupported) where ``options`` are lacking."""
+    def receiver(impl):
+        lacking = sorted(options - accepts_options(impl))
+        if lacking:
+            raise NotImplementedError(f"{getattr(impl, 'name', impl)} takes no {', '.join(lacking)} option")
+        return impl
+    return receiver
 
 
 CONTRACT = Contract(
@@ -216,6 +316,8 @@ CONTRACT = Contract(
 _FA3 = ("law_matches_reference", "production")
 #: FA-7's split-KV law.
 _FA7 = ("law_split_equals_unsplit",)
+#: FA-8's laws (the options against the float64 reference).
+_FA8 = ("law_options_match_reference",)
 #: Tile sizes in use (BLOCK_M / BLOCK_N of every configuration, the interpreter's 16 x 32).
 TILE_SIZES = (16, 32, 64, 128)
 #: Head dims of real models (Llama, Mistral: 128; GPT-2: 64; Phi: 80, 96; Gemma: 256; ...).
@@ -264,6 +366,18 @@ def _coverage() -> tuple:
         CoverageClass("causal chunk after a prefix longer than a key tile (Tq > 1, Tk - Tq > 128)", _FA3,
                       lambda c: c["causal"] and c["Tq"] > 1 and c["Tk"] - c["Tq"] > 128),
     ]
+    for name, pred in (  # FA-8: observations add window, softcap, sinks and the row's logit span
+            ("window shorter than a key tile (W < 16)", lambda c: 0 < (c.get("window") or 0) < 16),
+            ("window crossing key-tile edges (W > 32, W % 32 != 0, W < Tk)",
+             lambda c: 32 < (c.get("window") or 0) < c["Tk"] and c["window"] % 32 != 0),
+            ("window longer than Tk", lambda c: (c.get("window") or 0) > c["Tk"]),
+            ("window skipping whole key tiles (Tk - W >= 64, Tq < Tk)",
+             lambda c: c.get("window") and c["Tk"] - c["window"] >= 64 and c["Tq"] < c["Tk"]),
+            ("softcap below the largest logit (changes the scores' order of magnitude)",
+             lambda c: c.get("softcap") and c["softcap"] < c.get("max_logit", 0)),
+            ("softcap with a window", lambda c: c.get("softcap") and c.get("window")),
+            ("sinks above every row's largest logit (the sink dominates)", lambda c: c.get("sink_margin", -1) > 0)):
+        out.append(CoverageClass(f"FA-8: {name}", _FA8, pred))
     for g, what in ((1, "1 (multi-head)"), (3, "3 (not a power of two)"), (8, "8"), (9, "9 (odd, > 8)"), (16, "16"),
                     (20, "20 (> 16, not a multiple of 16)"), (24, "24 (> 16, not a multiple of 16)"), (64, "64")):
         out.append(CoverageClass(f"group size {what}", _FA3, lambda c, g=g: c["Hq"] // c["Hkv"] == g))

@@ -4,6 +4,8 @@ the mixed batch of prefill chunks and decode tokens over the same cache (chunked
     paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale: float) -> Tensor
     paged_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale: float) -> Tensor
 
+(both with the optional keywords ``window``, ``softcap``, ``sinks`` of the attention contract)
+
 Shapes: ``q`` (B, Hq, D), one new query per sequence; ``k_cache``, ``v_cache`` (num_blocks,
 block_size, Hkv, D), the physical blocks of the cache; Hq is a multiple of Hkv and query head
 ``h`` reads KV head ``h // (Hq // Hkv)`` (GQA). ``block_table`` (B, max_blocks) int32: logical
@@ -53,6 +55,14 @@ a ``query_start_loc`` that is not int32 raises TypeError, one of the wrong shape
 0, not strictly increasing, not ending at N, or with a q_len_b above seq_lens[b] raises
 ValueError naming it (``paged_attention_validate.validate_prefill``).
 
+Options (claim FA-8), as the attention contract defines them, with each query at its position
+in its sequence (a decode query at seq_lens[b] - 1, a chunk's query i at p): ``window`` W (the
+query sees the tokens t with p - W < t <= p), ``softcap`` c (scores c·tanh(s/c)) and ``sinks``
+(Hq,) (one logit per query head in the denominator, weighing no value). Each optional: an
+implementation whose function lacks the keyword, or raises ``NotImplementedError`` for a value,
+is "unsupported" for it, never passed; wrong values raise as the attention contract's
+``validate_options``.
+
 Oracle: the float64 reference (``inference_conformance.reference.paged_attention.paged_attention``) gathers each sequence's
 blocks into a contiguous cache and calls the reference attention (``paged_prefill``: the
 masked reference attention with the chunk's causal mask); the laws compare every
@@ -63,7 +73,7 @@ non-contiguous blocks equals attention over the contiguous cache, for any block 
 placement), PA-8 (the mixed batch: each chunk causal with the offset of its cached prefix, the
 same as dense causal attention over the whole sequence). Source: Kwon et al. 2023 (vLLM,
 PagedAttention), lecture 001 §4.2; Agrawal et al. 2024 (Sarathi-Serve, chunked prefill),
-lecture 001 §4.5.
+lecture 001 §4.5; FA-8 (the options, in the paged decode and mixed-batch kernels).
 """
 from __future__ import annotations
 
@@ -244,7 +254,25 @@ def invalid(device: str) -> list[InvalidCall]:
     out = [InvalidCall(what, args, {"scale": 0.25}, (exc,), argument) for what, args, exc, argument in calls]
     out += [InvalidCall("scale-a-string", (q, kc, vc, bt, sl), {"scale": "0.25"}, (TypeError,), "scale"),
             InvalidCall("scale-inf", (q, kc, vc, bt, sl), {"scale": math.inf}, (ValueError,), "scale")]
+    for what, kw, exc, argument in (("window-0", {"window": 0}, ValueError, "window"),
+                                    ("softcap-negative", {"softcap": -1.0}, ValueError, "softcap"),
+                                    ("sinks-per-kv-head", {"sinks": torch.zeros(1, device=device)}, ValueError, "sinks")):
+        out.append(InvalidCall(what, (q, kc, vc, bt, sl), {"scale": 0.25, **kw}, (exc,), argument,
+                               on=_taking(set(kw))))
     return out + _invalid_prefill(q, kc, vc, bt, sl)
+
+
+def _taking(options: set):
+    """``on`` of an invalid call with FA-8's ``options``: the implementation, or NotImplementedError
+    ("unsupported") where its ``paged_attention`` lacks one of them."""
+    def receiver(impl):
+        from inference_conformance.conformance.contracts.attention import accepts_options
+
+        lacking = sorted(options - accepts_options(getattr(impl, "paged_attention", impl)))
+        if lacking:
+            raise NotImplementedError(f"{getattr(impl, 'name', impl)} takes no {', '.join(lacking)} option")
+        return impl
+    return receiver
 
 
 def _invalid_prefill(q, kc, vc, bt, sl) -> list[InvalidCall]:

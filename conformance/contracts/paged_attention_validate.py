@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference_conformance.conformance.contracts.attention import validate_options
 from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
 from inference_conformance.conformance.contracts.paged_attention import DTYPES, INDEX_DTYPE, MAX_HEAD_DIM
 
@@ -40,7 +41,7 @@ def blocks_needed(seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
     return (seq_lens.to(torch.int64) + block_size - 1) // block_size
 
 
-def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
+def validate(q, k_cache, v_cache, block_table, seq_lens, scale, window=None, softcap=None, sinks=None) -> PagedShape:
     """Check one call against the contract; return its sizes.
 
     Raises TypeError (not a tensor, unsupported or mixed dtypes, block_table / seq_lens not
@@ -48,7 +49,8 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
     Hq not a multiple of Hkv, D outside 1..256, mixed devices, ``seq_lens`` below 1 or above
     the table's capacity max_blocks * block_size, a live block-table entry outside
     [0, num_blocks), a non-finite scale or one past the float32 range for inputs other than
-    float64), each naming the argument. Reads ``block_table`` and
+    float64), each naming the argument; FA-8's options as the attention contract's
+    ``validate_options`` checks them (a decode query is causal). Reads ``block_table`` and
     ``seq_lens`` on the host (one synchronisation on CUDA).
     """
     for name, t, rank, dims in (("q", q, 3, "(B, Hq, D)"),
@@ -104,6 +106,7 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale) -> PagedShape:
         b, i = (int(x) for x in out_of_range.nonzero()[0])
         raise ValueError(f"block_table[{b}, {i}] = {int(table[b, i])} is a live block of sequence {b} "
                          f"(seq_lens[{b}] = {int(lens[b])}) outside [0, num_blocks) = [0, {num_blocks})")
+    validate_options(q, True, window, softcap, sinks)
     return PagedShape(B, Hq, Hkv, D, num_blocks, block_size, max_blocks)
 
 
@@ -113,7 +116,8 @@ def query_lens(query_start_loc: torch.Tensor) -> torch.Tensor:
     return loc[1:] - loc[:-1]
 
 
-def validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale) -> PagedShape:
+def validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window=None, softcap=None,
+                     sinks=None) -> PagedShape:
     """Check a ``paged_prefill`` call; return its sizes (``B``: the sequences, from ``seq_lens``).
 
     Raises as :func:`validate` (``q`` is (N, Hq, D) here: its first dimension is the query
@@ -121,7 +125,7 @@ def validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
     tensor, ValueError for one not of shape (B + 1,), on another device, not starting at 0, not
     strictly increasing (every sequence has at least one query token), not ending at N, or with a
     sequence's query tokens above its ``seq_lens`` (the chunk is part of the cached tokens), each
-    naming the argument. Reads ``query_start_loc`` on the host.
+    naming the argument; the options as :func:`validate`. Reads ``query_start_loc`` on the host.
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -163,4 +167,5 @@ def validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         b = int(over[0, 0])
         raise ValueError(f"query_start_loc gives sequence {b} {int(qlens[b])} query tokens, more than its "
                          f"seq_lens[{b}] = {int(lens[b])} (the chunk's tokens are part of the cached ones)")
+    validate_options(q, True, window, softcap, sinks)
     return shape

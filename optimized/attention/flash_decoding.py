@@ -36,14 +36,16 @@ def _split_kv_kernel(
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_pbh, stride_pm, stride_ps, stride_pd,
         stride_lbh, stride_lm, stride_ls,
-        Hq, Tq, Tk, D, GROUP, NUM_SPLITS, scale,
+        Hq, Tq, Tk, D, GROUP, NUM_SPLITS, scale, WINDOW, Cap_ptr,
         CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
     """1-D grid of cdiv(Tq, BLOCK_M) · NUM_SPLITS · B · Hq programs: program
     pid_m + cdiv(Tq, BLOCK_M) · (split + NUM_SPLITS · pid_bh) (nothing on CUDA's axes 1 and 2,
     which stop at 65,535). Split s covers keys [s·Tk // NUM_SPLITS, (s+1)·Tk // NUM_SPLITS).
     Writes o_s (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S); a split with no visible key for a row
-    writes o = 0, lse = -inf."""
+    writes o = 0, lse = -inf. The window and the cap as in ``attend_q_tile`` (a split wholly
+    before a tile's window reads no key); sinks are left to the merge (FA-8)."""
     tiles_m = tl.cdiv(Tq, BLOCK_M)
     rest = tl.program_id(0) // tiles_m
     split = rest % NUM_SPLITS
@@ -52,8 +54,8 @@ def _split_kv_kernel(
         Q_ptr, K_ptr, V_ptr, tl.program_id(0) % tiles_m, pid_bh,
         (split * Tk) // NUM_SPLITS, ((split + 1) * Tk) // NUM_SPLITS,
         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-        stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale,
-        CAUSAL, EVEN_D, DOT_MODE, TWO_STAGE, BLOCK_M, BLOCK_N, BLOCK_D)
+        stride_vb, stride_vh, stride_vn, stride_vd, Hq, Tq, Tk, D, GROUP, scale, WINDOW, Cap_ptr, Cap_ptr,
+        CAUSAL, EVEN_D, DOT_MODE, TWO_STAGE, BLOCK_M, BLOCK_N, BLOCK_D, (HAS_WINDOW, HAS_SOFTCAP, False))
     op_ptrs = OP_ptr + pid_bh * stride_pbh + offs_m[:, None] * stride_pm + split * stride_ps + offs_d[None, :] * stride_pd
     tl.store(op_ptrs, o.to(OP_ptr.dtype.element_ty), mask=io_mask)
     tl.store(LSE_ptr + pid_bh * stride_lbh + offs_m * stride_lm + split * stride_ls,
@@ -87,21 +89,35 @@ def _blocks(dtype: torch.dtype, D: int, Tq: int) -> tuple[int, int, int, int]:
     return bm, bn, 4, (1 if dtype == torch.float64 or triton_interpreted() else 2)
 
 
+def option_args(q: torch.Tensor, window, softcap, sinks) -> tuple:
+    """(WINDOW, cap tensor, sinks tensor or None) the kernels take for the contract's options:
+    WINDOW = 0 without a window; the cap as a one-element tensor in the accumulator's dtype
+    (float64 for float64 q: a Python float argument would be float32 once compiled), 1.0 when
+    off; sinks contiguous in that dtype."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    cap = torch.tensor([1.0 if softcap is None else float(softcap)], dtype=acc, device=q.device)
+    return (0 if window is None else int(window), cap,
+            None if sinks is None else sinks.to(device=q.device, dtype=acc).contiguous())
+
+
 def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
-                   num_splits: int | None = None) -> torch.Tensor:
+                   num_splits: int | None = None, window: int | None = None, softcap: float | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV attention: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype.
 
     ``num_splits``: number of key ranges (larger values are capped at min(Tk, MAX_SPLITS)); None chooses
-    from the grid size (:func:`default_num_splits`). Raises TypeError / ValueError as the
+    from the grid size (:func:`default_num_splits`). ``window``, ``softcap``, ``sinks``: the
+    contract's options (FA-8; sinks join the merge once). Raises TypeError / ValueError as the
     contract's ``validate`` does, ValueError for a bad ``num_splits`` or CPU tensors without
     the interpreter.
     """
-    shape = validate(q, k, v, causal, scale)
+    shape = validate(q, k, v, causal, scale, window, softcap, sinks)
     check_device(q)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
     mode = dot_mode(q.dtype)
+    win, cap, sinks = option_args(q, window, softcap, sinks)
     q, scale = fold_scale(q, scale)
     BLOCK_D = block_d(shape.D)
     bm, bn, warps, stages = _blocks(q.dtype, shape.D, shape.Tq)
@@ -114,18 +130,21 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     grid = flat_grid(triton.cdiv(shape.Tq, bm), S, shape.B * shape.Hq)
     _split_kv_kernel[grid](
         q, k, v, o_part, lse, *q.stride(), *k.stride(), *v.stride(), *o_part.stride(), *lse.stride(),
-        shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, S, float(scale),
+        shape.Hq, shape.Tq, shape.Tk, shape.D, shape.group, S, float(scale), win, cap,
         CAUSAL=causal, EVEN_D=BLOCK_D == shape.D, DOT_MODE=mode, TWO_STAGE=two_stage(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BLOCK_D, num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BLOCK_D, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None,
+        num_warps=warps, num_stages=stages)
     out = torch.empty(shape.B, shape.Hq, shape.Tq, shape.D, dtype=q.dtype, device=q.device)
-    return merge_splits(o_part, lse, out)
+    return merge_splits(o_part, lse, out) if sinks is None else merge_splits(o_part, lse, out, sinks)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
-              num_splits: int | None = None) -> torch.Tensor:
+              num_splits: int | None = None, window: int | None = None, softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The "triton_splitkv" implementation of the attention contract: always the split-KV path
-    (:func:`flash_decoding`), whatever the shape; ``num_splits`` as there."""
-    return flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
+    (:func:`flash_decoding`), whatever the shape; ``num_splits`` and the options as there."""
+    return flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=num_splits, window=window,
+                          softcap=softcap, sinks=sinks)
 
 
 def compile_variants():
@@ -134,15 +153,45 @@ def compile_variants():
 
     return [CompileVariant("split_kv fp16 causal", _split_kv_kernel,
                            {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
-                            "scale": "fp32"},
+                            "scale": "fp32", "Cap_ptr": "*fp32"},
                            dict(CAUSAL=True, EVEN_D=True, DOT_MODE=DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
-                                BLOCK_D=64), min_for_loops=2)]
+                                BLOCK_D=64, HAS_WINDOW=False, HAS_SOFTCAP=False), min_for_loops=2),
+            CompileVariant("split_kv fp16 window softcap", _split_kv_kernel,
+                           {"Q_ptr": "*fp16", "K_ptr": "*fp16", "V_ptr": "*fp16", "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
+                            "scale": "fp32", "Cap_ptr": "*fp32"},
+                           dict(CAUSAL=True, EVEN_D=True, DOT_MODE=DOT_NATIVE, TWO_STAGE=True, BLOCK_M=16, BLOCK_N=64,
+                                BLOCK_D=64, HAS_WINDOW=True, HAS_SOFTCAP=True), min_for_loops=1)]
 
 
 def smoke_calls(device: str):
     """bfloat16 decode over three splits, against the float64 reference."""
-    from inference_conformance.optimized.attention.tiles import attention_smoke
     from inference_conformance.optimized.triton_shared import SmokeCall
 
     return [SmokeCall("flash_decoding bfloat16 causal Tq=1 Tk=70 num_splits=3",
-                      attention_smoke(flash_decoding, device, torch.bfloat16, 1, 70, True, num_splits=3))]
+                      attention_smoke(flash_decoding, device, torch.bfloat16, 1, 70, True, num_splits=3)),
+            SmokeCall("flash_decoding float32 Tq=2 Tk=90 window=20 softcap=5 sinks num_splits=3",
+                      attention_smoke(flash_decoding, device, torch.float32, 2, 90, True, num_splits=3,
+                                      window=20, softcap=5.0, sinks=torch.linspace(-1, 2, 4, device=device)))]
+
+
+def attention_smoke(fn, device: str, dtype: torch.dtype, Tq: int, Tk: int, causal: bool, **kw):
+    """A smoke call of an attention kernel ``fn`` (B=1, Hq=4, Hkv=2, D=40, seeded inputs) judged
+    by the tolerance policy against the float64 reference (``scripts/kernel_smoke.py``)."""
+    def run():
+        from inference_conformance.conformance import tolerance
+        from inference_conformance.reference.attention import attention as attention_ref
+        from inference_conformance.reference.attention import attention_naive
+
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 4, Tq, 40, generator=g).to(device, dtype)
+        k = torch.randn(1, 2, Tk, 40, generator=g).to(device, dtype)
+        v = torch.randn(1, 2, Tk, 40, generator=g).to(device, dtype)
+        scale = 40 ** -0.5
+        opts = {o: kw[o] for o in ("window", "softcap", "sinks") if o in kw}
+        out = fn(q, k, v, causal=causal, scale=scale, **kw)
+        out_ref = attention_ref(q, k, v, causal=causal, scale=scale, **opts)
+        half = dtype in (torch.float16, torch.bfloat16)
+        out_pt = attention_naive(q, k, v, causal=causal, scale=scale, **opts) if half else None
+        return tolerance.check_close(out, out_ref, out_pt=out_pt)
+    return run
+

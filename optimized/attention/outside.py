@@ -15,12 +15,15 @@ library itself raises or returns is left for the laws to judge. Claims FA-3, FA-
   as a ``mask_mod`` (key j visible from query i iff j <= i + Tk - Tq) through
   ``create_block_mask``, GQA by ``enable_gqa``. Every dtype of the contract. (Compiled
   flex_attention on CPU needs torch.compile's C++ backend, a compile per shape: not adapted.)
+  FA-8's options: ``window`` joins the ``mask_mod`` (``j > i + Tk - Tq - W``), ``softcap`` is a
+  ``score_mod`` (``c · tanh(score / c)``); flex_attention has no sinks: refused (no keyword).
 - ``sdpa_math`` / ``sdpa_flash_cpu``: ``torch.nn.functional.scaled_dot_product_attention`` with
   one CPU backend forced by ``torch.nn.attention.sdpa_kernel`` (``SDPBackend.MATH``,
   ``SDPBackend.FLASH_ATTENTION``: the CPU flash kernel). ``is_causal=True`` where Tq == Tk
   (PyTorch aligns it top-left), else an explicit boolean mask; GQA by ``enable_gqa``. The CPU
   flash kernel takes float32, float64, float16, bfloat16; an input the forced backend refuses
   (PyTorch's "No available kernel", e.g. the flash kernel on non-contiguous inputs) is refused.
+  FA-8's ``window``: the built boolean mask (:func:`window_mask`); SDPA has no cap or sinks.
 - ``jax_attention``: ``jax.nn.dot_product_attention(q, k, v, mask=, scale=,
   implementation="xla")`` on JAX's CPU device, layout (B, T, N, H), GQA native; the causal mask
   is passed as a boolean (1, 1, Tq, Tk) mask (JAX's ``is_causal`` is top-left). float64 runs
@@ -49,33 +52,45 @@ import math
 
 import torch
 
-from inference_conformance.conformance.contracts.attention import causal_mask, validate
+from inference_conformance.conformance.contracts.attention import causal_mask, validate, window_mask
 
 # ------------------------------------------------------------------------ torch flex_attention
 
 
-def flex_attention(q, k, v, *, causal: bool, scale: float):
+def flex_attention(q, k, v, *, causal: bool, scale: float, window: int | None = None,
+                   softcap: float | None = None):
     """The attention contract through eager ``flex_attention``; q (B, Hq, Tq, D), k, v (B, Hkv,
-    Tk, D) -> (B, Hq, Tq, D) in q's dtype. Raises as the contract's ``validate``."""
-    s = validate(q, k, v, causal, scale)
+    Tk, D) -> (B, Hq, Tq, D) in q's dtype; ``window`` as a mask_mod, ``softcap`` as a score_mod
+    (FA-8). Raises as the contract's ``validate``."""
+    s = validate(q, k, v, causal, scale, window, softcap)
     fa = importlib.import_module("torch.nn.attention.flex_attention")
-    block_mask = None
+    block_mask = score_mod = None
     if causal:
         offset = s.Tk - s.Tq
 
         def bottom_right(b, h, q_idx, kv_idx):
             return kv_idx <= q_idx + offset
 
-        block_mask = fa.create_block_mask(bottom_right, None, None, s.Tq, s.Tk, device=str(q.device))
-    out = fa.flex_attention(q, k, v, block_mask=block_mask, scale=float(scale), enable_gqa=s.group > 1)
+        def windowed(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx + offset) & (kv_idx > q_idx + offset - window)
+
+        block_mask = fa.create_block_mask(bottom_right if window is None else windowed, None, None, s.Tq, s.Tk,
+                                          device=str(q.device))
+    if softcap is not None:
+        def capped(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / softcap) * softcap
+
+        score_mod = capped
+    out = fa.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=float(scale),
+                            enable_gqa=s.group > 1)
     return out.contiguous()
 
 
 # ------------------------------------------------------------------- SDPA, one CPU backend
 
 
-def _sdpa(backend_name: str, q, k, v, causal: bool, scale: float):
-    s = validate(q, k, v, causal, scale)
+def _sdpa(backend_name: str, q, k, v, causal: bool, scale: float, window=None):
+    s = validate(q, k, v, causal, scale, window)
     if q.device.type != "cpu":
         raise NotImplementedError(f"the {backend_name} adapter pins a CPU backend, got {q.device}")
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -84,10 +99,10 @@ def _sdpa(backend_name: str, q, k, v, causal: bool, scale: float):
     kwargs = {"enable_gqa": True} if s.group > 1 else {}
     try:
         with sdpa_kernel([backend]):
-            if causal and s.Tq == s.Tk:
+            if causal and s.Tq == s.Tk and window is None:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(scale),
                                                                         **kwargs)
-            mask = causal_mask(s.Tq, s.Tk, q.device) if causal else None      # (Tq, Tk) bool
+            mask = window_mask(s.Tq, s.Tk, window, q.device) if causal else None   # (Tq, Tk) bool
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(scale),
                                                                     **kwargs)
     except RuntimeError as e:              # the forced backend refuses this input (PyTorch's own check)
@@ -96,16 +111,16 @@ def _sdpa(backend_name: str, q, k, v, causal: bool, scale: float):
         raise
 
 
-def sdpa_math(q, k, v, *, causal: bool, scale: float):
-    """SDPA with ``SDPBackend.MATH`` forced (PyTorch's composite reference path). Shapes as the
-    contract; NotImplementedError off CPU."""
-    return _sdpa("MATH", q, k, v, causal, scale)
+def sdpa_math(q, k, v, *, causal: bool, scale: float, window: int | None = None):
+    """SDPA with ``SDPBackend.MATH`` forced (PyTorch's composite reference path); ``window`` as a
+    built mask (FA-8). Shapes as the contract; NotImplementedError off CPU."""
+    return _sdpa("MATH", q, k, v, causal, scale, window)
 
 
-def sdpa_flash_cpu(q, k, v, *, causal: bool, scale: float):
-    """SDPA with ``SDPBackend.FLASH_ATTENTION`` forced: on CPU, PyTorch's tiled flash kernel.
-    Shapes as the contract; NotImplementedError off CPU."""
-    return _sdpa("FLASH_ATTENTION", q, k, v, causal, scale)
+def sdpa_flash_cpu(q, k, v, *, causal: bool, scale: float, window: int | None = None):
+    """SDPA with ``SDPBackend.FLASH_ATTENTION`` forced: on CPU, PyTorch's tiled flash kernel;
+    ``window`` as a built mask (FA-8). Shapes as the contract; NotImplementedError off CPU."""
+    return _sdpa("FLASH_ATTENTION", q, k, v, causal, scale, window)
 
 
 # --------------------------------------------------------------------------------------- JAX

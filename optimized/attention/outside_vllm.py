@@ -8,6 +8,14 @@ Contract (``conformance/contracts/attention.py``)::
 
     attention(q, k, v, *, causal, scale) -> (B, Hq, Tq, D)
         q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D); causal aligned bottom-right (claims FA-3, FA-7)
+
+``triton_unified_attention`` also takes FA-8's options, as ``unified_attention`` names them in
+vLLM's source (``vllm/v1/attention/ops/triton_unified_attention.py``): the window as
+``window_size=(W - 1, 0)`` (its kernel reads SLIDING_WINDOW = 1 + window_size[0] and masks the
+keys with query position − key position >= SLIDING_WINDOW), the cap as ``softcap`` (> 0 turns it
+on) and the sinks as ``sinks`` (one float32 logit per query head, the softmax's initial max with
+a sum of 1). Untested here: vLLM is not installed in this environment; the signature was read
+from vLLM's source, and the peers-vllm job runs it.
 """
 from __future__ import annotations
 
@@ -25,15 +33,30 @@ from inference_conformance.optimized.paged_attention.outside_vllm import (
 )
 
 
-def triton_unified_attention(q, k, v, *, causal: bool, scale: float):
+def _unified_options(q_tokens, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, *, causal,
+                     scale, window, softcap, sinks):
+    """One call of vLLM's ``unified_attention`` with FA-8's options: the output (num_tokens, Hq, D)."""
+    ua = vllm_module("vllm.v1.attention.ops.triton_unified_attention")
+    out = torch.empty_like(q_tokens)
+    ua.unified_attention(q=q_tokens, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_seqlens_q,
+                         max_seqlen_q=int(max_seqlen_q), seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
+                         softmax_scale=float(scale), causal=causal,
+                         window_size=(-1, -1) if window is None else (int(window) - 1, 0), block_table=block_table,
+                         softcap=0.0 if softcap is None else float(softcap), q_descale=None, k_descale=None,
+                         v_descale=None, sinks=None if sinks is None else sinks.to(torch.float32).contiguous())
+    return out
+
+
+def triton_unified_attention(q, k, v, *, causal: bool, scale: float, window: int | None = None,
+                             softcap: float | None = None, sinks: torch.Tensor | None = None):
     """The attention contract through vLLM's Triton ``unified_attention`` (prefill, or decode at
     Tq = 1): each batch row is one request whose Tq queries are the last of its Tk tokens, its
     K/V cut into a paged cache of DENSE_BLOCK_SIZE-token blocks (zero past Tk, an identity block
-    table). q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) (claims FA-3, FA-7).
-    Raises TypeError / ValueError as the contract's ``validate``; NotImplementedError for
-    float64, bfloat16 under the interpreter, and Tq > Tk (vLLM's queries are a suffix of their
-    sequence)."""
-    s = validate_dense(q, k, v, causal, scale)
+    table). q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) (claims FA-3, FA-7);
+    ``window``, ``softcap``, ``sinks`` as vLLM's own arguments (FA-8, untested here). Raises
+    TypeError / ValueError as the contract's ``validate``; NotImplementedError for float64,
+    bfloat16 under the interpreter, and Tq > Tk (vLLM's queries are a suffix of their sequence)."""
+    s = validate_dense(q, k, v, causal, scale, window, softcap, sinks)
     what = "vLLM's Triton unified attention"
     _triton_backend_support(what, q.dtype, s.D, DENSE_BLOCK_SIZE)
     if s.Tq > s.Tk:
@@ -53,7 +76,11 @@ def triton_unified_attention(q, k, v, *, causal: bool, scale: float):
     lens = torch.full((s.B,), s.Tk, dtype=torch.int32, device=q.device)
     cu = torch.arange(0, s.B * s.Tq + 1, s.Tq, dtype=torch.int32, device=q.device)
     q_tokens = q.transpose(1, 2).reshape(s.B * s.Tq, s.Hq, s.D)                # (B·Tq, Hq, D)
-    out = _unified(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale)
+    if window is None and softcap is None and sinks is None:
+        out = _unified(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale)
+    else:
+        out = _unified_options(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale, window=window,
+                               softcap=softcap, sinks=sinks)
     return out.view(s.B, s.Tq, s.Hq, s.D).transpose(1, 2).contiguous()
 
 

@@ -2,7 +2,7 @@
 :mod:`inference_conformance.optimized.attention.flash_decoding`, :mod:`inference_conformance.optimized.paged_attention`, :mod:`inference_conformance.optimized.paged_attention.prefill`):
 the whole work of one program of the dense kernels (``attend_q_tile``: its prologue, the
 online-softmax key-tile loop ``_attn_tile``, two-stage or masked, and the normalisation), the
-key tile over a paged cache of both paged kernels (``paged_kv_tile``), the split-KV merge kernel with its
+split-KV merge kernel with its
 host wrapper ``merge_splits``, and the host-side choices of tile sizes and loop shape. The
 kernel modules import this one; it imports none of them. Pieces that are not about attention
 (the loop over tiles, the dtype modes, the device checks) are in :mod:`inference_conformance.optimized.triton_shared`.
@@ -32,9 +32,9 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
                   stride_qb, stride_qh, stride_qm, stride_qd,
                   stride_kb, stride_kh, stride_kn, stride_kd,
                   stride_vb, stride_vh, stride_vn, stride_vd,
-                  Hq, Tq, Tk, D, GROUP, scale,
+                  Hq, Tq, Tk, D, GROUP, scale, WINDOW, Cap_ptr, Sinks_ptr,
                   CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, DOT_MODE: tl.constexpr, TWO_STAGE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, OPTS: tl.constexpr):
     """The work of one program of the dense attention kernels: query rows [pid_m·BLOCK_M,
     (pid_m+1)·BLOCK_M) of (batch, query head) pid_bh = b·Hq + h of q (B, Hq, Tq, D) attend to
     keys [start, end) of KV head h // GROUP of k, v (B, Hkv, Tk, D).
@@ -44,6 +44,11 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
     key tiles past the tile's last visible key are skipped. TWO_STAGE: first the whole tiles
     that every row sees, without masks, then the masked rest (on GPU); without it one masked
     pass (the interpreter, where each stage costs a nested call).
+
+    OPTS = (HAS_WINDOW, HAS_SOFTCAP, HAS_SINKS), claim FA-8: a left window of WINDOW keys (row r
+    sees keys > r + Tk − Tq − WINDOW; key tiles before the tile's first visible key are never
+    read; one masked pass), scores capped to c·tanh(s/c), c = Cap_ptr[0] in the accumulator's
+    dtype, and the sink Sinks_ptr[h] joined to the state after the last key (split-KV: merge).
 
     Returns (b, h, offs_m, offs_d, io_mask, o, lse): b and h as int64, the tile's rows and head
     dims, its (BLOCK_M, BLOCK_D) in-bounds mask, o = acc / l (BLOCK_M, BLOCK_D) and lse = m + log l
@@ -60,18 +65,23 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
     k_base = K_ptr + b * stride_kb + kvh * stride_kh
     v_base = V_ptr + b * stride_vb + kvh * stride_vh
     ACC: tl.constexpr = tl.float64 if DOT_MODE == 2 else tl.float32
+    HAS_WINDOW: tl.constexpr = OPTS[0]
+    HAS_SINKS: tl.constexpr = OPTS[2]
+    cap = tl.load(Cap_ptr).to(ACC)                                         # 1.0 when unused
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=ACC)
     l_i = tl.zeros([BLOCK_M], dtype=ACC)
     offset = Tk - Tq
     row_lim = offs_m + offset                                              # last visible key per row
+    row_lo = row_lim - WINDOW + 1                                          # first one, with a window
     if CAUSAL:
         hi = tl.minimum(end, (pid_m + 1) * BLOCK_M + offset)
     else:
         hi = end
     hi = tl.maximum(hi, start)
     offs_n = tl.arange(0, BLOCK_N)
-    if TWO_STAGE:
+    UNMASKED_STAGE: tl.constexpr = TWO_STAGE and not HAS_WINDOW
+    if UNMASKED_STAGE:
         # keys [start, lo) are visible to every row of the tile and form whole tiles: no masks
         if CAUSAL:
             lo = tl.maximum(tl.minimum(pid_m * BLOCK_M + offset + 1, hi), start)
@@ -81,15 +91,25 @@ def attend_q_tile(Q_ptr, K_ptr, V_ptr, pid_m, pid_bh, start, end,
         acc, m_i, l_i, _, _ = tile_loop(
             (acc, m_i, l_i, k_base + (start + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd,
              v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd),
-            (q, offs_n, offs_d, row_lim, lo, D, scale, stride_kn, stride_vn), start, lo,
-            BLOCK_N, _attn_tile, (False, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N))
+            (q, offs_n, offs_d, row_lim, row_lo, cap, lo, D, scale, stride_kn, stride_vn), start, lo,
+            BLOCK_N, _attn_tile, (False, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N, False, OPTS[1]))
+    elif HAS_WINDOW:   # the window's first key tile: its first row's first key, rounded down to a tile
+        lo = tl.maximum(start, tl.minimum(pid_m * BLOCK_M + offset - WINDOW + 1, hi))
+        lo = start + ((lo - start) // BLOCK_N) * BLOCK_N
     else:
         lo = start
     acc, m_i, l_i, _, _ = tile_loop(
         (acc, m_i, l_i, k_base + (lo + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd,
          v_base + (lo + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd),
-        (q, offs_n, offs_d, row_lim, hi, D, scale, stride_kn, stride_vn), lo, hi,
-        BLOCK_N, _attn_tile, (True, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N))
+        (q, offs_n, offs_d, row_lim, row_lo, cap, hi, D, scale, stride_kn, stride_vn), lo, hi,
+        BLOCK_N, _attn_tile, (True, CAUSAL, EVEN_D, DOT_MODE, BLOCK_N, HAS_WINDOW, OPTS[1]))
+    if HAS_SINKS:      # one more logit in the denominator, weighing no value
+        sink = tl.load(Sinks_ptr + h).to(ACC)
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.exp(sink - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     return b, h, offs_m, offs_d, io_mask, o, log_sum_exp(m_i, l_i)
@@ -108,15 +128,18 @@ def log_sum_exp(m_i, l_i):
 def _attn_tile(state, args, start_n, CONSTS: tl.constexpr):
     """One key tile of :func:`attend_q_tile` (a ``tile_loop`` body): keys start_n + offs_n at the
     state's k_ptrs / v_ptrs, which it advances by one tile. CONSTS = (MASKED, CAUSAL, EVEN_D,
-    DOT_MODE, BLOCK_N). MASKED: apply the bounds (col < end) and, with CAUSAL, the causal mask
-    (col <= row_lim); unmasked calls must cover whole visible tiles only."""
+    DOT_MODE, BLOCK_N, WINDOWED, SOFTCAP). MASKED: apply the bounds (col < end), with CAUSAL the
+    causal mask (col <= row_lim) and with WINDOWED the window (col >= row_lo); unmasked calls
+    must cover whole visible tiles only. SOFTCAP: s = cap·tanh(s/cap), before the masks."""
     acc, m_i, l_i, k_ptrs, v_ptrs = state
-    q, offs_n, offs_d, row_lim, end, D, scale, stride_kn, stride_vn = args
+    q, offs_n, offs_d, row_lim, row_lo, cap, end, D, scale, stride_kn, stride_vn = args
     MASKED: tl.constexpr = CONSTS[0]
     CAUSAL: tl.constexpr = CONSTS[1]
     EVEN_D: tl.constexpr = CONSTS[2]
     DOT_MODE: tl.constexpr = CONSTS[3]
     BLOCK_N: tl.constexpr = CONSTS[4]
+    WINDOWED: tl.constexpr = CONSTS[5]
+    SOFTCAP: tl.constexpr = CONSTS[6]
     if MASKED:
         cols = start_n + offs_n                                        # (BLOCK_N,)
         kv_mask = (cols[:, None] < end) & (offs_d[None, :] < D)
@@ -138,10 +161,15 @@ def _attn_tile(state, args, start_n, CONSTS: tl.constexpr):
     else:
         s = tl.dot(q, tl.trans(k))
     s = s * scale
+    if SOFTCAP:        # tanh(x) = (1 − e^{−2|x|}) / (1 + e^{−2|x|}) · sign(x): no overflow, any Triton
+        e = tl.exp(-2.0 * tl.abs(s) / cap)
+        s = tl.where(s < 0, -cap, cap) * ((1.0 - e) / (1.0 + e))
     if MASKED:
         valid = cols[None, :] < end
         if CAUSAL:
             valid = valid & (cols[None, :] <= row_lim[:, None])
+        if WINDOWED:
+            valid = valid & (cols[None, :] >= row_lo[:, None])
         s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))                              # (BLOCK_M,)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)              # rows with no key yet
@@ -164,56 +192,20 @@ def _attn_tile(state, args, start_n, CONSTS: tl.constexpr):
 
 
 @triton.jit
-def paged_kv_tile(state, args, t0, CONSTS: tl.constexpr):
-    """One tile of BLOCK_N token positions t0 + offs_n of a sequence in a paged cache, the core
-    the paged decode kernel (:mod:`inference_conformance.optimized.paged_attention`) and the mixed-batch kernel
-    (:mod:`inference_conformance.optimized.paged_attention.prefill`) share (a ``tile_loop`` body; state (acc, m_i, l_i) of the
-    online softmax of the program's BLOCK_M query rows, CONSTS = (PAGE, CAUSAL)): look each
-    token's block up in the table (``phys = bt_row[t // PAGE]``), load its K/V slot ``t % PAGE``
-    of the program's KV head, mask tokens at or past ``end`` and, with CAUSAL, tokens past each
-    row's last visible position ``row_lim`` (BLOCK_M,), and update the online softmax. Products
-    are broadcast multiplies and sums in the accumulator dtype of q (float64 or float32)."""
-    acc, m_i, l_i = state
-    (q, row_lim, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale,
-     stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd) = args
-    PAGE: tl.constexpr = CONSTS[0]
-    CAUSAL: tl.constexpr = CONSTS[1]
-    offs_t = t0 + offs_n                                                # (BLOCK_N,) token positions
-    t_mask = offs_t < end
-    phys = tl.load(bt_row + (offs_t // PAGE) * stride_btm, mask=t_mask, other=0).to(tl.int64)
-    slot = offs_t % PAGE
-    kv_mask = t_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_head + phys[:, None] * stride_kn + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale           # (BLOCK_M, BLOCK_N)
-    if CAUSAL:
-        s = tl.where(t_mask[None, :] & (offs_t[None, :] <= row_lim[:, None]), s, float("-inf"))
-    else:
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])                                     # (BLOCK_M, BLOCK_N)
-    v = tl.load(v_head + phys[:, None] * stride_vn + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                mask=kv_mask, other=0.0).to(q.dtype)                   # (BLOCK_N, BLOCK_D)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    m_i = m_new
-    return acc, m_i, l_i
-
-
-@triton.jit
 def split_kv_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
                           stride_pbh, stride_pm, stride_ps, stride_pd,
                           stride_lbh, stride_lm, stride_ls,
                           stride_ob, stride_oh, stride_om, stride_od,
-                          Hq, Tq, D, NUM_SPLITS, ROWS,
-                          BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          Hq, Tq, D, NUM_SPLITS, ROWS, Sinks_ptr,
+                          BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                          HAS_SINKS: tl.constexpr):
     """1-D grid of cdiv(ROWS, BLOCK_M) programs over the ROWS = B·Hq·Tq output rows (row
     r = (b·Hq + h)·Tq + m; a tile may span heads, so a decode merge with Tq = 1 fills its tiles and
     no count reaches CUDA's axes 1 and 2, which stop at 65,535): out = sum_s softmax_s(lse) o_s,
     exactly, from o_s (B·Hq, Tq, S, D) and lse_s (B·Hq, Tq, S) into out (B, Hq, Tq, D). A split
-    with lse = -inf (no key) weighs 0; a row whose splits all saw no key gets 0, never NaN."""
+    with lse = -inf (no key) weighs 0; a row whose splits all saw no key gets 0, never NaN.
+    HAS_SINKS: the sink logit Sinks_ptr[h] joins the weights' denominator once (claim FA-8):
+    out = sum_s exp(lse_s) o_s / (exp(sink) + sum_s exp(lse_s))."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     row_ok = rows < ROWS
     bh = rows // Tq
@@ -227,9 +219,14 @@ def split_kv_merge_kernel(OP_ptr, LSE_ptr, O_ptr,
                   mask=ls_mask, other=float("-inf"))                       # (BLOCK_M, BLOCK_S)
     lse = lse.to(tl.float64)                                               # (float32 callers too)
     mx = tl.max(lse, 1)
+    if HAS_SINKS:
+        sink = tl.load(Sinks_ptr + h, mask=row_ok, other=0.0).to(tl.float64)  # (BLOCK_M,)
+        mx = tl.maximum(mx, sink)
     mx = tl.where(mx == float("-inf"), 0.0, mx)                            # every split empty
     w = tl.exp(lse - mx[:, None])
     w_sum = tl.sum(w, 1)
+    if HAS_SINKS:
+        w_sum = w_sum + tl.exp(sink - mx)
     w = (w / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]).to(OP_ptr.dtype.element_ty)  # (and rows past ROWS)
     o_mask = ls_mask[:, :, None] & (offs_d[None, None, :] < D)
     o = tl.load(OP_ptr + (bh * stride_pbh + m * stride_pm)[:, None, None]
@@ -303,7 +300,8 @@ def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
     return q, float(scale)
 
 
-def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The split-KV merge (claim FA-7) of :func:`split_kv_merge_kernel`, in place into ``out``.
 
     o_part (B·Hq, Tq, S, D) float32 or float64 and lse (B·Hq, Tq, S), float64 (the kernels write
@@ -311,7 +309,8 @@ def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> 
     lse = -inf marks a split that saw no key: it weighs 0; a row with every split empty gets 0;
     out (B, Hq, Tq, D), any
     floating dtype (strided views welcome: decode callers pass (B, Hq, 1, D) views of
-    (B, Hq, D)). Returns ``out``. ValueError when the shapes disagree."""
+    (B, Hq, D)); ``sinks`` (Hq,) float: each head's sink logit joins the denominator once (FA-8).
+    Returns ``out``. ValueError when the shapes disagree."""
     B, Hq, Tq, D = out.shape
     if tuple(o_part.shape[:2]) != (B * Hq, Tq) or o_part.shape[3] != D or tuple(lse.shape) != tuple(o_part.shape[:3]):
         raise ValueError(f"merge_splits: o_part {tuple(o_part.shape)} and lse {tuple(lse.shape)} do not fit "
@@ -327,29 +326,9 @@ def merge_splits(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> 
         bm = 1 << (bm.bit_length() - 1)  # a power of two
     split_kv_merge_kernel[flat_grid(triton.cdiv(rows, bm))](
         o_part, lse, out, *o_part.stride(), *lse.stride(), *out.stride(),
-        Hq, Tq, D, S, rows, BLOCK_M=bm, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D)
+        Hq, Tq, D, S, rows, lse if sinks is None else sinks, BLOCK_M=bm, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D,
+        HAS_SINKS=sinks is not None)
     return out
-
-
-def attention_smoke(fn, device: str, dtype: torch.dtype, Tq: int, Tk: int, causal: bool, **kw):
-    """A smoke call of an attention kernel ``fn`` (B=1, Hq=4, Hkv=2, D=40, seeded inputs) judged
-    by the tolerance policy against the float64 reference (``scripts/kernel_smoke.py``)."""
-    def run():
-        from inference_conformance.conformance import tolerance
-        from inference_conformance.reference.attention import attention as attention_ref
-        from inference_conformance.reference.attention import attention_naive
-
-        g = torch.Generator().manual_seed(0)
-        q = torch.randn(1, 4, Tq, 40, generator=g).to(device, dtype)
-        k = torch.randn(1, 2, Tk, 40, generator=g).to(device, dtype)
-        v = torch.randn(1, 2, Tk, 40, generator=g).to(device, dtype)
-        scale = 40 ** -0.5
-        out = fn(q, k, v, causal=causal, scale=scale, **kw)
-        out_ref = attention_ref(q, k, v, causal=causal, scale=scale)
-        half = dtype in (torch.float16, torch.bfloat16)
-        out_pt = attention_naive(q, k, v, causal=causal, scale=scale) if half else None
-        return tolerance.check_close(out, out_ref, out_pt=out_pt)
-    return run
 
 
 def compile_variants():
@@ -358,8 +337,9 @@ def compile_variants():
     from inference_conformance.optimized.triton_shared import CompileVariant
 
     types = {"OP_ptr": "*fp32", "LSE_ptr": "*fp64", "O_ptr": "*fp16"}
-    return [CompileVariant("merge fp32", split_kv_merge_kernel, types, dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64)),
-            CompileVariant("merge fp32 BLOCK_M=2", split_kv_merge_kernel, types, dict(BLOCK_M=2, BLOCK_S=8, BLOCK_D=64))]
+    return [CompileVariant("merge fp32", split_kv_merge_kernel, types, dict(BLOCK_M=16, BLOCK_S=8, BLOCK_D=64, HAS_SINKS=False)),
+            CompileVariant("merge fp32 BLOCK_M=2 sinks", split_kv_merge_kernel, {**types, "Sinks_ptr": "*fp32"},
+                           dict(BLOCK_M=2, BLOCK_S=8, BLOCK_D=64, HAS_SINKS=True))]
 
 
 def smoke_calls(device: str):

@@ -7,7 +7,7 @@ tokens in tiles of BLOCK_N; for each token t it reads the block table,
 ``phys = block_table[b, t // PAGE]``, and loads K/V from slot ``t % PAGE`` of that physical block,
 so any block size >= 1 works (powers of two or not, 1 and 256 included) and nothing past
 ``seq_lens[b]`` (neither table entries nor slots) is ever read: the loads are masked. That key
-tile is :func:`inference_conformance.optimized.attention.tiles.paged_kv_tile`, shared with the mixed-batch kernel of
+tile is :func:`inference_conformance.optimized.paged_attention.kv_tile.paged_kv_tile`, shared with the mixed-batch kernel of
 chunked prefill (:mod:`inference_conformance.optimized.paged_attention.prefill`, the contract's ``paged_prefill``), which takes
 query tiles of several tokens per sequence, causal; this kernel stays the decode-only path. Each
 program keeps the online-softmax state (m, l, acc); with one split it writes the output, with
@@ -23,7 +23,10 @@ Float64 inputs are computed in float64, the others in float32 (16-bit loads are 
 products are broadcast multiplies and sums, not ``tl.dot``, so the kernel is exact enough for
 the tolerance policy in every dtype and runs under the interpreter (TRITON_INTERPRET=1, CPU)
 as compiled (CUDA). Host wrappers validate everything with the contract's ``validate`` before any
-launch. Claims PA-1; source: Kwon et al. 2023 (vLLM), lecture 001 §4.2.
+launch. The options of the attention contract (claim FA-8): a window starts each program at
+its sequence's first visible token (the tokens before it are never read), the cap is applied
+in the key tile, and sinks join the state after the last key (one split) or the merge, once.
+Claims PA-1; source: Kwon et al. 2023 (vLLM), lecture 001 §4.2.
 """
 from __future__ import annotations
 
@@ -33,13 +36,9 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.paged_attention_validate import validate
 from inference_conformance.conformance.device import triton_interpreted
-from inference_conformance.optimized.attention.tiles import (
-    fold_scale,
-    log_sum_exp,
-    merge_splits,
-    paged_kv_tile,
-    split_kv_merge_kernel,
-)
+from inference_conformance.optimized.attention.flash_decoding import option_args
+from inference_conformance.optimized.attention.tiles import fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
+from inference_conformance.optimized.paged_attention.kv_tile import join_sinks, paged_kv_tile
 from inference_conformance.optimized.paged_attention.splits import tokens_per_split
 from inference_conformance.optimized.triton_shared import check_device, flat_grid, tile_loop
 
@@ -54,14 +53,16 @@ def _paged_decode_kernel(
         stride_ob, stride_oh, stride_od,
         stride_pb, stride_ph, stride_ps, stride_pd,
         stride_lb, stride_lh, stride_ls,
-        Hkv, D, GROUP, TOKENS_PER_SPLIT, NUM_SPLITS, scale,
+        Hkv, D, GROUP, TOKENS_PER_SPLIT, NUM_SPLITS, scale, WINDOW, Cap_ptr, Sinks_ptr,
         PAGE: tl.constexpr, SPLIT: tl.constexpr, ACC64: tl.constexpr,
-        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr):
     """1-D grid of NUM_SPLITS · B · Hkv programs: program split + NUM_SPLITS · (b·Hkv + kvh)
     (nothing on CUDA's axes 1 and 2, which stop at 65,535). Split s covers tokens
     [s·TOKENS_PER_SPLIT, (s+1)·TOKENS_PER_SPLIT) ∩ [0, seq_len). Without SPLIT writes out
     (B, Hq, D); with SPLIT writes o_s (B, Hq, S, D) and lse_s (B, Hq, S) (o = 0, lse = -inf
-    for an empty split)."""
+    for an empty split). HAS_WINDOW: tokens before seq_len − WINDOW are skipped; HAS_SINKS
+    (unsplit only: a split call leaves the sinks to the merge) joins Sinks_ptr[h] at the end."""
     pid = tl.program_id(0) // NUM_SPLITS
     split = tl.program_id(0) % NUM_SPLITS
     b = (pid // Hkv).to(tl.int64)
@@ -82,12 +83,18 @@ def _paged_decode_kernel(
     seq_len = tl.load(LENS_ptr + b * stride_sl).to(tl.int64)
     start = split * TOKENS_PER_SPLIT
     end = tl.minimum(start + TOKENS_PER_SPLIT, seq_len)
+    if HAS_WINDOW:     # the one query sees the last WINDOW tokens: start there
+        start = tl.maximum(start, tl.minimum(seq_len - WINDOW, end))
+    cap = tl.load(Cap_ptr).to(ACC)
     bt_row = BT_ptr + b * stride_btb
     k_head = K_ptr + kvh * stride_kh
     v_head = V_ptr + kvh * stride_vh
-    acc, m_i, l_i = tile_loop(state, (q, offs_h, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask, scale,
-                                      stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd),
-                              start, end, BLOCK_N, paged_kv_tile, (PAGE, False))
+    acc, m_i, l_i = tile_loop(state, (q, offs_h, offs_h, cap, bt_row, k_head, v_head, end, offs_n, offs_d, d_mask,
+                                      scale, stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs,
+                                      stride_vd),
+                              start, end, BLOCK_N, paged_kv_tile, (PAGE, False, False, HAS_SOFTCAP))
+    if HAS_SINKS and not SPLIT:
+        acc, m_i, l_i = join_sinks(acc, m_i, l_i, Sinks_ptr, h, h_mask, ACC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
@@ -146,19 +153,23 @@ def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                    seq_lens: torch.Tensor, *, scale: float, num_splits: int | None = None) -> torch.Tensor:
+                    seq_lens: torch.Tensor, *, scale: float, num_splits: int | None = None,
+                    window: int | None = None, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Paged decode attention: q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D);
     block_table (B, max_blocks) int32; seq_lens (B,) int32 -> (B, Hq, D) in q's dtype.
 
     ``num_splits``: split each sequence's tokens into this many ranges (merged exactly; at most
     MAX_SPLITS, and never ranges shorter than a tile of BLOCK_N tokens); None chooses from the
-    grid size. Raises TypeError / ValueError as the contract's ``validate``,
+    grid size. ``window``, ``softcap``, ``sinks``: the contract's options (FA-8). Raises
+    TypeError / ValueError as the contract's ``validate``,
     ValueError for a bad ``num_splits`` or CPU tensors without the interpreter.
     """
-    shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
     check_device(q, "q")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    win, cap, sinks = option_args(q, window, softcap, sinks)
     q, scale = fold_scale(q, scale)                                          # float64: scale into q
     max_len = int(seq_lens.max())
     BLOCK_H, BLOCK_N, BLOCK_D = _tiles(q.dtype, shape.group, shape.D)
@@ -177,12 +188,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, block_table, seq_lens, out, o_part, lse,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
         *out.stride(), *o_part.stride(), *lse.stride(),
-        shape.Hkv, shape.D, shape.group, per, S, scale,
+        shape.Hkv, shape.D, shape.group, per, S, scale, win, cap, cap if sinks is None else sinks,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
-        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None)
     if S > 1:   # the split-KV merge, with each sequence as one query row: (B·Hq, 1, S, D)
-        merge_splits(o_part.view(shape.B * shape.Hq, 1, S, shape.D), lse.view(shape.B * shape.Hq, 1, S),
-                     out.unsqueeze(2))
+        parts = (o_part.view(shape.B * shape.Hq, 1, S, shape.D), lse.view(shape.B * shape.Hq, 1, S), out.unsqueeze(2))
+        if sinks is None:
+            merge_splits(*parts)
+        else:
+            merge_splits(*parts, sinks)
     return out
 
 
@@ -300,8 +315,10 @@ def compile_variants():
         out.append(CompileVariant(
             f"paged_decode {dt[1:]} split={split}", _paged_decode_kernel,
             {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "O_ptr": dt,
-             "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32"},
-            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d),
+             "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32", "Cap_ptr": "*fp32" if not acc64 else "*fp64",
+             "Sinks_ptr": "*fp32" if not acc64 else "*fp64"},
+            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+                 HAS_WINDOW=not split, HAS_SOFTCAP=not split, HAS_SINKS=not split),   # the options unsplit
             min_for_loops=1))
     out.append(CompileVariant("paged write fp16", _write_kv_kernel,
                               {"K_ptr": "*fp16", "V_ptr": "*fp16", "KC_ptr": "*fp16", "VC_ptr": "*fp16", "SLOT_ptr": "*i64"},

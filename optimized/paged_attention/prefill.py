@@ -9,7 +9,7 @@ is token r // BLOCK_H, head r % BLOCK_H, so the K/V tile is loaded once for the 
 decode token, q_len = 1, fills BLOCK_H rows). The host lists the tiles (sequence, first query)
 of the batch once per call, as FlashInfer's plan step does; the grid is splits x tiles x KV
 heads, 1-D. A program walks its sequence's blocks through the block table with the paged core
-it shares with the decode kernel (:func:`inference_conformance.optimized.attention.tiles.paged_kv_tile`: ``phys =
+it shares with the decode kernel (:func:`inference_conformance.optimized.paged_attention.kv_tile.paged_kv_tile`: ``phys =
 block_table[b, t // PAGE]``, slot ``t % PAGE``), causal with the bottom-right offset of the
 cached prefix: query i of a chunk of q_len tokens over seq_len cached ones is at position
 seq_len - q_len + i and sees the keys t <= that; keys past the tile's last visible position
@@ -31,7 +31,9 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
 from inference_conformance.conformance.device import triton_interpreted
-from inference_conformance.optimized.attention.tiles import fold_scale, log_sum_exp, merge_splits, paged_kv_tile
+from inference_conformance.optimized.attention.flash_decoding import option_args
+from inference_conformance.optimized.attention.tiles import fold_scale, log_sum_exp, merge_splits
+from inference_conformance.optimized.paged_attention.kv_tile import join_sinks, paged_kv_tile
 from inference_conformance.optimized.paged_attention.splits import tokens_per_split
 from inference_conformance.optimized.triton_shared import check_device, flat_grid, tile_loop
 
@@ -46,13 +48,17 @@ def _paged_prefill_kernel(
         stride_on, stride_oh, stride_od,
         stride_pn, stride_ph, stride_ps, stride_pd,
         stride_ln, stride_lh, stride_ls,
-        Hkv, D, GROUP, NUM_TILES, TOKENS_PER_SPLIT, NUM_SPLITS, scale,
+        Hkv, D, GROUP, NUM_TILES, TOKENS_PER_SPLIT, NUM_SPLITS, scale, WINDOW, Cap_ptr, Sinks_ptr,
         PAGE: tl.constexpr, SPLIT: tl.constexpr, ACC64: tl.constexpr,
-        BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr):
     """1-D grid of NUM_SPLITS · NUM_TILES · Hkv programs: program split + NUM_SPLITS · (tile +
     NUM_TILES · kvh). Tile ``tile`` is the BLOCK_Q query tokens from TQ0_ptr[tile] of sequence
     TSEQ_ptr[tile]; split s covers keys [s·TOKENS_PER_SPLIT, (s+1)·TOKENS_PER_SPLIT). Without
-    SPLIT writes out (N, Hq, D); with SPLIT writes o_s (N, Hq, S, D) and lse_s (N, Hq, S)."""
+    SPLIT writes out (N, Hq, D); with SPLIT writes o_s (N, Hq, S, D) and lse_s (N, Hq, S).
+    FA-8's options: HAS_WINDOW starts the tile at its first row's first visible key (row p sees
+    keys > p − WINDOW) and masks the band; the cap in the key tile; HAS_SINKS (unsplit) joins
+    Sinks_ptr[h] at the end, a split call leaves them to the merge."""
     BLOCK_M: tl.constexpr = BLOCK_Q * BLOCK_H
     pid = tl.program_id(0)
     split = pid % NUM_SPLITS
@@ -85,10 +91,16 @@ def _paged_prefill_kernel(
     start = split * TOKENS_PER_SPLIT
     last = prefix + tl.minimum(q0 + BLOCK_Q, q_len)                        # past the tile's last visible key
     end = tl.minimum(start + TOKENS_PER_SPLIT, last)
-    acc, m_i, l_i = tile_loop(state, (q, row_lim, BT_ptr + b * stride_btb, K_ptr + kvh * stride_kh,
-                                      V_ptr + kvh * stride_vh, end, offs_n, offs_d, d_mask, scale, stride_btm,
-                                      stride_kn, stride_ks, stride_kd, stride_vn, stride_vs, stride_vd),
-                              start, end, BLOCK_N, paged_kv_tile, (PAGE, True))
+    if HAS_WINDOW:     # keys before the tile's first row's window are never read
+        start = tl.maximum(start, tl.minimum(prefix + q0 - WINDOW + 1, end))
+    cap = tl.load(Cap_ptr).to(ACC)
+    acc, m_i, l_i = tile_loop(state, (q, row_lim, row_lim - WINDOW + 1, cap, BT_ptr + b * stride_btb,
+                                      K_ptr + kvh * stride_kh, V_ptr + kvh * stride_vh, end, offs_n, offs_d, d_mask,
+                                      scale, stride_btm, stride_kn, stride_ks, stride_kd, stride_vn, stride_vs,
+                                      stride_vd),
+                              start, end, BLOCK_N, paged_kv_tile, (PAGE, True, HAS_WINDOW, HAS_SOFTCAP))
+    if HAS_SINKS and not SPLIT:
+        acc, m_i, l_i = join_sinks(acc, m_i, l_i, Sinks_ptr, h, row_ok, ACC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
@@ -136,7 +148,8 @@ def plan_tiles(query_start_loc: torch.Tensor, block_q: int) -> tuple[torch.Tenso
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float,
-                  num_splits: int | None = None) -> torch.Tensor:
+                  num_splits: int | None = None, window: int | None = None, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The mixed batch (claim PA-8): q (N, Hq, D), sequence b's query tokens at rows
     query_start_loc[b] .. query_start_loc[b+1] - 1, the last of its seq_lens[b] cached tokens;
     k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks) int32;
@@ -145,13 +158,16 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     ``num_splits``: split each tile's keys into this many ranges (merged exactly; at most
     MAX_SPLITS); None chooses from the grid (several only for few tiles of long sequences).
+    ``window``, ``softcap``, ``sinks``: the contract's options (FA-8).
     Raises TypeError / ValueError as the contract's ``validate_prefill``, ValueError for a bad
     ``num_splits`` or CPU tensors without the interpreter.
     """
-    shape = validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    shape = validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, softcap,
+                             sinks)
     check_device(q, "q")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    win, cap, sinks = option_args(q, window, softcap, sinks)
     q, scale = fold_scale(q, scale)                                          # float64: scale into q
     N = q.shape[0]
     BLOCK_Q, BLOCK_H, BLOCK_N, BLOCK_D = _tiles(q.dtype, shape.group, shape.D)
@@ -174,11 +190,16 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out, o_part, lse,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
         query_start_loc.stride(0), *out.stride(), *o_part.stride(), *lse.stride(),
-        shape.Hkv, shape.D, shape.group, tiles, per, S, scale,
+        shape.Hkv, shape.D, shape.group, tiles, per, S, scale, win, cap, cap if sinks is None else sinks,
         PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
-        BLOCK_Q=BLOCK_Q, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
+        BLOCK_Q=BLOCK_Q, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None)
     if S > 1:   # the split-KV merge, each query token a row: (N·Hq, 1, S, D)
-        merge_splits(o_part.view(N * shape.Hq, 1, S, shape.D), lse.view(N * shape.Hq, 1, S), out.unsqueeze(2))
+        parts = (o_part.view(N * shape.Hq, 1, S, shape.D), lse.view(N * shape.Hq, 1, S), out.unsqueeze(2))
+        if sinks is None:
+            merge_splits(*parts)
+        else:
+            merge_splits(*parts, sinks)
     return out
 
 
@@ -194,8 +215,9 @@ def compile_variants():
             f"paged_prefill {dt[1:]} split={split}", _paged_prefill_kernel,
             {"Q_ptr": dt, "K_ptr": dt, "V_ptr": dt, "BT_ptr": "*i32", "LENS_ptr": "*i32", "QSL_ptr": "*i32",
              "TSEQ_ptr": "*i32", "TQ0_ptr": "*i32", "O_ptr": dt, "OP_ptr": "*fp32", "LSE_ptr": "*fp64",
-             "scale": "fp32"},
-            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_Q=bq, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=bd), min_for_loops=1))
+             "scale": "fp32", "Cap_ptr": "*fp64" if acc64 else "*fp32", "Sinks_ptr": "*fp64" if acc64 else "*fp32"},
+            dict(PAGE=16, SPLIT=split, ACC64=acc64, BLOCK_Q=bq, BLOCK_H=bh, BLOCK_N=bn, BLOCK_D=bd,
+                 HAS_WINDOW=not split, HAS_SOFTCAP=not split, HAS_SINKS=not split), min_for_loops=1))
     return out
 
 

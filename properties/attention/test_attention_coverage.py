@@ -1,7 +1,7 @@
 """The laws reach the boundary classes of the attention kernels under the ``ci`` profile.
 
-The float64 reference (taking FA-7's ``num_splits`` too) runs FA-3's law (float64 and bfloat16)
-and FA-7's law; every class of the contract's coverage table
+The float64 reference (taking FA-7's ``num_splits`` and FA-8's options too) runs FA-3's law
+(float64 and bfloat16), FA-7's law and FA-8's; every class of the contract's coverage table
 (``inference_conformance.conformance.contracts.attention.COVERAGE``) must be reached by one of the calls the runs
 observed (``Run.observations``) or the production shapes made. Removing a pinned boundary case
 makes this test fail. The kernel configurations a dispatcher can choose (the autotuned 16-bit
@@ -17,6 +17,7 @@ import torch
 
 from inference_conformance.conformance.contracts.attention import COVERAGE
 from inference_conformance.conformance.registry import Implementation
+from inference_conformance.properties.attention.feature_cases import FA8
 from inference_conformance.properties.attention.cases import (
     FA3,
     FA7,
@@ -30,9 +31,9 @@ from inference_conformance.properties.strategies import KernelLaunchCapture
 from inference_conformance.reference import attention as ref
 
 
-def reference_with_splits(q, k, v, *, causal, scale, num_splits=None):
-    """The float64 reference attention, taking (and ignoring) FA-7's ``num_splits``."""
-    return ref.attention(q, k, v, causal=causal, scale=scale)
+def reference_with_splits(q, k, v, *, causal, scale, num_splits=None, **options):
+    """The float64 reference attention with FA-8's options, taking (and ignoring) FA-7's ``num_splits``."""
+    return ref.attention(q, k, v, causal=causal, scale=scale, **options)
 
 
 def record_laws() -> dict[str, list[dict]]:
@@ -41,7 +42,8 @@ def record_laws() -> dict[str, list[dict]]:
     impl = Implementation("attention", "reference_with_splits", f"{__name__}:reference_with_splits", "outside",
                           types.SimpleNamespace(attention=reference_with_splits), ("attention",))
     calls = {FA3.name: [o for dtype in (torch.float64, torch.bfloat16) for o in FA3(impl, "cpu", dtype).observations],
-             FA7.name: FA7(impl, "cpu", torch.float64).observations, "production": []}
+             FA7.name: FA7(impl, "cpu", torch.float64).observations,
+             FA8.name: FA8(impl, "cpu", torch.float64).observations, "production": []}
     for dtype in (torch.float32, torch.bfloat16):
         for case in PRODUCTION_CASES.values():
             q, k, _ = make_inputs(case, 17, dtype, "cpu")

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from inference_conformance.conformance.contracts.attention import causal_mask, validate
+from inference_conformance.conformance.contracts.attention import causal_mask, validate, window_mask
 from inference_conformance.reference.attention import masked_attention, softmax_textbook
 
 
@@ -262,6 +262,85 @@ def additive_mask_leaks_nan(q, k, v, *, causal, scale):
     return (torch.softmax(s, dim=-1) @ vf).to(q.dtype)
 
 
+# ------------------------------------------- FA-8: the options (window, softcap, sinks) wrong
+#: Tiles of :func:`window_skips_wrong_tile` (the interpreter's 16 x 32).
+WIN_BLOCK_M, WIN_BLOCK_N = 16, 32
+
+
+def _options_attend(q, k, v, *, causal, scale, window, softcap, sinks, mask=None, cap=None, splits=1):
+    """Attention with the contract's options in float64 (float32 for other inputs), with the
+    bug's ``mask`` (Tq, Tk) or capped ``cap(s, mask)`` scores, or, with ``splits`` > 1, the
+    sinks joined to every split's softmax before a correct merge. Returns q's dtype."""
+    shape = validate(q, k, v, causal, scale, window, softcap, sinks)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kf = k.to(acc).repeat_interleave(shape.group, dim=1)
+    vf = v.to(acc).repeat_interleave(shape.group, dim=1)
+    s = (q.to(acc) @ kf.transpose(-1, -2)) * scale                      # (B, Hq, Tq, Tk)
+    if mask is None:
+        mask = window_mask(shape.Tq, shape.Tk, window, q.device) if causal else torch.ones_like(s, dtype=torch.bool)
+    if cap is not None:
+        s = cap(s, mask)
+    elif softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~mask, -math.inf)
+    sink = (sinks.to(acc)[None, :, None, None] if sinks is not None
+            else torch.full((1, shape.Hq, 1, 1), -math.inf, dtype=acc, device=q.device))
+    bounds = torch.linspace(0, shape.Tk, min(splits, shape.Tk) + 1).round().long().tolist()
+    parts = []
+    for j0, j1 in zip(bounds[:-1], bounds[1:]):     # each split's softmax over its keys and the sink
+        sj = s[..., j0:j1]
+        lse = torch.logaddexp(torch.logsumexp(sj, dim=-1, keepdim=True), sink)   # (B, Hq, Tq, 1)
+        parts.append((torch.exp(sj - lse) @ vf[:, :, j0:j1], lse))
+    lses = torch.stack([lse for _, lse in parts])
+    w = torch.exp(lses - torch.logsumexp(lses, dim=0))                  # the merge's exact weights
+    return sum(w[i] * o for i, (o, _) in enumerate(parts)).to(q.dtype)
+
+
+def _tile_late_window(Tq, Tk, window, device):
+    """The window mask with each query tile's first key tile rounded up instead of down: keys
+    of the window in the tile before the rounded start are skipped (off by one tile)."""
+    m = window_mask(Tq, Tk, window, device)
+    if window is None:
+        return m
+    row0 = (torch.arange(Tq, device=device) // WIN_BLOCK_M) * WIN_BLOCK_M       # the tile's first row
+    first = (row0 + (Tk - Tq) - window + 1).clamp_min(0)
+    lo = -(-first // WIN_BLOCK_N) * WIN_BLOCK_N                                  # BUG: ceil, not floor
+    return m & (torch.arange(Tk, device=device)[None, :] >= lo[:, None])
+
+
+def window_skips_wrong_tile(q, k, v, *, causal, scale, window=None, softcap=None, sinks=None):
+    """A window kernel that starts each query tile at the key tile after the one holding its
+    first visible key (cdiv instead of floor, tiles 16 x 32): right when the window starts on a
+    tile edge, blind to up to 31 visible keys otherwise."""
+    m = _tile_late_window(q.shape[2], k.shape[2], window, q.device) if causal else None
+    return _options_attend(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks, mask=m)
+
+
+def softcap_after_max(q, k, v, *, causal, scale, window=None, softcap=None, sinks=None):
+    """The cap applied after the row maximum is subtracted: c·tanh((s − m)/c) instead of
+    c·tanh(s/c) − max: the far keys saturate at −c and keep weight exp(−c)."""
+    def cap(s, mask):
+        if softcap is None:
+            return s
+        m = s.masked_fill(~mask, -math.inf).amax(dim=-1, keepdim=True)
+        return softcap * torch.tanh((s - m) / softcap)
+    return _options_attend(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks, cap=cap)
+
+
+def sinks_dropped_in_merge(q, k, v, *, causal, scale, window=None, softcap=None, sinks=None):
+    """A split-KV merge that forgets the sinks: right without sinks, every row's denominator
+    short of exp(sink) with them."""
+    validate(q, k, v, causal, scale, window, softcap, sinks)
+    return _options_attend(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=None)
+
+
+def sinks_once_per_split(q, k, v, *, causal, scale, window=None, softcap=None, sinks=None):
+    """Split-KV (2 splits) whose partials each put the sink in their own softmax: the merged
+    denominator counts exp(sink) twice."""
+    return _options_attend(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                           splits=2)
+
+
 def implementations():
     """The known-bad attention implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
@@ -286,4 +365,8 @@ def implementations():
         known_bad("attention", "scale_rounded_to_float32", scale_rounded_to_float32),
         known_bad("attention", "stale_running_max", stale_running_max),
         known_bad("attention", "scale_folded_in_16bit", scale_folded_in_16bit),
+        known_bad("attention", "window_skips_wrong_tile", window_skips_wrong_tile),
+        known_bad("attention", "softcap_after_max", softcap_after_max),
+        known_bad("attention", "sinks_dropped_in_merge", sinks_dropped_in_merge),
+        known_bad("attention", "sinks_once_per_split", sinks_once_per_split),
     )

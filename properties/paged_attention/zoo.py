@@ -186,6 +186,41 @@ def last_chunk_as_c(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                     positions=lambda n, m, C: torch.arange(n - C, n - C + m))
 
 
+# ------------------------------------------------------------ FA-8: the options in the paged kernels
+def paged_sinks_dropped_in_merge(q, k_cache, v_cache, block_table, seq_lens, *, scale, window=None, softcap=None,
+                                 sinks=None):
+    """A paged decode whose split-KV merge forgets the sinks (window and cap right)."""
+    from inference_conformance.reference.paged_attention import paged_attention
+
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
+    return paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale=scale, window=window, softcap=softcap)
+
+
+def prefill_window_from_chunk_start(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale,
+                                    window=None, softcap=None, sinks=None):
+    """A mixed batch whose window is measured from the chunk's start: query i of a chunk sees
+    keys t > i − W instead of t > prefix + i − W (the causal edge right): right for a whole
+    prompt, too many prefix keys for a chunk after a cached prefix or a decode token."""
+    from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
+    from inference_conformance.reference.attention import masked_attention
+    from inference_conformance.reference.paged_attention import gather
+
+    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, softcap, sinks)
+    loc = query_start_loc.tolist()
+    out = torch.empty_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        m = loc[b + 1] - loc[b]
+        k, v = (gather(c, block_table[b], n).to(torch.float64) for c in (k_cache, v_cache))
+        i, t = torch.arange(m, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
+        mask = t <= n - m + i
+        if window is not None:
+            mask = mask & (t > i - window)                             # BUG: the prefix's offset forgotten
+        o = masked_attention(q[loc[b]:loc[b + 1]].to(torch.float64).transpose(0, 1), k, v, scale=scale, mask=mask,
+                             softcap=softcap, sinks=None if sinks is None else sinks.to(torch.float64))
+        out[loc[b]:loc[b + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
 def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
     """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
     failure's first line, recorded as the test's rejection (the failing comparison inside is the
@@ -326,4 +361,7 @@ def implementations():
                   bug="a chunk's causal offset counted from 0 instead of from its cached prefix"),
         known_bad("paged_attention", "last_chunk_as_c", _with_prefill(last_chunk_as_c),
                   bug="the last chunk's (and a decode token's) length taken as the chunk size C"),
+        known_bad("paged_attention", "paged_sinks_dropped_in_merge", paged_sinks_dropped_in_merge),
+        known_bad("paged_attention", "prefill_window_from_chunk_start", _with_prefill(prefill_window_from_chunk_start),
+                  bug="a chunk's window measured from the chunk's start instead of from its position"),
     )

@@ -42,35 +42,42 @@ def gather(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> 
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_table: torch.Tensor, seq_lens: torch.Tensor, *, scale: float) -> torch.Tensor:
+                    block_table: torch.Tensor, seq_lens: torch.Tensor, *, scale: float, window: int | None = None,
+                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The "reference" implementation of the paged_attention contract: for each sequence,
     gather its K and V into a contiguous cache (:func:`gather`) and call the reference
-    attention (float64, non-causal: the decode query sees every cached token).
+    attention (float64, non-causal: the decode query sees every cached token; with a window,
+    causal: the last query of its sequence sees the last W tokens). The options (FA-8) as the
+    attention reference applies them.
 
     q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks)
     int32; seq_lens (B,) int32. Returns (B, Hq, D) in q's dtype. Raises as the contract's
     ``validate``.
     """
-    shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale)
+    shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
     lens = seq_lens.to("cpu", torch.int64).tolist()
     out = torch.empty(shape.B, shape.Hq, shape.D, dtype=q.dtype, device=q.device)
     for b, n in enumerate(lens):
         k = gather(k_cache, block_table[b], n)[None]                        # (1, Hkv, n, D)
         v = gather(v_cache, block_table[b], n)[None]
-        out[b] = attention(q[b][None, :, None, :], k, v, causal=False, scale=scale)[0, :, 0]
+        out[b] = attention(q[b][None, :, None, :], k, v, causal=window is not None, scale=scale, window=window,
+                           softcap=softcap, sinks=sinks)[0, :, 0]
     return out
 
 
-def chunk_mask(seq_len: int, q_len: int, device=None) -> torch.Tensor:
+def chunk_mask(seq_len: int, q_len: int, device=None, window: int | None = None) -> torch.Tensor:
     """The causal mask of a chunk of ``q_len`` query tokens that are the last of ``seq_len``
     cached tokens, (q_len, seq_len) bool: query i (position seq_len - q_len + i, the offset of
-    the cached prefix) sees the keys t <= that position (bottom-right aligned)."""
+    the cached prefix) sees the keys t <= that position (bottom-right aligned); with a
+    ``window`` W only those t > position - W (FA-8)."""
     pos = torch.arange(seq_len - q_len, seq_len, device=device)
-    return torch.arange(seq_len, device=device)[None, :] <= pos[:, None]
+    t = torch.arange(seq_len, device=device)[None, :]
+    return (t <= pos[:, None]) & (t > pos[:, None] - (window if window is not None else seq_len))
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                  seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float) -> torch.Tensor:
+                  seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float, window: int | None = None,
+                  softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The reference mixed batch of the contract's ``paged_prefill`` (claim PA-8): for each
     sequence, gather its K and V (:func:`gather`) and attend its chunk's queries through
     :func:`inference_conformance.reference.attention.masked_attention` with the chunk's causal mask (:func:`chunk_mask`),
@@ -79,9 +86,10 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     q (N, Hq, D), the query tokens of all sequences, sequence b's at rows query_start_loc[b] ..
     query_start_loc[b+1] - 1; k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table
     (B, max_blocks) int32; seq_lens (B,) int32 (the chunk included); query_start_loc (B + 1,)
-    int32. Returns (N, Hq, D) in q's dtype. Raises as the contract's ``validate_prefill``.
+    int32. Returns (N, Hq, D) in q's dtype; the options (FA-8) as the attention reference
+    applies them. Raises as the contract's ``validate_prefill``.
     """
-    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, softcap, sinks)
     lens = seq_lens.to("cpu", torch.int64).tolist()
     loc = query_start_loc.to("cpu", torch.int64).tolist()
     out = torch.empty_like(q)
@@ -90,7 +98,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         k = gather(k_cache, block_table[b], n).to(torch.float64)          # (Hkv, n, D)
         v = gather(v_cache, block_table[b], n).to(torch.float64)
         qb = q[q0:q1].to(torch.float64).transpose(0, 1)                    # (Hq, q_len, D)
-        o = masked_attention(qb, k, v, scale=scale, mask=chunk_mask(n, q1 - q0, q.device))   # (Hq, q_len, D)
+        o = masked_attention(qb, k, v, scale=scale, mask=chunk_mask(n, q1 - q0, q.device, window), softcap=softcap,
+                             sinks=None if sinks is None else sinks.to(torch.float64))   # (Hq, q_len, D)
         out[q0:q1] = o.transpose(0, 1).to(q.dtype)
     return out
 
