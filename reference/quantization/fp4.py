@@ -17,7 +17,7 @@ How each format picks its block scale (amax = max |w| over the block):
 Each value w / s (float64) goes to the nearest of E2M1's 15 values (:func:`e2m1_round`, by
 distance to every grid value: ties to the code whose mantissa bit is 0, saturating at ±6 as the
 nearest value past 6); codes ``S EE M`` packed two per byte, the even k in the low nibble
-(:func:`inference_conformance.reference.quantization.pack` at 4 bits). dequantize: code value
+(:func:`pack_nibbles`, the 4-bit layout of the integer schemes). dequantize: code value
 x s in float64, rounded once to w's dtype.
 """
 from __future__ import annotations
@@ -31,11 +31,23 @@ import torch
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
 from inference_conformance.conformance.contracts.quantization_fp4 import (
     E2M1_EMAX, E2M1_GRID, E2M1_MAX, E4M3_MAX, E8M0_BIAS, E8M0_EMAX, E8M0_EMIN, fp4_format)
-from inference_conformance.reference.quantization import pack, unpack
 from inference_conformance.reference.quantization.fp8 import fp8_cast
 
 #: E2M1's 16 codes' values (code 8 is -0).
 E2M1_VALUES = torch.tensor(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=torch.float64)
+
+
+def pack_nibbles(u: torch.Tensor) -> torch.Tensor:
+    """Codes (R, L) in 0..15 -> (R, ceil(L / 2)) uint8: element 2i in the low nibble of byte i,
+    2i + 1 in the high one (odd L: the last high nibble is 0)."""
+    u = torch.nn.functional.pad(u.to(torch.int64), (0, u.shape[1] % 2))
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).to(torch.uint8)
+
+
+def unpack_nibbles(packed: torch.Tensor, L: int) -> torch.Tensor:
+    """Inverse of :func:`pack_nibbles`: (R, ceil(L / 2)) uint8 -> (R, L) int64."""
+    p = packed.to(torch.int64)
+    return torch.stack((p & 15, p >> 4), dim=-1).reshape(p.shape[0], -1)[:, :L]
 
 
 def e4m3_value(code: int) -> float:
@@ -55,9 +67,11 @@ E4M3_POSITIVE = [e4m3_value(c) for c in range(127)]
 def e2m1_round(q: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (int64, q's shape) of q (float64, in units of the block scale): the nearest
     of the 15 values; at equal distance the code with mantissa bit 0 (ties to even); past ±6
-    the nearest is ±6 (saturation). NaN is not an input (the contract's w is finite)."""
+    the nearest is ±6 (saturation: q is clamped to ±6 first, as the distances to a q of 1e300
+    would all round to one float64). NaN is not an input (the contract's w is finite)."""
     codes = torch.tensor([c for c in range(16) if c != 8])                 # one zero
-    d = (q.to(torch.float64)[..., None] - E2M1_VALUES[codes]).abs()        # (..., 15), exact
+    q = q.to(torch.float64).clamp(-E2M1_MAX, E2M1_MAX)
+    d = (q[..., None] - E2M1_VALUES[codes]).abs()                          # (..., 15), exact
     best = d.min(dim=-1, keepdim=True).values
     even = (codes & 1) == 0
     pick = torch.where((d == best) & even, 0, torch.where(d == best, 1, 2))  # nearest, even first
@@ -118,7 +132,7 @@ def quantize_fp4(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> FP4Wei
         if s > 0:
             u[i] = e2m1_round(v / s)
     rows = 1 if granularity == "tensor" else N
-    return FP4Weight(pack(u.reshape(N, K), 4).to(w.device), sc.reshape(rows, -1).to(torch.uint8).to(w.device),
+    return FP4Weight(pack_nibbles(u.reshape(N, K)).to(w.device), sc.reshape(rows, -1).to(torch.uint8).to(w.device),
                      st, f.name, granularity, g, N, K, w.dtype)
 
 
@@ -142,7 +156,7 @@ def element_scales(qw: FP4Weight) -> torch.Tensor:
 def dequantize64(qw: FP4Weight) -> torch.Tensor:
     """(N, K) float64 on the CPU: code value x scale (exact)."""
     qw = _check_fp4(qw)
-    return E2M1_VALUES[unpack(qw.codes.cpu(), 4, qw.K)] * element_scales(qw)
+    return E2M1_VALUES[unpack_nibbles(qw.codes.cpu(), qw.K)] * element_scales(qw)
 
 
 def dequantize_fp4(qw: FP4Weight) -> torch.Tensor:
