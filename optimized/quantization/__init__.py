@@ -162,6 +162,7 @@ def implementations():
     from inference_conformance.conformance.registry import builtin
     from inference_conformance.optimized.quantization import outside_torchao
     from inference_conformance.optimized.quantization import outside as oq
+    from inference_conformance.optimized.quantization import outside_fp4 as ofp4
     from inference_conformance.optimized.quantization import matmul as quant_matmul
     from inference_conformance.optimized.quantization.fp8 import FP8_E4M3, FP8_E5M2, TRITON_FP8_E4M3, TRITON_FP8_E5M2
     from inference_conformance.optimized.quantization.fp4 import MXFP4, NVFP4, TRITON_MXFP4, TRITON_NVFP4
@@ -181,6 +182,8 @@ def implementations():
         builtin("quantization", "triton_nvfp4", TRITON_NVFP4, kernel_modules=(quant_matmul,)),
         builtin("quantization", "torchao_int8", outside_torchao.torchao_int8, needs="torchao", adapter=True),
         builtin("quantization", "torchao_intx", outside_torchao.torchao_intx, needs="torchao", adapter=True),
+        builtin("quantization", "torchao_mxfp4", ofp4.torchao_mxfp4, needs="torchao", adapter=True),
+        builtin("quantization", "torchao_nvfp4", ofp4.torchao_nvfp4, needs="torchao", adapter=True),
         # CPU libraries (optimized/quantization/outside.py; requirements/peers-libs.txt, tox -e peers-libs)
         builtin("quantization", "bnb_int8", oq.bnb_int8, needs="bitsandbytes", adapter=True, peer="libs"),
         builtin("quantization", "compressed_tensors", oq.ct, needs="compressed_tensors", adapter=True, peer="libs"),
@@ -189,4 +192,5 @@ def implementations():
         builtin("quantization", "quanto_intx", oq.quanto_intx, needs="optimum.quanto", adapter=True, peer="libs"),
         builtin("quantization", "gguf_q8_0", oq.gguf_q8_0, needs="gguf", adapter=True, peer="libs"),
         builtin("quantization", "gguf_q4_0", oq.gguf_q4_0, needs="gguf", adapter=True, peer="libs"),
+        builtin("quantization", "gguf_mxfp4", ofp4.gguf_mxfp4, needs="gguf", adapter=True, peer="libs"),
     )

@@ -93,6 +93,7 @@ FP4_EXAMPLES = pinned((
     (QCase(2, 33, 4, "channel", ("normal", "pos"), M=17), 3),                                 # odd K
     (QCase(1, 16, 4, "tensor", ("ties",), M=16), 4),
     (QCase(2, 6, 4, 1, ("ties", "subnormal", "ties"), M=2), 5),                               # a scale per element
+    (QCase(1, 16, 4, 16, ("zero",), M=1), 6),                                                 # an all-zero weight
 ))
 
 
@@ -239,3 +240,28 @@ def test_qt13_nll_with_fp4_weights_beside_int4_and_fp8():
     fp4 = list(rows)[:2]
     assert all(abs(nll[k] / base - 1) <= 0.01 for k in fp4), {k: nll[k] / base - 1 for k in fp4}
     assert f8 < nv < mx, err
+
+
+@pytest.mark.claim("QT-13")
+@pytest.mark.parametrize("library", ["gguf", "torchao"])
+def test_qt13_outside_deviations(library):
+    """What QT-13's exact comparison finds in the outside FP4 formats (where the library is
+    installed; ``optimized/quantization/outside_fp4.py``): gguf-py's MXFP4 sends ties to the
+    smaller magnitude (0.75 s -> 0.5 s, 1.75 s -> 1.5 s) and takes floor(log2 amax) in float32,
+    where log2 of a value just below 2^k rounds up to k (the exponent one too large: 2^126 for
+    max|w| = (2 - 2^-23) 2^125, whose contract value is 6 * 2^123); torchao's NVFP4 returns NaN
+    for an all-zero weight (its tensor scale is 0)."""
+    pytest.importorskip(library)
+    from inference_conformance.optimized.quantization import outside_fp4 as ofp4
+
+    if library == "gguf":
+        w = torch.zeros(1, 32)
+        w[0, :4] = torch.tensor([6.0, 0.75, 1.75, 2.5])
+        d = ofp4.gguf_mxfp4.dequantize(ofp4.gguf_mxfp4.quantize(w, bits=4, granularity=32))
+        assert d[0, 1:4].tolist() == [0.5, 1.5, 2.0], d[0, :4]                   # nearest even: 1, 2, 2
+        w[0, 0] = torch.finfo(torch.float32).max / 4
+        d = ofp4.gguf_mxfp4.dequantize(ofp4.gguf_mxfp4.quantize(w, bits=4, granularity=32))
+        assert d[0, 0].item() == 2.0 ** 126, d[0, 0]
+    else:
+        z = torch.zeros(2, 16)
+        assert bool(torch.isnan(ofp4.torchao_nvfp4.dequantize(ofp4.torchao_nvfp4.quantize(z, bits=4, granularity=16))).all())
