@@ -16,6 +16,7 @@ saturation). NVFP4's E4M3 block scale is rounded on E4M3's grid in float64 (the 
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -51,7 +52,9 @@ class PackedFP4:
     """The FP4 weight: ``codes`` (N, ceil(K / 2)) uint8 (two E2M1 codes a byte, even k low),
     ``scale_codes`` (N or 1, blocks) uint8 (MXFP4: E8M0, exponent + 127; NVFP4: the E4M3fn byte
     of the block scale), ``tensor_scale`` float32 () (NVFP4's s_t; 1 for MXFP4), ``fmt``,
-    ``granularity``, ``group_size`` (the block along K), ``N``, ``K``, ``dtype`` (w's)."""
+    ``granularity``, ``group_size`` (the block along K), ``N``, ``K``, ``dtype`` (w's);
+    ``kernel_scales`` (N or 1, blocks) float32, s_b * s_t rounded once, what the Triton kernel
+    reads (computed at quantize; None: computed from the codes when needed)."""
 
     codes: torch.Tensor
     scale_codes: torch.Tensor
@@ -62,6 +65,7 @@ class PackedFP4:
     N: int
     K: int
     dtype: torch.dtype
+    kernel_scales: torch.Tensor | None = None
 
     def block_scales(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(N or 1, blocks) in ``dtype``: the stored block scale times the tensor scale (float64:
@@ -100,7 +104,8 @@ def quantize_fp4(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> Packed
         scale_codes = sb.to(torch.float32).to(torch.float8_e4m3fn).view(torch.uint8)   # exact: sb on the grid
     q = torch.where(s[..., None] > 0, grp / torch.where(s > 0, s, 1.0)[..., None], 0.0)
     codes = pack(e2m1_codes(q).reshape(N, K), 4)
-    return PackedFP4(codes, scale_codes, st, f.name, granularity, shape.group_size, N, K, w.dtype)
+    qw = PackedFP4(codes, scale_codes, st, f.name, granularity, shape.group_size, N, K, w.dtype)
+    return dataclasses.replace(qw, kernel_scales=qw.block_scales(torch.float32))
 
 
 def check_fp4(qw) -> PackedFP4:
@@ -159,7 +164,8 @@ class TritonFP4Scheme:
 
         qw = check_fp4(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
-        return quant_matmul(x, qw.codes, qw.block_scales(torch.float32), None, bits=4, group_size=qw.group_size,
+        s = qw.kernel_scales if qw.kernel_scales is not None else qw.block_scales(torch.float32)
+        return quant_matmul(x, qw.codes, s, None, bits=4, group_size=qw.group_size,
                             N=qw.N, K=qw.K, number_format="fp4_e2m1")
 
     def __repr__(self) -> str:

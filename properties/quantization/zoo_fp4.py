@@ -44,7 +44,7 @@ class _BadFP4:
                 grp = w.detach().double().reshape(sc.shape[0] * sc.shape[1], -1)
                 m, _ = torch.frexp(grp.abs().amax(dim=-1))
                 sc = torch.where((m > 0.5).reshape(sc.shape), (sc.int() + 1).clamp(max=254), sc.int()).to(torch.uint8)
-            qw = dataclasses.replace(qw, scale_codes=sc)
+            qw = dataclasses.replace(qw, scale_codes=sc, kernel_scales=None)
             s = quant_fp4.element_scales(qw)
             q = torch.where(s > 0, w.double() / torch.where(s > 0, s, 1.0), 0.0)
             codes = _codes_ties_away(q) if self.ties_away else quant_fp4.e2m1_codes(q)
