@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sys
+import types
 
 import torch
 
@@ -117,8 +117,12 @@ def matmul(x: torch.Tensor, qw: PackedWeight) -> torch.Tensor:
     return x @ dequantize(qw).T
 
 
-SYMMETRIC = Scheme(True, sys.modules[__name__])
-ASYMMETRIC = Scheme(False, sys.modules[__name__])
+#: This module's functions for :class:`Scheme`, held apart from the module: importing the submodule
+#: ``matmul`` (the Triton kernel) sets the package's attribute ``matmul`` to that module, which
+#: would shadow the function of the same name.
+OPS = types.SimpleNamespace(__name__=__name__, quantize=quantize, dequantize=dequantize, matmul=matmul)
+SYMMETRIC = Scheme(True, OPS)
+ASYMMETRIC = Scheme(False, OPS)
 
 
 class TritonScheme:

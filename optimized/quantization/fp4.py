@@ -143,7 +143,8 @@ class TritonFP4Scheme:
     :func:`quantize_fp4`, matmul by the Triton kernels of
     :func:`inference_conformance.optimized.quantization.matmul.quant_matmul` with number_format
     "fp4_e2m1" (each nibble decoded to its E2M1 value in registers, times the block's float32
-    scale s_b * s_t). Refuses float64 weights (NotImplementedError) after validating the call."""
+    scale s_b * s_t). quantize and dequantize take float64 weights (they are the torch scheme's);
+    matmul refuses float64 (NotImplementedError, no float64 ``tl.dot``) after validating x."""
 
     symmetric = True
 
@@ -151,10 +152,7 @@ class TritonFP4Scheme:
         self.number_format = fp4_format(fmt).name
 
     def quantize(self, w, *, bits, granularity):
-        qw = quantize_fp4(w, bits=bits, granularity=granularity, fmt=self.number_format)
-        if qw.dtype == torch.float64:
-            raise NotImplementedError("the Triton quantized matmul has no float64 path (float32 scales)")
-        return qw
+        return quantize_fp4(w, bits=bits, granularity=granularity, fmt=self.number_format)
 
     def dequantize(self, qw):
         return dequantize_fp4(qw)
@@ -164,6 +162,8 @@ class TritonFP4Scheme:
 
         qw = check_fp4(qw)
         validate_matmul(x, K=qw.K, dtype=qw.dtype, device=qw.codes.device)
+        if x.dtype == torch.float64:
+            raise NotImplementedError("the Triton quantized matmul has no float64 path (no float64 tl.dot)")
         s = qw.kernel_scales if qw.kernel_scales is not None else qw.block_scales(torch.float32)
         return quant_matmul(x, qw.codes, s, None, bits=4, group_size=qw.group_size,
                             N=qw.N, K=qw.K, number_format="fp4_e2m1")

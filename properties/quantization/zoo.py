@@ -54,7 +54,7 @@ class _IgnoresGIdx:
         return quant_torch.dequantize(dataclasses.replace(qw, g_idx=None))
 
     def matmul(self, x, qw):
-        return quant_torch.matmul(x, dataclasses.replace(quant_torch.check_packed(qw), g_idx=None))
+        return quant_torch.OPS.matmul(x, dataclasses.replace(quant_torch.check_packed(qw), g_idx=None))
 
 
 g_idx_ignored = _IgnoresGIdx()
@@ -254,7 +254,7 @@ class _FinerGroups:
         return quant_torch.dequantize(qw)
 
     def matmul(self, x, qw):
-        return quant_torch.matmul(x, qw)
+        return quant_torch.OPS.matmul(x, qw)
 
 
 finer_groups = _FinerGroups()
