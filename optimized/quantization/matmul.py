@@ -340,8 +340,9 @@ def compile_variants():
 
 
 def smoke_calls(device: str):
-    """int4 in groups of 32 at M = 1 (the decode launch) in bfloat16 and int8 per channel at M = 20
-    (tiled) in float32, judged by the contract's quant-matmul rule."""
+    """int4 in groups of 32 at M = 1 (the decode launch) in bfloat16, int8 per channel at M = 20
+    (tiled) in float32, FP8 E4M3 and FP4 (MXFP4 at M = 1, NVFP4 at M = 20), judged by the
+    contract's quant-matmul rule."""
     from inference_conformance.optimized.triton_shared import SmokeCall
 
     def quant(bits, granularity, dtype, M):
@@ -376,6 +377,23 @@ def smoke_calls(device: str):
             return tolerance.check_close(out, x.double() @ (qw.values * qw.scales).T, out_pt=x @ d.T,
                                          rule="quant-matmul")
         return run
+    def fp4(fmt, M):   # QT-13: E2M1 nibbles decoded in registers, MXFP4 blocks of 32 / NVFP4 of 16
+        def run():
+            from inference_conformance.conformance import tolerance
+            from inference_conformance.reference.quantization.fp4 import dequantize_fp4, element_scales, quantize_fp4
+
+            g = torch.Generator().manual_seed(0)
+            w, x = torch.randn(40, 96, generator=g), torch.randn(M, 96, generator=g)
+            w, x = w.to(device, torch.bfloat16), x.to(device, torch.bfloat16)
+            qw = quantize_fp4(w, bits=4, granularity=32 if fmt == "mxfp4" else 16, fmt=fmt)
+            scales = element_scales(qw)[:, ::qw.group_size].float().to(device)        # (N, blocks): s_b * s_t
+            out = quant_matmul(x, qw.codes, scales, None, bits=4, group_size=qw.group_size, N=40, K=96,
+                               number_format="fp4_e2m1")
+            d = dequantize_fp4(qw)
+            return tolerance.check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul")
+        return run
     return [SmokeCall("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
             SmokeCall("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20)),
-            SmokeCall("quant_matmul bfloat16 fp8 e4m3 per channel M=1", fp8(1))]
+            SmokeCall("quant_matmul bfloat16 fp8 e4m3 per channel M=1", fp8(1)),
+            SmokeCall("quant_matmul bfloat16 mxfp4 M=1", fp4("mxfp4", 1)),
+            SmokeCall("quant_matmul bfloat16 nvfp4 M=20", fp4("nvfp4", 20))]
