@@ -246,3 +246,44 @@ def test_bench_fp8_matmul(benchmark, device, backend, scheme):
                        number_format=getattr(impl, "number_format", "int"), flops=2.0 * M * N * K, bytes=nbytes,
                        median_s=t, dense_median_s=t_dense, speedup_vs_bf16=t_dense / t)
     benchmark.pedantic(run, rounds=repeats, warmup_rounds=0)
+
+
+@pytest.mark.claim("QT-13")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bench_fp4_matmul(benchmark, device, backend):
+    """Weight-only FP4 (MXFP4 blocks of 32, NVFP4 blocks of 16) beside int4 absmax g128, at M = 1
+    on the first shape of the device, in one test so that the ratios share a run: the Triton
+    kernel (E2M1 nibbles decoded in registers; GPU only) and the torch path (dequantize, then
+    torch.matmul). extra_info: each median, ``bytes`` each call reads (FP4: the codes and the
+    float32 block scales s_b * s_t the kernel reads, 4 bytes a block where the formats store 1),
+    ``ratio_vs_int4_g128`` = int4's median / each FP4 median (above 1: FP4 faster) and
+    ``speedup_vs_bf16``. Absolute times and ratios mean something on a GPU only."""
+    if backend == "triton" and device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
+    from inference_conformance.optimized import quantization as quant_torch
+    from inference_conformance.optimized.quantization import fp4 as quant_fp4
+
+    N, K = SHAPES[device][0]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    w = randn((N, K), 0, dtype=dtype, device=device, scale=0.05)
+    x = randn((1, K), 1, dtype=dtype, device=device)
+    tri = backend == "triton"
+    schemes = {"int4_g128": (quant_torch.TRITON_SYMMETRIC if tri else quant_torch.SYMMETRIC, 128),
+               "mxfp4": (quant_fp4.TRITON_MXFP4 if tri else quant_fp4.MXFP4, 32),
+               "nvfp4": (quant_fp4.TRITON_NVFP4 if tri else quant_fp4.NVFP4, 16)}
+    repeats = 5 if benchmark.disabled else 50
+    runs, info = {}, {}
+    for name, (impl, block) in schemes.items():
+        qw = impl.quantize(w, bits=4, granularity=block)
+        runs[name] = (lambda impl=impl, qw=qw: impl.matmul(x, qw))
+        held = (qw.codes, qw.kernel_scales) if name != "int4_g128" else (qw.codes, qw.scales, qw.zeros)
+        info[f"{name}_median_s"] = median_seconds(runs[name], device, repeats)
+        info[f"{name}_bytes"] = sum(t_.numel() * t_.element_size() for t_ in held) + (K + N) * dtype.itemsize
+    t_dense = median_seconds(lambda: x @ w.T, device, repeats)
+    for name in ("mxfp4", "nvfp4"):
+        info[f"{name}_ratio_vs_int4_g128"] = info["int4_g128_median_s"] / info[f"{name}_median_s"]
+        info[f"{name}_speedup_vs_bf16"] = t_dense / info[f"{name}_median_s"]
+    results.bench_info(benchmark, technique="quantization", backend=f"{backend}_fp4_vs_int4_g128", device=device,
+                       dtype=str(dtype).replace("torch.", ""), M=1, N=N, K=K, bits=4, flops=2.0 * N * K,
+                       median_s=info["mxfp4_median_s"], dense_median_s=t_dense, **info)
+    benchmark.pedantic(runs["mxfp4"], rounds=repeats, warmup_rounds=0)

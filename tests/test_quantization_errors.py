@@ -46,7 +46,7 @@ def test_quantize_rejects_bad_arguments(which, what, device):
 def test_bad_weights_and_activations_name_the_argument(which, device):
     impl = IMPLS[which]
     w = _w(device)
-    bits = 8 if getattr(impl.namespace, "number_format", "int") != "int" else 4     # an FP8 scheme: 8 bits only
+    bits = 8 if getattr(impl.namespace, "number_format", "int").startswith("fp8") else 4   # FP8: 8 bits only
     with pytest.raises(ValueError, match=r"w must have 2 dimensions \(N, K\)"):
         impl.quantize(w[0], bits=bits, granularity="channel")
     with pytest.raises(TypeError, match="w has dtype torch.int32"):
@@ -95,6 +95,38 @@ def test_kernel_wrapper_checks_the_fp8_arguments(device):
     with pytest.raises(ValueError, match="zeros must be None"):
         qm.quant_matmul(x, qw.codes, qw.scales, torch.zeros(6, 1, dtype=torch.uint8, device=device), bits=8,
                         number_format="fp8_e4m3fn", **args)
+
+
+@pytest.mark.parametrize("which", [n for n in IMPLS if "fp4" in n])
+def test_fp4_schemes_refuse_other_bits_after_validating(which, device):
+    """An FP4 scheme (MXFP4, NVFP4) stores 4 bits: bits 8 is NotImplementedError, bits 9 still
+    the contract's ValueError, raised first; an unknown format names ``number_format``."""
+    from inference_conformance.optimized.quantization import fp4 as quant_fp4
+    from inference_conformance.reference.quantization import fp4 as ref_fp4
+
+    impl = IMPLS[which]
+    with pytest.raises(NotImplementedError, match="4 bits"):
+        impl.quantize(_w(device), bits=8, granularity="channel")
+    with pytest.raises(ValueError, match="bits must be in"):
+        impl.quantize(_w(device), bits=9, granularity="channel")
+    for ops in (quant_fp4, ref_fp4):
+        with pytest.raises(ValueError, match="number_format"):
+            ops.quantize_fp4(_w(device), bits=4, granularity=4, fmt="fp4")
+
+
+def test_kernel_wrapper_checks_the_fp4_arguments(device):
+    """The Triton wrapper's FP4 mode: bits other than 4 and zero points with E2M1 codes raise
+    ValueError naming the argument, before any launch."""
+    qm = pytest.importorskip("inference_conformance.optimized.quantization.quant_matmul")
+    from inference_conformance.optimized.quantization import fp4 as quant_fp4
+
+    qw = quant_fp4.quantize_fp4(torch.randn(6, 32).to(device), bits=4, granularity=16, fmt="nvfp4")
+    x, s = torch.randn(2, 32).to(device), qw.block_scales(torch.float32)
+    args = dict(group_size=16, N=6, K=32, number_format="fp4_e2m1")
+    with pytest.raises(ValueError, match="bits must be 4"):
+        qm.quant_matmul(x, qw.codes, s, None, bits=8, **args)
+    with pytest.raises(ValueError, match="zeros must be None"):
+        qm.quant_matmul(x, qw.codes, s, torch.zeros(6, 2, dtype=torch.uint8, device=device), bits=4, **args)
 
 
 def test_kv_format_arguments_name_themselves():

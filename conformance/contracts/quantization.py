@@ -69,6 +69,10 @@ lies within half a unit in the last place, a relative 2^-(m+1) of |w| (m mantiss
 E4M3, 2^-3 for E5M2), and below it within s times half the subnormal step
 (:func:`fp8_bound`; QT-11), up to the same stored-scale and output-dtype slack as QT-1.
 
+FP4 block schemes (``number_format`` "mxfp4" / "nvfp4"; QT-13, stated in ``quantization_fp4.py``):
+E2M1 values times a scale per block of the granularity (MXFP4 a power of two, NVFP4 an E4M3 scale
+times a float32 tensor scale), rounded to nearest even, saturating at ±6; ``bits=4`` only.
+
 KV-cache quantization (QT-12; not a contract function: the formats the model's quantized cache
 and the paged kernels read, :data:`KV_FORMATS`, :func:`kv_bound`): keys and values (B, Hkv, T,
 D) stored as int8 with one absmax scale per token and head (over D), as int4 KIVI-style (keys
@@ -83,10 +87,10 @@ the KV-cache formats in ``quantization_kv.py``, QT-1's bound and the declared sc
 
 Claims checked against this contract: QT-1 (half-step bound), QT-2 (idempotence; the
 reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply),
-QT-11 (FP8: the saturating cast and its half-ulp bound), QT-12 (KV-cache formats).
+QT-11 (FP8: the saturating cast and its half-ulp bound), QT-12 (KV-cache formats), QT-13 (FP4 blocks).
 Sources: lecture 001 §5.1–5.2 (quantization: absmax, zero point, granularity, packing) and §5.4
 (FP8, KV-cache quantization), Dettmers et al. 2022 (LLM.int8()), Frantar et al. 2023 (GPTQ), Lin
-et al. 2024 (AWQ), Micikevicius et al. 2022 (FP8 formats), Liu et al. 2024 (KIVI).
+et al. 2024 (AWQ), Micikevicius et al. 2022 (FP8 formats), Liu et al. 2024 (KIVI), OCP MX v1.0.
 """
 from __future__ import annotations
 

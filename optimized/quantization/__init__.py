@@ -12,14 +12,14 @@ below float32's normal range is stored rounded up, and the codes use the stored 
 ``zeros`` (N, groups) uint8, unpacked (one zero point per group, the stored value is z);
 ``g_idx`` (K,) int32, the group of every column under GPTQ's act-order (None: k // group_size).
 
-FP8 (QT-11) is in ``optimized/quantization/fp8.py``; the KV-cache formats (QT-12) and
+FP8 (QT-11) is in ``optimized/quantization/fp8.py``, FP4 (QT-13) in ``optimized/quantization/fp4.py``; the KV-cache formats (QT-12) and
 :class:`QuantizedKVCache` in ``optimized/quantization/kv.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sys
+import types
 
 import torch
 
@@ -117,8 +117,12 @@ def matmul(x: torch.Tensor, qw: PackedWeight) -> torch.Tensor:
     return x @ dequantize(qw).T
 
 
-SYMMETRIC = Scheme(True, sys.modules[__name__])
-ASYMMETRIC = Scheme(False, sys.modules[__name__])
+#: This module's functions for :class:`Scheme`, held apart from the module: importing the submodule
+#: ``matmul`` (the Triton kernel) sets the package's attribute ``matmul`` to that module, which
+#: would shadow the function of the same name.
+OPS = types.SimpleNamespace(__name__=__name__, quantize=quantize, dequantize=dequantize, matmul=matmul)
+SYMMETRIC = Scheme(True, OPS)
+ASYMMETRIC = Scheme(False, OPS)
 
 
 class TritonScheme:
@@ -156,14 +160,16 @@ TRITON_ASYMMETRIC = TritonScheme(False)
 
 
 def implementations():
-    """The vectorized PyTorch schemes (integer and FP8), the Triton quantized matmul (same
+    """The vectorized PyTorch schemes (integer, FP8 and FP4), the Triton quantized matmul (same
     quantize, Triton matmul), torchao's weight-only quantization and the CPU libraries of
     optimized/quantization/outside.py (unavailable where their package is missing)."""
     from inference_conformance.conformance.registry import builtin
     from inference_conformance.optimized.quantization import outside_torchao
     from inference_conformance.optimized.quantization import outside as oq
+    from inference_conformance.optimized.quantization import outside_fp4 as ofp4
     from inference_conformance.optimized.quantization import quant_matmul
     from inference_conformance.optimized.quantization.fp8 import FP8_E4M3, FP8_E5M2, TRITON_FP8_E4M3, TRITON_FP8_E5M2
+    from inference_conformance.optimized.quantization.fp4 import MXFP4, NVFP4, TRITON_MXFP4, TRITON_NVFP4
 
     return (
         builtin("quantization", "torch", SYMMETRIC),
@@ -174,8 +180,14 @@ def implementations():
         builtin("quantization", "torch_fp8_e5m2", FP8_E5M2),
         builtin("quantization", "triton_fp8_e4m3", TRITON_FP8_E4M3, kernel_modules=(quant_matmul,)),
         builtin("quantization", "triton_fp8_e5m2", TRITON_FP8_E5M2, kernel_modules=(quant_matmul,)),
+        builtin("quantization", "torch_mxfp4", MXFP4),
+        builtin("quantization", "torch_nvfp4", NVFP4),
+        builtin("quantization", "triton_mxfp4", TRITON_MXFP4, kernel_modules=(quant_matmul,)),
+        builtin("quantization", "triton_nvfp4", TRITON_NVFP4, kernel_modules=(quant_matmul,)),
         builtin("quantization", "torchao_int8", outside_torchao.torchao_int8, needs="torchao", adapter=True),
         builtin("quantization", "torchao_intx", outside_torchao.torchao_intx, needs="torchao", adapter=True),
+        builtin("quantization", "torchao_mxfp4", ofp4.torchao_mxfp4, needs="torchao", adapter=True),
+        builtin("quantization", "torchao_nvfp4", ofp4.torchao_nvfp4, needs="torchao", adapter=True),
         # CPU libraries (optimized/quantization/outside.py; requirements/peers-libs.txt, tox -e peers-libs)
         builtin("quantization", "bnb_int8", oq.bnb_int8, needs="bitsandbytes", adapter=True, peer="libs"),
         builtin("quantization", "compressed_tensors", oq.ct, needs="compressed_tensors", adapter=True, peer="libs"),
@@ -184,4 +196,5 @@ def implementations():
         builtin("quantization", "quanto_intx", oq.quanto_intx, needs="optimum.quanto", adapter=True, peer="libs"),
         builtin("quantization", "gguf_q8_0", oq.gguf_q8_0, needs="gguf", adapter=True, peer="libs"),
         builtin("quantization", "gguf_q4_0", oq.gguf_q4_0, needs="gguf", adapter=True, peer="libs"),
+        builtin("quantization", "gguf_mxfp4", ofp4.gguf_mxfp4, needs="gguf", adapter=True, peer="libs"),
     )

@@ -37,7 +37,10 @@ Supported: w float32 / float16 / bfloat16 (float64 raises NotImplementedError: n
 ``tl.dot``), bits 2..8, every granularity, symmetric (``SYMMETRIC``) or zero point
 (``ASYMMETRIC``), with or without ``g_idx``; FP8 codes (E4M3fn, E5M2: ``number_format``, the
 constexpr ``FP8``), one byte per weight bitcast to the format and scaled per group (QT-11;
-the interpreter of Triton 3.6 and 3.9 handles the bitcast and the FP8 -> float32 cast). The host wrapper :func:`quant_matmul` validates
+the interpreter of Triton 3.6 and 3.9 handles the bitcast and the FP8 -> float32 cast); FP4 E2M1
+codes (MXFP4, NVFP4: ``number_format`` "fp4_e2m1", FP8 = 3; QT-13), two nibbles a byte, each
+decoded in registers from its bits (S EE M: (2 + M) 2^(EE - 2), or M / 2 for EE = 0) and
+multiplied by its block's float32 scale (NVFP4: s_b s_t). The host wrapper :func:`quant_matmul` validates
 x, the packed tensors' dtypes and shapes, the scales against the groups, bits, the group size
 and g_idx before any launch.
 """
@@ -60,7 +63,7 @@ GEMV_MAX_M = 16
 #: (BLOCK_N, BLOCK_K) of the decode launch; its BLOCK_M is GEMV_MAX_M (the smallest tl.dot tile).
 GEMV_BLOCKS = (64, 64)
 #: number_format -> the kernels' FP8 constexpr (0: integer codes).
-FP8_MODES = {"int": 0, "fp8_e4m3fn": 1, "fp8_e5m2": 2}
+FP8_MODES = {"int": 0, "fp8_e4m3fn": 1, "fp8_e5m2": 2, "fp4_e2m1": 3}
 #: Programs the decode launch aims for: per SM on a GPU, in all under the interpreter.
 GEMV_PROGRAMS_PER_SM = 4
 GEMV_PROGRAMS_INTERPRETED = 4
@@ -97,6 +100,11 @@ def _wq_tile(acc, args, k0, CONSTS: tl.constexpr):
         w = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s
     elif FP8 == 2:         # E5M2 codes
         w = byte.to(tl.float8e5, bitcast=True).to(tl.float32) * s
+    elif FP8 == 3:         # FP4 E2M1 nibbles (QT-13), low nibble = even k: S EE M
+        nib = (byte.to(tl.int32) >> ((offs_k % 2) * 4)[None, :]) & 15
+        e = (nib >> 1) & 3
+        mag = tl.where(e == 0, nib & 1, (2 + (nib & 1)) << tl.maximum(e - 1, 0)).to(tl.float32) * 0.5
+        w = tl.where(nib >= 8, -mag, mag) * s
     else:
         u = (byte.to(tl.int32) >> ((offs_k % PER) * BITS)[None, :]) & ((1 << BITS) - 1)  # low bits = first code
         z = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + g[None, :] * stride_zg, mask=nk, other=0).to(tl.int32)
@@ -210,7 +218,8 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
     ``path``: "gemv" (decode launch, M <= GEMV_MAX_M), "tiled", or None: "gemv" when
     M <= GEMV_MAX_M, else "tiled". ``number_format`` "fp8_e4m3fn" / "fp8_e5m2" (QT-11): codes
     (N, K) uint8 are the bit patterns of that FP8 format (``inference_conformance.optimized.quantization.fp8.PackedFP8``),
-    bits must be 8 and zeros None (no zero point); "int" (the default): integer codes as above.
+    bits must be 8 and zeros None (no zero point); "fp4_e2m1" (QT-13): codes (N, ceil(K / 2))
+    E2M1 nibbles, bits 4, zeros None, scales the blocks' float32 scales; "int" (the default).
 
     Raises TypeError (x's dtype outside float32/float16/bfloat16 (float64: NotImplementedError),
     codes or zeros not uint8, scales not float32, g_idx not an int32/int64 tensor) or ValueError
@@ -225,10 +234,10 @@ def quant_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zer
         raise ValueError(f"number_format must be one of {list(FP8_MODES)}, got {number_format!r}")
     fp8 = FP8_MODES[number_format]
     if fp8:
-        if b != 8:
-            raise ValueError(f"bits must be 8 for the FP8 format {number_format}, got {b}")
+        if b != (4 if fp8 == 3 else 8):
+            raise ValueError(f"bits must be {4 if fp8 == 3 else 8} for the format {number_format}, got {b}")
         if zeros is not None:
-            raise ValueError("zeros must be None for an FP8 format (no zero point)")
+            raise ValueError(f"zeros must be None for the format {number_format} (no zero point)")
         zeros = torch.zeros(scales.shape if isinstance(scales, torch.Tensor) else (1, 1), dtype=torch.uint8,
                             device=codes.device if isinstance(codes, torch.Tensor) else "cpu")
     if not isinstance(group_size, int) or group_size < 1 or K % group_size:
@@ -306,13 +315,13 @@ def compile_variants():
              "g_idx_ptr": "*i32" if act else "*u8", "out_ptr": dt},
             dict(BITS=bits, PER=per, BLOCK_M=bm, BLOCK_N=64 if bm == 16 else 32, BLOCK_K=64, DOT_MODE=mode,
                  HAS_G_IDX=act, FP8=0), min_for_loops=1))
-    for fp8, name in ((1, "e4m3"), (2, "e5m2")):
+    for fp8, name in ((1, "fp8 e4m3"), (2, "fp8 e5m2"), (3, "fp4 e2m1")):
         out.append(CompileVariant(
-            f"quant_matmul bf16 fp8 {name} BLOCK_M=32", quant_matmul_kernel,
+            f"quant_matmul bf16 {name} BLOCK_M=32", quant_matmul_kernel,
             {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8", "g_idx_ptr": "*u8",
              "out_ptr": "*bf16"},
-            dict(BITS=8, PER=1, BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, DOT_MODE=DOT_NATIVE, HAS_G_IDX=False, FP8=fp8),
-            min_for_loops=1))
+            dict(BITS=4 if fp8 == 3 else 8, PER=2 if fp8 == 3 else 1, BLOCK_M=32, BLOCK_N=32, BLOCK_K=64,
+                 DOT_MODE=DOT_NATIVE, HAS_G_IDX=False, FP8=fp8), min_for_loops=1))
     for dt, bits, per, act in (("*fp16", 4, 2, False), ("*bf16", 8, 1, False), ("*fp16", 4, 2, True)):
         out.append(CompileVariant(
             f"quant_gemv {dt[1:]} int{bits}" + " g_idx" * act, quant_gemv_kernel,
@@ -320,18 +329,20 @@ def compile_variants():
              "g_idx_ptr": "*i32" if act else "*u8", "part_ptr": "*fp32"},
             dict(BITS=bits, PER=per, BLOCK_M=GEMV_MAX_M, BLOCK_N=GEMV_BLOCKS[0], BLOCK_K=GEMV_BLOCKS[1],
                  DOT_MODE=DOT_NATIVE, HAS_G_IDX=act, FP8=0), min_for_loops=1))
-    out.append(CompileVariant(
-        "quant_gemv bf16 fp8 e4m3", quant_gemv_kernel,
-        {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8", "g_idx_ptr": "*u8",
-         "part_ptr": "*fp32"},
-        dict(BITS=8, PER=1, BLOCK_M=GEMV_MAX_M, BLOCK_N=GEMV_BLOCKS[0], BLOCK_K=GEMV_BLOCKS[1], DOT_MODE=DOT_NATIVE,
-             HAS_G_IDX=False, FP8=1), min_for_loops=1))
+    for fp8, name in ((1, "fp8 e4m3"), (3, "fp4 e2m1")):
+        out.append(CompileVariant(
+            f"quant_gemv bf16 {name}", quant_gemv_kernel,
+            {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*fp32", "zeros_ptr": "*u8", "g_idx_ptr": "*u8",
+             "part_ptr": "*fp32"},
+            dict(BITS=4 if fp8 == 3 else 8, PER=2 if fp8 == 3 else 1, BLOCK_M=GEMV_MAX_M, BLOCK_N=GEMV_BLOCKS[0],
+                 BLOCK_K=GEMV_BLOCKS[1], DOT_MODE=DOT_NATIVE, HAS_G_IDX=False, FP8=fp8), min_for_loops=1))
     return out
 
 
 def smoke_calls(device: str):
-    """int4 in groups of 32 at M = 1 (the decode launch) in bfloat16 and int8 per channel at M = 20
-    (tiled) in float32, judged by the contract's quant-matmul rule."""
+    """int4 in groups of 32 at M = 1 (the decode launch) in bfloat16, int8 per channel at M = 20
+    (tiled) in float32, FP8 E4M3 and FP4 (MXFP4 at M = 1, NVFP4 at M = 20), judged by the
+    contract's quant-matmul rule."""
     from inference_conformance.optimized.triton_shared import SmokeCall
 
     def quant(bits, granularity, dtype, M):
@@ -366,6 +377,23 @@ def smoke_calls(device: str):
             return tolerance.check_close(out, x.double() @ (qw.values * qw.scales).T, out_pt=x @ d.T,
                                          rule="quant-matmul")
         return run
+    def fp4(fmt, M):   # QT-13: E2M1 nibbles decoded in registers, MXFP4 blocks of 32 / NVFP4 of 16
+        def run():
+            from inference_conformance.conformance import tolerance
+            from inference_conformance.reference.quantization.fp4 import dequantize_fp4, element_scales, quantize_fp4
+
+            g = torch.Generator().manual_seed(0)
+            w, x = torch.randn(40, 96, generator=g), torch.randn(M, 96, generator=g)
+            w, x = w.to(device, torch.bfloat16), x.to(device, torch.bfloat16)
+            qw = quantize_fp4(w, bits=4, granularity=32 if fmt == "mxfp4" else 16, fmt=fmt)
+            scales = element_scales(qw)[:, ::qw.group_size].float().to(device)        # (N, blocks): s_b * s_t
+            out = quant_matmul(x, qw.codes, scales, None, bits=4, group_size=qw.group_size, N=40, K=96,
+                               number_format="fp4_e2m1")
+            d = dequantize_fp4(qw)
+            return tolerance.check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul")
+        return run
     return [SmokeCall("quant_matmul bfloat16 int4 g32 M=1", quant(4, 32, torch.bfloat16, 1)),
             SmokeCall("quant_matmul float32 int8 per channel M=20", quant(8, "channel", torch.float32, 20)),
-            SmokeCall("quant_matmul bfloat16 fp8 e4m3 per channel M=1", fp8(1))]
+            SmokeCall("quant_matmul bfloat16 fp8 e4m3 per channel M=1", fp8(1)),
+            SmokeCall("quant_matmul bfloat16 mxfp4 M=1", fp4("mxfp4", 1)),
+            SmokeCall("quant_matmul bfloat16 nvfp4 M=20", fp4("nvfp4", 20))]

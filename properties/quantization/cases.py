@@ -134,10 +134,14 @@ def number_format(impl) -> str:
 
 
 def integer_only(impl) -> str | None:
-    """None for an integer scheme; for an FP8 scheme, why an integer law does not apply (its
-    laws are QT-11's, ``properties/quantization/test_quantization_fp8.py``)."""
+    """None for an integer scheme; for an FP8 or FP4 scheme, why an integer law does not apply
+    (QT-11's laws, ``test_quantization_fp8.py``; QT-13's, ``test_quantization_fp4.py``)."""
     fmt = number_format(impl)
-    return None if fmt == "int" else f"{fmt} is an FP8 scheme: QT-11's laws judge it (test_quantization_fp8.py)"
+    if fmt == "int":
+        return None
+    if fmt.startswith("fp8"):
+        return f"{fmt} is an FP8 scheme: QT-11's laws judge it (test_quantization_fp8.py)"
+    return f"{fmt} is an FP4 block scheme: QT-13's laws judge it (test_quantization_fp4.py)"
 
 
 def symmetric(impl) -> bool:

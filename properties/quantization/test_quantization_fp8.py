@@ -50,7 +50,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _fp8_only(impl) -> str | None:
     fmt = number_format(impl)
-    return None if fmt in fp8_contract.FP8_FORMATS else f"{impl.name} is an integer scheme ({fmt}): QT-1 judges it"
+    if fmt in fp8_contract.FP8_FORMATS:
+        return None
+    return f"{impl.name} is not an FP8 scheme ({fmt}): " + ("QT-1 judges it" if fmt == "int" else "QT-13 judges it")
 
 
 # ------------------------------------------------------------------------ QT-11: the cast

@@ -335,5 +335,5 @@ def test_gptq_act_order_groups_and_dequantize():
                                       12, K, torch.float64, True, qw.g_idx.to(torch.int32))
     assert_exact(quant_torch.dequantize(packed), ref.dequantize(qw), what="torch dequantize of the GPTQ checkpoint")
     xs = x[:5]
-    check_matmul(quant_torch.matmul(xs, packed), xs, ref.dequantize(qw), QCase(12, K, 4, g, M=5),
+    check_matmul(quant_torch.OPS.matmul(xs, packed), xs, ref.dequantize(qw), QCase(12, K, 4, g, M=5),
                  what="torch matmul of the act-order checkpoint")

@@ -8,7 +8,8 @@ act-order QT-9 law, ``properties/quantization/test_quantization.py``), and :data
 per-token scales applied per column, or a truncating activation quantizer. FP8 and KV-cache
 formats (QT-11, QT-12, ``properties/quantization/test_quantization_fp8.py``, ``properties/quantization/test_quantization_kv.py``): an FP8 scheme rounding to
 E5M2's grid while naming E4M3, :data:`FP8_CAST_ZOO` (a cast without saturation, E5M2's grid for
-E4M3) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token).
+E4M3) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token). FP4 blocks
+(QT-13): ``properties/quantization/zoo_fp4.py`` (a ceil scale exponent, nibbles swapped, ties away).
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
 rounding) makes them wrong. The packed layout is the one of ``optimized/quantization/__init__.py``.
@@ -53,7 +54,7 @@ class _IgnoresGIdx:
         return quant_torch.dequantize(dataclasses.replace(qw, g_idx=None))
 
     def matmul(self, x, qw):
-        return quant_torch.matmul(x, dataclasses.replace(quant_torch.check_packed(qw), g_idx=None))
+        return quant_torch.OPS.matmul(x, dataclasses.replace(quant_torch.check_packed(qw), g_idx=None))
 
 
 g_idx_ignored = _IgnoresGIdx()
@@ -253,7 +254,7 @@ class _FinerGroups:
         return quant_torch.dequantize(qw)
 
     def matmul(self, x, qw):
-        return quant_torch.matmul(x, qw)
+        return quant_torch.OPS.matmul(x, qw)
 
 
 finer_groups = _FinerGroups()
@@ -365,6 +366,7 @@ def implementations():
     """The known-bad quantization implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
     from inference_conformance.conformance.registry import known_bad
+    from inference_conformance.properties.quantization.zoo_fp4 import FP4_ZOO
 
     return (
         known_bad("quantization", "g_idx_ignored", g_idx_ignored),
@@ -378,4 +380,4 @@ def implementations():
         known_bad("quantization", "zero_points_wrong_interleave", zero_points_wrong_interleave),
         known_bad("quantization", "decode_rows_read_first_token", decode_rows_read_first_token),
         known_bad("quantization", "fp8_e5m2_grid_as_e4m3_scheme", fp8_e5m2_grid_as_e4m3_scheme),
-    )
+    ) + tuple(known_bad("quantization", name, bad) for name, bad in FP4_ZOO.items())

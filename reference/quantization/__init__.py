@@ -276,9 +276,11 @@ def probe_zero_point() -> float:
 
 def implementations():
     """The quantization references: symmetric absmax and asymmetric (zero point) schemes, and
-    the FP8 schemes E4M3fn and E5M2 (QT-11)."""
+    the FP8 schemes E4M3fn and E5M2 (QT-11) and the FP4 block schemes MXFP4 and NVFP4 (QT-13)."""
     from inference_conformance.conformance.registry import builtin
+    from inference_conformance.reference.quantization.fp4 import MXFP4, NVFP4
     from inference_conformance.reference.quantization.fp8 import FP8_E4M3, FP8_E5M2
 
     return (builtin("quantization", "reference", SYMMETRIC), builtin("quantization", "reference_asym", ASYMMETRIC),
-            builtin("quantization", "reference_fp8_e4m3", FP8_E4M3), builtin("quantization", "reference_fp8_e5m2", FP8_E5M2))
+            builtin("quantization", "reference_fp8_e4m3", FP8_E4M3), builtin("quantization", "reference_fp8_e5m2", FP8_E5M2),
+            builtin("quantization", "reference_mxfp4", MXFP4), builtin("quantization", "reference_nvfp4", NVFP4))
