@@ -94,14 +94,33 @@ def pad_head_dim(model: Transformer, head_dim: int) -> Transformer:
     return out.eval()
 
 
+def tokenizer_json() -> dict:
+    """The suite's word-level vocabulary as a ``tokenizer.json`` (tokenizers' WordLevel model,
+    split on whitespace), for engines that insist on a tokenizer (CTranslate2's converter reads
+    the token strings from it); ids are the suite's, so token ids round-trip."""
+    from inference_conformance.smallworld.tokenizer import tokenizer
+
+    tok = tokenizer()
+    specials = [{"id": i, "content": w, "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True} for i, w in enumerate(tok.itos[:4])]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": specials, "normalizer": None,
+            "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+            "decoder": None, "model": {"type": "WordLevel", "vocab": dict(tok.stoi), "unk_token": "<unk>"}}
+
+
 def write_folder(model: Transformer, folder: str | Path) -> Path:
-    """Write ``model`` as a Hugging Face Llama folder (config.json, model.safetensors); returns it."""
+    """Write ``model`` as a Hugging Face Llama folder (config.json, model.safetensors, and the
+    word-level tokenizer.json with its tokenizer_config.json); returns it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(hf_state(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_config(model.cfg), indent=2) + "\n")
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False}, indent=2) + "\n")
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+         "pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": model.cfg.max_seq_len}, indent=2) + "\n")
     return folder
 
 

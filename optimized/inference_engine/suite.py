@@ -1,8 +1,8 @@
-"""The suite's own engines under the ``engine`` contract, through thin adapters that translate
+"""The suite's own engines under the ``inference_engine`` contract, through thin adapters that translate
 requests and settings only: :class:`PagedAdapter` drives
-:class:`inference_conformance.optimized.paged_engine.PagedEngine` (continuous batching, prefix cache, chunked
+:class:`inference_conformance.optimized.paged_attention.engine.PagedEngine` (continuous batching, prefix cache, chunked
 prefill; its prefix cache kept across calls, as a server's), :class:`SpeculativeAdapter`
-:class:`inference_conformance.optimized.speculative_engine.SpeculativeEngine` (a draft model; plain generation
+:class:`inference_conformance.optimized.speculative.engine.SpeculativeEngine` (a draft model; plain generation
 through the paged engine). Models are read from the exported folders by
 :func:`inference_conformance.smallworld.hf_llama.load_hf_llama` in float32."""
 from __future__ import annotations
@@ -12,16 +12,16 @@ import itertools
 
 import torch
 
-from inference_conformance.conformance.contracts.engine import (
+from inference_conformance.conformance.contracts.inference_engine import (
     Capabilities,
     Completion,
     check_vocab,
     refuse_unoffered,
     validate,
 )
-from inference_conformance.optimized.paged_engine import PagedEngine
-from inference_conformance.optimized.speculative_engine import SpeculativeEngine
-from inference_conformance.reference.engine import ReferenceEngine
+from inference_conformance.optimized.paged_attention.engine import PagedEngine
+from inference_conformance.optimized.speculative.engine import SpeculativeEngine
+from inference_conformance.reference.inference_engine import ReferenceEngine
 from inference_conformance.smallworld.hf_llama import load_hf_llama
 
 #: Block size and pool of the paged engine (the small world's sequences are at most 128 tokens).

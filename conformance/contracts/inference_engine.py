@@ -1,4 +1,4 @@
-"""The ``engine`` contract: a whole inference engine, judged on what it generates (claims EN-1,
+"""The ``inference_engine`` contract: a whole inference engine, judged on what it generates (claims EN-1,
 EN-2, EN-3; KV-2 for its seeds).
 
 An implementation is an object (or module) with two callables:
@@ -44,7 +44,7 @@ naming ``prompt`` once the model is read. A setting the engine does not offer (i
 raises NotImplementedError: "unsupported", never a pass.
 
 Oracle: the float64 reference model loaded from the same folder
-(``inference_conformance.reference.engine``: greedy and sampled generation, every step a full
+(``inference_conformance.reference.inference_engine``: greedy and sampled generation, every step a full
 forward; speculative decoding by the exact accept/reject rule). EN-1 judges greedy tokens
 against its float64 logits at :func:`logit_bound` of the engine's dtype: a token that is not the
 float64 argmax is excused (and counted) only where the float64 gap between the top logit and
@@ -231,7 +231,7 @@ def invalid(device: str) -> list[InvalidCall]:
 
 
 CONTRACT = Contract(
-    technique="engine",
+    technique="inference_engine",
     functions=("generate", "capabilities"),
     doc=__doc__,
     returns={"generate": list, "capabilities": Capabilities},

@@ -1,12 +1,12 @@
-"""The engine bug zoo: one realistic bug per engine, each rejected by a law of
-``properties/engine/test_engine.py`` through its own comparison (EN-1..EN-3, KV-2)."""
+"""The inference_engine bug zoo: one realistic bug per engine, each rejected by a law of
+``properties/inference_engine/test_inference_engine.py`` through its own comparison (EN-1..EN-3, KV-2)."""
 from __future__ import annotations
 
 import torch
 
-from inference_conformance.optimized.engine.suite import PagedAdapter, load
-from inference_conformance.optimized.paged_engine import PagedEngine
-from inference_conformance.reference.engine import ReferenceEngine, draw
+from inference_conformance.optimized.inference_engine.suite import PagedAdapter, load
+from inference_conformance.optimized.paged_attention.engine import PagedEngine
+from inference_conformance.reference.inference_engine import ReferenceEngine, draw
 
 
 class BatchDependent(ReferenceEngine):
@@ -63,13 +63,13 @@ def implementations():
     from inference_conformance.conformance.registry import known_bad
 
     return (
-        known_bad("engine", "batch_dependent", BatchDependent(load),
+        known_bad("inference_engine", "batch_dependent", BatchDependent(load),
                   bug="A batch runs as one left-padded matrix without a mask: outputs depend on batch-mates"),
-        known_bad("engine", "stale_prefix", StalePrefix(),
+        known_bad("inference_engine", "stale_prefix", StalePrefix(),
                   bug="The prefix cache keys a block by its tokens only and serves it after another prefix"),
-        known_bad("engine", "bonus_from_draft", BonusFromDraft(load),
+        known_bad("inference_engine", "bonus_from_draft", BonusFromDraft(load),
                   bug="The bonus token after γ accepted draft tokens comes from the draft, not the target"),
-        known_bad("engine", "ignores_temperature", IgnoresTemperature(load),
+        known_bad("inference_engine", "ignores_temperature", IgnoresTemperature(load),
                   bug="The sampler ignores the request's temperature (samples at 1)"),
-        known_bad("engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
+        known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
     )

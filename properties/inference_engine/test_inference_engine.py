@@ -1,5 +1,5 @@
 """The engine laws, over every registered engine (claims EN-1, EN-2, EN-3, and KV-2 for a whole
-engine), each rejecting its engine of the zoo (``properties/engine/zoo.py``).
+engine), each rejecting its engine of the zoo (``properties/inference_engine/zoo.py``).
 
 - EN-1 (:func:`law_greedy_matches_reference`): greedy tokens are the float64 reference's,
   teacher-forced on the engine's own output; a token that is not the float64 argmax is excused
@@ -20,10 +20,10 @@ import random
 
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.engine import Request
+from inference_conformance.conformance.contracts.inference_engine import Request
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import check_exact
-from inference_conformance.properties.engine import cases as C
+from inference_conformance.properties.inference_engine import cases as C
 
 SEEDS = st.integers(0, 2 ** 16)
 
@@ -132,20 +132,20 @@ def _seeded(impl):
 #: Under ``ci`` (10 examples) an engine law draws 1 beyond its pinned examples: every example
 #: runs whole engines several times (``dev``: 3, ``thorough``: 50).
 _FEW = dict(params=("device",), max_examples=lambda n: max(1, n // 10))
-EN1 = Law(claim="EN-1", technique="engine", body=law_greedy_matches_reference, given={"seed": SEEDS},
+EN1 = Law(claim="EN-1", technique="inference_engine", body=law_greedy_matches_reference, given={"seed": SEEDS},
           examples=(dict(seed=0),), kills=(Kills(("batch_dependent",)),), **_FEW)
-EN2 = Law(claim="EN-2", technique="engine", body=law_output_independent_of_batching,
+EN2 = Law(claim="EN-2", technique="inference_engine", body=law_output_independent_of_batching,
           given={"seed": SEEDS, "cuts": st.lists(st.integers(0, 8), max_size=3), "prefix_caching": st.booleans(),
                  "budget": st.sampled_from((None, 3, 5, 16)), "side": st.integers(0, 1)},
           examples=(dict(seed=1, cuts=[2], prefix_caching=True, budget=None, side=0),
                     dict(seed=2, cuts=[], prefix_caching=True, budget=5, side=1)),
           kills=(Kills(("batch_dependent", "stale_prefix")),), **_FEW)
-EN3 = Law(claim="EN-3", technique="engine", body=law_speculative_greedy,
+EN3 = Law(claim="EN-3", technique="inference_engine", body=law_speculative_greedy,
           given={"seed": SEEDS, "gamma": st.integers(1, 4)}, examples=(dict(seed=3, gamma=1),),
           kills=(Kills(("bonus_from_draft",)),), applies=_speculative, **_FEW)
-EN3S = Law(claim="EN-3", technique="engine", body=law_sampled_distribution, given={"seed": SEEDS},
+EN3S = Law(claim="EN-3", technique="inference_engine", body=law_sampled_distribution, given={"seed": SEEDS},
            examples=(dict(seed=4),), explicit_only=True, kills=(Kills(("ignores_temperature",)),), params=("device",))
-KV2 = Law(claim="KV-2", technique="engine", body=law_same_seed_same_tokens, given={"seed": SEEDS},
+KV2 = Law(claim="KV-2", technique="inference_engine", body=law_same_seed_same_tokens, given={"seed": SEEDS},
           examples=(dict(seed=5),), kills=(Kills(("unseeded",)),), applies=_seeded, **_FEW)
 
 test_en1_greedy_matches_reference = EN1.conformance_test("test_en1_greedy_matches_reference")

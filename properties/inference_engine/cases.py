@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts.engine import Completion, Params, Request, logit_bound
+from inference_conformance.conformance.contracts.inference_engine import Completion, Params, Request, logit_bound
 from inference_conformance.conformance.stats import check_counts
 from inference_conformance.conformance.tolerance import check_exact, check_within
 from inference_conformance.reference.speculative import process_logits

@@ -1,4 +1,4 @@
-"""transformers' ``generate`` under the ``engine`` contract: ``LlamaForCausalLM`` read from the
+"""transformers' ``generate`` under the ``inference_engine`` contract: ``LlamaForCausalLM`` read from the
 exported folder in float32, token ids in, no tokenizer. The adapter translates only settings,
 padding and ids: a batch is left-padded with ``<pad>`` and its attention mask; the stop token is
 removed (``eos_token_id`` None in the generation config: the contract generates exactly
@@ -20,7 +20,7 @@ import hashlib
 
 import torch
 
-from inference_conformance.conformance.contracts.engine import (
+from inference_conformance.conformance.contracts.inference_engine import (
     Capabilities,
     Completion,
     check_vocab,
@@ -71,7 +71,8 @@ class HFGenerate:
             kw["prompt_lookup_num_tokens"] = params.num_speculative_tokens
         return kw
 
-    def _run(self, model, prompts: list, params) -> list[Completion]:
+    def _run(self, model, prompts: list, params) -> tuple:
+        """Left-padded ids (B, S) and their attention mask (B, S)."""
         n = max(len(p) for p in prompts)
         ids = torch.tensor([[PAD_ID] * (n - len(p)) + list(p) for p in prompts])               # (B, S) left-padded
         mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in prompts])
@@ -104,5 +105,8 @@ class HFGenerate:
 def registrations():
     from inference_conformance.conformance.registry import builtin
 
-    return tuple(builtin("engine", f"hf_{cache}", HFGenerate(cache), needs="transformers", adapter=True, peer="hf")
-                 for cache in ("dynamic", "static", "nocache"))
+    return (
+        builtin("inference_engine", "hf_dynamic", HFGenerate("dynamic"), needs="transformers", adapter=True, peer="hf"),
+        builtin("inference_engine", "hf_static", HFGenerate("static"), needs="transformers", adapter=True, peer="hf"),
+        builtin("inference_engine", "hf_nocache", HFGenerate("none"), needs="transformers", adapter=True, peer="hf"),
+    )

@@ -1,8 +1,8 @@
-"""The reference engine of the ``engine`` contract: generation with the reference model in
+"""The reference engine of the ``inference_engine`` contract: generation with the reference model in
 float64, every step a full forward without a cache, one request at a time (claims EN-1..EN-3).
 
 :class:`ReferenceEngine` answers ``generate(requests, params)``
-(:mod:`inference_conformance.conformance.contracts.engine`): greedy decoding (argmax of the
+(:mod:`inference_conformance.conformance.contracts.inference_engine`): greedy decoding (argmax of the
 float64 logits) or sampling from :func:`inference_conformance.reference.speculative.process_logits`
 (temperature, top-p) by inverse CDF with one float64 uniform per token from the request's own
 ``torch.Generator`` seeded with its ``seed`` (None: a fresh random seed); logprobs are the float64
@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from inference_conformance.conformance.contracts.engine import (
+from inference_conformance.conformance.contracts.inference_engine import (
     Capabilities,
     Completion,
     check_vocab,
@@ -162,6 +162,6 @@ class ReferenceEngine:
 
 
 def implementations():
-    """None here: the registered reference (``optimized/engine``) gives this engine the folder
+    """None here: the registered reference (``optimized/inference_engine``) gives this engine the folder
     reader of the small world, a layer above this one."""
     return ()
