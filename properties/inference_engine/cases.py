@@ -151,6 +151,14 @@ def pooled(counts: np.ndarray, probs: np.ndarray, n: int) -> tuple[np.ndarray, n
     return c, p
 
 
+def generate(engine, requests: list, p: Params) -> list[Completion]:
+    """``engine.generate(requests, p)``, one request per call where the engine declares no
+    batching (the laws' many-request calls are then sent one by one, as a user would)."""
+    if engine.capabilities().batching:
+        return engine.generate(requests, p)
+    return [engine.generate([r], p)[0] for r in requests]
+
+
 def check_sampled(engine, prompt: tuple, seed: int, temperature: float, top_p: float, speculative,
                   alpha: float, samples: int = SAMPLES) -> None:
     """EN-3 (sampled): ``samples`` requests of ``prompt`` with seeds ``seed``.. and two new
@@ -158,7 +166,7 @@ def check_sampled(engine, prompt: tuple, seed: int, temperature: float, top_p: f
     false-alarm rate ``alpha`` (the SD-1 machinery, :func:`inference_conformance.conformance.stats.check_counts`).
     With γ = 1 the second token is the bonus whenever the first draft token is accepted."""
     p = params(temperature=temperature, top_p=top_p, speculative=speculative, num_speculative_tokens=1)
-    out = engine.generate([Request(prompt, 2, seed + i) for i in range(samples)], p)
+    out = generate(engine, [Request(prompt, 2, seed + i) for i in range(samples)], p)
     folder = p.model
     exact = first_two_distribution(folder, prompt, temperature, top_p)
     V = int(round(len(exact) ** 0.5))

@@ -37,7 +37,7 @@ def law_greedy_matches_reference(run, device, seed):
     eng, bound = run.impl, C.dtype_bound(run.impl)
     prompts = C.document_prompts(seed, 3)
     with refusal(run, "greedy generation"):
-        out = eng.generate([Request(p, 8) for p in prompts], C.params())
+        out = C.generate(eng, [Request(p, 8) for p in prompts], C.params())
     folder = C.folders()["target"]
     excused = sum(C.check_greedy(c, p, folder, bound, f"request {i} {p}") for i, (c, p) in enumerate(zip(out, prompts)))
     run.observe({"excused": excused})
@@ -81,10 +81,10 @@ def law_speculative_greedy(run, device, seed, gamma):
     reqs = [Request(p, 8) for p in prompts]
     folder = C.folders()["target"]
     with refusal(run, "target-only greedy"):
-        plain = eng.generate(reqs, C.params())
+        plain = C.generate(eng, reqs, C.params())
     for method in _caps(eng).speculative:
         with refusal(run, f"speculative {method!r}"):
-            spec = eng.generate(reqs, C.params(speculative=method, num_speculative_tokens=gamma))
+            spec = C.generate(eng, reqs, C.params(speculative=method, num_speculative_tokens=gamma))
         for i, (a, b) in enumerate(zip(plain, spec)):
             what = f"request {i} {prompts[i]}, {method} γ={gamma}"
             C.check_same(a, b, prompts[i], folder, bound, what)
@@ -115,8 +115,8 @@ def law_same_seed_same_tokens(run, device, seed):
     eng = run.impl
     reqs = [Request(p, 6, seed + i) for i, p in enumerate(C.document_prompts(seed, 3))]
     with refusal(run, "seeded sampling"):
-        a = eng.generate(reqs, C.params(temperature=0.8))
-        b = eng.generate(reqs, C.params(temperature=0.8))
+        a = C.generate(eng, reqs, C.params(temperature=0.8))
+        b = C.generate(eng, reqs, C.params(temperature=0.8))
     for i, (x, y) in enumerate(zip(a, b)):
         check_exact(y.tokens, x.tokens, what=f"request {i}: tokens of the second call").check()
 
