@@ -1,6 +1,6 @@
 """``inference-conformance``: the suite's one command.
 
-    inference-conformance run | merge | expect | gate | ab | list | docs [ARGS...]
+    inference-conformance run | merge | expect | gate | ab | list | docs | export-model [ARGS...]
 
 Each subcommand hands its arguments, unchanged, to the ``main`` of the module that does the
 work (its own ``--help`` gives its options); the ``python -m`` forms of those modules stay as
@@ -28,6 +28,8 @@ SUBCOMMANDS = {
     "ab": ("inference_conformance.perf.ab", "interleaved A/B timing of two checkouts or two implementations"),
     "list": ("inference_conformance.catalog", "techniques, claims and built-in implementations (fast: imports no torch)"),
     "docs": ("inference_conformance.reports.docs", "write or --check the technique reference pages"),
+    "export-model": ("inference_conformance.smallworld.hf_export",
+                     "write the small world's checkpoints as Hugging Face Llama folders, checked in float64"),
 }
 
 

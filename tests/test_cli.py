@@ -61,7 +61,7 @@ def test_help_lists_every_subcommand_with_its_line(tmp_path):
     flat = " ".join(done.stdout.split())
     for name, (_, line) in cli.SUBCOMMANDS.items():
         assert f"{name} {line}" in flat, (name, done.stdout)
-    assert set(cli.SUBCOMMANDS) == {"run", "merge", "expect", "gate", "ab", "list", "docs"}
+    assert set(cli.SUBCOMMANDS) == {"run", "merge", "expect", "gate", "ab", "list", "docs", "export-model"}
     bad = command("no-such-subcommand", cwd=tmp_path)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr, bad.stderr
 
@@ -69,7 +69,7 @@ def test_help_lists_every_subcommand_with_its_line(tmp_path):
 def test_each_subcommand_help_is_its_modules(tmp_path):
     """A subcommand's arguments go to its module as they are: ``SUB --help`` is that module's help."""
     for name, words in (("run", "--impl"), ("merge", "RUN"), ("expect", "update"), ("list", "--json"),
-                        ("docs", "--check"), ("gate", "--baseline"), ("ab", "--impl-a")):
+                        ("docs", "--check"), ("gate", "--baseline"), ("ab", "--impl-a"), ("export-model", "--head-dims")):
         done = command(name, "--help", cwd=tmp_path)
         assert done.returncode == 0 and words in done.stdout, (name, done.stdout, done.stderr)
     assert "usage: inference-conformance run" in command("run", "--help", cwd=tmp_path).stdout

@@ -1,0 +1,241 @@
+"""The ``inference_engine`` contract: a whole inference engine, judged on what it generates (claims EN-1,
+EN-2, EN-3; KV-2 for its seeds).
+
+An implementation is an object (or module) with two callables:
+
+``capabilities() -> Capabilities``
+    What the engine offers (:class:`Capabilities`): batching, the padding sides it takes, prefix
+    caching, chunked prefill (a per-step token budget), its speculative methods, seeded
+    sampling, top-p, logprobs, whether it declares batch invariance (bitwise-equal logprobs
+    whatever the batch), and the dtype it computes in (what EN-1's bound is for).
+
+``generate(requests, params) -> list[Completion]``
+    requests: a non-empty list of :class:`Request` (token ids, no tokenizer: ``prompt`` a tuple of
+    ints in [0, V), at least one; ``max_new_tokens`` >= 1; ``seed`` an int or None). params: one
+    :class:`Params` for the whole call: ``model``, a Hugging Face Llama folder the suite exports
+    (``inference-conformance export-model``: ``config.json`` and ``model.safetensors``; float32
+    weights); ``temperature`` (0: greedy, else sampling from softmax(logits / temperature)),
+    ``top_p`` in (0, 1]; ``speculative`` None or one of :data:`SPECULATIVE_METHODS` ("draft":
+    with the model in ``draft``; "ngram": prompt lookup) proposing ``num_speculative_tokens``
+    tokens per target call; ``prefix_caching``; ``chunked_prefill`` (None, or the token budget
+    of a step, >= 1); ``padding`` (None, "left" or "right": how a batch of prompts of
+    different lengths is laid out, for engines that pad).
+
+    Returns one :class:`Completion` per request, in order: ``tokens`` (n,) int64 with n =
+    ``max_new_tokens`` exactly (the stop token does not stop generation: engines run with it
+    removed, ``ignore_eos``), and ``logprobs`` (n,) float64, the log-softmax of the model's raw
+    logits (before temperature and top-p) at each chosen token, or None where the engine does
+    not give them (``Capabilities.logprobs`` False). An engine keeps its state between calls
+    (a prefix cache lives across them, as a server's does); the output must not depend on it.
+
+    Sampling: a request's tokens depend only on its prompt, ``seed`` and the params, for an
+    engine that seeds per request (``Capabilities.seeded_sampling`` "request"); "batch": on the
+    seeds of the whole call (one generator per call); "none": unseeded. The same call with the
+    same seeds gives the same tokens (KV-2).
+
+Errors: ``validate(requests, params)`` is the contract's own check, which every engine calls
+first: TypeError for a non-list ``requests``, an element that is not a Request, a non-int id,
+seed or length, ``params`` not a Params; ValueError naming the field for an empty list, an empty
+prompt, a negative id, max_new_tokens < 1, temperature < 0 or not finite, top_p outside (0, 1],
+an unknown speculative method, "draft" without ``draft``, num_speculative_tokens < 1, a budget
+< 1, an unknown padding side; last, ValueError naming ``params.model`` (or ``params.draft``)
+for a folder without ``config.json``. Ids at or above the model's vocabulary raise ValueError
+naming ``prompt`` once the model is read. A setting the engine does not offer (its capabilities)
+raises NotImplementedError: "unsupported", never a pass.
+
+Oracle: the float64 reference model loaded from the same folder
+(``inference_conformance.reference.inference_engine``: greedy and sampled generation, every step a full
+forward; speculative decoding by the exact accept/reject rule). EN-1 judges greedy tokens
+against its float64 logits at :func:`logit_bound` of the engine's dtype: a token that is not the
+float64 argmax is excused (and counted) only where the float64 gap between the top logit and
+the chosen token's is within that bound; logprobs within twice the bound (log-softmax is
+2-Lipschitz in the max norm). Sources: lecture 001 §2 and §4 (KV-1, KV-10, PA-6..PA-8 for a
+whole engine), lecture 002 (SD-1, SD-7, SD-12), Kwon et al. 2023 (vLLM).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inference_conformance.conformance.registry_declarations import Contract, InvalidCall
+
+SPECULATIVE_METHODS = ("draft", "ngram")
+PADDING_SIDES = ("left", "right")
+SEEDING = ("request", "batch", "none")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation: ``prompt`` token ids (tuple of ints), ``max_new_tokens`` >= 1, ``seed``."""
+
+    prompt: tuple
+    max_new_tokens: int
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Params:
+    """The settings of one ``generate`` call (see the module docstring)."""
+
+    model: str
+    temperature: float = 0.0
+    top_p: float = 1.0
+    speculative: str | None = None
+    draft: str | None = None
+    num_speculative_tokens: int = 3
+    prefix_caching: bool = False
+    chunked_prefill: int | None = None
+    padding: str | None = None
+
+
+@dataclass
+class Completion:
+    """One request's output: ``tokens`` (n,) int64, ``logprobs`` (n,) float64 or None."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine offers; a law skips (with the reason) what it does not."""
+
+    dtype: torch.dtype = torch.float32
+    batching: bool = True
+    padding: tuple = ()
+    prefix_caching: bool = False
+    chunked_prefill: bool = False
+    speculative: tuple = ()
+    seeded_sampling: str = "request"
+    top_p: bool = True
+    logprobs: bool = True
+    batch_invariant: bool = False
+
+
+def logit_bound(dtype: torch.dtype) -> float:
+    """EN-1's allowance on a logit of an engine computing in ``dtype``: 2^10 units of roundoff
+    (float32: 1.2e-4; bfloat16: 8; float64: 2.3e-13) for the small world's logits, which are
+    O(10) after sums of a few hundred terms through 4 layers; not derived from any measurement."""
+    return 2.0 ** 10 * torch.finfo(dtype).eps / 2
+
+
+def _check_int(x, name: str, low: int) -> None:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x < low:
+        raise ValueError(f"{name} must be >= {low}, got {x}")
+
+
+def _check_folder(folder, name: str) -> None:
+    if not isinstance(folder, (str, Path)):
+        raise TypeError(f"{name} must be a folder path (str or Path), got {type(folder).__name__}")
+    if not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"{name}: {folder} holds no config.json (a Hugging Face model folder is expected)")
+
+
+def validate(requests, params) -> None:
+    """The contract's checks of one ``generate`` call, in the order the module docstring gives."""
+    if not isinstance(requests, list):
+        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+    if not requests:
+        raise ValueError("requests must hold at least one Request")
+    for i, r in enumerate(requests):
+        if not isinstance(r, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(r).__name__}")
+        if not isinstance(r.prompt, (tuple, list)):
+            raise TypeError(f"requests[{i}].prompt must be a tuple of ints, got {type(r.prompt).__name__}")
+        if not r.prompt:
+            raise ValueError(f"requests[{i}].prompt must hold at least one token id")
+        for t in r.prompt:
+            _check_int(t, f"requests[{i}].prompt ids", 0)
+        _check_int(r.max_new_tokens, f"requests[{i}].max_new_tokens", 1)
+        if r.seed is not None:
+            _check_int(r.seed, f"requests[{i}].seed", 0)
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be a Params, got {type(params).__name__}")
+    if isinstance(params.temperature, bool) or not isinstance(params.temperature, (int, float)):
+        raise TypeError(f"params.temperature must be a float, got {type(params.temperature).__name__}")
+    if not (math.isfinite(params.temperature) and params.temperature >= 0):
+        raise ValueError(f"params.temperature must be finite and >= 0, got {params.temperature}")
+    if not (isinstance(params.top_p, (int, float)) and 0.0 < params.top_p <= 1.0):
+        raise ValueError(f"params.top_p must lie in (0, 1], got {params.top_p!r}")
+    if params.speculative is not None and params.speculative not in SPECULATIVE_METHODS:
+        raise ValueError(f"params.speculative must be None or one of {SPECULATIVE_METHODS}, got {params.speculative!r}")
+    if params.speculative == "draft" and params.draft is None:
+        raise ValueError("params.draft must name the draft's folder for speculative='draft'")
+    _check_int(params.num_speculative_tokens, "params.num_speculative_tokens", 1)
+    if params.chunked_prefill is not None:
+        _check_int(params.chunked_prefill, "params.chunked_prefill", 1)
+    if params.padding is not None and params.padding not in PADDING_SIDES:
+        raise ValueError(f"params.padding must be None or one of {PADDING_SIDES}, got {params.padding!r}")
+    _check_folder(params.model, "params.model")
+    if params.speculative == "draft":
+        _check_folder(params.draft, "params.draft")
+
+
+def check_vocab(requests, vocab_size: int) -> None:
+    """ValueError naming ``prompt`` for an id at or above ``vocab_size`` (once the model is read)."""
+    for i, r in enumerate(requests):
+        if max(r.prompt) >= vocab_size:
+            raise ValueError(f"requests[{i}].prompt holds id {max(r.prompt)} outside [0, {vocab_size})")
+
+
+def refuse_unoffered(caps: Capabilities, requests, params, who: str) -> None:
+    """NotImplementedError (the engine's refusal) for a setting ``caps`` does not offer."""
+    if len(requests) > 1 and not caps.batching:
+        raise NotImplementedError(f"{who} takes one request per call")
+    if params.prefix_caching and not caps.prefix_caching:
+        raise NotImplementedError(f"{who} has no prefix caching")
+    if params.chunked_prefill is not None and not caps.chunked_prefill:
+        raise NotImplementedError(f"{who} has no chunked prefill")
+    if params.speculative is not None and params.speculative not in caps.speculative:
+        raise NotImplementedError(f"{who} offers speculative methods {caps.speculative}, not {params.speculative!r}")
+    if params.padding is not None and params.padding not in caps.padding:
+        raise NotImplementedError(f"{who} pads on {caps.padding or 'no side'}, not {params.padding!r}")
+    if params.top_p < 1.0 and params.temperature > 0 and not caps.top_p:
+        raise NotImplementedError(f"{who} has no top-p")
+
+
+def invalid(device: str) -> list[InvalidCall]:
+    """The documented bad calls; each fails ``validate`` before the (absent) model folder is read."""
+    folder = "no-such-model-folder"
+    ok = [Request((1, 5, 6), 2)]
+    p = Params(folder)
+
+    def bad(what, requests, params, raises, argument):
+        return InvalidCall(what, (requests, params), raises=(raises,), argument=argument)
+
+    return [
+        bad("requests-not-a-list", tuple(ok), p, TypeError, "requests"),
+        bad("requests-empty", [], p, ValueError, "requests"),
+        bad("request-not-a-request", [(1, 5, 6)], p, TypeError, "requests[0]"),
+        bad("prompt-empty", [Request((), 2)], p, ValueError, "prompt"),
+        bad("prompt-negative-id", [Request((1, -5), 2)], p, ValueError, "prompt"),
+        bad("prompt-float-id", [Request((1, 5.0), 2)], p, TypeError, "prompt"),
+        bad("max-new-tokens-zero", [Request((1, 5), 0)], p, ValueError, "max_new_tokens"),
+        bad("params-not-params", ok, {"model": folder}, TypeError, "params"),
+        bad("temperature-negative", ok, Params(folder, temperature=-1.0), ValueError, "temperature"),
+        bad("temperature-nan", ok, Params(folder, temperature=float("nan")), ValueError, "temperature"),
+        bad("top-p-zero", ok, Params(folder, temperature=1.0, top_p=0.0), ValueError, "top_p"),
+        bad("speculative-unknown", ok, Params(folder, speculative="medusa"), ValueError, "speculative"),
+        bad("draft-missing", ok, Params(folder, speculative="draft"), ValueError, "draft"),
+        bad("speculative-tokens-zero", ok, Params(folder, num_speculative_tokens=0), ValueError,
+            "num_speculative_tokens"),
+        bad("budget-zero", ok, Params(folder, chunked_prefill=0), ValueError, "chunked_prefill"),
+        bad("padding-unknown", ok, Params(folder, padding="middle"), ValueError, "padding"),
+        bad("model-not-a-folder", ok, p, ValueError, "model"),
+    ]
+
+
+CONTRACT = Contract(
+    technique="inference_engine",
+    functions=("generate", "capabilities"),
+    doc=__doc__,
+    returns={"generate": list, "capabilities": Capabilities},
+    invalid=invalid,
+)
+# No ``cases``: every valid call needs an exported model folder, which a layer above this one
+# writes (smallworld/hf_export.py); the laws' determinism check (KV-2) repeats calls instead.

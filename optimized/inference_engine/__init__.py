@@ -1,0 +1,25 @@
+"""The ``inference_engine`` contract's built-ins: the float64 reference (``reference``, the engine of
+:mod:`inference_conformance.reference.inference_engine` given the small world's folder reader), the suite's own
+engines through thin adapters (:mod:`.suite`: ``paged``, the continuous-batching engine with its
+prefix cache and chunked prefill; ``speculative``, the speculative engine with a draft model) and
+the adapters of real engines (:mod:`.hf`: transformers' ``generate``, peer set "hf";
+:mod:`.ctranslate2`, :mod:`.ort_genai` and :mod:`.vllm`, peer set "engines"), each listed unavailable, with the
+reason, outside its environment or where its package is missing."""
+from __future__ import annotations
+
+
+def implementations():
+    from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized.inference_engine import ctranslate2, hf, ort_genai, suite, vllm
+
+    return (
+        builtin("inference_engine", "reference", suite.reference_engine()),
+        builtin("inference_engine", "paged", suite.PagedAdapter()),
+        builtin("inference_engine", "speculative", suite.SpeculativeAdapter()),
+        *hf.registrations(),
+        builtin("inference_engine", "ctranslate2", ctranslate2.CT2Generate(), needs="ctranslate2", adapter=True,
+                peer="engines"),
+        builtin("inference_engine", "ort_genai", ort_genai.OrtGenAI(), needs="onnxruntime_genai", adapter=True,
+                peer="engines"),
+        builtin("inference_engine", "vllm", vllm.VLLMEngine(), needs="vllm", adapter=True, peer="engines"),
+    )

@@ -1,0 +1,185 @@
+"""What the engine laws share (claims EN-1..EN-3, KV-2 for a whole engine): the exported model
+folders, the float64 oracle read from them, the prompts, and the checks, each a plain function
+of an engine's output so that the suite's tests show it rejecting a known-bad one.
+
+Prompts come from the small world's grammar (documents of the ``val`` split, a prefix of
+each) and, for EN-2, from a pool of segments: ``<bos>`` + A + S + tail with A of 7 ids and S of 8,
+so that full blocks of 4 or 8 tokens (S's) repeat after different prefixes (A's): a prefix cache
+keyed by a block's tokens alone serves such a block stale.
+"""
+from __future__ import annotations
+
+import functools
+import random
+import tempfile
+
+import numpy as np
+import torch
+
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.inference_engine import Completion, Params, Request, logit_bound
+from inference_conformance.conformance.stats import check_counts
+from inference_conformance.conformance.tolerance import check_exact, check_within
+from inference_conformance.reference.speculative import process_logits
+from inference_conformance.smallworld import data
+from inference_conformance.smallworld.hf_export import BOS_ID, export_world
+from inference_conformance.smallworld.hf_llama import load_hf_llama
+
+#: The G-tests' family-wise false-alarm rate per law run (Bonferroni over its tests).
+ALPHA = 1e-3
+#: Sampled configurations of EN-3: (temperature, top_p); the second where top-p is offered.
+SAMPLED = ((1.0, 1.0), (0.7, 0.9))
+SAMPLES = 600
+#: Smallest expected count of a bin of the engine G-tests: categories below it are pooled first,
+#: so that the test's critical value is the asymptotic one (no Monte Carlo calibration: a
+#: coarser, still exact-level test; ``conformance/stats.py``'s CHI2_TRUSTED).
+POOL_BELOW = 20.0
+
+
+@functools.lru_cache(maxsize=1)
+def folders() -> dict[str, str]:
+    """The small world's exported folders, written once per process: "target", "draft_good"
+    and "draft_good-hd64" (the draft zero-padded to head dim 64, for engines refusing 16)."""
+    out = tempfile.mkdtemp(prefix="inference-conformance-models-")
+    done = export_world(out, ("target", "draft_good"), (64,))
+    return {k: str(p) for k, (p, _) in done.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def oracle(folder: str):
+    """The float64 reference model of ``folder``."""
+    return load_hf_llama(folder, dtype=torch.float64)
+
+
+def params(**kw) -> Params:
+    """Params over the exported target (and draft_good for speculative='draft')."""
+    f = folders()
+    if kw.get("speculative") == "draft":
+        kw.setdefault("draft", f["draft_good"])
+    return Params(f["target"], **kw)
+
+
+def document_prompts(seed: int, n: int, max_len: int = 12) -> list[tuple]:
+    """``n`` prompts: a prefix (1..max_len ids, ``<bos>`` first) of grammar documents."""
+    rng = random.Random(seed)
+    docs = data.encode(data.split("val", 200))
+    return [tuple(d[:rng.randint(1, min(max_len, len(d)))]) for d in rng.sample(docs, n)]
+
+
+def shared_block_prompts(seed: int, vocab_size: int = 294) -> list[tuple]:
+    """Four prompts ``<bos>`` + A_i + S_j + tail, (i, j) over {0, 1}²: full blocks repeat after
+    different prefixes (see the module docstring)."""
+    rng = random.Random(seed)
+    seg = lambda n: [rng.randrange(3, vocab_size) for _ in range(n)]   # noqa: E731
+    A, S = [seg(7), seg(7)], [seg(8), seg(8)]
+    return [tuple([BOS_ID] + A[i] + S[j] + seg(rng.randint(0, 3))) for i in (0, 1) for j in (0, 1)]
+
+
+@torch.no_grad()
+def position_logits(folder: str, prompt: tuple, tokens: torch.Tensor) -> torch.Tensor:
+    """(n, V) float64 logits that chose each of ``tokens`` after ``prompt`` (teacher-forced)."""
+    seq = torch.tensor([list(prompt) + tokens.tolist()])
+    return oracle(folder)(seq)[0, len(prompt) - 1:-1]
+
+
+def check_greedy(c: Completion, prompt: tuple, folder: str, bound: float, what: str) -> int:
+    """EN-1 on one completion: every token the float64 argmax, or within 2·``bound`` of it (an
+    excused near-tie); logprobs within 2·``bound`` of the float64 log-softmax. Returns the
+    number of excused positions; raises AssertionError (the tolerance policy's verdict)."""
+    n = int(c.tokens.numel())
+    logits = position_logits(folder, prompt, c.tokens)                          # (n, V)
+    gap = logits.max(-1).values - logits[torch.arange(n), c.tokens]
+    limit = torch.full((n,), 2 * bound, dtype=torch.float64)
+    check_within(gap, torch.zeros(n, dtype=torch.float64), limit, what=f"{what}: float64 gap of the chosen tokens",
+                 rule="EN-1: the chosen token's float64 logit within twice the dtype's bound of the top").check()
+    if c.logprobs is not None:
+        ref = torch.log_softmax(logits, -1)[torch.arange(n), c.tokens]
+        check_within(c.logprobs.double(), ref, limit, what=f"{what}: logprobs",
+                     rule="EN-1: logprobs within twice the dtype's bound of the float64 log-softmax").check()
+    return int((gap > 0).sum())
+
+
+def check_same(a: Completion, b: Completion, prompt: tuple, folder: str, bound: float, what: str,
+               bitwise: bool = False) -> tuple[bool, bool]:
+    """EN-2 / EN-3 (greedy): completion ``b`` equals ``a`` (the request alone, or target-only).
+    Up to their first different token; there the float64 logits of the two tokens after the
+    shared prefix must be within 2·``bound`` (an excused near-tie, where the comparison stops),
+    unless ``bitwise`` (a declared batch-invariant engine: tokens and logprobs identical).
+    Returns (excused, logprobs bitwise equal); raises AssertionError."""
+    ta, tb = a.tokens.tolist(), b.tokens.tolist()
+    first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    same_lp = (a.logprobs is not None and b.logprobs is not None and torch.equal(a.logprobs, b.logprobs))
+    if bitwise or first is None:
+        check_exact(b.tokens, a.tokens, what=f"{what}: tokens").check()
+        if bitwise and a.logprobs is not None:
+            check_exact(b.logprobs, a.logprobs, what=f"{what}: logprobs (declared batch invariant)").check()
+        return False, same_lp
+    logits = position_logits(folder, prompt, a.tokens)[first]
+    gap = (logits[ta[first]] - logits[tb[first]]).abs().reshape(1)
+    check_within(gap, torch.zeros(1, dtype=torch.float64), torch.full((1,), 2 * bound, dtype=torch.float64),
+                 what=f"{what}: tokens differ at {first} ({ta[first]} vs {tb[first]})",
+                 rule="the two tokens' float64 logits within twice the dtype's bound (a near-tie)").check()
+    return True, False
+
+
+@torch.no_grad()
+def first_two_distribution(folder: str, prompt: tuple, temperature: float, top_p: float) -> np.ndarray:
+    """(V·V,) float64: the target's processed distribution of the first two tokens after
+    ``prompt``, p(t1) · p(t2 | t1), from one forward over every continuation t1."""
+    model = oracle(folder)
+    V = model.cfg.vocab_size
+    seqs = torch.cat([torch.tensor([list(prompt)]).expand(V, -1), torch.arange(V)[:, None]], 1)  # (V, S+1)
+    logits = model(seqs)
+    p1 = process_logits(logits[0, -2], temperature, 0, top_p)
+    p2 = process_logits(logits[:, -1], temperature, 0, top_p)                                   # (V, V)
+    return (p1[:, None] * p2).reshape(-1).numpy()
+
+
+def pooled(counts: np.ndarray, probs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, probs) with every category of expected count n·p below :data:`POOL_BELOW` (and
+    probability > 0) pooled into one, itself merged with the next smallest until it reaches the
+    threshold; categories of probability 0 kept apart (a count there rejects outright)."""
+    keep = (probs * n >= POOL_BELOW) | (probs == 0)
+    order = np.argsort(np.where(keep & (probs > 0), probs, np.inf))
+    pool = ~keep
+    for k in order:
+        if probs[pool].sum() * n >= POOL_BELOW or not np.isfinite(probs[k]) or probs[k] == 0 or pool[k]:
+            break
+        pool[k] = True
+    c = np.append(counts[~pool], counts[pool].sum())
+    p = np.append(probs[~pool], probs[pool].sum())
+    return c, p
+
+
+def generate(engine, requests: list, p: Params) -> list[Completion]:
+    """``engine.generate(requests, p)``, one request per call where the engine declares no
+    batching (the laws' many-request calls are then sent one by one, as a user would)."""
+    if engine.capabilities().batching:
+        return engine.generate(requests, p)
+    return [engine.generate([r], p)[0] for r in requests]
+
+
+def check_sampled(engine, prompt: tuple, seed: int, temperature: float, top_p: float, speculative,
+                  alpha: float, samples: int = SAMPLES) -> None:
+    """EN-3 (sampled): ``samples`` requests of ``prompt`` with seeds ``seed``.. and two new
+    tokens each; the G-test of the (t1, t2) counts against the exact float64 distribution at
+    false-alarm rate ``alpha`` (the SD-1 machinery, :func:`inference_conformance.conformance.stats.check_counts`).
+    With γ = 1 the second token is the bonus whenever the first draft token is accepted."""
+    p = params(temperature=temperature, top_p=top_p, speculative=speculative, num_speculative_tokens=1)
+    out = generate(engine, [Request(prompt, 2, seed + i) for i in range(samples)], p)
+    folder = p.model
+    exact = first_two_distribution(folder, prompt, temperature, top_p)
+    V = int(round(len(exact) ** 0.5))
+    pairs = np.array([c.tokens[0].item() * V + c.tokens[1].item() for c in out])
+    counts, probs = pooled(np.bincount(pairs, minlength=V * V), exact, samples)
+    check_counts(counts, probs, alpha=alpha,
+                 what=f"first two tokens, T={temperature}, top-p={top_p}, speculative={speculative}").check()
+
+
+def dtype_bound(engine) -> float:
+    """EN-1's bound for ``engine``'s declared dtype."""
+    return logit_bound(engine.capabilities().dtype)
+
+
+def record_figure(claim: str, measured, unit: str, rule: str) -> None:
+    results.record(claim, measured=measured, unit=unit, rule=rule)

@@ -1,0 +1,160 @@
+"""The engine laws, over every registered engine (claims EN-1, EN-2, EN-3, and KV-2 for a whole
+engine), each rejecting its engine of the zoo (``properties/inference_engine/zoo.py``).
+
+- EN-1 (:func:`law_greedy_matches_reference`): greedy tokens are the float64 reference's,
+  teacher-forced on the engine's own output; a token that is not the float64 argmax is excused
+  (and counted) only within twice the dtype's bound; logprobs within that bound.
+- EN-2 (:func:`law_output_independent_of_batching`): each request's output alone equals its
+  output in batches of drawn composition and order, with prefix caching on (two passes, the
+  second served from the cache) or off, chunked prefill at a drawn budget and a drawn padding
+  side, as the engine offers them; bitwise equality of logprobs counted, enforced where the
+  engine declares batch invariance.
+- EN-3 greedy (:func:`law_speculative_greedy`): each speculative method emits the target-only
+  tokens (and passes EN-1); sampled (:func:`law_sampled_distribution`): the first two tokens
+  follow the exact float64 distribution by a G-test, plain sampling as the control.
+- KV-2 (:func:`law_same_seed_same_tokens`): the same sampled call twice gives the same tokens.
+"""
+from __future__ import annotations
+
+import random
+
+from hypothesis import strategies as st
+
+from inference_conformance.conformance.contracts.inference_engine import Request
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.tolerance import check_exact
+from inference_conformance.properties.inference_engine import cases as C
+
+SEEDS = st.integers(0, 2 ** 16)
+
+
+def _caps(impl):
+    return impl.capabilities()
+
+
+def law_greedy_matches_reference(run, device, seed):
+    """EN-1: greedy tokens and logprobs of a batch of grammar prompts against the float64 model."""
+    eng, bound = run.impl, C.dtype_bound(run.impl)
+    prompts = C.document_prompts(seed, 3)
+    with refusal(run, "greedy generation"):
+        out = C.generate(eng, [Request(p, 8) for p in prompts], C.params())
+    folder = C.folders()["target"]
+    excused = sum(C.check_greedy(c, p, folder, bound, f"request {i} {p}") for i, (c, p) in enumerate(zip(out, prompts)))
+    run.observe({"excused": excused})
+
+
+def law_output_independent_of_batching(run, device, seed, cuts, prefix_caching, budget, side):
+    """EN-2: alone vs batched, prefix caching, chunked prefill and padding, as offered."""
+    eng, caps, bound = run.impl, _caps(run.impl), C.dtype_bound(run.impl)
+    prompts = C.shared_block_prompts(seed)
+    reqs = [Request(p, 5) for p in prompts]
+    folder = C.folders()["target"]
+    with refusal(run, "a request alone"):
+        alone = [eng.generate([r], C.params())[0] for r in reqs]
+    kw = {}
+    if prefix_caching and caps.prefix_caching:
+        kw["prefix_caching"] = True
+    if budget is not None and caps.chunked_prefill:
+        kw["chunked_prefill"] = budget
+    if caps.padding:
+        kw["padding"] = caps.padding[side % len(caps.padding)]
+    order = list(range(len(reqs)))
+    random.Random(seed).shuffle(order)
+    bounds = sorted({c % len(order) for c in cuts} - {0}) if caps.batching else list(range(1, len(order)))
+    batches = [order[a:b] for a, b in zip([0] + bounds, bounds + [len(order)])]
+    bitwise = 0
+    for _ in range(2 if kw.get("prefix_caching") else 1):
+        for batch in batches:
+            with refusal(run, f"a batch with {kw}"):
+                out = eng.generate([reqs[i] for i in batch], C.params(**kw))
+            for i, c in zip(batch, out):
+                _, same = C.check_same(alone[i], c, prompts[i], folder, bound,
+                                       f"request {i} in batch {batch} with {kw or 'defaults'}", caps.batch_invariant)
+                bitwise += same
+    run.observe({"settings": tuple(sorted(kw)), "bitwise_logprobs": bitwise})
+
+
+def law_speculative_greedy(run, device, seed, gamma):
+    """EN-3 (greedy): every speculative method the engine offers emits the target-only tokens."""
+    eng, bound = run.impl, C.dtype_bound(run.impl)
+    prompts = C.document_prompts(seed, 3)
+    reqs = [Request(p, 8) for p in prompts]
+    folder = C.folders()["target"]
+    with refusal(run, "target-only greedy"):
+        plain = C.generate(eng, reqs, C.params())
+    for method in _caps(eng).speculative:
+        with refusal(run, f"speculative {method!r}"):
+            spec = C.generate(eng, reqs, C.params(speculative=method, num_speculative_tokens=gamma))
+        for i, (a, b) in enumerate(zip(plain, spec)):
+            what = f"request {i} {prompts[i]}, {method} γ={gamma}"
+            C.check_same(a, b, prompts[i], folder, bound, what)
+            C.check_greedy(b, prompts[i], folder, bound, what)
+
+
+def law_sampled_distribution(run, device, seed):
+    """EN-3 (sampled): (t1, t2) of many seeded requests by G-test, plain sampling and each
+    speculative method (γ = 1, so t2 is the bonus token when t1 is accepted), at temperature 1
+    and at 0.7 with top-p 0.9 (0.7 alone where top-p is not offered)."""
+    eng, caps = run.impl, _caps(run.impl)
+    prompt = C.document_prompts(seed, 1, max_len=3)[0]
+    configs = [(t, p if caps.top_p else 1.0, m) for t, p in C.SAMPLED for m in (None, *caps.speculative)]
+    refused = []
+    with refusal(run, "sampling"):
+        for t, p, m in configs:
+            try:
+                C.check_sampled(eng, prompt, seed, t, p, m, C.ALPHA / len(configs))
+            except NotImplementedError as exc:
+                refused.append(f"T={t} top-p={p} {m}: {exc}")
+        if len(refused) == len(configs):
+            raise NotImplementedError(refused[0])
+    run.observe({"refused": tuple(refused)})
+
+
+def law_same_seed_same_tokens(run, device, seed):
+    """KV-2 for a whole engine: the same sampled call (same seeds) twice, the same tokens."""
+    eng = run.impl
+    reqs = [Request(p, 6, seed + i) for i, p in enumerate(C.document_prompts(seed, 3))]
+    with refusal(run, "seeded sampling"):
+        a = C.generate(eng, reqs, C.params(temperature=0.8))
+        b = C.generate(eng, reqs, C.params(temperature=0.8))
+    for i, (x, y) in enumerate(zip(a, b)):
+        check_exact(y.tokens, x.tokens, what=f"request {i}: tokens of the second call").check()
+
+
+def _speculative(impl):
+    return None if _caps(impl).speculative else "the engine offers no speculative method"
+
+
+def _seeded(impl):
+    return None if _caps(impl).seeded_sampling != "none" else "the engine's sampling is not seeded"
+
+
+#: Under ``ci`` (10 examples) an engine law draws 1 beyond its pinned examples: every example
+#: runs whole engines several times (``dev``: 3, ``thorough``: 50).
+_FEW = dict(params=("device",), max_examples=lambda n: max(1, n // 10))
+EN1 = Law(claim="EN-1", technique="inference_engine", body=law_greedy_matches_reference, given={"seed": SEEDS},
+          examples=(dict(seed=0),), kills=(Kills(("batch_dependent",)),), **_FEW)
+EN2 = Law(claim="EN-2", technique="inference_engine", body=law_output_independent_of_batching,
+          given={"seed": SEEDS, "cuts": st.lists(st.integers(0, 8), max_size=3), "prefix_caching": st.booleans(),
+                 "budget": st.sampled_from((None, 3, 5, 16)), "side": st.integers(0, 1)},
+          examples=(dict(seed=1, cuts=[2], prefix_caching=True, budget=None, side=0),
+                    dict(seed=2, cuts=[], prefix_caching=True, budget=5, side=1)),
+          kills=(Kills(("batch_dependent", "stale_prefix")),), **_FEW)
+EN3 = Law(claim="EN-3", technique="inference_engine", body=law_speculative_greedy,
+          given={"seed": SEEDS, "gamma": st.integers(1, 4)}, examples=(dict(seed=3, gamma=1),),
+          kills=(Kills(("bonus_from_draft",)),), applies=_speculative, **_FEW)
+EN3S = Law(claim="EN-3", technique="inference_engine", body=law_sampled_distribution, given={"seed": SEEDS},
+           examples=(dict(seed=4),), explicit_only=True, kills=(Kills(("ignores_temperature",)),), params=("device",))
+KV2 = Law(claim="KV-2", technique="inference_engine", body=law_same_seed_same_tokens, given={"seed": SEEDS},
+          examples=(dict(seed=5),), kills=(Kills(("unseeded",)),), applies=_seeded, **_FEW)
+
+test_en1_greedy_matches_reference = EN1.conformance_test("test_en1_greedy_matches_reference")
+(test_en1_zoo_rejected,) = EN1.zoo_tests("test_en1_zoo_rejected")
+test_en2_output_independent_of_batching = EN2.conformance_test("test_en2_output_independent_of_batching")
+(test_en2_zoo_rejected,) = EN2.zoo_tests("test_en2_zoo_rejected")
+test_en3_speculative_greedy = EN3.conformance_test("test_en3_speculative_greedy")
+(test_en3_zoo_rejected,) = EN3.zoo_tests("test_en3_zoo_rejected")
+test_en3_sampled_distribution = EN3S.conformance_test("test_en3_sampled_distribution")
+(test_en3_sampled_zoo_rejected,) = EN3S.zoo_tests("test_en3_sampled_zoo_rejected")
+test_engine_same_seed_same_tokens = KV2.conformance_test("test_engine_same_seed_same_tokens")
+(test_engine_seed_zoo_rejected,) = KV2.zoo_tests("test_engine_seed_zoo_rejected")

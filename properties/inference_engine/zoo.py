@@ -1,0 +1,75 @@
+"""The inference_engine bug zoo: one realistic bug per engine, each rejected by a law of
+``properties/inference_engine/test_inference_engine.py`` through its own comparison (EN-1..EN-3, KV-2)."""
+from __future__ import annotations
+
+import torch
+
+from inference_conformance.optimized.inference_engine.suite import PagedAdapter, load
+from inference_conformance.optimized.paged_attention.engine import PagedEngine
+from inference_conformance.reference.inference_engine import ReferenceEngine, draw
+
+
+class BatchDependent(ReferenceEngine):
+    """Runs a batch as one left-padded matrix without an attention mask (and positions counted
+    from the padding): a request's tokens depend on what it is batched with."""
+
+    def _next_logits(self, model, seqs):
+        if len(seqs) == 1:
+            return super()._next_logits(model, seqs)
+        T = max(len(s) for s in seqs)
+        mat = torch.tensor([[0] * (T - len(s)) + s for s in seqs])
+        return model(mat)[:, -1]
+
+
+class IgnoresTemperature(ReferenceEngine):
+    """Samples from softmax(logits) whatever the request's temperature (top-p kept)."""
+
+    def _distribution(self, logits, params):
+        from inference_conformance.reference.speculative import process_logits
+
+        return process_logits(logits.double(), 1.0, 0, params.top_p)
+
+
+class BonusFromDraft(ReferenceEngine):
+    """After γ accepted draft tokens, takes the bonus token from the draft's distribution (its
+    argmax when greedy) instead of the target's."""
+
+    def _bonus(self, target_logits, draft, seq, params, gen):
+        logits = self._next_logits(draft, [seq])[0]
+        return int(logits.argmax()) if params.temperature == 0 else draw(self._distribution(logits, params), gen)
+
+
+class Unseeded(ReferenceEngine):
+    """Ignores the requests' seeds (a fresh random generator per request)."""
+
+    def _generator(self, seed):
+        return super()._generator(None)
+
+
+class StaleKeyEngine(PagedEngine):
+    """Keys a prefix-cache block by its own tokens only, not its parent's key."""
+
+    def _block_key(self, parent, tokens):
+        return super()._block_key("", tokens)
+
+
+class StalePrefix(PagedAdapter):
+    """The paged engine whose prefix cache serves a block whose tokens match after another prefix."""
+
+    engine_class = StaleKeyEngine
+
+
+def implementations():
+    from inference_conformance.conformance.registry import known_bad
+
+    return (
+        known_bad("inference_engine", "batch_dependent", BatchDependent(load),
+                  bug="A batch runs as one left-padded matrix without a mask: outputs depend on batch-mates"),
+        known_bad("inference_engine", "stale_prefix", StalePrefix(),
+                  bug="The prefix cache keys a block by its tokens only and serves it after another prefix"),
+        known_bad("inference_engine", "bonus_from_draft", BonusFromDraft(load),
+                  bug="The bonus token after γ accepted draft tokens comes from the draft, not the target"),
+        known_bad("inference_engine", "ignores_temperature", IgnoresTemperature(load),
+                  bug="The sampler ignores the request's temperature (samples at 1)"),
+        known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
+    )

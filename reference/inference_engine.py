@@ -1,0 +1,167 @@
+"""The reference engine of the ``inference_engine`` contract: generation with the reference model in
+float64, every step a full forward without a cache, one request at a time (claims EN-1..EN-3).
+
+:class:`ReferenceEngine` answers ``generate(requests, params)``
+(:mod:`inference_conformance.conformance.contracts.inference_engine`): greedy decoding (argmax of the
+float64 logits) or sampling from :func:`inference_conformance.reference.speculative.process_logits`
+(temperature, top-p) by inverse CDF with one float64 uniform per token from the request's own
+``torch.Generator`` seeded with its ``seed`` (None: a fresh random seed); logprobs are the float64
+log-softmax of the raw logits at the chosen tokens. Speculative decoding with a draft model
+("draft", Leviathan et al. 2023): the draft proposes γ = ``num_speculative_tokens`` tokens
+(argmax, or sampled from its processed distribution q), the target scores them in one forward,
+each is accepted when it is the target's argmax (greedy) or with probability min(1, p(x)/q(x));
+the first rejected one is replaced by the argmax, or by a sample of norm(max(0, p − q)); when all
+are accepted one more token (the bonus) comes from the target's distribution after them.
+
+The engine does not read Hugging Face folders itself (the reader,
+``inference_conformance.smallworld.hf_llama``, sits above this layer): it is given ``load(folder,
+dtype) -> Transformer``. Each request is generated alone, so the engine is batch invariant by
+construction; it has no prefix cache, no chunked prefill and takes no padding (a setting it does
+not offer raises NotImplementedError). Hooks the bug zoo overrides: :meth:`_next_logits`,
+:meth:`_distribution`, :meth:`_bonus`, :meth:`_generator`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from inference_conformance.conformance.contracts.inference_engine import (
+    Capabilities,
+    Completion,
+    check_vocab,
+    refuse_unoffered,
+    validate,
+)
+from inference_conformance.reference.speculative import process_logits
+from inference_conformance.reference.transformer import Transformer
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from ``probs`` (V,) by inverse CDF with one float64 uniform from ``generator``."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    return int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp(max=probs.numel() - 1))
+
+
+class ReferenceEngine:
+    """The float64 reference engine over models read by ``load(folder, dtype)``."""
+
+    name = "reference"
+
+    def __init__(self, load: Callable[[str, torch.dtype], Transformer], dtype: torch.dtype = torch.float64):
+        self.load, self.dtype = load, dtype
+        self._models: dict = {}
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dtype=self.dtype, batching=True, speculative=("draft",), seeded_sampling="request",
+                            top_p=True, logprobs=True, batch_invariant=True)
+
+    def model(self, folder) -> Transformer:
+        """The model in ``folder`` in the engine's dtype (read once per folder)."""
+        key = str(folder)
+        if key not in self._models:
+            self._models[key] = self.load(key, self.dtype)
+        return self._models[key]
+
+    # ------------------------------------------------------------------ hooks
+    def _next_logits(self, model: Transformer, seqs: list[list[int]]) -> torch.Tensor:
+        """(B, V) logits after each sequence, each from a full forward over it alone."""
+        return torch.stack([model(torch.tensor([s]))[0, -1] for s in seqs])
+
+    def _distribution(self, logits: torch.Tensor, params) -> torch.Tensor:
+        """The sampling distribution (V,) float64 of raw ``logits`` under the params."""
+        return process_logits(logits.double(), params.temperature, 0, params.top_p)
+
+    def _bonus(self, target_logits: torch.Tensor, draft: Transformer, seq: list[int], params, gen) -> int:
+        """The token after γ accepted draft tokens (``seq`` ends with them): from the target."""
+        return self._choose(target_logits, params, gen)
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        g = torch.Generator()
+        if seed is None:
+            g.seed()
+        else:
+            g.manual_seed(seed)
+        return g
+
+    def _choose(self, logits: torch.Tensor, params, gen) -> int:
+        if params.temperature == 0:
+            return int(logits.argmax())
+        return draw(self._distribution(logits, params), gen)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, requests, params) -> list[Completion]:
+        """See the contract; raises as it says."""
+        validate(requests, params)
+        refuse_unoffered(self.capabilities(), requests, params, "the reference engine")
+        target = self.model(params.model)
+        check_vocab(requests, target.cfg.vocab_size)
+        gens = [self._generator(r.seed) for r in requests]
+        if params.speculative == "draft":
+            draft = self.model(params.draft)
+            return [self._speculate(target, draft, r, params, g) for r, g in zip(requests, gens)]
+        seqs = [list(r.prompt) for r in requests]
+        toks: list[list[int]] = [[] for _ in requests]
+        lps: list[list[float]] = [[] for _ in requests]
+        while True:
+            active = [i for i, r in enumerate(requests) if len(toks[i]) < r.max_new_tokens]
+            if not active:
+                break
+            logits = self._next_logits(target, [seqs[i] for i in active])          # (B, V)
+            for row, i in enumerate(active):
+                x = self._choose(logits[row], params, gens[i])
+                toks[i].append(x)
+                lps[i].append(float(torch.log_softmax(logits[row].double(), -1)[x]))
+                seqs[i].append(x)
+        return [Completion(torch.tensor(t, dtype=torch.int64), torch.tensor(lp, dtype=torch.float64))
+                for t, lp in zip(toks, lps)]
+
+    def _speculate(self, target: Transformer, draft: Transformer, r, params, gen) -> Completion:
+        """One request by speculative decoding with ``draft`` (see the module docstring)."""
+        greedy = params.temperature == 0
+        seq, toks, lps = list(r.prompt), [], []
+
+        def emit(x: int, logits: torch.Tensor) -> None:
+            toks.append(x)
+            lps.append(float(torch.log_softmax(logits.double(), -1)[x]))
+            seq.append(x)
+
+        while len(toks) < r.max_new_tokens:
+            proposals, qs, ctx = [], [], list(seq)
+            for _ in range(params.num_speculative_tokens):
+                lg = self._next_logits(draft, [ctx])[0]
+                q = None if greedy else self._distribution(lg, params)
+                x = int(lg.argmax()) if greedy else draw(q, gen)
+                proposals.append(x)
+                qs.append(q)
+                ctx.append(x)
+            full = target(torch.tensor([seq + proposals]))[0, len(seq) - 1:]      # (γ + 1, V)
+            for i, x in enumerate(proposals):
+                if len(toks) == r.max_new_tokens:
+                    break
+                if greedy:
+                    best = int(full[i].argmax())
+                    emit(x if best == x else best, full[i])
+                    if best != x:
+                        break
+                    continue
+                p = self._distribution(full[i], params)
+                u = float(torch.rand((), generator=gen, dtype=torch.float64))
+                if u < min(1.0, float(p[x] / qs[i][x])):
+                    emit(x, full[i])
+                    continue
+                residual = (p - qs[i]).clamp(min=0)
+                emit(draw(residual / residual.sum(), gen), full[i])
+                break
+            else:
+                if len(toks) < r.max_new_tokens:
+                    emit(self._bonus(full[-1], draft, list(seq), params, gen), full[-1])
+        return Completion(torch.tensor(toks, dtype=torch.int64), torch.tensor(lps, dtype=torch.float64))
+
+
+def implementations():
+    """None here: the registered reference (``optimized/inference_engine``) gives this engine the folder
+    reader of the small world, a layer above this one."""
+    return ()
