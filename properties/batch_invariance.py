@@ -84,7 +84,7 @@ CASES = (
     Case("attention", "gqa-causal", dict(Hq=4, Hkv=2, Tq=5, Tk=37, D=16, causal=True)),
     Case("attention", "decode", dict(Hq=2, Hkv=1, Tq=1, Tk=70, D=32, causal=False)),
     Case("paged_attention", "gqa-bs4", dict(Hq=4, Hkv=2, D=16, block_size=4, L=37, Lmax=90)),
-    Case("paged_attention", "mha-bs16", dict(Hq=2, Hkv=2, D=32, block_size=16, L=70, Lmax=140)),
+    Case("paged_attention", "mha-bs16", dict(Hq=2, Hkv=2, D=32, block_size=16, L=150, Lmax=300)),
     Case("mla_decode", "paged", dict(Hq=2, D=8, C=16, R=4, block_size=4, L=37, Lmax=90, paged=True)),
     Case("mla_decode", "contiguous", dict(Hq=3, D=8, C=16, R=4, block_size=0, L=21, Lmax=60, paged=False)),
 )
