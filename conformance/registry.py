@@ -57,7 +57,8 @@ class Implementation:
     Call it like its main function (``impl(q, k, v, ...)``) or reach any contract function as an
     attribute (``impl.decode(...)``). ``origin`` is "builtin", "outside" or "zoo"; ``adapter`` is
     True for the suite's adapters of other projects' kernels; ``kernel_modules`` the modules of
-    the Triton kernels it launches, where declared; ``unavailable`` the reason it cannot run here, or None.
+    the Triton kernels it launches, where declared; ``unavailable`` the reason it cannot run here, or None;
+    ``batch_invariant`` whether its registration declares batch invariance.
     """
 
     technique: str
@@ -70,6 +71,7 @@ class Implementation:
     adapter: bool = False
     kernel_modules: tuple = ()
     returns: Mapping[str, Any] = field(default_factory=dict)
+    batch_invariant: bool = False
 
     @property
     def outside(self) -> bool:
@@ -248,7 +250,8 @@ def registrations(technique: str) -> tuple[list[Registration], list[tuple[str, s
 
 def _load_registration(c: Contract, r: Registration, device: str | None) -> Implementation:
     base = dict(technique=r.technique, name=r.name, target=r.target, origin=r.origin,
-                functions=c.all_functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns)
+                functions=c.all_functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns,
+                batch_invariant=r.batch_invariant)
     if r.peer is not None and r.peer not in peer_sets():      # first: the environment that installs it
         return Implementation(namespace=None, unavailable=f"{r.name} runs in the peers-{r.peer} environment "
                               f"(tox -e peers-{r.peer}: {PEERS_VARIABLE}={r.peer})", **base)

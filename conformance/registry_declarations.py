@@ -92,6 +92,9 @@ class Registration:
     belongs to (its laws run in that set's environment only, where ``INFERENCE_CONFORMANCE_PEERS``
     names it, as ``tox -e peers-<set>`` sets it; elsewhere it is listed unavailable with the
     reason). ``target``: "module:name" where it is defined, for messages and rows.
+    ``batch_invariant``: the implementation declares that a request's output is bitwise the same
+    whatever is batched with it (``properties/test_batch_invariance.py`` then fails it where a
+    measured difference says otherwise; undeclared, the property is only measured and recorded).
     """
 
     technique: str
@@ -105,6 +108,7 @@ class Registration:
     kernel_modules: tuple = ()
     bug: str = ""
     peer: str | None = None
+    batch_invariant: bool = False
 
     @property
     def summary(self) -> str:
@@ -147,18 +151,25 @@ def _check_fields(technique: Any, name: Any) -> None:
 
 def builtin(technique: str, name: str, impl: Any, *, requires: Iterable[str] | None = None,
             needs: str | None = None, adapter: bool = False,
-            kernel_modules: Iterable[types.ModuleType] = (), peer: str | None = None) -> Registration:
+            kernel_modules: Iterable[types.ModuleType] = (), peer: str | None = None,
+            batch_invariant: bool = False) -> Registration:
     """Declare one of the suite's implementations of ``technique`` (a reference, an optimized
-    version, or an adapter of another project's kernel). Raises TypeError on a non-str name."""
+    version, or an adapter of another project's kernel); ``batch_invariant=True`` declares its
+    outputs bitwise independent of the rest of the batch (enforced where measured). Raises
+    TypeError on a non-str name or a ``batch_invariant`` that is not a bool."""
     _check_fields(technique, name)
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
     return Registration(technique, name, impl, "builtin", _target(impl, name, _caller_module()),
                         frozenset(requires) if requires is not None else None, needs, adapter,
-                        tuple(kernel_modules), peer=peer)
+                        tuple(kernel_modules), peer=peer, batch_invariant=batch_invariant)
 
 
-def known_bad(technique: str, name: str, impl: Any, *, bug: str = "") -> Registration:
+def known_bad(technique: str, name: str, impl: Any, *, bug: str = "", batch_invariant: bool = False) -> Registration:
     """Declare a known-bad implementation of ``technique`` (a bug-zoo entry): every law whose
     ``kills`` names it must reject it. ``bug``: one line saying what it gets wrong (default: the
-    first sentence of its docstring). Raises TypeError on a non-str name."""
+    first sentence of its docstring); ``batch_invariant``: it claims batch invariance (a zoo
+    entry whose bug is breaking that claim). Raises TypeError on a non-str name."""
     _check_fields(technique, name)
-    return Registration(technique, name, impl, "zoo", _target(impl, name, _caller_module()), bug=bug)
+    return Registration(technique, name, impl, "zoo", _target(impl, name, _caller_module()), bug=bug,
+                        batch_invariant=bool(batch_invariant))

@@ -326,4 +326,4 @@ def implementations():
     """The attention reference (float64-capable naive softmax attention), for the registry."""
     from inference_conformance.conformance.registry import builtin
 
-    return (builtin("attention", "reference", attention),)
+    return (builtin("attention", "reference", attention, batch_invariant=True),)

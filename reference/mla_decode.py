@@ -86,4 +86,4 @@ def implementations():
     """The float64 reference of the mla_decode contract (materialised keys)."""
     from inference_conformance.conformance.registry import builtin
 
-    return (builtin("mla_decode", "reference", mla_decode),)
+    return (builtin("mla_decode", "reference", mla_decode, batch_invariant=True),)

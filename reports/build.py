@@ -232,6 +232,10 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
             cell["error_text"] = ""
         if r.evidence:
             cell["error_text"] = "; ".join(filter(None, (cell["error_text"], _evidence_text(r))))
+        if isinstance((r.extra or {}).get("batch_invariant"), bool):    # properties/test_batch_invariance.py
+            x = r.extra
+            cell["error_text"] = ("bitwise invariant" if x["batch_invariant"] else f"not invariant: max abs diff "
+                                  f"{_num(x.get('max_batch_diff'))}") + (", declared" if x.get("declared") else "")
         prev = prop["cells"].get(impl)
         if prev is None or (_ORDER.get(r.verdict, _ORDER["error"]), ratio) > (_ORDER.get(prev["verdict"], _ORDER["error"]), prev["ratio"]):
             prop["cells"][impl] = cell

@@ -392,4 +392,5 @@ def implementations():
     from inference_conformance.conformance.registry import builtin
 
     return (builtin("paged_attention", "reference",
-                    types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=paged_prefill)),)
+                    types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=paged_prefill),
+                    batch_invariant=True),)

@@ -1,0 +1,222 @@
+"""Batch invariance, measured for every implementation of the contracts that take a batch.
+
+One request's output is computed alone (B = 1), then inside batches of drawn sizes with the
+request at a drawn index among other drawn requests (same shapes for ``attention``; other
+sequence lengths for ``paged_attention`` and ``mla_decode``, whose batches mix lengths, so an
+implementation that picks its split-KV partition from the batch picks other splits there), and
+the request's rows are compared bitwise: a request's result must not depend on what is batched
+with it (vLLM's ``VLLM_BATCH_INVARIANT``, SGLang's deterministic mode).
+
+:func:`measure` returns a :class:`Measurement`: ``invariant`` (every batch gave the request's
+rows bit for bit), ``max_diff`` (the largest absolute difference seen, 0.0 where invariant;
+inf where NaN appeared on one side only) and ``worst`` (the batch that showed it). The pinned
+cases (:data:`CASES`) are small, so ``ci`` runs them all in seconds under the interpreter.
+
+``properties/test_batch_invariance.py`` runs it over the registry; :data:`ZOO` holds the
+known-bad implementation that shows the enforcement can fail.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+#: The techniques whose contracts take a batch of independent requests.
+TECHNIQUES = ("attention", "paged_attention", "mla_decode")
+#: (batch size, seed) of the batches each request is measured in; the request's index and the
+#: other requests' lengths are drawn from the seed.
+BATCHES = ((2, 11), (3, 12), (5, 13), (8, 14))
+
+_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What :func:`measure` saw for one implementation over one pinned case: ``invariant``,
+    ``max_diff`` (largest absolute difference of the request's rows, in output units) and
+    ``worst`` (the batch that showed it, "" where invariant), ``batches`` (batches compared)."""
+
+    invariant: bool
+    max_diff: float
+    worst: str
+    batches: int
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same bits (NaN payloads and the sign of zero included).
+    Raises ValueError naming ``b`` for another shape or dtype."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"b must match a: {tuple(b.shape)} {b.dtype} vs {tuple(a.shape)} {a.dtype}")
+    view = _INT_VIEW.get(a.dtype)
+    if view is None:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| in float64; inf where one side is NaN and the other is not."""
+    x, y = a.double(), b.double()
+    nan = torch.isnan(x) != torch.isnan(y)
+    if bool(nan.any()):
+        return math.inf
+    d = (x - y).abs().nan_to_num(nan=0.0)
+    return float(d.max()) if d.numel() else 0.0
+
+
+# ---------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class Case:
+    """One pinned case: the technique, its sizes and dtype. ``sizes`` keys by technique:
+    attention ``Hq, Hkv, Tq, Tk, D, causal``; paged_attention ``Hq, Hkv, D, block_size, L``
+    (the request's length; the others draw theirs from 1..``Lmax``); mla_decode ``Hq, D, C, R,
+    block_size, L, Lmax, paged``."""
+
+    technique: str
+    name: str
+    sizes: dict
+    dtype: torch.dtype = torch.float32
+
+
+CASES = (
+    Case("attention", "gqa-causal", dict(Hq=4, Hkv=2, Tq=5, Tk=37, D=16, causal=True)),
+    Case("attention", "decode", dict(Hq=2, Hkv=1, Tq=1, Tk=70, D=32, causal=False)),
+    Case("paged_attention", "gqa-bs4", dict(Hq=4, Hkv=2, D=16, block_size=4, L=37, Lmax=90)),
+    Case("paged_attention", "mha-bs16", dict(Hq=2, Hkv=2, D=32, block_size=16, L=150, Lmax=300)),
+    Case("mla_decode", "paged", dict(Hq=2, D=8, C=16, R=4, block_size=4, L=37, Lmax=90, paged=True)),
+    Case("mla_decode", "contiguous", dict(Hq=3, D=8, C=16, R=4, block_size=0, L=21, Lmax=60, paged=False)),
+)
+
+
+def _randn(gen, shape, dtype, device):
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def _request(case: Case, gen: torch.Generator, length: int, device: str) -> dict:
+    """One request's own tensors (no batch dimension)."""
+    s, dt = case.sizes, case.dtype
+    if case.technique == "attention":
+        return dict(q=_randn(gen, (s["Hq"], s["Tq"], s["D"]), dt, device),
+                    k=_randn(gen, (s["Hkv"], s["Tk"], s["D"]), dt, device),
+                    v=_randn(gen, (s["Hkv"], s["Tk"], s["D"]), dt, device))
+    if case.technique == "paged_attention":
+        return dict(q=_randn(gen, (s["Hq"], s["D"]), dt, device),
+                    k=_randn(gen, (length, s["Hkv"], s["D"]), dt, device),
+                    v=_randn(gen, (length, s["Hkv"], s["D"]), dt, device))
+    return dict(q_nope=_randn(gen, (s["Hq"], s["D"]), dt, device),
+                q_rope=_randn(gen, (s["Hq"], s["R"]), dt, device),
+                cache=_randn(gen, (length, s["C"] + s["R"]), dt, device))
+
+
+def _pages(tokens: list[torch.Tensor], block_size: int, seed: int):
+    """Cut each sequence's tokens (L_b, ...) into blocks of ``block_size`` placed at shuffled
+    physical blocks (a permutation drawn from ``seed``); slots past a sequence's length hold NaN.
+    Returns (cache, block_table)."""
+    counts = [-(-t.shape[0] // block_size) for t in tokens]
+    order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed)).tolist()
+    first = tokens[0]
+    cache = torch.full((sum(counts), block_size, *first.shape[1:]), math.nan, dtype=first.dtype,
+                       device=first.device)
+    table = torch.zeros((len(tokens), max(counts)), dtype=torch.int32)
+    n = 0
+    for b, t in enumerate(tokens):
+        for i in range(counts[b]):
+            blk = order[n]
+            n += 1
+            part = t[i * block_size:(i + 1) * block_size]
+            cache[blk, : part.shape[0]] = part
+            table[b, i] = blk
+    return cache, table.to(first.device)
+
+
+def _call(impl, case: Case, reqs: list[dict], seed: int, shared: dict) -> torch.Tensor:
+    """Call ``impl`` on the batch of ``reqs`` (in order; pages placed by ``seed``); returns its
+    output (B, ...)."""
+    s, dev = case.sizes, reqs[0][next(iter(reqs[0]))].device
+    if case.technique == "attention":
+        q, k, v = (torch.stack([r[n] for r in reqs]) for n in ("q", "k", "v"))
+        return impl(q, k, v, causal=s["causal"], scale=1 / math.sqrt(s["D"]))
+    lens = torch.tensor([r[next(n for n in r if n in ("k", "cache"))].shape[0] for r in reqs], dtype=torch.int32,
+                        device=dev)
+    if case.technique == "paged_attention":
+        kc, table = _pages([r["k"] for r in reqs], s["block_size"], seed)
+        vc, _ = _pages([r["v"] for r in reqs], s["block_size"], seed)
+        q = torch.stack([r["q"] for r in reqs])
+        return impl(q, kc, vc, table, lens, scale=1 / math.sqrt(s["D"]))
+    qn, qr = torch.stack([r["q_nope"] for r in reqs]), torch.stack([r["q_rope"] for r in reqs])
+    if s["paged"]:
+        cache, table = _pages([r["cache"] for r in reqs], s["block_size"], seed)
+    else:
+        cache = torch.full((len(reqs), int(lens.max()), s["C"] + s["R"]), math.nan, dtype=case.dtype, device=dev)
+        for b, r in enumerate(reqs):
+            cache[b, : r["cache"].shape[0]] = r["cache"]
+        table = None
+    return impl(qn, qr, shared["w_uk"], cache, table, lens, scale=1 / math.sqrt(s["D"] + s["R"]), rope_theta=10000.0)
+
+
+def measure(impl: Callable[..., Any], case: Case, device: str, batches=BATCHES) -> Measurement:
+    """Measure whether ``impl`` (an implementation of ``case.technique``) gives the request of
+    ``case`` the same bits alone and inside each of ``batches`` ((size, seed): the request at
+    an index drawn from the seed, the other requests drawn, their lengths drawn in
+    1..``Lmax`` for the paged contracts). A ``NotImplementedError`` of ``impl`` propagates (the
+    caller reports "unsupported"). Raises ValueError naming ``case`` for an unknown technique."""
+    if case.technique not in TECHNIQUES:
+        raise ValueError(f"case must be of {TECHNIQUES}, got {case.technique!r}")
+    s = case.sizes
+    gen = torch.Generator().manual_seed(1234)
+    shared = {}
+    if case.technique == "mla_decode":
+        shared["w_uk"] = _randn(gen, (s["Hq"], s["C"], s["D"]), case.dtype, device) / math.sqrt(s["C"])
+    mine = _request(case, gen, s.get("L", 0), device)
+    alone = _call(impl, case, [mine], 7, shared)[0]
+    worst, max_diff, invariant = "", 0.0, True
+    for size, seed in batches:
+        g = torch.Generator().manual_seed(seed)
+        index = int(torch.randint(size, (1,), generator=g))
+        lens = torch.randint(1, s.get("Lmax", 1) + 1, (size,), generator=g).tolist()
+        reqs = [mine if b == index else _request(case, g, lens[b], device) for b in range(size)]
+        row = _call(impl, case, reqs, seed, shared)[index]
+        if not bitwise_equal(alone, row):
+            d = max_abs_diff(alone, row)
+            invariant = False
+            if d >= max_diff:
+                rest = [x for i, x in enumerate(lens) if i != index]
+                others = "" if case.technique == "attention" else f" (other lengths {rest})"
+                max_diff, worst = d, f"{case.name}: B={size} at index {index}{others}"
+    return Measurement(invariant, max_diff, worst, len(batches))
+
+
+# --------------------------------------------------------------------------------------- zoo
+def chunked_by_batch_size(q, k, v, *, causal, scale):
+    """Declares batch invariance, but sums the keys in chunks whose length depends on the batch
+    size (Tk // B): the float32 online-softmax merge rounds differently in every batch size."""
+    from inference_conformance.conformance.contracts.attention import causal_mask, validate
+
+    shape = validate(q, k, v, causal, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kf = k.to(acc).repeat_interleave(shape.group, dim=1)
+    vf = v.to(acc).repeat_interleave(shape.group, dim=1)
+    s_all = torch.einsum("bhid,bhjd->bhij", q.to(acc), kf) * scale
+    if causal:
+        s_all = s_all.masked_fill(~causal_mask(shape.Tq, shape.Tk, q.device), -math.inf)
+    chunk = max(1, shape.Tk // shape.B)
+    m = torch.full(s_all.shape[:-1], -math.inf, dtype=acc, device=q.device)
+    den = torch.zeros_like(m)
+    num = torch.zeros((*s_all.shape[:-1], shape.D), dtype=acc, device=q.device)
+    for j in range(0, shape.Tk, chunk):
+        s = s_all[..., j:j + chunk]
+        m_new = torch.maximum(m, s.amax(-1))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - safe)
+        p = torch.exp(s - safe[..., None])
+        den = den * alpha + p.sum(-1)
+        num = num * alpha[..., None] + p @ vf[:, :, j:j + chunk]
+        m = m_new
+    return (num / den[..., None]).to(q.dtype)
+
+
+#: Known-bad implementations (technique, name) -> (function, the pinned case name it is judged on);
+#: each declares batch invariance and must be rejected by the law's own comparison.
+ZOO = {("attention", "chunked_by_batch_size"): (chunked_by_batch_size, "decode")}

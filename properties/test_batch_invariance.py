@@ -1,0 +1,104 @@
+"""Batch invariance of every implementation of the contracts that take a batch (``attention``,
+``paged_attention``, ``mla_decode``): a request's output bitwise the same alone and inside
+batches of drawn sizes, at drawn indices, among drawn other requests
+(:mod:`inference_conformance.properties.batch_invariance`).
+
+``test_batch_invariance`` runs for every registered implementation (or the ``--impl`` ones) over
+the technique's pinned cases and records the property in its row: ``batch_invariant`` (True /
+False), ``max_batch_diff`` (the largest absolute difference of the request's rows, 0.0 where
+invariant), ``declared`` (whether the registration declares ``batch_invariant=True``) and
+``worst`` (the batch that showed the difference). Where the implementation declares batch
+invariance a difference fails the test, with the measured difference; where it does not, the
+test measures and records (a pass whose row shows the property, never a hidden one). An
+implementation that refuses every case is "unsupported". ``test_batch_invariance_zoo_rejected``
+shows the enforcement rejecting a declared-invariant implementation whose key reduction is
+chunked by the batch size.
+"""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from inference_conformance.conformance import registry, results
+from inference_conformance.conformance.outcomes import unsupported
+from inference_conformance.conformance.plugin_state import state
+from inference_conformance.conformance.zoo import expect_rejected
+from inference_conformance.properties.batch_invariance import CASES, TECHNIQUES, ZOO, Measurement, measure
+
+
+def _impls(config, device: str) -> list:
+    out = []
+    for t in TECHNIQUES:
+        outside = state(config).outside.get(t)
+        for i in outside if outside else registry.builtins(t, device):
+            marks = [pytest.mark.technique(t)]
+            if i.unavailable:
+                marks.append(pytest.mark.skip(reason=i.unavailable))
+            out.append(pytest.param(i, id=f"{t}-{i.name}", marks=marks))
+    return out
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", _impls(metafunc.config, state(metafunc.config).device))
+
+
+def law_batch_invariance(impl, technique: str, device: str, declared: bool) -> dict[str, Measurement]:
+    """Measure ``impl`` on every pinned case of ``technique``; where ``declared``, assert each is
+    bitwise invariant (the failure names the case, the batch and the largest difference).
+    Returns case name -> measurement (refused cases left out)."""
+    seen: dict[str, Measurement] = {}
+    for case in (c for c in CASES if c.technique == technique):
+        try:
+            seen[case.name] = measure(impl, case, device)
+        except NotImplementedError:
+            continue
+    bad = {n: m for n, m in seen.items() if not m.invariant}
+    if declared and bad:
+        worst = max(bad.values(), key=lambda m: m.max_diff)
+        raise AssertionError(f"declared batch-invariant, but the request's rows differ from its rows alone in "
+                             f"{len(bad)} of {len(seen)} cases: largest |difference| {worst.max_diff:.3g} "
+                             f"({worst.worst}); bound: bitwise equality")
+    return seen
+
+
+def test_batch_invariance(impl, device):
+    """The request's rows alone and in every drawn batch, bitwise; enforced where declared."""
+    seen = law_batch_invariance(impl, impl.technique, device, impl.batch_invariant)
+    if not seen:
+        unsupported(f"{impl.name} refused every batch-invariance case")
+    invariant = all(m.invariant for m in seen.values())
+    diff = max(m.max_diff for m in seen.values())
+    worst = max(seen.values(), key=lambda m: m.max_diff).worst
+    results.record("", measured=diff, bound=0.0, unit="max |difference|, request alone vs in a batch",
+                   rule="bitwise equality" + (" (declared)" if impl.batch_invariant else " (measured only)"),
+                   batch_invariant=invariant, max_batch_diff=diff, declared=impl.batch_invariant,
+                   cases=len(seen), worst=worst)
+
+
+def _zoo_params() -> list:
+    out = []
+    for (technique, name), (fn, _) in sorted(ZOO.items()):
+        bad = types.SimpleNamespace(name=name, technique=technique, fn=fn, target=f"{fn.__module__}:{fn.__name__}")
+        out.append(pytest.param(bad, id=f"{technique}-zoo-{name}", marks=pytest.mark.technique(technique)))
+    return out
+
+
+@pytest.mark.parametrize("bad_impl", _zoo_params())
+def test_batch_invariance_zoo_rejected(bad_impl, device):
+    """Each known-bad implementation that declares batch invariance is rejected by the law's own
+    bitwise comparison."""
+    text = expect_rejected(lambda bad: law_batch_invariance(bad.fn, bad.technique, device, True), bad_impl)
+    assert "largest |difference|" in text
+    results.record("", measured="rejected", unit="known-bad implementation declared batch-invariant",
+                   rule="bitwise equality", what=f"{bad_impl.name}: {text[:160]}")
+
+
+def test_declaration_reaches_the_implementation():
+    """``builtin(batch_invariant=True)`` reaches the loaded implementation (what the law
+    enforces by); anything but a bool is a TypeError naming it."""
+    declared = {(i.technique, i.name) for t in TECHNIQUES for i in registry.builtins(t) if i.batch_invariant}
+    assert {(t, "reference") for t in TECHNIQUES} <= declared
+    with pytest.raises(TypeError, match="batch_invariant"):
+        registry.builtin("attention", "x", lambda *a, **k: None, batch_invariant="yes")
