@@ -111,3 +111,57 @@ class Q4_0:
 q4_0 = Q4_0()
 q4_0_any_bits = Q4_0(any_bits=True)
 q4_0_bf16_codes = Q4_0(code_dtype=torch.bfloat16)
+
+
+# ------------------------------------------------------------------------- lossy KV caches
+def _fp8_round(x: torch.Tensor) -> torch.Tensor:
+    """x (B, Hkv, T, D) through float8_e4m3fn with one absmax scale per token and head
+    (s = max|x| / 448), back in x's dtype: within 2^-4 |x| (and 2^-10 max|x| near zero)."""
+    x32 = x.float()
+    s = x32.abs().amax(dim=-1, keepdim=True) / 448
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return ((x32 / s).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+
+
+class _Fp8Storage:
+    """A KV storage (``new_cache`` form) holding FP8-rounded keys and values (:func:`_fp8_round`),
+    concatenated along T per layer. ``read``: what attention is handed: "right" (what it holds),
+    "layer0" (every layer reads layer 0's keys and values: the bug) or "codes" (the codes x / s,
+    the scale never applied on the way back: the bug)."""
+
+    def __init__(self, cfg, batch, max_seq_len, dtype, device, read: str = "right"):
+        self.k, self.v, self.read = [None] * cfg.n_layers, [None] * cfg.n_layers, read
+
+    def update(self, k, v, layer):
+        k, v = _fp8_round(k), _fp8_round(v)
+        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k], dim=2)
+        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v], dim=2)
+        if self.read == "layer0":
+            return self.k[0], self.v[0]
+        if self.read == "codes":
+            return tuple(x / (x.abs().amax(dim=-1, keepdim=True) / 448).clamp_min(1e-30)
+                         for x in (self.k[layer], self.v[layer]))
+        return self.k[layer], self.v[layer]
+
+    def held(self, layer):
+        return self.k[layer], self.v[layer]
+
+
+def _fp8_kv(read: str, declared: bool = True):
+    from inference_conformance.conformance.contracts.kv_cache import Footprint
+    from inference_conformance.optimized.kv_cache.storage import storage_engine
+
+    fp = Footprint("padded", value_rel_error=2.0 ** -4 if declared else None, bytes_per_value=None,
+                   bytes_bound=not declared, why="FP8 e4m3 values, one absmax scale per token and head")
+    return storage_engine(lambda cfg, batch, max_seq_len, dtype, device: _Fp8Storage(cfg, batch, max_seq_len, dtype,
+                                                                                      device, read), fp)
+
+
+#: A correct lossy cache: FP8-rounded keys and values, per-value error 2^-4 declared.
+fp8_kv = _fp8_kv("right")
+#: The same, whose attention at every layer reads layer 0's keys and values.
+fp8_kv_layer0 = _fp8_kv("layer0")
+#: The same, whose attention reads the FP8 codes back without their scale.
+fp8_kv_codes = _fp8_kv("codes")
+#: The correct FP8 cache declaring no per-value error (lossy by its unmodelled bytes only).
+fp8_kv_undeclared = _fp8_kv("right", declared=False)
