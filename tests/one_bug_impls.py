@@ -10,7 +10,11 @@ diagnosis tests (``tests/test_diagnosis.py``: ``--impl attention=tests.one_bug_i
   declaring ``scheme = "gguf-q4_0"`` (a declaration the suite accepts at 4 bits in blocks of 32
   only; :data:`q4_0` is the same quantizer refusing other widths, a correct one);
 - :data:`q4_0_bf16_codes`: Q4_0 whose codes are rounded from w / s computed in bfloat16, not
-  round-to-nearest of its own stored scale (the own-scale law's rounding defect).
+  round-to-nearest of its own stored scale (the own-scale law's rounding defect);
+- :data:`fp8_kv` (a correct lossy KV cache, FP8 per token and head, 2^-4 declared) and its bugs:
+  :data:`fp8_kv_layer0` (every layer's attention reads layer 0's keys and values),
+  :data:`fp8_kv_codes` (attention reads the codes without their scale) and
+  :data:`fp8_kv_undeclared` (no per-value error declared).
 
 Each is otherwise a correct implementation of its contract: the diagnosis must name the
 known bug from the output alone.
