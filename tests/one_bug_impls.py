@@ -5,7 +5,16 @@ diagnosis tests (``tests/test_diagnosis.py``: ``--impl attention=tests.one_bug_i
   torch's ``is_causal``), wrong whenever Tq < Tk;
 - :func:`default_scale_attention`: the caller's ``scale`` dropped for the textbook 1/sqrt(D);
 - :data:`floor_quantization`: absmax quantization rounding down (floor) instead of to nearest
-  (``examples/my_quantization.py``'s quantizer with floor for its rounding).
+  (``examples/my_quantization.py``'s quantizer with floor for its rounding);
+- :data:`q4_0_any_bits`: llama.cpp's Q4_0 blocks (4-bit codes) whatever ``bits`` it is asked,
+  declaring ``scheme = "gguf-q4_0"`` (a declaration the suite accepts at 4 bits in blocks of 32
+  only; :data:`q4_0` is the same quantizer refusing other widths, a correct one);
+- :data:`q4_0_bf16_codes`: Q4_0 whose codes are rounded from w / s computed in bfloat16, not
+  round-to-nearest of its own stored scale (the own-scale law's rounding defect);
+- :data:`fp8_kv` (a correct lossy KV cache, FP8 per token and head, 2^-4 declared) and its bugs:
+  :data:`fp8_kv_layer0` (every layer's attention reads layer 0's keys and values),
+  :data:`fp8_kv_codes` (attention reads the codes without their scale) and
+  :data:`fp8_kv_undeclared` (no per-value error declared).
 
 Each is otherwise a correct implementation of its contract: the diagnosis must name the
 known bug from the output alone.
@@ -60,3 +69,103 @@ def _worked_example(name: str):
 #: The worked quantization example (absmax, one int8 code per weight, float64 scales) with its
 #: codes rounded down, floor(w / s), where the contract rounds to nearest.
 floor_quantization = _worked_example("my_quantization").AbsMax(rounding=torch.floor)
+
+
+class Q4_0:
+    """llama.cpp's Q4_0 in torch: blocks of 32 along K, d = m / -8 for the block's signed extreme
+    m (float32), codes floor(w / d + 8.5) clipped to 0..15 (8 is zero), d stored in float16;
+    ``stored(qw)`` hands back (code - 8, the stored d) per element. ``any_bits``: quantizes at
+    whatever ``bits`` (the bug); ``code_dtype``: the dtype w / d is formed in."""
+
+    scheme = "gguf-q4_0"
+
+    def __init__(self, any_bits: bool = False, code_dtype=torch.float32):
+        self.any_bits, self.code_dtype = any_bits, code_dtype
+
+    def quantize(self, w, *, bits, granularity):
+        from inference_conformance.conformance.contracts.quantization import validate_quantize
+
+        shape = validate_quantize(w, bits, granularity)
+        if granularity != 32 or not (self.any_bits or shape.bits == 4):
+            raise NotImplementedError(f"Q4_0 is 4 bits in blocks of 32, not {bits} bits, granularity {granularity!r}")
+        blocks = w.detach().to(torch.float32).reshape(shape.N, shape.K // 32, 32)
+        m = torch.gather(blocks, -1, blocks.abs().argmax(dim=-1, keepdim=True))
+        d = m / -8
+        if bool((d.abs() > 65504).any()):
+            raise NotImplementedError("a block's scale overflows float16")
+        inv = torch.where(d != 0, 1 / torch.where(d != 0, d, 1.0), 0.0)
+        x = (blocks.to(self.code_dtype) * inv.to(self.code_dtype)).float()
+        codes = torch.floor(x + 8.5).clamp(0, 15).to(torch.uint8)
+        return {"codes": codes, "d": d.to(torch.float16), "shape": (shape.N, shape.K), "dtype": w.dtype}
+
+    def stored(self, qw):
+        q = (qw["codes"].to(torch.int64) - 8).reshape(qw["shape"])
+        return q, qw["d"].to(torch.float64).expand(*qw["codes"].shape).reshape(qw["shape"])
+
+    def dequantize(self, qw):
+        if not isinstance(qw, dict) or "codes" not in qw:
+            raise TypeError("qw must be what quantize returned")
+        return ((qw["codes"].float() - 8) * qw["d"].float()).reshape(qw["shape"]).to(qw["dtype"])
+
+    def matmul(self, x, qw):
+        w = self.dequantize(qw)
+        return x @ w.T
+
+
+q4_0 = Q4_0()
+q4_0_any_bits = Q4_0(any_bits=True)
+q4_0_bf16_codes = Q4_0(code_dtype=torch.bfloat16)
+
+
+# ------------------------------------------------------------------------- lossy KV caches
+def _fp8_round(x: torch.Tensor) -> torch.Tensor:
+    """x (B, Hkv, T, D) through float8_e4m3fn with one absmax scale per token and head
+    (s = max|x| / 448), back in x's dtype: within 2^-4 |x| (and 2^-10 max|x| near zero)."""
+    x32 = x.float()
+    s = x32.abs().amax(dim=-1, keepdim=True) / 448
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return ((x32 / s).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+
+
+class _Fp8Storage:
+    """A KV storage (``new_cache`` form) holding FP8-rounded keys and values (:func:`_fp8_round`),
+    concatenated along T per layer. ``read``: what attention is handed: "right" (what it holds),
+    "layer0" (every layer reads layer 0's keys and values: the bug) or "codes" (the codes x / s,
+    the scale never applied on the way back: the bug)."""
+
+    def __init__(self, cfg, batch, max_seq_len, dtype, device, read: str = "right"):
+        self.k, self.v, self.read = [None] * cfg.n_layers, [None] * cfg.n_layers, read
+
+    def update(self, k, v, layer):
+        k, v = _fp8_round(k), _fp8_round(v)
+        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k], dim=2)
+        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v], dim=2)
+        if self.read == "layer0":
+            return self.k[0], self.v[0]
+        if self.read == "codes":
+            return tuple(x / (x.abs().amax(dim=-1, keepdim=True) / 448).clamp_min(1e-30)
+                         for x in (self.k[layer], self.v[layer]))
+        return self.k[layer], self.v[layer]
+
+    def held(self, layer):
+        return self.k[layer], self.v[layer]
+
+
+def _fp8_kv(read: str, declared: bool = True):
+    from inference_conformance.conformance.contracts.kv_cache import Footprint
+    from inference_conformance.optimized.kv_cache.storage import storage_engine
+
+    fp = Footprint("padded", value_rel_error=2.0 ** -4 if declared else None, bytes_per_value=None,
+                   bytes_bound=not declared, why="FP8 e4m3 values, one absmax scale per token and head")
+    return storage_engine(lambda cfg, batch, max_seq_len, dtype, device: _Fp8Storage(cfg, batch, max_seq_len, dtype,
+                                                                                      device, read), fp)
+
+
+#: A correct lossy cache: FP8-rounded keys and values, per-value error 2^-4 declared.
+fp8_kv = _fp8_kv("right")
+#: The same, whose attention at every layer reads layer 0's keys and values.
+fp8_kv_layer0 = _fp8_kv("layer0")
+#: The same, whose attention reads the FP8 codes back without their scale.
+fp8_kv_codes = _fp8_kv("codes")
+#: The correct FP8 cache declaring no per-value error (lossy by its unmodelled bytes only).
+fp8_kv_undeclared = _fp8_kv("right", declared=False)

@@ -41,9 +41,12 @@ The engine provides:
     sequence: padding and the columns of shorter rows are held too); ``reserved``, B × max_seq_len
     or max_batch × max_seq_len slots (capacity allocated up front). A quantized cache declares
     its bytes per value, the bytes of its scales per layer (``overhead_bytes``) and the relative error per
-    cached value its number format promises (``value_rel_error``); such a lossy cache is
-    "unsupported: differs by design" under the exactness laws (KV-1, KV-2, KV-10), never a
-    pass, and its values are held to that bound instead. The footprint law (KV-4)
+    cached value its number format promises (``value_rel_error``, implied by its format and
+    scale granularity); such a lossy cache is held to it: its values at every layer (KV-4) and
+    its prefill + decode logits (KV-1) within the bounds that error implies through the model
+    (``properties/kv_cache/lossy.py`` states the derivation); KV-2 and KV-10 read "differs by
+    design" for it. A lossy cache that declares no per-value error fails those laws, never
+    "unsupported". The footprint law (KV-4)
     holds the measured bytes to exactly what the declared layout and format imply, and the
     report shows the ratio to the exact formula: a padded or reserved cache "differs by design",
     with its figure, never a silent pass and never a failure.
@@ -119,8 +122,9 @@ class Footprint:
 
     @property
     def lossy(self) -> bool:
-        """The cache does not hold the model's values (a quantized format): the exactness laws
-        (KV-1, KV-2, KV-10) do not apply to it ("unsupported: differs by design")."""
+        """The cache does not hold the model's values (a quantized format): KV-1 and KV-4 hold
+        it to the bounds its ``value_rel_error`` implies (a failure where it declares none), KV-2
+        and KV-10 do not apply ("differs by design")."""
         return self.value_rel_error is not None or self.bytes_bound or self.bytes_per_value is not None
 
     def __post_init__(self):

@@ -8,7 +8,8 @@ An implementation is an object (or module) providing
 
 and, optionally, an attribute ``symmetric: bool`` (default True) that names its scheme (or
 ``scheme``: a name of :data:`SCHEMES`, for an outside scheme whose step is not one of the two
-below; QT-1 then checks the bound that scheme promises), and a
+below, with ``stored(qw) -> (q, scale)``, codes minus zero point (N, K) integer and scales (N, K)
+float; verified, not trusted: see ``quantization_bounds.py``), and a
 keyword ``quantize(..., g_idx=None)`` for GPTQ's act-order (below).
 
 ``w`` is a Linear weight (N, K), float64 / float32 / float16 / bfloat16, finite. ``bits`` is an

@@ -7,8 +7,10 @@ Each calls the library's own quantize, dequantize and (where it has one) matmul,
 data between layouts (torch <-> numpy, the library's packing). Where the library's scheme is not
 the contract's absmax step s = max|w| / (2^(b-1) - 1), the adapter declares it (``symmetric =
 False`` for a zero point, or ``scheme``, one of :data:`inference_conformance.conformance.contracts.quantization_bounds.SCHEMES`)
-and QT-1 checks the bound that scheme promises; QT-2 (idempotence, the absmax claim) reads
-"differs by design" for a declared scheme. Refused (NotImplementedError, reported
+and hands back what it stored (``stored(qw)``: codes and scales), which the suite verifies: the
+scale against the scheme's formula, each code against round-to-nearest of w / that stored scale,
+dequantize against code x scale (the own-scale law); QT-1 then checks the bound that scheme
+promises, and QT-2 (idempotence, the absmax claim) reads "differs by design" inside the scheme. Refused (NotImplementedError, reported
 "unsupported"): the bits, granularities and dtypes each library does not take, and ``matmul``
 where the library has no product of its own. Claims QT-1, QT-2, QT-9.
 
@@ -153,6 +155,19 @@ class CompressedTensors(_Adapter):
         packed = pack_to_int32(codes.to(torch.int8), shape.bits)                              # (N, ceil(K/per)) int32
         return OutsideWeight((packed, scale, zero_point, args), shape.N, shape.K, w.dtype, w.device, self)
 
+    def stored(self, qw):
+        """(codes minus zero point, scale) per element, (N, K) int64 and float64: what the
+        own-scale law of the declared scheme reads back."""
+        qw = self._check(qw)
+        from compressed_tensors.compressors import unpack_from_int32
+
+        packed, scale, zero_point, args = qw.data
+        codes = unpack_from_int32(packed, args.num_bits, torch.Size((qw.N, qw.K))).to(torch.int64)
+        per = qw.K // (scale.numel() // qw.N) if scale.numel() > 1 else qw.K
+        expand = (lambda t: t.reshape(1, 1).expand(qw.N, qw.K)) if scale.numel() == 1 else (
+            lambda t: t.reshape(qw.N, -1).repeat_interleave(per, dim=1))
+        return codes - expand(zero_point.to(torch.int64)), expand(scale.to(torch.float64))
+
     def dequantize(self, qw):
         qw = self._check(qw)
         from compressed_tensors.compressors import unpack_from_int32
@@ -235,6 +250,25 @@ class Gguf(_Adapter):
         qtype = getattr(gguf.GGMLQuantizationType, self.kind.upper())
         blocks = gguf.quants.quantize(w32.numpy(), qtype)                                # (N, K / 32 * bytes) uint8
         return OutsideWeight((blocks, qtype), shape.N, shape.K, w.dtype, w.device, self)
+
+    def stored(self, qw):
+        """(code, stored float16 scale) per element, (N, K) int64 and float64, read from the
+        blocks: 2 bytes of scale, then Q8_0's 32 int8 codes or Q4_0's 16 bytes (element j in the
+        low nibble of byte j, element j + 16 in its high nibble; the code is the nibble - 8)."""
+        import numpy as np
+
+        qw = self._check(qw)
+        blocks, _ = qw.data
+        raw = np.ascontiguousarray(blocks).reshape(qw.N, qw.K // self.BLOCK, -1)
+        d = np.ascontiguousarray(raw[..., :2]).view(np.float16).astype(np.float64)       # (N, blocks, 1)
+        if self.kind == "q8_0":
+            q = np.ascontiguousarray(raw[..., 2:]).view(np.int8).astype(np.int64)         # (N, blocks, 32)
+        else:
+            nib = raw[..., 2:].astype(np.int64)                                           # (N, blocks, 16)
+            q = np.concatenate([nib & 15, nib >> 4], axis=-1) - 8
+        scale = np.broadcast_to(d, q.shape)
+        return (torch.from_numpy(q.reshape(qw.N, qw.K).copy()),
+                torch.from_numpy(scale.reshape(qw.N, qw.K).copy()))
 
     def dequantize(self, qw):
         qw = self._check(qw)

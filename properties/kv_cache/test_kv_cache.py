@@ -12,8 +12,9 @@ engine, with the bug zoo (properties/kv_cache/zoo.py) that each law must reject.
   layout holds (exact: the cached tokens; padded: the batch's rectangle; reserved: the capacity;
   the report shows the ratio to the cached tokens' bytes: "differs by design"), and what it
   holds are the model's keys and values (in bfloat16 past position 256 too), or within the
-  declared bound of a quantized format. A lossy (quantized) cache is "unsupported: differs by
-  design" under KV-1, KV-2 and KV-10.
+  declared bound of a quantized format at every layer. A lossy (quantized) cache must declare
+  its per-value error (else it fails KV-1 and KV-4); KV-1 holds its logits to the bound derived
+  from it (properties/kv_cache/lossy.py); KV-2 and KV-10 read "differs by design" for it.
 - KV-10: a sequence's logits do not depend on its batch-mates, their lengths or the padding.
 
 Each law is declared once (:class:`inference_conformance.conformance.laws.Law`, technique "kv_cache": an
@@ -35,10 +36,11 @@ from hypothesis import strategies as st
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.kv_cache import COVERAGE
 from inference_conformance.conformance.laws import Kills, Law, refusal
-from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, model_rule
+from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, check_within, model_rule
+from inference_conformance.properties.kv_cache import lossy
 from inference_conformance.properties.kv_cache.cases import (
     CAPACITY_SLACK, DTYPES, LLAMA_KV_SHAPE, LLAMA_SHAPES, PINNED, PINNED_B5, PINNED_TILE, Case, cases,
-    check_footprint, check_quantized_values, decode_case, engine_generate, examples, formula_bytes,
+    check_footprint, decode_case, footprint_of, engine_generate, examples, formula_bytes,
     full_forward, model_for, open_engine, prefill_then_decode_calls, reference_kv, run_engine, sequences,
     where_worst,
 )
@@ -61,12 +63,20 @@ def law_prefill_then_decode_equals_full_forward(run, device, dtype, case):
     run.observe(case)
     cfg = case.cfg()
     model = model_for(cfg, case.seed, dtype, device)
-    _, per_row = run_engine(run.impl, model, case, device, run=run)
+    engine, per_row = run_engine(run.impl, model, case, device, run=run, exact=False)
+    fp = footprint_of(engine)
+    lossy.require_declared_bound(fp)
     out = torch.cat(per_row)                                                    # (Σ(S_b + T), V)
-    out_ref = torch.cat(full_forward(model_for(cfg, case.seed, torch.float64, device), case, device))
-    out_pt = torch.cat(full_forward(model, case, device)) if dtype in HALF_DTYPES else None
-    assert_close(out, out_ref, out_pt=out_pt, rule=model_rule(dtype),
-                 what=f"prefill + decode logits vs full forward ({where_worst(out, out_ref, case)})")
+    model64 = model_for(cfg, case.seed, torch.float64, device)
+    out_ref = torch.cat(full_forward(model64, case, device))
+    out_pt = torch.cat(full_forward(model, case, device)) if dtype in HALF_DTYPES or fp.lossy else None
+    what = f"prefill + decode logits vs full forward ({where_worst(out, out_ref, case)})"
+    if not fp.lossy:
+        assert_close(out, out_ref, out_pt=out_pt, rule=model_rule(dtype), what=what)
+        return
+    full, _, _ = sequences(case, device)
+    rows = [full[b:b + 1, :n + case.steps] for b, n in enumerate(case.prompt_lens)]
+    lossy.check_logits(out, out_ref, out_pt, model64, rows, fp, what)
 
 
 KV1_KILLS = ("drop_oldest", "no_rope_offset", "reads_past_length", "shared_positions", "pads_cached",
@@ -148,7 +158,8 @@ def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
     fp = check_footprint(engine, case, dtype)
     full, _, _ = sequences(case, device)
     model64 = model_for(cfg, case.seed, torch.float64, device)
-    held, outs, refs, pts, first_layer, first_layer_model = 0, [], [], [], [], []
+    held, outs, refs, pts, lossy_out, lossy_model, bounds = 0, [], [], [], [], [], []
+    lossy.require_declared_bound(fp)
     for b, n in enumerate(expected_lens.tolist()):
         ref = reference_kv(model64, full[b:b + 1, :n])
         pt = reference_kv(model, full[b:b + 1, :n]) if dtype in HALF_DTYPES or fp.lossy else None
@@ -161,21 +172,24 @@ def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
             refs += [ref[layer][0].flatten(), ref[layer][1].flatten()]
             if pt is not None:
                 pts += [pt[layer][0].flatten(), pt[layer][1].flatten()]
-            if layer == 0 and pt is not None:
-                first_layer += [k.flatten(), v.flatten()]
-                first_layer_model += [pt[0][0].flatten(), pt[0][1].flatten()]
+            if fp.value_rel_error is not None:
+                d_kv = lossy.simulated_deviation(model64, full[b:b + 1, :n], fp.value_rel_error, b)[1]
+                lossy_out += [k.flatten(), v.flatten()]
+                lossy_model += [pt[layer][0].flatten(), pt[layer][1].flatten()]
+                bounds += [lossy.values_bound(pt[layer][0].flatten(), fp.value_rel_error, d_kv[layer], dtype),
+                           lossy.values_bound(pt[layer][1].flatten(), fp.value_rel_error, d_kv[layer], dtype)]
     assert_exact(torch.tensor(held), torch.tensor(n_tokens * formula_bytes(cfg, dtype, 1)),
                  what="bytes of kv() views vs formula")
     out, out_ref = torch.cat(outs), torch.cat(refs)
-    if fp.lossy and fp.value_rel_error is None:
-        with refusal(run, run.impl.name):
-            raise NotImplementedError(f"differs by design: {fp.why}: a lossy cache that declares no per-value bound "
-                                      "(its bytes were checked against its layout)")
     if fp.value_rel_error is None:
         assert_close(out, out_ref, out_pt=torch.cat(pts) if pts else None,
                      rule=model_rule(dtype), what="cached K and V vs the model's")
     else:
-        check_quantized_values(torch.cat(first_layer), torch.cat(first_layer_model), fp, dtype)
+        verdict = check_within(torch.cat(lossy_out), torch.cat(lossy_model), torch.cat(bounds),
+                               what=f"cached K and V at every layer vs the model's ({fp.why})",
+                               rule="KV-4 lossy: the declared per-value error, derived through the layers below")
+        lossy.record("KV-4", verdict.error, fp)
+        verdict.check()
 
 
 KV4 = Law(

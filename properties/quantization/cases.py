@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 from inference_conformance.conformance.contracts.quantization import COVERAGE, GROUP_KINDS
 from inference_conformance.conformance.coverage import class_names, classes_reached
 from inference_conformance.conformance.laws import Kills, Law, Run, refusal
-from inference_conformance.conformance.tolerance import check_close
+from inference_conformance.conformance.contracts import quantization_bounds
+from inference_conformance.conformance.tolerance import check_close, check_exact, check_within
 from inference_conformance.properties import strategies as S
 
 KINDS = GROUP_KINDS
@@ -151,8 +152,52 @@ def symmetric(impl) -> bool:
 
 def scheme(impl) -> str | None:
     """The implementation's declared outside scheme (its ``scheme`` attribute, a key of the
-    contract's SCHEMES), or None for the contract's own absmax / zero point."""
+    contract's SCHEMES), or None for the contract's own absmax / zero point. A declaration is
+    not an excuse by itself: :func:`accepted_scheme` says where the suite accepts it."""
     return getattr(getattr(impl, "namespace", impl), "scheme", None)
+
+
+def _stored(impl):
+    """The implementation's ``stored(qw)`` (codes and scales read back), or None."""
+    fn = getattr(getattr(impl, "namespace", impl), "stored", None)
+    return fn if callable(fn) else None
+
+
+def accepted_scheme(impl, case: QCase) -> str | None:
+    """The declared scheme where the suite accepts it for ``case``, else None (the contract's own
+    step judges the result): only for the bits and granularity the scheme defines
+    (``quantization_bounds.scheme_defines``) and only from an implementation with ``stored(qw)``,
+    which the own-scale law reads back (``check_own_scale``)."""
+    declared = scheme(impl)
+    if declared is None or _stored(impl) is None:
+        return None
+    return declared if quantization_bounds.scheme_defines(declared, case.bits, case.granularity) else None
+
+
+def check_own_scale(impl, qw, w: torch.Tensor, d: torch.Tensor, case: QCase, declared: str) -> None:
+    """The own-scale law of a declared scheme (QT-1), on what ``impl.stored(qw)`` hands back:
+    ``(q, scale)``, q (N, K) integer (each code minus its zero point) and scale (N, K) float (the
+    stored scale of each element's group). The scale is one per requested group and follows the
+    scheme's formula (within its storage rounding); each code is round-to-nearest of
+    w / stored scale within the scheme's code range; dequantize reproduces q x stored scale.
+    AssertionError (a tolerance verdict) naming the first comparison that fails."""
+    q, scale = _stored(impl)(qw)
+    N, K = w.shape
+    assert tuple(q.shape) == (N, K) and tuple(scale.shape) == (N, K), (
+        f"stored(qw) returned codes {tuple(q.shape)} and scales {tuple(scale.shape)}, expected {(N, K)} each")
+    assert not q.dtype.is_floating_point, f"stored(qw) returned codes of dtype {q.dtype}, expected an integer dtype"
+    s = scale.detach().to("cpu", torch.float64)
+    g = case.group_size if case.granularity != "tensor" else N * K
+    groups = s.reshape(-1, g)
+    check_exact(groups, groups[:, :1].expand_as(groups), what=f"stored scale, one per requested group ({case})").check()
+    ref, scale_bound, x, code_bound = quantization_bounds.own_scale_targets(w, case.bits, case.granularity, declared, s)
+    check_within(s, ref, scale_bound, what=f"stored scale vs {declared}'s formula ({case})",
+                 rule="declared scheme's scale formula").check()
+    qf = q.detach().to("cpu", torch.float64)
+    check_within(qf, x, code_bound, what=f"codes vs round(w / stored scale) ({case})",
+                 rule="own-scale law: round to nearest of the stored scale").check()
+    check_within(d, qf * s, quantization_bounds.product_bound(qf, s, d.dtype),
+                 what=f"dequantize vs code x stored scale ({case})", rule="own-scale law: code x stored scale").check()
 
 
 def act_order_cases() -> st.SearchStrategy[QCase]:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts import quantization as contract, quantization_bounds
-from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import check_close, check_within
 from inference_conformance.properties import strategies as S
 from inference_conformance.properties.quantization.claims_cases import check_qt2_idempotent, check_qt2_packing
@@ -45,6 +45,8 @@ from inference_conformance.properties.quantization.cases import (
     quant_cases,
     integer_only,
     quantize,
+    accepted_scheme,
+    check_own_scale,
     scheme,
     symmetric,
 )
@@ -68,9 +70,13 @@ def law_half_step(run, device, dtype, case, seed):
     assert tuple(d.shape) == tuple(w.shape), f"dequantize returned {tuple(d.shape)}, w is {tuple(w.shape)}"
     assert d.dtype == w.dtype, f"dequantize returned {d.dtype}, w is {w.dtype}"
     assert d.device == w.device, f"dequantize returned a tensor on {d.device}, w is on {w.device}"
-    bound = quantization_bounds.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl), scheme=scheme(run.impl))
+    declared = accepted_scheme(run.impl, case)
+    bound = quantization_bounds.half_step_bound(w, case.bits, case.granularity, symmetric(run.impl),
+                                                scheme=declared)
     check_within(d, w, bound, what=f"reconstruction of w ({case})", rule="QT-1 half step").check()
     check_levels(d, case)
+    if declared is not None:
+        check_own_scale(run.impl, qw, w, d, case, declared)
 
 
 def check_levels(d: torch.Tensor, case) -> None:
@@ -125,17 +131,22 @@ def test_qt1_bound_is_the_lecture_step():
 
 # -------------------------------------------------------------------------------------- QT-2
 def law_idempotent(run, device, dtype, case, seed):
-    """QT-2: with d = dequantize(quantize(w)), dequantize(quantize(d)) == d exactly."""
+    """QT-2: with d = dequantize(quantize(w)), dequantize(quantize(d)) == d exactly. An example
+    inside a verified declared scheme (``accepted_scheme``) is refused by the suite: the scheme's
+    own step is not QT-2's, and QT-1's own-scale law judges it."""
     note(str(case))
+    declared = accepted_scheme(run.impl, case)
+    if declared is not None:
+        with refusal(run, f"the suite, for {getattr(run.impl, 'name', run.impl)}"):
+            raise NotImplementedError(f"differs by design: {declared} ({quantization_bounds.SCHEMES[declared]}), "
+                                      "not the contract's absmax step that QT-2 states")
     check_qt2_idempotent(run.impl, make_weight(case, seed, dtype, device), case, run=run)
 
 
 #: QT-2's law, for the absmax implementations (the claim's scheme), in float64 and float32.
 QT2 = Law(claim="QT-2", technique=TECH, body=law_idempotent, given={"case": quant_cases(), "seed": S.seeds},
           examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)), dtypes=(torch.float64, torch.float32),
-          applies=lambda impl: integer_only(impl) or (
-              (f"differs by design: {scheme(impl)} ({quantization_bounds.SCHEMES[scheme(impl)]}), not the "
-               "contract's absmax step that QT-2 states") if scheme(impl) else None if symmetric(impl) else (
+          applies=lambda impl: integer_only(impl) or (None if symmetric(impl) or scheme(impl) else (
               "QT-2 is the absmax claim; round-to-nearest zero-point quantization with a rounded scale is not "
               "idempotent in general (test_qt2_zero_point_rounding_is_not_idempotent)")))
 
