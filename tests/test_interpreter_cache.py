@@ -45,6 +45,20 @@ def _patched_names(patch_builtin, packages):
 
 
 def test_the_cached_scan_wraps_what_the_original_wraps():
+    """In a fresh process: a kernel launch elsewhere in this process that was refused part-way (an
+    implementation raising inside the interpreter) can leave a class's members wrapped, which the
+    original scan then skips; the comparison is of the two scans, not of that leftover state."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", "from tests.test_interpreter_cache import _compare_scans; _compare_scans()"],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _compare_scans():
     import triton.language as tl
     from triton.runtime import interpreter
 
