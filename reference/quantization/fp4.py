@@ -23,7 +23,6 @@ x s in float64, rounded once to w's dtype.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,7 @@ import torch
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
 from inference_conformance.conformance.contracts.quantization_fp4 import (
     E2M1_EMAX, E2M1_GRID, E2M1_MAX, E4M3_MAX, E8M0_BIAS, E8M0_EMAX, E8M0_EMIN, fp4_format)
-from inference_conformance.reference.quantization.fp8 import fp8_cast
+from inference_conformance.reference.quantization.fp8 import FormatScheme, fp8_cast
 
 #: E2M1's 16 codes' values (code 8 is -0).
 E2M1_VALUES = torch.tensor(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=torch.float64)
@@ -171,27 +170,12 @@ def matmul_fp4(x: torch.Tensor, qw: FP4Weight) -> torch.Tensor:
     return (x.to(torch.float64) @ dequantize_fp4(qw).to(torch.float64).T).to(x.dtype)
 
 
-class FP4Scheme:
+class FP4Scheme(FormatScheme):
     """An FP4 scheme of the contract (``number_format`` "mxfp4" or "nvfp4") over a module's
     ``quantize_fp4``, ``dequantize_fp4`` and ``matmul_fp4`` (this module's by default)."""
 
-    symmetric = True
-
-    def __init__(self, fmt: str, ops=None):
-        self.number_format = fp4_format(fmt).name
-        self._ops = ops if ops is not None else sys.modules[__name__]
-
-    def quantize(self, w, *, bits, granularity):
-        return self._ops.quantize_fp4(w, bits=bits, granularity=granularity, fmt=self.number_format)
-
-    def dequantize(self, qw):
-        return self._ops.dequantize_fp4(qw)
-
-    def matmul(self, x, qw):
-        return self._ops.matmul_fp4(x, qw)
-
-    def __repr__(self) -> str:
-        return f"{self._ops.__name__}.FP4Scheme({self.number_format!r})"
+    kind = "fp4"
+    format_of = staticmethod(fp4_format)
 
 
 MXFP4 = FP4Scheme("mxfp4")

@@ -105,27 +105,42 @@ def matmul_fp8(x: torch.Tensor, qw: FP8Weight) -> torch.Tensor:
     return (x.to(torch.float64) @ dequantize_fp8(qw).to(torch.float64).T).to(x.dtype)
 
 
-class FP8Scheme:
+class FormatScheme:
+    """A scheme of the contract over a module's ``quantize_<kind>``, ``dequantize_<kind>`` and
+    ``matmul_<kind>`` (the defining module's by default): the FP8 and FP4 schemes of the reference
+    and of the vectorized built-ins. ``kind`` and ``format_of`` (name -> format, raising
+    ValueError for an unknown one) are set by each subclass."""
+
+    symmetric = True
+    kind = ""
+
+    @staticmethod
+    def format_of(fmt: str):
+        raise NotImplementedError
+
+    def __init__(self, fmt: str, ops=None):
+        self.number_format = self.format_of(fmt).name
+        self._ops = ops if ops is not None else sys.modules[type(self).__module__]
+
+    def quantize(self, w, *, bits, granularity):
+        return getattr(self._ops, f"quantize_{self.kind}")(w, bits=bits, granularity=granularity, fmt=self.number_format)
+
+    def dequantize(self, qw):
+        return getattr(self._ops, f"dequantize_{self.kind}")(qw)
+
+    def matmul(self, x, qw):
+        return getattr(self._ops, f"matmul_{self.kind}")(x, qw)
+
+    def __repr__(self) -> str:
+        return f"{self._ops.__name__}.{type(self).__name__}({self.number_format!r})"
+
+
+class FP8Scheme(FormatScheme):
     """An FP8 scheme of the contract (``number_format`` E4M3fn or E5M2) over a module's
     ``quantize_fp8``, ``dequantize_fp8`` and ``matmul_fp8`` (this module's by default)."""
 
-    symmetric = True
-
-    def __init__(self, fmt: str, ops=None):
-        self.number_format = fp8_format(fmt).name
-        self._ops = ops if ops is not None else sys.modules[__name__]
-
-    def quantize(self, w, *, bits, granularity):
-        return self._ops.quantize_fp8(w, bits=bits, granularity=granularity, fmt=self.number_format)
-
-    def dequantize(self, qw):
-        return self._ops.dequantize_fp8(qw)
-
-    def matmul(self, x, qw):
-        return self._ops.matmul_fp8(x, qw)
-
-    def __repr__(self) -> str:
-        return f"{self._ops.__name__}.FP8Scheme({self.number_format!r})"
+    kind = "fp8"
+    format_of = staticmethod(fp8_format)
 
 
 FP8_E4M3 = FP8Scheme("fp8_e4m3fn")
