@@ -93,10 +93,20 @@ class Params:
 
 @dataclass
 class Completion:
-    """One request's output: ``tokens`` (n,) int64, ``logprobs`` (n,) float64 or None."""
+    """One request's output: ``tokens`` (n,) int64, ``logprobs`` (n,) float64 or None.
+
+    What speculation did, where the engine says (None where it does not; engines that count per
+    batch report it on the completion of a call holding one request): ``target_calls`` the
+    target model's forward passes that produced the n tokens (prefill included: target-only
+    decoding of n tokens takes n), ``drafted`` the draft tokens proposed and ``accepted`` those
+    the target kept (claims SD-2, SD-3: tokens per target call n / target_calls, acceptance
+    accepted / drafted). Figures for benchmarks: no law trusts them."""
 
     tokens: torch.Tensor
     logprobs: torch.Tensor | None = None
+    target_calls: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,6 @@ class HFGenerate:
         refuse_unoffered(self.capabilities(), requests, params, f"transformers ({self.cache} cache)")
         model = self.model(params.model)
         check_vocab(requests, model.config.vocab_size)
-        n = max(r.max_new_tokens for r in requests)
         groups = [[i] for i in range(len(requests))] if params.speculative else [list(range(len(requests)))]
         seeds = ",".join(str(r.seed) for r in requests)
         out: list = [None] * len(requests)
@@ -92,13 +91,21 @@ class HFGenerate:
             torch.manual_seed(int(hashlib.sha256(seeds.encode()).hexdigest()[:12], 16))
             for group in groups:
                 ids, mask = self._run(model, [requests[i].prompt for i in group], params)
-                res = model.generate(input_ids=ids, attention_mask=mask, **self._kwargs(params, n))
+                calls = []                                                  # the target's forward passes
+                hook = model.register_forward_hook(lambda *_: calls.append(1))
+                try:
+                    k_max = max(requests[i].max_new_tokens for i in group)
+                    res = model.generate(input_ids=ids, attention_mask=mask, **self._kwargs(params, k_max))
+                finally:
+                    hook.remove()
                 new = res.sequences[:, ids.shape[1]:]                                           # (B, n)
                 lp = torch.log_softmax(torch.stack(res.logits, 1).double(), -1)                # (B, n, V)
                 for row, i in enumerate(group):
                     k = requests[i].max_new_tokens
                     t = new[row, :k].clone()
-                    out[i] = Completion(t, lp[row, torch.arange(k), t])
+                    # speculation runs one request at a time: its pass count is the request's
+                    spec = dict(target_calls=len(calls), accepted=k - len(calls)) if params.speculative else {}
+                    out[i] = Completion(t, lp[row, torch.arange(k), t], **spec)
         return out
 
 

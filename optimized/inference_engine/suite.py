@@ -128,7 +128,11 @@ class SpeculativeAdapter(PagedAdapter):
             eng = SpeculativeEngine(target, draft, gamma=g, max_batch=len(rows), max_seq_len=length + n + 2 * g + 1,
                                     temperature=float(params.temperature), top_p=float(params.top_p))
             prompt = torch.tensor([list(requests[i].prompt) for i in rows], dtype=torch.int64)
-            tokens, _ = eng.generate(prompt, n, generator=gen)
+            tokens, stats = eng.generate(prompt, n, generator=gen)
+            # per-row figures only for a call of one request (the engine sums its rows): each
+            # round is one target pass, the prompt's prefill (all but its last token) one more
+            spec = (dict(target_calls=stats["rounds"] + (length > 1), drafted=stats["drafted"],
+                         accepted=stats["accepted"]) if len(requests) == 1 else {})
             for row, i in enumerate(rows):
-                out[i] = Completion(tokens[row, length:length + requests[i].max_new_tokens].clone(), None)
+                out[i] = Completion(tokens[row, length:length + requests[i].max_new_tokens].clone(), None, **spec)
         return out
