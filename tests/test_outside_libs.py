@@ -194,6 +194,32 @@ def test_ort_attention_float64_with_a_mask_is_float64_accurate():
     assert (out - ref).abs().max().item() <= 1e-12 * ref.abs().max().item()
 
 
+@pytest.mark.parametrize("name", ["ort_mha", "ort_gqa"])
+@_xfail("onnxruntime", "com.microsoft.MultiHeadAttention and GroupQueryAttention (CPU) read scale = 0 as "
+                       "their default 1/sqrt(D): the output is attention at 1/sqrt(D), 0.4-1.8 off at scale 0")
+def test_ort_contrib_attention_scale_zero(name):
+    pytest.importorskip("onnxruntime")
+    from inference_conformance.optimized.attention import outside as oa
+
+    q, k, v = _qkv(torch.float32, B=1, Hq=2, Hkv=2, Tq=4, Tk=4, D=8)
+    out = getattr(oa, name)(q, k, v, causal=True, scale=0.0)
+    ref = attention_naive(q.double(), k.double(), v.double(), causal=True, scale=0.0)
+    assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+@_xfail("torchao", "IntxWeightOnlyConfig(granularity=PerGroup(1)) crashes inside choose_qparams: RuntimeError "
+                   "\"shape '[N, K]' is invalid for input of size 1\" (a crash, not a documented refusal)")
+def test_torchao_intx_group_of_one():
+    pytest.importorskip("torchao")
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    lin = torch.nn.Linear(8, 4, bias=False)
+    w = lin.weight.detach().clone()
+    quantize_(lin, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(1), scale_dtype=torch.float32))
+    assert (lin.weight.dequantize() - w).abs().max().item() <= 1e-6 * w.abs().max().item()   # one scale per weight
+
+
 @_xfail("optimum-quanto", "a qint8 weight times a bfloat16 x (torch.nn.functional.linear, CPU) returns "
                           "non-finite or wrong values (a worker crashed once in the law run)")
 def test_quanto_int8_bfloat16_matmul():

@@ -234,8 +234,9 @@ def ort_attention(q, k, v, *, causal: bool, scale: float):
     Runtime's CPU provider, inputs (B, H, T, D) as they are. NotImplementedError for bfloat16."""
     s = validate(q, k, v, causal, scale)
     _ort_refuse(q, "Attention", (torch.float32, torch.float16, torch.float64))
-    if scale <= 0:
-        raise NotImplementedError(f"ONNX Runtime's Attention kernel requires scale > 0 (got {scale})")
+    if scale <= 0:      # the library's own refusal (session creation fails), in its words
+        raise NotImplementedError("ONNX Runtime's Attention kernel (attention.cc): \"scale must be greater than 0 "
+                                  f"if specified\" (got {scale})")
     square = s.Tq == s.Tk
     feeds = {"Q": _to_numpy(q), "K": _to_numpy(k), "V": _to_numpy(v)}
     if causal and not square:
@@ -248,11 +249,10 @@ def ort_attention(q, k, v, *, causal: bool, scale: float):
 def ort_mha(q, k, v, *, causal: bool, scale: float):
     """The attention contract through ``com.microsoft.MultiHeadAttention`` (CPU): query
     (B, Tq, Hq * D), key / value (B, H, Tk, D); causal as an additive (1, 1, Tq, Tk) bias.
-    NotImplementedError for float64, bfloat16 and GQA (Hq != Hkv)."""
+    NotImplementedError for float64, bfloat16 and GQA (Hq != Hkv). Scale 0 is not refused: ONNX
+    Runtime reads it as its default 1/sqrt(D) and answers wrongly (FA-3 fails there)."""
     s = validate(q, k, v, causal, scale)
     _ort_refuse(q, "MultiHeadAttention", (torch.float32, torch.float16))
-    if scale == 0:
-        raise NotImplementedError("com.microsoft.MultiHeadAttention reads scale = 0 as its default 1/sqrt(D)")
     if s.Hq != s.Hkv:
         raise NotImplementedError(f"com.microsoft.MultiHeadAttention has no GQA (Hq = {s.Hq}, Hkv = {s.Hkv})")
     feeds = {"Q": _to_numpy(q.transpose(1, 2).reshape(s.B, s.Tq, s.Hq * s.D)), "K": _to_numpy(k),
@@ -268,11 +268,10 @@ def ort_mha(q, k, v, *, causal: bool, scale: float):
 def ort_gqa(q, k, v, *, causal: bool, scale: float):
     """The attention contract through ``com.microsoft.GroupQueryAttention`` (CPU), which is always
     causal: keys 0..Tk - Tq - 1 as its past (B, Hkv, Tk - Tq, D), the last Tq as new tokens.
-    NotImplementedError for non-causal calls, float64 and bfloat16."""
+    NotImplementedError for non-causal calls, float64 and bfloat16. Scale 0 is not refused: ONNX
+    Runtime reads it as its default 1/sqrt(D) and answers wrongly (FA-3 fails there)."""
     s = validate(q, k, v, causal, scale)
     _ort_refuse(q, "GroupQueryAttention", (torch.float32, torch.float16))
-    if scale == 0:
-        raise NotImplementedError("com.microsoft.GroupQueryAttention reads scale = 0 as its default 1/sqrt(D)")
     if not causal:
         raise NotImplementedError("com.microsoft.GroupQueryAttention is always causal")
     if s.D % 8:

@@ -35,8 +35,8 @@ class TorchaoWeightOnly:
                 raise NotImplementedError(f"torchao Int8WeightOnlyConfig is 8 bits per channel, not {bits} bits, "
                                           f"granularity {granularity!r}")
             return Int8WeightOnlyConfig()
-        if granularity == 1:
-            raise NotImplementedError("torchao's PerGroup(1) fails inside choose_qparams (a reshape error)")
+        # PerGroup(1) is not refused: torchao 0.18 crashes on it inside choose_qparams (RuntimeError,
+        # a reshape), which the laws report as the crash it is (expectations/quantization-torchao_intx.toml)
         gran = PerAxis(0) if granularity == "channel" else PerGroup(int(granularity))
         return IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=gran,
                                     scale_dtype=torch.float32)
