@@ -229,13 +229,18 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     assert med["fp8_e4m3fn"] > 1 and med["fp8_e5m2"] > 1, med
 
 
+#: QT-11's NLL figure (CLAIMS.md): every FP8 model within 0.05% of the unquantized NLL (relative).
+QT11_NLL_WITHIN = 5e-4
+
+
 @pytest.mark.claim("QT-11")
 def test_qt11_nll_with_fp8_weights_and_w8a8():
     """QT-11's NLL figure on the target model (float32, QT-3's 64 test documents): every block
     Linear weight-only FP8 (E4M3 and E5M2, per tensor and per channel, torch schemes), and FP8
     W8A8 (E4M3 weights per channel, activations per token, dynamic) beside int8 W8A8; int8
-    weight-only per channel is QT-3's row. The rule: each within 1% of the unquantized NLL (the
-    8-bit formats are almost lossless on this model, as int8 is in QT-3)."""
+    weight-only per channel is QT-3's row. The rule, the claim's figure: each within
+    :data:`QT11_NLL_WITHIN` = 0.05% of the unquantized NLL (the 8-bit formats are almost lossless on
+    this model, as int8 is in QT-3; measured on CPU: -0.006% to +0.032%)."""
     from inference_conformance.optimized.quantization import fp8 as quant_torch
     from inference_conformance.reference.quantization.methods import quantize_model_weights, w8a8_model
     from inference_conformance.smallworld import checkpoints, data
@@ -253,7 +258,9 @@ def test_qt11_nll_with_fp8_weights_and_w8a8():
         nll["W8A8 int8 per token"] = data.nll(w8a8_model(model), docs)
     rel = {k: v / base - 1 for k, v in nll.items()}
     for k, v in nll.items():
-        results.record("QT-11", measured=round(v, 4), unit="test NLL (nats/token)", bound=round(base * 1.01, 4),
-                       lecture="FP8 weights and W8A8 almost lossless", nll=v,
-                       rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.3f}%), within 1%")
-    assert all(abs(r) <= 0.01 for r in rel.values()), {k: f"{100 * r:+.3f}%" for k, r in rel.items()}
+        results.record("QT-11", measured=round(v, 4), unit="test NLL (nats/token)",
+                       bound=round(base * (1 + QT11_NLL_WITHIN), 5), lecture="FP8 weights and W8A8 almost lossless",
+                       nll=v, rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.3f}%), within "
+                                   f"{100 * QT11_NLL_WITHIN:g}% (CLAIMS.md QT-11)")
+    bad = {k: f"{100 * r:+.4f}%" for k, r in rel.items() if abs(r) > QT11_NLL_WITHIN}
+    assert not bad, f"QT-11: NLL off the unquantized {base:.5f} by more than {100 * QT11_NLL_WITHIN:g}%: {bad}"
