@@ -32,7 +32,8 @@ def uniforms_at(end: str):
     """Inside the block every uniform drawn through ``torch.rand``, ``torch.rand_like`` or
     ``Tensor.uniform_`` (the generator passed or not) is :func:`boundary_value` ``(end, dtype)``
     (scaled to [a, b) for ``uniform_(a, b)``); yields a list that records each draw's dtype."""
-    real_full, real_rand, real_rand_like, real_uniform = torch.full, torch.rand, torch.rand_like, torch.Tensor.uniform_
+    real_full, real_rand, real_rand_like = torch.full, torch.rand, torch.rand_like
+    own_uniform = torch.Tensor.__dict__.get("uniform_")          # None: inherited from the C base class
     drawn: list = []
 
     def filled(shape, dtype, device):
@@ -58,7 +59,11 @@ def uniforms_at(end: str):
     try:
         yield drawn
     finally:
-        torch.rand, torch.rand_like, torch.Tensor.uniform_ = real_rand, real_rand_like, real_uniform
+        torch.rand, torch.rand_like = real_rand, real_rand_like
+        if own_uniform is None:
+            del torch.Tensor.uniform_
+        else:
+            torch.Tensor.uniform_ = own_uniform
 
 
 @dataclass(frozen=True)
