@@ -1,7 +1,7 @@
 """FP8 number formats of the ``quantization`` contract (QT-11; lecture 001 §5.4, Micikevicius et
 al. 2022): :class:`FP8Format` (E4M3fn, E5M2), the per-group scale s = max|w_group| / F
-(:func:`fp8_step`) and the half-ulp bounds of a reconstructed element (:func:`fp8_value_bound`,
-:func:`fp8_bound`). The scheme's call, shapes and errors are in ``conformance/contracts/quantization.py``.
+(:func:`fp8_step`) and the half-ulp bounds of a reconstructed element (:func:`fp8_half_spacing`,
+:func:`fp8_value_bound`, :func:`fp8_bound`). The scheme's call, shapes and errors are in ``conformance/contracts/quantization.py``.
 """
 from __future__ import annotations
 
@@ -68,13 +68,27 @@ def fp8_step(w: torch.Tensor, fmt: str, granularity) -> torch.Tensor:
     return s.repeat_interleave(shape.group_size, dim=-1)
 
 
-def fp8_value_bound(x: torch.Tensor, s: torch.Tensor, fmt: str) -> torch.Tensor:
-    """QT-11's bound on |x - fp8(x / s) s| for |x| <= F s, float64 of x's shape: half an ulp,
-    max(2^-(m+1) |x|, s 2^(emin - m - 1)) (relative in the normal range, half the subnormal step
-    times s below it), with 2^-12 of slack for a scale stored rounded."""
+def fp8_half_spacing(y: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Half the format's grid spacing at |y| (y in units of the scale), float64 of y's shape:
+    2^(max(e, emin) - m - 1) for 2^e <= |y| < 2^(e+1), half the subnormal step 2^(emin - m - 1)
+    below 2^emin and at 0. The largest error of round to nearest at y (ties included)."""
     f = fp8_format(fmt)
+    _, e = torch.frexp(y.detach().to(torch.float64).abs())           # |y| = m 2^e, m in [0.5, 1)
+    return torch.ldexp(torch.ones(y.shape, dtype=torch.float64, device=y.device),
+                       (torch.clamp(e.to(torch.int64) - 1, min=f.emin) - f.m - 1).to(torch.int32))
+
+
+def fp8_value_bound(x: torch.Tensor, s: torch.Tensor, fmt: str) -> torch.Tensor:
+    """QT-11's bound on |x - fp8(x / s) s| for |x| <= F s, float64 of x's shape: half the grid
+    spacing at x / s times s (:func:`fp8_half_spacing`: half an ulp, 2^(e - m - 1) s in the
+    binade 2^e <= |x| / s < 2^(e+1), half the subnormal step times s below 2^emin), with 2^-12 of
+    slack for a scale stored rounded (the binade read at |x| (1 + 2^-12) / s). Not the looser
+    2^-(m+1) |x|, which is up to twice the half step at the top of a binade: a cast rounding
+    twice (through float16, say) stays within that one."""
     x64 = x.detach().to(torch.float64).abs()
-    return torch.maximum(f.half_ulp_rel * x64, s.to(torch.float64) * f.subnormal_step / 2) * (1 + SCALE_SLACK)
+    s64 = s.to(torch.float64)
+    y = torch.where(s64 > 0, x64 * (1 + SCALE_SLACK) / torch.where(s64 > 0, s64, 1.0), 0.0)
+    return fp8_half_spacing(y, fmt) * s64 * (1 + SCALE_SLACK)
 
 
 def fp8_bound(w: torch.Tensor, fmt: str, granularity) -> torch.Tensor:

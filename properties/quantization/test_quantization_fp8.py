@@ -6,7 +6,7 @@ KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.p
   dtypes, clamped first) saturates (finite everywhere, ±F at and beyond F: 448 for E4M3fn, 57344
   for E5M2), is within half an ulp (2^-4 / 2^-3 relative in the normal range, half the
   subnormal step below) and equals the reference's grid value exactly (ties to even included).
-  Known-bad casts (``properties/quantization/zoo.py`` ``FP8_CAST_ZOO``) are rejected.
+  Known-bad casts (``properties/quantization/zoo_fp8.py`` ``FP8_CAST_ZOO``) are rejected.
 - QT-11, the schemes: every FP8 scheme of the registry (``number_format``) reconstructs every
   element within the contract's ``fp8_bound`` (per tensor, per channel, groups), and its matmul
   equals x @ dequantize(qw).T (QT-9's rule); figures: the lecture's outlier example and the small
@@ -40,7 +40,7 @@ from inference_conformance.properties.quantization.cases import (
     quant_cases,
     quantize,
 )
-from inference_conformance.properties.quantization.zoo import FP8_CAST_ZOO
+from inference_conformance.properties.quantization.zoo_fp8 import FP8_CAST_ZOO
 
 TECH = "quantization"
 FORMATS = tuple(fp8_contract.FP8_FORMATS)
@@ -59,7 +59,8 @@ def _fp8_only(impl) -> str | None:
 def cast_values(fmt: str, seed: int) -> torch.Tensor:
     """float32 values for the cast law: log-uniform magnitudes from below the smallest
     subnormal to 4 F, both signs; every exact tie between two neighbouring grid values of a
-    drawn sample; 0, ±F, F plus half the top spacing (rounds past F), ±inf, the subnormal steps."""
+    drawn sample; 0, ±F, F plus half the top spacing (rounds past F), ±inf, the subnormal steps;
+    the values a double rounding gets wrong (:func:`double_rounding_values`)."""
     f = fp8_contract.fp8_format(fmt)
     g = torch.Generator().manual_seed(seed)
     lo, hi = f.emin - f.m - 2, torch.log2(torch.tensor(4 * f.max)).item()
@@ -76,7 +77,23 @@ def cast_values(fmt: str, seed: int) -> torch.Tensor:
     special = torch.tensor([0.0, f.max, -f.max, f.max + top / 2, -(f.max + top / 2), f.max + top, 1e30,
                             float("inf"), float("-inf"), f.subnormal_step, f.subnormal_step / 2,
                             3 * f.subnormal_step / 2, f.min_normal], dtype=torch.float64)
-    return torch.cat([x, ties, special]).to(torch.float32)
+    return torch.cat([x, ties, special, double_rounding_values(fmt)]).to(torch.float32)
+
+
+def double_rounding_values(fmt: str) -> torch.Tensor:
+    """float64 values where rounding twice (to float16, then to the FP8 grid) differs from round
+    to nearest even, pinned in every binade 2^e of the format's normal range (both signs): just
+    above a power of two, the midpoint 2^e (1 + 2^-(m+1)) plus a quarter of float16's step there
+    (round to nearest: up; through float16: onto the midpoint, then down to the even 2^e), and
+    the next midpoint 2^e (1 + 3 2^-(m+1)) minus it (round to nearest: down; through float16: up
+    to the even neighbour); the ties themselves are in :func:`cast_values`."""
+    f = fp8_contract.fp8_format(fmt)
+    e = torch.arange(f.emin, int(torch.log2(torch.tensor(f.max)).floor()) + 1, dtype=torch.float64)
+    base, quarter = torch.exp2(e), torch.exp2(e - 12)                  # float16's step in binade e: 2^(e-10)
+    up = base * (1 + 2.0 ** -(f.m + 1)) + quarter
+    down = base * (1 + 3 * 2.0 ** -(f.m + 1)) - quarter
+    v = torch.cat([up, down])
+    return torch.cat([v, -v])
 
 
 def law_fp8_cast(run, device, fmt, seed):
@@ -129,10 +146,44 @@ def test_qt11_cast_saturates_within_half_ulp(which, device):
 @pytest.mark.claim("QT-11")
 @pytest.mark.parametrize("name", list(FP8_CAST_ZOO))
 def test_qt11_cast_zoo_rejected(name, device):
-    bad = as_impl(name, f"inference_conformance.properties.quantization.zoo:FP8_CAST_ZOO[{name!r}]", cast=FP8_CAST_ZOO[name])
+    bad = as_impl(name, f"inference_conformance.properties.quantization.zoo_fp8:FP8_CAST_ZOO[{name!r}]", cast=FP8_CAST_ZOO[name])
     text = expect_rejected(QT11_CAST, bad, device)
     results.record("QT-11", measured="rejected", unit="known-bad FP8 cast", rule="QT-11 cast law",
                    what=f"{name}: {text[:120]}")
+
+
+@pytest.mark.claim("QT-11")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_qt11_half_spacing_bound_rejects_double_rounding(fmt):
+    """Why QT-11's bound is half the grid spacing at the value (``fp8_value_bound``), not
+    2^-(m+1) |x|: on the pinned values of :func:`double_rounding_values` a cast through float16
+    (``FP8_CAST_ZOO["fp8_double_rounding_via_float16"]``) is off the float64 round-to-nearest-even
+    grid at every value and exceeds half the spacing there, while 2^-(m+1) |x| admits every one;
+    the correct casts are on the grid. The schemes' figure: the double-rounding scheme's worst
+    error on 65,536 weights N(0, 1) per tensor, as a fraction of each bound (recorded)."""
+    from inference_conformance.optimized.quantization.fp8 import fp8_cast as torch_cast
+    from inference_conformance.properties.quantization.zoo_fp8 import fp8_double_rounding_scheme
+    from inference_conformance.reference.quantization.fp8 import fp8_cast as ref_cast
+
+    f = fp8_contract.fp8_format(fmt)
+    y = double_rounding_values(fmt)
+    exact = ref_cast(y, fmt)
+    assert_exact(torch_cast(y.float(), fmt).double(), exact, what=f"torch {fmt} cast on the double-rounding values")
+    err = (FP8_CAST_ZOO["fp8_double_rounding_via_float16"](y, fmt) - y).abs()
+    half = fp8_contract.fp8_value_bound(y, torch.ones(()), fmt)
+    loose = f.half_ulp_rel * y.abs()
+    assert bool((err > half).all()), f"{fmt}: double rounding within half the spacing at {y[err <= half][:3].tolist()}"
+    assert bool((err <= loose).all()), f"{fmt}: 2^-(m+1)|x| already rejects {y[err > loose][:3].tolist()}"
+    w = S.randn((256, 256), 5)
+    d = (fp8_double_rounding_scheme.dequantize(fp8_double_rounding_scheme.quantize(w, bits=8, granularity="tensor"))
+         - w).abs().double()
+    s = fp8_contract.fp8_step(w, "fp8_e4m3fn", "tensor")
+    worst_loose = float((d / (2.0 ** -4 * w.abs().double() * (1 + 2.0 ** -12))).max())
+    worst_half = float((d / fp8_contract.fp8_value_bound(w, s, "fp8_e4m3fn")).max())
+    results.record("QT-11", measured=round(worst_half, 3), bound=1.0,
+                   unit="double rounding through float16 (E4M3 per tensor, 65,536 weights): max error / half spacing",
+                   rule="> 1: rejected by half the spacing at w / s", what=f"max error / (2^-4 |w|) = {worst_loose:.3f}")
+    assert worst_half > 1 >= worst_loose, (worst_half, worst_loose)
 
 
 # --------------------------------------------------------------------- QT-11: the schemes
@@ -164,7 +215,8 @@ def law_fp8_matmul(run, device, dtype, case, seed):
 
 QT11 = Law(claim="QT-11", technique=TECH, body=law_fp8_within_half_ulp, given={"case": fp8_cases(), "seed": S.seeds},
            examples=FP8_EXAMPLES, dtypes=(torch.float64, torch.float32, torch.bfloat16),
-           kills=(Kills(("fp8_e5m2_grid_as_e4m3_scheme",), (torch.float64,)),), applies=_fp8_only,
+           kills=(Kills(("fp8_e5m2_grid_as_e4m3_scheme", "fp8_double_rounding_scheme"), (torch.float64,)),),
+           applies=_fp8_only,
            max_examples=lambda n: max(4, n // 2))
 QT11_MATMUL = Law(claim="QT-11", technique=TECH, body=law_fp8_matmul, given={"case": fp8_cases(), "seed": S.seeds},
                   examples=FP8_EXAMPLES[:4], dtypes=(torch.float32, torch.bfloat16), applies=_fp8_only,
@@ -229,13 +281,18 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     assert med["fp8_e4m3fn"] > 1 and med["fp8_e5m2"] > 1, med
 
 
+#: QT-11's NLL figure (CLAIMS.md): every FP8 model within 0.05% of the unquantized NLL (relative).
+QT11_NLL_WITHIN = 5e-4
+
+
 @pytest.mark.claim("QT-11")
 def test_qt11_nll_with_fp8_weights_and_w8a8():
     """QT-11's NLL figure on the target model (float32, QT-3's 64 test documents): every block
     Linear weight-only FP8 (E4M3 and E5M2, per tensor and per channel, torch schemes), and FP8
     W8A8 (E4M3 weights per channel, activations per token, dynamic) beside int8 W8A8; int8
-    weight-only per channel is QT-3's row. The rule: each within 1% of the unquantized NLL (the
-    8-bit formats are almost lossless on this model, as int8 is in QT-3)."""
+    weight-only per channel is QT-3's row. The rule, the claim's figure: each within
+    :data:`QT11_NLL_WITHIN` = 0.05% of the unquantized NLL (the 8-bit formats are almost lossless on
+    this model, as int8 is in QT-3; measured on CPU: -0.006% to +0.032%)."""
     from inference_conformance.optimized.quantization import fp8 as quant_torch
     from inference_conformance.reference.quantization.methods import quantize_model_weights, w8a8_model
     from inference_conformance.smallworld import checkpoints, data
@@ -253,7 +310,9 @@ def test_qt11_nll_with_fp8_weights_and_w8a8():
         nll["W8A8 int8 per token"] = data.nll(w8a8_model(model), docs)
     rel = {k: v / base - 1 for k, v in nll.items()}
     for k, v in nll.items():
-        results.record("QT-11", measured=round(v, 4), unit="test NLL (nats/token)", bound=round(base * 1.01, 4),
-                       lecture="FP8 weights and W8A8 almost lossless", nll=v,
-                       rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.3f}%), within 1%")
-    assert all(abs(r) <= 0.01 for r in rel.values()), {k: f"{100 * r:+.3f}%" for k, r in rel.items()}
+        results.record("QT-11", measured=round(v, 4), unit="test NLL (nats/token)",
+                       bound=round(base * (1 + QT11_NLL_WITHIN), 5), lecture="FP8 weights and W8A8 almost lossless",
+                       nll=v, rule=f"{k}; unquantized {base:.4f} ({100 * rel[k]:+.3f}%), within "
+                                   f"{100 * QT11_NLL_WITHIN:g}% (CLAIMS.md QT-11)")
+    bad = {k: f"{100 * r:+.4f}%" for k, r in rel.items() if abs(r) > QT11_NLL_WITHIN}
+    assert not bad, f"QT-11: NLL off the unquantized {base:.5f} by more than {100 * QT11_NLL_WITHIN:g}%: {bad}"

@@ -234,12 +234,17 @@ def kv_nll(model, docs, fmt) -> float:
     return total / count
 
 
+#: QT-12's NLL figure (CLAIMS.md): every quantized cache within 0.02% of the unquantized NLL (relative).
+QT12_NLL_WITHIN = 2e-4
+
+
 @pytest.mark.claim("QT-12")
 def test_qt12_nll_with_a_quantized_kv_cache():
     """QT-12's NLL figure on the target model (float32, QT-3's 64 test documents): every layer's
     keys and values through the quantized cache, int8 per token, int4 KIVI (R = G = 8), int4 KIVI
-    with no residual (R = 0, G = 8), FP8 E4M3 and E5M2 per token. The rule: each within 1% of
-    the unquantized NLL (the documents average 22 tokens)."""
+    with no residual (R = 0, G = 8), FP8 E4M3 and E5M2 per token. The rule, the claim's figure:
+    each within :data:`QT12_NLL_WITHIN` = 0.02% of the unquantized NLL (the documents average 22
+    tokens; measured on CPU: -0.013% to +0.004%)."""
     from inference_conformance.smallworld import checkpoints, data
 
     model = checkpoints.load_model("target", dtype=torch.float32)
@@ -251,10 +256,13 @@ def test_qt12_nll_with_a_quantized_kv_cache():
     for name, fmt in formats.items():
         nll = kv_nll(model, docs, fmt)
         rel[name] = nll / base - 1
-        results.record("QT-12", measured=round(nll, 4), unit="test NLL (nats/token)", bound=round(base * 1.01, 4),
+        results.record("QT-12", measured=round(nll, 4), unit="test NLL (nats/token)",
+                       bound=round(base * (1 + QT12_NLL_WITHIN), 5),
                        lecture="KV cache at 8 and 4 bits (KIVI) almost lossless", nll=nll,
-                       rule=f"KV cache {name}; unquantized {base:.4f} ({100 * rel[name]:+.3f}%), within 1%")
-    assert all(abs(r) <= 0.01 for r in rel.values()), {k: f"{100 * r:+.3f}%" for k, r in rel.items()}
+                       rule=f"KV cache {name}; unquantized {base:.4f} ({100 * rel[name]:+.3f}%), within "
+                            f"{100 * QT12_NLL_WITHIN:g}% (CLAIMS.md QT-12)")
+    bad = {k: f"{100 * r:+.4f}%" for k, r in rel.items() if abs(r) > QT12_NLL_WITHIN}
+    assert not bad, f"QT-12: NLL off the unquantized {base:.5f} by more than {100 * QT12_NLL_WITHIN:g}%: {bad}"
 
 
 @pytest.mark.claim("QT-12", "KV-5")

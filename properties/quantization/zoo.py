@@ -7,8 +7,8 @@ token (QT-9 at 1 < M <= 16), the Triton kernels reading group k // g despite a g
 act-order QT-9 law, ``properties/quantization/test_quantization.py``), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
 per-token scales applied per column, or a truncating activation quantizer. FP8 and KV-cache
 formats (QT-11, QT-12, ``properties/quantization/test_quantization_fp8.py``, ``properties/quantization/test_quantization_kv.py``): an FP8 scheme rounding to
-E5M2's grid while naming E4M3, :data:`FP8_CAST_ZOO` (a cast without saturation, E5M2's grid for
-E4M3) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token). FP4 blocks
+E5M2's grid while naming E4M3, one rounding w / s through float16 first, :data:`FP8_CAST_ZOO` (a
+cast without saturation, E5M2's grid for E4M3, a cast through float16) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token). FP4 blocks
 (QT-13): ``properties/quantization/zoo_fp4.py`` (a ceil scale exponent, nibbles swapped, ties away).
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
@@ -17,12 +17,10 @@ rounding) makes them wrong. The packed layout is the one of ``optimized/quantiza
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
 from inference_conformance.conformance.contracts.quantization import levels, validate_matmul, validate_quantize
-from inference_conformance.optimized.quantization import fp8 as quant_fp8
 from inference_conformance.optimized.quantization import kv as quant_kv
 from inference_conformance.optimized import quantization as quant_torch
 from inference_conformance.optimized.quantization import packing as quant_pack
@@ -260,59 +258,6 @@ class _FinerGroups:
 finer_groups = _FinerGroups()
 
 
-# ------------------------------------------------------------------------------ FP8 (QT-11)
-def _cast_unsaturated(x, fmt):
-    """FP8 rounding without saturation: a value that rounds past F becomes NaN (E4M3fn has no
-    inf: its top code is NaN) or inf (E5M2), as a cast with no clamp does on hardware."""
-    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
-    from inference_conformance.reference.quantization.fp8 import fp8_cast
-
-    f = fp8_format(fmt)
-    top_half_step = 2.0 ** (math.floor(math.log2(f.max)) - f.m - 1)     # half the spacing at F
-    out = fp8_cast(x, fmt)
-    over = x.double().abs() >= f.max + top_half_step
-    bad = float("nan") if fmt == "fp8_e4m3fn" else float("inf")
-    return torch.where(over, torch.copysign(torch.full_like(out, bad), x.double()), out).to(x.dtype)
-
-
-def _cast_e5m2_grid(x, fmt):
-    """Rounds to E5M2's grid whatever the format asked (saturating at the asked format's F): an
-    E4M3 cast that keeps only 2 mantissa bits, errors up to 2^-3 relative."""
-    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
-    from inference_conformance.reference.quantization.fp8 import fp8_cast
-
-    top = fp8_format(fmt).max
-    return fp8_cast(x, "fp8_e5m2").clamp(-top, top).to(x.dtype)
-
-
-#: Known-bad FP8 casts ``cast(x, fmt) -> values in x's dtype`` (outside the contract), each
-#: rejected by QT-11's cast law (properties/quantization/test_quantization_fp8.py).
-FP8_CAST_ZOO = {"fp8_cast_unsaturated": _cast_unsaturated, "fp8_e5m2_grid_as_e4m3": _cast_e5m2_grid}
-
-
-class _E5M2GridAsE4M3:
-    """An FP8 scheme that names E4M3fn (scale max|w| / 448) but rounds w / s to E5M2's grid, as a
-    kernel that picked the wrong float8 dtype does: within E5M2's half ulp (2^-3), not E4M3's."""
-
-    symmetric = True
-    number_format = "fp8_e4m3fn"
-
-    def quantize(self, w, *, bits, granularity):
-        qw = quant_fp8.quantize_fp8(w, bits=bits, granularity=granularity, fmt="fp8_e4m3fn")
-        y = qw.values().to(torch.float32)                             # on E4M3's grid; |y| <= 448
-        e5m2 = quant_fp8.to_fp8(y, "fp8_e5m2").to(torch.float32)      # rounded again, to E5M2's grid
-        return dataclasses.replace(qw, codes=quant_fp8.to_fp8(e5m2, "fp8_e4m3fn").view(torch.uint8))
-
-    def dequantize(self, qw):
-        return quant_fp8.dequantize_fp8(qw)
-
-    def matmul(self, x, qw):
-        return quant_fp8.matmul_fp8(x, qw)
-
-
-fp8_e5m2_grid_as_e4m3_scheme = _E5M2GridAsE4M3()
-
-
 # ------------------------------------------------------------------- KV-cache formats (QT-12)
 class _BadKV:
     """A KV-cache format implementation (``quantize_kv``, ``dequantize_kv``, ``kv_nbytes`` as
@@ -366,7 +311,7 @@ def implementations():
     """The known-bad quantization implementations (the bug zoo): each law's ``kills`` names those it
     must reject."""
     from inference_conformance.conformance.registry import known_bad
-    from inference_conformance.properties.quantization import zoo_fp4
+    from inference_conformance.properties.quantization import zoo_fp4, zoo_fp8
 
     return (
         known_bad("quantization", "g_idx_ignored", g_idx_ignored),
@@ -379,7 +324,8 @@ def implementations():
         known_bad("quantization", "zero_point_off_by_one", zero_point_off_by_one),
         known_bad("quantization", "zero_points_wrong_interleave", zero_points_wrong_interleave),
         known_bad("quantization", "decode_rows_read_first_token", decode_rows_read_first_token),
-        known_bad("quantization", "fp8_e5m2_grid_as_e4m3_scheme", fp8_e5m2_grid_as_e4m3_scheme),
+        known_bad("quantization", "fp8_e5m2_grid_as_e4m3_scheme", zoo_fp8.fp8_e5m2_grid_as_e4m3_scheme),
+        known_bad("quantization", "fp8_double_rounding_scheme", zoo_fp8.fp8_double_rounding_scheme),
         # the FP4 entries (QT-13), named here so that the static catalog (inference-conformance list) sees them
         known_bad("quantization", "mxfp4_scale_exponent_ceil", zoo_fp4.mxfp4_scale_exponent_ceil),
         known_bad("quantization", "mxfp4_nibbles_swapped", zoo_fp4.mxfp4_nibbles_swapped),

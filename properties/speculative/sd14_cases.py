@@ -2,8 +2,10 @@
 shipped drafts: tokens per target call), each a function of what it judges, so that the comparison
 that gives the claim its verdict (``properties/speculative_tree/test_speculative_tree_engine.py``) can be fed a
 known-bad input and shown to reject it (``properties/speculative/test_speculative_rejections.py``): the copy
-and free prompts, the paired runs of the lookup against the same lookup restricted to the output,
-the sign test and the recorded counts.
+and free prompts (the copy prompts built by a rule fixed before any output is seen), the paired
+runs of the lookup against the same lookup restricted to the output, the sign test, the
+independent computation of greedy chain speculation's counts (:func:`greedy_chain_counts`) that
+self-speculation's figures are compared with, and the recorded counts.
 """
 from __future__ import annotations
 
@@ -30,93 +32,17 @@ def free_prompts(n: int) -> list:
 
 
 def sd14_copy_prompts() -> list:
-    """SD-14's copy prompts, (1, S) int64 each: SD14_COPY_TEXTS encoded."""
-    import torch
-
-    from inference_conformance.smallworld.tokenizer import tokenizer
-
-    return [torch.tensor([tokenizer().encode(t)]) for t in SD14_COPY_TEXTS]
-
-
-#: SD-14's paired rule: one-sided sign test at significance level SD14_LEVEL; tokens generated per prompt; the
-#: lookup's n-gram length and γ.
-SD14_LEVEL, SD14_TOKENS, SD14_NGRAM, SD14_GAMMA = 0.05, 16, 3, 5
-#: The validation documents of SD-14's copy prompts: the first 6 that :func:`find_sd14_copy_docs`
-#: selects (scanning the split in order, ``find_sd14_copy_docs(6, target)`` on the shipped target),
-#: and their prompts (:func:`sd14_copy_prompt`, written out so that a run does not rebuild them).
-SD14_COPY_DOCS = (2, 3, 8, 18, 19, 20)
-SD14_COPY_TEXTS = (
-    "<bos> the uncle that the uncle sees is in the old gardeners . the gardeners know the artists .",
-    "<bos> the oaks that the oaks see were in the oaks . the fern is very small .",
-    "<bos> the oaks that the oaks see were in the oaks . a busy daisy moves .",
-    "<bos> the uncle that the uncle sees is in the old gardeners . that child digs .",
-    "<bos> the oaks that the oaks see were in the oaks . an iris wilted and sees this stone .",
-    "<bos> the uncle that the uncle sees is in the old gardeners . each uncle sees the wall .")
+    """SD-14's copy prompts, (1, S) int64 each: :func:`copy_prompts` of the first SD14_PROMPTS
+    validation documents, in order. The rule is fixed before any output of the target is seen:
+    every document, its end dropped, then its first 4 tokens again, so that the prompt holds a
+    repeated 4-gram by construction (the lookup's key always has an earlier match); whether the
+    target's continuation copies the prompt is what the runs measure, not how prompts are chosen."""
+    return copy_prompts(SD14_PROMPTS)
 
 
-def _first_sentence(ids: list) -> list:
-    """The tokens of ``ids`` up to and including the first ".", or [] (no "." before <eos>)."""
-    from inference_conformance.smallworld.tokenizer import tokenizer
-
-    tok = tokenizer()
-    dot = tok.stoi["."]
-    if dot not in ids or tok.eos_id in ids[:ids.index(dot)]:
-        return []
-    return ids[:ids.index(dot) + 1]
-
-
-@lru_cache(maxsize=None)
-def sd14_copy_prompt(doc: int, target) -> tuple:
-    """The copy prompt of validation document ``doc``: [<bos>] + s + the document's first
-    sentence, where s is the sentence the greedy ``target`` writes after that first sentence
-    (``<bos>`` + sentence). Returns the ids (a tuple; () when the target writes no sentence)."""
-    import torch
-
-    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
-    from inference_conformance.smallworld.data import encode, split
-
-    first = _first_sentence(encode(split("val", doc + 1))[doc])
-    out, _ = TreeSpeculativeEngine(target, _NoDraft(), max_seq_len=128, attention="torch").generate(
-        torch.tensor([first]), SD14_TOKENS)
-    s = _first_sentence(out[0, len(first):].tolist())
-    return tuple([first[0]] + s + first[1:]) if len(s) >= 4 else ()
-
-
-class _NoDraft:
-    """A drafter that proposes nothing (each round one greedy decode step)."""
-
-    def propose(self, context, hidden):
-        return [], []
-
-
-def find_sd14_copy_docs(n: int, target) -> tuple:
-    """How SD-14's copy prompts were chosen (by the target's greedy continuation, never by a
-    lookup's tokens per call): scan the validation documents in order and keep the first ``n``
-    whose copy prompt (:func:`sd14_copy_prompt`) the greedy ``target`` continues, within
-    SD14_TOKENS tokens, with the prompt's first sentence s verbatim (the output repeats a span of
-    the prompt; the shipped target mostly writes <eos> first, then s). Returns their indices."""
-    import torch
-
-    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
-    from inference_conformance.smallworld.data import SPLITS
-
-    found = []
-    for doc in range(SPLITS["val"][1]):
-        prompt = sd14_copy_prompt(doc, target)
-        if prompt:
-            out, _ = TreeSpeculativeEngine(target, _NoDraft(), max_seq_len=128, attention="torch").generate(
-                torch.tensor([prompt]), SD14_TOKENS)
-            if repeats_first_sentence(list(prompt), out[0, len(prompt):].tolist()):
-                found.append(doc)
-        if len(found) == n:
-            break
-    return tuple(found)
-
-
-def repeats_first_sentence(prompt: list, continuation: list) -> bool:
-    """Whether ``continuation`` holds the prompt's first sentence (after its <bos>) verbatim."""
-    s = _first_sentence(prompt[1:])
-    return bool(s) and any(continuation[i:i + len(s)] == s for i in range(len(continuation) - len(s) + 1))
+#: SD-14's paired rule: one-sided sign test at significance level SD14_LEVEL; prompts (the first
+#: validation documents); tokens generated per prompt; the lookup's n-gram length and γ.
+SD14_LEVEL, SD14_PROMPTS, SD14_TOKENS, SD14_NGRAM, SD14_GAMMA = 0.05, 12, 16, 3, 5
 
 
 class OutputOnlyLookup:
@@ -226,11 +152,63 @@ SD14_RECORDED = {"self (block 1 skipped)": dict(rounds=19, emitted=67, accepted=
                  "draft_poor": dict(rounds=30, emitted=65, accepted=35, drafted=120)}
 
 
-def check_sd14_figures(table: dict) -> None:
-    """SD-14's figures of self-speculation and the shipped drafts: ``table`` {drafter: (α =
-    accepted / drafted, tokens per target call)} at γ = 4; every α in [0, 1] (a fraction of the
-    drafted tokens) and tokens per call in [1, γ + 1 = 5] (a round emits its accepted tokens and
-    one more)."""
-    for name, (a, t) in table.items():
-        assert 0 <= a <= 1 and 1 <= t <= 5, (f"SD-14: {name}: alpha {a:.3g}, tokens per call {t:.3g} outside their "
-                                             "ranges (rule: alpha in [0, 1], tokens per call in [1, gamma + 1 = 5])")
+def self_speculative_draft(target):
+    """The target with its block 1 left out, built apart from the engine's drafter
+    (``SelfSpeculativeDrafter`` shares the weights; this is a deep copy with the block deleted)."""
+    import copy
+
+    import torch.nn as nn
+
+    draft = copy.deepcopy(target)
+    draft.blocks = nn.ModuleList(b for i, b in enumerate(draft.blocks) if i != 1)
+    return draft
+
+
+def greedy_chain_counts(target, draft, prompt: list, n_tokens: int, gamma: int, max_seq_len: int = 128) -> dict:
+    """Greedy chain speculation's counts computed without the engine (no cache, no tree forward,
+    no verifier): the target's greedy continuation of ``prompt`` (a list of ids) by a full forward
+    per token; then rounds, each drafting ``gamma`` tokens (fewer where the engine's sequence
+    room ends) by full forwards of ``draft`` over the context: accepted = their longest common
+    prefix with the target's continuation, emitted = accepted + 1, until ``n_tokens`` are
+    emitted. Returns {"rounds", "emitted", "accepted", "drafted"}."""
+    import torch
+
+    def argmax_next(model, seq):
+        with torch.no_grad():
+            return int(model(torch.tensor([seq]))[0, -1].argmax())
+
+    S = len(prompt)
+    greedy = list(prompt)
+    while len(greedy) < S + n_tokens + gamma + 1:
+        greedy.append(argmax_next(target, greedy))
+    ctx, out = list(prompt), {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
+    while len(ctx) < S + n_tokens:
+        k = min(gamma, max_seq_len - len(ctx))
+        drafts = []
+        for _ in range(k):
+            drafts.append(argmax_next(draft, ctx + drafts))
+        a = next((i for i, x in enumerate(drafts) if x != greedy[len(ctx) + i]), len(drafts))
+        ctx += greedy[len(ctx):len(ctx) + a + 1]
+        out = {"rounds": out["rounds"] + 1, "emitted": out["emitted"] + a + 1, "accepted": out["accepted"] + a,
+               "drafted": out["drafted"] + k}
+    return out
+
+
+def sd14_figures(counts: dict) -> dict:
+    """{drafter: (α = accepted / drafted, tokens per target call = emitted / rounds)} of counts."""
+    return {k: (c["accepted"] / c["drafted"], c["emitted"] / c["rounds"]) for k, c in counts.items()}
+
+
+def check_sd14_figures(measured: dict, independent: dict) -> None:
+    """SD-14's figures of self-speculation and the shipped drafts (γ = 4 greedy chains): the
+    engine's ``measured`` counts {drafter: {"rounds", "emitted", "accepted", "drafted"}} give the
+    α (accepted / drafted) and tokens per target call of the ``independent`` computation
+    (:func:`greedy_chain_counts`) exactly, drafter by drafter; AssertionError naming the drafter
+    and both figures otherwise."""
+    got, want = sd14_figures(measured), sd14_figures(independent)
+    assert set(got) == set(want), f"SD-14: drafters {sorted(got)} measured, {sorted(want)} computed"
+    for name in want:
+        (a, t), (a0, t0) = got[name], want[name]
+        assert (a, t) == (a0, t0), (f"SD-14: {name}: alpha {a:.4g}, tokens per call {t:.4g} from the engine; the "
+                                    f"independent computation (full forwards, longest common prefix with the "
+                                    f"target's greedy tokens) gives alpha {a0:.4g}, tokens per call {t0:.4g}")

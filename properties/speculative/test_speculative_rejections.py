@@ -283,12 +283,12 @@ def _paired(make_drafter):
 def test_sd14_rejects_prompt_lookup_matching_itself():
     """The shipped prompt lookup is ahead of the same lookup restricted to the output on the copy
     prompts (holds); one whose search matches the key itself proposes nothing, 1 token per call,
-    behind the baseline (fails); the shipped lookup ahead on only the first 4 prompts cannot be
-    decided (sign test p = 1/16 >= 0.05: inconclusive)."""
+    behind the baseline (fails); the shipped lookup on only the 3rd to 6th prompts, ahead on each,
+    cannot be decided (sign test p = 1/16 >= 0.05: inconclusive)."""
     lookup, base = list(s14.sd14_arm("lookup")), list(s14.sd14_arm("output-only"))
     judges("SD-14", s14.judge_sd14_lookup, {"holds": (lookup, base),
                                            "fails": _paired(lambda S: LookupMatchingItself(3, 5)),
-                                           "inconclusive": (lookup[:4], base[:4])})
+                                           "inconclusive": (lookup[2:6], base[2:6])})
 
 
 @pytest.mark.claim("SD-14")
@@ -304,9 +304,14 @@ def test_sd14_rejects_lookup_that_ignores_the_prompt():
 
 @pytest.mark.claim("SD-14")
 def test_sd14_rejects_alpha_counted_per_call():
-    """α as accepted / drafted passes; α as accepted per target call (2.5 for self-speculation)
-    is no acceptance rate."""
-    good = {k: (s["accepted"] / s["drafted"], s["emitted"] / s["rounds"]) for k, s in s14.SD14_RECORDED.items()}
-    bad = {k: (s["accepted"] / s["rounds"], s["emitted"] / s["rounds"]) for k, s in s14.SD14_RECORDED.items()}
-    rejects("SD-14", s14.check_sd14_figures, (good,), (bad,),
-            match=r"SD-14: self \(block 1 skipped\): alpha 2.53, tokens per call 3.53 outside")
+    """The recorded counts pass the comparison with the independent computation (which gives the
+    same counts, ``test_sd14_self_speculation_against_the_shipped_drafts``); an engine counting
+    the bonus token as accepted (α = emitted / drafted, 0.88 for self-speculation instead of 0.63)
+    or drafting one token fewer per round than it reports is rejected by it."""
+    rec = s14.SD14_RECORDED
+    with_bonus = {k: dict(s, accepted=s["emitted"]) for k, s in rec.items()}
+    fewer = {k: dict(s, drafted=s["drafted"] - s["rounds"]) for k, s in rec.items()}
+    rejects("SD-14", s14.check_sd14_figures, (rec, rec), (with_bonus, rec),
+            match=r"SD-14: self \(block 1 skipped\): alpha 0.8816, tokens per call 3.526 from the engine; the "
+                  r"independent computation .* gives alpha 0.6316")
+    rejects("SD-14", s14.check_sd14_figures, (rec, rec), (fewer, rec), match=r"SD-14: self \(block 1 skipped\)")

@@ -176,14 +176,46 @@ def check_tree_structure(parents, tokens, path, draft_tokens) -> None:
     assert (tt[pad] == PAD).all(), "tokens: -1 padding expected after the emitted token"
 
 
+#: The grid of the statistical law's probabilities: multiples of 2^-GRID_BITS, exact in every
+#: dtype of the contract (bfloat16 holds 8 significant bits), each row summing to exactly 1.
+GRID_BITS = 8
+
+
+def on_grid(table: np.ndarray, bits: int = GRID_BITS) -> np.ndarray:
+    """``table`` (rows, V) float64 rounded row by row to multiples of 2^-bits summing to exactly 1
+    (largest remainders), zeros kept and every nonzero entry at least 2^-bits: the same numbers
+    in float64, float32, float16 and bfloat16, so one enumeration is exact for every dtype."""
+    n = 2 ** bits
+    out = np.zeros_like(table)
+    for i, row in enumerate(np.asarray(table, np.float64)):
+        nz = row > 0
+        units = np.where(nz, np.maximum(np.floor(row * n), 1), 0).astype(np.int64)
+        order = np.argsort(-(row * n - units))
+        k = 0
+        while units.sum() != n:
+            j = order[k % len(order)]
+            step = 1 if units.sum() < n else -1
+            if nz[j] and units[j] + step >= 1:
+                units[j] += step
+            k += 1
+        out[i] = units / n
+    return out
+
+
+def grid_case(case: TreeCase) -> TreeCase:
+    """``case`` with its q and p tables :func:`on_grid` (its label and tree kept)."""
+    return TreeCase(case.parents, case.V, on_grid(case.q_table), on_grid(case.p_table), case.label)
+
+
 #: Tree configurations of the statistical SD-11 law: three shapes, dense rows where every
-#: acceptance matters, and two boundary classes; rounds per configuration.
+#: acceptance matters, and two boundary classes, their probabilities on the grid (the law runs in
+#: every dtype of the contract); rounds per configuration.
 TREE_STAT_CONFIGS = {
-    "binary-V3": tree_case((-1, -1, 0, 0, 1, 1), 3, 101, "dense"),
-    "three-drafts-V3": tree_case((-1, 0, -1, 2, -1, 4), 3, 102, "dense"),
-    "wide-root-V4": tree_case((-1, -1, -1, -1, 0, 0, 4), 4, 103, "dense"),
-    "disjoint-binary": tree_case((-1, -1, 0, 0, 1, 1), 3, 104, "disjoint"),
-    "q=0<p-drafts": tree_case((-1, 0, -1, 2), 3, 105, "q=0<p"),
+    "binary-V3": grid_case(tree_case((-1, -1, 0, 0, 1, 1), 3, 101, "dense")),
+    "three-drafts-V3": grid_case(tree_case((-1, 0, -1, 2, -1, 4), 3, 102, "dense")),
+    "wide-root-V4": grid_case(tree_case((-1, -1, -1, -1, 0, 0, 4), 4, 103, "dense")),
+    "disjoint-binary": grid_case(tree_case((-1, -1, 0, 0, 1, 1), 3, 104, "disjoint")),
+    "q=0<p-drafts": grid_case(tree_case((-1, 0, -1, 2), 3, 105, "q=0<p")),
 }
 TREE_STAT_TRIALS = {"binary-V3": 20_000, "three-drafts-V3": 20_000, "wide-root-V4": 20_000,
                     "disjoint-binary": 6_000, "q=0<p-drafts": 6_000}
@@ -210,15 +242,16 @@ def emitted_counts(tokens, index: dict) -> tuple[np.ndarray, int]:
     return counts, impossible
 
 
-def tree_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA):
+def tree_law_verdicts(impl, seed: int, device: str, alpha: float = ALPHA, dtype=torch.float64):
     """The statistical SD-11 law on ``impl``: per configuration of :data:`TREE_STAT_CONFIGS`, one
-    ``verify_tree`` call over its rounds, its structure checked exactly, then one G-test of the
-    emitted sequences against the enumeration at alpha / configurations (family-wise ``alpha``)."""
+    ``verify_tree`` call over its rounds, the probabilities in ``dtype`` (exact: on the grid), its
+    structure checked exactly, then one G-test of the emitted sequences against the enumeration
+    at alpha / configurations (family-wise ``alpha``)."""
     out = []
     for k, (name, case) in enumerate(TREE_STAT_CONFIGS.items()):
         # the drafts' seed and the verifier's differ: one stream for both would correlate the
         # verifier's uniforms with the draws that made the tokens
-        args = tree_tensors(case, TREE_STAT_TRIALS[name], 7919 * (seed + k) + 1, device)
+        args = tree_tensors(case, TREE_STAT_TRIALS[name], 7919 * (seed + k) + 1, device, dtype)
         tokens, path = impl(*args, generator=torch.Generator(device=device).manual_seed(seed + k))
         check_tree_structure(args[0], tokens, path, args[1])
         index, probs = sequence_categories(case.outcomes())

@@ -25,10 +25,13 @@ import torch
 from hypothesis import note
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.contracts.speculative_tree import DTYPES
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.stats import check_counts, upper_bound
 from inference_conformance.conformance.tolerance import Verdict, report_verdict
 from inference_conformance.properties.speculative.cases import ALPHA
+from inference_conformance.properties.speculative_tree.boundary_cases import boundary_verdicts
 from inference_conformance.properties.speculative_tree.cases import (
     PINNED_TREES,
     TREE_STAT_CONFIGS,
@@ -120,21 +123,47 @@ def test_sd11_exact_check_rejects_wrong_rules(rule):
 STAT_SEED = 7
 
 
-def law_sd11_statistical(run, device):
+def law_sd11_statistical(run, device, dtype):
     """SD-11 on samples: per tree configuration one ``verify_tree`` call over its independent
-    rounds; structure exactly, then one G-test of the emitted sequences, ALPHA family-wise."""
-    failed = [v for v in tree_law_verdicts(run.impl, STAT_SEED, device) if not v.ok]
-    assert not failed, "; ".join(f"{v.what}: {v.detail}" for v in failed[:3])
+    rounds, probabilities in ``dtype``; structure exactly, then one G-test of the emitted
+    sequences, ALPHA family-wise."""
+    with refusal(run, f"{run.implementation} on {dtype} probabilities"):
+        verdicts = tree_law_verdicts(run.impl, STAT_SEED, device, dtype=dtype)
+    failed = [v for v in verdicts if not v.ok]
+    assert not failed, f"{dtype}: " + "; ".join(f"{v.what}: {v.detail}" for v in failed[:3])
 
 
-SD11_STATISTICAL = Law(claim="SD-11", technique=TECH, body=law_sd11_statistical, params=("device",),
-                       kills=(Kills(ZOO_ALL),))
+SD11_STATISTICAL = Law(claim="SD-11", technique=TECH, body=law_sd11_statistical, dtypes=DTYPES,
+                       kills=(Kills(ZOO_ALL, (torch.float64,)),
+                              Kills(("float32_unrenormalised_residual",), (torch.float32,))))
 test_sd11_statistical = SD11_STATISTICAL.conformance_test(
     "test_sd11_statistical",
-    doc="""SD-11 for every registered verify_tree: the emitted sequences of a binary tree, three
-    independent drafts, a wide root and two boundary classes follow the exact enumeration
-    (G-tests, family-wise false-alarm rate 1e-3, fixed seeds), after exact checks of the path.""")
-(test_sd11_zoo_rejected,) = SD11_STATISTICAL.zoo_tests("test_sd11_zoo_rejected")
+    doc="""SD-11 for every registered verify_tree, in every dtype of the contract (the probabilities
+    multiples of 2^-8, exact in each): the emitted sequences of a binary tree, three independent
+    drafts, a wide root and two boundary classes follow the exact enumeration (G-tests,
+    family-wise false-alarm rate 1e-3, fixed seeds), after exact checks of the path.""")
+test_sd11_zoo_rejected, test_sd11_zoo_rejected_float32 = SD11_STATISTICAL.zoo_tests(
+    "test_sd11_zoo_rejected", "test_sd11_zoo_rejected_float32")
+
+
+def law_sd11_boundary_uniforms(run, device, dtype):
+    """SD-11 at the ends of [0, 1): with every uniform the verifier draws at 0, then at the largest
+    value below 1, each tree of ``BOUNDARY_TREES`` (probabilities ``dtype``) accepts exactly the
+    nodes of residual r(x) >= q(x), rejects those of r(x) = 0 and emits a token of positive
+    probability in the row it is drawn from (``properties/speculative_tree/boundary_cases.py``)."""
+    with refusal(run, f"{run.implementation} on {dtype} probabilities"):
+        failures, draws = boundary_verdicts(run.impl, device, dtype)
+    if draws == 0:
+        unsupported(f"{run.implementation} draws no uniform through torch.rand, torch.rand_like or "
+                    "Tensor.uniform_: the boundary values cannot be given to it")
+    run.observe(draws)
+    assert not failures, f"{len(failures)} boundary rounds wrong: " + "; ".join(failures[:2])
+
+
+SD11_BOUNDARY = Law(claim="SD-11", technique=TECH, body=law_sd11_boundary_uniforms, dtypes=DTYPES,
+                    kills=(Kills(("accepts_at_boundary",), (torch.float32,)),))
+test_sd11_boundary_uniforms = SD11_BOUNDARY.conformance_test("test_sd11_boundary_uniforms")
+(test_sd11_boundary_zoo_rejected,) = SD11_BOUNDARY.zoo_tests("test_sd11_boundary_zoo_rejected")
 
 #: Exact multinomial draws of the whole law for its false-alarm rate and its power.
 LAW_DRAWS, POWER_DRAWS = 1000, 500

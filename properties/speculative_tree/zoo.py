@@ -1,7 +1,8 @@
 """Known-bad token-tree verifiers (the bug zoo of the ``speculative_tree`` contract): each is a
 realistic mistake in recursive rejection sampling or in typical acceptance presented as exact,
-and the statistical SD-11 law (``properties/speculative_tree/test_speculative_tree.py``) must reject every one
-under the ``ci`` profile.
+and an SD-11 law (``properties/speculative_tree/test_speculative_tree.py``) must reject every one
+under the ``ci`` profile: the statistical law (in float32 for the entry whose float32 path alone
+is wrong), or the check at the boundary values of the uniforms for the one accepting at u = 0.
 
 All follow the contract's signature, validate like a correct verifier, compute in float64 and take
 their randomness from ``generator``, so that only the bug makes them wrong. The known-bad tree
@@ -44,6 +45,11 @@ class _BonusDeepest(TreeRules):
 class _ScaledAcceptance(TreeRules):
     def accept(self, u, q_x, r_x, p_u, x):
         return u * q_x < 0.97 * torch.minimum(q_x, r_x)                       # the bug: 0.97 min(1, r/q)
+
+
+class _AcceptsAtBoundary(TreeRules):
+    def accept(self, u, q_x, r_x, p_u, x):
+        return u * q_x <= r_x                                                 # the bug: <=, so u = 0 accepts r(x) = 0
 
 
 class _Typical(TreeRules):
@@ -95,6 +101,21 @@ def acceptance_times_097(parents, draft_tokens, draft_probs, target_probs, *, ge
     return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _ScaledAcceptance())
 
 
+def float32_unrenormalised_residual(parents, draft_tokens, draft_probs, target_probs, *, generator):
+    """A float32 path that forgets to renormalise the residual max(0, r − q) after a rejected
+    sibling (the bug of :func:`unrenormalised_sibling_residual`); float64, float16 and bfloat16
+    inputs take the exact path, so a law run in float64 alone never sees it."""
+    rules = _Unrenormalised() if draft_probs.dtype == torch.float32 else TreeRules()
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, rules)
+
+
+def accepts_at_boundary(parents, draft_tokens, draft_probs, target_probs, *, generator):
+    """Accepts when u · q(x) <= r(x) instead of <: a uniform of exactly 0 accepts a token whose
+    residual is 0 (target probability 0), an event of probability 2^-53 that only a draw at the
+    boundary shows."""
+    return _verify_tree(parents, draft_tokens, draft_probs, target_probs, generator, _AcceptsAtBoundary())
+
+
 #: Medusa's defaults for its typical acceptance (Cai et al. 2024: ε = 0.09, δ = sqrt(ε) = 0.3).
 TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, math.sqrt(0.09)
 
@@ -117,6 +138,8 @@ def implementations():
         "bonus_from_deepest_node": bonus_from_deepest_node,
         "acceptance_times_097": acceptance_times_097,
         "typical_acceptance_as_exact": typical_acceptance_as_exact,
+        "float32_unrenormalised_residual": float32_unrenormalised_residual,
+        "accepts_at_boundary": accepts_at_boundary,
     }
     return tuple(known_bad("speculative_tree", name, fn) for name, fn in bugs.items())
 
