@@ -6,7 +6,8 @@ Options:
   --device cpu|cuda              default: cuda when available. On cpu Triton runs interpreted.
   --results DIR                  write one JSON-lines file of result rows per process into DIR
                                  (appended after every test, so a crashed worker loses nothing).
-  --zoo-only                     run only the bug-zoo tests (those taking ``bad_impl``).
+  --zoo-only                     run only the bug-zoo tests (those taking ``bad_impl`` or calling
+                                 ``expect_rejected``).
   --experiments                  run the main job's slow experiments (marked ``experiment``);
                                  ``python -m inference_conformance.reports`` passes it, whatever ``CI`` says.
   --list-impls                   print every registered implementation (technique, name, origin,
@@ -96,7 +97,7 @@ def pytest_addoption(parser):
     group.addoption("--results", default=None, metavar="DIR",
                     help="write result rows (JSON lines) into DIR")
     group.addoption("--zoo-only", action="store_true", default=False,
-                    help="run only the bug-zoo tests (tests taking bad_impl)")
+                    help="run only the bug-zoo tests (tests taking bad_impl or calling expect_rejected)")
     group.addoption("--outside-bench-only", action="store_true", default=False,
                     help="with --impl, time only the outside rows of each benchmark (default: built-ins beside)")
     group.addoption("--model", default=None, metavar="PATH",

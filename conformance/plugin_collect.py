@@ -100,6 +100,22 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("bad_impl", [pytest.param(zoo[n], id=f"zoo-{n}") for n in names])
 
 
+def is_zoo_test(item) -> bool:
+    """Whether ``item`` is a bug-zoo test: it takes ``bad_impl`` (the registry's zoo), or its
+    function calls :func:`inference_conformance.conformance.zoo.expect_rejected` itself."""
+    if "bad_impl" in getattr(item, "fixturenames", ()):
+        return True
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    return code is not None and _names_in(code, "expect_rejected")
+
+
+def _names_in(code, name: str) -> bool:
+    """Whether ``code`` (or a function or lambda defined in it) uses the global or closure ``name``."""
+    if name in code.co_names or name in code.co_freevars:
+        return True
+    return any(_names_in(c, name) for c in code.co_consts if hasattr(c, "co_names"))
+
+
 def param(item, name):
     """The value of parameter ``name`` of ``item`` (None when it has none)."""
     cs = getattr(item, "callspec", None)
@@ -144,7 +160,7 @@ def pytest_collection_modifyitems(config, items):
             if entry is not None and entry.expected == "fail":
                 item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
     if config.getoption("zoo_only", default=False):
-        _deselect(config, items, {i for i in items if "bad_impl" in getattr(i, "fixturenames", ())})
+        _deselect(config, items, {i for i in items if is_zoo_test(i)})
     techniques = set(st.outside)
     if not techniques:
         return

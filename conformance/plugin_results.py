@@ -58,12 +58,13 @@ def _rows_for(item, outcome: str, message: str, device: str | None = None, failu
     impl = param(item, "impl")
     bad = param(item, "bad_impl")
     dtype = param(item, "dtype")
+    cur = item.stash.get(_RECORDER, None) or results.Recorder()
+    zoo = f"zoo:{bad.name}" if bad is not None else (f"zoo:{','.join(cur.zoo)}" if cur.zoo else "")
     base = dict(check=item.nodeid, technique=technique_of(item) or "",
-                implementation=(impl.name if impl is not None else (f"zoo:{bad.name}" if bad is not None else "")),
+                implementation=impl.name if impl is not None else zoo,
                 dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
                 device=device, verdict=outcome, message=message[:2000], profile=profile, max_examples=max_examples,
                 failure={k: v for k, v in (failure or {}).items() if k != "mro"}, evidence=evidence or {})
-    cur = item.stash.get(_RECORDER, None) or results.Recorder()
     rows = []
     w = cur.worst
     for fig in cur.figures:

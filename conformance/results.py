@@ -74,13 +74,17 @@ def crashed(row: Row) -> bool:
 class Recorder:
     """What one test has measured: ``worst`` (the worst :class:`Verdict` of the tolerance policy,
     by error / bound), ``count`` (comparisons made), ``figures`` (what :func:`record` recorded),
-    ``text`` (a zoo test's rejection), ``partial`` (a law's "partial: refused ..." when the
+    ``text`` (a zoo test's rejection), ``zoo`` (the known-bad implementations it ran), ``partial`` (a law's "partial: refused ..." when the
     implementation refused some of its examples). The plugin makes one per test item and keeps it on the
     item (its rows are built from it); :func:`recording` makes it the one :func:`record` and the
     tolerance policy write to while the test runs."""
 
     def __init__(self) -> None:
         self.reset()
+        #: the known-bad implementations :func:`inference_conformance.conformance.zoo.expect_rejected`
+        #: ran in this test (a zoo test outside the registry's ``bad_impl`` parameter): its rows are
+        #: theirs ("zoo:<name>"), so the kill rate counts them
+        self.zoo: list[str] = []
 
     def reset(self) -> None:
         """Forget what was recorded (a test whose failing comparisons are the point calls it

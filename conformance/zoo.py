@@ -41,6 +41,9 @@ def expect_rejected(law, bad_impl, *args, **kwargs) -> str:
     """
     name = getattr(law, "name", None) or getattr(law, "__name__", law)
     who = f"the known-bad implementation {bad_impl.name!r} ({bad_impl.target})"
+    zoo = results.recorder().zoo
+    if bad_impl.name not in zoo:
+        zoo.append(bad_impl.name)          # the test's rows are this entry's (the kill rate counts it)
     try:
         law(bad_impl, *args, **kwargs)
     except HypothesisException as exc:

@@ -1,7 +1,9 @@
 """``python -m inference_conformance.reports.killrate``: run the bug-zoo tests and report the kill rate per technique.
 
-Every law names the known-bad implementations it must reject (``@pytest.mark.kills``); the zoo
-test of a law passes when the law rejects the bad implementation. The kill rate of a technique
+Every law names the known-bad implementations it must reject (``@pytest.mark.kills``), or a zoo
+test runs them through ``expect_rejected`` itself (the zoos of laws with no registry contract:
+FP8 casts, KV-cache formats, tree scorers, engines); the zoo test of a law passes when the law
+rejects the bad implementation. The kill rate of a technique
 is the share of its (law, bad implementation) pairs rejected; it must be 100%: a law that lets
 a known-bad implementation through has lost its power. Beside it, per technique, how many
 distinct known-bad implementations at least one law rejects (``bugs_killed`` of ``bugs``; the
@@ -22,6 +24,18 @@ from inference_conformance.conformance.results import Row, read_rows
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _names(implementation: str) -> list[str]:
+    """The known-bad implementations of a zoo row ("zoo:a" or, for a test that ran several
+    through ``expect_rejected``, "zoo:a,b")."""
+    return implementation.removeprefix("zoo:").split(",")
+
+
+def _folder(check: str) -> str:
+    """The technique of a test id by its place (``properties/<technique>/...``; "?" elsewhere)."""
+    parts = check.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "properties" else "?"
+
+
 def kill_rates(rows: list[Row]) -> dict[str, dict]:
     """technique -> {killed, total, rate, survivors: [check ids], bugs_killed, bugs} from zoo rows
     (implementation ``zoo:<name>``); a zoo test that passed is a kill. ``killed``/``total``
@@ -33,15 +47,16 @@ def kill_rates(rows: list[Row]) -> dict[str, dict]:
         if not r.implementation.startswith("zoo:"):
             continue
         bug_of[r.check] = r.implementation
-        prev = seen[r.technique or "?"].get(r.check)
+        technique = r.technique or _folder(r.check)
+        prev = seen[technique].get(r.check)
         if prev is None or prev == "pass":
-            seen[r.technique or "?"][r.check] = r.verdict
+            seen[technique][r.check] = r.verdict
     out = {}
     for t, checks in sorted(seen.items()):
         judged = {c: v for c, v in checks.items() if v in ("pass", "fail", "error")}
         killed = sum(v == "pass" for v in judged.values())
-        bugs = {bug_of[c] for c in judged}
-        bugs_killed = {bug_of[c] for c, v in judged.items() if v == "pass"}
+        bugs = {b for c in judged for b in _names(bug_of[c])}
+        bugs_killed = {b for c, v in judged.items() if v == "pass" for b in _names(bug_of[c])}
         out[t] = {"killed": killed, "total": len(judged), "bugs": len(bugs), "bugs_killed": len(bugs_killed),
                   "rate": killed / len(judged) if judged else None,
                   "survivors": sorted(c for c, v in judged.items() if v != "pass"),

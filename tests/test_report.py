@@ -169,6 +169,41 @@ def test_kill_rate_names_survivors(tmp_path, capsys):
     assert "survivor: p.py::law[zoo-c]" in capsys.readouterr().out
 
 
+def test_kill_rate_counts_zoo_tests_outside_the_registry():
+    """A zoo test that runs known-bad entries through expect_rejected (no ``bad_impl``
+    parameter, no technique marker) is counted by its place and by each entry it ran; a
+    survivor among them lowers the rate."""
+    rows = [Row("QT-11", "properties/quantization/test_q.py::test_cast_zoo[a]", "", "zoo:a", verdict="pass"),
+            Row("SD-10", "properties/speculative_tree/test_t.py::test_two", "", "zoo:b,c", verdict="pass"),
+            Row("SD-10", "properties/speculative_tree/test_t.py::test_d", "", "zoo:d", verdict="fail")]
+    from inference_conformance.reports import killrate
+
+    rates = killrate.kill_rates(rows)
+    assert rates["quantization"]["rate"] == 1.0
+    assert (rates["speculative_tree"]["bugs_killed"], rates["speculative_tree"]["bugs"]) == (2, 3)
+    assert rates["speculative_tree"]["survivors"] == ["properties/speculative_tree/test_t.py::test_d"]
+
+
+def test_zoo_only_selects_tests_that_call_expect_rejected():
+    """--zoo-only's selection: a test taking ``bad_impl``, or whose function calls
+    expect_rejected; not a law's conformance test."""
+    from inference_conformance.conformance.plugin_collect import is_zoo_test
+    from inference_conformance.conformance.zoo import expect_rejected  # noqa: F401 (named by the functions below)
+
+    def calls():
+        return expect_rejected(None, None)
+
+    def plain():
+        return None
+
+    class Item:
+        def __init__(self, fn, names=()):
+            self.function, self.fixturenames = fn, names
+
+    assert is_zoo_test(Item(calls)) and is_zoo_test(Item(plain, ("bad_impl",)))
+    assert not is_zoo_test(Item(plain, ("impl",)))
+
+
 def _trend_row(claim, holds=None, verdict="pass"):
     extra = {} if holds is None else {"holds": holds, "trend_rule": "> 4"}
     return Row(claim=claim, check=f"benchmarks/bench_x.py::test_{claim}", technique="kv_cache", implementation="torch",
