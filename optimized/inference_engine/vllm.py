@@ -8,12 +8,18 @@ or ``{"method": "ngram"}`` with ``num_speculative_tokens``) from the params; req
 logprobs=0, seed, detokenize=False)`` (the stop token removed; logprobs of the chosen tokens,
 vLLM's raw log-softmax). vLLM's CPU attention refuses head dim 16 (the shipped drafts'), so a
 draft folder X is given as its sibling ``X-hd64`` where the export wrote one (the same function:
-``smallworld/hf_export.py``'s zero-padding, float64 logit difference 1.6e-14). One ``LLM`` is
-alive at a time (each configuration starts its own; starting one takes 4-50 s here).
+``smallworld/hf_export.py``'s zero-padding, float64 logit difference 1.6e-14).
+
+One process per configuration: each ``LLM`` lives in a child process of its own (spawned, so it
+imports vLLM afresh; starting one takes 15-60 s here); the KEEP most recently used stay alive
+(each holds VLLM_CPU_KVCACHE_SPACE GiB of KV cache), the oldest is closed when another starts.
+In one process, vLLM 0.32 cannot start a second ``LLM`` once its n-gram proposer has loaded
+llvmlite (tests/test_outside_engines.py reproduces it): in-process, every law after the first
+n-gram configuration would read that start failure instead of the engine's tokens.
 """
 from __future__ import annotations
 
-import gc
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -28,67 +34,142 @@ from inference_conformance.conformance.contracts.inference_engine import (
 )
 
 MAX_MODEL_LEN, BLOCK_SIZE = 128, 32
+#: Configurations kept alive at once (one child process each).
+KEEP = 2
+
+
+def _configuration(params) -> dict:
+    """``LLM(**kw)``'s keywords for a run's params (plain values: they cross to the child)."""
+    kw = dict(model=str(params.model), skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+              max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE, enable_prefix_caching=params.prefix_caching, seed=0)
+    if params.chunked_prefill is not None:
+        kw.update(enable_chunked_prefill=True, max_num_batched_tokens=params.chunked_prefill)
+    if params.speculative == "draft":
+        draft = Path(str(params.draft))
+        padded = draft.with_name(draft.name + "-hd64")
+        kw["speculative_config"] = {"method": "draft_model", "num_speculative_tokens": params.num_speculative_tokens,
+                                    "model": str(padded if padded.is_dir() else draft)}
+    elif params.speculative == "ngram":
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": params.num_speculative_tokens,
+                                    "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    return kw
+
+
+def _serve(conn, kw):
+    """The child: start ``LLM(**kw)``, answer ("started", vocab size) or ("refused" | "error", ...),
+    then answer each (prompts, sampling dicts) with [(token ids, chosen logprobs or None)] until None."""
+    try:
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(**kw)
+    except (ValueError, TypeError) as exc:                 # a configuration vLLM refuses, in its words
+        conn.send(("refused", f"{type(exc).__name__}: {exc}"))
+        return
+    except BaseException as exc:                           # noqa: BLE001 (any start failure crosses back)
+        conn.send(("error", type(exc).__name__, str(exc)))
+        return
+    conn.send(("started", llm.llm_engine.model_config.get_vocab_size()))
+    while (job := conn.recv()) is not None:
+        prompts, sampling = job
+        try:
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], [SamplingParams(**d) for d in sampling],
+                                use_tqdm=False)
+            done = []
+            for o in outs:
+                c = o.outputs[0]
+                ids = [int(x) for x in c.token_ids]
+                lp = None if c.logprobs is None else [float(d[x].logprob) for d, x in zip(c.logprobs, ids)]
+                done.append((ids, lp))
+            conn.send(("ok", done))
+        except BaseException as exc:                       # noqa: BLE001
+            conn.send(("error", type(exc).__name__, str(exc)))
+
+
+_ERRORS = {e.__name__: e for e in (AttributeError, RuntimeError, ValueError, TypeError, KeyError, AssertionError,
+                                  MemoryError, OSError)}
+
+
+def _raise(kind: str, message: str):
+    raise _ERRORS.get(kind, RuntimeError)(message if kind in _ERRORS else f"{kind}: {message}")
+
+
+class _Child:
+    """One configuration's ``LLM`` in a spawned process of its own."""
+
+    def __init__(self, kw: dict):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, kw), daemon=True)
+        self.proc.start()
+        child.close()
+        reply = self._recv()
+        if reply[0] == "refused":
+            self.close()
+            raise NotImplementedError(f"vLLM refuses {kw}: {reply[1]}")
+        if reply[0] == "error":
+            self.close()
+            _raise(*reply[1:])
+        self.vocab_size = reply[1]
+
+    def _recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise RuntimeError(f"vLLM's process ended (exit code {self.proc.exitcode})") from None
+
+    def generate(self, prompts, sampling):
+        self.conn.send((prompts, sampling))
+        reply = self._recv()
+        if reply[0] == "error":
+            _raise(*reply[1:])
+        return reply[1]
+
+    def close(self):
+        try:
+            self.conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
 
 
 class VLLMEngine:
-    """vLLM 0.32 (CPU build), float32."""
+    """vLLM 0.32 (CPU build), float32; one child process per configuration."""
 
     def __init__(self):
-        self._key = None
-        self._llm = None
+        self._children: dict = {}                  # configuration key -> _Child, oldest first
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtype=torch.float32, batching=True, prefix_caching=True, chunked_prefill=True,
                             speculative=("draft", "ngram"), seeded_sampling="request", top_p=True, logprobs=True,
                             batch_invariant=False)
 
-    def llm(self, params):
+    def child(self, params) -> _Child:
         key = (str(params.model), params.prefix_caching, params.chunked_prefill, params.speculative,
                str(params.draft), params.num_speculative_tokens if params.speculative else None)
-        if key != self._key:
+        child = self._children.pop(key, None)
+        if child is None or not child.proc.is_alive():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            from vllm import LLM
-
-            self._llm, self._key = None, None
-            gc.collect()
-            kw = dict(model=str(params.model), skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
-                      max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE, enable_prefix_caching=params.prefix_caching,
-                      seed=0)
-            if params.chunked_prefill is not None:
-                kw.update(enable_chunked_prefill=True, max_num_batched_tokens=params.chunked_prefill)
-            if params.speculative == "draft":
-                draft = Path(str(params.draft))
-                padded = draft.with_name(draft.name + "-hd64")
-                kw["speculative_config"] = {"method": "draft_model", "num_speculative_tokens": params.num_speculative_tokens,
-                                            "model": str(padded if padded.is_dir() else draft)}
-            elif params.speculative == "ngram":
-                kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": params.num_speculative_tokens,
-                                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-            try:
-                self._llm = LLM(**kw)
-            except (ValueError, TypeError) as exc:            # a configuration vLLM refuses, in its words
-                raise NotImplementedError(f"vLLM refuses {kw}: {exc}") from exc
-            self._key = key
-        return self._llm
+            while len(self._children) >= KEEP:
+                self._children.pop(next(iter(self._children))).close()
+            child = _Child(_configuration(params))
+        self._children[key] = child                # now the most recently used
+        return child
 
     @torch.no_grad()
     def generate(self, requests, params) -> list[Completion]:
-        from vllm import SamplingParams
-
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, "vLLM")
-        llm = self.llm(params)
-        check_vocab(requests, llm.llm_engine.model_config.get_vocab_size())
-        sps = [SamplingParams(temperature=float(params.temperature), top_p=float(params.top_p) if params.temperature else 1.0,
-                              max_tokens=r.max_new_tokens, ignore_eos=True, logprobs=0, seed=r.seed,
-                              detokenize=False) for r in requests]
-        outs = llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests], sps, use_tqdm=False)
-        done = []
-        for o in outs:
-            c = o.outputs[0]
-            t = torch.tensor(list(c.token_ids), dtype=torch.int64)
-            lp = None if c.logprobs is None else torch.tensor([d[int(x)].logprob for d, x in zip(c.logprobs, t)],
-                                                              dtype=torch.float64)
-            done.append(Completion(t, lp))
-        return done
+        child = self.child(params)
+        check_vocab(requests, child.vocab_size)
+        sampling = [dict(temperature=float(params.temperature), top_p=float(params.top_p) if params.temperature else 1.0,
+                         max_tokens=r.max_new_tokens, ignore_eos=True, logprobs=0, seed=r.seed, detokenize=False)
+                    for r in requests]
+        outs = child.generate([list(r.prompt) for r in requests], sampling)
+        return [Completion(torch.tensor(ids, dtype=torch.int64),
+                           None if lp is None else torch.tensor(lp, dtype=torch.float64)) for ids, lp in outs]
