@@ -13,7 +13,10 @@ inf where NaN appeared on one side only) and ``worst`` (the batch that showed it
 cases (:data:`CASES`) are small, so ``ci`` runs them all in seconds under the interpreter.
 
 ``properties/test_batch_invariance.py`` runs it over the registry; :data:`ZOO` holds the
-known-bad implementation that shows the enforcement can fail.
+known-bad implementation that shows the enforcement can fail; :data:`GPU_POLICY_CASE` and
+:func:`splitkv_at_gpu_policy` pin, on any device, the split count the split-KV kernel's GPU
+policy picks by B, where its default mode is measured not invariant and its batch-invariant mode
+(``triton_splitkv_invariant``) is.
 """
 from __future__ import annotations
 

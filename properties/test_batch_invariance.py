@@ -12,7 +12,9 @@ invariance a difference fails the test, with the measured difference; where it d
 test measures and records (a pass whose row shows the property, never a hidden one). An
 implementation that refuses every case is "unsupported". ``test_batch_invariance_zoo_rejected``
 shows the enforcement rejecting a declared-invariant implementation whose key reduction is
-chunked by the batch size.
+chunked by the batch size; ``test_invariant_mode_where_the_default_is_not`` shows the suite's
+Triton kernels' defaults measured not invariant where their split choice follows the batch and
+their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant``) invariant.
 """
 from __future__ import annotations
 
