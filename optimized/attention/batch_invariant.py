@@ -7,10 +7,13 @@ the merge reduces each row's splits in a tile whose width follows the batch's sp
 request's partial sums, and the order they are added in, change with its batch-mates (float32
 rounding makes that a few ulps). The invariant mode fixes both per sequence:
 
-- :func:`keys_per_split`: every split holds KEYS_PER_SPLIT keys (INTERPRET_KEYS_PER_SPLIT under
-  the interpreter), rounded up to the kernel's key tile, a constant, so sequence b always has
-  the same ceil(L_b / keys_per_split) splits at the same boundaries, whatever the batch; a
-  batch's longer sequences only add splits past this one's end, which are empty (lse = -inf);
+- :func:`keys_per_split`: KEYS_PER_SPLIT keys (INTERPRET_KEYS_PER_SPLIT under the interpreter),
+  rounded up to the kernel's key tile, a constant. The paged kernels cut every sequence into
+  splits of exactly that many keys from its start, so sequence b always has the same
+  ceil(L_b / keys_per_split) splits at the same boundaries whatever the batch, and a batch's
+  longer sequences only add splits past its end, which are empty (lse = -inf); the dense kernel,
+  whose requests share one Tk, cuts Tk into ceil(Tk / keys_per_split) even splits, a function
+  of the request's Tk alone;
 - :func:`merge_in_order`: the split-KV merge (claim FA-7) walking each row's splits one at a
   time in split order, skipping the empty ones: the row's result is the same sum in
   the same order for any number of trailing empty splits and any tile of rows.
