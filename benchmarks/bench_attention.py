@@ -211,3 +211,36 @@ def test_bench_window_and_sinks_overhead(benchmark, device, backend):
                        window_overhead=window_ratio.estimate, sinks_overhead=sink_ratio.estimate,
                        **outside_info("attention", backend))
     benchmark.pedantic(windowed, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
+
+
+# ----------------------------------------------------------------- the batch-invariant mode's cost
+#: (B, Hq, Tk, D) of the invariant mode's benchmark: decode (Tq = 1) at batch sizes where the
+#: default's GPU policy picks many splits (B·Hq small) and one (B·Hq large).
+INVARIANT_SIZES = {"cuda": ((1, 32, 16384, 128), (8, 32, 4096, 128), (64, 32, 4096, 128), (256, 32, 1024, 128)),
+                   "cpu": ((2, 4, 512, 64),)}
+
+
+def test_bench_batch_invariant_mode(benchmark, device):
+    """The split-KV decode kernel in its batch-invariant mode ("triton_splitkv_invariant": a
+    fixed split size, the ordered merge) against its default ("triton_splitkv": splits chosen from
+    B·Hq), in one run, interleaved: ratio invariant / default latency per size (the mode's cost;
+    goal: <= 1.10 where the default picks one split, B·Hq >= 2 x the SMs). Triton on CUDA only."""
+    default, mode = _attention_fn("triton_splitkv", device), _attention_fn("triton_splitkv_invariant", device)
+    dtype = _dtype(device)
+    repeats = 3 if benchmark.disabled else 20
+    for B, Hq, Tk, D in INVARIANT_SIZES[device]:
+        q, k, v = _inputs(B, Hq, 1, Tk, D, dtype, device)
+        scale = D ** -0.5
+
+        def run():
+            return mode(q, k, v, causal=False, scale=scale)
+
+        cost = ratio_estimate(paired_ratios(run, lambda: default(q, k, v, causal=False, scale=scale), device, repeats))
+        t = median_seconds(run, device, repeats)
+        results.record("", measured=round(cost.estimate, 3), unit="batch-invariant / default split-KV latency (same run)",
+                       rule=f"decode {dtype}, B={B}, Hq={Hq}, Tk={Tk}, D={D}", ci_low=cost.low, ci_high=cost.high,
+                       invariant_ms=1e3 * t)
+    results.bench_info(benchmark, technique="attention", implementation="triton_splitkv_invariant", device=device,
+                       dtype=str(dtype).replace("torch.", ""), B=B, Hq=Hq, Tk=Tk, D=D, median_s=t,
+                       invariant_over_default=cost.estimate, goal="invariant_over_default <= 1.10")
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)

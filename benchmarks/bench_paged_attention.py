@@ -125,6 +125,46 @@ def test_bench_paged_decode(benchmark, device, backend, block_size, heads, B, co
     benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
 
 
+# ------------------------------------------------------------------ the batch-invariant mode's cost
+#: (B, context) of the invariant mode's benchmark: one long sequence beside B - 1 short ones
+#: (the default sizes every sequence's splits by the longest; the invariant mode by a fixed size).
+INVARIANT_SIZES = {"cuda": ((1, 32768), (16, 8192), (128, 4096)), "cpu": ((2, 256),)}
+
+
+def test_bench_batch_invariant_mode(benchmark, device):
+    """The paged decode kernel in its batch-invariant mode ("triton_invariant": a fixed split
+    size, always merged, in split order) against its default ("triton"), in one run, interleaved:
+    ratio invariant / default latency per size, GQA-8, blocks of 16 (the mode's cost; goal:
+    <= 1.10). Triton on CUDA only."""
+    if device != "cuda":
+        pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
+    from inference_conformance.benchmarks.timing import paired_ratios, ratio_estimate
+    from inference_conformance.optimized.paged_attention import paged_attention, paged_attention_invariant
+
+    Hq, Hkv = HEADS["gqa8"]
+    dtype = torch.bfloat16
+    repeats = 3 if benchmark.disabled else 20
+    for B, context in INVARIANT_SIZES[device]:
+        q, _, _, kc, vc, table, lens = _paged_inputs(B, context, Hq, Hkv, 16, dtype, device)
+        lens = torch.where(torch.arange(B, device=device) == 0, lens, lens // 8)   # one long, the rest short
+        scale = D ** -0.5
+
+        def run():
+            return paged_attention_invariant(q, kc, vc, table, lens, scale=scale)
+
+        cost = ratio_estimate(paired_ratios(run, lambda: paged_attention(q, kc, vc, table, lens, scale=scale), device,
+                                            repeats))
+        t = median_seconds(run, device, repeats)
+        results.record("", measured=round(cost.estimate, 3), unit="batch-invariant / default paged decode latency "
+                       "(same run)", rule=f"paged decode {dtype}, B={B}, context={context} (1 long, the rest "
+                       f"{context // 8}), Hq={Hq}, Hkv={Hkv}, D={D}", ci_low=cost.low, ci_high=cost.high,
+                       invariant_ms=1e3 * t)
+    results.bench_info(benchmark, technique="paged_attention", implementation="triton_invariant", device=device,
+                       dtype="bfloat16", B=B, context=context, Hq=Hq, Hkv=Hkv, D=D, block_size=16, median_s=t,
+                       invariant_over_default=cost.estimate, goal="invariant_over_default <= 1.10")
+    benchmark.pedantic(run, rounds=rounds(benchmark, t, repeats), warmup_rounds=0)
+
+
 # ------------------------------------------------------------------ engine throughput vs batch
 #: Concurrent requests per device (the engine's batch); tokens generated per request.
 ENGINE_BATCH = {"cuda": (1, 8, 32, 128), "cpu": (1, 4)}

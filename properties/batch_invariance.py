@@ -13,7 +13,10 @@ inf where NaN appeared on one side only) and ``worst`` (the batch that showed it
 cases (:data:`CASES`) are small, so ``ci`` runs them all in seconds under the interpreter.
 
 ``properties/test_batch_invariance.py`` runs it over the registry; :data:`ZOO` holds the
-known-bad implementation that shows the enforcement can fail.
+known-bad implementation that shows the enforcement can fail; :data:`GPU_POLICY_CASE` and
+:func:`splitkv_at_gpu_policy` pin, on any device, the split count the split-KV kernel's GPU
+policy picks by B, where its default mode is measured not invariant and its batch-invariant mode
+(``triton_splitkv_invariant``) is.
 """
 from __future__ import annotations
 
@@ -186,6 +189,27 @@ def measure(impl: Callable[..., Any], case: Case, device: str, batches=BATCHES) 
                 others = "" if case.technique == "attention" else f" (other lengths {rest})"
                 max_diff, worst = d, f"{case.name}: B={size} at index {index}{others}"
     return Measurement(invariant, max_diff, worst, len(batches))
+
+
+# ------------------------------------------------------------- the default against the invariant mode
+#: A dense decode case long enough (Tk = 2 x MIN_KEYS_PER_SPLIT) for the GPU's split policy to
+#: choose by B: on a GPU of GPU_POLICY_SMS multiprocessor (two programs wanted) it gives the
+#: request 2 splits alone and 1 in any larger batch (the interpreter's own choice is 2 for every
+#: batch, so CPU runs pin the GPU's; a larger GPU makes the same switch at a larger B).
+GPU_POLICY_CASE = Case("attention", "gpu-policy", dict(Hq=1, Hkv=1, Tq=1, Tk=512, D=16, causal=False))
+GPU_POLICY_SMS = 1
+
+
+def splitkv_at_gpu_policy(q, k, v, *, causal, scale):
+    """The "triton_splitkv" kernel at the split count its GPU policy picks for this batch on a GPU
+    of GPU_POLICY_SMS multiprocessors (``flash_decoding.gpu_num_splits``): what the default mode
+    does on such a GPU, run on any device."""
+    from inference_conformance.optimized.attention import flash_decoding as fd
+
+    B, Hq, Tq, D = q.shape
+    bm = fd._blocks(q.dtype, D, Tq)[0]
+    splits = fd.gpu_num_splits(B, Hq, Tq, k.shape[2], bm, GPU_POLICY_SMS)
+    return fd.flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=splits)
 
 
 # --------------------------------------------------------------------------------------- zoo

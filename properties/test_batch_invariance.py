@@ -12,7 +12,9 @@ invariance a difference fails the test, with the measured difference; where it d
 test measures and records (a pass whose row shows the property, never a hidden one). An
 implementation that refuses every case is "unsupported". ``test_batch_invariance_zoo_rejected``
 shows the enforcement rejecting a declared-invariant implementation whose key reduction is
-chunked by the batch size.
+chunked by the batch size; ``test_invariant_mode_where_the_default_is_not`` shows the suite's
+Triton kernels' defaults measured not invariant where their split choice follows the batch and
+their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant``) invariant.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from inference_conformance.conformance import registry, results
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.plugin_state import state
 from inference_conformance.conformance.zoo import expect_rejected
-from inference_conformance.properties.batch_invariance import CASES, TECHNIQUES, ZOO, Measurement, measure
+from inference_conformance.properties.batch_invariance import (CASES, GPU_POLICY_CASE, TECHNIQUES, ZOO, Measurement,
+                                                              measure, splitkv_at_gpu_policy)
 
 
 def _impls(config, device: str) -> list:
@@ -93,6 +96,32 @@ def test_batch_invariance_zoo_rejected(bad_impl, device):
     assert "largest |difference|" in text
     results.record("", measured="rejected", unit="known-bad implementation declared batch-invariant",
                    rule="bitwise equality", what=f"{bad_impl.name}: {text[:160]}")
+
+
+#: (technique, default, invariant mode, case, the batches compared): a case where the default's
+#: split choice follows the batch (paged: the batch's longest sequence sets the split size;
+#: dense: the GPU policy's split count by B), each batch one that changes it.
+MODES = (("paged_attention", "triton", "triton_invariant", next(c for c in CASES if c.name == "mha-bs16"), ((2, 11),)),
+         ("attention", splitkv_at_gpu_policy, "triton_splitkv_invariant", GPU_POLICY_CASE, ((2, 11),)))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[f"{m[0]}-{m[2]}" for m in MODES])
+def test_invariant_mode_where_the_default_is_not(mode, device):
+    """The suite's Triton kernels: the default measured NOT batch-invariant on a case where its
+    split choice follows the batch, the batch-invariant mode (declared) invariant on the same
+    batches, bitwise."""
+    technique, default, name, case, batches = mode
+    impls = {i.name: i for i in registry.builtins(technique, device)}
+    if impls[name].unavailable:
+        pytest.skip(impls[name].unavailable)
+    base = measure(impls[default] if isinstance(default, str) else default, case, device, batches)
+    mine = measure(impls[name], case, device, batches)
+    assert not base.invariant and base.max_diff > 0, f"the default mode was invariant on {case.name}: {base}"
+    assert impls[name].batch_invariant and mine.invariant, (
+        f"{name}: largest |difference| {mine.max_diff:.3g} ({mine.worst}); bound: bitwise equality")
+    results.record("", measured=base.max_diff, bound=0.0, unit="max |difference| of the default mode",
+                   rule="bitwise equality", max_batch_diff=base.max_diff, batch_invariant=mine.invariant,
+                   worst=base.worst, what=f"{name} invariant where the default differs by {base.max_diff:.3g}")
 
 
 def test_declaration_reaches_the_implementation():

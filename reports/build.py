@@ -21,6 +21,7 @@ from inference_conformance.perf import env
 from inference_conformance.perf import history as hist
 from inference_conformance.perf import records as benchmark_records
 from inference_conformance.reports import plots, publish, templating
+from inference_conformance.reports.cells import batch_invariance_text
 from inference_conformance.reports.killrate import kill_rates
 from inference_conformance.reports.ledger import claims
 
@@ -232,10 +233,8 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
             cell["error_text"] = ""
         if r.evidence:
             cell["error_text"] = "; ".join(filter(None, (cell["error_text"], _evidence_text(r))))
-        if isinstance((r.extra or {}).get("batch_invariant"), bool):    # properties/test_batch_invariance.py
-            x = r.extra
-            cell["error_text"] = ("bitwise invariant" if x["batch_invariant"] else f"not invariant: max abs diff "
-                                  f"{_num(x.get('max_batch_diff'))}") + (", declared" if x.get("declared") else "")
+        if (prop_text := batch_invariance_text([r.extra or {}])) is not None:   # properties/test_batch_invariance.py
+            cell["error_text"] = prop_text
         prev = prop["cells"].get(impl)
         if prev is None or (_ORDER.get(r.verdict, _ORDER["error"]), ratio) > (_ORDER.get(prev["verdict"], _ORDER["error"]), prev["ratio"]):
             prop["cells"][impl] = cell

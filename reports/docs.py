@@ -99,10 +99,14 @@ def render_technique(technique: str, root: Path = ROOT) -> str:
         kind = "adapter" if r.adapter else ("Triton kernels" if r.kernel_modules else "PyTorch")
         if r.target.startswith("inference_conformance.reference."):
             kind = "reference"
+        kind += ", declared batch-invariant" if r.batch_invariant else ""
         lines.append(f"| `{r.name}` | {kind} | `{r.target}` | {', '.join(sorted(r.requires)) if r.requires else 'any'} "
                      f"| {f'`{r.needs}`' if r.needs else '-'} |")
     for label, reason in failed:
         lines.append(f"| `{label}` | unavailable | - | - | {_cell(reason)} |")
+    if any(r.batch_invariant for r in regs if r.origin == "builtin"):
+        lines += ["", "A declared batch-invariant implementation is held to it bitwise "
+                  "(`properties/test_batch_invariance.py`; [batch invariance](guide/batch-invariance.md))."]
     zoo = [r for r in regs if r.origin == "zoo"]
     lines += ["", f"## Bug zoo ({len(zoo)} known-bad implementations, each rejected by a law)", "",
               "| name | bug | defined at |", "|---|---|---|"]

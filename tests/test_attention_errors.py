@@ -71,6 +71,19 @@ def test_split_kv_rejects_bad_num_splits(bad):
         fd.flash_decoding(q, k, v, causal=False, scale=0.3, num_splits=bad)
 
 
+def test_batch_invariant_mode_rejects_num_splits():
+    """The batch-invariant mode fixes its split size: a ``num_splits`` with it is a ValueError
+    naming it, and so is a key tile < 1 for ``keys_per_split``."""
+    fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")
+    from inference_conformance.optimized.attention.batch_invariant import keys_per_split
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="num_splits must be None with batch_invariant"):
+        fd.flash_decoding(q, k, v, causal=False, scale=0.3, num_splits=2, batch_invariant=True)
+    with pytest.raises(ValueError, match="block_n"):
+        keys_per_split(0, q.device)
+
+
 def test_triton_needs_cuda_tensors_without_the_interpreter(monkeypatch):
     fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
     fd = pytest.importorskip("inference_conformance.optimized.attention.flash_decoding")

@@ -206,6 +206,10 @@ def _write_kv(N: int):
 
 
 LAUNCHES["paged_write-65536-tokens"] = Launch(((PA, "_write_kv_kernel"),), _write_kv(PAST))   # (N,): axis 0
+# the batch-invariant mode: (1, B·Hq, S) as above, then the ordered merge's rows (B·Hq) on axis 0
+LAUNCHES["split_kv_invariant-65536-heads"] = Launch(
+    ((FD, "_split_kv_kernel"), ("inference_conformance.optimized.attention.batch_invariant", "ordered_merge_kernel")),
+    _attention("flash_decoding", 4096, 16, 16, 2, batch_invariant=True))
 
 
 def _tree_attention(B: int):

@@ -223,3 +223,14 @@ def test_paged_prefill_rejects_bad_num_splits(prefill_args):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
             pp.paged_prefill(*prefill_args, scale=0.25, num_splits=bad)
+
+
+def test_batch_invariant_mode_rejects_num_splits(call_args, prefill_args):
+    """The batch-invariant mode ("triton_invariant") fixes its split size: a ``num_splits`` with
+    it is a ValueError naming it, in the decode and the mixed-batch kernel."""
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
+    pp = pytest.importorskip("inference_conformance.optimized.paged_attention.prefill")
+    with pytest.raises(ValueError, match="num_splits must be None with batch_invariant"):
+        pa.paged_attention(*call_args, scale=0.25, num_splits=2, batch_invariant=True)
+    with pytest.raises(ValueError, match="num_splits must be None with batch_invariant"):
+        pp.paged_prefill(*prefill_args, scale=0.25, num_splits=2, batch_invariant=True)

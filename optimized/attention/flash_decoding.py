@@ -23,6 +23,7 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.attention import validate
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.batch_invariant import keys_per_split, merge_in_order
 from inference_conformance.optimized.attention.tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
                                        split_kv_merge_kernel, two_stage)
 from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, sm_count
@@ -77,9 +78,15 @@ def default_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, device: 
     keeping at least MIN_KEYS_PER_SPLIT keys (under the interpreter: INTERPRET_SPLITS)."""
     if triton_interpreted() or device.type != "cuda":
         return max(1, min(INTERPRET_SPLITS, Tk))
-    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    programs = triton.cdiv(Tq, block_m) * B * Hq
-    want = triton.cdiv(2 * sms, programs)
+    return gpu_num_splits(B, Hq, Tq, Tk, block_m, sm_count(device.index if device.index is not None
+                                                          else torch.cuda.current_device()))
+
+
+def gpu_num_splits(B: int, Hq: int, Tq: int, Tk: int, block_m: int, sms: int) -> int:
+    """The GPU's automatic split count for a GPU of ``sms`` multiprocessors: about two programs
+    per SM over the cdiv(Tq, block_m)·B·Hq query tiles, each split at least MIN_KEYS_PER_SPLIT
+    keys, at most MAX_SPLITS. It depends on B: the batch decides a request's splits."""
+    want = triton.cdiv(2 * sms, triton.cdiv(Tq, block_m) * B * Hq)
     return max(1, min(want, Tk // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
@@ -102,28 +109,36 @@ def option_args(q: torch.Tensor, window, softcap, sinks) -> tuple:
 
 def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
                    num_splits: int | None = None, window: int | None = None, softcap: float | None = None,
-                   sinks: torch.Tensor | None = None) -> torch.Tensor:
+                   sinks: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
     """Split-KV attention: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype.
 
     ``num_splits``: number of key ranges (larger values are capped at min(Tk, MAX_SPLITS)); None chooses
     from the grid size (:func:`default_num_splits`). ``window``, ``softcap``, ``sinks``: the
-    contract's options (FA-8; sinks join the merge once). Raises TypeError / ValueError as the
-    contract's ``validate`` does, ValueError for a bad ``num_splits`` or CPU tensors without
-    the interpreter.
+    contract's options (FA-8; sinks join the merge once). ``batch_invariant``: ceil(Tk /
+    keys_per_split) splits, a split size that depends on no batch size, merged in split order
+    (:mod:`inference_conformance.optimized.attention.batch_invariant`); not with ``num_splits``.
+    Raises TypeError / ValueError as the contract's ``validate`` does, ValueError for a bad
+    ``num_splits`` (or one given with ``batch_invariant``) or CPU tensors without the interpreter.
     """
     shape = validate(q, k, v, causal, scale, window, softcap, sinks)
     check_device(q)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    if batch_invariant and num_splits is not None:
+        raise ValueError(f"num_splits must be None with batch_invariant=True (the mode fixes the split size), "
+                         f"got {num_splits!r}")
     mode = dot_mode(q.dtype)
     win, cap, sinks = option_args(q, window, softcap, sinks)
     q, scale = fold_scale(q, scale)
     BLOCK_D = block_d(shape.D)
     bm, bn, warps, stages = _blocks(q.dtype, shape.D, shape.Tq)
-    if num_splits is None:
-        num_splits = default_num_splits(shape.B, shape.Hq, shape.Tq, shape.Tk, bm, q.device)
-    S = min(num_splits, shape.Tk, MAX_SPLITS)
+    if batch_invariant:   # the split count from Tk alone; the ordered merge takes any count
+        S = max(1, -(-shape.Tk // keys_per_split(bn, q.device)))
+    else:
+        if num_splits is None:
+            num_splits = default_num_splits(shape.B, shape.Hq, shape.Tq, shape.Tk, bm, q.device)
+        S = min(num_splits, shape.Tk, MAX_SPLITS)
     part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
     o_part = torch.empty(shape.B * shape.Hq, shape.Tq, S, shape.D, dtype=part_dtype, device=q.device)
     lse = torch.empty(shape.B * shape.Hq, shape.Tq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
@@ -135,7 +150,8 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BLOCK_D, HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None,
         num_warps=warps, num_stages=stages)
     out = torch.empty(shape.B, shape.Hq, shape.Tq, shape.D, dtype=q.dtype, device=q.device)
-    return merge_splits(o_part, lse, out) if sinks is None else merge_splits(o_part, lse, out, sinks)
+    merge = merge_in_order if batch_invariant else merge_splits
+    return merge(o_part, lse, out) if sinks is None else merge(o_part, lse, out, sinks)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
@@ -145,6 +161,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     (:func:`flash_decoding`), whatever the shape; ``num_splits`` and the options as there."""
     return flash_decoding(q, k, v, causal=causal, scale=scale, num_splits=num_splits, window=window,
                           softcap=softcap, sinks=sinks)
+
+
+def attention_invariant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
+                        window: int | None = None, softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The "triton_splitkv_invariant" implementation of the attention contract: the split-KV path
+    in its batch-invariant mode (:func:`flash_decoding` with ``batch_invariant=True``: a request's
+    bits do not depend on B); shapes, options and errors as there."""
+    return flash_decoding(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                          batch_invariant=True)
 
 
 def compile_variants():

@@ -36,10 +36,11 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.paged_attention_validate import validate
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.batch_invariant import merge_in_order
 from inference_conformance.optimized.attention.flash_decoding import option_args
 from inference_conformance.optimized.attention.tiles import fold_scale, log_sum_exp, merge_splits, split_kv_merge_kernel
 from inference_conformance.optimized.paged_attention.kv_tile import join_sinks, paged_kv_tile
-from inference_conformance.optimized.paged_attention.splits import tokens_per_split
+from inference_conformance.optimized.paged_attention.splits import split_plan
 from inference_conformance.optimized.triton_shared import check_device, flat_grid, tile_loop
 
 
@@ -155,15 +156,17 @@ def _tiles(dtype: torch.dtype, group: int, D: int) -> tuple[int, int, int]:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, *, scale: float, num_splits: int | None = None,
                     window: int | None = None, softcap: float | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
     """Paged decode attention: q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D);
     block_table (B, max_blocks) int32; seq_lens (B,) int32 -> (B, Hq, D) in q's dtype.
 
     ``num_splits``: split each sequence's tokens into this many ranges (merged exactly; at most
     MAX_SPLITS, and never ranges shorter than a tile of BLOCK_N tokens); None chooses from the
-    grid size. ``window``, ``softcap``, ``sinks``: the contract's options (FA-8). Raises
-    TypeError / ValueError as the contract's ``validate``,
-    ValueError for a bad ``num_splits`` or CPU tensors without the interpreter.
+    grid size. ``window``, ``softcap``, ``sinks``: the contract's options (FA-8).
+    ``batch_invariant``: splits of a fixed size (:func:`batch_invariant.keys_per_split`), always
+    merged, in split order (the "triton_invariant" implementation). Raises TypeError / ValueError
+    as the contract's ``validate``, ValueError for a bad ``num_splits`` (or one given with
+    ``batch_invariant``) or CPU tensors without the interpreter.
     """
     shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
     check_device(q, "q")
@@ -173,11 +176,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q, scale = fold_scale(q, scale)                                          # float64: scale into q
     max_len = int(seq_lens.max())
     BLOCK_H, BLOCK_N, BLOCK_D = _tiles(q.dtype, shape.group, shape.D)
-    per = tokens_per_split(shape.B, shape.Hkv, max_len, BLOCK_N, q.device, num_splits)
-    S = -(-max_len // per)
+    per, S, split = split_plan(shape.B, shape.Hkv, max_len, BLOCK_N, q.device, num_splits, batch_invariant)
     acc64 = q.dtype == torch.float64
     out = torch.empty(shape.B, shape.Hq, shape.D, dtype=q.dtype, device=q.device)
-    if S > 1:
+    if split:
         part_dtype = torch.float64 if acc64 else torch.float32
         o_part = torch.empty(shape.B, shape.Hq, S, shape.D, dtype=part_dtype, device=q.device)
         lse = torch.empty(shape.B, shape.Hq, S, dtype=torch.float64, device=q.device)   # log_sum_exp
@@ -189,16 +191,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
         *out.stride(), *o_part.stride(), *lse.stride(),
         shape.Hkv, shape.D, shape.group, per, S, scale, win, cap, cap if sinks is None else sinks,
-        PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
+        PAGE=shape.block_size, SPLIT=split, ACC64=acc64,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None)
-    if S > 1:   # the split-KV merge, with each sequence as one query row: (B·Hq, 1, S, D)
+    if split:   # the split-KV merge, with each sequence as one query row: (B·Hq, 1, S, D)
+        merge = merge_in_order if batch_invariant else merge_splits
         parts = (o_part.view(shape.B * shape.Hq, 1, S, shape.D), lse.view(shape.B * shape.Hq, 1, S), out.unsqueeze(2))
         if sinks is None:
-            merge_splits(*parts)
+            merge(*parts)
         else:
-            merge_splits(*parts, sinks)
+            merge(*parts, sinks)
     return out
+
+
+def paged_attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              block_table: torch.Tensor, seq_lens: torch.Tensor, *, scale: float,
+                              window: int | None = None, softcap: float | None = None,
+                              sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The decode function of "triton_invariant": :func:`paged_attention` with ``batch_invariant=True``
+    (a sequence's splits and merge never depend on its batch); shapes, options, errors as there."""
+    return paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale=scale, window=window, softcap=softcap,
+                           sinks=sinks, batch_invariant=True)
 
 
 def validate_write(k_cache, v_cache, k, v, slot_mapping) -> tuple[int, int, int]:
@@ -281,7 +294,8 @@ def write_kv_cache_torch(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 def implementations():
     """The Triton paged-decode kernel with the mixed-batch kernel of
-    :mod:`inference_conformance.optimized.paged_attention.prefill` (the contract's ``paged_prefill``), and the adapters of vLLM's
+    :mod:`inference_conformance.optimized.paged_attention.prefill` (the contract's ``paged_prefill``), both
+    also in their batch-invariant mode ("triton_invariant", declared ``batch_invariant``), and the adapters of vLLM's
     and FlashInfer's paged decode (CUDA only) and of vLLM's CPU build (:mod:`inference_conformance.optimized.paged_attention.outside_vllm`),
     unavailable where their library is missing."""
     import sys
@@ -296,6 +310,10 @@ def implementations():
         builtin("paged_attention", "triton",
                 types.SimpleNamespace(paged_attention=paged_attention, paged_prefill=paged_prefill.paged_prefill),
                 kernel_modules=(sys.modules[__name__], paged_prefill)),
+        builtin("paged_attention", "triton_invariant",
+                types.SimpleNamespace(paged_attention=paged_attention_invariant,
+                                      paged_prefill=paged_prefill.paged_prefill_invariant),
+                kernel_modules=(sys.modules[__name__], paged_prefill), batch_invariant=True),
         builtin("paged_attention", "vllm", outside_adapters.vllm_paged, requires={"cuda"}, needs="vllm",
                 adapter=True),
         builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},

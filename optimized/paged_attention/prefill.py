@@ -31,10 +31,11 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.batch_invariant import merge_in_order
 from inference_conformance.optimized.attention.flash_decoding import option_args
 from inference_conformance.optimized.attention.tiles import fold_scale, log_sum_exp, merge_splits
 from inference_conformance.optimized.paged_attention.kv_tile import join_sinks, paged_kv_tile
-from inference_conformance.optimized.paged_attention.splits import tokens_per_split
+from inference_conformance.optimized.paged_attention.splits import split_plan
 from inference_conformance.optimized.triton_shared import check_device, flat_grid, tile_loop
 
 
@@ -149,7 +150,7 @@ def plan_tiles(query_start_loc: torch.Tensor, block_q: int) -> tuple[torch.Tenso
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float,
                   num_splits: int | None = None, window: int | None = None, softcap: float | None = None,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
     """The mixed batch (claim PA-8): q (N, Hq, D), sequence b's query tokens at rows
     query_start_loc[b] .. query_start_loc[b+1] - 1, the last of its seq_lens[b] cached tokens;
     k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks) int32;
@@ -158,9 +159,10 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     ``num_splits``: split each tile's keys into this many ranges (merged exactly; at most
     MAX_SPLITS); None chooses from the grid (several only for few tiles of long sequences).
-    ``window``, ``softcap``, ``sinks``: the contract's options (FA-8).
+    ``window``, ``softcap``, ``sinks``: the contract's options (FA-8). ``batch_invariant``: splits
+    of a fixed size, always merged, in split order (the "triton_invariant" implementation).
     Raises TypeError / ValueError as the contract's ``validate_prefill``, ValueError for a bad
-    ``num_splits`` or CPU tensors without the interpreter.
+    ``num_splits`` (or one given with ``batch_invariant``) or CPU tensors without the interpreter.
     """
     shape = validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, softcap,
                              sinks)
@@ -174,11 +176,11 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     tile_seq, tile_q0 = plan_tiles(query_start_loc, BLOCK_Q)
     tiles = tile_seq.numel()
     max_len = int(seq_lens.max())
-    per = tokens_per_split(tiles, shape.Hkv, max_len, BLOCK_N, q.device, num_splits, split_interpreted=tiles <= 2)
-    S = -(-max_len // per)
+    per, S, split = split_plan(tiles, shape.Hkv, max_len, BLOCK_N, q.device, num_splits, batch_invariant,
+                               split_interpreted=tiles <= 2)
     acc64 = q.dtype == torch.float64
     out = torch.empty(N, shape.Hq, shape.D, dtype=q.dtype, device=q.device)
-    if S > 1:
+    if split:
         part_dtype = torch.float64 if acc64 else torch.float32
         o_part = torch.empty(N, shape.Hq, S, shape.D, dtype=part_dtype, device=q.device)
         lse = torch.empty(N, shape.Hq, S, dtype=torch.float64, device=q.device)
@@ -191,16 +193,27 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), seq_lens.stride(0),
         query_start_loc.stride(0), *out.stride(), *o_part.stride(), *lse.stride(),
         shape.Hkv, shape.D, shape.group, tiles, per, S, scale, win, cap, cap if sinks is None else sinks,
-        PAGE=shape.block_size, SPLIT=S > 1, ACC64=acc64,
+        PAGE=shape.block_size, SPLIT=split, ACC64=acc64,
         BLOCK_Q=BLOCK_Q, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None)
-    if S > 1:   # the split-KV merge, each query token a row: (N·Hq, 1, S, D)
+    if split:   # the split-KV merge, each query token a row: (N·Hq, 1, S, D)
+        merge = merge_in_order if batch_invariant else merge_splits
         parts = (o_part.view(N * shape.Hq, 1, S, shape.D), lse.view(N * shape.Hq, 1, S), out.unsqueeze(2))
         if sinks is None:
-            merge_splits(*parts)
+            merge(*parts)
         else:
-            merge_splits(*parts, sinks)
+            merge(*parts, sinks)
     return out
+
+
+def paged_prefill_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float,
+                            window: int | None = None, softcap: float | None = None,
+                            sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The mixed batch of "triton_invariant": :func:`paged_prefill` with ``batch_invariant=True``;
+    shapes, options and errors as there."""
+    return paged_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale, window=window,
+                         softcap=softcap, sinks=sinks, batch_invariant=True)
 
 
 def compile_variants():

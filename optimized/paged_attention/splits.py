@@ -1,6 +1,7 @@
 """How the paged kernels split a sequence's keys (split-KV; claims PA-1, PA-8): the decode kernel
 (``optimized/paged_attention/__init__.py``) and the mixed-batch kernel (``optimized/paged_attention/prefill.py``)
-both size their key ranges by :func:`tokens_per_split`; the ranges are merged exactly
+both size their key ranges by :func:`split_plan` (:func:`tokens_per_split`, or a fixed size in the
+batch-invariant mode); the ranges are merged exactly
 (``inference_conformance.optimized.attention.tiles.merge_splits``).
 """
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.batch_invariant import keys_per_split
 from inference_conformance.optimized.attention.tiles import MAX_SPLITS
 from inference_conformance.optimized.triton_shared import sm_count
 
@@ -34,3 +36,22 @@ def tokens_per_split(programs: int, Hkv: int, max_len: int, block_n: int, device
         want = max(1, min(MAX_SPLITS, -(-2 * sms // (programs * Hkv))))
         per = max(MIN_TOKENS_PER_SPLIT, -(-max_len // want))
     return -(-per // block_n) * block_n                                      # a multiple of BLOCK_N
+
+
+def split_plan(programs: int, Hkv: int, max_len: int, block_n: int, device: torch.device, num_splits: int | None,
+               batch_invariant: bool, *, split_interpreted: bool = True) -> tuple[int, int, bool]:
+    """(keys per split, split count S, whether to write partials and merge) of a paged launch.
+    Default: :func:`tokens_per_split` (from the batch's grid and longest sequence), partials only
+    when S > 1. ``batch_invariant``: a fixed split size
+    (:func:`inference_conformance.optimized.attention.batch_invariant.keys_per_split`), S to cover
+    the longest sequence and always partials, so that a sequence's splits and its merge never
+    depend on the batch. Raises ValueError naming ``num_splits`` when given with ``batch_invariant``."""
+    if batch_invariant:
+        if num_splits is not None:
+            raise ValueError(f"num_splits must be None with batch_invariant=True (the mode fixes the split size), "
+                             f"got {num_splits!r}")
+        per = keys_per_split(block_n, device)
+        return per, max(1, -(-max_len // per)), True
+    per = tokens_per_split(programs, Hkv, max_len, block_n, device, num_splits, split_interpreted=split_interpreted)
+    S = -(-max_len // per)
+    return per, S, S > 1
