@@ -343,7 +343,21 @@ def serving_engine_zoo() -> dict:
                 v = t.v[layer].reshape(-1, *t.v[layer].shape[2:])[:t.length].to(dev).contiguous()
                 self.write(self.k[layer], self.v[layer], k, v, slots)
 
+    class PublishesPrefixBeforeComputed(PagedEngine):
+        """Puts every full block of a prompt into the prefix cache at admission, before its chunk
+        is computed: a request arriving while the prompt is still prefilled in chunks reuses
+        blocks whose K/V are not written yet (right without a budget or without the cache)."""
+
+        def _admit(self):
+            new = super()._admit()
+            for r in new:
+                computed, r.computed = r.computed, len(r.tokens)
+                self._register_blocks(r)
+                r.computed = computed
+            return new
+
     return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
+            "prefix_published_before_computed": PublishesPrefixBeforeComputed,
             "transfer_in_block_id_order": SendsBlocksInIdOrder,
             "transfer_drops_last_block": DropsLastBlock,
             "transfer_truncated_to_whole_blocks": TruncatesToWholeBlocks,
