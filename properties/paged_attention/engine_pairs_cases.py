@@ -75,37 +75,37 @@ def pinned() -> tuple:
 FORK_SEED = 777
 
 
-def run_combo(engine, combo: Combo) -> dict:
+def run_combo(engine, combo: Combo, device: str = "cpu") -> dict:
     """Run ``combo`` through ``engine``: each request added at its arrival step; with "fork" on,
     request 0 forked into rid "child" (its own generator, temperature 1) in the first step after
     it has emitted a token while it still has more to make. Returns rid -> tokens and, under
-    "fork", the parent's tokens at the fork (``"forked_after"``)."""
+    "fork", the parent's tokens at the fork (``"forked_after"``). Generators on ``device``."""
     reqs, step, forked_after = combo.reqs, 0, None
     pending = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
     while pending or engine.has_work():
         while pending and reqs[pending[0]].arrival <= step:
             i = pending.pop(0)
             r = reqs[i]
-            gen = torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
+            gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
             engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
         if "fork" in combo.features and forked_after is None:
             parent = next((r for r in engine.running if r.rid == 0), None)
             if parent is not None and 1 <= len(parent.out) < parent.max_new:
                 forked_after = list(parent.out)
-                engine.fork(0, "child", torch.Generator().manual_seed(FORK_SEED), temperature=1.0)
+                engine.fork(0, "child", torch.Generator(device=device).manual_seed(FORK_SEED), temperature=1.0)
         engine.step()
         step += 1
     return {**engine.finished, "forked_after": forked_after}
 
 
-def expected(model, combo: Combo, forked_after) -> dict:
+def expected(model, combo: Combo, forked_after, device: str = "cpu") -> dict:
     """rid -> the tokens each request gets alone (the reference model, no cache); the child: the
     parent's prompt and tokens at the fork, continued alone with the child's generator."""
-    out = {i: alone(model, r) for i, r in enumerate(combo.reqs)}
+    out = {i: alone(model, r, device) for i, r in enumerate(combo.reqs)}
     if forked_after is not None:
         r = combo.reqs[0]
         prefix = list(r.prompt) + forked_after
-        toks, _ = generate(model, torch.tensor([prefix]), r.max_new - len(forked_after), 1.0,
-                           torch.Generator().manual_seed(FORK_SEED))
+        toks, _ = generate(model, torch.tensor([prefix], device=device), r.max_new - len(forked_after), 1.0,
+                           torch.Generator(device=device).manual_seed(FORK_SEED))
         out["child"] = forked_after + toks[0, len(prefix):].tolist()
     return out

@@ -10,6 +10,8 @@ rejected here.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import example, given, note, settings
@@ -34,13 +36,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ENGINES = {"paged_engine": PagedEngine}
 
 
-def law_features_combined(engine_class, combo: Combo):
+def law_features_combined(engine_class, combo: Combo, device: str = "cpu"):
     """Every request's tokens (and a forked child's) equal its tokens alone, whatever features
     are on together; returns the engine (its stats)."""
-    model = model_for(combo.seed)
+    model = model_for(combo.seed, device)
     engine = engine_class(model, **combo.engine_kw())
-    got = run_combo(engine, combo)
-    want = expected(model, combo, got["forked_after"])
+    got = run_combo(engine, combo, device)
+    want = expected(model, combo, got["forked_after"], device)
     for rid, toks in want.items():
         assert_exact(torch.tensor(got[rid]), torch.tensor(toks),
                      what=f"request {rid} with {' + '.join(sorted(combo.features))} vs run alone")
@@ -62,6 +64,20 @@ def _law(engine_class):
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_features_combined_equal_alone(engine):
     _law(ENGINES[engine])()
+
+
+@pytest.mark.claim("PA-7", "PA-8")
+def test_prefix_cache_with_chunks_through_the_triton_kernels(device):
+    """The prefix cache with chunked prefill (the pinned pair), every layer's attention one launch
+    of the Triton mixed-batch kernel and writes by the Triton slot write: every request equals
+    running alone (the other pairs cost ~3 s each under the interpreter: the reference attention
+    runs them)."""
+    pp = pytest.importorskip("inference_conformance.optimized.paged_attention.prefill")
+    pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
+    combo = next(c for c in pinned() if c.features == {"prefix_cache", "chunked_prefill"})
+    engine = law_features_combined(functools.partial(PagedEngine, prefill=pp.paged_prefill, write=pa.write_kv_cache),
+                                   combo, device)
+    assert engine.stats["reused_tokens"] > 0 and max(engine.step_tokens) <= combo.budget, dict(engine.stats)
 
 
 @pytest.mark.claim("PA-6", "PA-7", "PA-8")
