@@ -18,16 +18,22 @@ from inference_conformance.conformance.contracts.paged_attention import COVERAGE
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.properties import strategies as S
+from inference_conformance.conformance.coverage import classes_reached, missing_classes
 from inference_conformance.properties.paged_attention.cases import (
     PagedCase,
     PrefillCase,
     call_prefill,
-    check_against_causal,
     check_against_contiguous,
     fit_prefill_budget,
     make_inputs,
     make_prefill_inputs,
     prefill_cases,
+)
+from inference_conformance.properties.paged_attention.prefill_cases import (
+    LONG_CHUNKS,
+    SCALE_COVERAGE,
+    check_against_causal,
+    long_chunks_for,
 )
 
 TECH = "paged_attention"
@@ -39,12 +45,20 @@ def _p(lens, qlens, Hq, Hkv, D, bs, c=0.7, **kw) -> PrefillCase:
     return PrefillCase(tuple(lens), tuple(qlens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)
 
 
-#: Pinned: together they reach every PA-8 class of the contract within the interpreter budget
-#: and reject both zoo entries (a decode token beside chunks of 23 and 20 tokens).
+#: Seventeen sequences (past a search over 4 and a query tile of 16): a 20-token prompt ahead of
+#: fifteen decode rows and a chunk after a 24-token prefix; run whole under the interpreter too
+#: (38 programs).
+MANY = _p((20, 9, 1, 33, 4, 17, 2, 50, 3, 12, 7, 64, 5, 16, 8, 29, 30), (20,) + (1,) * 15 + (6,), 2, 1, 8, 3,
+          pinned=True)
+
+#: Pinned: together they reach every PA-8 class (the contract's and SCALE_COVERAGE) within the
+#: interpreter budget and reject every zoo entry (a decode token beside chunks of 23 and 20
+#: tokens; seventeen sequences).
 PREFILL_EXAMPLES = (
     _p((9, 40, 20), (1, 23, 20), 3, 1, 16, 3),         # decode + chunk after a prefix + whole prompt, group 3
     _p((5, 30), (1, 18), 4, 1, 64, 1, spare_cols=0),    # block size 1, a chunk over a 12-token prefix
     _p((33, 7), (16, 7), 4, 2, 59, 16, c=1.7),          # a chunk at a block boundary, D 59
+    MANY,
 )
 
 
@@ -67,8 +81,8 @@ PA8 = Law(
     given={"case": prefill_cases(), "seed": S.seeds},
     examples=tuple(dict(case=c, seed=i + 1) for i, c in enumerate(PREFILL_EXAMPLES)),
     dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(("chunk_offset_from_zero", "last_chunk_as_c"), (torch.float64,)),),
-    coverage=COVERAGE, require_coverage=True,
+    kills=(Kills(("chunk_offset_from_zero", "last_chunk_as_c", "searches_first_4_sequences"), (torch.float64,)),),
+    coverage=COVERAGE + SCALE_COVERAGE, require_coverage=True,
     interpreted_examples=lambda n: max(4, n // 3))
 
 test_pa8_mixed_batch_equals_causal = PA8.conformance_test(
@@ -132,3 +146,32 @@ def test_pa8_coverage_table():
     """The PA-8 boundary classes each pinned mixed batch reaches (reported); the pinned ones alone
     reach them all."""
     PA8.record_pinned_coverage("every PA-8 class of the contract is reached by the pinned mixed batches")
+
+
+def law_long_chunks(run, device, dtype=torch.float32):
+    """PA-8 on chunks past the production chunk sizes (:data:`LONG_CHUNKS`: 513 and 8,193 tokens,
+    each beside decode rows), float32: equal to dense causal attention by the tolerance policy.
+    An interpreted kernel runs the 513-token chunk only (the interpreter's measured cost)."""
+    for i, case in enumerate(long_chunks_for(run.interpreted)):
+        inp = make_prefill_inputs(case, 61 + i, dtype, device)
+        check_against_causal(call_prefill(run.impl, inp, case, run=run), inp, case,
+                             what=f"mixed batch, a chunk of {max(case.qlens)} tokens")
+
+
+#: PA-8 on the pinned long chunks (no drawn arguments), every implementation with the mixed batch.
+PA8_LONG = Law(claim="PA-8", technique=TECH, body=law_long_chunks, params=("device",),
+               coverage=COVERAGE + SCALE_COVERAGE)
+
+test_pa8_chunks_past_production_sizes = PA8_LONG.conformance_test(
+    "test_pa8_chunks_past_production_sizes",
+    doc="""PA-8 for every implementation with the mixed batch on chunks of 513 and 8,193 tokens.""")
+
+
+@pytest.mark.claim("PA-8")
+def test_pa8_long_chunks_reach_the_production_sizes():
+    """The pinned long chunks reach a chunk past each production chunk size (512, 2,048, 8,192
+    tokens); the interpreted subset reaches past 512."""
+    reached = set().union(*(classes_reached(SCALE_COVERAGE, PA8_LONG.name, c) for c in LONG_CHUNKS))
+    assert not missing_classes(SCALE_COVERAGE, reached, PA8_LONG.name), sorted(reached)
+    assert len(reached) == 3 and max(max(c.qlens) for c in LONG_CHUNKS) > 8192
+    assert any(max(c.qlens) > 512 for c in long_chunks_for(True))

@@ -1,7 +1,7 @@
 """Known-bad paged-attention implementations (the bug zoo): each is a classic paged-decode
 kernel bug, and the PA-1 law (``properties/paged_attention/test_paged_attention.py``) must reject every one; the
-mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``: a correct decode call, a
-buggy ``paged_prefill``) are rejected by the PA-8 law.
+mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``, ``searches_first_4_sequences``:
+a correct decode call, a buggy ``paged_prefill``) are rejected by the PA-8 law.
 
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
 and float32 otherwise, so that only the bug (not rounding) makes them wrong. The engines outside
@@ -140,22 +140,24 @@ def scale_folded_in_16bit(q, k_cache, v_cache, block_table, seq_lens, *, scale):
 
 
 # ------------------------------------------------------------ the mixed batch (PA-8)
-def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions):
-    """The mixed batch with the bug injected: ``positions(n, q_len, C)`` the position each of a
-    chunk's q_len queries attends up to (correct: n - q_len + i), C the longest chunk of the call."""
+def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, *, positions, found=None):
+    """The mixed batch with the bug injected: ``positions(n, q_len, C, i)`` the position query i of a
+    chunk attends up to (correct: n - q_len + i), C the longest chunk of the call; ``found(b)``
+    the sequence whose keys and chunk sequence b's rows are taken to be (correct: b)."""
     from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
     from inference_conformance.reference.attention import masked_attention
     from inference_conformance.reference.paged_attention import gather
 
     validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    loc = query_start_loc.tolist()
+    loc, lens = query_start_loc.tolist(), seq_lens.tolist()
     C = max(b - a for a, b in zip(loc, loc[1:]))
     out = torch.empty_like(q)
-    for b, n in enumerate(seq_lens.tolist()):
-        m = loc[b + 1] - loc[b]
-        k, v = (gather(c, block_table[b], n).to(acc) for c in (k_cache, v_cache))
-        pos = positions(n, m, C).to(q.device)
+    for b in range(len(lens)):
+        f = found(b) if found else b
+        n, m = lens[f], loc[f + 1] - loc[f]
+        k, v = (gather(c, block_table[f], n).to(acc) for c in (k_cache, v_cache))
+        pos = positions(n, m, C, torch.arange(loc[b] - loc[f], loc[b + 1] - loc[f])).to(q.device)
         mask = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
         o = masked_attention(q[loc[b]:loc[b + 1]].to(acc).transpose(0, 1), k, v, scale=scale, mask=mask)
         out[loc[b]:loc[b + 1]] = o.transpose(0, 1).to(q.dtype)
@@ -176,14 +178,22 @@ def chunk_offset_from_zero(q, k_cache, v_cache, block_table, seq_lens, query_sta
     """The causal mask of a chunk counted from 0: query i sees keys <= i, not <= prefix + i (the
     cached prefix's offset forgotten, as a prefill kernel run on a later chunk)."""
     return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
-                    positions=lambda n, m, C: torch.arange(m))
+                    positions=lambda n, m, C, i: i)
 
 
 def last_chunk_as_c(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
     """Every sequence's chunk taken as C tokens long (the call's longest): the cached prefix of a
     shorter last chunk, or of a decode token, is put at n - C, so its queries miss their newest keys."""
     return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
-                    positions=lambda n, m, C: torch.arange(n - C, n - C + m))
+                    positions=lambda n, m, C, i: n - C + i)
+
+
+def searches_first_4_sequences(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """Finds each query row's sequence by searching only the first 4 entries of query_start_loc
+    (a fixed-size search window): the rows of sequences 4, 5, ... are taken as rows of sequence 3,
+    attending to its keys at positions past its chunk."""
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C, i: n - m + i, found=lambda b: min(b, 3))
 
 
 # ------------------------------------------------------------ FA-8: the options in the paged kernels
@@ -333,7 +343,21 @@ def serving_engine_zoo() -> dict:
                 v = t.v[layer].reshape(-1, *t.v[layer].shape[2:])[:t.length].to(dev).contiguous()
                 self.write(self.k[layer], self.v[layer], k, v, slots)
 
+    class PublishesPrefixBeforeComputed(PagedEngine):
+        """Puts every full block of a prompt into the prefix cache at admission, before its chunk
+        is computed: a request arriving while the prompt is still prefilled in chunks reuses
+        blocks whose K/V are not written yet (right without a budget or without the cache)."""
+
+        def _admit(self):
+            new = super()._admit()
+            for r in new:
+                computed, r.computed = r.computed, len(r.tokens)
+                self._register_blocks(r)
+                r.computed = computed
+            return new
+
     return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
+            "prefix_published_before_computed": PublishesPrefixBeforeComputed,
             "transfer_in_block_id_order": SendsBlocksInIdOrder,
             "transfer_drops_last_block": DropsLastBlock,
             "transfer_truncated_to_whole_blocks": TruncatesToWholeBlocks,
@@ -361,6 +385,8 @@ def implementations():
                   bug="a chunk's causal offset counted from 0 instead of from its cached prefix"),
         known_bad("paged_attention", "last_chunk_as_c", _with_prefill(last_chunk_as_c),
                   bug="the last chunk's (and a decode token's) length taken as the chunk size C"),
+        known_bad("paged_attention", "searches_first_4_sequences", _with_prefill(searches_first_4_sequences),
+                  bug="a query row's sequence searched among the first 4 of query_start_loc only"),
         known_bad("paged_attention", "paged_sinks_dropped_in_merge", paged_sinks_dropped_in_merge),
         known_bad("paged_attention", "prefill_window_from_chunk_start", _with_prefill(prefill_window_from_chunk_start),
                   bug="a chunk's window measured from the chunk's start instead of from its position"),
