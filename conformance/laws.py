@@ -187,6 +187,20 @@ def _named(test: Callable, name: str, doc: str | None, module: str, marks: list)
     return test
 
 
+
+#: The gating profiles, where a mode of a built-in (``builtin(..., mode_of=...)``) runs pinned examples only.
+GATING_PROFILES = ("ci", "compat")
+
+
+def _pinned_only(impl) -> bool:
+    """Whether ``impl`` is a mode of another built-in and the running profile is a gating one."""
+    return bool(getattr(impl, "mode_of", None)) and _profile_name().rsplit(".", 1)[-1] in GATING_PROFILES
+
+
+def _profile_name() -> str:  # the loaded Hypothesis profile's name
+    return settings.get_current_profile_name() if hasattr(settings, "get_current_profile_name") else ""
+
+
 @dataclass(frozen=True)
 class Law:
     """One law, declared once (see the module's docstring).
@@ -229,9 +243,10 @@ class Law:
         """The same law on other pinned examples (only those, by default)."""
         return dataclasses.replace(self, examples=tuple(examples), explicit_only=explicit_only)
 
-    def hypothesis_test(self, interpreted: bool) -> Callable:
+    def hypothesis_test(self, interpreted: bool, pinned_only: bool = False) -> Callable:
         """The Hypothesis test of the law for an implementation that runs interpreted or not:
-        ``test(run, *params)``."""
+        ``test(run, *params)``; ``pinned_only``: the pinned examples alone (where the law has
+        some; a law without pinned examples draws as usual)."""
         body = self.body
 
         def example_body(run, *args, **drawn):
@@ -266,7 +281,7 @@ class Law:
         chosen: dict[str, Any] = {}
         if fewer is not None:
             chosen["max_examples"] = fewer(settings.default.max_examples)
-        if self.explicit_only:
+        if self.explicit_only or (pinned_only and self.examples):
             chosen["phases"] = [Phase.explicit]
         return settings(**chosen)(test) if chosen else test
 
@@ -281,7 +296,7 @@ class Law:
         interpreted = runs_interpreted(impl)
         run = Run(self.name, getattr(impl, "name", str(impl)), impl, interpreted, tuple(self.coverage))
         try:
-            self.hypothesis_test(interpreted)(run, *args)
+            self.hypothesis_test(interpreted, _pinned_only(impl))(run, *args)
         except Unsatisfiable:
             pass
         except (AssertionError, BaseExceptionGroup) as exc:

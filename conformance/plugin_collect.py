@@ -159,6 +159,7 @@ def pytest_collection_modifyitems(config, items):
             entry = expected(item)
             if entry is not None and entry.expected == "fail":
                 item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
+    _modes_at_production_shapes(config, items)
     if config.getoption("zoo_only", default=False):
         _deselect(config, items, {i for i in items if is_zoo_test(i)})
     techniques = set(st.outside)
@@ -171,6 +172,22 @@ def pytest_collection_modifyitems(config, items):
             if (technique_of(item) in techniques and "bad_impl" not in getattr(item, "fixturenames", ()))
             or _outside_bench(item) in techniques or _bench_function(item) in beside}
     _deselect(config, items, keep)
+
+
+def _modes_at_production_shapes(config, items) -> None:
+    """Under the gating profiles, a mode of a built-in (``builtin(..., mode_of=...)``: the same
+    kernels, one setting changed) skips the production-shape tests, with the reason: its laws run
+    there (their pinned examples); the production shapes run under ``dev`` and ``thorough``."""
+    from inference_conformance.conformance.laws import GATING_PROFILES
+    from inference_conformance.conformance.plugin_profiles import profile_name
+
+    if profile_name(config).rsplit(".", 1)[-1] not in GATING_PROFILES:
+        return
+    for item in items:
+        impl = param(item, "impl")
+        if getattr(impl, "mode_of", None) and getattr(item, "originalname", item.name).endswith("production_shapes"):
+            item.add_marker(pytest.mark.skip(reason=f"{impl.name} is a mode of {impl.mode_of}: its production "
+                                                    "shapes run under the dev and thorough profiles"))
 
 
 _EXPECTED = pytest.StashKey[object]()

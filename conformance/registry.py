@@ -58,7 +58,9 @@ class Implementation:
     attribute (``impl.decode(...)``). ``origin`` is "builtin", "outside" or "zoo"; ``adapter`` is
     True for the suite's adapters of other projects' kernels; ``kernel_modules`` the modules of
     the Triton kernels it launches, where declared; ``unavailable`` the reason it cannot run here, or None;
-    ``batch_invariant`` whether its registration declares batch invariance.
+    ``batch_invariant`` whether its registration declares batch invariance; ``mode_of`` the
+    built-in whose kernels it runs with one setting changed (its laws run their pinned examples
+    under the gating profiles), or None.
     """
 
     technique: str
@@ -72,6 +74,7 @@ class Implementation:
     kernel_modules: tuple = ()
     returns: Mapping[str, Any] = field(default_factory=dict)
     batch_invariant: bool = False
+    mode_of: str | None = None
 
     @property
     def outside(self) -> bool:
@@ -251,7 +254,7 @@ def registrations(technique: str) -> tuple[list[Registration], list[tuple[str, s
 def _load_registration(c: Contract, r: Registration, device: str | None) -> Implementation:
     base = dict(technique=r.technique, name=r.name, target=r.target, origin=r.origin,
                 functions=c.all_functions, adapter=r.adapter, kernel_modules=r.kernel_modules, returns=c.returns,
-                batch_invariant=r.batch_invariant)
+                batch_invariant=r.batch_invariant, mode_of=r.mode_of)
     if r.peer is not None and r.peer not in peer_sets():      # first: the environment that installs it
         return Implementation(namespace=None, unavailable=f"{r.name} runs in the peers-{r.peer} environment "
                               f"(tox -e peers-{r.peer}: {PEERS_VARIABLE}={r.peer})", **base)

@@ -109,6 +109,7 @@ class Registration:
     bug: str = ""
     peer: str | None = None
     batch_invariant: bool = False
+    mode_of: str | None = None
 
     @property
     def summary(self) -> str:
@@ -152,17 +153,22 @@ def _check_fields(technique: Any, name: Any) -> None:
 def builtin(technique: str, name: str, impl: Any, *, requires: Iterable[str] | None = None,
             needs: str | None = None, adapter: bool = False,
             kernel_modules: Iterable[types.ModuleType] = (), peer: str | None = None,
-            batch_invariant: bool = False) -> Registration:
+            batch_invariant: bool = False, mode_of: str | None = None) -> Registration:
     """Declare one of the suite's implementations of ``technique`` (a reference, an optimized
     version, or an adapter of another project's kernel); ``batch_invariant=True`` declares its
-    outputs bitwise independent of the rest of the batch (enforced where measured). Raises
-    TypeError on a non-str name or a ``batch_invariant`` that is not a bool."""
+    outputs bitwise independent of the rest of the batch (enforced where measured); ``mode_of``
+    names the built-in whose kernels it runs with one setting changed (a mode: under the gating
+    profiles ``ci`` and ``compat`` its laws run their pinned boundary examples, the base draws;
+    every example elsewhere). Raises TypeError on a non-str name, a ``batch_invariant`` that is
+    not a bool or a ``mode_of`` that is not a str."""
     _check_fields(technique, name)
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
+    if mode_of is not None and (not isinstance(mode_of, str) or not mode_of):
+        raise TypeError(f"mode_of must be a built-in's name, got {mode_of!r}")
     return Registration(technique, name, impl, "builtin", _target(impl, name, _caller_module()),
                         frozenset(requires) if requires is not None else None, needs, adapter,
-                        tuple(kernel_modules), peer=peer, batch_invariant=batch_invariant)
+                        tuple(kernel_modules), peer=peer, batch_invariant=batch_invariant, mode_of=mode_of)
 
 
 def known_bad(technique: str, name: str, impl: Any, *, bug: str = "", batch_invariant: bool = False) -> Registration:

@@ -92,7 +92,7 @@ def implementations():
         builtin("attention", "triton_splitkv", flash_decoding.attention,
                 kernel_modules=(flash_decoding,)),
         builtin("attention", "triton_splitkv_invariant", flash_decoding.attention_invariant,
-                kernel_modules=(flash_decoding,), batch_invariant=True),
+                kernel_modules=(flash_decoding,), batch_invariant=True, mode_of="triton_splitkv"),
         builtin("attention", "torch", attention),
         builtin("attention", "flash_attn", outside_adapters.flash_attn, requires={"cuda"}, needs="flash_attn",
                 adapter=True),

@@ -313,7 +313,7 @@ def implementations():
         builtin("paged_attention", "triton_invariant",
                 types.SimpleNamespace(paged_attention=paged_attention_invariant,
                                       paged_prefill=paged_prefill.paged_prefill_invariant),
-                kernel_modules=(sys.modules[__name__], paged_prefill), batch_invariant=True),
+                kernel_modules=(sys.modules[__name__], paged_prefill), batch_invariant=True, mode_of="triton"),
         builtin("paged_attention", "vllm", outside_adapters.vllm_paged, requires={"cuda"}, needs="vllm",
                 adapter=True),
         builtin("paged_attention", "flashinfer", outside_adapters.flashinfer_paged, requires={"cuda"},

@@ -1,0 +1,49 @@
+"""A mode of a built-in (``builtin(..., mode_of=...)``: the same kernels with one setting changed,
+such as the batch-invariant split plan) runs each law's pinned examples only under the gating
+profiles (``ci``, ``compat``), and every example elsewhere; a law without pinned examples draws
+as usual (never zero examples)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+from hypothesis import strategies as st
+
+from inference_conformance.conformance import laws, registry
+from inference_conformance.conformance.laws import Law
+from inference_conformance.conformance.registry_declarations import builtin
+
+
+def _impl(mode_of):
+    return registry.Implementation("attention", "m", "tests:m", "builtin", types.SimpleNamespace(attention=None),
+                                   ("attention",), mode_of=mode_of)
+
+
+def _law(seen, pinned=True):
+    def body(run, x):
+        seen.append(x)
+    return Law(claim="FA-3", technique="attention", body=body, given={"x": st.integers(0, 10**6)},
+               examples=(dict(x=-1),) if pinned else (), params=(), max_examples=lambda n: 5)
+
+
+@pytest.mark.parametrize("profile,mode_of,pinned,expected", [
+    ("inference_conformance.ci", "triton", True, [-1]),
+    ("compat", "triton", True, [-1]),
+    ("inference_conformance.dev", "triton", True, None),
+    ("inference_conformance.ci", None, True, None),
+    ("inference_conformance.ci", "triton", False, None),
+])
+def test_mode_runs_pinned_examples_under_gating_profiles(monkeypatch, profile, mode_of, pinned, expected):
+    monkeypatch.setattr(laws, "_profile_name", lambda: profile)
+    seen: list = []
+    _law(seen, pinned)(_impl(mode_of))
+    if expected is not None:
+        assert seen == expected
+    else:
+        assert len([x for x in seen if x >= 0]) >= 1, seen        # drawn examples ran
+
+
+def test_mode_of_must_name_a_builtin():
+    with pytest.raises(TypeError, match="mode_of"):
+        builtin("attention", "m", lambda: None, mode_of=3)
+    assert builtin("attention", "m", lambda: None, mode_of="triton").mode_of == "triton"
