@@ -102,11 +102,12 @@ def pytest_generate_tests(metafunc):
 
 def is_zoo_test(item) -> bool:
     """Whether ``item`` is a bug-zoo test: it takes ``bad_impl`` (the registry's zoo), or its
-    function calls :func:`inference_conformance.conformance.zoo.expect_rejected` itself."""
+    function calls :func:`inference_conformance.conformance.zoo.expect_rejected` itself (or the
+    paged engines' ``expect_rejection``, which names its entry the same way)."""
     if "bad_impl" in getattr(item, "fixturenames", ()):
         return True
     code = getattr(getattr(item, "function", None), "__code__", None)
-    return code is not None and _names_in(code, "expect_rejected")
+    return code is not None and any(_names_in(code, n) for n in ("expect_rejected", "expect_rejection"))
 
 
 def _names_in(code, name: str) -> bool:

@@ -160,7 +160,7 @@ def test_pa4_rejects_cow_that_forgets_to_copy():
     """The known-bad cache whose copy-on-write allocates the new block but never copies into it
     (nor leaves the shared one alone) is rejected by the machine."""
     no_shrink = settings(_machine_settings(100), phases=[Phase.explicit, Phase.generate])
-    expect_rejection("PA-4", lambda: run_state_machine_as_test(CowMachine, settings=no_shrink), match="K of sequence")
+    expect_rejection("PA-4", lambda: run_state_machine_as_test(CowMachine, settings=no_shrink), entry="cow_forgets_to_copy", match="K of sequence")
 
 
 @pytest.mark.claim("PA-4")

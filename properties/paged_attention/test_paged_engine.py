@@ -109,7 +109,7 @@ def test_pa6_engine_through_the_triton_kernels(device):
 @pytest.mark.claim("PA-6")
 def test_pa6_zoo_query_missing_its_token_rejected():
     bad, _ = _engine_zoo()
-    expect_rejection("PA-6", law_engine_equals_alone, bad, match="vs run alone")
+    expect_rejection("PA-6", law_engine_equals_alone, bad, entry="query_misses_its_own_token", match="vs run alone")
 
 
 #: Equal tokens after different prefixes: block (7, 8, 9) follows (1, 2, 3) in one prompt and
@@ -173,7 +173,8 @@ def test_pa7_equal_tokens_after_different_prefixes_are_not_shared():
 @pytest.mark.claim("PA-7")
 def test_pa7_zoo_key_without_parent_rejected():
     _, bad = _engine_zoo()
-    expect_rejection("PA-7", law_prefix_cache, bad, match="with the prefix cache vs run alone")
+    expect_rejection("PA-7", law_prefix_cache, bad, entry="prefix_key_without_parent",
+                     match="with the prefix cache vs run alone")
 
 
 def test_engine_rejects_bad_requests():
@@ -288,7 +289,7 @@ def test_pa8_chunked_engine_through_the_triton_mixed_batch_kernel(device):
 @pytest.mark.claim("PA-8")
 def test_pa8_zoo_chunk_kv_written_after_attention_rejected():
     bad = serving_engine_zoo()["chunk_kv_written_after_attention"]
-    expect_rejection("PA-8", law_chunked_equals_unchunked, bad, match="vs unchunked")
+    expect_rejection("PA-8", law_chunked_equals_unchunked, bad, entry="chunk_kv_written_after_attention", match="vs unchunked")
 
 
 def test_engine_rejects_bad_token_budget():
@@ -344,7 +345,8 @@ def test_pa9_transfer_moves_blocks_to_other_ids():
 @pytest.mark.parametrize("name", ["transfer_in_block_id_order", "transfer_drops_last_block",
                                   "transfer_truncated_to_whole_blocks", "transfer_placed_at_sender_ids"])
 def test_pa9_zoo_bad_transfer_rejected(name):
-    expect_rejection("PA-9", law_disaggregated_equals_one_engine, serving_engine_zoo()[name], match="one engine")
+    expect_rejection("PA-9", law_disaggregated_equals_one_engine, serving_engine_zoo()[name], entry=name,
+                     match="one engine")
 
 
 def test_send_and_receive_reject_bad_calls():

@@ -101,4 +101,4 @@ def test_pinned_pairs_exercise_both_features():
 @pytest.mark.claim("PA-7", "PA-8")
 def test_zoo_prefix_published_before_computed_rejected():
     bad = serving_engine_zoo()["prefix_published_before_computed"]
-    expect_rejection("PA-7", _law(bad), match="vs run alone")
+    expect_rejection("PA-7", _law(bad), entry="prefix_published_before_computed", match="vs run alone")

@@ -231,14 +231,17 @@ def prefill_window_from_chunk_start(q, k_cache, v_cache, block_table, seq_lens, 
     return out
 
 
-def expect_rejection(claim: str, law, *args, match: str | None = None) -> str:
-    """Run ``law(*args)`` on a known-bad engine or cache outside the registry's zoo; return the
-    failure's first line, recorded as the test's rejection (the failing comparison inside is the
-    point, not the test's error). Raises AssertionError when the law accepts it."""
+def expect_rejection(claim: str, law, *args, entry: str, match: str | None = None) -> str:
+    """Run ``law(*args)`` on the known-bad engine or cache ``entry`` (outside the registry's zoo);
+    return the failure's first line, recorded as the test's rejection (the failing comparison
+    inside is the point, not the test's error); the test's rows are ``entry``'s ("zoo:<entry>"),
+    so the kill rate counts it. Raises AssertionError when the law accepts it."""
     import re
 
     from inference_conformance.conformance import results
 
+    if entry not in results.recorder().zoo:
+        results.recorder().zoo.append(entry)
     try:
         law(*args)
     except AssertionError as exc:
