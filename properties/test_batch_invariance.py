@@ -14,7 +14,8 @@ implementation that refuses every case is "unsupported". ``test_batch_invariance
 shows the enforcement rejecting a declared-invariant implementation whose key reduction is
 chunked by the batch size; ``test_invariant_mode_where_the_default_is_not`` shows the suite's
 Triton kernels' defaults measured not invariant where their split choice follows the batch and
-their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant``) invariant.
+their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant`` of paged_attention
+and of mla_decode) invariant.
 """
 from __future__ import annotations
 
@@ -100,9 +101,11 @@ def test_batch_invariance_zoo_rejected(bad_impl, device):
 
 #: (technique, default, invariant mode, case, the batches compared): a case where the default's
 #: split choice follows the batch (paged: the batch's longest sequence sets the split size;
-#: dense: the GPU policy's split count by B), each batch one that changes it.
+#: dense: the GPU policy's split count by B; MLA: the batched absorption einsum, whose rounding
+#: follows B), each batch one that changes it.
 MODES = (("paged_attention", "triton", "triton_invariant", next(c for c in CASES if c.name == "mha-bs16"), ((2, 11),)),
-         ("attention", splitkv_at_gpu_policy, "triton_splitkv_invariant", GPU_POLICY_CASE, ((2, 11),)))
+         ("attention", splitkv_at_gpu_policy, "triton_splitkv_invariant", GPU_POLICY_CASE, ((2, 11),)),
+         ("mla_decode", "triton", "triton_invariant", next(c for c in CASES if c.name == "contiguous"), ((8, 14),)))
 
 
 @pytest.mark.parametrize("mode", MODES, ids=[f"{m[0]}-{m[2]}" for m in MODES])
