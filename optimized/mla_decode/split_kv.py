@@ -149,14 +149,21 @@ def blocks(dtype: torch.dtype, C: int, R: int) -> tuple[int, int, int, int, int]
     return 16, (16 if bc >= 512 else 32), bc, br, (8 if bc >= 512 else 4)
 
 
+def gpu_num_splits(B: int, head_tiles: int, max_len: int, sms: int) -> int:
+    """The GPU's choice: splits that bring the grid of B x ``head_tiles`` programs per split to
+    about two programs per each of ``sms`` multiprocessors, each split keeping at least
+    MIN_TOKENS_PER_SPLIT tokens of the longest sequence (``max_len``), at most MAX_SPLITS; >= 1.
+    It follows B: what makes the default mode's bits follow the batch on a GPU."""
+    return max(1, min(triton.cdiv(2 * sms, B * head_tiles), max_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+
+
 def default_num_splits(B: int, head_tiles: int, max_len: int, device: torch.device) -> int:
-    """Splits that bring the grid to about two programs per multiprocessor, each split keeping at
-    least MIN_TOKENS_PER_SPLIT tokens of the longest sequence (interpreter: INTERPRET_SPLITS)."""
+    """:func:`gpu_num_splits` at the device's multiprocessor count on CUDA; under the interpreter
+    or on the CPU INTERPRET_SPLITS (at most ``max_len``)."""
     if triton_interpreted() or device.type != "cuda":
         return max(1, min(INTERPRET_SPLITS, max_len))
-    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    want = triton.cdiv(2 * sms, B * head_tiles)
-    return max(1, min(want, max_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+    return gpu_num_splits(B, head_tiles, max_len,
+                          sm_count(device.index if device.index is not None else torch.cuda.current_device()))
 
 
 def absorb_per_row(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, seq_lens: torch.Tensor,
