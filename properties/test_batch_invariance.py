@@ -14,7 +14,8 @@ implementation that refuses every case is "unsupported". ``test_batch_invariance
 shows the enforcement rejecting a declared-invariant implementation whose key reduction is
 chunked by the batch size; ``test_invariant_mode_where_the_default_is_not`` shows the suite's
 Triton kernels' defaults measured not invariant where their split choice follows the batch and
-their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant``) invariant.
+their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant`` of paged_attention
+and of mla_decode) invariant.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from inference_conformance.conformance import registry, results
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.plugin_state import state
 from inference_conformance.conformance.zoo import expect_rejected
-from inference_conformance.properties.batch_invariance import (CASES, GPU_POLICY_CASE, TECHNIQUES, ZOO, Measurement,
-                                                              measure, splitkv_at_gpu_policy)
+from inference_conformance.properties.batch_invariance import (CASES, GPU_POLICY_CASE, TECHNIQUES, ZOO, Case,
+                                                              Measurement, measure, splitkv_at_gpu_policy)
 
 
 def _impls(config, device: str) -> list:
@@ -98,14 +99,43 @@ def test_batch_invariance_zoo_rejected(bad_impl, device):
                    rule="bitwise equality", what=f"{bad_impl.name}: {text[:160]}")
 
 
+#: An MLA decode case of several splits in the invariant mode (150 tokens: 2 splits of 128 under
+#: the interpreter), paged in blocks of 16, whose batch of 5 holds longer sequences (up to 477: 4
+#: splits, the request's last 2 empty).
+MLA_LONG_CASE = Case("mla_decode", "long-paged",
+                     dict(Hq=2, D=8, C=16, R=4, block_size=16, L=150, Lmax=500, paged=True))
+#: An MLA decode case long enough (L = 2 x MIN_TOKENS_PER_SPLIT) for the kernel's GPU split policy
+#: to choose by B: 2 splits alone, 1 in a batch of 2, on a GPU of 1 multiprocessor.
+MLA_GPU_POLICY_CASE = Case("mla_decode", "gpu-policy",
+                           dict(Hq=1, D=8, C=16, R=4, block_size=0, L=512, Lmax=512, paged=False))
+
+
+def mla_at_gpu_policy(q_nope, q_rope, w_uk, cache, block_table, seq_lens, *, scale, rope_theta, sms=1):
+    """The "triton" MLA kernel at the split count its GPU policy (``split_kv.gpu_num_splits``) picks
+    for this batch on a GPU of ``sms`` multiprocessors: the default mode on such a GPU, on any device."""
+    import triton
+
+    from inference_conformance.optimized.mla_decode import split_kv
+
+    tiles = triton.cdiv(q_nope.shape[1], split_kv.blocks(q_nope.dtype, w_uk.shape[1], q_rope.shape[2])[0])
+    splits = split_kv.gpu_num_splits(q_nope.shape[0], tiles, int(seq_lens.max()), sms)
+    return split_kv.mla_decode(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale=scale,
+                               rope_theta=rope_theta, num_splits=splits)
+
+
 #: (technique, default, invariant mode, case, the batches compared): a case where the default's
 #: split choice follows the batch (paged: the batch's longest sequence sets the split size;
-#: dense: the GPU policy's split count by B), each batch one that changes it.
+#: dense: the GPU policy's split count by B; MLA: the batched absorption einsum, whose rounding
+#: follows B, and on a GPU its split count by B), each batch one that changes it.
 MODES = (("paged_attention", "triton", "triton_invariant", next(c for c in CASES if c.name == "mha-bs16"), ((2, 11),)),
-         ("attention", splitkv_at_gpu_policy, "triton_splitkv_invariant", GPU_POLICY_CASE, ((2, 11),)))
+         ("attention", splitkv_at_gpu_policy, "triton_splitkv_invariant", GPU_POLICY_CASE, ((2, 11),)),
+         ("mla_decode", "triton", "triton_invariant", next(c for c in CASES if c.name == "contiguous"), ((8, 14),)),
+         ("mla_decode", "triton", "triton_invariant", MLA_LONG_CASE, ((5, 13),)),
+         ("mla_decode", mla_at_gpu_policy, "triton_invariant", MLA_GPU_POLICY_CASE, ((2, 11),)))
 
 
-@pytest.mark.parametrize("mode", MODES, ids=[f"{m[0]}-{m[2]}" for m in MODES])
+@pytest.mark.parametrize("mode", MODES, ids=[f"{m[0]}-{m[2]}" + (f"-{m[3].name}" if m[0] == "mla_decode" else "")
+                                             for m in MODES])
 def test_invariant_mode_where_the_default_is_not(mode, device):
     """The suite's Triton kernels: the default measured NOT batch-invariant on a case where its
     split choice follows the batch, the batch-invariant mode (declared) invariant on the same
@@ -131,3 +161,20 @@ def test_declaration_reaches_the_implementation():
     assert {(t, "reference") for t in TECHNIQUES} <= declared
     with pytest.raises(TypeError, match="batch_invariant"):
         registry.builtin("attention", "x", lambda *a, **k: None, batch_invariant="yes")
+
+
+def test_mla_default_differs_by_its_gpu_split_choice(device):
+    """Control for the MLA GPU-policy mode above: the same kernel at a split count fixed for every
+    batch (2) is bitwise invariant on the same batch, so the difference there is the split choice's."""
+    from inference_conformance.optimized.mla_decode import split_kv
+
+    def fixed(*args, **kwargs):
+        return split_kv.mla_decode(*args, num_splits=2, **kwargs)
+
+    control = measure(fixed, MLA_GPU_POLICY_CASE, device, ((2, 11),))
+    policy = measure(mla_at_gpu_policy, MLA_GPU_POLICY_CASE, device, ((2, 11),))
+    assert control.invariant, f"fixed 2 splits differ by {control.max_diff:.3g} ({control.worst}); bound: bitwise"
+    assert not policy.invariant and policy.max_diff > 0, f"the GPU policy's split choice was invariant: {policy}"
+    results.record("", measured=policy.max_diff, bound=0.0, unit="max |difference| at the GPU policy's split count",
+                   rule="bitwise equality", max_batch_diff=policy.max_diff, worst=policy.worst,
+                   what="fixed splits invariant; the GPU policy's choice by B is not")

@@ -13,6 +13,15 @@ t % block_size of block block_table[b, t // block_size]). Split s of sequence b 
 log-sum-exp (float64), and the split-KV merge of the attention kernels
 (:func:`inference_conformance.optimized.attention.tiles.merge_splits`, Flash-Decoding: each
 split weighed by exp(lse_s − max lse), FA-7) combines them; a split with no token weighs 0.
+
+``batch_invariant=True`` (the "triton_invariant" implementation): a sequence's bits do not depend
+on what is batched with it. The absorption runs row by row (:func:`absorb_per_row`: the same
+B = 1 computation for every sequence), split s of sequence b covers tokens
+[s·P, min((s+1)·P, L)) with P a constant
+(:func:`inference_conformance.optimized.attention.batch_invariant.keys_per_split`), the launch
+has enough splits for the longest sequence (a shorter one's extra splits are empty), and the
+ordered merge (:func:`~inference_conformance.optimized.attention.batch_invariant.merge_in_order`)
+adds each row's splits one by one in split order.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.mla_decode import INDEX_DTYPE, validate
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.attention.batch_invariant import keys_per_split, merge_in_order
 from inference_conformance.optimized.attention.tiles import MAX_SPLITS, log_sum_exp, merge_splits
 from inference_conformance.optimized.mla_decode.vectorized import absorb
 from inference_conformance.optimized.triton_shared import DOT_NATIVE, DOT_SUM, check_device, dot_mode, flat_grid, sm_count, tile_loop
@@ -74,11 +84,12 @@ def mla_split_kernel(QL_ptr, QR_ptr, CACHE_ptr, BT_ptr, LENS_ptr, OP_ptr, LSE_pt
                      stride_qlb, stride_qlh, stride_qlc, stride_qrb, stride_qrh, stride_qrr,
                      stride_cn, stride_cs, stride_cd, stride_btb, stride_btm,
                      stride_pbh, stride_ps, stride_pc, stride_lbh, stride_ls,
-                     Hq, C, R, block_size, NUM_SPLITS, HEAD_TILES, scale,
-                     DOT_MODE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                     Hq, C, R, block_size, NUM_SPLITS, HEAD_TILES, scale, PER_SPLIT,
+                     FIXED_SPLITS: tl.constexpr, DOT_MODE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     """1-D grid of NUM_SPLITS · HEAD_TILES · B programs: program split + NUM_SPLITS · (head tile
-    + HEAD_TILES · b). Writes o_s (B·Hq, 1, S, C) (normalised over the split's tokens; 0 for a
+    + HEAD_TILES · b). Split s covers tokens [s·L // NUM_SPLITS, (s+1)·L // NUM_SPLITS) of sequence
+    b (L = LENS[b]), or with FIXED_SPLITS [s·PER_SPLIT, (s+1)·PER_SPLIT) cut at L. Writes o_s (B·Hq, 1, S, C) (normalised over the split's tokens; 0 for a
     split with none) and lse_s (B·Hq, 1, S) in float64 (−inf for a split with none)."""
     pid = tl.program_id(0)
     split = pid % NUM_SPLITS
@@ -86,8 +97,12 @@ def mla_split_kernel(QL_ptr, QR_ptr, CACHE_ptr, BT_ptr, LENS_ptr, OP_ptr, LSE_pt
     ht = rest % HEAD_TILES
     b = (rest // HEAD_TILES).to(tl.int64)
     L = tl.load(LENS_ptr + b)
-    start = (split * L) // NUM_SPLITS
-    end = ((split + 1) * L) // NUM_SPLITS
+    if FIXED_SPLITS:       # the batch-invariant mode: PER_SPLIT tokens from the sequence's start
+        start = tl.minimum(split * PER_SPLIT, L)
+        end = tl.minimum(start + PER_SPLIT, L)
+    else:
+        start = (split * L) // NUM_SPLITS
+        end = ((split + 1) * L) // NUM_SPLITS
     offs_h = ht * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_c = tl.arange(0, BLOCK_C)
     offs_r = tl.arange(0, BLOCK_R)
@@ -134,34 +149,58 @@ def blocks(dtype: torch.dtype, C: int, R: int) -> tuple[int, int, int, int, int]
     return 16, (16 if bc >= 512 else 32), bc, br, (8 if bc >= 512 else 4)
 
 
+def gpu_num_splits(B: int, head_tiles: int, max_len: int, sms: int) -> int:
+    """The GPU's choice: splits that bring the grid of B x ``head_tiles`` programs per split to
+    about two programs per each of ``sms`` multiprocessors, each split keeping at least
+    MIN_TOKENS_PER_SPLIT tokens of the longest sequence (``max_len``), at most MAX_SPLITS; >= 1.
+    It follows B: what makes the default mode's bits follow the batch on a GPU."""
+    return max(1, min(triton.cdiv(2 * sms, B * head_tiles), max_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+
+
 def default_num_splits(B: int, head_tiles: int, max_len: int, device: torch.device) -> int:
-    """Splits that bring the grid to about two programs per multiprocessor, each split keeping at
-    least MIN_TOKENS_PER_SPLIT tokens of the longest sequence (interpreter: INTERPRET_SPLITS)."""
+    """:func:`gpu_num_splits` at the device's multiprocessor count on CUDA; under the interpreter
+    or on the CPU INTERPRET_SPLITS (at most ``max_len``)."""
     if triton_interpreted() or device.type != "cuda":
         return max(1, min(INTERPRET_SPLITS, max_len))
-    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    want = triton.cdiv(2 * sms, B * head_tiles)
-    return max(1, min(want, max_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+    return gpu_num_splits(B, head_tiles, max_len,
+                          sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+def absorb_per_row(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, seq_lens: torch.Tensor,
+                   rope_theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~inference_conformance.optimized.mla_decode.vectorized.absorb` one sequence at a
+    time, each on fresh B = 1 copies of its rows (shapes, dtypes as there): the one computation,
+    at the one alignment, whatever the batch, so a row's bits never depend on B (the batched
+    einsum's blocking, and so its rounding, follows B)."""
+    rows = [absorb(q_nope[b:b + 1].clone(), q_rope[b:b + 1].clone(), w_uk, seq_lens[b:b + 1].clone(), rope_theta)
+            for b in range(q_nope.shape[0])]
+    return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
 
 
 def mla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, cache: torch.Tensor,
                block_table: torch.Tensor | None, seq_lens: torch.Tensor, *, scale: float, rope_theta: float,
-               num_splits: int | None = None) -> torch.Tensor:
+               num_splits: int | None = None, batch_invariant: bool = False) -> torch.Tensor:
     """MLA decode, split-KV: q_nope (B, Hq, D), q_rope (B, Hq, R), w_uk (Hq, C, D), cache
     (B, T_max, C + R) or (num_blocks, block_size, C + R) with block_table (B, max_blocks) int32,
     seq_lens (B,) int32 -> (B, Hq, C) in q_nope's dtype.
 
     ``num_splits``: token ranges per sequence (capped at min(max seq_lens, MAX_SPLITS); a
     sequence shorter than it leaves some of its splits empty); None chooses
-    (:func:`default_num_splits`). Raises TypeError / ValueError as the contract's ``validate``,
-    ValueError for a bad ``num_splits`` or CPU tensors without the interpreter."""
+    (:func:`default_num_splits`). ``batch_invariant``: the absorption row by row, splits of a
+    fixed size (``keys_per_split``), merged in split order (the "triton_invariant"
+    implementation). Raises TypeError / ValueError as the contract's ``validate``, ValueError for
+    a bad ``num_splits`` (or one given with ``batch_invariant``) or CPU tensors without the
+    interpreter."""
     shape = validate(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale, rope_theta)
     check_device(q_nope, "q_nope")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    if batch_invariant and num_splits is not None:
+        raise ValueError(f"num_splits must be None with batch_invariant=True (the mode fixes the split size), "
+                         f"got {num_splits!r}")
     mode = DOT_NATIVE if NATIVE_FLOAT16_OVERRIDE and q_nope.dtype == torch.float16 else dot_mode(q_nope.dtype)
-    q_lat, q_rot = absorb(q_nope, q_rope, w_uk, seq_lens, rope_theta)
+    q_lat, q_rot = (absorb_per_row if batch_invariant else absorb)(q_nope, q_rope, w_uk, seq_lens, rope_theta)
     if mode == DOT_SUM:     # compiled Triton types a float argument as float32: fold the scale in float64
         q_lat, q_rot, scale = q_lat * float(scale), q_rot * float(scale), 1.0
     if block_table is None:  # sequence b is block b of T_max slots
@@ -169,9 +208,13 @@ def mla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, c
     bh, bn, bc, br, warps = blocks(q_nope.dtype, shape.C, shape.R)
     head_tiles = triton.cdiv(shape.Hq, bh)
     max_len = int(seq_lens.max())
-    if num_splits is None:
-        num_splits = default_num_splits(shape.B, head_tiles, max_len, q_nope.device)
-    S = min(num_splits, max_len, MAX_SPLITS)
+    per = keys_per_split(bn, q_nope.device) if batch_invariant else 0
+    if batch_invariant:    # enough splits for the longest sequence; a shorter one's last are empty
+        S = -(-max_len // per)
+    else:
+        if num_splits is None:
+            num_splits = default_num_splits(shape.B, head_tiles, max_len, q_nope.device)
+        S = min(num_splits, max_len, MAX_SPLITS)
     part_dtype = torch.float64 if mode == DOT_SUM else torch.float32
     o_part = torch.empty(shape.B * shape.Hq, 1, S, shape.C, dtype=part_dtype, device=q_nope.device)
     lse = torch.empty(shape.B * shape.Hq, 1, S, dtype=torch.float64, device=q_nope.device)
@@ -179,12 +222,21 @@ def mla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, c
         q_lat, q_rot, cache, block_table, seq_lens, o_part, lse,
         *q_lat.stride(), *q_rot.stride(), *cache.stride(), *block_table.stride(),
         o_part.stride(0), o_part.stride(2), o_part.stride(3), lse.stride(0), lse.stride(2),
-        shape.Hq, shape.C, shape.R, shape.block_size, S, head_tiles, float(scale),
-        DOT_MODE=mode, BLOCK_H=bh, BLOCK_N=bn, BLOCK_C=bc, BLOCK_R=br, num_warps=warps,
+        shape.Hq, shape.C, shape.R, shape.block_size, S, head_tiles, float(scale), per,
+        FIXED_SPLITS=batch_invariant, DOT_MODE=mode, BLOCK_H=bh, BLOCK_N=bn, BLOCK_C=bc, BLOCK_R=br, num_warps=warps,
         num_stages=1 if mode == DOT_SUM or triton_interpreted() else 2)
     out = torch.empty(shape.B, shape.Hq, shape.C, dtype=q_nope.dtype, device=q_nope.device)
-    merge_splits(o_part, lse, out[:, :, None])
+    (merge_in_order if batch_invariant else merge_splits)(o_part, lse, out[:, :, None])
     return out
+
+
+def mla_decode_invariant(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, cache: torch.Tensor,
+                         block_table: torch.Tensor | None, seq_lens: torch.Tensor, *, scale: float,
+                         rope_theta: float) -> torch.Tensor:
+    """The "triton_invariant" implementation: :func:`mla_decode` with ``batch_invariant=True`` (a
+    sequence's bits never depend on its batch); shapes, dtypes, errors as there."""
+    return mla_decode(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale=scale, rope_theta=rope_theta,
+                      batch_invariant=True)
 
 
 def compile_variants():
@@ -195,9 +247,9 @@ def compile_variants():
              "OP_ptr": "*fp32", "LSE_ptr": "*fp64", "scale": "fp32"}
     f64 = dict(types, QL_ptr="*fp64", QR_ptr="*fp64", CACHE_ptr="*fp64", OP_ptr="*fp64")
     return [CompileVariant("mla split bf16 C=512 R=64", mla_split_kernel, types,
-                           dict(DOT_MODE=DOT_NATIVE, BLOCK_H=16, BLOCK_N=16, BLOCK_C=512, BLOCK_R=64), min_for_loops=1),
+                           dict(FIXED_SPLITS=False, DOT_MODE=DOT_NATIVE, BLOCK_H=16, BLOCK_N=16, BLOCK_C=512, BLOCK_R=64), min_for_loops=1),
             CompileVariant("mla split fp64", mla_split_kernel, f64,
-                           dict(DOT_MODE=DOT_SUM, BLOCK_H=4, BLOCK_N=8, BLOCK_C=64, BLOCK_R=16), min_for_loops=1)]
+                           dict(FIXED_SPLITS=True, DOT_MODE=DOT_SUM, BLOCK_H=4, BLOCK_N=8, BLOCK_C=64, BLOCK_R=16), min_for_loops=1)]
 
 
 def smoke_calls(device: str):

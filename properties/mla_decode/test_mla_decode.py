@@ -168,3 +168,14 @@ def test_an_implementation_refusing_everything_is_unsupported_not_passed(device)
                           ("mla_decode",))
     with pytest.raises(Unsupported, match="unsupported"):
         KV12.with_examples(KV12.examples[:1])(impl, device, torch.float64)
+
+
+def test_triton_invariant_mode_refuses_num_splits(device):
+    """The batch-invariant mode fixes its split size: a ``num_splits`` with ``batch_invariant=True``
+    is a ValueError naming it (never silently another split plan)."""
+    from inference_conformance.conformance.contracts.mla_decode import _inputs
+    from inference_conformance.optimized.mla_decode import split_kv
+
+    args = [a if a is None else a.to(device) for a in _inputs(torch.Generator().manual_seed(0), (5, 3), 4, 8, 12, 4, 4)]
+    with pytest.raises(ValueError, match="num_splits must be None with batch_invariant=True"):
+        split_kv.mla_decode(*args, scale=0.5, rope_theta=10000.0, num_splits=2, batch_invariant=True)
