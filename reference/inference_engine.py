@@ -77,6 +77,10 @@ class ReferenceEngine:
         """The token after γ accepted draft tokens (``seq`` ends with them): from the target."""
         return self._choose(target_logits, params, gen)
 
+    def _logprob(self, logits: torch.Tensor, x: int) -> float:
+        """The chosen token ``x``'s log-probability under the raw logits (V,), in float64."""
+        return float(torch.log_softmax(logits.double(), -1)[x])
+
     def _generator(self, seed: int | None) -> torch.Generator:
         g = torch.Generator()
         if seed is None:
@@ -113,7 +117,7 @@ class ReferenceEngine:
             for row, i in enumerate(active):
                 x = self._choose(logits[row], params, gens[i])
                 toks[i].append(x)
-                lps[i].append(float(torch.log_softmax(logits[row].double(), -1)[x]))
+                lps[i].append(self._logprob(logits[row], x))
                 seqs[i].append(x)
         return [Completion(torch.tensor(t, dtype=torch.int64), torch.tensor(lp, dtype=torch.float64))
                 for t, lp in zip(toks, lps)]
@@ -125,7 +129,7 @@ class ReferenceEngine:
 
         def emit(x: int, logits: torch.Tensor) -> None:
             toks.append(x)
-            lps.append(float(torch.log_softmax(logits.double(), -1)[x]))
+            lps.append(self._logprob(logits, x))
             seq.append(x)
 
         while len(toks) < r.max_new_tokens:

@@ -92,11 +92,20 @@ def check_greedy(c: Completion, prompt: tuple, folder: str, bound: float, what: 
     limit = torch.full((n,), 2 * bound, dtype=torch.float64)
     check_within(gap, torch.zeros(n, dtype=torch.float64), limit, what=f"{what}: float64 gap of the chosen tokens",
                  rule="EN-1: the chosen token's float64 logit within twice the dtype's bound of the top").check()
-    if c.logprobs is not None:
-        ref = torch.log_softmax(logits, -1)[torch.arange(n), c.tokens]
-        check_within(c.logprobs.double(), ref, limit, what=f"{what}: logprobs",
-                     rule="EN-1: logprobs within twice the dtype's bound of the float64 log-softmax").check()
+    check_logprobs(c, logits, bound, what)
     return int((gap > 0).sum())
+
+
+def check_logprobs(c: Completion, logits: torch.Tensor, bound: float, what: str) -> None:
+    """EN-1 on a completion's logprobs (greedy or sampled): each within 2·``bound`` of the float64
+    log-softmax of the raw logits (n, V) at its chosen token; nothing where the engine gives none."""
+    if c.logprobs is None:
+        return
+    n = int(c.tokens.numel())
+    ref = torch.log_softmax(logits, -1)[torch.arange(n), c.tokens]
+    check_within(c.logprobs.double(), ref, torch.full((n,), 2 * bound, dtype=torch.float64),
+                 what=f"{what}: logprobs of the chosen tokens",
+                 rule="EN-1: logprobs within twice the dtype's bound of the float64 log-softmax").check()
 
 
 def check_same(a: Completion, b: Completion, prompt: tuple, folder: str, bound: float, what: str,

@@ -121,6 +121,22 @@ def law_same_seed_same_tokens(run, device, seed):
         check_exact(y.tokens, x.tokens, what=f"request {i}: tokens of the second call").check()
 
 
+def law_sampled_logprobs(run, device, seed):
+    """EN-1 for sampled tokens: the logprobs an engine returns are those of the tokens it chose
+    (the float64 log-softmax of the raw logits along the sampled path), not of the argmax."""
+    eng, bound = run.impl, C.dtype_bound(run.impl)
+    prompts = C.document_prompts(seed, 3)
+    with refusal(run, "sampling"):
+        out = C.generate(eng, [Request(p, 6, seed + i) for i, p in enumerate(prompts)], C.params(temperature=1.0))
+    folder = C.folders()["target"]
+    for i, (c, p) in enumerate(zip(out, prompts)):
+        C.check_logprobs(c, C.position_logits(folder, p, c.tokens), bound, f"request {i} {p} (sampled, T=1)")
+
+
+def _logprobs(impl):
+    return None if _caps(impl).logprobs else "the engine returns no logprobs"
+
+
 def _speculative(impl):
     return None if _caps(impl).speculative else "the engine offers no speculative method"
 
@@ -156,5 +172,10 @@ test_en3_speculative_greedy = EN3.conformance_test("test_en3_speculative_greedy"
 (test_en3_zoo_rejected,) = EN3.zoo_tests("test_en3_zoo_rejected")
 test_en3_sampled_distribution = EN3S.conformance_test("test_en3_sampled_distribution")
 (test_en3_sampled_zoo_rejected,) = EN3S.zoo_tests("test_en3_sampled_zoo_rejected")
+EN1S = Law(claim="EN-1", technique="inference_engine", body=law_sampled_logprobs, given={"seed": SEEDS},
+           examples=(dict(seed=6),), kills=(Kills(("argmax_logprobs",)),), applies=_logprobs, **_FEW)
+
+test_en1_sampled_logprobs = EN1S.conformance_test("test_en1_sampled_logprobs")
+(test_en1_sampled_zoo_rejected,) = EN1S.zoo_tests("test_en1_sampled_zoo_rejected")
 test_engine_same_seed_same_tokens = KV2.conformance_test("test_engine_same_seed_same_tokens")
 (test_engine_seed_zoo_rejected,) = KV2.zoo_tests("test_engine_seed_zoo_rejected")

@@ -46,6 +46,14 @@ class Unseeded(ReferenceEngine):
         return super()._generator(None)
 
 
+class ArgmaxLogprobs(ReferenceEngine):
+    """Reports the log-probability of the most likely token instead of the chosen one (the same
+    where decoding is greedy; wrong wherever a sampled token is not the argmax)."""
+
+    def _logprob(self, logits, x):
+        return float(torch.log_softmax(logits.double(), -1).max())
+
+
 class StaleKeyEngine(PagedEngine):
     """Keys a prefix-cache block by its own tokens only, not its parent's key."""
 
@@ -72,4 +80,6 @@ def implementations():
         known_bad("inference_engine", "ignores_temperature", IgnoresTemperature(load),
                   bug="The sampler ignores the request's temperature (samples at 1)"),
         known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
+        known_bad("inference_engine", "argmax_logprobs", ArgmaxLogprobs(load),
+                  bug="Logprobs of the argmax token, not of the chosen one (right only when greedy)"),
     )
