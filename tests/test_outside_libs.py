@@ -299,3 +299,16 @@ def test_ort_gqa_options_one_call():
     out = f(q16, k16, v16, causal=True, scale=0.3, sinks=sinks)
     ref = attention_naive(q16.double(), k16.double(), v16.double(), causal=True, scale=0.3, sinks=sinks.double())
     assert (out.double() - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+
+
+def test_ort_gqa_bidirectional():
+    """A non-causal call (B=2, Tq=3 < Tk=7: the batch-split path; and Tq = Tk = 7) through
+    GroupQueryAttention's ``causal`` = 0, with and without a cap and sinks, equals the float64
+    reference: every query sees every key."""
+    f = _impl("attention", "ort_gqa")
+    for Tq in (3, 7):
+        q, k, v = _qkv(torch.float32, Tq=Tq)
+        for opts in ({}, dict(softcap=2.0, sinks=torch.tensor([0.5, -1.0, 2.0, 0.25]))):
+            out = f(q, k, v, causal=False, scale=0.3, **opts)
+            ref = attention_naive(q.double(), k.double(), v.double(), causal=False, scale=0.3, **opts)
+            assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), (Tq, opts)

@@ -40,8 +40,6 @@ LEDGER: dict[tuple[str, str], str] = {
         "ONNX Runtime attention.cc: \"scale must be greater than 0 if specified\" (session creation fails)",
     ("optimized/attention/outside.py", "has no GQA"):
         "com.microsoft.MultiHeadAttention takes one head count (num_heads) for Q, K and V (ContribOperators.md)",
-    ("optimized/attention/outside.py", "is always causal"):
-        "com.microsoft.GroupQueryAttention has no non-causal mode (ContribOperators.md: \"causal\" mask only)",
     ("optimized/attention/outside.py", "multiple of 8"):
         "ONNX Runtime's CPU GroupQueryAttention kernel: head_size must be a multiple of 8 (its own check)",
     ("optimized/attention/outside.py", "head_sink input has the query's type"):

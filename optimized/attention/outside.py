@@ -35,11 +35,12 @@ library itself raises or returns is left for the laws to judge. Claims FA-3, FA-
 - ``ort_mha``: ``com.microsoft.MultiHeadAttention``, query (B, Tq, Hq * D), key and value in BNSH
   (B, H, Tk, D); the causal mask as an additive ``attention_bias`` (1, 1, Tq, Tk) of 0 / -inf.
   float32 and float16; no GQA (Hq != Hkv refused); scale 0 refused (the op reads 0 as 1/sqrt(D)).
-- ``ort_gqa``: ``com.microsoft.GroupQueryAttention``, always causal: the first Tk - Tq keys are
+- ``ort_gqa``: ``com.microsoft.GroupQueryAttention``, ``causal`` as its attribute (1: the mask
+  aligned bottom-right, 0: bidirectional; ONNX Runtime 1.32): the first Tk - Tq keys are
   its ``past_key`` / ``past_value`` (B, Hkv, Tk - Tq, D), the last Tq the new ones (B, Tq,
   Hkv * D), ``seqlens_k`` = Tk - 1, ``total_sequence_length`` = Tk (one request at a time where it has a
-  past and Tq > 1: its CPU kernel takes batch 1 there). float32 and float16, head dims multiple of 8;
-  non-causal calls refused. FA-8's options: ``window`` W as ``local_window_size`` = min(W, Tk) (ONNX
+  past and Tq > 1: its CPU kernel takes batch 1 there). float32 and float16, head dims multiple of 8.
+  FA-8's options: ``window`` W as ``local_window_size`` = min(W, Tk) (ONNX
   Runtime's window counts the query's own key, as the contract's), ``softcap`` as its ``softcap``
   attribute, ``sinks`` as its ``head_sink`` input (Hq,), which has the query's type: sinks not
   exact in q's dtype are refused (rounding them would change the answer).
@@ -190,7 +191,7 @@ def _session(op: str, dtype: torch.dtype, Hq: int, Hkv: int, D: int, causal: boo
              square: bool, window: int = -1, softcap: float = 0.0, sinks: bool = False):
     """An ONNX Runtime CPU session running one attention node: ``op`` "attention" (ONNX
     Attention, opset 23), "mha" (com.microsoft.MultiHeadAttention) or "gqa"
-    (com.microsoft.GroupQueryAttention, with its ``local_window_size`` = ``window`` (-1: none),
+    (com.microsoft.GroupQueryAttention, with its ``causal``, ``local_window_size`` = ``window`` (-1: none),
     ``softcap`` (0: none) and, where ``sinks``, a ``head_sink`` input); inputs and outputs as the
     adapters feed them."""
     onnx = importlib.import_module("onnx")
@@ -218,7 +219,7 @@ def _session(op: str, dtype: torch.dtype, Hq: int, Hkv: int, D: int, causal: boo
         inputs += ["", "", "", "", "sinks"] if sinks else []                 # head_sink is input 11
         node = helper.make_node("GroupQueryAttention", inputs, ["Y", "present_k", "present_v"],
                                 domain="com.microsoft", num_heads=Hq, kv_num_heads=Hkv, scale=scale,
-                                local_window_size=window, softcap=softcap)
+                                local_window_size=window, softcap=softcap, causal=int(causal))
         ins = [value("Q"), value("K"), value("V"), value("past_k"), value("past_v"),
                value("seqlens_k", tp.INT32), value("total", tp.INT32)] + ([value("sinks")] if sinks else [])
         opsets = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
@@ -274,18 +275,17 @@ def ort_mha(q, k, v, *, causal: bool, scale: float):
 
 def ort_gqa(q, k, v, *, causal: bool, scale: float, window: int | None = None, softcap: float | None = None,
             sinks=None):
-    """The attention contract through ``com.microsoft.GroupQueryAttention`` (CPU), which is always
-    causal: keys 0..Tk - Tq - 1 as its past (B, Hkv, Tk - Tq, D), the last Tq as new tokens.
+    """The attention contract through ``com.microsoft.GroupQueryAttention`` (CPU): keys
+    0..Tk - Tq - 1 as its past (B, Hkv, Tk - Tq, D), the last Tq as new tokens; ``causal`` as its
+    ``causal`` attribute (1: the mask aligned bottom-right, 0: bidirectional).
     FA-8's options: ``window`` W as ``local_window_size`` = min(W, Tk) (the op's query sees its
     own key and the W - 1 before it, as the contract's; W >= Tk is plain causal), ``softcap`` as
     its ``softcap`` attribute (float32), ``sinks`` (Hq,) as its ``head_sink`` input, which has q's
-    dtype. NotImplementedError for non-causal calls, float64, bfloat16 and sinks not exact in q's
-    dtype (ONNX Runtime takes no other head_sink type). Scale 0 is not refused: ONNX
+    dtype. NotImplementedError for float64, bfloat16, head dims not a multiple of 8 and sinks not
+    exact in q's dtype (ONNX Runtime takes no other head_sink type). Scale 0 is not refused: ONNX
     Runtime reads it as its default 1/sqrt(D) and answers wrongly (FA-3 fails there)."""
     s = validate(q, k, v, causal, scale, window, softcap, sinks)
     _ort_refuse(q, "GroupQueryAttention", (torch.float32, torch.float16))
-    if not causal:
-        raise NotImplementedError("com.microsoft.GroupQueryAttention is always causal")
     if s.D % 8:
         raise NotImplementedError(f"com.microsoft.GroupQueryAttention's CPU kernel needs a head dim multiple of 8, not {s.D}")
     past = s.Tk - s.Tq
@@ -305,7 +305,7 @@ def ort_gqa(q, k, v, *, causal: bool, scale: float, window: int | None = None, s
                 f"\"Unexpected input data type\" for {sinks.dtype} sinks with {q.dtype} queries, and these sinks "
                 f"are not exact in {q.dtype}")
         feeds["sinks"] = _to_numpy(sink)
-    sess = _session("gqa", q.dtype, s.Hq, s.Hkv, s.D, True, float(scale), s.Tq == s.Tk,
+    sess = _session("gqa", q.dtype, s.Hq, s.Hkv, s.D, causal, float(scale), s.Tq == s.Tk,
                     -1 if window is None else min(int(window), s.Tk), 0.0 if softcap is None else float(softcap),
                     sinks is not None)
     if past and s.Tq > 1 and s.B > 1:      # "batch_size must be 1 when sequence_length > 1 and past context is given"
