@@ -42,6 +42,9 @@ LEDGER: dict[tuple[str, str], str] = {
         "com.microsoft.MultiHeadAttention takes one head count (num_heads) for Q, K and V (ContribOperators.md)",
     ("optimized/attention/outside.py", "multiple of 8"):
         "ONNX Runtime's CPU GroupQueryAttention kernel: head_size must be a multiple of 8 (its own check)",
+    ("optimized/attention/outside.py", "query and key must have the same sequence"):
+        "ONNX Runtime 1.32's GroupQueryAttention, in its words: \"query and key must have the same sequence length "
+        "when past_key is provided, or key sequence length must be 0 for shared KV\" (Tq > Tk, only non-causal)",
     ("optimized/attention/outside.py", "head_sink input has the query's type"):
         "ONNX Runtime 1.32 (GroupQueryAttention's schema: head_sink has type T, the query's): float32 sinks with "
         "float16 queries fail with \"INVALID_ARGUMENT : Unexpected input data type. Actual: (tensor(float)) , "

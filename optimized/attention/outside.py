@@ -281,13 +281,16 @@ def ort_gqa(q, k, v, *, causal: bool, scale: float, window: int | None = None, s
     FA-8's options: ``window`` W as ``local_window_size`` = min(W, Tk) (the op's query sees its
     own key and the W - 1 before it, as the contract's; W >= Tk is plain causal), ``softcap`` as
     its ``softcap`` attribute (float32), ``sinks`` (Hq,) as its ``head_sink`` input, which has q's
-    dtype. NotImplementedError for float64, bfloat16, head dims not a multiple of 8 and sinks not
-    exact in q's dtype (ONNX Runtime takes no other head_sink type). Scale 0 is not refused: ONNX
+    dtype. NotImplementedError for float64, bfloat16, head dims not a multiple of 8, Tq > Tk and
+    sinks not exact in q's dtype (ONNX Runtime takes no other head_sink type). Scale 0 is not refused: ONNX
     Runtime reads it as its default 1/sqrt(D) and answers wrongly (FA-3 fails there)."""
     s = validate(q, k, v, causal, scale, window, softcap, sinks)
     _ort_refuse(q, "GroupQueryAttention", (torch.float32, torch.float16))
     if s.D % 8:
         raise NotImplementedError(f"com.microsoft.GroupQueryAttention's CPU kernel needs a head dim multiple of 8, not {s.D}")
+    if s.Tq > s.Tk:        # its new tokens are the last Tq keys: a past of Tk - Tq >= 0 keys
+        raise NotImplementedError("com.microsoft.GroupQueryAttention: \"query and key must have the same sequence "
+                                  f"length when past_key is provided\" (Tq = {s.Tq} > Tk = {s.Tk})")
     past = s.Tk - s.Tq
     import numpy as np
 
