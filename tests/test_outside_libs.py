@@ -236,3 +236,79 @@ def test_quanto_int8_bfloat16_matmul():
         err = (quanto_int8.matmul(x, qw).double() - ref).abs().max().item()
         worst = max(worst, err if err == err else float("inf"))
     assert worst <= 0.05, f"worst error {worst} over 20 seeds (outputs of magnitude ~5)"
+
+
+# ------------------------------------------- FA-8's options through GroupQueryAttention (ort_gqa)
+
+def _gqa_without_scale_zero():
+    """ort_gqa as a test implementation that refuses scale 0 (ONNX Runtime's known answer there,
+    reproduced by test_ort_contrib_attention_scale_zero and listed for FA-3): what FA-8 adds is
+    the options, judged here on every other call."""
+    import types
+
+    from inference_conformance.conformance.registry import Implementation
+    from inference_conformance.optimized.attention import outside as oa
+
+    def attention(q, k, v, *, causal, scale, window=None, softcap=None, sinks=None):
+        if scale == 0:
+            raise NotImplementedError("scale 0: test_ort_contrib_attention_scale_zero")
+        return oa.ort_gqa(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks)
+
+    return Implementation("attention", "ort_gqa", "tests:ort_gqa", "outside",
+                          types.SimpleNamespace(attention=attention), ("attention",))
+
+
+@pytest.mark.claim("FA-8")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+def test_ort_gqa_fa8_options(dtype):
+    """FA-8's law on ort_gqa in the dtypes its kernel takes (the law's own test runs float64 and
+    bfloat16, which GroupQueryAttention refuses): local_window_size, softcap and head_sink equal
+    the float64 reference with the same options on every example that ran, and the options'
+    boundary classes are reached (sinks in float32 only: in float16 the adapter refuses float32
+    sinks not exact in float16)."""
+    _impl("attention", "ort_gqa")
+    from inference_conformance.properties.attention.feature_cases import FA8
+
+    run = FA8(_gqa_without_scale_zero(), "cpu", dtype)
+    reached = " | ".join(sorted(run.reached))
+    assert run.ran >= 5, (run.ran, run.refused[:3])
+    expected = ["window shorter than a key tile", "window skipping whole key tiles", "softcap below the largest logit"]
+    if dtype == torch.float32:              # float16: the pinned sinks cases are refused (float32 sinks)
+        expected += ["window longer than Tk", "sinks above every row's largest logit"]
+    for what in expected:
+        assert what in reached, (what, reached)
+
+
+def test_ort_gqa_options_one_call():
+    """One call with all three options (B=2, Hq=4, Hkv=2, Tq=3, Tk=7, D=8, float32: the
+    batch-split path) and window W in 1, 2, 6, 7, 9: ONNX Runtime's local_window_size counts the
+    query's own key (W = 1: each query sees only its own key), as the contract's window; and a
+    float16 call refuses float32 sinks not exact in float16 (ONNX Runtime takes head_sink in the
+    query's type only) and takes exact ones."""
+    f = _impl("attention", "ort_gqa")
+    q, k, v = _qkv(torch.float32)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    for window in (1, 2, 6, 7, 9):
+        opts = dict(window=window, softcap=2.0, sinks=sinks)
+        out = f(q, k, v, causal=True, scale=0.3, **opts)
+        ref = attention_naive(q.double(), k.double(), v.double(), causal=True, scale=0.3, **opts)
+        assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), window
+    q16, k16, v16 = _qkv(torch.float16)
+    with pytest.raises(NotImplementedError, match="head_sink"):
+        f(q16, k16, v16, causal=True, scale=0.3, sinks=sinks + 1e-4)
+    out = f(q16, k16, v16, causal=True, scale=0.3, sinks=sinks)
+    ref = attention_naive(q16.double(), k16.double(), v16.double(), causal=True, scale=0.3, sinks=sinks.double())
+    assert (out.double() - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+
+
+def test_ort_gqa_bidirectional():
+    """A non-causal call (B=2, Tq=3 < Tk=7: the batch-split path; and Tq = Tk = 7) through
+    GroupQueryAttention's ``causal`` = 0, with and without a cap and sinks, equals the float64
+    reference: every query sees every key."""
+    f = _impl("attention", "ort_gqa")
+    for Tq in (3, 7):
+        q, k, v = _qkv(torch.float32, Tq=Tq)
+        for opts in ({}, dict(softcap=2.0, sinks=torch.tensor([0.5, -1.0, 2.0, 0.25]))):
+            out = f(q, k, v, causal=False, scale=0.3, **opts)
+            ref = attention_naive(q.double(), k.double(), v.double(), causal=False, scale=0.3, **opts)
+            assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), (Tq, opts)

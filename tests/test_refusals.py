@@ -40,10 +40,15 @@ LEDGER: dict[tuple[str, str], str] = {
         "ONNX Runtime attention.cc: \"scale must be greater than 0 if specified\" (session creation fails)",
     ("optimized/attention/outside.py", "has no GQA"):
         "com.microsoft.MultiHeadAttention takes one head count (num_heads) for Q, K and V (ContribOperators.md)",
-    ("optimized/attention/outside.py", "is always causal"):
-        "com.microsoft.GroupQueryAttention has no non-causal mode (ContribOperators.md: \"causal\" mask only)",
     ("optimized/attention/outside.py", "multiple of 8"):
         "ONNX Runtime's CPU GroupQueryAttention kernel: head_size must be a multiple of 8 (its own check)",
+    ("optimized/attention/outside.py", "query and key must have the same sequence"):
+        "ONNX Runtime 1.32's GroupQueryAttention, in its words: \"query and key must have the same sequence length "
+        "when past_key is provided, or key sequence length must be 0 for shared KV\" (Tq > Tk, only non-causal)",
+    ("optimized/attention/outside.py", "head_sink input has the query's type"):
+        "ONNX Runtime 1.32 (GroupQueryAttention's schema: head_sink has type T, the query's): float32 sinks with "
+        "float16 queries fail with \"INVALID_ARGUMENT : Unexpected input data type. Actual: (tensor(float)) , "
+        "expected: (tensor(float16))\"; sinks exact in the query's type are passed",
     ("optimized/attention/outside_kernels.py", "runs on CUDA only"):
         "flash-attn, FlashInfer and xformers ship CUDA kernels only (their READMEs)",
     ("optimized/attention/outside_kernels.py", "supports {[str(d) for d in dtypes]}"):

@@ -35,11 +35,15 @@ library itself raises or returns is left for the laws to judge. Claims FA-3, FA-
 - ``ort_mha``: ``com.microsoft.MultiHeadAttention``, query (B, Tq, Hq * D), key and value in BNSH
   (B, H, Tk, D); the causal mask as an additive ``attention_bias`` (1, 1, Tq, Tk) of 0 / -inf.
   float32 and float16; no GQA (Hq != Hkv refused); scale 0 refused (the op reads 0 as 1/sqrt(D)).
-- ``ort_gqa``: ``com.microsoft.GroupQueryAttention``, always causal: the first Tk - Tq keys are
+- ``ort_gqa``: ``com.microsoft.GroupQueryAttention``, ``causal`` as its attribute (1: the mask
+  aligned bottom-right, 0: bidirectional; ONNX Runtime 1.32): the first Tk - Tq keys are
   its ``past_key`` / ``past_value`` (B, Hkv, Tk - Tq, D), the last Tq the new ones (B, Tq,
   Hkv * D), ``seqlens_k`` = Tk - 1, ``total_sequence_length`` = Tk (one request at a time where it has a
-  past and Tq > 1: its CPU kernel takes batch 1 there). float32 and float16, head dims multiple of 8;
-  non-causal calls refused.
+  past and Tq > 1: its CPU kernel takes batch 1 there). float32 and float16, head dims multiple of 8.
+  FA-8's options: ``window`` W as ``local_window_size`` = min(W, Tk) (ONNX
+  Runtime's window counts the query's own key, as the contract's), ``softcap`` as its ``softcap``
+  attribute, ``sinks`` as its ``head_sink`` input (Hq,), which has the query's type: sinks not
+  exact in q's dtype are refused (rounding them would change the answer).
 
 ONNX sessions are built once per (operator, dtype, heads, head dim, causal, scale, shape) and
 cached (:func:`_session`).
@@ -184,10 +188,12 @@ _ORT_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.float64: 
 
 @functools.lru_cache(maxsize=64)
 def _session(op: str, dtype: torch.dtype, Hq: int, Hkv: int, D: int, causal: bool, scale: float,
-             square: bool):
+             square: bool, window: int = -1, softcap: float = 0.0, sinks: bool = False):
     """An ONNX Runtime CPU session running one attention node: ``op`` "attention" (ONNX
     Attention, opset 23), "mha" (com.microsoft.MultiHeadAttention) or "gqa"
-    (com.microsoft.GroupQueryAttention); inputs and outputs as the adapters feed them."""
+    (com.microsoft.GroupQueryAttention, with its ``causal``, ``local_window_size`` = ``window`` (-1: none),
+    ``softcap`` (0: none) and, where ``sinks``, a ``head_sink`` input); inputs and outputs as the
+    adapters feed them."""
     onnx = importlib.import_module("onnx")
     ort = importlib.import_module("onnxruntime")
     helper, tp = onnx.helper, onnx.TensorProto
@@ -210,10 +216,12 @@ def _session(op: str, dtype: torch.dtype, Hq: int, Hkv: int, D: int, causal: boo
         opsets = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
     else:
         inputs = ["Q", "K", "V", "past_k", "past_v", "seqlens_k", "total"]
+        inputs += ["", "", "", "", "sinks"] if sinks else []                 # head_sink is input 11
         node = helper.make_node("GroupQueryAttention", inputs, ["Y", "present_k", "present_v"],
-                                domain="com.microsoft", num_heads=Hq, kv_num_heads=Hkv, scale=scale)
+                                domain="com.microsoft", num_heads=Hq, kv_num_heads=Hkv, scale=scale,
+                                local_window_size=window, softcap=softcap, causal=int(causal))
         ins = [value("Q"), value("K"), value("V"), value("past_k"), value("past_v"),
-               value("seqlens_k", tp.INT32), value("total", tp.INT32)]
+               value("seqlens_k", tp.INT32), value("total", tp.INT32)] + ([value("sinks")] if sinks else [])
         opsets = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
     outs = [value(n) for n in node.output]
     model = helper.make_model(helper.make_graph([node], op, ins, outs), opset_imports=opsets)
@@ -265,17 +273,24 @@ def ort_mha(q, k, v, *, causal: bool, scale: float):
     return _from_numpy(out, q.dtype, q.device).reshape(s.B, s.Tq, s.Hq, s.D).transpose(1, 2).contiguous()
 
 
-def ort_gqa(q, k, v, *, causal: bool, scale: float):
-    """The attention contract through ``com.microsoft.GroupQueryAttention`` (CPU), which is always
-    causal: keys 0..Tk - Tq - 1 as its past (B, Hkv, Tk - Tq, D), the last Tq as new tokens.
-    NotImplementedError for non-causal calls, float64 and bfloat16. Scale 0 is not refused: ONNX
+def ort_gqa(q, k, v, *, causal: bool, scale: float, window: int | None = None, softcap: float | None = None,
+            sinks=None):
+    """The attention contract through ``com.microsoft.GroupQueryAttention`` (CPU): keys
+    0..Tk - Tq - 1 as its past (B, Hkv, Tk - Tq, D), the last Tq as new tokens; ``causal`` as its
+    ``causal`` attribute (1: the mask aligned bottom-right, 0: bidirectional).
+    FA-8's options: ``window`` W as ``local_window_size`` = min(W, Tk) (the op's query sees its
+    own key and the W - 1 before it, as the contract's; W >= Tk is plain causal), ``softcap`` as
+    its ``softcap`` attribute (float32), ``sinks`` (Hq,) as its ``head_sink`` input, which has q's
+    dtype. NotImplementedError for float64, bfloat16, head dims not a multiple of 8, Tq > Tk and
+    sinks not exact in q's dtype (ONNX Runtime takes no other head_sink type). Scale 0 is not refused: ONNX
     Runtime reads it as its default 1/sqrt(D) and answers wrongly (FA-3 fails there)."""
-    s = validate(q, k, v, causal, scale)
+    s = validate(q, k, v, causal, scale, window, softcap, sinks)
     _ort_refuse(q, "GroupQueryAttention", (torch.float32, torch.float16))
-    if not causal:
-        raise NotImplementedError("com.microsoft.GroupQueryAttention is always causal")
     if s.D % 8:
         raise NotImplementedError(f"com.microsoft.GroupQueryAttention's CPU kernel needs a head dim multiple of 8, not {s.D}")
+    if s.Tq > s.Tk:        # its new tokens are the last Tq keys: a past of Tk - Tq >= 0 keys
+        raise NotImplementedError("com.microsoft.GroupQueryAttention: \"query and key must have the same sequence "
+                                  f"length when past_key is provided\" (Tq = {s.Tq} > Tk = {s.Tk})")
     past = s.Tk - s.Tq
     import numpy as np
 
@@ -285,9 +300,20 @@ def ort_gqa(q, k, v, *, causal: bool, scale: float):
     feeds = {"Q": tokens(q), "K": tokens(k), "V": tokens(v),
              "past_k": _to_numpy(k[:, :, :past]), "past_v": _to_numpy(v[:, :, :past]),      # (B, Hkv, past, D)
              "seqlens_k": np.full((s.B,), s.Tk - 1, dtype=np.int32), "total": np.array(s.Tk, dtype=np.int32)}
-    sess = _session("gqa", q.dtype, s.Hq, s.Hkv, s.D, True, float(scale), s.Tq == s.Tk)
+    if sinks is not None:
+        sink = sinks.detach().to("cpu", q.dtype)                                                  # (Hq,)
+        if not bool((sink.to(sinks.dtype) == sinks.detach().cpu()).all()):       # rounding would change the math
+            raise NotImplementedError(
+                f"com.microsoft.GroupQueryAttention's head_sink input has the query's type: ONNX Runtime raises "
+                f"\"Unexpected input data type\" for {sinks.dtype} sinks with {q.dtype} queries, and these sinks "
+                f"are not exact in {q.dtype}")
+        feeds["sinks"] = _to_numpy(sink)
+    sess = _session("gqa", q.dtype, s.Hq, s.Hkv, s.D, causal, float(scale), s.Tq == s.Tk,
+                    -1 if window is None else min(int(window), s.Tk), 0.0 if softcap is None else float(softcap),
+                    sinks is not None)
     if past and s.Tq > 1 and s.B > 1:      # "batch_size must be 1 when sequence_length > 1 and past context is given"
-        outs = [sess.run(["Y"], {n: (a[b:b + 1] if a.ndim else a) for n, a in feeds.items()})[0] for b in range(s.B)]
+        one = [{n: (a if n in ("total", "sinks") else a[b:b + 1]) for n, a in feeds.items()} for b in range(s.B)]
+        outs = [sess.run(["Y"], f)[0] for f in one]
         out = np.concatenate(outs)
     else:
         out = sess.run(["Y"], feeds)[0]                                              # (B, Tq, Hq * D)
