@@ -25,7 +25,7 @@ from pathlib import Path
 from inference_conformance.conformance import atomic
 
 ROOT = Path(__file__).resolve().parent.parent
-CLAIM_ID = re.compile(r"\b(AI|KV|FA|PA|QT|SD|WD)-(\d+)\b")
+CLAIM_ID = re.compile(r"\b(AI|KV|FA|PA|QT|SD|WD|EN)-(\d+)\b")
 
 
 def _claims_ledger(root: Path) -> dict[str, str]:
@@ -43,14 +43,15 @@ def _claim_ids(text: str) -> set[str]:
 
 
 def _technique_claims(technique: str, contract_doc: str, root: Path) -> list[str]:
-    """Claim ids the contract names and the ``claim`` markers of the law modules of
-    ``technique`` (those whose ``TECH`` or ``technique(...)`` marker names it)."""
+    """Claim ids the contract names and the ``claim`` markers and ``Law(claim=...)`` declarations
+    of the law modules of ``technique`` (those whose ``TECH``, ``technique(...)`` marker or
+    ``technique=`` declaration names it)."""
     ids = _claim_ids(contract_doc)
     for path in sorted((root / "properties").rglob("test_*.py")):
         text = path.read_text(encoding="utf-8")
-        if re.search(rf"""(TECH\s*=\s*|technique\()["']{technique}["']""", text):
-            for group in re.findall(r"claim\(([^)]*)\)", text):
-                ids |= _claim_ids(group)
+        if re.search(rf"""(TECH\s*=\s*|technique\(|technique=)["']{technique}["']""", text):
+            for group in re.findall(r"claim\(([^)]*)\)|claims?=([^,)]*)", text):
+                ids |= _claim_ids(" ".join(group))
     return sorted(ids, key=lambda c: (c.split("-")[0], int(c.split("-")[1])))
 
 
