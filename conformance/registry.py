@@ -292,11 +292,16 @@ def zoo(technique: str) -> list[Implementation]:
 
 def load(technique: str, name: str, target: str, origin: str, device: str | None = None) -> Implementation:
     """Import ``target`` ("module:attr") as an implementation of ``technique``; an import
-    failure raises (ImportError), a target that misses a contract function raises TypeError."""
+    failure raises (ImportError), a target that misses a contract function raises TypeError.
+    A target whose attribute ``batch_invariant`` is True declares batch invariance (enforced by
+    the batch-invariance law; a non-bool raises TypeError)."""
     c = contract(technique)
     obj = _resolve(target)
+    declared = getattr(obj, "batch_invariant", False)
+    if not isinstance(declared, bool):
+        raise TypeError(f"{target}: batch_invariant must be a bool, got {declared!r}")
     return Implementation(technique, name, target, origin, _namespace(c, obj, target), c.all_functions,
-                          returns=c.returns)
+                          returns=c.returns, batch_invariant=declared)
 
 
 def cases(technique: str, seed: int, device: str) -> list[tuple[tuple, dict]]:

@@ -1,4 +1,4 @@
-"""A mode of a built-in (``builtin(..., mode_of=...)``: the same kernels with one setting changed,
+"""Registration declarations. A mode of a built-in (``builtin(..., mode_of=...)``: the same kernels with one setting changed,
 such as the batch-invariant split plan) runs each law's pinned examples only under the gating
 profiles (``ci``, ``compat``), and every example elsewhere; a law without pinned examples draws
 as usual (never zero examples)."""
@@ -47,3 +47,25 @@ def test_mode_of_must_name_a_builtin():
     with pytest.raises(TypeError, match="mode_of"):
         builtin("attention", "m", lambda: None, mode_of=3)
     assert builtin("attention", "m", lambda: None, mode_of="triton").mode_of == "triton"
+
+
+def test_outside_target_declares_batch_invariance(monkeypatch):
+    """``--impl module:attr``: an attribute ``batch_invariant = True`` on the target declares
+    batch invariance (the law then enforces it); a non-bool is refused."""
+    import sys
+
+    mod = types.ModuleType("bi_target_module")
+
+    def attention(q, k, v, *, causal, scale):
+        return q
+
+    attention.batch_invariant = True
+    mod.attention = attention
+    mod.plain = lambda q, k, v, *, causal, scale: q
+    mod.wrong = lambda q, k, v, *, causal, scale: q
+    mod.wrong.batch_invariant = "yes"
+    monkeypatch.setitem(sys.modules, "bi_target_module", mod)
+    assert registry.load("attention", "x", "bi_target_module:attention", "outside").batch_invariant is True
+    assert registry.load("attention", "y", "bi_target_module:plain", "outside").batch_invariant is False
+    with pytest.raises(TypeError, match="batch_invariant"):
+        registry.load("attention", "z", "bi_target_module:wrong", "outside")
