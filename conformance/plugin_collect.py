@@ -177,8 +177,11 @@ def pytest_collection_modifyitems(config, items):
 
 def _modes_at_production_shapes(config, items) -> None:
     """Under the gating profiles, a mode of a built-in (``builtin(..., mode_of=...)``: the same
-    kernels, one setting changed) skips the production-shape tests, with the reason: its laws run
-    there (their pinned examples); the production shapes run under ``dev`` and ``thorough``."""
+    kernels, one setting changed) skips the production-shape tests and runs its laws in float32
+    only, each with the reason: the base runs every shape and dtype there; the mode runs them
+    all under ``dev`` and ``thorough``."""
+    import torch
+
     from inference_conformance.conformance.laws import GATING_PROFILES
     from inference_conformance.conformance.plugin_profiles import profile_name
 
@@ -186,9 +189,17 @@ def _modes_at_production_shapes(config, items) -> None:
         return
     for item in items:
         impl = param(item, "impl")
-        if getattr(impl, "mode_of", None) and getattr(item, "originalname", item.name).endswith("production_shapes"):
-            item.add_marker(pytest.mark.skip(reason=f"{impl.name} is a mode of {impl.mode_of}: its production "
-                                                    "shapes run under the dev and thorough profiles"))
+        if not getattr(impl, "mode_of", None):
+            continue
+        dtype = param(item, "dtype")
+        if "production" in getattr(item, "originalname", item.name):
+            why = "its production shapes"
+        elif isinstance(dtype, torch.dtype) and dtype != torch.float32:
+            why = f"its laws in {str(dtype).replace('torch.', '')}"
+        else:
+            continue
+        item.add_marker(pytest.mark.skip(reason=f"{impl.name} is a mode of {impl.mode_of}: {why} run under the "
+                                                "dev and thorough profiles (the base runs them here)"))
 
 
 _EXPECTED = pytest.StashKey[object]()

@@ -24,7 +24,8 @@ PREFIX = "inference_conformance."
 STORAGE_ENV = "INFERENCE_CONFORMANCE_DIR"
 _SUPPRESS = ("too_slow", "data_too_large", "filter_too_much", "function_scoped_fixture")
 #: The suite's profiles by short name: ``ci`` (chosen when CI=true), ``compat`` (the oldest
-#: stack's run in CI: every law's pinned boundary cases and 3 drawn examples), ``dev`` (the
+#: stack's run in CI: every law's pinned boundary cases, drawn examples only for a law without
+#: any, 3 of them; ``conformance/laws.py``), ``dev`` (the
 #: default), ``thorough`` (nightly).
 PROFILES = {
     "ci": dict(max_examples=10, derandomize=True),

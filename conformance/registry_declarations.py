@@ -158,8 +158,8 @@ def builtin(technique: str, name: str, impl: Any, *, requires: Iterable[str] | N
     version, or an adapter of another project's kernel); ``batch_invariant=True`` declares its
     outputs bitwise independent of the rest of the batch (enforced where measured); ``mode_of``
     names the built-in whose kernels it runs with one setting changed (a mode: under the gating
-    profiles ``ci`` and ``compat`` its laws run their pinned boundary examples, the base draws;
-    every example elsewhere). Raises TypeError on a non-str name, a ``batch_invariant`` that is
+    profiles ``ci`` and ``compat`` its laws run their pinned boundary examples in float32, no
+    production shapes; the base draws; everything elsewhere). Raises TypeError on a non-str name, a ``batch_invariant`` that is
     not a bool or a ``mode_of`` that is not a str."""
     _check_fields(technique, name)
     if not isinstance(batch_invariant, bool):

@@ -1,7 +1,8 @@
 """Registration declarations. A mode of a built-in (``builtin(..., mode_of=...)``: the same kernels with one setting changed,
 such as the batch-invariant split plan) runs each law's pinned examples only under the gating
-profiles (``ci``, ``compat``), and every example elsewhere; a law without pinned examples draws
-as usual (never zero examples)."""
+profiles (``ci``, ``compat``), and every example elsewhere; under ``compat`` (the oldest stack's
+check of the same kernels) every implementation does; a law without pinned examples draws as
+usual (never zero examples)."""
 from __future__ import annotations
 
 import types
@@ -31,6 +32,7 @@ def _law(seen, pinned=True):
     ("compat", "triton", True, [-1]),
     ("inference_conformance.dev", "triton", True, None),
     ("inference_conformance.ci", None, True, None),
+    ("inference_conformance.compat", None, True, [-1]),
     ("inference_conformance.ci", "triton", False, None),
 ])
 def test_mode_runs_pinned_examples_under_gating_profiles(monkeypatch, profile, mode_of, pinned, expected):
