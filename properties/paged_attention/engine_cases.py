@@ -47,17 +47,23 @@ def workloads(draw, max_requests: int = 5, max_prompt: int = 14, max_new: int = 
     return tuple(reqs)
 
 
+def admit_arrivals(engine: PagedEngine, reqs, pending: list, step: int, device: str) -> None:
+    """Add to ``engine`` each request of ``pending`` (indices into ``reqs``, by arrival; consumed)
+    that has arrived by ``step``; a sampled one gets a generator on ``device`` seeded by its seed."""
+    while pending and reqs[pending[0]].arrival <= step:
+        i = pending.pop(0)
+        r = reqs[i]
+        gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
+        engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
+
+
 def run_engine(engine: PagedEngine, reqs, device: str = "cpu") -> dict:
     """Add each request at its arrival step, step until all finish; rid (its index) -> tokens.
     A sampled request's generator (seeded by its ``seed``) is on ``device``."""
     step = 0
     pending = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
     while pending or engine.has_work():
-        while pending and reqs[pending[0]].arrival <= step:
-            i = pending.pop(0)
-            r = reqs[i]
-            gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
-            engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
+        admit_arrivals(engine, reqs, pending, step, device)
         engine.step()
         step += 1
     return engine.finished

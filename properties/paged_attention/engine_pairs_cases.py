@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from inference_conformance.properties.paged_attention.engine_cases import SYSTEM, Req, alone, shared_prefix_workloads
+from inference_conformance.properties.paged_attention.engine_cases import (SYSTEM, Req, admit_arrivals, alone,
+                                                                      shared_prefix_workloads)
 from inference_conformance.reference.transformer import generate
 
 #: The engine features an example switches on, two or more at a time.
@@ -83,11 +84,7 @@ def run_combo(engine, combo: Combo, device: str = "cpu") -> dict:
     reqs, step, forked_after = combo.reqs, 0, None
     pending = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
     while pending or engine.has_work():
-        while pending and reqs[pending[0]].arrival <= step:
-            i = pending.pop(0)
-            r = reqs[i]
-            gen = torch.Generator(device=device).manual_seed(r.seed) if r.temperature > 0 else None
-            engine.add_request(i, list(r.prompt), r.max_new, r.temperature, gen)
+        admit_arrivals(engine, reqs, pending, step, device)
         if "fork" in combo.features and forked_after is None:
             parent = next((r for r in engine.running if r.rid == 0), None)
             if parent is not None and 1 <= len(parent.out) < parent.max_new:
