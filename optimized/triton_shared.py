@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from inference_conformance.conformance.device import cache_interpreter_patching, triton_interpreted
+from inference_conformance.conformance.device import (cache_interpreter_patching, skip_discarded_overflow_checks,
+                                                      triton_interpreted)
 
 # DOT_MODE values (a constexpr of the kernels)
 DOT_NATIVE = 0   # 16-bit on GPU: tl.dot on the input dtype, float32 accumulation, P cast to it
@@ -50,6 +51,7 @@ def _range_takes_runtime_bounds() -> bool:
 
 if triton_interpreted():
     cache_interpreter_patching()  # the interpreter's per-call rescans of triton.language, read once
+    skip_discarded_overflow_checks()  # int64 overflow checks whose verdict debug=False discards
 
 
 #: True: ``tile_loop`` walks its tiles with ``for ... in range`` (compiled code, where the loop

@@ -1,11 +1,13 @@
 """inference_conformance.conformance.device.cache_interpreter_patching: Triton's interpreter, its language scan read
-once, wraps exactly what it wrapped before, and the kernels give the same bits."""
+once, wraps exactly what it wrapped before, and the kernels give the same bits; and
+skip_discarded_overflow_checks: the overflow checks that debug=False discards are off, the bits again the same."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inference_conformance.conformance.device import cache_interpreter_patching, triton_interpreted
+from inference_conformance.conformance.device import (cache_interpreter_patching, skip_discarded_overflow_checks,
+                                                      triton_interpreted)
 
 pytestmark = pytest.mark.skipif(not triton_interpreted(), reason="the interpreter runs only without CUDA")
 
@@ -104,6 +106,30 @@ def test_kernels_give_the_same_bits_with_and_without_the_cache(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_builtin", interpreter._patch_builtin.__wrapped__)
     without = attention(q, k, v, causal=True, scale=0.3)
     assert torch.equal(with_cache, without)
+
+
+def test_discarded_overflow_checks_are_off_and_the_bits_the_same(monkeypatch):
+    """The checks are skipped only while debug is off (their verdict discarded): the split-KV
+    kernel's output (index arithmetic in int32) is bit for bit the one with the checks computed."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    from inference_conformance.optimized.attention.flash_decoding import flash_decoding
+
+    assert skip_discarded_overflow_checks() and skip_discarded_overflow_checks(), "not idempotent"
+    options = interpreter.interpreter_builder.options
+    assert options.debug is False and options.sanitize_overflow is False
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(2, 4, 3, 16, generator=g), torch.randn(2, 2, 70, 16, generator=g), torch.randn(2, 2, 70, 16, generator=g)
+    skipped = flash_decoding(q, k, v, causal=True, scale=0.25, num_splits=3)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", dataclasses.replace(options, sanitize_overflow=True))
+    checked = flash_decoding(q, k, v, causal=True, scale=0.25, num_splits=3)
+    assert torch.equal(skipped, checked)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", dataclasses.replace(options, debug=True,
+                                                                                           sanitize_overflow=True))
+    assert not skip_discarded_overflow_checks(), "checks that assert (debug=True) must stay"
+    assert interpreter.interpreter_builder.options.sanitize_overflow is True
 
 
 def test_a_run_time_loop_bound_on_an_old_interpreter_gets_a_hint(tmp_path):
