@@ -161,6 +161,7 @@ def pytest_collection_modifyitems(config, items):
             if entry is not None and entry.expected == "fail":
                 item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
     _modes_at_production_shapes(config, items)
+    _production_shapes_once_interpreted(config, items)
     if config.getoption("zoo_only", default=False):
         _deselect(config, items, {i for i in items if is_zoo_test(i)})
     techniques = set(st.outside)
@@ -200,6 +201,43 @@ def _modes_at_production_shapes(config, items) -> None:
             continue
         item.add_marker(pytest.mark.skip(reason=f"{impl.name} is a mode of {impl.mode_of}: {why} run under the "
                                                 "dev and thorough profiles (the base runs them here)"))
+
+
+def _production_shapes_once_interpreted(config, items) -> None:
+    """Under the gating profiles, with kernels interpreted, a built-in Triton kernel's
+    production-shape test runs each shape in one of its dtypes, the dtypes taken in turn over
+    the shapes (each dtype reaches half of them): the interpreter gives float32 and bfloat16 the
+    same tiles (``INTERPRET_BLOCK_*``), so both run the same index arithmetic at a shape, which is
+    what these sizes check; the drawn laws run every dtype. Compiled (``--device cuda``) and
+    under ``dev`` and ``thorough`` every shape runs in every dtype."""
+    from inference_conformance.conformance.device import triton_interpreted
+    from inference_conformance.conformance.laws import GATING_PROFILES
+    from inference_conformance.conformance.plugin_profiles import profile_name
+
+    if profile_name(config).rsplit(".", 1)[-1] not in GATING_PROFILES or not triton_interpreted():
+        return
+    shapes: dict[tuple, list] = {}
+    dtypes: dict[tuple, list] = {}
+    chosen = []
+    for item in items:
+        impl, name, dtype = param(item, "impl"), param(item, "name"), param(item, "dtype")
+        if (name is None or dtype is None or not getattr(impl, "kernel_modules", ())
+                or _is_outside(impl) or "production" not in getattr(item, "originalname", item.name)):
+            continue
+        key = (item.nodeid.split("[")[0], impl.name)
+        shapes.setdefault(key, [])
+        dtypes.setdefault(key, [])
+        if name not in shapes[key]:
+            shapes[key].append(name)
+        if dtype not in dtypes[key]:
+            dtypes[key].append(dtype)
+        chosen.append((item, key, name, dtype))
+    for item, key, name, dtype in chosen:
+        turn = dtypes[key][shapes[key].index(name) % len(dtypes[key])]
+        if dtype != turn:
+            item.add_marker(pytest.mark.skip(reason=(
+                f"{key[1]} interpreted: shape {name} runs in {str(turn).replace('torch.', '')} here (the interpreter "
+                "gives both dtypes the same tiles); every dtype under dev, thorough and compiled")))
 
 
 _EXPECTED = pytest.StashKey[object]()
