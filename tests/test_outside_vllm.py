@@ -106,6 +106,30 @@ def test_dense_adapter_layout(ov, name, causal, Tq, Tk):
     assert_close(out, dense_ref(q, k, v, causal=causal, scale=0.125), what=f"{name} ({_version(ov)})")
 
 
+@pytest.mark.claim("KV-12")
+@pytest.mark.parametrize("block_size", [16, None], ids=["paged", "contiguous"])
+def test_mla_adapter_layout(ov, block_size):
+    """vLLM's Triton MLA decode (``decode_attention_fwd``, ``is_mla=True``) as the mla_decode
+    contract: 16 query heads over one latent head (its grouped kernel), C 64 + R 16, float16, two
+    sequences over shuffled blocks of 16 and the contiguous layout, against the float64
+    materialised keys by the contract's 16-bit rule; float32 (not declared by TritonMLABackend)
+    and a block size of 8 are refused."""
+    from inference_conformance.optimized.mla_decode import outside_vllm as mla_vllm
+    from inference_conformance.properties.mla_decode.cases import case, check_against_materialised, make_inputs
+
+    c = case((37, 16), 16, 32, 64, 16, block_size)
+    inp = make_inputs(c, 3, torch.float16, "cpu")
+    check_against_materialised(mla_vllm.triton_mla_decode(*inp.args(), scale=c.scale, rope_theta=c.rope_theta), inp, c,
+                               what=f"vLLM's Triton MLA decode ({_version(ov)})")
+    with pytest.raises(NotImplementedError, match="declares"):
+        f32 = make_inputs(c, 3, torch.float32, "cpu")
+        mla_vllm.triton_mla_decode(*f32.args(), scale=c.scale, rope_theta=c.rope_theta)
+    c8 = case((37, 16), 16, 32, 64, 16, 8)
+    with pytest.raises(NotImplementedError, match="multiples of 16"):
+        i8 = make_inputs(c8, 3, torch.float16, "cpu")
+        mla_vllm.triton_mla_decode(*i8.args(), scale=c8.scale, rope_theta=c8.rope_theta)
+
+
 def test_refusals_are_unsupported(ov):
     """What vLLM does not declare is refused with NotImplementedError naming the reason: float64,
     a CPU block size that is not a multiple of 32, a head size outside the CPU list, Tq > Tk."""

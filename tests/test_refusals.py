@@ -84,6 +84,13 @@ LEDGER: dict[tuple[str, str], str] = {
         "vLLM's Triton attention backend: supports_head_size (its own declaration)",
     ("optimized/paged_attention/outside_vllm.py", "multiples of 16"):
         "vLLM's Triton attention backend: get_supported_kernel_block_sizes, MultipleOf(16)",
+    ("optimized/mla_decode/outside_vllm.py", "TritonMLABackend declares"):
+        "vLLM's Triton MLA backend: supported_dtypes [float16, bfloat16] (its own declaration)",
+    ("optimized/mla_decode/outside_vllm.py", "computes bfloat16 wrongly"):
+        "Triton's interpreter (not vLLM): tl.dot and casts in bfloat16 truncate under TRITON_INTERPRET, "
+        "so the cell would judge the interpreter; the same kernel is judged compiled on a GPU",
+    ("optimized/mla_decode/outside_vllm.py", "multiples of {PAGE}"):
+        "vLLM's Triton MLA backend: get_supported_kernel_block_sizes, MultipleOf(16)",
     ("optimized/quantization/outside.py", "has no weight-only product of its own"):
         "the library ships no CPU kernel for a product with its quantized weight (per adapter: no_matmul)",
     ("optimized/quantization/outside.py", "{name} {what}"):
