@@ -28,6 +28,10 @@ library itself raises or returns is left for the laws to judge. Claims FA-3, FA-
   implementation="xla")`` on JAX's CPU device, layout (B, T, N, H), GQA native; the causal mask
   is passed as a boolean (1, 1, Tq, Tk) mask (JAX's ``is_causal`` is top-left). float64 runs
   under ``jax.enable_x64`` (one call at a time); bfloat16 crosses as ``ml_dtypes.bfloat16``.
+  FA-8's ``window`` through JAX's own ``local_window_size=(W - 1, 0)`` with ``is_causal=True``
+  (both top-left): the query is front-padded with Tk - Tq zero rows so that its rows sit at
+  their bottom-right positions, and those rows are dropped from the output. JAX has no cap or
+  sinks (no keyword: refused).
 - ``ort_attention``: the ONNX ``Attention`` operator (opset 23) in ONNX Runtime's CPU provider,
   4-D inputs (B, H, T, D), GQA native, ``is_causal=1`` where Tq == Tk, else a boolean ``attn_mask``;
   float32, float16, float64 (no bfloat16 kernel: refused); scale <= 0 refused (its kernel raises
@@ -148,21 +152,29 @@ def _from_numpy(a, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.from_numpy(a.copy()).to(device=device, dtype=dtype)
 
 
-def jax_attention(q, k, v, *, causal: bool, scale: float):
+def jax_attention(q, k, v, *, causal: bool, scale: float, window: int | None = None):
     """The attention contract through ``jax.nn.dot_product_attention`` (XLA, CPU), layout
     (B, T, N, H); q (B, Hq, Tq, D), k, v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) in q's dtype on q's
-    device. Raises as the contract's ``validate``."""
-    s = validate(q, k, v, causal, scale)
+    device; ``window`` W as JAX's ``local_window_size`` (see the module docstring). Raises as
+    the contract's ``validate``."""
+    s = validate(q, k, v, causal, scale, window)
     jax = importlib.import_module("jax")
     jnp = importlib.import_module("jax.numpy")
     x64 = _jax_x64(jax) if q.dtype == torch.float64 else _NoContext()
+    pad = s.Tk - s.Tq if window is not None else 0
+    if pad:   # the rows at their bottom-right positions: JAX's causal mask and window are top-left
+        q = torch.cat([q.new_zeros(s.B, s.Hq, pad, s.D), q], dim=2)
     with x64:
         cpu = jax.devices("cpu")[0]
         qj, kj, vj = (jax.device_put(_to_numpy(t.transpose(1, 2)), cpu) for t in (q, k, v))   # (B, T, N, H)
-        mask = jnp.asarray(_to_numpy(causal_mask(s.Tq, s.Tk, "cpu")))[None, None] if causal else None
-        out = jax.nn.dot_product_attention(qj, kj, vj, mask=mask, scale=float(scale), implementation="xla")
-        out = jax.device_get(out)                                                              # (B, Tq, Hq, D)
-    return _from_numpy(out, q.dtype, q.device).transpose(1, 2).contiguous()
+        if window is not None:
+            out = jax.nn.dot_product_attention(qj, kj, vj, scale=float(scale), is_causal=True,
+                                               local_window_size=(min(window, s.Tk) - 1, 0), implementation="xla")
+        else:
+            mask = jnp.asarray(_to_numpy(causal_mask(s.Tq, s.Tk, "cpu")))[None, None] if causal else None
+            out = jax.nn.dot_product_attention(qj, kj, vj, mask=mask, scale=float(scale), implementation="xla")
+        out = jax.device_get(out)                                                              # (B, T, Hq, D)
+    return _from_numpy(out, q.dtype, q.device)[:, pad:].transpose(1, 2).contiguous()
 
 
 class _NoContext:
