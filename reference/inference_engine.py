@@ -17,7 +17,9 @@ The engine does not read Hugging Face folders itself (the reader,
 ``inference_conformance.smallworld.hf_llama``, sits above this layer): it is given ``load(folder,
 dtype) -> Transformer``. Each request is generated alone, so the engine is batch invariant by
 construction; it has no prefix cache, no chunked prefill and takes no padding (a setting it does
-not offer raises NotImplementedError). Hooks the bug zoo overrides: :meth:`_next_logits`,
+not offer raises NotImplementedError). Within one ``generate`` call a sequence met again (the
+many seeded requests of one prompt EN-3 samples) reuses its forward's logits: the model is
+deterministic, so the result is the same as computing them again. Hooks the bug zoo overrides: :meth:`_next_logits`,
 :meth:`_distribution`, :meth:`_bonus`, :meth:`_generator`.
 """
 from __future__ import annotations
@@ -48,6 +50,8 @@ class ReferenceEngine:
     """The float64 reference engine over models read by ``load(folder, dtype)``."""
 
     name = "reference"
+    #: {(model id, tokens): logits (T, V)} of the running ``generate`` call (None outside one).
+    _memo: dict | None = None
 
     def __init__(self, load: Callable[[str, torch.dtype], Transformer], dtype: torch.dtype = torch.float64):
         self.load, self.dtype = load, dtype
@@ -65,9 +69,18 @@ class ReferenceEngine:
         return self._models[key]
 
     # ------------------------------------------------------------------ hooks
+    def _forward(self, model: Transformer, tokens: list[int]) -> torch.Tensor:
+        """(T, V) logits of a full forward over ``tokens`` alone (once per sequence in a call)."""
+        key = (id(model), tuple(tokens))
+        if self._memo is None:
+            return model(torch.tensor([tokens]))[0]
+        if key not in self._memo:
+            self._memo[key] = model(torch.tensor([tokens]))[0]
+        return self._memo[key]
+
     def _next_logits(self, model: Transformer, seqs: list[list[int]]) -> torch.Tensor:
         """(B, V) logits after each sequence, each from a full forward over it alone."""
-        return torch.stack([model(torch.tensor([s]))[0, -1] for s in seqs])
+        return torch.stack([self._forward(model, s)[-1] for s in seqs])
 
     def _distribution(self, logits: torch.Tensor, params) -> torch.Tensor:
         """The sampling distribution (V,) float64 of raw ``logits`` under the params."""
@@ -98,6 +111,13 @@ class ReferenceEngine:
     @torch.no_grad()
     def generate(self, requests, params) -> list[Completion]:
         """See the contract; raises as it says."""
+        self._memo = {}
+        try:
+            return self._generate(requests, params)
+        finally:
+            self._memo = None
+
+    def _generate(self, requests, params) -> list[Completion]:
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, "the reference engine")
         target = self.model(params.model)
@@ -141,7 +161,7 @@ class ReferenceEngine:
                 proposals.append(x)
                 qs.append(q)
                 ctx.append(x)
-            full = target(torch.tensor([seq + proposals]))[0, len(seq) - 1:]      # (γ + 1, V)
+            full = self._forward(target, seq + proposals)[len(seq) - 1:]            # (γ + 1, V)
             for i, x in enumerate(proposals):
                 if len(toks) == r.max_new_tokens:
                     break
