@@ -1,0 +1,60 @@
+"""An optimized ``kv_transfer`` (``conformance/contracts/kv_transfer.py``; claim PA-9): the payload
+is one contiguous tensor (L, 2, length, Hkv, D) of the request's computed tokens only, without
+the padding of the sender's last block and without its block size (what a transfer puts on the
+wire), gathered and scattered with one index per engine, its slot mapping computed on the
+device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inference_conformance.conformance.contracts.kv_transfer import check_engine, check_fits
+
+
+@dataclass
+class PackedTokens:
+    """The payload: the request's ``state`` and ``kv`` (L, 2, length, Hkv, D), K then V."""
+
+    state: object
+    kv: torch.Tensor
+
+
+def slot_mapping(ids: list, block_size: int, length: int, device) -> torch.Tensor:
+    """(length,) int64: the flat slot of each token p, ids[p // block_size]·block_size + p % block_size."""
+    p = torch.arange(length, device=device)
+    return torch.tensor(ids, dtype=torch.int64, device=device)[p // block_size] * block_size + p % block_size
+
+
+class PackedTokenTransfer:
+    """Sends the computed tokens' K/V packed contiguously (see the module's docstring)."""
+
+    def send(self, engine, request_id) -> PackedTokens:
+        check_engine(engine)
+        state = engine.request_state(request_id)
+        slots = slot_mapping(engine.block_ids(request_id), engine.block_size, state.length, engine.k[0].device)
+        kv = torch.stack([torch.stack([c.view(-1, *c.shape[2:])[slots] for c in cache])
+                          for cache in (engine.k, engine.v)], dim=1)
+        engine.release(request_id)
+        return PackedTokens(state, kv)
+
+    def receive(self, engine, payload) -> None:
+        check_engine(engine)
+        if not isinstance(payload, PackedTokens):
+            raise TypeError(f"payload must be a PackedTokens this transfer's send returned, got {type(payload).__name__}")
+        check_fits(engine, payload.kv.shape[0], *payload.kv.shape[3:])
+        ids = engine.admit(payload.state)
+        dev = engine.k[0].device
+        slots = slot_mapping(ids, engine.block_size, payload.state.length, dev)
+        kv = payload.kv.to(device=dev, dtype=engine.k[0].dtype)
+        for i, cache in enumerate((engine.k, engine.v)):
+            for layer, c in enumerate(cache):
+                c.view(-1, *c.shape[2:]).index_copy_(0, slots, kv[layer, i])
+
+
+def implementations():
+    """The optimized kv_transfer built-ins."""
+    from inference_conformance.conformance.registry import builtin
+
+    return (builtin("kv_transfer", "packed_tokens", PackedTokenTransfer()),)
