@@ -53,8 +53,12 @@ class PackedTokenTransfer:
                 c.view(-1, *c.shape[2:]).index_copy_(0, slots, kv[layer, i])
 
 
+#: The packed-token transfer.
+TRANSFER = PackedTokenTransfer()
+
+
 def implementations():
     """The optimized kv_transfer built-ins."""
     from inference_conformance.conformance.registry import builtin
 
-    return (builtin("kv_transfer", "packed_tokens", PackedTokenTransfer()),)
+    return (builtin("kv_transfer", "packed_tokens", TRANSFER),)
