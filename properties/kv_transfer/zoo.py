@@ -81,17 +81,20 @@ class HeadMajorLayoutMismatch(ReferenceTransfer):
         place(engine, bad, ids, payload.length)
 
 
+def _bug(cls) -> str:
+    """The first sentence of a known-bad transfer's docstring (its one-line bug)."""
+    return " ".join(cls.__doc__.split()).split(". ")[0].rstrip(".")
+
+
 def implementations():
     """The known-bad KV transfers: PA-9's law names each in its ``kills``."""
     from inference_conformance.conformance.registry import known_bad
 
-    def entry(name, cls):
-        return known_bad("kv_transfer", name, cls(), bug=" ".join(cls.__doc__.split()).split(". ")[0].rstrip("."))
-
     return (
-        entry("drops_last_partial_block", DropsLastPartialBlock),
-        entry("blocks_in_id_order", BlocksInIdOrder),
-        entry("truncated_to_whole_blocks", TruncatedToWholeBlocks),
-        entry("placed_at_sender_ids", PlacedAtSenderIds),
-        entry("head_major_layout_mismatch", HeadMajorLayoutMismatch),
+        known_bad("kv_transfer", "drops_last_partial_block", DropsLastPartialBlock(), bug=_bug(DropsLastPartialBlock)),
+        known_bad("kv_transfer", "blocks_in_id_order", BlocksInIdOrder(), bug=_bug(BlocksInIdOrder)),
+        known_bad("kv_transfer", "truncated_to_whole_blocks", TruncatedToWholeBlocks(), bug=_bug(TruncatedToWholeBlocks)),
+        known_bad("kv_transfer", "placed_at_sender_ids", PlacedAtSenderIds(), bug=_bug(PlacedAtSenderIds)),
+        known_bad("kv_transfer", "head_major_layout_mismatch", HeadMajorLayoutMismatch(),
+                  bug=_bug(HeadMajorLayoutMismatch)),
     )
