@@ -34,8 +34,11 @@ class PackedTokenTransfer:
         check_engine(engine)
         state = engine.request_state(request_id)
         slots = slot_mapping(engine.block_ids(request_id), engine.block_size, state.length, engine.k[0].device)
-        kv = torch.stack([torch.stack([c.view(-1, *c.shape[2:])[slots] for c in cache])
-                          for cache in (engine.k, engine.v)], dim=1)
+        k0 = engine.k[0]
+        kv = torch.empty(len(engine.k), 2, state.length, *k0.shape[2:], dtype=k0.dtype, device=k0.device)
+        for i, cache in enumerate((engine.k, engine.v)):
+            for layer, c in enumerate(cache):
+                torch.index_select(c.view(-1, *c.shape[2:]), 0, slots, out=kv[layer, i])
         engine.release(request_id)
         return PackedTokens(state, kv)
 
