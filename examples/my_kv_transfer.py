@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_conformance.conformance.contracts.kv_transfer import check_engine, check_fits
+from inference_conformance.conformance.contracts.kv_transfer import validate
 
 MAGIC = "my-kv-transfer/1"
 
@@ -25,7 +25,7 @@ class MyTransfer:
         return length
 
     def send(self, engine, request_id):
-        check_engine(engine)
+        validate(engine)
         state = engine.request_state(request_id)          # ValueError naming request_id if not ready
         ids = engine.block_ids(request_id)
         n = self.tokens_to_send(state.length, engine.block_size)
@@ -38,11 +38,11 @@ class MyTransfer:
         return {"magic": MAGIC, "state": state, "k": k, "v": v}
 
     def receive(self, engine, payload):
-        check_engine(engine)
+        validate(engine)
         if not isinstance(payload, dict) or payload.get("magic") != MAGIC:
             raise TypeError(f"payload must be a dict this transfer's send returned, got {type(payload).__name__}")
         k, v = payload["k"], payload["v"]
-        check_fits(engine, len(k), k[0].shape[1], k[0].shape[2])            # ValueError naming engine
+        validate(engine, (len(k), k[0].shape[1], k[0].shape[2]))          # ValueError naming engine
         ids = engine.admit(payload["state"])               # ValueError naming the request id if held
         bs = engine.block_size
         n = k[0].shape[0]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.kv_transfer import check_engine, check_fits
+from inference_conformance.conformance.contracts.kv_transfer import validate
 
 
 @dataclass
@@ -31,7 +31,7 @@ class PackedTokenTransfer:
     """Sends the computed tokens' K/V packed contiguously (see the module's docstring)."""
 
     def send(self, engine, request_id) -> PackedTokens:
-        check_engine(engine)
+        validate(engine)
         state = engine.request_state(request_id)
         slots = slot_mapping(engine.block_ids(request_id), engine.block_size, state.length, engine.k[0].device)
         k0 = engine.k[0]
@@ -43,10 +43,10 @@ class PackedTokenTransfer:
         return PackedTokens(state, kv)
 
     def receive(self, engine, payload) -> None:
-        check_engine(engine)
+        validate(engine)
         if not isinstance(payload, PackedTokens):
             raise TypeError(f"payload must be a PackedTokens this transfer's send returned, got {type(payload).__name__}")
-        check_fits(engine, payload.kv.shape[0], *payload.kv.shape[3:])
+        validate(engine, (payload.kv.shape[0], *payload.kv.shape[3:]))
         ids = engine.admit(payload.state)
         dev = engine.k[0].device
         slots = slot_mapping(ids, engine.block_size, payload.state.length, dev)

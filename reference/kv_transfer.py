@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.kv_transfer import check_engine, check_fits
+from inference_conformance.conformance.contracts.kv_transfer import validate
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ReferenceTransfer:
     def send(self, engine, request_id) -> KVTransfer:
         """Pack ready request ``request_id`` of ``engine`` (:func:`pack`) and release it there.
         TypeError naming engine; ValueError naming request_id for a request that is not ready."""
-        check_engine(engine)
+        validate(engine)
         t = pack(engine, request_id)
         engine.release(request_id)
         return t
@@ -77,11 +77,10 @@ class ReferenceTransfer:
         """Admit ``payload``'s request into ``engine`` and write its K/V into the blocks the engine
         books (:func:`place`). TypeError naming engine or payload; ValueError naming engine for K/V
         of another shape, naming the request id for one ``engine`` already holds."""
-        check_engine(engine)
+        validate(engine)
         if not isinstance(payload, KVTransfer):
             raise TypeError(f"payload must be a KVTransfer this transfer's send returned, got {type(payload).__name__}")
-        shape = tuple(payload.k[0].shape[2:]) if payload.k else (0, 0)
-        check_fits(engine, len(payload.k), *shape)
+        validate(engine, (len(payload.k), *(tuple(payload.k[0].shape[2:]) if payload.k else (0, 0))))
         ids = engine.admit(payload.state)
         place(engine, payload, ids, payload.length)
 

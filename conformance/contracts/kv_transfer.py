@@ -44,7 +44,7 @@ request lengths (a multiple of either block size or not, shorter than one block)
 in which the pools hand out their blocks.
 
 Errors, before anything is sent or booked: ``send`` raises TypeError naming ``engine`` for an
-object without this surface (:func:`check_engine`), ValueError naming ``request_id`` for an
+object without this surface (:func:`validate`, :func:`check_engine`), ValueError naming ``request_id`` for an
 unknown request or one not ready (``engine.request_state`` raises it); ``receive`` raises
 TypeError naming ``engine`` likewise, TypeError naming ``payload`` for an object that is not one
 of its payloads, ValueError naming ``engine`` when the payload's K/V do not fit the engine's
@@ -82,6 +82,15 @@ def check_fits(engine, layers: int, kv_heads: int, head_dim: int) -> None:
     if have != (layers, kv_heads, head_dim):
         raise ValueError(f"engine: the payload holds K/V of {layers} layers of (Hkv, D) = ({kv_heads}, {head_dim}), "
                          f"the engine's cache has {have[0]} layers of {tuple(have[1:])}")
+
+
+def validate(engine, kv_shape: tuple | None = None) -> None:
+    """The contract's checks of a call's ``engine``, before anything is sent or booked:
+    :func:`check_engine`, then, for ``receive``, :func:`check_fits` with ``kv_shape`` (L, Hkv, D)
+    of the payload's K/V. TypeError / ValueError naming ``engine``."""
+    check_engine(engine)
+    if kv_shape is not None:
+        check_fits(engine, *kv_shape)
 
 
 CONTRACT = Contract(
