@@ -26,7 +26,9 @@ and steps the decode engine on.
   logical order (its block table; blocks past ceil(length / block_size) may be listed).
 - ``engine.release(request_id)``: take the request out of the sending engine and free its blocks
   (after the K/V have been read: the engine may overwrite them from then on).
-- ``engine.admit(state) -> list[int]``: on the receiving engine, book blocks of its own size for
+- ``engine.admit(state) -> list[int]``: on the receiving engine (``state``: the object the
+  sender's ``request_state`` returned, carried in the payload as it is: it holds the request's
+  tokens and its sampling generator), book blocks of its own size for
   ``state.length`` tokens and start running the request from its last sampled token; returns the
   receiver's block ids for those tokens, in logical order, which the transfer fills through
   ``engine.k`` and ``engine.v`` before returning. ValueError naming the request id when it is
