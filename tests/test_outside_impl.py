@@ -97,3 +97,25 @@ def test_outside_tree_verifiers_checked(tmp_path):
                 if r.implementation in (good, bad)}
     assert verdicts == {("test_sd11_statistical", good): "pass", ("test_sd11_statistical", bad): "fail"}, \
         (verdicts, out[-4000:])
+
+
+def test_outside_kv_transfer_checked(tmp_path):
+    """`--impl kv_transfer=module:attr` checks outside KV transfers with PA-9's law: the worked
+    example (examples/my_kv_transfer.py, written from docs/kv_transfer.md) passes it and its twin
+    that sends whole blocks only (the partly filled last block dropped) fails it (exit status 1),
+    its message giving the error, the bound and the rule."""
+    from inference_conformance.conformance.results import read_rows
+
+    good, bad = "my_kv_transfer:TRANSFER", "my_kv_transfer:BUGGY"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/kv_transfer/test_kv_transfer.py", "-k", "test_pa9_transfer_continues_as_one_engine",
+           "--impl", f"kv_transfer={good}", "--impl", f"kv_transfer={bad}", "--results", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    rows = {r.implementation: r for r in read_rows(tmp_path) if r.implementation in (good, bad)}
+    assert {k: r.verdict for k, r in rows.items()} == {good: "pass", bad: "fail"}, out[-4000:]
+    assert all(w in rows[bad].message for w in ("measured error", "EXCEEDS bound", "rule float64")), rows[bad].message

@@ -37,8 +37,8 @@ its remaining tokens as the budget still allows (a chunk; a long prompt is split
 steps, each chunk batched with the other requests' decode tokens). A request samples only in the
 step that computes its last token. Without a budget every request computes all its tokens at once.
 
-Disaggregation (PA-9): ``optimized/paged_attention/engine_disagg.py`` (the engine's ``send`` and ``receive``,
-:class:`DisaggregatedEngine`).
+Disaggregation (PA-9): ``optimized/paged_attention/engine_disagg.py`` (the engine surface a ``kv_transfer``
+uses, :class:`DisaggregatedEngine`).
 
 ``attention``: any ``paged_attention`` implementation (default: the reference;
 ``inference_conformance.optimized.paged_attention.paged_attention`` for the Triton kernel), called with one query per

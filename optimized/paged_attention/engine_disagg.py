@@ -1,104 +1,117 @@
 """Prefill/decode disaggregation for the paged engine (PA-9; lecture 001 §4.5, Patel et al. 2024
 (Splitwise), Zhong et al. 2024 (DistServe)): :class:`TransferMixin` gives
-``optimized/paged_attention/engine.py``'s engine :meth:`~TransferMixin.send` (pack a request that has
-computed its prompt and sampled its first token into a :class:`KVTransfer`, its blocks by id in
-logical order with their K/V, and free them) and :meth:`~TransferMixin.receive` (on another
-engine, with its own pool and block size: book blocks for the tokens and write them into its own
-block ids through its slot mapping); :class:`DisaggregatedEngine` runs a prefill engine and a
-decode engine so.
+``optimized/paged_attention/engine.py``'s engine the surface a ``kv_transfer`` implementation
+(``conformance/contracts/kv_transfer.py``) may use: the requests ready to send, a request's state
+and block ids, its release on the sending side, its admission on the receiving side (blocks of
+the receiver's own size and ids); the K/V themselves are read from and written to the engine's
+``k`` and ``v`` by the transfer. :class:`DisaggregatedEngine` runs a prefill engine and a decode
+engine, moving each request across with a transfer's ``send`` and ``receive``.
 """
 from __future__ import annotations
 
 import torch
 
-from inference_conformance.optimized.paged_attention.engine_state import EngineRequest, KVTransfer
+from inference_conformance.optimized.paged_attention.engine_state import EngineRequest, RequestState
 from inference_conformance.reference.paged_attention import OutOfBlocks
 
 
 class TransferMixin:
-    """Sending and receiving requests between engines (mixed into ``PagedEngine``, whose state it
-    reads: ``running``, ``book``, ``k``, ``v``, ``block_size``, ``cfg``, ``write``, ``logits``,
-    ``max_batch``, ``_ids``, ``_release``, ``_evict_cached``)."""
+    """The ``kv_transfer`` contract's engine surface (mixed into ``PagedEngine``, whose state it
+    reads: ``running``, ``book``, ``block_size``, ``cfg``, ``logits``, ``max_batch``, ``_ids``,
+    ``_release``, ``_evict_cached``). Besides these methods a transfer reads ``block_size`` and
+    writes ``k``, ``v`` (per layer (num_blocks, block_size, Hkv, D))."""
 
     def ready_to_send(self) -> list:
         """Ids of running requests that have computed every token but their last sampled one
         (a prefill engine hands these to a decode engine)."""
         return [r.rid for r in self.running if r.out and r.computed == len(r.tokens) - 1]
 
-    def _pack(self, r: EngineRequest) -> tuple[list, list, list]:
-        """(block ids, K per layer, V per layer) of the request's computed tokens' blocks, in
-        logical order."""
-        n_blocks = -(-r.computed // self.block_size)
-        ids = list(self.book.tables[r.rid][:n_blocks])
-        idx = torch.tensor(ids, dtype=torch.int64, device=self.k[0].device)
-        return ids, [c[idx].clone() for c in self.k], [c[idx].clone() for c in self.v]
+    def _ready(self, request_id):
+        r = next((x for x in self.running if x.rid == request_id), None)
+        if r is None or not r.out or r.computed != len(r.tokens) - 1:
+            raise ValueError(f"request_id {request_id!r} is not a running request of this engine with its prompt "
+                             f"computed (ready to send: {self.ready_to_send()})")
+        return r
 
-    def send(self, rid) -> KVTransfer:
-        """Take running request ``rid`` (ready: :meth:`ready_to_send`) out of this engine as a
-        :class:`KVTransfer` and free its blocks. ValueError for a request that is not ready."""
-        r = next((x for x in self.running if x.rid == rid), None)
-        if r is None or rid not in self.ready_to_send():
-            raise ValueError(f"request {rid!r} is not running with its prompt computed")
-        ids, ks, vs = self._pack(r)
-        t = KVTransfer(r.rid, list(r.prompt), list(r.out), r.max_new, r.temperature, r.generator, r.computed,
-                       self.block_size, ids, ks, vs, list(self.logits.pop(r.rid, [])) if self.logits is not None else [])
+    def request_state(self, request_id) -> RequestState:
+        """The state of ready request ``request_id`` (copies: the engine keeps running it until
+        :meth:`release`). ValueError naming request_id for a request that is not ready."""
+        r = self._ready(request_id)
+        logits = list(self.logits.get(r.rid, [])) if self.logits is not None else []
+        return RequestState(r.rid, list(r.prompt), list(r.out), r.max_new, r.temperature, r.generator, r.computed,
+                            logits)
+
+    def block_ids(self, request_id) -> list:
+        """This engine's block ids of ready request ``request_id``, in logical order (its block
+        table): block i holds its tokens i·block_size .. (i + 1)·block_size − 1; ValueError naming
+        request_id for a request that is not ready."""
+        r = self._ready(request_id)
+        return list(self.book.tables[r.rid])
+
+    def release(self, request_id) -> None:
+        """Take ready request ``request_id`` out of this engine and free its blocks (their K/V are
+        this engine's to overwrite from then on). ValueError naming request_id for a request that
+        is not ready."""
+        r = self._ready(request_id)
         self.running.remove(r)
         self._release(r)
-        self._ids.discard(rid)
-        return t
+        self._ids.discard(request_id)
+        if self.logits is not None:
+            self.logits.pop(request_id, None)
 
-    def _place(self, t: KVTransfer, rid) -> None:
-        """Write the transfer's tokens into this engine's blocks of ``rid`` (booked): token p of
-        sender block p // t.block_size, slot p % t.block_size, goes to this engine's slot of p."""
-        dev = self.k[0].device
-        slots = torch.tensor([self.book.slot(rid, p) for p in range(t.length)], device=dev)
-        for l in range(self.cfg.n_layers):
-            k = t.k[l].reshape(-1, *t.k[l].shape[2:])[:t.length].to(dev)
-            v = t.v[l].reshape(-1, *t.v[l].shape[2:])[:t.length].to(dev)
-            self.write(self.k[l], self.v[l], k.contiguous(), v.contiguous(), slots[:k.shape[0]])
-
-    def receive(self, t: KVTransfer) -> None:
-        """Continue a request sent by another engine: book blocks of this engine's block size for
-        its ``t.length`` tokens (and the next), write their K/V into them by slot mapping
-        (:meth:`_place`), and run it from its last sampled token. ValueError for a used id, a
-        full batch, a transfer of another model shape; :class:`OutOfBlocks` when its blocks do
-        not fit (nothing booked then)."""
-        if t.rid in self._ids:
-            raise ValueError(f"request id {t.rid!r} already used")
+    def admit(self, state: RequestState) -> list:
+        """Continue a request another engine sent: book blocks of this engine's block size for its
+        ``state.length`` tokens (room for the next one checked too) and run it from its last
+        sampled token; return this engine's block ids for those tokens, in logical order (the
+        caller writes their K/V into ``k``, ``v`` before the next step). TypeError naming state
+        for a state that is not a :class:`RequestState`; ValueError naming the request id for one
+        already used here, naming the batch when it is full, naming length when it does not match
+        the tokens; :class:`OutOfBlocks` when its blocks do not fit (nothing booked then)."""
+        if not isinstance(state, RequestState):
+            raise TypeError(f"state must be the RequestState request_state returned, got {type(state).__name__}")
+        if state.request_id in self._ids:
+            raise ValueError(f"request id {state.request_id!r} is already used in this engine")
         if len(self.running) >= self.max_batch:
             raise ValueError(f"the batch is full ({self.max_batch} running)")
-        shape = (self.cfg.n_kv_heads, self.cfg.hd)
-        for name, cs in (("k", t.k), ("v", t.v)):
-            if len(cs) != self.cfg.n_layers or any(tuple(c.shape) != (len(t.block_ids), t.block_size, *shape)
-                                                   for c in cs):
-                raise ValueError(f"transfer {name}: {len(cs)} layers of blocks do not fit {self.cfg.n_layers} layers "
-                                 f"of ({len(t.block_ids)}, {t.block_size}, {shape[0]}, {shape[1]})")
-        need = -(-(t.length + 1) // self.block_size)
+        if not state.out or state.length != len(state.prompt) + len(state.out) - 1:
+            raise ValueError(f"state.length {state.length} must be the tokens but the last sampled one "
+                             f"({len(state.prompt)} + {len(state.out)} - 1)")
+        need = -(-(state.length + 1) // self.block_size)
         self._evict_cached(need)
         if self.book.allocator.num_free < need:
             raise OutOfBlocks(f"{need} blocks needed, {self.book.allocator.num_free} free")
-        self.book.new_sequence(t.rid)
-        self.book.append_tokens(t.rid, t.length)
-        self._place(t, t.rid)
-        r = EngineRequest(t.rid, list(t.prompt), t.max_new, t.temperature, t.generator, list(t.out), t.length)
-        self._ids.add(t.rid)
-        self.running.append(r)
+        self.book.new_sequence(state.request_id)
+        self.book.append_tokens(state.request_id, state.length)
+        self.running.append(EngineRequest(state.request_id, list(state.prompt), state.max_new, state.temperature,
+                                          state.generator, list(state.out), state.length))
+        self._ids.add(state.request_id)
         if self.logits is not None:
-            self.logits[t.rid] = list(t.logits)
+            self.logits[state.request_id] = list(state.logits)
+        return list(self.book.tables[state.request_id])
 
 
 class DisaggregatedEngine:
     """Prefill/decode disaggregation (PA-9; Splitwise, DistServe): requests go to
     ``prefill_engine``, which computes each prompt and samples its first token; each such request
-    is then sent (:meth:`TransferMixin.send`) to ``decode_engine``, with its own pool and block size,
-    which continues it. Each :meth:`step` steps the prefill engine, moves every ready request
-    across while the decode engine has room (the others wait in the prefill engine), then steps
-    the decode engine. ``finished``: rid -> tokens, from either engine (a one-token request ends
-    in the prefill engine); ``transfers``: requests moved so far."""
+    is then moved by ``transfer`` (a ``kv_transfer`` implementation: ``send`` on the prefill
+    engine, ``receive`` on the decode engine; default the reference) to ``decode_engine``, with its
+    own pool and block size, which continues it. Each :meth:`step` steps the prefill engine, sends
+    every ready request the decode engine has room for (the others wait in the prefill engine),
+    receives them in the order sent (``receive_order="sent"``) or the reverse ("reversed"), then
+    steps the decode engine. ``finished``: rid -> tokens, from either engine (a one-token request
+    ends in the prefill engine); ``transfers``: requests moved so far; ``most_in_flight``: the
+    most payloads sent in one step before the first was received."""
 
-    def __init__(self, prefill_engine: TransferMixin, decode_engine: TransferMixin):
-        self.prefill_engine, self.decode_engine = prefill_engine, decode_engine
+    def __init__(self, prefill_engine: TransferMixin, decode_engine: TransferMixin, transfer=None, *,
+                 receive_order: str = "sent"):
+        if receive_order not in ("sent", "reversed"):
+            raise ValueError(f"receive_order must be 'sent' or 'reversed', got {receive_order!r}")
+        if transfer is None:
+            from inference_conformance.reference.kv_transfer import TRANSFER as transfer
+        self.prefill_engine, self.decode_engine, self.transfer = prefill_engine, decode_engine, transfer
+        self.receive_order = receive_order
         self.transfers = 0
+        self.most_in_flight = 0
 
     def add_request(self, rid, prompt, max_new_tokens: int, temperature: float = 0.0,
                     generator: torch.Generator | None = None) -> None:
@@ -121,10 +134,11 @@ class DisaggregatedEngine:
     def step(self) -> None:
         self.prefill_engine.step()
         d = self.decode_engine
-        for rid in self.prefill_engine.ready_to_send():
-            if len(d.running) >= d.max_batch:
-                break
-            d.receive(self.prefill_engine.send(rid))
+        room = d.max_batch - len(d.running)
+        payloads = [self.transfer.send(self.prefill_engine, rid) for rid in self.prefill_engine.ready_to_send()[:room]]
+        self.most_in_flight = max(self.most_in_flight, len(payloads))
+        for payload in (payloads if self.receive_order == "sent" else payloads[::-1]):
+            self.transfer.receive(d, payload)
             self.transfers += 1
         d.step()
 

@@ -1,6 +1,6 @@
 """The paged engine's per-request state (``optimized/paged_attention/engine.py``; claims PA-6..PA-9): a
 request as the engine runs it (:class:`EngineRequest`) and a request handed from one engine to
-another with the K/V of its computed tokens (:class:`KVTransfer`, PA-9).
+another (:class:`RequestState`, PA-9; the K/V travel in the ``kv_transfer`` implementation's own payload).
 """
 from __future__ import annotations
 
@@ -30,22 +30,18 @@ class EngineRequest:
 
 
 @dataclass
-class KVTransfer:
-    """A request handed from one engine to another (PA-9): its tokens, sampling state and the K/V
-    of its first ``length`` tokens as the sender's blocks: ``block_ids`` (the sender's ids, in
-    logical order), ``block_size`` (the sender's), ``k``, ``v`` (per layer (len(block_ids),
-    block_size, Hkv, D), block i holding tokens i·block_size ..). ``logits``: the logits it
-    sampled from so far (with ``keep_logits``)."""
+class RequestState:
+    """A request's state as one engine hands it to another (PA-9; the ``kv_transfer`` contract's
+    engine surface): ``request_id``, its ``prompt`` and generated tokens ``out`` (lists of ints),
+    ``max_new`` tokens it may generate in all, ``temperature`` and ``generator`` (its sampling
+    state, used as is), ``length``: the tokens whose K/V the sender computed (every token but the
+    last sampled one), ``logits``: the logits (V,) it sampled from so far (with ``keep_logits``)."""
 
-    rid: object
+    request_id: object
     prompt: list
     out: list
     max_new: int
     temperature: float
     generator: torch.Generator | None
     length: int
-    block_size: int
-    block_ids: list
-    k: list
-    v: list
     logits: list = field(default_factory=list)

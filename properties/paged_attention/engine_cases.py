@@ -1,7 +1,7 @@
-"""Inputs and shared pieces of the paged engine's laws (``properties/paged_attention/test_paged_engine.py``; PA-6..PA-9):
-the test model (:data:`CFG`, :func:`model_for`), requests (:class:`Req`) and their strategies
+"""Inputs and shared pieces of the paged engine's laws (``properties/paged_attention/test_paged_engine.py``;
+PA-6..PA-8; PA-9's ``properties/kv_transfer/cases.py`` runs the same requests): the test model (:data:`CFG`, :func:`model_for`), requests (:class:`Req`) and their strategies
 (:func:`workloads`, :func:`shared_prefix_workloads`), running them through an engine at their
-arrival steps (:func:`run_engine`, :func:`run_disaggregated`) or alone without a cache
+arrival steps (:func:`run_engine`) or alone without a cache
 (:func:`alone`), and the comparison of two engines' tokens and logits (:func:`same_as`).
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.optimized.paged_attention.engine import PagedEngine
-from inference_conformance.optimized.paged_attention.engine_disagg import DisaggregatedEngine
 from inference_conformance.reference.transformer import Transformer, TransformerConfig, generate, init_weights
 
 
@@ -107,19 +106,3 @@ def same_as(engine, baseline, reqs, what: str) -> None:
                      what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) tokens, {what}")
         assert_close(torch.stack(engine.logits[i]), torch.stack(baseline.logits[i]),
                      what=f"request {i} logits, {what}")
-
-
-# ---------------------------------------------------------------------------------------- PA-9
-def run_disaggregated(engine_class, model, reqs, bs_prefill: int, bs_decode: int, slack: int, pool_seed: int,
-                      budget: int | None = None):
-    """A prefill engine (blocks of ``bs_prefill``) and a decode engine (``bs_decode``), each pool
-    handing its blocks out in a random order (a server that has served other requests), both
-    engines of ``engine_class``; returns the :class:`DisaggregatedEngine` after the run."""
-    def engine(bs, salt):
-        e = engine_class(model, num_blocks=sum(-(-(len(r.prompt) + r.max_new) // bs) for r in reqs) + slack,
-                         block_size=bs, keep_logits=True, max_num_batched_tokens=budget)
-        e.book.allocator.shuffle_free(torch.Generator().manual_seed(pool_seed + salt))
-        return e
-    dis = DisaggregatedEngine(engine(bs_prefill, 0), engine(bs_decode, 1))
-    run_engine(dis, reqs)
-    return dis

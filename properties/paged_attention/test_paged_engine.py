@@ -14,18 +14,14 @@ PA-6, PA-7; lecture 001 §4.1, §4.4).
   logits (float64 tolerance) and exactly the same sampled tokens as with unchunked prefill, for
   any budget C, any mix of arrivals and lengths, any block size; also through the Triton
   mixed-batch kernel.
-- PA-9: a prefill engine and a decode engine, each with its own pool and block size, the KV
-  transferred by block id: every request continues exactly as in one engine (logits within the
-  tolerance, tokens equal), whatever the two block sizes and the order the pools hand blocks out.
+- PA-9 (prefill/decode disaggregation) is the law of the ``kv_transfer`` technique
+  (``properties/kv_transfer/``), over every registered transfer.
 
 Known-bad engines (``properties/paged_attention/zoo.py``): a query that misses its own token (PA-6), a
-prefix key without the parent's key (PA-7), a chunk's K/V written after its attention (PA-8), a
-transfer in block-id order, without its last block, truncated to whole blocks, or placed at the
-sender's ids (PA-9); each is rejected.
+prefix key without the parent's key (PA-7), a chunk's K/V written after its attention (PA-8);
+each is rejected.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -41,7 +37,6 @@ from inference_conformance.properties.paged_attention.engine_cases import (
     alone,
     blocks_for,
     model_for,
-    run_disaggregated,
     run_engine,
     same_as,
     shared_prefix_workloads,
@@ -296,70 +291,3 @@ def test_engine_rejects_bad_token_budget():
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="max_num_batched_tokens"):
             PagedEngine(model_for(0), num_blocks=4, block_size=2, max_num_batched_tokens=bad)
-
-
-#: Prompts over partly filled last blocks on both sides (blocks of 3 and of 2), one request of a
-#: single token (it ends in the prefill engine), one sampled.
-DISAGG = (Req(tuple(range(2, 13)), 4, 0, 0.0, 1), Req((7, 8, 9, 10, 11), 3, 0, 1.0, 2), Req((4, 4), 1, 1, 0.0, 3),
-          Req(tuple(range(20, 28)), 5, 2, 0.0, 4))
-
-
-@settings(max_examples=max(8, settings.default.max_examples // 3))
-@given(reqs=workloads(max_requests=4, max_prompt=16), bs_prefill=st.integers(1, 5), bs_decode=st.integers(1, 5),
-       slack=st.integers(0, 6), seed=st.integers(0, 100), pool_seed=st.integers(0, 2**16),
-       budget=st.sampled_from([None, None, 3, 8]))
-@example(reqs=DISAGG, bs_prefill=3, bs_decode=2, slack=4, seed=13, pool_seed=1, budget=None)
-@example(reqs=DISAGG, bs_prefill=4, bs_decode=4, slack=4, seed=13, pool_seed=2, budget=None)
-def law_disaggregated_equals_one_engine(engine_class, reqs, bs_prefill, bs_decode, slack, seed, pool_seed, budget):
-    """PA-9: KV computed by a prefill engine and transferred by block id into a decode engine's
-    pool (other ids, other block size) continues exactly as one engine."""
-    model = model_for(seed)
-    one = PagedEngine(model, num_blocks=blocks_for(reqs, bs_prefill) * len(reqs) + slack, block_size=bs_prefill,
-                      keep_logits=True)
-    run_engine(one, reqs)
-    dis = run_disaggregated(engine_class, model, reqs, bs_prefill, bs_decode, slack, pool_seed, budget)
-    note(f"transfers {dis.transfers}, prefill {dict(dis.prefill_engine.stats)}, decode {dict(dis.decode_engine.stats)}")
-    assert dis.transfers == sum(r.max_new > 1 for r in reqs), f"{dis.transfers} transfers"
-    same_as(dis, one, reqs, f"prefill blocks of {bs_prefill} -> decode blocks of {bs_decode} vs one engine")
-
-
-@pytest.mark.claim("PA-9")
-def test_pa9_disaggregated_equals_one_engine():
-    law_disaggregated_equals_one_engine(PagedEngine)
-
-
-@pytest.mark.claim("PA-9")
-def test_pa9_transfer_moves_blocks_to_other_ids():
-    """The pinned transfer really changes ids and block sizes: the decode engine holds each
-    transferred request in blocks of 2 at ids other than the prefill engine's blocks of 3."""
-    model = model_for(13)
-    dis = run_disaggregated(PagedEngine, model, DISAGG, 3, 2, 4, 1)
-    assert dis.transfers == 3
-    results.record("PA-9", measured=0, bound=0, unit="requests whose tokens differ from one engine",
-                   rule=f"{len(DISAGG)} requests, {dis.transfers} transferred from blocks of 3 to blocks of 2 "
-                        f"(pools in random order); the zoo's dropped, reordered, truncated and misplaced "
-                        "transfers are rejected")
-
-
-@pytest.mark.claim("PA-9")
-@pytest.mark.parametrize("name", ["transfer_in_block_id_order", "transfer_drops_last_block",
-                                  "transfer_truncated_to_whole_blocks", "transfer_placed_at_sender_ids"])
-def test_pa9_zoo_bad_transfer_rejected(name):
-    expect_rejection("PA-9", law_disaggregated_equals_one_engine, serving_engine_zoo()[name], entry=name,
-                     match="one engine")
-
-
-def test_send_and_receive_reject_bad_calls():
-    model = model_for(0)
-    e = PagedEngine(model, num_blocks=8, block_size=2)
-    e.add_request("a", [1, 2, 3], 3)
-    with pytest.raises(ValueError, match="not running"):
-        e.send("a")                                        # still waiting
-    e.step()
-    t = e.send("a")
-    other = PagedEngine(model, num_blocks=8, block_size=3)
-    with pytest.raises(ValueError, match="layers"):
-        other.receive(dataclasses.replace(t, k=t.k[:1]))
-    other.receive(t)
-    with pytest.raises(ValueError, match="already used"):
-        other.receive(t)

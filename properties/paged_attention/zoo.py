@@ -6,12 +6,11 @@ a correct decode call, a buggy ``paged_prefill``) are rejected by the PA-8 law.
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
 and float32 otherwise, so that only the bug (not rounding) makes them wrong. The engines outside
 the contract keep their known-bad versions here too: ``_engine_zoo`` (PA-6, PA-7) and
-``serving_engine_zoo`` (chunked prefill and disaggregation, PA-8, PA-9), each rejected by its
-own law in ``properties/paged_attention/test_paged_engine.py``.
+``serving_engine_zoo`` (chunked prefill, PA-8), each rejected by its own law in
+``properties/paged_attention/test_paged_engine.py``; the known-bad KV transfers (PA-9) are the
+``kv_transfer`` technique's (``properties/kv_transfer/zoo.py``).
 """
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -287,11 +286,11 @@ def _engine_zoo():
     return QueryMissesItsOwnToken, PrefixKeyWithoutParent
 
 
-# ----------------------------- chunked prefill and disaggregation: the engines (PA-8, PA-9)
+# ----------------------------------------------------- chunked prefill: the engines (PA-8)
 def serving_engine_zoo() -> dict:
     """Known-bad engines outside the contract, by name: each rejected by its own law in
-    ``properties/paged_attention/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; PA-9: a prefill
-    engine and a decode engine vs one engine)."""
+    ``properties/paged_attention/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; the pair runner's
+    prefix cache x chunk budget)."""
     from inference_conformance.optimized.paged_attention.engine import PagedEngine
     from inference_conformance.optimized.paged_attention.engine_attention import PagedCacheAttention
 
@@ -308,44 +307,6 @@ def serving_engine_zoo() -> dict:
         def _backend(self, **kw):
             return _WriteAfterAttention(**kw)
 
-    class SendsBlocksInIdOrder(PagedEngine):
-        """The transfer sends a request's blocks sorted by block id, not in its block table's
-        logical order: a pool that hands blocks out in no particular order reorders the tokens."""
-
-        def _pack(self, r):
-            ids, ks, vs = super()._pack(r)
-            order = sorted(range(len(ids)), key=ids.__getitem__)
-            return [ids[i] for i in order], [k[order] for k in ks], [v[order] for v in vs]
-
-    class DropsLastBlock(PagedEngine):
-        """The transfer leaves out the request's last block (the partly filled one being written)."""
-
-        def _pack(self, r):
-            ids, ks, vs = super()._pack(r)
-            return ids[:-1], [k[:-1] for k in ks], [v[:-1] for v in vs]
-
-    class TruncatesToWholeBlocks(PagedEngine):
-        """The receiver writes only the tokens that fill whole blocks of its own block size: the
-        tail that lands in its partly filled last block is lost."""
-
-        def _place(self, t, rid):
-            whole = (t.length // self.block_size) * self.block_size
-            super()._place(dataclasses.replace(t, length=whole), rid)
-
-    class PlacesAtSenderIds(PagedEngine):
-        """The receiver writes each transferred token at the sender's slot (the sender's block id
-        and offset, taken in its own pool), not at the slot of its own block table."""
-
-        def _place(self, t, rid):
-            dev = self.k[0].device
-            n_slots = self.k[0].shape[0] * self.block_size
-            slots = torch.tensor([(t.block_ids[p // t.block_size] * t.block_size + p % t.block_size) % n_slots
-                                  for p in range(t.length)], device=dev)
-            for layer in range(self.cfg.n_layers):
-                k = t.k[layer].reshape(-1, *t.k[layer].shape[2:])[:t.length].to(dev).contiguous()
-                v = t.v[layer].reshape(-1, *t.v[layer].shape[2:])[:t.length].to(dev).contiguous()
-                self.write(self.k[layer], self.v[layer], k, v, slots)
-
     class PublishesPrefixBeforeComputed(PagedEngine):
         """Puts every full block of a prompt into the prefix cache at admission, before its chunk
         is computed: a request arriving while the prompt is still prefilled in chunks reuses
@@ -360,11 +321,7 @@ def serving_engine_zoo() -> dict:
             return new
 
     return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
-            "prefix_published_before_computed": PublishesPrefixBeforeComputed,
-            "transfer_in_block_id_order": SendsBlocksInIdOrder,
-            "transfer_drops_last_block": DropsLastBlock,
-            "transfer_truncated_to_whole_blocks": TruncatesToWholeBlocks,
-            "transfer_placed_at_sender_ids": PlacesAtSenderIds}
+            "prefix_published_before_computed": PublishesPrefixBeforeComputed}
 
 
 def implementations():

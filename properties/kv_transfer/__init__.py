@@ -1,0 +1,1 @@
+"""The kv_transfer laws (one subpackage per technique)."""
