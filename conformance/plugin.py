@@ -139,7 +139,9 @@ _MARKERS = ("technique(name): the technique whose contract the test checks",
             "kills(*names): known-bad implementations the law must reject",
             "gpu: needs a CUDA device (skipped elsewhere)",
             "experiment(why): a slow experiment of the main job, run only with --experiments",
-            "outside_bench(technique): a benchmark row timing an outside implementation (--impl)")
+            "outside_bench(technique): a benchmark row timing an outside implementation (--impl)",
+            "suite_own(why): a law about the suite's own code (a simulator, a formula, the reference model, one "
+            "built-in's internals) that takes no registered implementation, and why")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,7 +9,10 @@ in the report.
 
 Used by ``python -m inference_conformance.reports.docs``; as a pytest plugin (``-p inference_conformance.reports.falsifiers``) it prints the
 collected zoo tests, and the tests named for a rejection (``*zoo*``, ``*reject*``: a law shown
-rejecting known-bad data), as JSON lines (``ZOO-TEST {...}``), and collects nothing else.
+rejecting known-bad data), as JSON lines (``ZOO-TEST {...}``), and every other test marked with a
+claim (``LAW-TEST {...}``: whether it takes registered implementations, or why not), and collects
+nothing else. :func:`laws_off_the_registry` reads the second kind: a law that runs on the suite's
+built-ins only, unless it says why (``@pytest.mark.suite_own("why")``).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "ZOO-TEST "
+LAW_PREFIX = "LAW-TEST "
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -31,9 +35,15 @@ def pytest_collection_modifyitems(session, config, items):
         cs = getattr(item, "callspec", None)
         bad = cs.params.get("bad_impl") if cs is not None else None
         name = item.nodeid.split("::")[-1]
-        if bad is None and not re.search(r"zoo|reject", name.split("[")[0]):
-            continue
         claims = item.get_closest_marker("claim")
+        if bad is None and not re.search(r"zoo|reject", name.split("[")[0]):
+            if claims is not None:
+                own = item.get_closest_marker("suite_own")
+                print(LAW_PREFIX + json.dumps({"test": item.nodeid.split("[")[0], "claims": list(claims.args),
+                                               "impl": cs is not None and "impl" in cs.params,
+                                               "own": (own.args[0] if own and own.args else "") if own else None}),
+                      flush=True)
+            continue
         tech = item.get_closest_marker("technique")
         print(PREFIX + json.dumps({"test": item.nodeid.split("[")[0], "technique": tech.args[0] if tech else "",
                                    "claims": list(claims.args) if claims else [],
@@ -46,7 +56,7 @@ def zoo_tests(root: Path = ROOT) -> list[dict]:
     """Every collected zoo test of ``properties/`` (subprocess: the suite's own collection, ~10 s
     on 2 cores; made once per process and root). Raises RuntimeError with pytest's output when
     the collection fails."""
-    return [dict(z) for z in _zoo_tests(Path(root).resolve())]
+    return [dict(z) for z in _zoo_tests(Path(root).resolve()) if not z.get("law")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,9 +65,25 @@ def _zoo_tests(root: Path) -> tuple[dict, ...]:
                         "--collect-only", "-q", "--device", "cpu", "properties"],
                        cwd=root, capture_output=True, text=True, timeout=600)
     rows = [json.loads(line[len(PREFIX):]) for line in r.stdout.splitlines() if line.startswith(PREFIX)]
-    if not rows:
-        raise RuntimeError(f"no zoo test collected (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return tuple(rows)
+    laws = [dict(json.loads(line[len(LAW_PREFIX):]), law=True) for line in r.stdout.splitlines()
+            if line.startswith(LAW_PREFIX)]
+    if not rows or not laws:
+        raise RuntimeError(f"no zoo test or law collected (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return tuple(rows + laws)
+
+
+def law_tests(root: Path = ROOT) -> list[dict]:
+    """Every other collected test of ``properties/`` marked with a claim: {"test", "claims",
+    "impl" (True when a case of it takes a registered implementation), "own" (the reason of its
+    ``suite_own`` marker, "" when it gives none; None without the marker)}."""
+    return [dict(z) for z in _zoo_tests(Path(root).resolve()) if z.get("law")]
+
+
+def laws_off_the_registry(root: Path = ROOT) -> list[str]:
+    """The laws (claim tests of ``properties/``, zoo and rejection tests aside) that take no
+    registered implementation and are not marked ``suite_own`` with a reason: each would judge
+    the suite's own code only, where an outside implementation cannot reach it."""
+    return sorted({z["test"] for z in law_tests(root) if not z["impl"] and not z["own"]})
 
 
 def claims_without_rejection(root: Path = ROOT) -> list[str]:

@@ -63,6 +63,7 @@ LECTURE_BLOCKS = (1, 16, 64, 256)
 
 
 @pytest.mark.claim("FA-3")
+@pytest.mark.suite_own("the lecture's experiment on the blocked reference")
 def test_fa3_lecture_experiment_blocked_equals_standard():
     case = Case(B=1, Hq=1, Hkv=1, Tq=256, Tk=256, D=64, causal=True, scale=1 / 8)
     q, k, v = make_inputs(case, 2024, torch.float64, "cpu")
@@ -79,6 +80,7 @@ def test_fa3_lecture_experiment_blocked_equals_standard():
 
 
 @pytest.mark.claim("FA-3")
+@pytest.mark.suite_own("the lecture's experiment on the suite's Triton kernel; outside kernels meet FA-3 in test_fa3_matches_float64_reference")
 def test_fa3_lecture_experiment_triton_kernel(device):
     """The same experiment on the Triton kernel itself, with its tile sizes varied."""
     fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
@@ -98,6 +100,7 @@ def test_fa3_lecture_experiment_triton_kernel(device):
 @pytest.mark.claim("FA-3")
 @given(case=cases(max_len=129), seed=S.seeds, block_q=st.sampled_from([None, 1, 3, 16, 17, 64]),
        block_k=st.integers(1, 70))
+@pytest.mark.suite_own("the blocked float64 reference (the oracle of online softmax) at any block sizes")
 def test_fa3_blocked_reference_any_block_sizes(case, seed, block_q, block_k):
     q, k, v = make_inputs(case, seed, torch.float64, "cpu")
     out = ref.blocked_attention(q, k, v, causal=case.causal, scale=case.scale, block_q=block_q, block_k=block_k)
@@ -108,6 +111,7 @@ def test_fa3_blocked_reference_any_block_sizes(case, seed, block_q, block_k):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @settings(max_examples=6)
 @given(case=cases(max_len=129), seed=S.seeds, data=st.data())
+@pytest.mark.suite_own("the suite's Triton kernel at forced tile sizes (its internals)")
 def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
     fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
     tiles = [1, 2, 4, 8, 16, 32, 64] if dtype == torch.float64 else [16, 32, 64]
@@ -126,6 +130,7 @@ def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
        num_splits=st.integers(1, 4))
 @example(case=Case(1, 2, 1, 40, 100, 64, True, 0.2), seed=1, dtype=torch.float32, num_splits=2)
 @example(case=Case(1, 3, 3, 17, 70, 72, False, 0.3, "large", 40.0), seed=2, dtype=torch.float64, num_splits=1)
+@pytest.mark.suite_own("the suite's Triton kernel's two-stage tile loop (its internals)")
 def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_splits):
     """The GPU's tile loop (whole visible tiles without masks, then the masked rest), forced on
     wherever the kernels run, so that the interpreter checks it too."""
@@ -157,6 +162,7 @@ test_fa7_split_kv_equals_unsplit = FA7.conformance_test("test_fa7_split_kv_equal
 @pytest.mark.claim("FA-7")
 @settings(max_examples=8)
 @given(case=decode_cases(), seed=S.seeds, num_splits=st.integers(1, 300))
+@pytest.mark.suite_own("the float64 reference's split and merge (the oracle of FA-7)")
 def test_fa7_reference_split_merge(case, seed, num_splits):
     """The plain-PyTorch split-KV merge (inference_conformance.reference.attention.split_kv_attention) is exact too."""
     q, k, v = make_inputs(case, seed, torch.float64, "cpu")

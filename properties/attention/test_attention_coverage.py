@@ -30,6 +30,8 @@ from inference_conformance.properties.attention.cases import (
 from inference_conformance.properties.strategies import KernelLaunchCapture
 from inference_conformance.reference import attention as ref
 
+pytestmark = pytest.mark.suite_own("the suite's own pinned examples and its Triton kernels' dispatch configurations")
+
 
 def reference_with_splits(q, k, v, *, causal, scale, num_splits=None, **options):
     """The float64 reference attention with FA-8's options, taking (and ignoring) FA-7's ``num_splits``."""

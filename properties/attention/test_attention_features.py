@@ -58,6 +58,7 @@ def test_fa8_rejects_each_zoo_entry_by_its_own_comparison(name, case):
 
 
 @pytest.mark.claim("FA-8")
+@pytest.mark.suite_own("the law's verdict for a missing option, on a synthetic implementation")
 def test_fa8_an_implementation_lacking_an_option_is_unsupported_not_passed():
     """The plain contract (no option keywords) is refused by FA-8's law: "unsupported"; one that
     takes only ``window`` runs the window examples and reports the others refused (partial)."""
@@ -77,6 +78,7 @@ def test_fa8_an_implementation_lacking_an_option_is_unsupported_not_passed():
 # ------------------------------------------------- the suite's Triton kernels: what the window skips
 @pytest.mark.claim("FA-8")
 @pytest.mark.parametrize("kernel", ["flash_attention", "flash_decoding"])
+@pytest.mark.suite_own("the suite's Triton kernels' tile skipping (their internals)")
 def test_fa8_triton_never_reads_the_key_tiles_a_window_hides(device, kernel):
     """The kernels skip the key tiles before each query tile's window instead of masking them:
     NaN values in keys 0..63, which no row's window reaches (W = 40, rows at keys 160..199),
@@ -98,6 +100,7 @@ def test_fa8_triton_never_reads_the_key_tiles_a_window_hides(device, kernel):
 
 @pytest.mark.claim("FA-8")
 @pytest.mark.parametrize("kernel", ["flash_attention", "flash_decoding"])
+@pytest.mark.suite_own("the suite's Triton kernel's two-stage loop with the options (its internals)")
 def test_fa8_triton_two_stage_tile_loop(device, kernel):
     """The GPU's tile loop (whole visible tiles unmasked first), forced on wherever the kernels
     run (bfloat16, as on GPU): a cap and sinks on its unmasked stage, and a window, which takes the

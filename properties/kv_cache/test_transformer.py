@@ -15,6 +15,8 @@ from inference_conformance.conformance import tolerance
 from inference_conformance.properties import strategies as sst
 from inference_conformance.reference import transformer as tf
 
+pytestmark = pytest.mark.suite_own("GQA in the reference model and the lecture's cache-size arithmetic")
+
 
 @st.composite
 def configs(draw):

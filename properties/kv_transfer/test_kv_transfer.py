@@ -29,6 +29,7 @@ test_pa9_transfer_continues_as_one_engine = PA9.conformance_test("test_pa9_trans
 
 
 @pytest.mark.claim("PA-9")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_pa9_coverage_table():
     """The boundary classes each pinned example reaches (every profile runs them)."""
     table: dict = {}
@@ -46,6 +47,7 @@ def test_pa9_coverage_table():
 
 
 @pytest.mark.claim("PA-9")
+@pytest.mark.suite_own("the pinned examples really move blocks to other ids and sizes (the suite's engines)")
 def test_pa9_transfer_moves_blocks_to_other_ids():
     """The pinned transfer really changes ids and block sizes: the decode engine holds each
     transferred request in blocks of 2 at ids other than the prefill engine's blocks of 3, and

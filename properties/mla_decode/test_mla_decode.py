@@ -44,6 +44,7 @@ test_kv12_matches_materialised = KV12.conformance_test(
 
 
 @pytest.mark.claim("KV-12")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_kv12_coverage_table():
     """The boundary classes each pinned example reaches (every profile runs them)."""
     KV12.record_pinned_coverage("every class of the contract is reached in every Hypothesis profile")
@@ -72,6 +73,7 @@ def test_kv12_production_shapes(impl, device, dtype, name):
 @pytest.mark.technique("mla_decode")
 @pytest.mark.claim("KV-12")
 @pytest.mark.parametrize("name", ["example-0", "example-2-large", "deepseek-Hq16-paged-bs64"])
+@pytest.mark.suite_own("the suite's Triton kernel's GPU 16-bit path (its internals)")
 def test_kv12_triton_gpu_16bit_path(device, name):
     """The Triton kernel's GPU 16-bit path (the absorbed query cast to the cache's dtype, P cast
     before P·C), forced on for float16 wherever the kernel runs, so that the interpreter checks it

@@ -25,7 +25,8 @@ from inference_conformance.properties.paged_attention.block_allocator_cases impo
 from inference_conformance.properties.paged_attention.zoo import CowForgetsToCopy, expect_rejection
 from inference_conformance.reference.paged_attention import OutOfBlocks, PagedKVCache, waste_per_request
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.suite_own("the suite's block allocator (its state machine, the lecture's sharing and waste formulas); engines meet paging through the inference_engine laws")]
 
 
 class CacheMachine(RuleBasedStateMachine):

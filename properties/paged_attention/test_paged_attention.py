@@ -104,6 +104,7 @@ test_pa1_zoo_rejected, test_pa1_zoo_rejected_bfloat16 = PA1.zoo_tests("test_pa1_
 
 
 @pytest.mark.claim("PA-1")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_pa1_coverage_table():
     """The boundary classes each pinned example and the ``ci`` draws reach (reported)."""
     PA1.record_pinned_coverage("every class of the contract is reached in every Hypothesis profile")
@@ -204,6 +205,7 @@ test_pa1_offsets_past_2_31 = PA1_FAR.conformance_test("test_pa1_offsets_past_2_3
 
 
 @pytest.mark.claim("PA-1")
+@pytest.mark.suite_own("the suite's Triton slot write at offsets past 2^31")
 def test_triton_slot_write_past_2_31(device):
     """write_kv_cache into slots past element 2^31 of FAR_CASE's caches: each token lands in its
     slot, bit for bit, and the other slots of its block stay NaN."""
@@ -230,6 +232,7 @@ def test_triton_slot_write_past_2_31(device):
 @given(case=paged_cases(), seed=S.seeds, num_splits=st.integers(1, 4),
        dtype=st.sampled_from([torch.float64, torch.float32, torch.float16]))
 @example(case=_c((130, 17), 6, 2, 59, 2), seed=1, num_splits=3, dtype=torch.float32)
+@pytest.mark.suite_own("the suite's Triton kernel's split paths (its internals)")
 def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
     """The Triton kernel with its tokens split into 1..4 ranges (partial outputs merged by
     log-sum-exp) equals the contiguous reference: the path long contexts take on a GPU."""
@@ -247,6 +250,7 @@ def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
        D=st.sampled_from([1, 8, 72]), seed=S.seeds,
        dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
        index_dtype=st.sampled_from([torch.int32, torch.int64]))
+@pytest.mark.suite_own("the suite's Triton slot-mapping write")
 def test_slot_mapping_write_matches_index_copy(device, bs, n, hkv, D, seed, dtype, index_dtype):
     """write_kv_cache scatters token n into slot slot_mapping[n] and nowhere else: equal, bit for
     bit (unwritten slots stay NaN), to PyTorch's index_copy_ on the flattened cache."""
@@ -266,6 +270,7 @@ def test_slot_mapping_write_matches_index_copy(device, bs, n, hkv, D, seed, dtyp
 
 
 @pytest.mark.claim("PA-1", "PA-4")
+@pytest.mark.suite_own("the suite's block tables, slot write and kernel in one decode loop")
 def test_pa1_decode_loop_through_block_tables(device):
     """A decode loop as a server runs it: the reference PagedKVCache hands out blocks (two
     sequences, the second forked from the first while its last block is partly filled, blocks
@@ -342,6 +347,7 @@ def test_pa1_block_ids_past_int16(impl, device):
 
 @pytest.mark.technique(TECH)
 @pytest.mark.claim("PA-1")
+@pytest.mark.suite_own("the suite's float64 paged kernel's launch arguments")
 def test_float64_paged_kernel_hands_no_float_that_float32_rounds(device, monkeypatch):
     """Compiled Triton types a Python float kernel argument as float32, so a float64 call folds
     the scale into q on the host (``inference_conformance.optimized.attention.tiles.fold_scale``); the interpreter keeps

@@ -178,6 +178,7 @@ def test_fa8_paged_zoo_entries_are_right_without_the_option():
 
 
 @pytest.mark.claim("FA-8")
+@pytest.mark.suite_own("the suite's paged kernel's tile skipping (its internals)")
 def test_fa8_paged_decode_never_reads_the_tokens_a_window_hides(device):
     """The Triton decode kernel starts at each sequence's first visible token: NaN values in the
     tokens before the window (which a kernel that read and masked them would multiply by a zero

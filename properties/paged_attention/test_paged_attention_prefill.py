@@ -97,6 +97,7 @@ test_pa8_mixed_batch_equals_causal = PA8.conformance_test(
 @given(case=prefill_cases(), seed=S.seeds, num_splits=st.integers(1, 3),
        dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]))
 @example(case=_p((9, 150), (1, 12), 4, 2, 16, 5), seed=3, num_splits=3, dtype=torch.float32)
+@pytest.mark.suite_own("the suite's Triton mixed-batch kernel's split paths (its internals)")
 def test_pa8_triton_split_kv_paths(device, case, seed, num_splits, dtype):
     """The Triton mixed-batch kernel with each tile's keys split into 1..3 ranges (merged by
     log-sum-exp; a split past a tile's last visible key weighs 0) equals dense causal attention."""
@@ -142,6 +143,7 @@ def test_pa8_mixed_batch_generic_checks(impl, device):
 
 
 @pytest.mark.claim("PA-8")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_pa8_coverage_table():
     """The PA-8 boundary classes each pinned mixed batch reaches (reported); the pinned ones alone
     reach them all."""
@@ -168,6 +170,7 @@ test_pa8_chunks_past_production_sizes = PA8_LONG.conformance_test(
 
 
 @pytest.mark.claim("PA-8")
+@pytest.mark.suite_own("the suite's pinned long chunks reach the production sizes")
 def test_pa8_long_chunks_reach_the_production_sizes():
     """The pinned long chunks reach a chunk past each production chunk size (512, 2,048, 8,192
     tokens); the interpreted subset reaches past 512."""

@@ -29,6 +29,8 @@ from inference_conformance.conformance import results
 from inference_conformance.properties.paged_attention.serving_cases import ABOUT, BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
 from inference_conformance.reference.paged_attention.serving import POLICIES, Arrival, FirstFit, Request, downsample, lecture_trace, simulate, simulate_chunked
 
+pytestmark = pytest.mark.suite_own("the serving simulator: the lecture's scheduling policy on traces, not an implementation's output")
+
 @functools.lru_cache(maxsize=None)
 def run(policy: str):
     return simulate(lecture_trace(400, seed=SEED), policy, budget=BUDGET, block_size=BLOCK)

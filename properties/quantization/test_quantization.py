@@ -113,6 +113,7 @@ test_qt1_within_half_step = QT1.conformance_test(
 
 
 @pytest.mark.claim("QT-1")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_qt1_coverage_table():
     """The boundary classes each pinned example reaches (reported)."""
     QT1.record_pinned_coverage("every class is reached in every Hypothesis profile")
@@ -157,6 +158,7 @@ test_qt2_idempotent = QT2.conformance_test(
 
 
 @pytest.mark.claim("QT-2")
+@pytest.mark.suite_own("the asymmetric scheme's arithmetic itself")
 def test_qt2_zero_point_rounding_is_not_idempotent():
     """Why QT-2 is stated for absmax only: with a zero point, the group's extremes need not land
     on the end codes. w = [-0.128, 1.059] at 8 bits: s = 1.187 / 255 (rounded up to 16 bits),
@@ -176,6 +178,7 @@ def test_qt2_zero_point_rounding_is_not_idempotent():
 @pytest.mark.claim("QT-2")
 @settings(max_examples=20)
 @given(bits=st.integers(2, 8), R=st.integers(1, 4), L=st.integers(1, 41), seed=S.seeds)
+@pytest.mark.suite_own("the suite's int packing helpers")
 def test_qt2_packing_round_trips(bits, R, L, seed):
     """unpack(pack(u)) == u for random codes, in the reference and in the packed layout the
     kernels read (bit for bit the same bytes)."""
@@ -190,6 +193,7 @@ def test_qt2_packing_round_trips(bits, R, L, seed):
 
 
 @pytest.mark.claim("QT-2")
+@pytest.mark.suite_own("the suite's packing and zero-point probes (the tools QT-2 reads codes with)")
 def test_qt2_packing_order_and_zero_point_probes():
     """The documented nibble order (pack 0..7 at 4 bits -> 0x10 0x32 0x54 0x76; 0..3 at 2 bits ->
     0xE4) round trips, for codes and for packed zero points; the zero-point convention (stored

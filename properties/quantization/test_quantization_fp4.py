@@ -140,6 +140,7 @@ test_qt13_matmul_equals_dequantize_then_multiply = QT13_MATMUL.conformance_test(
 
 
 @pytest.mark.claim("QT-13")
+@pytest.mark.suite_own("the suite's pinned tie blocks are ties")
 def test_qt13_ties_blocks_are_ties():
     """The ``ties`` cells hold what they claim: under both formats' scale rules (the contract's
     fp4_scales) every element / s is a midpoint or a grid value, and some are midpoints."""
@@ -152,6 +153,7 @@ def test_qt13_ties_blocks_are_ties():
 
 
 @pytest.mark.claim("QT-13")
+@pytest.mark.suite_own("the suite's FP4 packing helpers")
 def test_qt13_packing_round_trips():
     """Two E2M1 codes a byte, the even k low: the reference's and the torch packer's bytes are
     equal and unpack to the codes (odd K: the last byte's high nibble is 0); code 0b0111 is 6,
@@ -174,6 +176,7 @@ def test_qt13_packing_round_trips():
 
 
 @pytest.mark.claim("QT-13")
+@pytest.mark.suite_own("the law's exact-value check on a synthetic ties-away rounding")
 def test_qt13_ties_away_passes_the_bound_but_not_the_exact_value():
     """Why QT-13 compares with the exact value: ties sent away from zero are within half a step
     (the bound) everywhere, and differ from the reference's nearest-even value on the ties."""
@@ -205,6 +208,7 @@ def _relative_weight_error(model, scheme, bits: int, granularity) -> float:
 
 
 @pytest.mark.claim("QT-13")
+@pytest.mark.suite_own("the small model's NLL with the suite's FP4, int4 and FP8 weights (the lecture's figure)")
 def test_qt13_nll_with_fp4_weights_beside_int4_and_fp8():
     """QT-13's figure on the target model (float32, QT-3's 64 test documents): every block Linear
     weight-only MXFP4 (blocks of 32) and NVFP4 (blocks of 16), beside int4 absmax in groups of
@@ -244,6 +248,7 @@ def test_qt13_nll_with_fp4_weights_beside_int4_and_fp8():
 
 @pytest.mark.claim("QT-13")
 @pytest.mark.parametrize("library", ["gguf", "torchao"])
+@pytest.mark.suite_own("what the exact comparison finds in gguf's and torchao's FP4 formats, pinned as reproductions")
 def test_qt13_outside_deviations(library):
     """What QT-13's exact comparison finds in the outside FP4 formats (where the library is
     installed; ``optimized/quantization/outside_fp4.py``): gguf-py's MXFP4 sends ties to the

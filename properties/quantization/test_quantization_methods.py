@@ -49,7 +49,8 @@ from inference_conformance.properties.quantization.claims_cases import (
     qt8_ratios,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.suite_own("GPTQ, AWQ, SmoothQuant and the lecture's exercises: the suite's method implementations and their NLL figures (no method contract)")]
 
 
 # -------------------------------------------------------------------------------------- QT-7

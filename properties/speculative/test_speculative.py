@@ -83,6 +83,7 @@ SD1_EXACT = Law(claim="SD-1", technique=TECH, body=law_sd1_exact, params=(), giv
 
 
 @pytest.mark.claim("SD-1")
+@pytest.mark.suite_own("the exact enumeration, the oracle SD-1's statistical law is calibrated on")
 def test_sd1_exact_enumeration():
     """SD-1 exactly: for drawn and pinned (p, q), the distribution of the first emitted token and
     of the first two equals the target's to 1e-12 (float64 enumeration of every path)."""
@@ -105,6 +106,7 @@ def test_sd1_exact_check_rejects_wrong_acceptance(rule):
 
 
 @pytest.mark.claim("SD-2")
+@pytest.mark.suite_own("the lecture's worked two-token example")
 def test_sd2_two_token_example():
     """SD-2, the two-token proof of CS336 (its notation: q the target, p the draft): a draft
     that over-proposes A (p(A) > q(A)) is accepted on A with probability q(A)/p(A) and always
@@ -297,6 +299,7 @@ def test_randomness_only_from_generator(impl, device):
 # ------------------------------------------------------------------------ SD-4 / SD-6 formulas
 @pytest.mark.claim("SD-4")
 @pytest.mark.parametrize("alpha", [0.5, 0.69, 0.8, 0.92])
+@pytest.mark.suite_own("the lecture's tokens-per-call formula against the enumeration")
 def test_sd4_tokens_per_call_formula_matches_enumeration(alpha):
     """SD-4: when every position accepts with the same α (p, q built so that Σ min(p, q) = α),
     the enumerated expected tokens per round equals (1 − α^(γ+1)) / (1 − α), γ = 1..4, and the
@@ -305,6 +308,7 @@ def test_sd4_tokens_per_call_formula_matches_enumeration(alpha):
 
 
 @pytest.mark.claim("SD-6")
+@pytest.mark.suite_own("the lecture's exercise 7 table")
 def test_sd6_exercise_7_table():
     """SD-6: the speedup formula at α = 0.8, c = 0.05 gives the lecture's table to its printed
     precision, and the best γ is near 8 (:func:`inference_conformance.properties.speculative.claims_cases.check_sd6`)."""

@@ -80,6 +80,7 @@ SD11_EXACT = Law(claim="SD-11", technique=TECH, body=law_sd11_exact, params=(), 
 
 
 @pytest.mark.claim("SD-11")
+@pytest.mark.suite_own("the exact enumeration, the oracle SD-11's statistical law is calibrated on")
 def test_sd11_exact_enumeration():
     """SD-11 exactly: for drawn and pinned trees, one round's emitted tokens completed by the
     target have the target's distribution to 1e-12 (float64 enumeration of every draft token and
@@ -173,6 +174,7 @@ SUBTLE = {"acceptance_times_097": WRONG_RULES["acceptance x 0.97"],
 
 
 @pytest.mark.claim("SD-11")
+@pytest.mark.suite_own("the statistical law's own false-alarm rate (a calibration of the test)")
 def test_sd11_law_false_alarm_rate_exact_draws():
     """The law's family-wise false-alarm rate is at most ALPHA = 1e-3: on 1000 exact multinomial
     draws of a correct verifier's rounds its false alarms do not exceed binom.ppf(0.999, 1000, 1e-3)."""
@@ -188,6 +190,7 @@ def test_sd11_law_false_alarm_rate_exact_draws():
 
 @pytest.mark.claim("SD-11")
 @pytest.mark.parametrize("bias", sorted(SUBTLE))
+@pytest.mark.suite_own("the statistical law's own power (a calibration of the test)")
 def test_sd11_law_power_against_subtle_biases(bias):
     """The law's power against each few-percent biased zoo verifier (acceptance x 0.97; the
     residual not renormalised after a rejected sibling), on 500 exact draws of its rounds: at
@@ -220,6 +223,7 @@ def test_subtle_tree_zoo_entries_follow_their_enumeration(bias):
 
 # ------------------------------------------------------------------------ SD-13 typical acceptance
 @pytest.mark.claim("SD-13")
+@pytest.mark.suite_own("Medusa's typical acceptance (the suite's implementation of it: not the contract's rule, SD-13)")
 def test_sd13_typical_acceptance_not_exact_by_design():
     """SD-13: typical acceptance's total-variation distance from the target, by enumeration, as
     a function of ε (δ = sqrt(ε)): > 1e-3 at every ε of the figure, on a dense binary tree and
@@ -229,6 +233,7 @@ def test_sd13_typical_acceptance_not_exact_by_design():
 
 
 @pytest.mark.claim("SD-13")
+@pytest.mark.suite_own("Medusa's typical acceptance (the suite's implementation of it: not the contract's rule, SD-13)")
 def test_sd13_typical_acceptance_exact_in_its_limits():
     """SD-13's limits: the distance is 0 (1e-12) where typical acceptance never accepts a token the
     exact rule could reject: a threshold >= 1 (ε >= 1, δ >= exp(H_max), nothing accepted, every
@@ -248,6 +253,7 @@ def greedy_chain(case, n: int) -> list[int]:
 
 
 @pytest.mark.claim("SD-12")
+@pytest.mark.suite_own("the suite's greedy tree walk; the contract's verify_tree is the sampled rule, which SD-11 judges on every registered verifier")
 def test_sd12_greedy_tree_verification_emits_the_greedy_tokens():
     """SD-12 for trees: greedy verification of random trees (each shape, random node tokens, some
     on the target's greedy path) emits tokens that are exactly the target's greedy tokens, as many

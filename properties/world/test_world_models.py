@@ -18,6 +18,8 @@ from inference_conformance.smallworld.checker import grammatical_fraction, is_gr
 from inference_conformance.smallworld.sample import sample_documents, sample_ids
 from inference_conformance.smallworld.tokenizer import tokenizer
 
+pytestmark = pytest.mark.suite_own("the small world's shipped checkpoints and their cards")
+
 NAMES = checkpoints.NAMES
 LECTURE_NLL = {"target": 1.348, "draft_good": 1.363, "draft_poor": 1.799}
 LECTURE_PARAMS = {"target": 806_144, "draft_good": 15_968, "draft_poor": 15_968}
