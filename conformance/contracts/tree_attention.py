@@ -44,7 +44,9 @@ arguments raise ``TypeError`` (a non-tensor, a floating dtype outside the four o
 arguments of another dtype, a scale that is not a real number) or ``ValueError`` (wrong rank or
 sizes, Hq not a multiple of Hkv, a parent outside [-1, i), a prefix length below 0 or one whose
 tree does not fit S_max, a non-finite scale, mixed devices), naming the argument, before any
-kernel launch (:func:`validate`).
+kernel launch: ``validate(q, k_cache, v_cache, parents, prefix_lens, scale)`` of
+``inference_conformance.conformance.contracts.tree_attention`` raises them, and an
+implementation may call it.
 
 Tolerance: the suite's dtype rules (float64 1e-12 and float32 1e-5 of the output's scale; 16-bit
 outputs against the float64 result rounded to their dtype, 1 ulp of each element plus half an
