@@ -39,4 +39,4 @@ def implementations():
     """The float64 reference of the tree_attention contract (each path alone)."""
     from inference_conformance.conformance.registry import builtin
 
-    return (builtin("tree_attention", "reference", tree_attention),)
+    return (builtin("tree_attention", "reference", tree_attention, batch_invariant=True),)
