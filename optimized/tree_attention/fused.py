@@ -8,7 +8,7 @@ per (sequence, query head) holds all the nodes' queries (n_nodes <= BLOCK_M): it
 prefix's keys in BLOCK_N tiles with the online softmax (``tile_loop``), then one tile of the
 tree's own keys under the tree mask, which it builds in registers from the parent pointers: the
 ancestor set of every node by DEPTH steps of ``cur = parents[cur]``. RoPE positions are the
-caller's (depth-based: :func:`inference_conformance.reference.speculative_tree.tree_positions`).
+caller's (depth-based: the tree engine's ``TreeCachedModel.node_positions``).
 
 Layout: q (B, Hq, n_nodes, D); k_cache, v_cache (B, Hkv, S_max, D), contiguous per sequence,
 prefix at slots [0, prefix_lens[b]), the tree at [prefix_lens[b], prefix_lens[b] + n_nodes);
@@ -23,7 +23,7 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.speculative_tree import depths
 from inference_conformance.conformance.contracts.tree_attention import validate
-from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, tile_loop
+from inference_conformance.optimized.triton_shared import check_device, dot_mode, flat_grid, tile_loop
 
 #: Most nodes of one tree (one tile of queries per program).
 MAX_NODES = 64

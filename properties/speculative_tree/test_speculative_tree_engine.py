@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.speculative_tree import SHAPES
-from inference_conformance.conformance.tolerance import assert_close, assert_exact, check_close
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties.speculative import sd14_cases as s14
 from inference_conformance.properties.speculative.sd14_cases import check_sd14_figures, copy_prompts, free_prompts
