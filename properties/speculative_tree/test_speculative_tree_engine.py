@@ -46,25 +46,28 @@ def _model(name: str, dtype: torch.dtype):
     return load_model(name, dtype)
 
 
-def sd10_through_the_model(attention, dtype, cases, model_cls=None):
+def sd10_through_the_model(attention, dtype, cases, model_cls=None, device: str = "cpu"):
     """SD-10 on the shipped target: each node's logits from the engine's one tree forward (prefill
-    the prefix, then the tree over the cache, scored by the tree_attention implementation
-    ``attention``; ``model_cls``: the engine's cached model, a known-bad one in its zoo test) equal
-    those of its root-to-node path run alone (float64 reference in the same dtype's rule)."""
+    the prefix, then the tree over the cache on ``device``, scored by the tree_attention
+    implementation ``attention``; ``model_cls``: the engine's cached model, a known-bad one in its
+    zoo test) equal those of its root-to-node path run alone (float64 reference on the CPU, in
+    the same dtype's rule)."""
     from inference_conformance.optimized.speculative_tree.engine import TreeCachedModel
+    from inference_conformance.smallworld.checkpoints import load_model
 
-    model, oracle = _model("target", dtype), _model("target", torch.float64)
+    model = _model("target", dtype) if device == "cpu" else load_model("target", dtype, device)
+    oracle = _model("target", torch.float64)
     for shape, S, seed in cases:
         prefix, parents, tokens = _tree_inputs(shape, S, seed)
         m = (model_cls or TreeCachedModel)(model, prefix.shape[0], 64)
         m.attention = attention
         m.nan_fill = True
         m.start(prefix.shape[0])
-        m.extend(prefix, torch.full((prefix.shape[0],), S, dtype=torch.int64))
-        out = m.tree_forward(tokens, torch.tensor(parents, dtype=torch.int64))
+        m.extend(prefix.to(device), torch.full((prefix.shape[0],), S, dtype=torch.int64))
+        out = m.tree_forward(tokens.to(device), torch.tensor(parents, dtype=torch.int64))
         out_ref = path_logits(oracle, prefix, parents, tokens)
-        assert_close(out, out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
-                                        f"root-to-node path alone")
+        assert_close(out.cpu(), out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
+                                              f"root-to-node path alone")
 
 
 def _tree_inputs(shape: str, S: int, seed: int, B: int = 2):
@@ -88,7 +91,7 @@ def law_sd10_tree_forward(run, device, cases):
     :data:`SD10_INTERPRETED`."""
     run.observe(cases)
     with refusal(run, f"{run.implementation} refuses the target's float64 tree forward"):
-        sd10_through_the_model(run.impl, torch.float64, SD10_INTERPRETED if run.interpreted else cases)
+        sd10_through_the_model(run.impl, torch.float64, SD10_INTERPRETED if run.interpreted else cases, device=device)
 
 
 #: SD-10 through the model over every registered tree_attention implementation (outside ones
