@@ -2,7 +2,8 @@
 
 One request's output is computed alone (B = 1), then inside batches of drawn sizes with the
 request at a drawn index among other drawn requests (same shapes for ``attention``; other
-sequence lengths for ``paged_attention`` and ``mla_decode``, whose batches mix lengths, so an
+sequence or prefix lengths for ``paged_attention``, ``mla_decode`` and ``tree_attention``, whose
+batches mix lengths, so an
 implementation that picks its split-KV partition from the batch picks other splits there), and
 the request's rows are compared bitwise: a request's result must not depend on what is batched
 with it (vLLM's ``VLLM_BATCH_INVARIANT``, SGLang's deterministic mode).
@@ -27,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 #: The techniques whose contracts take a batch of independent requests.
-TECHNIQUES = ("attention", "paged_attention", "mla_decode")
+TECHNIQUES = ("attention", "paged_attention", "mla_decode", "tree_attention")
 #: (batch size, seed) of the batches each request is measured in; the request's index and the
 #: other requests' lengths are drawn from the seed.
 BATCHES = ((2, 11), (3, 12), (5, 13), (8, 14))
@@ -75,7 +76,8 @@ class Case:
     """One pinned case: the technique, its sizes and dtype. ``sizes`` keys by technique:
     attention ``Hq, Hkv, Tq, Tk, D, causal``; paged_attention ``Hq, Hkv, D, block_size, L``
     (the request's length; the others draw theirs from 1..``Lmax``); mla_decode ``Hq, D, C, R,
-    block_size, L, Lmax, paged``."""
+    block_size, L, Lmax, paged``; tree_attention ``Hq, Hkv, D, parents, L, Lmax`` (L: the request's
+    prefix length, the others' drawn from 1..``Lmax``; one tree for the batch)."""
 
     technique: str
     name: str
@@ -90,6 +92,7 @@ CASES = (
     Case("paged_attention", "mha-bs16", dict(Hq=2, Hkv=2, D=32, block_size=16, L=150, Lmax=300)),
     Case("mla_decode", "paged", dict(Hq=2, D=8, C=16, R=4, block_size=4, L=37, Lmax=90, paged=True)),
     Case("mla_decode", "contiguous", dict(Hq=3, D=8, C=16, R=4, block_size=0, L=21, Lmax=60, paged=False)),
+    Case("tree_attention", "gqa-binary", dict(Hq=4, Hkv=2, D=16, parents=(-1, -1, 0, 0, 1, 1), L=19, Lmax=40)),
 )
 
 
@@ -108,6 +111,11 @@ def _request(case: Case, gen: torch.Generator, length: int, device: str) -> dict
         return dict(q=_randn(gen, (s["Hq"], s["D"]), dt, device),
                     k=_randn(gen, (length, s["Hkv"], s["D"]), dt, device),
                     v=_randn(gen, (length, s["Hkv"], s["D"]), dt, device))
+    if case.technique == "tree_attention":
+        n = len(s["parents"])
+        return dict(q=_randn(gen, (s["Hq"], n, s["D"]), dt, device),
+                    k=_randn(gen, (s["Hkv"], length + n, s["D"]), dt, device),
+                    v=_randn(gen, (s["Hkv"], length + n, s["D"]), dt, device))
     return dict(q_nope=_randn(gen, (s["Hq"], s["D"]), dt, device),
                 q_rope=_randn(gen, (s["Hq"], s["R"]), dt, device),
                 cache=_randn(gen, (length, s["C"] + s["R"]), dt, device))
@@ -141,6 +149,15 @@ def _call(impl, case: Case, reqs: list[dict], seed: int, shared: dict) -> torch.
     if case.technique == "attention":
         q, k, v = (torch.stack([r[n] for r in reqs]) for n in ("q", "k", "v"))
         return impl(q, k, v, causal=s["causal"], scale=1 / math.sqrt(s["D"]))
+    if case.technique == "tree_attention":
+        n, width = len(s["parents"]), max(r["k"].shape[1] for r in reqs)
+        kc, vc = (torch.full((len(reqs), s["Hkv"], width + 1, s["D"]), math.nan, dtype=case.dtype, device=dev)
+                  for _ in range(2))
+        for b, r in enumerate(reqs):
+            kc[b, :, : r["k"].shape[1]], vc[b, :, : r["v"].shape[1]] = r["k"], r["v"]
+        lens = torch.tensor([r["k"].shape[1] - n for r in reqs], dtype=torch.int64, device=dev)
+        q = torch.stack([r["q"] for r in reqs])
+        return impl(q, kc, vc, torch.tensor(s["parents"], device=dev), lens, scale=1 / math.sqrt(s["D"]))
     lens = torch.tensor([r[next(n for n in r if n in ("k", "cache"))].shape[0] for r in reqs], dtype=torch.int32,
                         device=dev)
     if case.technique == "paged_attention":

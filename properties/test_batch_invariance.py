@@ -1,5 +1,5 @@
 """Batch invariance of every implementation of the contracts that take a batch (``attention``,
-``paged_attention``, ``mla_decode``): a request's output bitwise the same alone and inside
+``paged_attention``, ``mla_decode``, ``tree_attention``): a request's output bitwise the same alone and inside
 batches of drawn sizes, at drawn indices, among drawn other requests
 (:mod:`inference_conformance.properties.batch_invariance`).
 

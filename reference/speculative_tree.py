@@ -11,8 +11,8 @@
 - :func:`completed_distribution`, :func:`target_distribution`: a round's emitted tokens completed
   to a fixed length by sampling the target, and the target's own distribution of that length
   (SD-11: they are equal; SD-13: typical acceptance's total-variation distance between them).
-- :func:`tree_mask`, :func:`tree_positions`, :class:`TreeAttention`, :func:`tree_logits`,
-  :func:`path_logits`: tree attention through the one model forward (SD-10).
+- :func:`path_logits`: SD-10's oracle through the model, each root-to-node path run alone (the
+  tree's attention itself is the ``tree_attention`` technique: ``reference/tree_attention.py``).
 """
 from __future__ import annotations
 
@@ -223,57 +223,6 @@ def tree_total_variation(parents, q_fn, p_fn, V: int, rule: Rule) -> float:
 
 
 # ----------------------------------------------------------------- tree attention (SD-10)
-def tree_mask(parents, prefix_len: int) -> torch.Tensor:
-    """(n_nodes, prefix_len + n_nodes) bool: node i may attend the ``prefix_len`` cached tokens,
-    its ancestors and itself, nothing else (SpecInfer's topology-aware causal mask)."""
-    par = [int(x) for x in parents]
-    n = len(par)
-    mask = torch.zeros(n, prefix_len + n, dtype=torch.bool)
-    mask[:, :prefix_len] = True
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, prefix_len + j] = True
-            j = par[j]
-    return mask
-
-
-def tree_positions(parents, prefix_len: int) -> torch.Tensor:
-    """(n_nodes,) int64: node i's RoPE position, prefix_len - 1 + depth(i) (its position on its
-    root-to-node path, never its index in the flattened tree)."""
-    return torch.tensor([prefix_len - 1 + d for d in depths(parents)], dtype=torch.int64)
-
-
-class TreeAttention:
-    """An :class:`inference_conformance.reference.transformer.AttentionCache` for one forward over a prefix of S tokens
-    followed by a token tree: the prefix attends causally, each node by :func:`tree_mask`
-    (mask (T, T) bool, T = S + n_nodes, shared by the batch)."""
-
-    def __init__(self, parents, prefix_len: int):
-        n = len(parents)
-        T = prefix_len + n
-        mask = torch.zeros(T, T, dtype=torch.bool)
-        mask[:prefix_len, :prefix_len] = torch.ones(prefix_len, prefix_len, dtype=torch.bool).tril()
-        mask[prefix_len:] = tree_mask(parents, prefix_len)
-        self.mask = mask
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        from inference_conformance.reference.transformer import naive_attention
-
-        return naive_attention(q, k, v, self.mask.to(q.device)[None, None])
-
-
-@torch.no_grad()
-def tree_logits(model, prefix: torch.Tensor, parents, tree_tokens: torch.Tensor) -> torch.Tensor:
-    """SD-10's computation, in one forward: ``prefix`` (B, S) int64, ``tree_tokens`` (B, n_nodes)
-    int64, ``parents`` (n_nodes,). Returns the logits (B, n_nodes, V) in the model's dtype of every
-    node, scored with :class:`TreeAttention` and :func:`tree_positions`."""
-    B, S = prefix.shape
-    tokens = torch.cat([prefix, tree_tokens], 1)
-    positions = torch.cat([torch.arange(S), tree_positions(parents, S)]).to(prefix.device).expand(B, -1)
-    return model(tokens, positions, TreeAttention(parents, S))[:, S:]
-
-
 @torch.no_grad()
 def path_logits(model, prefix: torch.Tensor, parents, tree_tokens: torch.Tensor) -> torch.Tensor:
     """SD-10's oracle: for each node, the logits of running its root-to-node path alone after the

@@ -215,7 +215,7 @@ LAUNCHES["split_kv_invariant-65536-heads"] = Launch(
 def _tree_attention(B: int):
     """B sequences, one query head, a one-node tree after a one-token prefix: B programs."""
     def make(device, real):
-        from inference_conformance.optimized.speculative_tree.tree_attention import tree_attention
+        from inference_conformance.optimized.tree_attention.fused import tree_attention
 
         g = torch.Generator().manual_seed(0)
         q = torch.randn(B, 1, 1, 1, generator=g, dtype=torch.float64)
@@ -233,7 +233,7 @@ def _tree_attention(B: int):
     return make
 
 
-LAUNCHES["tree_attention-65536-sequences"] = Launch((("inference_conformance.optimized.speculative_tree.tree_attention", "tree_attention_kernel"),),
+LAUNCHES["tree_attention-65536-sequences"] = Launch((("inference_conformance.optimized.tree_attention.fused", "tree_attention_kernel"),),
                                                     _tree_attention(PAST))   # (B * Hq,): axis 0
 
 

@@ -119,3 +119,32 @@ def test_outside_kv_transfer_checked(tmp_path):
     rows = {r.implementation: r for r in read_rows(tmp_path) if r.implementation in (good, bad)}
     assert {k: r.verdict for k, r in rows.items()} == {good: "pass", bad: "fail"}, out[-4000:]
     assert all(w in rows[bad].message for w in ("measured error", "EXCEEDS bound", "rule float64")), rows[bad].message
+
+
+def test_outside_tree_attention_checked(tmp_path):
+    """`--impl tree_attention=module:fn` reaches SD-10 at the attention level and through the model:
+    the worked example (examples/my_tree_attention.py, written from docs/tree_attention.md) passes
+    both laws, and its twin whose mask is built from the flattened node index fails both (exit
+    status 1), each failure stating the measured error, the bound and the rule."""
+    from inference_conformance.conformance.results import read_rows
+
+    good, bad = "my_tree_attention:tree_attention", "my_tree_attention:wrong_tree_attention"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    laws = ("test_sd10_tree_attention_matches_paths", "test_sd10_tree_attention_equals_each_path_alone")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/tree_attention/test_tree_attention.py",
+           "properties/speculative_tree/test_speculative_tree_engine.py",
+           "-k", f"({' or '.join(laws)}) and not bfloat16 and not float16",
+           "--impl", f"tree_attention={good}", "--impl", f"tree_attention={bad}", "--results", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    rows = [r for r in read_rows(tmp_path) if r.implementation in (good, bad)]
+    verdicts = {(r.check.split("::")[-1].split("[")[0], r.implementation, r.verdict) for r in rows}
+    assert verdicts == {(law, impl, v) for law in laws for impl, v in ((good, "pass"), (bad, "fail"))}, \
+        (verdicts, out[-4000:])
+    for r in rows:
+        if r.implementation == bad:
+            assert "EXCEEDS bound" in r.message and "rule float" in r.message, r.message

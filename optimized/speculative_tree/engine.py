@@ -17,8 +17,8 @@ class TreeCacheAttention:
     """The attention backend of one tree forward over a :class:`CachedModel`'s cache: each layer
     appends the forward's n_nodes keys and values at slots [L_b, L_b + n_nodes) (L: the cached
     lengths) and attends by tree attention, ``attend_fn(q, k_cache, v_cache, parents,
-    prefix_lens)`` (:func:`inference_conformance.optimized.speculative_tree.tree_attention.tree_attention`, the Triton kernel, or its
-    reference-core twin ``tree_attention_torch``)."""
+    prefix_lens, scale=D ** -0.5)``: any implementation of the ``tree_attention`` contract
+    (``conformance/contracts/tree_attention.py``; the built-ins in ``optimized/tree_attention/``)."""
 
     def __init__(self, cache, parents: torch.Tensor, lengths: torch.Tensor, host_lengths: torch.Tensor, attend_fn):
         self.cache, self.parents, self.attend_fn = cache, parents, attend_fn
@@ -28,20 +28,26 @@ class TreeCacheAttention:
         B, _, n, _ = k.shape
         host_count = torch.full((B,), n, dtype=INDEX_DTYPE)
         self.cache.append(layer, k, v, self.lengths, host_count.to(k.device), self.host_lengths, host_count)
-        return self.attend_fn(q, self.cache.k[layer, :B], self.cache.v[layer, :B], self.parents, self.lengths)
+        return self.attend_fn(q, self.cache.k[layer, :B], self.cache.v[layer, :B], self.parents, self.lengths,
+                              scale=q.shape[-1] ** -0.5)
 
 
-def _tree_attend(name: str):
-    from inference_conformance.optimized.speculative_tree import tree_attention
+def _tree_attend(attention):
+    """The tree_attention implementation ``attention`` names: "triton" or "torch" (the built-ins
+    of ``optimized/tree_attention/``), or itself when it is a callable (any implementation)."""
+    if callable(attention):
+        return attention
+    from inference_conformance.optimized.tree_attention import fused, vectorized
 
-    return {"triton": tree_attention.tree_attention, "torch": tree_attention.tree_attention_torch}[name]
+    return {"triton": fused.tree_attention, "torch": vectorized.tree_attention}[attention]
 
 
 class TreeCachedModel(CachedModel):
     """A :class:`CachedModel` that also scores token trees in one forward and keeps one branch.
 
     :meth:`tree_forward` writes every node's keys and values after the cached prefix and scores
-    the nodes with the tree mask and depth-based positions (SD-10); :meth:`keep_path` moves the
+    the nodes with the tree mask and depth-based positions (SD-10), by the tree_attention
+    implementation ``attention`` ("triton", "torch" or a callable); :meth:`keep_path` moves the
     accepted nodes' keys and values to consecutive slots and forgets the rest (the rejected
     branches: their slots are refilled with NaN when ``nan_fill``)."""
 
@@ -65,12 +71,17 @@ class TreeCachedModel(CachedModel):
         dev = self.device
         depth = torch.tensor(depths(parents.tolist()), dtype=INDEX_DTYPE, device=dev)
         lengths = self.cache.lengths[:B].clone()
-        positions = lengths[:, None] - 1 + depth[None]                                 # (B, n)
+        positions = self.node_positions(lengths, depth)                                # (B, n)
         attention = TreeCacheAttention(self.cache, parents.to(dev), lengths, host_len, _tree_attend(self.attention))
         logits = self.model(tokens, positions, attention)
         count = torch.full((B,), n, dtype=INDEX_DTYPE)
         self.cache.advance(count.to(dev), count)
         return logits
+
+    def node_positions(self, lengths: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """(B, n_nodes) RoPE positions of the tree's nodes: L_b − 1 + depth(i) (lengths (B,), the
+        cached prefix; depth (n_nodes,)), each node's position on its own root-to-node path."""
+        return lengths[:, None] - 1 + depth[None]
 
     def keep_path(self, start: int, nodes: list[int]) -> None:
         """Keep, of the tree written at slots [start, start + n_nodes) of sequence 0, the nodes

@@ -2,11 +2,12 @@
 speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped target.
 
 - SD-10: a tree scored in one forward (tree mask, depth positions) gives every node the logits of
-  its root-to-node path run alone, for every tree scorer: the reference (the one model forward
-  over :class:`inference_conformance.reference.speculative_tree.TreeAttention`), and the engine's cached forward with
-  the Triton tree-attention kernel and with the reference core; the known-bad scorers
-  (``properties/speculative_tree/zoo.py``: siblings that see each other, positions from the
-  flattened index) are each rejected by the same comparison.
+  its root-to-node path run alone, through the engine's cached forward scored by every registered
+  ``tree_attention`` implementation (the built-ins and any ``--impl tree_attention=...``); the
+  mask bugs of that contract's zoo (``properties/tree_attention/zoo.py``: the flattened-index
+  mask, a sibling leak) and the engine's positions from the flattened index
+  (``properties/speculative_tree/zoo.py``) are each rejected by the same comparison. The
+  attention-level law: ``properties/tree_attention/``.
 - SD-12: greedy tree speculation with every drafter (draft chain, top-k draft tree, Medusa-style
   heads, self-speculation, prompt lookup) emits exactly greedy target decoding, and after every
   round the target's cache holds exactly the committed tokens' keys and values (the rejected
@@ -22,15 +23,17 @@ from functools import lru_cache
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.speculative_tree import SHAPES
-from inference_conformance.conformance.tolerance import assert_close, assert_exact, check_close
+from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties.speculative import sd14_cases as s14
 from inference_conformance.properties.speculative.sd14_cases import check_sd14_figures, copy_prompts, free_prompts
-from inference_conformance.properties.speculative_tree.zoo import TREE_SCORER_ZOO, engine_zoo
-from inference_conformance.reference.speculative_tree import path_logits, tree_logits
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.properties.speculative_tree.zoo import TREE_MODEL_ZOO, engine_zoo
+from inference_conformance.reference.speculative_tree import path_logits
 from inference_conformance.reference.transformer import generate, layer_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -43,24 +46,28 @@ def _model(name: str, dtype: torch.dtype):
     return load_model(name, dtype)
 
 
-def _cached_scorer(attention: str):
-    """The engine's tree forward as a scorer: prefill the prefix, then one tree forward."""
-    def score(model, prefix, parents, tree_tokens):
-        from inference_conformance.optimized.speculative_tree.engine import TreeCachedModel
+def sd10_through_the_model(attention, dtype, cases, model_cls=None, device: str = "cpu"):
+    """SD-10 on the shipped target: each node's logits from the engine's one tree forward (prefill
+    the prefix, then the tree over the cache on ``device``, scored by the tree_attention
+    implementation ``attention``; ``model_cls``: the engine's cached model, a known-bad one in its
+    zoo test) equal those of its root-to-node path run alone (float64 reference on the CPU, in
+    the same dtype's rule)."""
+    from inference_conformance.optimized.speculative_tree.engine import TreeCachedModel
+    from inference_conformance.smallworld.checkpoints import load_model
 
-        m = TreeCachedModel(model, prefix.shape[0], 64)
+    model = _model("target", dtype) if device == "cpu" else load_model("target", dtype, device)
+    oracle = _model("target", torch.float64)
+    for shape, S, seed in cases:
+        prefix, parents, tokens = _tree_inputs(shape, S, seed)
+        m = (model_cls or TreeCachedModel)(model, prefix.shape[0], 64)
         m.attention = attention
         m.nan_fill = True
         m.start(prefix.shape[0])
-        m.extend(prefix, torch.full((prefix.shape[0],), prefix.shape[1], dtype=torch.int64))
-        return m.tree_forward(tree_tokens, torch.tensor(parents, dtype=torch.int64))
-    return score
-
-
-#: The tree scorers SD-10 is checked on, and the dtype each runs in (the Triton kernel runs
-#: interpreted on a CPU: float32, one tree).
-SCORERS = {"reference": (tree_logits, torch.float64), "engine-torch": (_cached_scorer("torch"), torch.float64),
-           "engine-triton": (_cached_scorer("triton"), torch.float32)}
+        m.extend(prefix.to(device), torch.full((prefix.shape[0],), S, dtype=torch.int64))
+        out = m.tree_forward(tokens.to(device), torch.tensor(parents, dtype=torch.int64))
+        out_ref = path_logits(oracle, prefix, parents, tokens)
+        assert_close(out.cpu(), out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
+                                              f"root-to-node path alone")
 
 
 def _tree_inputs(shape: str, S: int, seed: int, B: int = 2):
@@ -71,44 +78,46 @@ def _tree_inputs(shape: str, S: int, seed: int, B: int = 2):
     return prefix, parents, tokens
 
 
-def law_sd10_tree_attention(scorer, dtype, cases):
-    """SD-10 on the shipped target: each node's logits from the one tree forward equal those of its
-    root-to-node path run alone (float64 reference in the same dtype's rule)."""
-    model, oracle = _model("target", dtype), _model("target", torch.float64)
-    for shape, S, seed in cases:
-        prefix, parents, tokens = _tree_inputs(shape, S, seed)
-        out = scorer(model, prefix, parents, tokens)
-        out_ref = path_logits(oracle, prefix, parents, tokens)
-        assert_close(out, out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
-                                        f"root-to-node path alone")
-
-
 #: Trees and prefix lengths: every shape (siblings, chains, a wide root), a one-token prefix and
-#: prefixes across the kernel's 16-key tiles; the interpreted kernel gets two of them.
+#: prefixes across the kernel's 16-key tiles; an interpreted kernel gets two of them.
 SD10_CASES = (("binary", 5, 1), ("three-drafts", 17, 2), ("wide-root", 1, 3), ("chain", 32, 4))
 SD10_INTERPRETED = (("wide-root", 17, 3), ("binary", 1, 1))
 
 
+def law_sd10_tree_forward(run, device, cases):
+    """SD-10 through the model, for every tree_attention implementation: the shipped target's
+    tree forward over its cache, scored by the implementation, gives every node the logits of
+    its root-to-node path alone (float64, the float64 rule); an interpreted kernel runs
+    :data:`SD10_INTERPRETED`."""
+    run.observe(cases)
+    with refusal(run, f"{run.implementation} refuses the target's float64 tree forward"):
+        sd10_through_the_model(run.impl, torch.float64, SD10_INTERPRETED if run.interpreted else cases, device=device)
+
+
+#: SD-10 through the model over every registered tree_attention implementation (outside ones
+#: included); the flattened-index mask and the sibling leak are rejected by it too.
+SD10_MODEL = Law(claim="SD-10", technique="tree_attention", body=law_sd10_tree_forward,
+                 given={"cases": st.just(SD10_CASES)}, examples=(dict(cases=SD10_CASES),), explicit_only=True,
+                 params=("device",), kills=(Kills(("flattened_index_mask", "sibling_leak")),))
+
+test_sd10_tree_attention_equals_each_path_alone = SD10_MODEL.conformance_test(
+    "test_sd10_tree_attention_equals_each_path_alone")
+test_sd10_zoo_rejected, = SD10_MODEL.zoo_tests("test_sd10_zoo_rejected")
+
+
 @pytest.mark.claim("SD-10")
-@pytest.mark.parametrize("scorer", sorted(SCORERS))
-def test_sd10_tree_attention_equals_each_path_alone(scorer):
-    fn, dtype = SCORERS[scorer]
-    law_sd10_tree_attention(fn, dtype, SD10_INTERPRETED if "triton" in scorer else SD10_CASES)
-    results.record("SD-10", measured="equal", unit="node logits vs root-to-node path alone",
-                   rule=f"tolerance policy of {str(dtype).replace('torch.', '')}", what=scorer)
+@pytest.mark.parametrize("bad", sorted(TREE_MODEL_ZOO))
+def test_sd10_zoo_engine_rejected(bad):
+    """Each known-bad tree forward of the engine (``TREE_MODEL_ZOO``: RoPE positions from the
+    flattened index) is rejected by SD-10's comparison through the model, scored by the float64
+    reference tree_attention."""
+    from inference_conformance.reference.tree_attention import tree_attention
 
-
-test_sd10_tree_attention_equals_each_path_alone.__doc__ = law_sd10_tree_attention.__doc__
-
-
-@pytest.mark.claim("SD-10")
-@pytest.mark.parametrize("bad", sorted(TREE_SCORER_ZOO))
-def test_sd10_zoo_rejected(bad):
-    """Each known-bad tree scorer is rejected by SD-10's own comparison (float64)."""
-    fn = TREE_SCORER_ZOO[bad]
-    impl = type("Bad", (), {"name": bad, "target": f"inference_conformance.properties.speculative_tree.zoo:{fn.__name__}"})()
-    text = expect_rejected(lambda _impl: law_sd10_tree_attention(fn, torch.float64, SD10_CASES[:2]), impl)
-    results.record("SD-10", measured="rejected", unit="known-bad tree scorer", rule="SD-10 comparison",
+    cls = TREE_MODEL_ZOO[bad]()
+    impl = type("Bad", (), {"name": bad, "target": f"inference_conformance.properties.speculative_tree.zoo:{bad}"})()
+    text = expect_rejected(lambda _impl: sd10_through_the_model(tree_attention, torch.float64, SD10_CASES[:2], cls),
+                           impl)
+    results.record("SD-10", measured="rejected", unit="known-bad tree forward", rule="SD-10 comparison",
                    what=f"{bad}: {text[:120]}")
 
 

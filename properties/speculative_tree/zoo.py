@@ -6,7 +6,8 @@ is wrong), or the check at the boundary values of the uniforms for the one accep
 
 All follow the contract's signature, validate like a correct verifier, compute in float64 and take
 their randomness from ``generator``, so that only the bug makes them wrong. The known-bad tree
-scorers and engines of SD-10 / SD-12 (outside this contract) are in :data:`TREE_SCORER_ZOO`.
+forwards and engines of SD-10 / SD-12 (outside this contract) are in :data:`TREE_MODEL_ZOO` and
+:func:`engine_zoo`.
 """
 from __future__ import annotations
 
@@ -144,35 +145,25 @@ def implementations():
     return tuple(known_bad("speculative_tree", name, fn) for name, fn in bugs.items())
 
 
-# ------------------------------------------------ outside the contract: tree scorers and engines
-def siblings_see_each_other(model, prefix, parents, tree_tokens):
-    """Tree attention with a causal mask over the flattened tree: every node also sees the nodes
-    before it in index order, its siblings and their subtrees included."""
-    from inference_conformance.reference.speculative_tree import TreeAttention, tree_positions
+# ------------------------------------------------ outside the contract: the engine's tree forward
+def flattened_positions():
+    """The engine's tree forward with the right tree mask but RoPE positions from each node's index
+    in the flattened tree (L_b + i) instead of its depth (L_b − 1 + depth(i)); the class, built on
+    demand (the engine imports the model code)."""
+    from inference_conformance.optimized.speculative_tree.engine import TreeCachedModel
 
-    B, S = prefix.shape
-    n = len(parents)
-    att = TreeAttention(parents, S)
-    att.mask[S:, S:] = torch.ones(n, n, dtype=torch.bool).tril()
-    positions = torch.cat([torch.arange(S), tree_positions(parents, S)]).expand(B, -1)
-    with torch.no_grad():
-        return model(torch.cat([prefix, tree_tokens], 1), positions, att)[:, S:]
+    class FlattenedPositions(TreeCachedModel):
+        def node_positions(self, lengths, depth):
+            return lengths[:, None] + torch.arange(depth.shape[0], device=depth.device)[None]
 
-
-def flattened_positions(model, prefix, parents, tree_tokens):
-    """The right tree mask, but RoPE positions from the node's index in the flattened tree
-    (S + i) instead of its depth (S − 1 + depth)."""
-    from inference_conformance.reference.speculative_tree import TreeAttention
-
-    B, S = prefix.shape
-    n = len(parents)
-    positions = torch.arange(S + n).expand(B, -1)
-    with torch.no_grad():
-        return model(torch.cat([prefix, tree_tokens], 1), positions, TreeAttention(parents, S))[:, S:]
+    return FlattenedPositions
 
 
-#: Known-bad tree scorers (SD-10): ``scorer(model, prefix (B, S), parents, tree_tokens (B, n))``.
-TREE_SCORER_ZOO = {"siblings_see_each_other": siblings_see_each_other, "flattened_positions": flattened_positions}
+#: Known-bad tree forwards of the engine (SD-10 through the model), by name: a function returning
+#: the :class:`~inference_conformance.optimized.speculative_tree.engine.TreeCachedModel` subclass.
+#: The known-bad tree attention implementations are the ``tree_attention`` contract's zoo
+#: (``properties/tree_attention/zoo.py``).
+TREE_MODEL_ZOO = {"flattened_positions": flattened_positions}
 
 
 def _engine_zoo():

@@ -1,4 +1,5 @@
-"""Tree attention in Triton (SpecInfer's topology-aware causal mask; claim SD-10).
+"""The "triton" built-in of the ``tree_attention`` contract: tree attention in Triton (SpecInfer's
+topology-aware causal mask; claim SD-10).
 
 A token tree of n_nodes draft nodes, given by parent pointers, is scored in one target forward:
 the nodes' keys and values are written to the cache right after each sequence's cached prefix,
@@ -7,7 +8,7 @@ per (sequence, query head) holds all the nodes' queries (n_nodes <= BLOCK_M): it
 prefix's keys in BLOCK_N tiles with the online softmax (``tile_loop``), then one tile of the
 tree's own keys under the tree mask, which it builds in registers from the parent pointers: the
 ancestor set of every node by DEPTH steps of ``cur = parents[cur]``. RoPE positions are the
-caller's (depth-based: :func:`inference_conformance.reference.speculative_tree.tree_positions`).
+caller's (depth-based: the tree engine's ``TreeCachedModel.node_positions``).
 
 Layout: q (B, Hq, n_nodes, D); k_cache, v_cache (B, Hkv, S_max, D), contiguous per sequence,
 prefix at slots [0, prefix_lens[b]), the tree at [prefix_lens[b], prefix_lens[b] + n_nodes);
@@ -21,7 +22,8 @@ import triton
 import triton.language as tl
 
 from inference_conformance.conformance.contracts.speculative_tree import depths
-from inference_conformance.optimized.triton_shared import DOT_SUM, check_device, dot_mode, flat_grid, tile_loop
+from inference_conformance.conformance.contracts.tree_attention import validate
+from inference_conformance.optimized.triton_shared import check_device, dot_mode, flat_grid, tile_loop
 
 #: Most nodes of one tree (one tile of queries per program).
 MAX_NODES = 64
@@ -136,54 +138,23 @@ def tree_attention_kernel(
              out.to(O_ptr.dtype.element_ty), mask=io_mask)
 
 
-def _check(q, k_cache, v_cache, parents, prefix_lens):
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("parents", parents),
-                    ("prefix_lens", prefix_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4 or k_cache.dim() != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"q must be (B, Hq, n_nodes, D) and k_cache, v_cache (B, Hkv, S_max, D) alike, got "
-                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    B, Hq, n, D = q.shape
-    if k_cache.shape[0] != B or k_cache.shape[3] != D or Hq % k_cache.shape[1]:
-        raise ValueError(f"k_cache must be (B={B}, Hkv dividing Hq={Hq}, S_max, D={D}), got {tuple(k_cache.shape)}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if not 1 <= n <= MAX_NODES:
-        raise ValueError(f"q must hold 1..{MAX_NODES} tree nodes, got n_nodes = {n}")
-    if parents.dtype not in (torch.int32, torch.int64) or tuple(parents.shape) != (n,):
-        raise ValueError(f"parents must be an integer tensor of shape (n_nodes,) = ({n},), got "
-                         f"{parents.dtype} {tuple(parents.shape)}")
-    if prefix_lens.dtype not in (torch.int32, torch.int64) or tuple(prefix_lens.shape) != (B,):
-        raise ValueError(f"prefix_lens must be an integer tensor of shape (B,) = ({B},), got "
-                         f"{prefix_lens.dtype} {tuple(prefix_lens.shape)}")
-    par = parents.cpu().tolist()
-    if any(not -1 <= p_ < i for i, p_ in enumerate(par)):
-        raise ValueError(f"parents must satisfy -1 <= parents[i] < i (topological order), got {par}")
-    lens = prefix_lens.cpu()
-    if (lens < 0).any() or (lens + n > k_cache.shape[2]).any():
-        raise ValueError(f"prefix_lens + n_nodes must fit the cache's S_max = {k_cache.shape[2]}, got "
-                         f"prefix_lens {lens.tolist()}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("parents", parents),
-                    ("prefix_lens", prefix_lens)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all tensors must be on one device")
-    return par
-
-
-def tree_attention(q, k_cache, v_cache, parents, prefix_lens, *, scale: float | None = None,
-                   block_n: int = 16) -> torch.Tensor:
-    """Attention of a token tree's nodes over the cached prefix and their own ancestors.
+def tree_attention(q, k_cache, v_cache, parents, prefix_lens, *, scale: float, block_n: int = 16) -> torch.Tensor:
+    """The ``tree_attention`` contract (``conformance/contracts/tree_attention.py``) by the Triton
+    kernel: attention of a token tree's nodes over the cached prefix and their own ancestors.
 
     q (B, Hq, n_nodes, D); k_cache, v_cache (B, Hkv, S_max, D) with the tree's keys and values
     at slots [prefix_lens[b], prefix_lens[b] + n_nodes); parents (n_nodes,) int; prefix_lens (B,)
-    int; ``scale`` default D^-0.5. Returns (B, Hq, n_nodes, D) in q's dtype (float64, float32,
-    float16, bfloat16). Raises TypeError / ValueError naming the argument (shapes, dtypes, parent
-    pointers not topological, a tree that does not fit the cache) before any launch.
+    int. Returns (B, Hq, n_nodes, D) in q's dtype (float64, float32, float16, bfloat16). Raises
+    TypeError / ValueError naming the argument (the contract's ``validate``) before any launch,
+    and NotImplementedError for more than :data:`MAX_NODES` nodes (one tile of queries).
     """
-    par = _check(q, k_cache, v_cache, parents, prefix_lens)
+    shape = validate(q, k_cache, v_cache, parents, prefix_lens, scale)
+    if shape.n_nodes > MAX_NODES:
+        raise NotImplementedError(f"the Triton tree kernel holds at most {MAX_NODES} nodes in one tile, "
+                                  f"got n_nodes = {shape.n_nodes}")
     check_device(q)
     B, Hq, n, D = q.shape
+    par = [int(x) for x in parents.tolist()]
     mode = dot_mode(q.dtype)
     BLOCK_M = max(16, triton.next_power_of_2(n))
     BLOCK_D = max(16, triton.next_power_of_2(D))
@@ -192,26 +163,9 @@ def tree_attention(q, k_cache, v_cache, parents, prefix_lens, *, scale: float | 
     lens = prefix_lens.to(torch.int32)
     tree_attention_kernel[flat_grid(B * Hq)](
         q, k_cache, v_cache, out, par_t, lens, *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
-        Hq, n, D, Hq // k_cache.shape[1], float(D ** -0.5 if scale is None else scale),
+        Hq, n, D, Hq // shape.Hkv, float(scale),
         DEPTH=max(depths(par)), DOT_MODE=mode, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D)
     return out
-
-
-def tree_attention_torch(q, k_cache, v_cache, parents, prefix_lens, *, scale: float | None = None) -> torch.Tensor:
-    """The same computation by the reference core (gather, mask, softmax), for the laws and benchmarks."""
-    from inference_conformance.reference.attention import masked_attention
-    from inference_conformance.reference.speculative_tree import tree_mask
-
-    par = _check(q, k_cache, v_cache, parents, prefix_lens)
-    B, Hq, n, D = q.shape
-    out = []
-    for b in range(B):
-        S = int(prefix_lens[b])
-        mask = tree_mask(par, S).to(q.device)[None, None]
-        out.append(masked_attention(q[b:b + 1], k_cache[b:b + 1, :, :S + n], v_cache[b:b + 1, :, :S + n],
-                                    scale=D ** -0.5 if scale is None else scale, mask=mask,
-                                    softmax_dtype=torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else None))
-    return torch.cat(out)
 
 
 def compile_variants():
@@ -230,6 +184,7 @@ def smoke_calls(device: str):
 
     def run():
         from inference_conformance.conformance.tolerance import check_close
+        from inference_conformance.reference.tree_attention import tree_attention as reference_tree_attention
 
         g = torch.Generator().manual_seed(0)
         q = torch.randn(2, 4, 6, 32, generator=g, dtype=torch.float64)
@@ -237,9 +192,9 @@ def smoke_calls(device: str):
         v = torch.randn(2, 2, 40, 32, generator=g, dtype=torch.float64)
         par = torch.tensor([-1, -1, 0, 0, 1, 1])
         lens = torch.tensor([21, 9])
-        out_ref = tree_attention_torch(q, k, v, par, lens)
+        out_ref = reference_tree_attention(q, k, v, par, lens, scale=32 ** -0.5)
         out = tree_attention(q.float().to(device), k.float().to(device), v.float().to(device), par.to(device),
-                             lens.to(device))
+                             lens.to(device), scale=32 ** -0.5)
         return check_close(out, out_ref, what="tree_attention float32 vs float64 reference")
 
     return [SmokeCall("tree_attention float32 binary tree prefix 21/9", run)]

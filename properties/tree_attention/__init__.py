@@ -1,0 +1,1 @@
+"""Laws of tree attention (the ``tree_attention`` contract; claim SD-10)."""
