@@ -184,6 +184,7 @@ def law_sd12_greedy(engine_cls, drafter, attention: str = "torch", n_tokens: int
 
 @pytest.mark.claim("SD-12")
 @pytest.mark.parametrize("drafter", ["chain", "heads", "lookup", "self", "tree"])
+@pytest.mark.suite_own("the suite's tree engine and drafters (heads, self-speculation, prompt lookup): no drafter contract yet, so outside drafters cannot be plugged in")
 def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
     """SD-12 for each drafter (engine with the reference-core tree attention, float64): output
     token for token equal to greedy target decoding from two prompts, the cache equal to the
@@ -197,6 +198,7 @@ def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
 
 
 @pytest.mark.claim("SD-12")
+@pytest.mark.suite_own("the suite's tree engine and drafters through its Triton tree kernel: no drafter contract yet")
 def test_sd12_greedy_tree_with_the_triton_kernel():
     """SD-12 with the Triton tree-attention kernel in the engine (interpreted on a CPU: one short
     run of the top-k draft tree, float64)."""
@@ -236,6 +238,7 @@ def _run(drafter, prompts, n_tokens: int):
 
 
 @pytest.mark.claim("SD-14")
+@pytest.mark.suite_own("the suite's prompt-lookup drafter's measured acceptance (SD-14's figure): no drafter contract yet")
 def test_sd14_prompt_lookup_copy_vs_free():
     """SD-14: prompt lookup (n-gram 3, γ = 5) on the 12 copy prompts
     (:func:`inference_conformance.properties.speculative.sd14_cases.sd14_copy_prompts`: the first 12 validation
@@ -266,6 +269,7 @@ def test_sd14_prompt_lookup_copy_vs_free():
 
 
 @pytest.mark.claim("SD-14")
+@pytest.mark.suite_own("the suite's self-speculation drafter against the shipped drafts (SD-14's figure): no drafter contract yet")
 def test_sd14_self_speculation_against_the_shipped_drafts():
     """SD-14: α (accepted / drafted) and tokens per target call of self-speculation (the target
     without block 1) against the good and the poor draft, γ = 4 greedy chains, free generation

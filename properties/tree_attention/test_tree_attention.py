@@ -32,6 +32,7 @@ test_sd10_tree_attention_zoo_rejected, test_sd10_tree_attention_zoo_rejected_bfl
 
 
 @pytest.mark.claim("SD-10")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_sd10_tree_attention_coverage_table():
     """The boundary classes each pinned example reaches (every profile runs them)."""
     SD10_ATTENTION.record_pinned_coverage("every class of the contract is reached in every Hypothesis profile")
