@@ -118,3 +118,25 @@ def test_outside_fp8_casts_checked(tmp_path):
     verdicts = {r.implementation: r.verdict for r in read_rows(tmp_path) if r.implementation in (good, bad)}
     assert verdicts == {good: "pass", bad: "fail"}, (verdicts, out[-4000:])
     assert "EXCEEDS bound 0.000e+00 (rule exact)" in out, out[-4000:]
+
+
+def test_outside_kv_formats_checked(tmp_path):
+    """`--impl kv_format=module:obj` checks outside KV-cache formats with QT-12's value law: the
+    worked example (examples/my_kv_format.py) passes it and its twin that shares one scale among a
+    token's heads fails it (exit status 1), in float32, with the measured error, the bound and the
+    rule."""
+    from inference_conformance.conformance.results import read_rows
+
+    good, bad = "my_kv_format:my_kv_format", "my_kv_format:wrong_kv_format"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/kv_format/test_kv_format.py", "-k", "test_qt12_every_value_within_its_step and float32",
+           "--impl", f"kv_format={good}", "--impl", f"kv_format={bad}", "--results", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    verdicts = {r.implementation: r.verdict for r in read_rows(tmp_path) if r.implementation in (good, bad)}
+    assert verdicts == {good: "pass", bad: "fail"}, (verdicts, out[-4000:])
+    assert "EXCEEDS bound 1.000e+00 (rule QT-12 half step)" in out, out[-4000:]
