@@ -197,7 +197,7 @@ QT11_GRID = Law(
     kills=(Kills(ZOO_GRID, (torch.float32,)),
            Kills(ZOO_GRID_FLOAT64, (torch.float64,), doc="A float64 x rounded to float32 first is caught by "
                                                          "values within a float32 half step of a midpoint.")),
-    coverage=COVERAGE, max_examples=lambda n: min(n, 10))
+    coverage=COVERAGE, max_examples=lambda n: min(n, 50))
 
 QT11_RANGE = Law(
     claim="QT-11", technique="fp8_cast", body=law_saturates_or_overflows,
@@ -205,4 +205,4 @@ QT11_RANGE = Law(
     examples=tuple(dict(case=c, seed=i) for i, c in enumerate(RANGE_EXAMPLES)),
     dtypes=S.FLOAT_DTYPES,
     kills=(Kills(ZOO_RANGE, (torch.float32,)),),
-    coverage=COVERAGE, max_examples=lambda n: min(n, 10))
+    coverage=COVERAGE, max_examples=lambda n: min(n, 50))

@@ -200,16 +200,16 @@ ZOO_BYTES = ("codes_held_in_float32",)
 QT12_VALUES = Law(
     claim="QT-12", technique="kv_format", body=law_every_value_within_its_step,
     given={"case": kv_cases(), "seed": S.seeds}, examples=EXAMPLES, dtypes=(torch.float64, torch.float32),
-    kills=(Kills(ZOO_VALUE, (torch.float64,)),), coverage=COVERAGE, max_examples=lambda n: min(n, 8))
+    kills=(Kills(ZOO_VALUE, (torch.float64,)),), coverage=COVERAGE, max_examples=lambda n: min(n, 30))
 
 QT12_ATTENTION = Law(
     claim="QT-12", technique="kv_format", body=law_attention_within_its_bound, params=("device",),
     given={"case": kv_cases(), "seed": S.seeds}, examples=EXAMPLES, coverage=COVERAGE,
     kills=(Kills(("scale_shared_across_heads", "int4_nibbles_swapped_on_read"), ()),),
-    max_examples=lambda n: min(n, 4))
+    max_examples=lambda n: max(4, n // 3))
 
 QT12_BYTES = Law(
     claim="QT-12", technique="kv_format", body=law_bytes_held_within_the_format,
     given={"case": kv_cases(), "seed": S.seeds}, examples=EXAMPLES, dtypes=(torch.float32, torch.bfloat16),
-    kills=(Kills(ZOO_BYTES, (torch.float32,)),), coverage=COVERAGE, max_examples=lambda n: min(n, 8))
+    kills=(Kills(ZOO_BYTES, (torch.float32,)),), coverage=COVERAGE, max_examples=lambda n: min(n, 30))
 
