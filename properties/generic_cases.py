@@ -85,6 +85,12 @@ def check_inputs_not_mutated(fn, args: tuple, kwargs: dict) -> None:
         tolerance.assert_exact(t, t0, what=f"{p} after the call (inputs must not be mutated)")
 
 
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """isfinite on the CPU, an 8-bit float (torch has no isfinite for float8) read as float32."""
+    t = t.detach()
+    return torch.isfinite(t.float() if t.is_floating_point() and t.element_size() == 1 else t).cpu()
+
+
 def check_output_fully_written(fn, args: tuple, kwargs: dict, oracle=None) -> None:
     """With an ``out`` buffer: pre-fill it with NaN, call, assert no NaN is left where the
     oracle's output is finite (everywhere without an oracle). Without one: the output is finite
@@ -103,9 +109,9 @@ def check_output_fully_written(fn, args: tuple, kwargs: dict, oracle=None) -> No
     for i, (p, t) in enumerate(produced):
         if not t.is_floating_point():
             continue
-        finite = torch.isfinite(t.detach()).cpu()
+        finite = _finite(t)
         if i < len(expected) and expected[i][1].shape == t.shape:
-            want = torch.isfinite(expected[i][1].detach()).cpu()
+            want = _finite(expected[i][1])
         else:
             want = torch.ones_like(finite)
         missing = want & ~finite

@@ -55,6 +55,25 @@ def fp8_format(name) -> FP8Format:
     return FP8_FORMATS[name]
 
 
+def fp8_round(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The one definition of the FP8 grid: x rounded to nearest, ties to even, on the format's
+    grid with its exponent range unbounded above, float64 of x's shape, computed from x's exact
+    value (no intermediate type). The spacing at |x| is 2^(max(e, emin) - m) for
+    2^e <= |x| < 2^(e+1): the normal binades, then the subnormal step 2^(emin - m) below 2^emin
+    (subnormals kept, never flushed); a result past F is left there (saturation or overflow is
+    the caller's); the sign of x is kept (a negative x that rounds to zero gives -0.0); ±inf and
+    NaN are returned as they are. Raises ValueError for an unknown format (``number_format``)."""
+    f = fp8_format(fmt)
+    x64 = x.detach().to(torch.float64)
+    finite = torch.isfinite(x64)
+    xs = torch.where(finite, x64, 0.0)
+    _, e = torch.frexp(xs)                                  # |x| = m 2^e, m in [0.5, 1): leading bit 2^(e-1)
+    exp = torch.clamp(e.to(torch.int64) - 1, min=f.emin)
+    spacing = torch.ldexp(torch.ones_like(xs), (exp - f.m).to(torch.int32))
+    y = torch.round(xs / spacing) * spacing                 # torch.round: half to even; x / spacing is exact
+    return torch.where(finite, y, x64)
+
+
 def fp8_step(w: torch.Tensor, fmt: str, granularity) -> torch.Tensor:
     """The scale s of each element's group for an FP8 scheme, (N, K) float64: s = max|w_group| / F,
     F the format's largest value (the group's largest |w| lands on F). Raises as validate_quantize."""

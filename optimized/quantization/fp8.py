@@ -26,13 +26,6 @@ def to_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return x.clamp(-f.max, f.max).to(getattr(torch, f.torch_dtype))
 
 
-def fp8_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """x rounded to the FP8 grid (:func:`to_fp8`), returned in x's dtype (exact: every FP8 value
-    is a float16 / bfloat16 / float32 value). float64 inputs go through float32 first."""
-    src = x.to(torch.float32) if x.dtype == torch.float64 else x
-    return to_fp8(src, fmt).to(x.dtype)
-
-
 @dataclass(frozen=True)
 class PackedFP8:
     """The FP8 weight: ``codes`` (N, K) uint8, the bit patterns of torch's float8 dtype of ``fmt``

@@ -2,11 +2,8 @@
 contract (``conformance/contracts/quantization_fp8.py``: the FP8 formats and their bounds). The
 KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.py``.
 
-- QT-11, the cast: ``fp8_cast`` (reference: float64 round to nearest even; torch: the float8
-  dtypes, clamped first) saturates (finite everywhere, ±F at and beyond F: 448 for E4M3fn, 57344
-  for E5M2), is within half an ulp (2^-4 / 2^-3 relative in the normal range, half the
-  subnormal step below) and equals the reference's grid value exactly (ties to even included).
-  Known-bad casts (``properties/quantization/zoo_fp8.py`` ``FP8_CAST_ZOO``) are rejected.
+- QT-11, the cast: the ``fp8_cast`` contract's laws (``properties/fp8_cast/``) over every
+  registered cast; here only why the schemes' bound is half the spacing at the value.
 - QT-11, the schemes: every FP8 scheme of the registry (``number_format``) reconstructs every
   element within the contract's ``fp8_bound`` (per tensor, per channel, groups), and its matmul
   equals x @ dequantize(qw).T (QT-9's rule); figures: the lecture's outlier example and the small
@@ -15,7 +12,6 @@ KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.p
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,10 +22,8 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts import quantization_fp8 as fp8_contract
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import assert_exact, check_within
-from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties import strategies as S
 from inference_conformance.properties.quantization.cases import (
-    as_impl,
     EXAMPLE_SEEDS,
     EXAMPLES,
     QCase,
@@ -40,7 +34,6 @@ from inference_conformance.properties.quantization.cases import (
     quant_cases,
     quantize,
 )
-from inference_conformance.properties.quantization.zoo_fp8 import FP8_CAST_ZOO
 
 TECH = "quantization"
 FORMATS = tuple(fp8_contract.FP8_FORMATS)
@@ -56,120 +49,30 @@ def _fp8_only(impl) -> str | None:
 
 
 # ------------------------------------------------------------------------ QT-11: the cast
-def cast_values(fmt: str, seed: int) -> torch.Tensor:
-    """float32 values for the cast law: log-uniform magnitudes from below the smallest
-    subnormal to 4 F, both signs; every exact tie between two neighbouring grid values of a
-    drawn sample; 0, ±F, F plus half the top spacing (rounds past F), ±inf, the subnormal steps;
-    the values a double rounding gets wrong (:func:`double_rounding_values`)."""
-    f = fp8_contract.fp8_format(fmt)
-    g = torch.Generator().manual_seed(seed)
-    lo, hi = f.emin - f.m - 2, torch.log2(torch.tensor(4 * f.max)).item()
-    mag = torch.exp2(torch.rand(400, generator=g, dtype=torch.float64) * (hi - lo) + lo)
-    sign = torch.where(torch.rand(400, generator=g) < 0.5, -1.0, 1.0).double()
-    x = mag * sign
-    from inference_conformance.reference.quantization.fp8 import fp8_cast
-
-    grid = fp8_cast(x[:100], fmt)                                      # grid points, then their midpoints
-    _, e = torch.frexp(grid)
-    spacing = torch.ldexp(torch.ones_like(grid), (torch.clamp(e.long() - 1, min=f.emin) - f.m).int())
-    ties = (grid + spacing / 2 * torch.sign(grid)).clamp(-f.max, f.max)
-    top = 2.0 ** (int(torch.log2(torch.tensor(f.max)).floor()) - f.m)
-    special = torch.tensor([0.0, f.max, -f.max, f.max + top / 2, -(f.max + top / 2), f.max + top, 1e30,
-                            float("inf"), float("-inf"), f.subnormal_step, f.subnormal_step / 2,
-                            3 * f.subnormal_step / 2, f.min_normal], dtype=torch.float64)
-    return torch.cat([x, ties, special, double_rounding_values(fmt)]).to(torch.float32)
-
-
-def double_rounding_values(fmt: str) -> torch.Tensor:
-    """float64 values where rounding twice (to float16, then to the FP8 grid) differs from round
-    to nearest even, pinned in every binade 2^e of the format's normal range (both signs): just
-    above a power of two, the midpoint 2^e (1 + 2^-(m+1)) plus a quarter of float16's step there
-    (round to nearest: up; through float16: onto the midpoint, then down to the even 2^e), and
-    the next midpoint 2^e (1 + 3 2^-(m+1)) minus it (round to nearest: down; through float16: up
-    to the even neighbour); the ties themselves are in :func:`cast_values`."""
-    f = fp8_contract.fp8_format(fmt)
-    e = torch.arange(f.emin, int(torch.log2(torch.tensor(f.max)).floor()) + 1, dtype=torch.float64)
-    base, quarter = torch.exp2(e), torch.exp2(e - 12)                  # float16's step in binade e: 2^(e-10)
-    up = base * (1 + 2.0 ** -(f.m + 1)) + quarter
-    down = base * (1 + 3 * 2.0 ** -(f.m + 1)) - quarter
-    v = torch.cat([up, down])
-    return torch.cat([v, -v])
-
-
-def law_fp8_cast(run, device, fmt, seed):
-    """QT-11's cast: saturates (finite everywhere; ±F where |x| >= F), within half an ulp of x
-    below F, and on the reference's grid (round to nearest even) exactly."""
-    from inference_conformance.reference.quantization.fp8 import fp8_cast as ref_cast
-
-    f = fp8_contract.fp8_format(fmt)
-    x = cast_values(fmt, seed).to(device)
-    out = run.impl.cast(x, fmt)
-    assert out.shape == x.shape, (out.shape, x.shape)                  # values: float64 or x's dtype
-    o = out.double().cpu()
-    x64 = x.double().cpu()
-    assert bool(torch.isfinite(o).all()), (f"{fmt} cast is not saturating: {int((~torch.isfinite(o)).sum())} values "
-                                           f"came back inf/NaN, e.g. x = {x64[~torch.isfinite(o)][:3].tolist()}")
-    big = x64.abs() >= f.max
-    assert_exact(o[big], torch.sign(x64[big]) * f.max, what=f"{fmt} cast of |x| >= {f.max:g} (saturates at ±F)")
-    inside = ~big
-    check_within(o[inside], x64[inside], fp8_contract.fp8_value_bound(x64[inside], torch.ones(()), fmt),
-                 what=f"{fmt} cast below F", rule="QT-11 half ulp").check()
-    assert_exact(o, ref_cast(x64, fmt), what=f"{fmt} cast vs the reference grid (round to nearest even)")
-    run.observe(fmt)
-
-
-FP8_CASTS = {"reference": "inference_conformance.reference.quantization.fp8:fp8_cast", "torch": "inference_conformance.optimized.quantization.fp8:fp8_cast"}
-
-
-def _cast_impl(name: str) -> SimpleNamespace:
-    import importlib
-
-    module, attr = FP8_CASTS[name].split(":")
-    return as_impl(name, FP8_CASTS[name], cast=getattr(importlib.import_module(module), attr))
-
-
-QT11_CAST = Law(claim="QT-11", technique=TECH, body=law_fp8_cast, params=("device",),
-                given={"fmt": st.sampled_from(FORMATS), "seed": S.seeds},
-                examples=tuple(dict(fmt=f, seed=i) for i, f in enumerate(FORMATS)), max_examples=lambda n: 4)
-
-
-@pytest.mark.claim("QT-11")
-@pytest.mark.parametrize("which", list(FP8_CASTS))
-def test_qt11_cast_saturates_within_half_ulp(which, device):
-    run = QT11_CAST(_cast_impl(which), device)
-    assert set(run.observations) == set(FORMATS), run.observations
-    results.record("QT-11", measured=0, bound=0, unit="cast values off the reference grid or not saturated",
-                   rule="E4M3fn / E5M2: finite, ±F at and past F, within half an ulp, round to nearest even",
-                   what=f"{which}: {run.ran} examples of {len(cast_values(FORMATS[0], 0))} values each")
-
-
-@pytest.mark.claim("QT-11")
-@pytest.mark.parametrize("name", list(FP8_CAST_ZOO))
-def test_qt11_cast_zoo_rejected(name, device):
-    bad = as_impl(name, f"inference_conformance.properties.quantization.zoo_fp8:FP8_CAST_ZOO[{name!r}]", cast=FP8_CAST_ZOO[name])
-    text = expect_rejected(QT11_CAST, bad, device)
-    results.record("QT-11", measured="rejected", unit="known-bad FP8 cast", rule="QT-11 cast law",
-                   what=f"{name}: {text[:120]}")
-
-
+# The cast itself is the ``fp8_cast`` contract's: its laws (properties/fp8_cast/) run over every
+# registered cast, the reference and PyTorch's among them, and reject its zoo.
 @pytest.mark.claim("QT-11")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_qt11_half_spacing_bound_rejects_double_rounding(fmt):
     """Why QT-11's bound is half the grid spacing at the value (``fp8_value_bound``), not
-    2^-(m+1) |x|: on the pinned values of :func:`double_rounding_values` a cast through float16
-    (``FP8_CAST_ZOO["fp8_double_rounding_via_float16"]``) is off the float64 round-to-nearest-even
-    grid at every value and exceeds half the spacing there, while 2^-(m+1) |x| admits every one;
-    the correct casts are on the grid. The schemes' figure: the double-rounding scheme's worst
-    error on 65,536 weights N(0, 1) per tensor, as a fraction of each bound (recorded)."""
-    from inference_conformance.optimized.quantization.fp8 import fp8_cast as torch_cast
+    2^-(m+1) |x|: on the values within a float16 half step of a midpoint (the ``fp8_cast`` cases'
+    "double_rounding" kind) a cast through float16 (the ``fp8_cast`` zoo's
+    ``double_rounding_via_float16``) is off the float64 round-to-nearest-even grid at every value
+    and exceeds half the spacing there, while 2^-(m+1) |x| admits every one; the reference cast
+    is on the grid. The schemes' figure: the double-rounding scheme's worst error on 65,536
+    weights N(0, 1) per tensor, as a fraction of each bound (recorded)."""
+    from inference_conformance.properties.fp8_cast.cases import kind_values
+    from inference_conformance.properties.fp8_cast.zoo import double_rounding_via_float16
     from inference_conformance.properties.quantization.zoo_fp8 import fp8_double_rounding_scheme
-    from inference_conformance.reference.quantization.fp8 import fp8_cast as ref_cast
+    from inference_conformance.reference.fp8_cast import fp8_cast as ref_cast
 
     f = fp8_contract.fp8_format(fmt)
-    y = double_rounding_values(fmt)
-    exact = ref_cast(y, fmt)
-    assert_exact(torch_cast(y.float(), fmt).double(), exact, what=f"torch {fmt} cast on the double-rounding values")
-    err = (FP8_CAST_ZOO["fp8_double_rounding_via_float16"](y, fmt) - y).abs()
+    name = fmt.removeprefix("fp8_")
+    y = kind_values(name, "double_rounding", torch.Generator())
+    y = y[(y - y.float().double()) == 0]                               # the float16 half-step ones (float32-exact)
+    assert_exact(ref_cast(y, format=name, saturate=True).double(), fp8_contract.fp8_round(y, fmt),
+                 what=f"reference {fmt} cast on the double-rounding values")
+    err = (double_rounding_via_float16(y, format=name, saturate=True).double() - y).abs()
     half = fp8_contract.fp8_value_bound(y, torch.ones(()), fmt)
     loose = f.half_ulp_rel * y.abs()
     assert bool((err > half).all()), f"{fmt}: double rounding within half the spacing at {y[err <= half][:3].tolist()}"

@@ -7,8 +7,8 @@ token (QT-9 at 1 < M <= 16), the Triton kernels reading group k // g despite a g
 act-order QT-9 law, ``properties/quantization/test_quantization.py``), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
 per-token scales applied per column, or a truncating activation quantizer. FP8 and KV-cache
 formats (QT-11, QT-12, ``properties/quantization/test_quantization_fp8.py``, ``properties/quantization/test_quantization_kv.py``): an FP8 scheme rounding to
-E5M2's grid while naming E4M3, one rounding w / s through float16 first, :data:`FP8_CAST_ZOO` (a
-cast without saturation, E5M2's grid for E4M3, a cast through float16) and :data:`KV_ZOO` (KIVI keys per token, a per-block key scale read per token). FP4 blocks
+E5M2's grid while naming E4M3, one rounding w / s through float16 first (the casts' own zoo is
+the ``fp8_cast`` contract's, ``properties/fp8_cast/zoo.py``); the KV-cache formats' zoo is the ``kv_format`` contract's (``properties/kv_format/zoo.py``). FP4 blocks
 (QT-13): ``properties/quantization/zoo_fp4.py`` (a ceil scale exponent, nibbles swapped, ties away).
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not
@@ -21,7 +21,6 @@ import dataclasses
 import torch
 
 from inference_conformance.conformance.contracts.quantization import levels, validate_matmul, validate_quantize
-from inference_conformance.optimized.quantization import kv as quant_kv
 from inference_conformance.optimized import quantization as quant_torch
 from inference_conformance.optimized.quantization import packing as quant_pack
 from inference_conformance.reference.quantization import codes_per_byte
@@ -256,55 +255,6 @@ class _FinerGroups:
 
 
 finer_groups = _FinerGroups()
-
-
-# ------------------------------------------------------------------- KV-cache formats (QT-12)
-class _BadKV:
-    """A KV-cache format implementation (``quantize_kv``, ``dequantize_kv``, ``kv_nbytes`` as
-    ``inference_conformance.optimized.quantization.kv``) with one bug in its int4 KIVI path; the other formats are right."""
-
-    def __init__(self, name: str, doc: str, *, keys_per_token: bool = False, block_scale_per_token: bool = False):
-        self.name, self.__doc__ = name, doc
-        self.keys_per_token, self.block_scale_per_token = keys_per_token, block_scale_per_token
-
-    def quantize_kv(self, k, v, fmt):
-        qkv = quant_kv.quantize_kv(k, v, fmt)
-        if fmt.kind != "int4_kivi" or not self.keys_per_token:
-            return qkv
-        # the KIVI axis swapped: keys quantized per token (over D) like the values
-        Tq = qkv.k_codes.shape[2]
-        k64 = k.detach().double()[:, :, :Tq]
-        codes, scales = quant_kv._kv_codes(k64, k64.abs().amax(-1, keepdim=True), fmt)
-        return dataclasses.replace(qkv, k_codes=quant_kv._pack4(codes), k_scales=scales)
-
-    def dequantize_kv(self, qkv):
-        if qkv.fmt.kind != "int4_kivi":
-            return quant_kv.dequantize_kv(qkv)
-        vq = (quant_kv._unpack4(qkv.v_codes, qkv.D).double() * qkv.v_scales.double()).to(qkv.dtype)
-        v_hat = torch.cat([vq, qkv.v_rest], dim=2)
-        if self.keys_per_token:                                 # its own per-token key scales
-            kc = quant_kv._unpack4(qkv.k_codes, qkv.D).double() * qkv.k_scales.double()
-            return torch.cat([kc.to(qkv.dtype), qkv.k_rest], dim=2), v_hat
-        # a scale per block of G tokens, read per token: token t takes entry t of a per-token
-        # scale buffer whose first Tq / G entries hold the block scales (the rest unwritten: 0)
-        Tq = qkv.k_codes.shape[2]
-        buf = torch.zeros(*qkv.k_scales.shape[:2], Tq, qkv.D, dtype=qkv.k_scales.dtype)
-        buf[:, :, :qkv.k_scales.shape[2]] = qkv.k_scales
-        kc = quant_kv._unpack4(qkv.k_codes, qkv.D).double() * buf.double()
-        return torch.cat([kc.to(qkv.dtype), qkv.k_rest], dim=2), v_hat
-
-    def kv_nbytes(self, qkv):
-        return quant_kv.kv_nbytes(qkv)
-
-
-#: Known-bad KV-cache format implementations (outside the contract), each rejected by QT-12's
-#: format law (properties/quantization/test_quantization_kv.py).
-KV_ZOO = {z.name: z for z in (
-    _BadKV("kivi_keys_per_token", "int4 KIVI with the keys quantized per token (over D) instead of per "
-           "channel: an outlier channel sets every token's step.", keys_per_token=True),
-    _BadKV("kv_block_scale_read_per_token", "the KIVI key scales, one per block of G tokens, read at "
-           "the token's index (scale[t] instead of scale[t // G]).", block_scale_per_token=True),
-)}
 
 
 def implementations():

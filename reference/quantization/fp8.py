@@ -12,25 +12,17 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
-from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
+from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format, fp8_round
 
 
 def fp8_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """x rounded to the FP8 format's grid, computed in float64: round to nearest, ties to even,
-    then saturated at ±F (F = 448 for E4M3fn, 57344 for E5M2; inf saturates too, NaN stays NaN).
-    The grid's spacing at |x| is 2^(max(e, emin) - m) for 2^e <= |x| < 2^(e+1): the normal
-    binades, then the subnormal step 2^(emin - m) below 2^emin. Returns float64 of x's shape
-    (the value, not the 8-bit code). Raises ValueError for an unknown format (``number_format``)."""
+    """x rounded to the FP8 format's grid, computed in float64 (the contract's
+    :func:`~inference_conformance.conformance.contracts.quantization_fp8.fp8_round`: round to
+    nearest, ties to even), then saturated at ±F (F = 448 for E4M3fn, 57344 for E5M2; inf
+    saturates too, NaN stays NaN). Returns float64 of x's shape (the value, not the 8-bit code).
+    Raises ValueError for an unknown format (``number_format``)."""
     f = fp8_format(fmt)
-    x64 = x.detach().to(torch.float64)
-    finite = torch.isfinite(x64)
-    xs = torch.where(finite, x64, 0.0)
-    _, e = torch.frexp(xs)                                  # |x| = m 2^e, m in [0.5, 1): leading bit 2^(e-1)
-    exp = torch.clamp(e.to(torch.int64) - 1, min=f.emin)
-    spacing = torch.ldexp(torch.ones_like(xs), (exp - f.m).to(torch.int32))
-    y = torch.round(xs / spacing) * spacing                 # torch.round: half to even; x / spacing is exact
-    y = torch.clamp(y, -f.max, f.max)
-    return torch.where(finite, y, torch.clamp(x64, -f.max, f.max))
+    return torch.clamp(fp8_round(x, fmt), -f.max, f.max)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The FP8 cast laws (claim QT-11)."""

@@ -1,0 +1,1 @@
+"""The KV-cache format laws (claim QT-12)."""
