@@ -35,6 +35,7 @@ test_qt11_cast_saturates_or_overflows = QT11_RANGE.conformance_test(
 
 
 @pytest.mark.claim("QT-11")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_qt11_cast_coverage_table():
     """The boundary classes the pinned examples of both laws reach (every profile runs them)."""
     QT11_GRID.record_pinned_coverage("every grid class of the contract is reached in every Hypothesis profile")

@@ -24,6 +24,7 @@ test_qt12_bytes_held_within_the_format = QT12_BYTES.conformance_test("test_qt12_
 
 
 @pytest.mark.claim("QT-12")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
 def test_qt12_kv_format_coverage_table():
     """The boundary classes the pinned examples reach (every profile runs them)."""
     for law in (QT12_VALUES, QT12_ATTENTION, QT12_BYTES):

@@ -147,6 +147,7 @@ def _rms_error_but_largest(scheme, w: torch.Tensor) -> float:
 
 
 @pytest.mark.claim("QT-11")
+@pytest.mark.suite_own("QT-11's figures (FP8 against int8 on the lecture's outlier and the small model) with the built-in schemes")
 def test_qt11_fp8_against_int8_outlier_and_model():
     """QT-11's figures, per tensor at 8 bits (torch schemes). The lecture's outlier example (QT-4:
     65,536 weights N(0, 0.067²), the largest set to 0.323, one outlier of 3.0): the RMS error on
@@ -189,6 +190,7 @@ QT11_NLL_WITHIN = 5e-4
 
 
 @pytest.mark.claim("QT-11")
+@pytest.mark.suite_own("the small model's NLL with the built-in FP8 weights and W8A8 (the lecture's figure)")
 def test_qt11_nll_with_fp8_weights_and_w8a8():
     """QT-11's NLL figure on the target model (float32, QT-3's 64 test documents): every block
     Linear weight-only FP8 (E4M3 and E5M2, per tensor and per channel, torch schemes), and FP8

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.mark.claim("QT-12")
 @pytest.mark.parametrize("fmt", ["int4_kivi_r8_g8", "int8"])
+@pytest.mark.suite_own("the suite's QuantizedKVCache appended in pieces; formats from outside meet QT-12 in kv_format")
 def test_qt12_cache_prefill_in_pieces_equals_one_prefill(fmt):
     """Appending a sequence to the quantized cache in pieces (a prefill of 11, one decode token,
     then pieces of 5 and 20) gives the same outputs as one prefill of all 37 tokens (float64, to
@@ -42,6 +43,7 @@ def test_qt12_cache_prefill_in_pieces_equals_one_prefill(fmt):
 
 
 @pytest.mark.claim("QT-12")
+@pytest.mark.suite_own("the reference model through the suite's QuantizedKVCache; formats from outside meet QT-12 in kv_format")
 def test_qt12_model_decode_with_the_quantized_cache_equals_one_forward():
     """The model's one forward through a QuantizedKVCache (int4 KIVI, R = G = 8): a prefill of
     13 tokens then 11 single-token decode steps (positions given) give the logits of one forward
@@ -86,6 +88,7 @@ QT12_NLL_WITHIN = 2e-4
 
 
 @pytest.mark.claim("QT-12")
+@pytest.mark.suite_own("the small model's NLL with the suite's quantized KV cache (the lecture's figure)")
 def test_qt12_nll_with_a_quantized_kv_cache():
     """QT-12's NLL figure on the target model (float32, QT-3's 64 test documents): every layer's
     keys and values through the quantized cache, int8 per token, int4 KIVI (R = G = 8), int4 KIVI
@@ -113,6 +116,7 @@ def test_qt12_nll_with_a_quantized_kv_cache():
 
 
 @pytest.mark.claim("QT-12", "KV-5")
+@pytest.mark.suite_own("the model's quantized KV cache (the suite's QuantizedKVCache) at Llama-3-8B's shape: KV-5's figure; formats from outside meet QT-12 in kv_format")
 def test_qt12_cache_bytes_per_token_and_kv5():
     """Cache bytes per token measured from the tensors a QuantizedKVCache holds, at Llama-3-8B's
     layer shape (8 KV heads of 128, bfloat16, one layer of a 4,096-token sequence, times 32
