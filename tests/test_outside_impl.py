@@ -107,15 +107,6 @@ def test_outside_kv_transfer_checked(tmp_path):
     from inference_conformance.conformance.results import read_rows
 
     good, bad = "my_kv_transfer:TRANSFER", "my_kv_transfer:BUGGY"
-
-
-def test_outside_fp8_casts_checked(tmp_path):
-    """`--impl fp8_cast=module:fn` checks outside FP8 casts with QT-11's grid law: the worked
-    example (examples/my_fp8_cast.py) passes it and its twin that rounds ties away from zero fails
-    it (exit status 1), in float32, with the measured error, the bound and the rule."""
-    from inference_conformance.conformance.results import read_rows
-
-    good, bad = "my_fp8_cast:fp8_cast", "my_fp8_cast:wrong_fp8_cast"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTEST_XDIST_WORKER", None)
@@ -159,6 +150,17 @@ def test_outside_tree_attention_checked(tmp_path):
             assert "EXCEEDS bound" in r.message and "rule float" in r.message, r.message
 
 
+def test_outside_fp8_casts_checked(tmp_path):
+    """`--impl fp8_cast=module:fn` checks outside FP8 casts with QT-11's grid law: the worked
+    example (examples/my_fp8_cast.py) passes it and its twin that rounds ties away from zero fails
+    it (exit status 1), in float32, with the measured error, the bound and the rule."""
+    from inference_conformance.conformance.results import read_rows
+
+    good, bad = "my_fp8_cast:fp8_cast", "my_fp8_cast:wrong_fp8_cast"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
            "properties/fp8_cast/test_fp8_cast.py", "-k", "test_qt11_cast_rounds_to_nearest_even and float32",
            "--impl", f"fp8_cast={good}", "--impl", f"fp8_cast={bad}", "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
