@@ -252,6 +252,14 @@ def depth_of(parents) -> int:
     return max(len(ancestors(parents, i)) for i in range(len(parents)))
 
 
+def _max_depth(parents) -> int:
+    """The largest depth of a tree given by parent pointers (the root's children at depth 1)."""
+    d: list[int] = []
+    for p in parents:
+        d.append(1 if p < 0 else d[p] + 1)
+    return max(d)
+
+
 def _coverage() -> tuple:
     out = [
         CoverageClass("a chain (node i the child of node i - 1)", _SD10,
@@ -264,6 +272,8 @@ def _coverage() -> tuple:
                                     for i in range(len(c.parents)) for j in range(i + 1, len(c.parents)))),
         CoverageClass("one node", _SD10, lambda c: len(c.parents) == 1),
         CoverageClass("more than 16 nodes", _SD10, lambda c: len(c.parents) > 16),
+        CoverageClass("a node deeper than 16 (an ancestor chain past a tile of 16 nodes)", _SD10,
+                      lambda c: _max_depth(c.parents) > 16),
         CoverageClass("prefix length 0", _SD10, lambda c: min(c.lens) == 0),
         CoverageClass("B > 1 with different prefix lengths", _SD10, lambda c: len(set(c.lens)) > 1),
         CoverageClass("GQA with several KV heads (Hq > Hkv > 1)", _SD10, lambda c: c.Hq > c.Hkv > 1),

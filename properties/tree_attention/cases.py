@@ -134,11 +134,14 @@ EXAMPLES = (
     case((-1,), (5,), 1, 1, 8),
     # 20 nodes (two tiles of 16), prefixes 3 and 0
     case((-1, 0, 0, 1, -1, 4, 2, 6, 3, 3, 5, 10, -1, 12, 7, 14, 8, 0, 17, 9), (3, 0), 3, 3, 8, c=0.5),
+    # a chain of 24 nodes (depth 24, crossing the node tile of 16) after 7 tokens
+    case(tuple(range(-1, 23)), (7,), 2, 1, 8),
 )
 
 #: The known-bad implementations the law rejects in float64 (properties/tree_attention/zoo.py).
 ZOO = ("flattened_index_mask", "node_misses_itself", "sibling_leak", "prefix_mask_off_by_one",
-       "kv_head_modulo_not_grouped", "one_prefix_len_for_the_batch")
+       "kv_head_modulo_not_grouped", "one_prefix_len_for_the_batch", "ancestor_walk_depth_5",
+       "ancestors_within_tile_of_16")
 
 #: The entries the law also rejects in bfloat16 by the dtype rule (the mask bugs).
 ZOO_16BIT = ("flattened_index_mask", "sibling_leak")

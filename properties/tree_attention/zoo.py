@@ -87,6 +87,34 @@ def one_prefix_len_for_the_batch(q, k_cache, v_cache, parents, prefix_lens, *, s
     return _attend(q, k_cache, v_cache, parents, prefix_lens, scale, lens=[int(prefix_lens[0])] * B)
 
 
+def _walk_mask(parents, keep) -> torch.Tensor:
+    """(n, n) ancestor mask of a walk up the parent chain from each node i (itself included)
+    that stops where ``keep(i, step, node)`` is False."""
+    par = parents.tolist()
+    n = len(par)
+    tree = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        cur, step = i, 0
+        while cur >= 0 and keep(i, step, cur):
+            tree[i, cur] = True
+            cur, step = par[cur], step + 1
+    return tree.to(parents.device)
+
+
+def ancestor_walk_depth_5(q, k_cache, v_cache, parents, prefix_lens, *, scale):
+    """The ancestor walk unrolled for a fixed depth of 5 steps (a kernel's loop count fixed at
+    compile time): a node deeper than 5 misses its oldest ancestors."""
+    return _attend(q, k_cache, v_cache, parents, prefix_lens, scale,
+                   tree=_walk_mask(parents, lambda i, step, cur: step <= 5))
+
+
+def ancestors_within_tile_of_16(q, k_cache, v_cache, parents, prefix_lens, *, scale):
+    """The ancestor mask built per tile of 16 nodes (a kernel that loads one node tile's parents):
+    an ancestor in an earlier tile is missed, as is everything above it."""
+    return _attend(q, k_cache, v_cache, parents, prefix_lens, scale,
+                   tree=_walk_mask(parents, lambda i, step, cur: cur // 16 == i // 16))
+
+
 def implementations():
     """The known-bad tree attention implementations: SD-10's laws name each in their ``kills``."""
     from inference_conformance.conformance.registry import known_bad
@@ -98,4 +126,6 @@ def implementations():
         known_bad("tree_attention", "prefix_mask_off_by_one", prefix_mask_off_by_one),
         known_bad("tree_attention", "kv_head_modulo_not_grouped", kv_head_modulo_not_grouped),
         known_bad("tree_attention", "one_prefix_len_for_the_batch", one_prefix_len_for_the_batch),
+        known_bad("tree_attention", "ancestor_walk_depth_5", ancestor_walk_depth_5),
+        known_bad("tree_attention", "ancestors_within_tile_of_16", ancestors_within_tile_of_16),
     )
