@@ -2,7 +2,7 @@
 
 Checked with no change to the suite:
 
-    CI=true PYTHONPATH=examples .venv/bin/python -m pytest -n 1 properties/kv_transfer --impl kv_transfer=my_kv_transfer:TRANSFER
+    CI=true PYTHONPATH=examples .venv/bin/python -m pytest -n 1 properties --impl kv_transfer=my_kv_transfer:TRANSFER
 
 The payload is a plain dict, as one would serialise it for the wire: the request's state and,
 per layer, the K and V of its computed tokens one token per row (whatever the sender's block

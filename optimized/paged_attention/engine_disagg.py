@@ -50,14 +50,20 @@ class TransferMixin:
 
     def release(self, request_id) -> None:
         """Take ready request ``request_id`` out of this engine and free its blocks (their K/V are
-        this engine's to overwrite from then on). ValueError naming request_id for a request that
-        is not ready."""
+        this engine's to overwrite from then on: the blocks that fall free are filled with NaN at
+        once, as a busy pool would reuse them, so a transfer that reads them after the release
+        reads NaN). ValueError naming request_id for a request that is not ready."""
         r = self._ready(request_id)
+        held = list(self.book.tables[r.rid])
         self.running.remove(r)
         self._release(r)
         self._ids.discard(request_id)
         if self.logits is not None:
             self.logits.pop(request_id, None)
+        free = set(self.book.allocator.free_blocks())
+        dead = torch.tensor([b for b in held if b in free], dtype=torch.int64, device=self.k[0].device)
+        for cache in (*self.k, *self.v):
+            cache[dead] = float("nan")
 
     def admit(self, state: RequestState) -> list:
         """Continue a request another engine sent: book blocks of this engine's block size for its

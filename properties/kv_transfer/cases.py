@@ -38,7 +38,7 @@ from inference_conformance.reference.transformer import Transformer, init_weight
 
 #: The known-bad transfers (``properties/kv_transfer/zoo.py``) PA-9's law must reject.
 ZOO = ("drops_last_partial_block", "blocks_in_id_order", "truncated_to_whole_blocks", "placed_at_sender_ids",
-       "head_major_layout_mismatch")
+       "head_major_layout_mismatch", "reads_after_release")
 
 
 @dataclass(frozen=True)

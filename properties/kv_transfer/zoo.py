@@ -81,6 +81,24 @@ class HeadMajorLayoutMismatch(ReferenceTransfer):
         place(engine, bad, ids, payload.length)
 
 
+class ReadsAfterRelease(ReferenceTransfer):
+    """The payload keeps the sender's cache and block ids, not a copy: the receiver reads the
+    sender's blocks after the send released them (a zero-copy connector that frees before the
+    transfer completes), by when the sender's pool may have reused them."""
+
+    def send(self, engine, request_id):
+        state, ids = engine.request_state(request_id), engine.block_ids(request_id)
+        engine.release(request_id)
+        return (state, engine, ids)
+
+    def receive(self, engine, payload):
+        state, sender, ids = payload
+        n = -(-state.length // sender.block_size)
+        idx = torch.tensor(ids[:n], dtype=torch.int64, device=sender.k[0].device)
+        t = KVTransfer(state, sender.block_size, ids[:n], [c[idx] for c in sender.k], [c[idx] for c in sender.v])
+        place(engine, t, engine.admit(state), state.length)
+
+
 def _bug(cls) -> str:
     """The first sentence of a known-bad transfer's docstring (its one-line bug)."""
     return " ".join(cls.__doc__.split()).split(". ")[0].rstrip(".")
@@ -97,4 +115,5 @@ def implementations():
         known_bad("kv_transfer", "placed_at_sender_ids", PlacedAtSenderIds(), bug=_bug(PlacedAtSenderIds)),
         known_bad("kv_transfer", "head_major_layout_mismatch", HeadMajorLayoutMismatch(),
                   bug=_bug(HeadMajorLayoutMismatch)),
+        known_bad("kv_transfer", "reads_after_release", ReadsAfterRelease(), bug=_bug(ReadsAfterRelease)),
     )
