@@ -67,6 +67,25 @@ class StalePrefix(PagedAdapter):
     engine_class = StaleKeyEngine
 
 
+def _serving(engine_class, name: str):
+    """The paged engine's adapter over the known-bad ``engine_class`` (``properties/paged_attention/zoo.py``)."""
+    return type(name, (PagedAdapter,), {"engine_class": engine_class, "__doc__": engine_class.__doc__})()
+
+
+def _serving_zoo():
+    from inference_conformance.properties.paged_attention.zoo import _engine_zoo, serving_engine_zoo
+
+    bad = serving_engine_zoo()
+    return (
+        ("query_misses_its_own_token", _engine_zoo()[0],
+         "Each token's query misses its own key (seq_lens one short): right only for the first token"),
+        ("chunk_kv_written_after_attention", bad["chunk_kv_written_after_attention"],
+         "Each layer attends before writing the step's K/V: a chunk's queries miss their own chunk"),
+        ("prefix_published_before_computed", bad["prefix_published_before_computed"],
+         "Prompt blocks enter the prefix cache at admission, before their chunk is computed"),
+    )
+
+
 def implementations():
     from inference_conformance.conformance.registry import known_bad
 
@@ -82,4 +101,5 @@ def implementations():
         known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
         known_bad("inference_engine", "argmax_logprobs", ArgmaxLogprobs(load),
                   bug="Logprobs of the argmax token, not of the chosen one (right only when greedy)"),
+        *(known_bad("inference_engine", name, _serving(cls, cls.__name__), bug=bug) for name, cls, bug in _serving_zoo()),
     )
