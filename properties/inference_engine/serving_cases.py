@@ -16,6 +16,9 @@ from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.tolerance import check_exact
 from inference_conformance.properties.inference_engine import cases as C
 from inference_conformance.properties.paged_attention.engine_cases import (  # noqa: F401 (the laws' inputs)
+    DIFFERENT_PREFIXES,
+    LONG_PROMPT,
+    PREEMPTING,
     SYSTEM,
     Req,
     shared_prefix_workloads,
@@ -30,16 +33,18 @@ from inference_conformance.properties.paged_attention.engine_pairs_cases import 
     pinned,
 )
 
-#: The fork's child: its id, the parent's tokens it starts after, its seed and temperature.
-CHILD, FORK_AFTER, FORK_SEED = "child", 1, 777
+#: The fork's child: its id, the parent's tokens it starts after (2: on the pinned 18-token prompt
+#: in blocks of 3 the fork shares a partly filled block, so the first write after it copies),
+#: its seed and temperature.
+CHILD, FORK_AFTER, FORK_SEED, FORK_TEMPERATURE = "child", 2, 777, 1.0
 
 
 def schedule(reqs, fork: bool = False) -> list:
     """Arrivals (ids 0.., at their steps) of ``reqs`` (:class:`Req`; temperatures are the call's),
-    and with ``fork`` request 0's child after its first token, sampled at temperature 1."""
+    and with ``fork`` request 0's child after its first two tokens, sampled at temperature 1."""
     out = [Arrival(i, Request(tuple(r.prompt), r.max_new, r.seed), r.arrival) for i, r in enumerate(reqs)]
     if fork and reqs[0].max_new > FORK_AFTER:
-        out.append(Fork(CHILD, 0, FORK_AFTER, FORK_SEED, 1.0))
+        out.append(Fork(CHILD, 0, FORK_AFTER, FORK_SEED, FORK_TEMPERATURE))
     return out
 
 

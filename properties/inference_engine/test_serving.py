@@ -27,17 +27,10 @@ from inference_conformance.properties.inference_engine import serving_cases as S
 SEEDS = st.integers(0, 2 ** 16)
 _FEW = dict(params=("device",), max_examples=lambda n: max(1, n // 10))
 
-#: Four requests in 7 blocks of 2 (the largest request's 7, no spare): preemption happens.
-PREEMPTING = (S.Req(tuple(range(3, 12)), 5, 0, 0.0, 1), S.Req(tuple(range(20, 26)), 6, 0, 1.0, 2),
-              S.Req((5, 5, 5), 4, 1, 0.0, 3), S.Req(tuple(range(1, 12)), 3, 2, 1.0, 4))
-#: Equal tokens after different prefixes: block (7, 8, 9) follows (1, 2, 3) in one prompt and
-#: opens the other; a key without the parent would share it.
-DIFFERENT_PREFIXES = (S.Req((1, 2, 3, 7, 8, 9, 4), 3, 0, 0.0, 1), S.Req((7, 8, 9, 7, 8, 9, 5), 3, 2, 0.0, 2))
+#: The paged engine's pinned workloads (``properties/paged_attention/engine_cases.py``).
+PREEMPTING, DIFFERENT_PREFIXES, LONG_PROMPT = S.PREEMPTING, S.DIFFERENT_PREFIXES, S.LONG_PROMPT
 #: Four requests with one 12-token system prompt arriving one after another (4 blocks of 3 reused).
 SHARED_SYSTEM = tuple(S.Req(S.SYSTEM + (20 + i, 21 + i), 2, 3 * i, 0.0, i) for i in range(4))
-#: A 19-token prompt arriving while two requests decode, a budget of 4 over blocks of 3.
-LONG_PROMPT = (S.Req((5, 6, 7), 6, 0, 0.0, 1), S.Req((8, 9), 7, 0, 1.0, 2), S.Req(tuple(range(1, 20)), 3, 1, 1.0, 3),
-               S.Req(tuple(range(10, 17)), 2, 2, 0.0, 4))
 
 
 def law_serve_arrivals_preemption(run, device, reqs, block_size, slack, sampled):
