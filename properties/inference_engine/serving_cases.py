@@ -53,6 +53,11 @@ def blocks_for(reqs, block_size: int) -> list[int]:
     return [-(-(len(r.prompt) + r.max_new) // block_size) for r in reqs]
 
 
+def pool(run, **kw) -> dict:
+    """``kw`` (block_size, kv_blocks) where the engine takes a KV pool ("kv_pool"), else none."""
+    return kw if "kv_pool" in run.impl.capabilities().serving else {}
+
+
 def serve(run, sched: list, what: str, **kw) -> dict:
     """``run.impl.serve(sched, params(**kw))``, a refusal ending the example as unsupported."""
     with refusal(run, f"serve with {what}"):

@@ -4,8 +4,10 @@ An engine without ``serve`` (or without the part a law uses) refuses: "unsupport
 
 - PA-6 (:func:`law_serve_arrivals_preemption`): requests arriving at drawn steps, of drawn prompt
   and output lengths, in a KV pool of drawn block size holding the largest request and a few
-  blocks more (the engine must preempt and recompute), greedy or sampled: every request gets what
-  it gets alone (``serving_cases.py``'s oracle).
+  blocks more (the engine must preempt and recompute; an engine without "kv_pool" runs its own
+  pool: arrivals only), greedy or sampled: every request gets what it gets alone
+  (``serving_cases.py``'s oracle). Elsewhere too the pool is set only where the engine takes it,
+  except for the pairs with preemption (refused without it).
 - PA-7 (:func:`law_serve_prefix_cache`): requests sharing a system prompt (some an earlier turn)
   or equal tokens after different prefixes, with the prefix cache: every request gets what it
   gets alone; where the engine reports its counts, each position is computed once (computed +
@@ -37,9 +39,10 @@ def law_serve_arrivals_preemption(run, device, reqs, block_size, slack, sampled)
     """PA-6: arrivals and preemption in a small pool; every request as alone."""
     t = 1.0 if sampled else 0.0
     pool = max(S.blocks_for(reqs, block_size)) + slack
-    what = f"arrivals, {pool} blocks of {block_size}"
+    kw = S.pool(run, block_size=block_size, kv_blocks=pool)
+    what = f"arrivals, {pool} blocks of {block_size}" if kw else "arrivals (the engine's own KV pool)"
     sched = S.schedule(reqs)
-    out = S.serve(run, sched, what, temperature=t, block_size=block_size, kv_blocks=pool)
+    out = S.serve(run, sched, what, temperature=t, **kw)
     S.check_served(run, sched, out, t, what)
     run.observe({"preemptions": sum(c.preemptions or 0 for c in out.values())})
 
@@ -48,8 +51,7 @@ def law_serve_prefix_cache(run, device, reqs):
     """PA-7: with the prefix cache every request as alone; each position computed once."""
     sched = S.schedule(reqs)
     # blocks of 3 where the engine takes a pool (the workloads' shared prefixes are 4 such blocks)
-    pool = dict(block_size=3) if "kv_pool" in run.impl.capabilities().serving else {}
-    out = S.serve(run, sched, "the prefix cache", prefix_caching=True, **pool)
+    out = S.serve(run, sched, "the prefix cache", prefix_caching=True, **S.pool(run, block_size=3))
     S.check_served(run, sched, out, 0.0, "the prefix cache")
     counted = S.check_computed_once(out, sched, "the prefix cache")
     run.observe({"computed_once_checked": counted, "cached": sum(c.cached_tokens or 0 for c in out.values())})
@@ -60,8 +62,8 @@ def law_serve_chunked(run, device, reqs, budget, block_size, sampled):
     t = 1.0 if sampled else 0.0
     what = f"chunked prefill, budget {budget}, blocks of {block_size}"
     sched = S.schedule(reqs)
-    pool = 2 * sum(S.blocks_for(reqs, block_size)) + 2
-    out = S.serve(run, sched, what, temperature=t, chunked_prefill=budget, block_size=block_size, kv_blocks=pool)
+    pool = S.pool(run, block_size=block_size, kv_blocks=2 * sum(S.blocks_for(reqs, block_size)) + 2)
+    out = S.serve(run, sched, what, temperature=t, chunked_prefill=budget, **pool)
     S.check_served(run, sched, out, t, what)
 
 
@@ -70,8 +72,10 @@ def law_serve_features_combined(run, device, combo):
     kw = combo.engine_kw()
     feats = " + ".join(sorted(combo.features))
     sched = S.schedule(combo.reqs, fork="fork" in combo.features)
+    pool = dict(block_size=kw["block_size"], kv_blocks=kw["num_blocks"])   # preemption needs it: else refused
+    pool = pool if "preemption" in combo.features else S.pool(run, **pool)
     out = S.serve(run, sched, feats, prefix_caching=kw["prefix_cache"], chunked_prefill=kw["max_num_batched_tokens"],
-                  block_size=kw["block_size"], kv_blocks=kw["num_blocks"])
+                  **pool)
     S.check_served(run, sched, out, 0.0, feats)
     run.observe({"features": tuple(sorted(combo.features))})
 
