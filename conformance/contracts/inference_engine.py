@@ -7,7 +7,8 @@ An implementation is an object (or module) with two callables:
     What the engine offers (:class:`Capabilities`): batching, the padding sides it takes, prefix
     caching, chunked prefill (a per-step token budget), its speculative methods, seeded
     sampling, top-p, logprobs, whether it declares batch invariance (bitwise-equal logprobs
-    whatever the batch), and the dtype it computes in (what EN-1's bound is for).
+    whatever the batch), the dtype it computes in (what EN-1's bound is for) and ``serving``, the
+    parts of ``serve`` it offers (below).
 
 ``generate(requests, params) -> list[Completion]``
     requests: a non-empty list of :class:`Request` (token ids, no tokenizer: ``prompt`` a tuple of
@@ -138,7 +139,9 @@ class Completion:
     target model's forward passes that produced the n tokens (prefill included: target-only
     decoding of n tokens takes n), ``drafted`` the draft tokens proposed and ``accepted`` those
     the target kept (claims SD-2, SD-3: tokens per target call n / target_calls, acceptance
-    accepted / drafted). Figures for benchmarks: no law trusts them."""
+    accepted / drafted). Figures for benchmarks: no law trusts them. ``serve``'s counts (None where
+the engine does not report them, "stats"): ``computed_tokens``, ``cached_tokens``, ``preemptions``
+(see the module docstring); PA-7 checks computed + cached per request."""
 
     tokens: torch.Tensor
     logprobs: torch.Tensor | None = None
