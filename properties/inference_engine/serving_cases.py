@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from inference_conformance.conformance.contracts.inference_engine import Arrival, Fork, Request
 from inference_conformance.conformance.laws import refusal
+from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.tolerance import check_exact
 from inference_conformance.properties.inference_engine import cases as C
 from inference_conformance.properties.paged_attention.engine_cases import (  # noqa: F401 (the laws' inputs)
@@ -59,7 +60,10 @@ def pool(run, **kw) -> dict:
 
 
 def serve(run, sched: list, what: str, **kw) -> dict:
-    """``run.impl.serve(sched, params(**kw))``, a refusal ending the example as unsupported."""
+    """``run.impl.serve(sched, params(**kw))``, a refusal ending the example as unsupported; an
+    engine declaring no ``serve`` at all ends the test as unsupported at once (no example could run)."""
+    if not run.impl.capabilities().serving:
+        unsupported(f"serve with {what}: the engine declares no serve (Capabilities.serving is empty)")
     with refusal(run, f"serve with {what}"):
         return run.impl.serve(sched, C.params(**kw))
 
