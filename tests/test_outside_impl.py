@@ -191,3 +191,26 @@ def test_outside_kv_formats_checked(tmp_path):
     verdicts = {r.implementation: r.verdict for r in read_rows(tmp_path) if r.implementation in (good, bad)}
     assert verdicts == {good: "pass", bad: "fail"}, (verdicts, out[-4000:])
     assert "EXCEEDS bound 1.000e+00 (rule QT-12 half step)" in out, out[-4000:]
+
+
+def test_outside_engine_serve_checked(tmp_path):
+    """`--impl inference_engine=module:attr` checks an outside engine's ``serve`` with the serve
+    laws (PA-6..PA-8 combined): the worked example (examples/my_engine.py, written from
+    docs/inference_engine.md) passes and its twin whose fork forgets the parent's tokens fails
+    (exit status 1), its message giving the error, the bound and the rule."""
+    from inference_conformance.conformance.results import read_rows
+
+    good, bad = "my_engine:ENGINE", "my_engine:BUGGY"
+    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/inference_engine/test_serving.py", "-k", "test_serve_features_combined and my_engine",
+           "--impl", f"inference_engine={good}", "--impl", f"inference_engine={bad}", "--results", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    rows = [r for r in read_rows(tmp_path) if r.implementation in (good, bad)]
+    assert {r.implementation: r.verdict for r in rows} == {good: "pass", bad: "fail"}, out[-4000:]
+    msg = next(r.message for r in rows if r.implementation == bad)
+    assert all(w in msg for w in ("measured error", "EXCEEDS bound", "rule exact", "fork")), msg

@@ -7,7 +7,8 @@ An implementation is an object (or module) with two callables:
     What the engine offers (:class:`Capabilities`): batching, the padding sides it takes, prefix
     caching, chunked prefill (a per-step token budget), its speculative methods, seeded
     sampling, top-p, logprobs, whether it declares batch invariance (bitwise-equal logprobs
-    whatever the batch), and the dtype it computes in (what EN-1's bound is for).
+    whatever the batch), the dtype it computes in (what EN-1's bound is for) and ``serving``, the
+    parts of ``serve`` it offers (below).
 
 ``generate(requests, params) -> list[Completion]``
     requests: a non-empty list of :class:`Request` (token ids, no tokenizer: ``prompt`` a tuple of
@@ -33,15 +34,43 @@ An implementation is an object (or module) with two callables:
     seeds of the whole call (one generator per call); "none": unseeded. The same call with the
     same seeds gives the same tokens (KV-2).
 
+``serve(schedule, params) -> dict[id, Completion]`` (optional; an engine without it, or without
+the part a call uses, raises NotImplementedError: "unsupported", never a pass)
+    The step-level call (claims PA-6, PA-7, PA-8 for a whole engine). ``schedule``: a non-empty
+    list of :class:`Arrival` (``id``: str or int, unique; ``request``: a :class:`Request`;
+    ``step`` >= 0: the request is submitted before the engine's step ``step``, 0 before the
+    first) and :class:`Fork` (``id``; ``parent``: the id of an earlier Arrival; ``after`` in
+    [1, parent's max_new_tokens): the child continues the parent once the parent has generated
+    exactly ``after`` tokens, sharing its blocks copy-on-write; ``seed``, ``temperature``: the
+    child's own sampling after the fork). ``params`` as for ``generate`` (its temperature for
+    every Arrival), with ``block_size`` and ``kv_blocks`` (None: the engine's own): the KV pool,
+    which the laws make small enough that the engine must preempt (what it preempts and how it
+    recomputes is its choice). Returns one Completion per id: an Arrival's ``max_new_tokens``
+    tokens; a Fork's: the parent's ``max_new_tokens`` tokens, the parent's first ``after``
+    followed by its own. Each must equal what the request gets alone (``generate`` of that
+    request; a Fork: the parent's prompt and first ``after`` tokens as a prompt, at the Fork's
+    seed and temperature), whatever else runs, arrives, is cached, chunked or preempted.
+    ``Capabilities.serving`` lists the parts offered (:data:`SERVE_FEATURES`): "arrivals"
+    (steps > 0), "fork", "kv_pool" (``block_size`` and ``kv_blocks`` honoured, also by
+    ``generate``), "stats": each Completion then carries ``computed_tokens`` (positions whose
+    K/V the engine computed for the request, recomputation after preemption included; a Fork's
+    after the fork only), ``cached_tokens`` (prompt positions served from the prefix cache) and
+    ``preemptions``; without "stats" they are None and PA-7's "computed once" is unsupported.
+
 Errors: ``validate(requests, params)`` is the contract's own check, which every engine calls
 first: TypeError for a non-list ``requests``, an element that is not a Request, a non-int id,
 seed or length, ``params`` not a Params; ValueError naming the field for an empty list, an empty
 prompt, a negative id, max_new_tokens < 1, temperature < 0 or not finite, top_p outside (0, 1],
 an unknown speculative method, "draft" without ``draft``, num_speculative_tokens < 1, a budget
-< 1, an unknown padding side; last, ValueError naming ``params.model`` (or ``params.draft``)
+< 1, an unknown padding side, block_size or kv_blocks < 1; last, ValueError naming ``params.model`` (or ``params.draft``)
 for a folder without ``config.json``. Ids at or above the model's vocabulary raise ValueError
 naming ``prompt`` once the model is read. A setting the engine does not offer (its capabilities)
-raises NotImplementedError: "unsupported", never a pass.
+raises NotImplementedError: "unsupported", never a pass. ``validate_serve(schedule, params)``
+checks a ``serve`` call: TypeError for a non-list schedule, an entry neither Arrival nor Fork, an
+id neither str nor int, a non-Request request, a non-int step, after or seed; ValueError for an
+empty schedule, an id used twice, a negative step, a Fork whose parent is no earlier Arrival,
+``after`` outside [1, parent's max_new_tokens), a negative or non-finite Fork temperature; then
+``validate`` of the Arrivals' requests and ``params``.
 
 Oracle: the float64 reference model loaded from the same folder
 (``inference_conformance.reference.inference_engine``: greedy and sampled generation, every step a full
@@ -61,6 +90,14 @@ from pathlib import Path
 import torch
 
 from inference_conformance.conformance.registry_declarations import Contract, InvalidCall
+from inference_conformance.conformance.contracts.inference_engine_serve import (  # noqa: F401 (the contract's names)
+    SERVE_FEATURES,
+    Arrival,
+    Fork,
+    invalid_serve,
+    refuse_unserved,
+)
+from inference_conformance.conformance.contracts.inference_engine_serve import validate_serve as _validate_serve
 
 SPECULATIVE_METHODS = ("draft", "ngram")
 PADDING_SIDES = ("left", "right")
@@ -89,6 +126,8 @@ class Params:
     prefix_caching: bool = False
     chunked_prefill: int | None = None
     padding: str | None = None
+    block_size: int | None = None
+    kv_blocks: int | None = None
 
 
 @dataclass
@@ -100,13 +139,18 @@ class Completion:
     target model's forward passes that produced the n tokens (prefill included: target-only
     decoding of n tokens takes n), ``drafted`` the draft tokens proposed and ``accepted`` those
     the target kept (claims SD-2, SD-3: tokens per target call n / target_calls, acceptance
-    accepted / drafted). Figures for benchmarks: no law trusts them."""
+    accepted / drafted). Figures for benchmarks: no law trusts them. ``serve``'s counts (None where
+the engine does not report them, "stats"): ``computed_tokens``, ``cached_tokens``, ``preemptions``
+(see the module docstring); PA-7 checks computed + cached per request."""
 
     tokens: torch.Tensor
     logprobs: torch.Tensor | None = None
     target_calls: int | None = None
     drafted: int | None = None
     accepted: int | None = None
+    computed_tokens: int | None = None
+    cached_tokens: int | None = None
+    preemptions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +167,7 @@ class Capabilities:
     top_p: bool = True
     logprobs: bool = True
     batch_invariant: bool = False
+    serving: tuple = ()
 
 
 def logit_bound(dtype: torch.dtype) -> float:
@@ -181,6 +226,9 @@ def validate(requests, params) -> None:
         _check_int(params.chunked_prefill, "params.chunked_prefill", 1)
     if params.padding is not None and params.padding not in PADDING_SIDES:
         raise ValueError(f"params.padding must be None or one of {PADDING_SIDES}, got {params.padding!r}")
+    for name in ("block_size", "kv_blocks"):
+        if getattr(params, name) is not None:
+            _check_int(getattr(params, name), f"params.{name}", 1)
     _check_folder(params.model, "params.model")
     if params.speculative == "draft":
         _check_folder(params.draft, "params.draft")
@@ -205,6 +253,8 @@ def refuse_unoffered(caps: Capabilities, requests, params, who: str) -> None:
         raise NotImplementedError(f"{who} offers speculative methods {caps.speculative}, not {params.speculative!r}")
     if params.padding is not None and params.padding not in caps.padding:
         raise NotImplementedError(f"{who} pads on {caps.padding or 'no side'}, not {params.padding!r}")
+    if (params.block_size is not None or params.kv_blocks is not None) and "kv_pool" not in caps.serving:
+        raise NotImplementedError(f"{who} sets its own KV pool (no block_size / kv_blocks)")
     if params.top_p < 1.0 and params.temperature > 0 and not caps.top_p:
         raise NotImplementedError(f"{who} has no top-p")
 
@@ -236,15 +286,24 @@ def invalid(device: str) -> list[InvalidCall]:
             "num_speculative_tokens"),
         bad("budget-zero", ok, Params(folder, chunked_prefill=0), ValueError, "chunked_prefill"),
         bad("padding-unknown", ok, Params(folder, padding="middle"), ValueError, "padding"),
+        bad("block-size-zero", ok, Params(folder, block_size=0), ValueError, "block_size"),
+        bad("kv-blocks-zero", ok, Params(folder, kv_blocks=0), ValueError, "kv_blocks"),
         bad("model-not-a-folder", ok, p, ValueError, "model"),
+        *invalid_serve(folder, ok[0], p),
     ]
+
+
+def validate_serve(schedule, params) -> None:
+    """The contract's checks of one ``serve`` call (see the module docstring)."""
+    _validate_serve(schedule, params, validate, Request)
 
 
 CONTRACT = Contract(
     technique="inference_engine",
     functions=("generate", "capabilities"),
     doc=__doc__,
-    returns={"generate": list, "capabilities": Capabilities},
+    optional=("serve",),
+    returns={"generate": list, "capabilities": Capabilities, "serve": dict},
     invalid=invalid,
 )
 # No ``cases``: every valid call needs an exported model folder, which a layer above this one

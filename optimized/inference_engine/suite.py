@@ -13,11 +13,14 @@ import itertools
 import torch
 
 from inference_conformance.conformance.contracts.inference_engine import (
+    Arrival,
     Capabilities,
     Completion,
     check_vocab,
     refuse_unoffered,
+    refuse_unserved,
     validate,
+    validate_serve,
 )
 from inference_conformance.optimized.paged_attention.engine import PagedEngine
 from inference_conformance.optimized.speculative.engine import SpeculativeEngine
@@ -64,7 +67,8 @@ class PagedAdapter:
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtype=torch.float32, batching=True, prefix_caching=True, chunked_prefill=True,
-                            seeded_sampling="request", top_p=False, logprobs=True, batch_invariant=False)
+                            seeded_sampling="request", top_p=False, logprobs=True, batch_invariant=False,
+                            serving=("arrivals", "fork", "kv_pool", "stats"))
 
     def model(self, folder):
         if str(folder) not in self._models:
@@ -72,11 +76,13 @@ class PagedAdapter:
         return self._models[str(folder)]
 
     def engine(self, params) -> PagedEngine:
-        """One engine per (model, prefix caching, budget), kept across calls (its prefix cache too)."""
-        key = (str(params.model), params.prefix_caching, params.chunked_prefill)
-        if key not in self._engines:
+        """One engine per (model, prefix caching, budget, pool), kept across calls (its prefix cache
+        too); a pool given by ``block_size`` / ``kv_blocks`` a fresh engine per call."""
+        bs, nb = params.block_size or BLOCK_SIZE, params.kv_blocks or NUM_BLOCKS
+        key = (str(params.model), params.prefix_caching, params.chunked_prefill, bs, nb)
+        if key not in self._engines or params.kv_blocks is not None:
             self._engines[key] = self.engine_class(
-                self.model(params.model), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_batch=MAX_BATCH,
+                self.model(params.model), num_blocks=nb, block_size=bs, max_batch=MAX_BATCH,
                 prefix_cache=params.prefix_caching, max_num_batched_tokens=params.chunked_prefill, keep_logits=True)
         return self._engines[key]
 
@@ -94,6 +100,51 @@ class PagedAdapter:
             eng.add_request(rid, list(r.prompt), r.max_new_tokens, float(params.temperature), _generator(r.seed))
         eng.run()
         out = [_completion(eng.finished.pop(rid), eng.logits.pop(rid)) for rid in rids]
+        return out
+
+
+    @torch.no_grad()
+    def serve(self, schedule, params) -> dict:
+        """The contract's ``serve``: each Arrival added before its step, each Fork made (by the
+        engine's copy-on-write fork, or, where the parent is not running with its tokens
+        computed, as a request of the parent's prompt and first ``after`` tokens)."""
+        validate_serve(schedule, params)
+        refuse_unoffered(self.capabilities(), [e.request for e in schedule if isinstance(e, Arrival)], params, self.who)
+        refuse_unserved(self.capabilities().serving, schedule, params, self.who)
+        eng = self.engine(params)
+        check_vocab([e.request for e in schedule if isinstance(e, Arrival)], eng.cfg.vocab_size)
+        rid = {e.id: next(self._ids) for e in schedule}
+        arrivals = sorted((e for e in schedule if isinstance(e, Arrival)), key=lambda e: e.step)
+        forks = [e for e in schedule if not isinstance(e, Arrival)]
+        prefix = {}                     # a fork added as a request: the parent's tokens it starts from
+        step = 0
+        while arrivals or forks or eng.has_work():
+            while arrivals and arrivals[0].step <= step:
+                e = arrivals.pop(0)
+                r = e.request
+                eng.add_request(rid[e.id], list(r.prompt), r.max_new_tokens, float(params.temperature),
+                                _generator(r.seed))
+            for f in list(forks):
+                p = next((r for r in eng.running + list(eng.waiting) if r.rid == rid[f.parent]), None)
+                if p is None or len(p.out) != f.after:
+                    continue
+                forks.remove(f)
+                if any(r is p for r in eng.running) and p.computed == len(p.tokens) - 1:
+                    eng.fork(p.rid, rid[f.id], _generator(f.seed), temperature=float(f.temperature))
+                    eng.logits[rid[f.id]] = list(eng.logits[p.rid])
+                else:
+                    prefix[rid[f.id]] = list(p.out)
+                    eng.add_request(rid[f.id], p.tokens, p.max_new - f.after, float(f.temperature), _generator(f.seed))
+            eng.step()
+            step += 1
+        out = {}
+        for e in schedule:
+            i = rid[e.id]
+            c = _completion(eng.finished.pop(i), eng.logits.pop(i))
+            if i in prefix:             # logprobs of the parent's tokens are the parent's
+                c = Completion(torch.tensor(prefix[i] + c.tokens.tolist()), None)
+            out[e.id] = Completion(c.tokens, c.logprobs, computed_tokens=eng.computed_by.pop(i, 0),
+                                   cached_tokens=eng.reused_by.pop(i, 0), preemptions=eng.preempted_by.pop(i, 0))
         return out
 
 

@@ -6,8 +6,9 @@ chunked-prefill budget) and ``speculative_config`` (``{"method": "draft_model", 
 or ``{"method": "ngram"}`` with ``num_speculative_tokens``) from the params; requests as
 ``prompt_token_ids``; ``SamplingParams(temperature, top_p, max_tokens, ignore_eos=True,
 logprobs=0, seed, detokenize=False)`` (the stop token removed; logprobs of the chosen tokens,
-vLLM's raw log-softmax). vLLM's CPU attention refuses head dim 16 (the shipped drafts'), so a
-draft folder X is given as its sibling ``X-hd64`` where the export wrote one (the same function:
+vLLM's raw log-softmax). ``serve`` (arrivals only: no fork, vLLM's own KV pool, no counts) adds
+each request to the ``LLM``'s ``LLMEngine`` before its step and calls ``step()`` until all finish.
+vLLM's CPU attention refuses head dim 16 (the shipped drafts'), so a draft folder X is given as its sibling ``X-hd64`` where the export wrote one (the same function:
 ``smallworld/hf_export.py``'s zero-padding, float64 logit difference 1.6e-14).
 
 One process per configuration: each ``LLM`` lives in a child process of its own (spawned, so it
@@ -26,11 +27,14 @@ from pathlib import Path
 import torch
 
 from inference_conformance.conformance.contracts.inference_engine import (
+    Arrival,
     Capabilities,
     Completion,
     check_vocab,
     refuse_unoffered,
+    refuse_unserved,
     validate,
+    validate_serve,
 )
 
 MAX_MODEL_LEN, BLOCK_SIZE = 128, 32
@@ -57,7 +61,8 @@ def _configuration(params) -> dict:
 
 def _serve(conn, kw):
     """The child: start ``LLM(**kw)``, answer ("started", vocab size) or ("refused" | "error", ...),
-    then answer each (prompts, sampling dicts) with [(token ids, chosen logprobs or None)] until None."""
+    then answer each (prompts, sampling dicts, arrival steps or None) with [(token ids, chosen logprobs
+    or None)] until None (with steps: through ``LLMEngine.add_request`` / ``step``, :func:`_steps`)."""
     try:
         from vllm import LLM, SamplingParams
 
@@ -69,11 +74,16 @@ def _serve(conn, kw):
         conn.send(("error", type(exc).__name__, str(exc)))
         return
     conn.send(("started", llm.llm_engine.model_config.get_vocab_size()))
+    served = 0
     while (job := conn.recv()) is not None:
-        prompts, sampling = job
+        prompts, sampling, steps = job
         try:
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], [SamplingParams(**d) for d in sampling],
-                                use_tqdm=False)
+            if steps is None:
+                outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                    [SamplingParams(**d) for d in sampling], use_tqdm=False)
+            else:
+                served += 1
+                outs = _steps(llm.llm_engine, served, prompts, [SamplingParams(**d) for d in sampling], steps)
             done = []
             for o in outs:
                 c = o.outputs[0]
@@ -83,6 +93,22 @@ def _serve(conn, kw):
             conn.send(("ok", done))
         except BaseException as exc:                       # noqa: BLE001
             conn.send(("error", type(exc).__name__, str(exc)))
+
+
+def _steps(engine, call: int, prompts, sampling, steps) -> list:
+    """``serve`` in the child: request i added to vLLM's ``LLMEngine`` before its step
+    ``steps[i]``, ``engine.step()`` until every one has finished; outputs in request order."""
+    order = sorted(range(len(prompts)), key=lambda i: steps[i])
+    done, step = {}, 0
+    while order or engine.has_unfinished_requests():
+        while order and steps[order[0]] <= step:
+            i = order.pop(0)
+            engine.add_request(f"serve-{call}-{i}", {"prompt_token_ids": prompts[i]}, sampling[i])
+        for o in engine.step():
+            if o.finished:
+                done[int(o.request_id.rsplit("-", 1)[1])] = o
+        step += 1
+    return [done[i] for i in range(len(prompts))]
 
 
 _ERRORS = {e.__name__: e for e in (AttributeError, RuntimeError, ValueError, TypeError, KeyError, AssertionError,
@@ -118,8 +144,8 @@ class _Child:
             self.proc.join(5)
             raise RuntimeError(f"vLLM's process ended (exit code {self.proc.exitcode})") from None
 
-    def generate(self, prompts, sampling):
-        self.conn.send((prompts, sampling))
+    def generate(self, prompts, sampling, steps=None):
+        self.conn.send((prompts, sampling, steps))
         reply = self._recv()
         if reply[0] == "error":
             _raise(*reply[1:])
@@ -146,7 +172,7 @@ class VLLMEngine:
     def capabilities(self) -> Capabilities:
         return Capabilities(dtype=torch.float32, batching=True, prefix_caching=True, chunked_prefill=True,
                             speculative=("draft", "ngram"), seeded_sampling="request", top_p=True, logprobs=True,
-                            batch_invariant=False)
+                            batch_invariant=False, serving=("arrivals",))
 
     def child(self, params) -> _Child:
         key = (str(params.model), params.prefix_caching, params.chunked_prefill, params.speculative,
@@ -167,9 +193,25 @@ class VLLMEngine:
         refuse_unoffered(self.capabilities(), requests, params, "vLLM")
         child = self.child(params)
         check_vocab(requests, child.vocab_size)
+        return self._run(child, requests, params)
+
+    def _run(self, child, requests, params, steps=None) -> list[Completion]:
         sampling = [dict(temperature=float(params.temperature), top_p=float(params.top_p) if params.temperature else 1.0,
                          max_tokens=r.max_new_tokens, ignore_eos=True, logprobs=0, seed=r.seed, detokenize=False)
                     for r in requests]
-        outs = child.generate([list(r.prompt) for r in requests], sampling)
+        outs = child.generate([list(r.prompt) for r in requests], sampling, steps)
         return [Completion(torch.tensor(ids, dtype=torch.int64),
                            None if lp is None else torch.tensor(lp, dtype=torch.float64)) for ids, lp in outs]
+
+    @torch.no_grad()
+    def serve(self, schedule, params) -> dict:
+        """The contract's ``serve`` (arrivals only): each request added to vLLM's ``LLMEngine``
+        before its step, ``step()`` until all finish; no fork, vLLM's own KV pool, no counts."""
+        validate_serve(schedule, params)
+        arrivals = [e for e in schedule if isinstance(e, Arrival)]
+        refuse_unoffered(self.capabilities(), [e.request for e in arrivals], params, "vLLM")
+        refuse_unserved(self.capabilities().serving, schedule, params, "vLLM")
+        child = self.child(params)
+        check_vocab([e.request for e in arrivals], child.vocab_size)
+        out = self._run(child, [e.request for e in arrivals], params, [e.step for e in arrivals])
+        return {e.id: c for e, c in zip(arrivals, out)}

@@ -109,6 +109,8 @@ class PagedEngine(TransferMixin):
         self.finished: dict = {}
         self._ids: set = set()
         self.stats = Counter()
+        #: per request id: tokens computed, prompt tokens reused from the prefix cache, preemptions
+        self.computed_by, self.reused_by, self.preempted_by = Counter(), Counter(), Counter()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, rid, prompt, max_new_tokens: int, temperature: float = 0.0,
@@ -205,6 +207,7 @@ class PagedEngine(TransferMixin):
                 victim.computed = 0
                 self.waiting.appendleft(victim)
                 self.stats["preemptions"] += 1
+                self.preempted_by[victim.rid] += 1
 
     def _admit(self) -> list[EngineRequest]:
         new = []
@@ -236,6 +239,7 @@ class PagedEngine(TransferMixin):
             r.computed = len(shared) * self.block_size
             r.keys = [key for key, _ in shared]
             self.stats["reused_tokens"] += r.computed
+            self.reused_by[r.rid] += r.computed
             self.book.append_tokens(r.rid, len(toks) - r.computed)
             self.running.append(r)
             new.append(r)
@@ -280,6 +284,7 @@ class PagedEngine(TransferMixin):
         for i, (r, n) in enumerate(plan):
             seq = r.tokens
             self.stats["computed_tokens"] += n
+            self.computed_by[r.rid] += n
             toks += seq[r.computed:r.computed + n]
             pos += range(r.computed, r.computed + n)
             rows += [i] * n

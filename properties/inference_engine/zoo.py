@@ -1,5 +1,8 @@
 """The inference_engine bug zoo: one realistic bug per engine, each rejected by a law of
-``properties/inference_engine/test_inference_engine.py`` through its own comparison (EN-1..EN-3, KV-2)."""
+``properties/inference_engine/test_inference_engine.py`` (EN-1..EN-3, KV-2) or of
+``properties/inference_engine/test_serving.py`` (PA-6..PA-8 through ``serve``: the paged engine's
+known-bad versions of ``properties/paged_attention/zoo.py`` behind its adapter) through its own
+comparison."""
 from __future__ import annotations
 
 import torch
@@ -67,6 +70,18 @@ class StalePrefix(PagedAdapter):
     engine_class = StaleKeyEngine
 
 
+def _serving(engine_class, name: str):
+    """The paged engine's adapter over the known-bad ``engine_class`` (``properties/paged_attention/zoo.py``)."""
+    return type(name, (PagedAdapter,), {"engine_class": engine_class, "__doc__": engine_class.__doc__})()
+
+
+def _paged_bad(name: str):
+    """The paged engine's adapter over its known-bad engine ``name`` (``properties/paged_attention/zoo.py``)."""
+    from inference_conformance.properties.paged_attention.zoo import serving_engine_zoo
+
+    return _serving(serving_engine_zoo()[name], name)
+
+
 def implementations():
     from inference_conformance.conformance.registry import known_bad
 
@@ -82,4 +97,10 @@ def implementations():
         known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
         known_bad("inference_engine", "argmax_logprobs", ArgmaxLogprobs(load),
                   bug="Logprobs of the argmax token, not of the chosen one (right only when greedy)"),
+        known_bad("inference_engine", "query_misses_its_own_token", _paged_bad("query_misses_its_own_token"),
+                  bug="Each token's query misses its own key (seq_lens one short): right only for the first token"),
+        known_bad("inference_engine", "chunk_kv_written_after_attention", _paged_bad("chunk_kv_written_after_attention"),
+                  bug="Each layer attends before writing the step's K/V: a chunk's queries miss their own chunk"),
+        known_bad("inference_engine", "prefix_published_before_computed", _paged_bad("prefix_published_before_computed"),
+                  bug="Prompt blocks enter the prefix cache at admission, before their chunk is computed"),
     )

@@ -1,4 +1,5 @@
-"""Inputs and shared pieces of the paged engine's laws (``properties/paged_attention/test_paged_engine.py``;
+"""Inputs and shared pieces of the paged engine's tests (``properties/paged_attention/test_paged_engine.py``;
+the serve laws of ``properties/inference_engine/test_serving.py`` run its pinned workloads;
 PA-6..PA-8; PA-9's ``properties/kv_transfer/cases.py`` runs the same requests): the test model (:data:`CFG`, :func:`model_for`), requests (:class:`Req`) and their strategies
 (:func:`workloads`, :func:`shared_prefix_workloads`), running them through an engine at their
 arrival steps (:func:`run_engine`) or alone without a cache
@@ -106,3 +107,22 @@ def same_as(engine, baseline, reqs, what: str) -> None:
                      what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) tokens, {what}")
         assert_close(torch.stack(engine.logits[i]), torch.stack(baseline.logits[i]),
                      what=f"request {i} logits, {what}")
+
+
+# ------------------------------------------- the pinned workloads (here and the serve laws)
+#: Four requests in 7 blocks of 2: preemption and recomputation happen; one is sampled.
+PREEMPTING = (Req(tuple(range(3, 12)), 5, 0, 0.0, 1), Req(tuple(range(20, 26)), 6, 0, 1.0, 2),
+              Req((5, 5, 5), 4, 1, 0.0, 3), Req(tuple(range(1, 12)), 3, 2, 1.0, 4))
+
+
+#: Equal tokens after different prefixes: block (7, 8, 9) follows (1, 2, 3) in one prompt and
+#: opens the other; a key without the parent would share it.
+DIFFERENT_PREFIXES = (Req((1, 2, 3, 7, 8, 9, 4), 3, 0, 0.0, 1), Req((7, 8, 9, 7, 8, 9, 5), 3, 2, 0.0, 2))
+
+
+#: A 19-token prompt arriving while two requests decode, a token budget of 4: the prompt is
+#: prefilled in chunks of 4 minus the decode tokens batched with them, over blocks of 3; the
+#: second prompt's chunks start inside a block.
+LONG_PROMPT = (Req((5, 6, 7), 6, 0, 0.0, 1), Req((8, 9), 7, 0, 1.0, 2), Req(tuple(range(1, 20)), 3, 1, 1.0, 3),
+               Req(tuple(range(10, 17)), 2, 2, 0.0, 4))
+

@@ -2,8 +2,8 @@
 contract's ``paged_prefill`` (decode tokens and prefill chunks of several sequences in one call,
 each chunk causal with the offset of its cached prefix) equals dense causal attention over each
 sequence's contiguous K/V, for any chunk lengths, block size and GQA group; its known-bad versions
-(a chunk's offset counted from 0, every chunk taken as C long) are rejected. The engine half is in
-``properties/paged_attention/test_paged_engine.py``, PA-1 in ``properties/paged_attention/test_paged_attention.py``.
+(a chunk's offset counted from 0, every chunk taken as C long) are rejected. The engine half is the serve law
+over every registered engine (``properties/inference_engine/test_serving.py``), PA-1 in ``properties/paged_attention/test_paged_attention.py``.
 """
 from __future__ import annotations
 

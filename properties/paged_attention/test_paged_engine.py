@@ -1,37 +1,28 @@
-"""The continuous-batching engine over the paged cache (``optimized/paged_attention/engine.py``; claims
-PA-6, PA-7; lecture 001 §4.1, §4.4).
+"""The suite's continuous-batching engine over the paged cache (``optimized/paged_attention/engine.py``;
+claims PA-6, PA-7, PA-8; lecture 001 §4.1, §4.4, §4.5): what its pinned workloads do inside it.
 
-- PA-6: with requests arriving at drawn steps, of drawn prompt and output lengths, in a cache
-  small enough that requests are preempted and recomputed, every request gets exactly the
-  tokens it gets run alone through the reference model without any cache (greedy, and sampled
-  with a generator per request).
-- PA-7: with the prefix cache on, outputs equal those without it; blocks of a shared prefix are
-  computed once (the tokens computed drop by exactly the tokens reused); equal tokens after
-  different prefixes never share a block.
-
-- PA-8 (the engine half): with a token budget per step (chunked prefill: a long prompt split into
-  chunks, each batched with the other requests' decode tokens), every request gets the same
-  logits (float64 tolerance) and exactly the same sampled tokens as with unchunked prefill, for
-  any budget C, any mix of arrivals and lengths, any block size; also through the Triton
-  mixed-batch kernel.
-- PA-9 (prefill/decode disaggregation) is the law of the ``kv_transfer`` technique
-  (``properties/kv_transfer/``), over every registered transfer.
-
-Known-bad engines (``properties/paged_attention/zoo.py``): a query that misses its own token (PA-6), a
-prefix key without the parent's key (PA-7), a chunk's K/V written after its attention (PA-8);
-each is rejected.
+The laws PA-6 (arrivals, preemption), PA-7 (the prefix cache) and PA-8's engine half (chunked
+prefill) run over every registered ``inference_engine`` through the contract's ``serve``
+(``properties/inference_engine/test_serving.py``, this engine the built-in "paged", its known-bad
+versions in ``properties/paged_attention/zoo.py`` registered there). Here, on the engine itself
+with the float64 test model: the pinned workloads preempt, reuse exactly the shared prefix's
+blocks, never share equal tokens after different prefixes, chunk a long prompt beside decodes,
+fork samples sharing the prompt's blocks, and do so through the Triton kernels too (each equal
+to running alone, exactly); bad requests and budgets are refused. PA-9 (disaggregation) is the
+``kv_transfer`` technique's (``properties/kv_transfer/``).
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, note, settings
-from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.optimized.paged_attention.engine import PagedEngine
 from inference_conformance.properties.paged_attention.engine_cases import (
+    DIFFERENT_PREFIXES,
+    LONG_PROMPT,
+    PREEMPTING,
     SYSTEM,
     Req,
     alone,
@@ -39,39 +30,10 @@ from inference_conformance.properties.paged_attention.engine_cases import (
     model_for,
     run_engine,
     same_as,
-    shared_prefix_workloads,
-    workloads,
 )
-from inference_conformance.properties.paged_attention.zoo import _engine_zoo, expect_rejection, serving_engine_zoo
 from inference_conformance.reference.transformer import generate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-#: Four requests in 7 blocks of 2: preemption and recomputation happen; one is sampled.
-PREEMPTING = (Req(tuple(range(3, 12)), 5, 0, 0.0, 1), Req(tuple(range(20, 26)), 6, 0, 1.0, 2),
-              Req((5, 5, 5), 4, 1, 0.0, 3), Req(tuple(range(1, 12)), 3, 2, 1.0, 4))
-
-
-@settings(max_examples=max(10, settings.default.max_examples // 3))
-@given(reqs=workloads(), block_size=st.integers(1, 4), slack=st.integers(0, 12), max_batch=st.integers(1, 4),
-       seed=st.integers(0, 100))
-@example(reqs=PREEMPTING, block_size=2, slack=0, max_batch=4, seed=5)
-def law_engine_equals_alone(engine_class, reqs, block_size, slack, max_batch, seed, **engine_kw):
-    """PA-6: every request's tokens equal its tokens run alone (no cache, the reference)."""
-    model = model_for(seed)
-    engine = engine_class(model, num_blocks=blocks_for(reqs, block_size) + slack, block_size=block_size,
-                          max_batch=max_batch, **engine_kw)
-    out = run_engine(engine, reqs)
-    note(f"stats {dict(engine.stats)}")
-    for i, r in enumerate(reqs):
-        assert_exact(torch.tensor(out[i]), torch.tensor(alone(model, r)),
-                     what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) vs run alone")
-
-
-@pytest.mark.claim("PA-6")
-def test_pa6_continuous_batching_equals_alone():
-    law_engine_equals_alone(PagedEngine)
 
 
 @pytest.mark.claim("PA-6")
@@ -101,43 +63,6 @@ def test_pa6_engine_through_the_triton_kernels(device):
         assert_exact(torch.tensor(engine.finished[i]), torch.tensor(alone(model, r, device)), what=f"request {i} (Triton)")
 
 
-@pytest.mark.claim("PA-6")
-def test_pa6_zoo_query_missing_its_token_rejected():
-    bad, _ = _engine_zoo()
-    expect_rejection("PA-6", law_engine_equals_alone, bad, entry="query_misses_its_own_token", match="vs run alone")
-
-
-#: Equal tokens after different prefixes: block (7, 8, 9) follows (1, 2, 3) in one prompt and
-#: opens the other; a key without the parent would share it.
-DIFFERENT_PREFIXES = (Req((1, 2, 3, 7, 8, 9, 4), 3, 0, 0.0, 1), Req((7, 8, 9, 7, 8, 9, 5), 3, 2, 0.0, 2))
-
-
-@settings(max_examples=max(8, settings.default.max_examples // 4))
-@given(reqs=shared_prefix_workloads(), seed=st.integers(0, 100), slack=st.integers(0, 8))
-@example(reqs=DIFFERENT_PREFIXES, seed=3, slack=4)
-def law_prefix_cache(engine_class, reqs, seed, slack):
-    """PA-7: outputs with the prefix cache equal outputs without it and alone; the tokens
-    computed drop by exactly the tokens reused."""
-    model = model_for(seed)
-    nb = sum(-(-(len(r.prompt) + r.max_new) // 3) for r in reqs) + slack
-    plain = PagedEngine(model, num_blocks=nb, block_size=3, max_batch=8)
-    cached = engine_class(model, num_blocks=nb, block_size=3, max_batch=8, prefix_cache=True)
-    out_plain, out_cached = run_engine(plain, reqs), run_engine(cached, reqs)
-    note(f"plain {dict(plain.stats)}, cached {dict(cached.stats)}")
-    for i, r in enumerate(reqs):
-        assert_exact(torch.tensor(out_cached[i]), torch.tensor(alone(model, r)),
-                     what=f"request {i} with the prefix cache vs run alone")
-        assert_exact(torch.tensor(out_cached[i]), torch.tensor(out_plain[i]), what=f"request {i}, cache on vs off")
-    if plain.stats["preemptions"] == cached.stats["preemptions"] == 0:
-        assert cached.stats["computed_tokens"] == plain.stats["computed_tokens"] - cached.stats["reused_tokens"], \
-            "tokens of reused blocks were computed again"
-
-
-@pytest.mark.claim("PA-7")
-def test_pa7_prefix_cache_equals_recompute():
-    law_prefix_cache(PagedEngine)
-
-
 @pytest.mark.claim("PA-7")
 def test_pa7_shared_system_prompt_is_computed_once():
     """Four requests with one 12-token system prompt, arriving one after another: the prompt's
@@ -163,13 +88,6 @@ def test_pa7_equal_tokens_after_different_prefixes_are_not_shared():
     cached = PagedEngine(model, num_blocks=20, block_size=3, prefix_cache=True)
     run_engine(cached, DIFFERENT_PREFIXES)
     assert cached.stats["reused_tokens"] == 0, dict(cached.stats)
-
-
-@pytest.mark.claim("PA-7")
-def test_pa7_zoo_key_without_parent_rejected():
-    _, bad = _engine_zoo()
-    expect_rejection("PA-7", law_prefix_cache, bad, entry="prefix_key_without_parent",
-                     match="with the prefix cache vs run alone")
 
 
 def test_engine_rejects_bad_requests():
@@ -213,36 +131,6 @@ def test_pa6_parallel_sampling_by_fork_shares_the_prompt():
                    rule=f"unshared: {unshared * bs} slots", unshared=unshared * bs)
 
 
-#: A 19-token prompt arriving while two requests decode, a token budget of 4: the prompt is
-#: prefilled in chunks of 4 minus the decode tokens batched with them, over blocks of 3; the
-#: second prompt's chunks start inside a block.
-LONG_PROMPT = (Req((5, 6, 7), 6, 0, 0.0, 1), Req((8, 9), 7, 0, 1.0, 2), Req(tuple(range(1, 20)), 3, 1, 1.0, 3),
-               Req(tuple(range(10, 17)), 2, 2, 0.0, 4))
-
-
-@settings(max_examples=max(8, settings.default.max_examples // 3))
-@given(reqs=workloads(max_requests=4, max_prompt=20), budget=st.integers(1, 10), block_size=st.integers(1, 5),
-       slack=st.integers(0, 10), max_batch=st.integers(1, 4), seed=st.integers(0, 100))
-@example(reqs=LONG_PROMPT, budget=4, block_size=3, slack=6, max_batch=4, seed=7)
-def law_chunked_equals_unchunked(engine_class, reqs, budget, block_size, slack, max_batch, seed, **engine_kw):
-    """PA-8: with a token budget per step every request gets the logits and tokens of unchunked prefill."""
-    model = model_for(seed)
-    nb = blocks_for(reqs, block_size) + slack
-    whole = PagedEngine(model, num_blocks=nb, block_size=block_size, max_batch=max_batch, keep_logits=True)
-    chunked = engine_class(model, num_blocks=nb, block_size=block_size, max_batch=max_batch, keep_logits=True,
-                           max_num_batched_tokens=budget, **engine_kw)
-    run_engine(whole, reqs)
-    run_engine(chunked, reqs)
-    note(f"whole {dict(whole.stats)}, chunked {dict(chunked.stats)}, step tokens {chunked.step_tokens}")
-    assert max(chunked.step_tokens) <= budget, f"a step computed {max(chunked.step_tokens)} tokens > budget {budget}"
-    same_as(chunked, whole, reqs, f"budget {budget} vs unchunked")
-
-
-@pytest.mark.claim("PA-8")
-def test_pa8_chunked_prefill_equals_unchunked():
-    law_chunked_equals_unchunked(PagedEngine)
-
-
 @pytest.mark.claim("PA-8")
 def test_pa8_long_prompt_is_chunked_beside_decodes():
     """The pinned workload does chunk: the 19-token prompt takes several steps, each also
@@ -279,12 +167,6 @@ def test_pa8_chunked_engine_through_the_triton_mixed_batch_kernel(device):
         run_engine(engine, reqs, device)
     assert max(chunked.step_tokens) <= 5 < max(whole.step_tokens)
     same_as(chunked, whole, reqs, "Triton mixed batch, budget 5, vs unchunked reference")
-
-
-@pytest.mark.claim("PA-8")
-def test_pa8_zoo_chunk_kv_written_after_attention_rejected():
-    bad = serving_engine_zoo()["chunk_kv_written_after_attention"]
-    expect_rejection("PA-8", law_chunked_equals_unchunked, bad, entry="chunk_kv_written_after_attention", match="vs unchunked")
 
 
 def test_engine_rejects_bad_token_budget():

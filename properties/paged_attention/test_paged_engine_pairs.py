@@ -1,12 +1,11 @@
-"""The paged engine's features two (or more) at a time (claims PA-6, PA-7, PA-8; lecture 001
-§4.4, §4.5): with continuous batching in every example and any two of the prefix cache, chunked
-prefill, a copy-on-write fork and preemption switched on, every request (and a forked child)
-gets exactly the tokens it gets alone through the reference model without any cache
-(``properties/paged_attention/engine_pairs_cases.py``). Each law of
-``properties/paged_attention/test_paged_engine.py`` switches one feature; a bug between two of them passes
-those: the known-bad engine that publishes a prefix block before its chunk is computed
-(``serving_engine_zoo()["prefix_published_before_computed"]``) passes PA-7 and PA-8 alone and is
-rejected here.
+"""The paged engine's features two (or more) at a time, inside the engine (claims PA-6, PA-7,
+PA-8; lecture 001 §4.4, §4.5). The law, continuous batching in every example with any two of the
+prefix cache, chunked prefill, a copy-on-write fork and preemption, runs over every registered
+``inference_engine`` through the contract's ``serve`` (``properties/inference_engine/test_serving.py``,
+its known-bad engine publishing a prefix block before its chunk is computed among the registered
+zoo). Here, on the engine itself with the float64 test model: each pinned pair does what it names
+and every request (and a forked child) equals running alone exactly
+(``properties/paged_attention/engine_pairs_cases.py``), also through the Triton kernels.
 """
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import functools
 
 import pytest
 import torch
-from hypothesis import example, given, note, settings
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_exact
@@ -23,20 +21,15 @@ from inference_conformance.properties.paged_attention.engine_cases import model_
 from inference_conformance.properties.paged_attention.engine_pairs_cases import (
     PAIRS,
     Combo,
-    combos,
     expected,
     pinned,
     run_combo,
 )
-from inference_conformance.properties.paged_attention.zoo import expect_rejection, serving_engine_zoo
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-#: The engines the law runs on: the suite's paged engine (its features all switchable).
-ENGINES = {"paged_engine": PagedEngine}
 
-
-def law_features_combined(engine_class, combo: Combo, device: str = "cpu"):
+def run_pinned(engine_class, combo: Combo, device: str = "cpu"):
     """Every request's tokens (and a forked child's) equal its tokens alone, whatever features
     are on together; returns the engine (its stats)."""
     model = model_for(combo.seed, device)
@@ -49,23 +42,6 @@ def law_features_combined(engine_class, combo: Combo, device: str = "cpu"):
     return engine
 
 
-def _law(engine_class):
-    def test(combo):
-        note(f"{sorted(combo.features)}")
-        law_features_combined(engine_class, combo)
-
-    test = given(combo=combos())(test)
-    for c in reversed(pinned()):
-        test = example(combo=c)(test)
-    return settings(max_examples=max(6, settings.default.max_examples // 2), deadline=None)(test)
-
-
-@pytest.mark.claim("PA-6", "PA-7", "PA-8")
-@pytest.mark.parametrize("engine", list(ENGINES))
-def test_engine_features_combined_equal_alone(engine):
-    _law(ENGINES[engine])()
-
-
 @pytest.mark.claim("PA-7", "PA-8")
 def test_prefix_cache_with_chunks_through_the_triton_kernels(device):
     """The prefix cache with chunked prefill (the pinned pair), every layer's attention one launch
@@ -75,7 +51,7 @@ def test_prefix_cache_with_chunks_through_the_triton_kernels(device):
     pp = pytest.importorskip("inference_conformance.optimized.paged_attention.prefill")
     pa = pytest.importorskip("inference_conformance.optimized.paged_attention")
     combo = next(c for c in pinned() if c.features == {"prefix_cache", "chunked_prefill"})
-    engine = law_features_combined(functools.partial(PagedEngine, prefill=pp.paged_prefill, write=pa.write_kv_cache),
+    engine = run_pinned(functools.partial(PagedEngine, prefill=pp.paged_prefill, write=pa.write_kv_cache),
                                    combo, device)
     assert engine.stats["reused_tokens"] > 0 and max(engine.step_tokens) <= combo.budget, dict(engine.stats)
 
@@ -90,15 +66,9 @@ def test_pinned_pairs_exercise_both_features():
            "preemption": lambda e: e.stats["preemptions"] > 0}
     missing = []
     for combo in pinned():
-        engine = law_features_combined(PagedEngine, combo)
+        engine = run_pinned(PagedEngine, combo)
         missing += [f"{sorted(combo.features)}: {f}" for f in combo.features if not did[f](engine)]
     assert not missing, missing
     results.record("PA-7", measured=0, bound=0, unit="requests whose tokens differ from running alone",
                    rule=f"{len(PAIRS)} pairs of prefix cache, chunked prefill, fork and preemption, each "
                         "exercised, with continuous batching")
-
-
-@pytest.mark.claim("PA-7", "PA-8")
-def test_zoo_prefix_published_before_computed_rejected():
-    bad = serving_engine_zoo()["prefix_published_before_computed"]
-    expect_rejection("PA-7", _law(bad), entry="prefix_published_before_computed", match="vs run alone")

@@ -4,11 +4,10 @@ mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``, ``searches
 a correct decode call, a buggy ``paged_prefill``) are rejected by the PA-8 law.
 
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
-and float32 otherwise, so that only the bug (not rounding) makes them wrong. The engines outside
-the contract keep their known-bad versions here too: ``_engine_zoo`` (PA-6, PA-7) and
-``serving_engine_zoo`` (chunked prefill, PA-8), each rejected by its own law in
-``properties/paged_attention/test_paged_engine.py``; the known-bad KV transfers (PA-9) are the
-``kv_transfer`` technique's (``properties/kv_transfer/zoo.py``).
+and float32 otherwise, so that only the bug (not rounding) makes them wrong. The known-bad paged
+engines are here too (``serving_engine_zoo``), registered as ``inference_engine`` zoo entries and
+rejected by the serve laws (PA-6, PA-8 and their pairs, ``properties/inference_engine/test_serving.py``);
+the known-bad KV transfers (PA-9) are the ``kv_transfer`` technique's (``properties/kv_transfer/zoo.py``).
 """
 from __future__ import annotations
 
@@ -265,8 +264,11 @@ class CowForgetsToCopy(PagedKVCache):
         return self.tables[seq][index]
 
 
-# ------------------------------------------------ continuous-batching engine (PA-6, PA-7)
-def _engine_zoo():
+# ------------------------------- the continuous-batching engine (PA-6, PA-8, their pairs)
+def serving_engine_zoo() -> dict:
+    """Known-bad paged engines by name, registered as ``inference_engine`` zoo entries through the
+    paged engine's adapter (``properties/inference_engine/zoo.py``), each rejected there by its
+    serve law (``properties/inference_engine/test_serving.py``: PA-6, PA-8, the pairs)."""
     from inference_conformance.optimized.paged_attention.engine import PagedEngine
 
     class QueryMissesItsOwnToken(PagedEngine):
@@ -275,23 +277,6 @@ def _engine_zoo():
 
         def _query_lens(self, positions):
             return positions.clamp(min=1).to(torch.int32)
-
-    class PrefixKeyWithoutParent(PagedEngine):
-        """Prefix-cache key of a block from its own tokens only: equal tokens after different
-        prefixes (other positions, other context) share K/V that is not theirs."""
-
-        def _block_key(self, parent, tokens):
-            return super()._block_key("", tokens)
-
-    return QueryMissesItsOwnToken, PrefixKeyWithoutParent
-
-
-# ----------------------------------------------------- chunked prefill: the engines (PA-8)
-def serving_engine_zoo() -> dict:
-    """Known-bad engines outside the contract, by name: each rejected by its own law in
-    ``properties/paged_attention/test_paged_engine.py`` (PA-8: chunked vs unchunked prefill; the pair runner's
-    prefix cache x chunk budget)."""
-    from inference_conformance.optimized.paged_attention.engine import PagedEngine
     from inference_conformance.optimized.paged_attention.engine_attention import PagedCacheAttention
 
     class _WriteAfterAttention(PagedCacheAttention):
@@ -320,7 +305,8 @@ def serving_engine_zoo() -> dict:
                 r.computed = computed
             return new
 
-    return {"chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
+    return {"query_misses_its_own_token": QueryMissesItsOwnToken,
+            "chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
             "prefix_published_before_computed": PublishesPrefixBeforeComputed}
 
 

@@ -1,0 +1,109 @@
+"""The serve laws, over every registered engine (claims PA-6, PA-7, PA-8 for a whole engine; the
+contract's ``serve``), each rejecting its engines of the zoo (``properties/inference_engine/zoo.py``).
+An engine without ``serve`` (or without the part a law uses) refuses: "unsupported", never a pass.
+
+- PA-6 (:func:`law_serve_arrivals_preemption`): requests arriving at drawn steps, of drawn prompt
+  and output lengths, in a KV pool of drawn block size holding the largest request and a few
+  blocks more (the engine must preempt and recompute; an engine without "kv_pool" runs its own
+  pool: arrivals only), greedy or sampled: every request gets what it gets alone
+  (``serving_cases.py``'s oracle). Elsewhere too the pool is set only where the engine takes it,
+  except for the pairs with preemption (refused without it).
+- PA-7 (:func:`law_serve_prefix_cache`): requests sharing a system prompt (some an earlier turn)
+  or equal tokens after different prefixes, with the prefix cache: every request gets what it
+  gets alone; where the engine reports its counts, each position is computed once (computed +
+  cached = prompt + output - 1 per request).
+- PA-8, the engine half (:func:`law_serve_chunked`): a token budget per step (chunked prefill)
+  at any budget, arrivals and block size: every request gets what it gets alone.
+- PA-6..PA-8 combined (:func:`law_serve_features_combined`): arrivals in every example and two or
+  more of prefix cache, chunk budget, copy-on-write fork and preemption: every request and the
+  forked child get what they get alone; a bug between two features passes the laws of one (the
+  engine publishing a prefix block before its chunk is computed).
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.properties.inference_engine import serving_cases as S
+
+SEEDS = st.integers(0, 2 ** 16)
+_FEW = dict(params=("device",), max_examples=lambda n: max(1, n // 10))
+
+#: The paged engine's pinned workloads (``properties/paged_attention/engine_cases.py``).
+PREEMPTING, DIFFERENT_PREFIXES, LONG_PROMPT = S.PREEMPTING, S.DIFFERENT_PREFIXES, S.LONG_PROMPT
+#: Four requests with one 12-token system prompt arriving one after another (4 blocks of 3 reused).
+SHARED_SYSTEM = tuple(S.Req(S.SYSTEM + (20 + i, 21 + i), 2, 3 * i, 0.0, i) for i in range(4))
+
+
+def law_serve_arrivals_preemption(run, device, reqs, block_size, slack, sampled):
+    """PA-6: arrivals and preemption in a small pool; every request as alone."""
+    t = 1.0 if sampled else 0.0
+    pool = max(S.blocks_for(reqs, block_size)) + slack
+    kw = S.pool(run, block_size=block_size, kv_blocks=pool)
+    what = f"arrivals, {pool} blocks of {block_size}" if kw else "arrivals (the engine's own KV pool)"
+    sched = S.schedule(reqs)
+    out = S.serve(run, sched, what, temperature=t, **kw)
+    S.check_served(run, sched, out, t, what)
+    run.observe({"preemptions": sum(c.preemptions or 0 for c in out.values())})
+
+
+def law_serve_prefix_cache(run, device, reqs):
+    """PA-7: with the prefix cache every request as alone; each position computed once."""
+    sched = S.schedule(reqs)
+    # blocks of 3 where the engine takes a pool (the workloads' shared prefixes are 4 such blocks)
+    out = S.serve(run, sched, "the prefix cache", prefix_caching=True, **S.pool(run, block_size=3))
+    S.check_served(run, sched, out, 0.0, "the prefix cache")
+    counted = S.check_computed_once(out, sched, "the prefix cache")
+    run.observe({"computed_once_checked": counted, "cached": sum(c.cached_tokens or 0 for c in out.values())})
+
+
+def law_serve_chunked(run, device, reqs, budget, block_size, sampled):
+    """PA-8 (engine half): a token budget per step; every request as alone."""
+    t = 1.0 if sampled else 0.0
+    what = f"chunked prefill, budget {budget}, blocks of {block_size}"
+    sched = S.schedule(reqs)
+    pool = S.pool(run, block_size=block_size, kv_blocks=2 * sum(S.blocks_for(reqs, block_size)) + 2)
+    out = S.serve(run, sched, what, temperature=t, chunked_prefill=budget, **pool)
+    S.check_served(run, sched, out, t, what)
+
+
+def law_serve_features_combined(run, device, combo):
+    """PA-6..PA-8 combined: arrivals with two or more of prefix cache, budget, fork, preemption."""
+    kw = combo.engine_kw()
+    feats = " + ".join(sorted(combo.features))
+    sched = S.schedule(combo.reqs, fork="fork" in combo.features)
+    pool = dict(block_size=kw["block_size"], kv_blocks=kw["num_blocks"])   # preemption needs it: else refused
+    pool = pool if "preemption" in combo.features else S.pool(run, **pool)
+    out = S.serve(run, sched, feats, prefix_caching=kw["prefix_cache"], chunked_prefill=kw["max_num_batched_tokens"],
+                  **pool)
+    S.check_served(run, sched, out, 0.0, feats)
+    run.observe({"features": tuple(sorted(combo.features))})
+
+
+PA6 = Law(claim="PA-6", technique="inference_engine", body=law_serve_arrivals_preemption,
+          given={"reqs": S.workloads(), "block_size": st.integers(1, 4), "slack": st.integers(0, 4),
+                 "sampled": st.booleans()},
+          examples=(dict(reqs=PREEMPTING, block_size=2, slack=0, sampled=False),),
+          kills=(Kills(("query_misses_its_own_token",)),), **_FEW)
+PA7 = Law(claim="PA-7", technique="inference_engine", body=law_serve_prefix_cache,
+          given={"reqs": S.shared_prefix_workloads()},
+          examples=(dict(reqs=DIFFERENT_PREFIXES), dict(reqs=SHARED_SYSTEM)),
+          kills=(Kills(("stale_prefix",)),), **_FEW)
+PA8 = Law(claim="PA-8", technique="inference_engine", body=law_serve_chunked,
+          given={"reqs": S.workloads(max_requests=4, max_prompt=20), "budget": st.integers(1, 10),
+                 "block_size": st.integers(1, 5), "sampled": st.booleans()},
+          examples=(dict(reqs=LONG_PROMPT, budget=4, block_size=3, sampled=False),),
+          kills=(Kills(("chunk_kv_written_after_attention",)),), **_FEW)
+PAIRS = Law(claim="PA-7", claims=("PA-6", "PA-7", "PA-8"), technique="inference_engine",
+            body=law_serve_features_combined, given={"combo": S.combos()},
+            examples=tuple(dict(combo=c) for c in S.pinned()),
+            kills=(Kills(("prefix_published_before_computed",)),), **_FEW)
+
+test_pa6_serve_arrivals_preemption = PA6.conformance_test("test_pa6_serve_arrivals_preemption")
+(test_pa6_serve_zoo_rejected,) = PA6.zoo_tests("test_pa6_serve_zoo_rejected")
+test_pa7_serve_prefix_cache = PA7.conformance_test("test_pa7_serve_prefix_cache")
+(test_pa7_serve_zoo_rejected,) = PA7.zoo_tests("test_pa7_serve_zoo_rejected")
+test_pa8_serve_chunked = PA8.conformance_test("test_pa8_serve_chunked")
+(test_pa8_serve_zoo_rejected,) = PA8.zoo_tests("test_pa8_serve_zoo_rejected")
+test_serve_features_combined = PAIRS.conformance_test("test_serve_features_combined")
+(test_serve_features_combined_zoo_rejected,) = PAIRS.zoo_tests("test_serve_features_combined_zoo_rejected")
