@@ -56,6 +56,20 @@ def test_every_zoo_entry_resolves_and_is_killed_by_some_law(technique, zoo_tests
         assert impl.name in killed, f"zoo entry {technique}:{impl.name} is rejected by no collected zoo test"
 
 
+def test_every_law_takes_registered_implementations_or_says_why():
+    """No law runs on the built-ins only: every test of ``properties/`` marked with a claim (zoo and
+    rejection tests aside) takes the registry's implementations (``impl``, outside ones included),
+    or is marked ``suite_own`` with its reason (a simulator, a formula, the reference model, one
+    built-in's internals, a contract not yet written), read from the suite's own collection."""
+    from inference_conformance.reports import falsifiers
+
+    laws = falsifiers.law_tests(ROOT)
+    assert sum(z["impl"] for z in laws) > 100 and sum(bool(z["own"]) for z in laws) > 50, len(laws)
+    off = falsifiers.laws_off_the_registry(ROOT)
+    assert not off, ("laws that take no registered implementation and do not say why (mark them "
+                     f"@pytest.mark.suite_own(\"why\") or parametrize them over the registry): {off}")
+
+
 def test_contracts_name_no_implementation():
     """The lowest layer never names the layers above it, not even in strings."""
     for path in (ROOT / "conformance" / "contracts").glob("*.py"):
