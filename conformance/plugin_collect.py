@@ -204,8 +204,8 @@ def _modes_at_production_shapes(config, items) -> None:
 
 
 def _production_shapes_once_interpreted(config, items) -> None:
-    """Under the gating profiles, with kernels interpreted, a built-in Triton kernel's
-    production-shape test runs each shape in one of its dtypes, the dtypes taken in turn over
+    """Under the gating profiles, with kernels interpreted, a Triton kernel of the suite's own (not
+    an adapter of another project's) production-shape test runs each shape in one of its dtypes, the dtypes taken in turn over
     the shapes (each dtype reaches half of them): the interpreter gives float32 and bfloat16 the
     same tiles (``INTERPRET_BLOCK_*``), so both run the same index arithmetic at a shape, which is
     what these sizes check; the drawn laws run every dtype. Compiled (``--device cuda``) and
@@ -221,8 +221,8 @@ def _production_shapes_once_interpreted(config, items) -> None:
     chosen = []
     for item in items:
         impl, name, dtype = param(item, "impl"), param(item, "name"), param(item, "dtype")
-        if (name is None or dtype is None or not getattr(impl, "kernel_modules", ())
-                or _is_outside(impl) or "production" not in getattr(item, "originalname", item.name)):
+        if (name is None or dtype is None or not getattr(impl, "kernel_modules", ()) or _is_outside(impl)
+                or getattr(impl, "adapter", False) or "production" not in getattr(item, "originalname", item.name)):
             continue
         key = (item.nodeid.split("[")[0], impl.name)
         shapes.setdefault(key, [])

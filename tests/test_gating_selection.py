@@ -1,7 +1,7 @@
 """What the gating profiles leave out, and only there (conformance/plugin_collect.py): with
 kernels interpreted, a built-in Triton kernel's production-shape test runs each shape in one of its
-dtypes, the dtypes in turn; an outside implementation, a kernel without Triton modules, the
-``dev`` profile and compiled kernels run every shape in every dtype."""
+dtypes, the dtypes in turn; an outside implementation, an adapter of another project's kernels, a
+kernel without Triton modules, the ``dev`` profile and compiled kernels run every shape in every dtype."""
 from __future__ import annotations
 
 import types
@@ -36,8 +36,9 @@ class Config:
         return self.profile if name == "hypothesis_profile" else default
 
 
-def impl(name, kernels=True, outside=False):
-    return types.SimpleNamespace(name=name, kernel_modules=(object(),) if kernels else (), outside=outside, mode_of=None)
+def impl(name, kernels=True, outside=False, adapter=False):
+    return types.SimpleNamespace(name=name, kernel_modules=(object(),) if kernels else (), outside=outside, mode_of=None,
+                                 adapter=adapter)
 
 
 def run(profile, *impls, interpreted=True, monkeypatch):
@@ -54,8 +55,10 @@ def test_each_shape_once_dtypes_in_turn_under_ci(monkeypatch):
     assert all("same tiles" in it.skipped for it in items if it.skipped)
 
 
-@pytest.mark.parametrize("case", ["outside", "no kernels", "dev", "compiled"])
+@pytest.mark.parametrize("case", ["outside", "adapter", "no kernels", "dev", "compiled"])
 def test_every_shape_in_every_dtype_otherwise(monkeypatch, case):
-    chosen = {"outside": impl("mine", outside=True), "no kernels": impl("torch", kernels=False)}.get(case, impl("triton"))
+    """An adapter's kernels (vLLM's) may pick tiles by dtype, and may refuse one dtype: every shape in every dtype."""
+    chosen = {"outside": impl("mine", outside=True), "adapter": impl("vllm_triton", adapter=True),
+              "no kernels": impl("torch", kernels=False)}.get(case, impl("triton"))
     ran, _ = run("dev" if case == "dev" else "ci", chosen, interpreted=case != "compiled", monkeypatch=monkeypatch)
     assert len(ran) == len(SHAPES) * len(DTYPES), (case, ran)
