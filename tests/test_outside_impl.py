@@ -99,118 +99,50 @@ def test_outside_tree_verifiers_checked(tmp_path):
         (verdicts, out[-4000:])
 
 
-def test_outside_kv_transfer_checked(tmp_path):
-    """`--impl kv_transfer=module:attr` checks outside KV transfers with PA-9's law: the worked
-    example (examples/my_kv_transfer.py, written from docs/kv_transfer.md) passes it and its twin
-    that sends whole blocks only (the partly filled last block dropped) fails it (exit status 1),
-    its message giving the error, the bound and the rule."""
+#: The worked outside examples of the newer techniques and their one-bug twins (examples/my_*.py,
+#: each written from its technique's docs page): (technique, good, bad, test file, law, what only
+#: the twin's message must hold). One pytest process runs them all (one start-up, one collection).
+EXAMPLES = (
+    ("kv_transfer", "my_kv_transfer:TRANSFER", "my_kv_transfer:BUGGY", "properties/kv_transfer/test_kv_transfer.py",
+     "test_pa9_transfer_continues_as_one_engine", ("measured error", "EXCEEDS bound", "rule float64")),
+    ("tree_attention", "my_tree_attention:tree_attention", "my_tree_attention:wrong_tree_attention",
+     "properties/tree_attention/test_tree_attention.py", "test_sd10_tree_attention_matches_paths",
+     ("EXCEEDS bound", "rule float")),
+    ("tree_attention", "my_tree_attention:tree_attention", "my_tree_attention:wrong_tree_attention",
+     "properties/speculative_tree/test_speculative_tree_engine.py", "test_sd10_tree_attention_equals_each_path_alone",
+     ("EXCEEDS bound", "rule float")),
+    ("fp8_cast", "my_fp8_cast:fp8_cast", "my_fp8_cast:wrong_fp8_cast", "properties/fp8_cast/test_fp8_cast.py",
+     "test_qt11_cast_rounds_to_nearest_even", ("EXCEEDS bound 0.000e+00", "rule exact")),
+    ("kv_format", "my_kv_format:my_kv_format", "my_kv_format:wrong_kv_format", "properties/kv_format/test_kv_format.py",
+     "test_qt12_every_value_within_its_step", ("EXCEEDS bound 1.000e+00", "rule QT-12 half step")),
+    ("inference_engine", "my_engine:ENGINE", "my_engine:BUGGY", "properties/inference_engine/test_serving.py",
+     "test_serve_features_combined", ("measured error", "EXCEEDS bound", "rule exact", "fork")),
+)
+
+
+def test_outside_examples_pass_and_their_twins_fail(tmp_path):
+    """`--impl technique=module:attr` reaches each newer technique's law: every worked example of
+    :data:`EXAMPLES` passes its law and its one-bug twin fails it (exit status 1), in float32 (the
+    engine in its own dtype), its message giving the measured error, the bound and the rule."""
     from inference_conformance.conformance.results import read_rows
 
-    good, bad = "my_kv_transfer:TRANSFER", "my_kv_transfer:BUGGY"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTEST_XDIST_WORKER", None)
+    pairs = dict.fromkeys((t, good, bad) for t, good, bad, *_ in EXAMPLES)
+    impls = [a for t, good, bad in pairs for a in ("--impl", f"{t}={good}", "--impl", f"{t}={bad}")]
+    laws = " or ".join(sorted({law for *_, law, _ in EXAMPLES}))
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/kv_transfer/test_kv_transfer.py", "-k", "test_pa9_transfer_continues_as_one_engine",
-           "--impl", f"kv_transfer={good}", "--impl", f"kv_transfer={bad}", "--results", str(tmp_path)]
+           *sorted({path for *_, path, _, _ in EXAMPLES}),
+           "-k", f"({laws}) and my_ and not bfloat16 and not float16 and not float64", *impls, "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
-    rows = {r.implementation: r for r in read_rows(tmp_path) if r.implementation in (good, bad)}
-    assert {k: r.verdict for k, r in rows.items()} == {good: "pass", bad: "fail"}, out[-4000:]
-    assert all(w in rows[bad].message for w in ("measured error", "EXCEEDS bound", "rule float64")), rows[bad].message
-
-
-def test_outside_tree_attention_checked(tmp_path):
-    """`--impl tree_attention=module:fn` reaches SD-10 at the attention level and through the model:
-    the worked example (examples/my_tree_attention.py, written from docs/tree_attention.md) passes
-    both laws, and its twin whose mask is built from the flattened node index fails both (exit
-    status 1), each failure stating the measured error, the bound and the rule."""
-    from inference_conformance.conformance.results import read_rows
-
-    good, bad = "my_tree_attention:tree_attention", "my_tree_attention:wrong_tree_attention"
-    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    laws = ("test_sd10_tree_attention_matches_paths", "test_sd10_tree_attention_equals_each_path_alone")
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/tree_attention/test_tree_attention.py",
-           "properties/speculative_tree/test_speculative_tree_engine.py",
-           "-k", f"({' or '.join(laws)}) and not bfloat16 and not float16",
-           "--impl", f"tree_attention={good}", "--impl", f"tree_attention={bad}", "--results", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
-    rows = [r for r in read_rows(tmp_path) if r.implementation in (good, bad)]
-    verdicts = {(r.check.split("::")[-1].split("[")[0], r.implementation, r.verdict) for r in rows}
-    assert verdicts == {(law, impl, v) for law in laws for impl, v in ((good, "pass"), (bad, "fail"))}, \
-        (verdicts, out[-4000:])
-    for r in rows:
-        if r.implementation == bad:
-            assert "EXCEEDS bound" in r.message and "rule float" in r.message, r.message
-
-
-def test_outside_fp8_casts_checked(tmp_path):
-    """`--impl fp8_cast=module:fn` checks outside FP8 casts with QT-11's grid law: the worked
-    example (examples/my_fp8_cast.py) passes it and its twin that rounds ties away from zero fails
-    it (exit status 1), in float32, with the measured error, the bound and the rule."""
-    from inference_conformance.conformance.results import read_rows
-
-    good, bad = "my_fp8_cast:fp8_cast", "my_fp8_cast:wrong_fp8_cast"
-    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/fp8_cast/test_fp8_cast.py", "-k", "test_qt11_cast_rounds_to_nearest_even and float32",
-           "--impl", f"fp8_cast={good}", "--impl", f"fp8_cast={bad}", "--results", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
-    verdicts = {r.implementation: r.verdict for r in read_rows(tmp_path) if r.implementation in (good, bad)}
-    assert verdicts == {good: "pass", bad: "fail"}, (verdicts, out[-4000:])
-    assert "EXCEEDS bound 0.000e+00 (rule exact)" in out, out[-4000:]
-
-
-def test_outside_kv_formats_checked(tmp_path):
-    """`--impl kv_format=module:obj` checks outside KV-cache formats with QT-12's value law: the
-    worked example (examples/my_kv_format.py) passes it and its twin that shares one scale among a
-    token's heads fails it (exit status 1), in float32, with the measured error, the bound and the
-    rule."""
-    from inference_conformance.conformance.results import read_rows
-
-    good, bad = "my_kv_format:my_kv_format", "my_kv_format:wrong_kv_format"
-    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/kv_format/test_kv_format.py", "-k", "test_qt12_every_value_within_its_step and float32",
-           "--impl", f"kv_format={good}", "--impl", f"kv_format={bad}", "--results", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
-    verdicts = {r.implementation: r.verdict for r in read_rows(tmp_path) if r.implementation in (good, bad)}
-    assert verdicts == {good: "pass", bad: "fail"}, (verdicts, out[-4000:])
-    assert "EXCEEDS bound 1.000e+00 (rule QT-12 half step)" in out, out[-4000:]
-
-
-def test_outside_engine_serve_checked(tmp_path):
-    """`--impl inference_engine=module:attr` checks an outside engine's ``serve`` with the serve
-    laws (PA-6..PA-8 combined): the worked example (examples/my_engine.py, written from
-    docs/inference_engine.md) passes and its twin whose fork forgets the parent's tokens fails
-    (exit status 1), its message giving the error, the bound and the rule."""
-    from inference_conformance.conformance.results import read_rows
-
-    good, bad = "my_engine:ENGINE", "my_engine:BUGGY"
-    env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTEST_XDIST_WORKER", None)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/inference_engine/test_serving.py", "-k", "test_serve_features_combined and my_engine",
-           "--impl", f"inference_engine={good}", "--impl", f"inference_engine={bad}", "--results", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
-    rows = [r for r in read_rows(tmp_path) if r.implementation in (good, bad)]
-    assert {r.implementation: r.verdict for r in rows} == {good: "pass", bad: "fail"}, out[-4000:]
-    msg = next(r.message for r in rows if r.implementation == bad)
-    assert all(w in msg for w in ("measured error", "EXCEEDS bound", "rule exact", "fork")), msg
+    rows = read_rows(tmp_path)
+    for technique, good, bad, path, law, words in EXAMPLES:
+        mine = [r for r in rows if r.check.startswith(path) and law in r.check and r.implementation in (good, bad)]
+        assert {(r.implementation, r.verdict) for r in mine} == {(good, "pass"), (bad, "fail")}, \
+            (technique, law, [(r.check, r.implementation, r.verdict) for r in mine], out[-3000:])
+        for r in mine:
+            if r.implementation == bad:
+                assert all(w in r.message for w in words), (technique, law, words, r.message)
