@@ -12,7 +12,8 @@ _SHORT = {"unsupported": "unsup", "expected fail": "xfail", "unexpected pass": "
 def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[str]) -> str:
     """One law x implementation cell: its outcome over the law's parameters (dtypes, cases), with
     the counts where they differ ("pass:3,unsup:1"), and for a failure its worst measured error
-    and bound ("fail(3.6e-01>5.6e-13)"); no spaces, one token per cell."""
+    and bound ("fail(3.6e-01>5.6e-13)") when a comparison failed (a failure of another check, a
+    malformed result say, is a plain "fail": its comparisons held); no spaces, one token per cell."""
     counts: dict[str, int] = {}
     for verdict, _, _ in outcomes:
         counts[verdict] = counts.get(verdict, 0) + 1
@@ -20,7 +21,7 @@ def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[st
     parts = sorted(counts, key=lambda v: -rank[v])
     text = parts[0] if len(parts) == 1 else ",".join(f"{_SHORT.get(v, v)}:{counts[v]}" for v in parts)
     failed = [(m / b if b else float("inf"), m, b) for v, m, b in outcomes
-              if v in ("fail", "error") and m is not None and b is not None]
+              if v in ("fail", "error") and m is not None and b is not None and not m <= b]
     if failed:
         _, m, b = max(failed)
         text += f"({m:.1e}>{b:.1e})"

@@ -117,6 +117,8 @@ EXAMPLES = (
      "test_qt12_every_value_within_its_step", ("EXCEEDS bound 1.000e+00", "rule QT-12 half step")),
     ("inference_engine", "my_engine:ENGINE", "my_engine:BUGGY", "properties/inference_engine/test_serving.py",
      "test_serve_features_combined", ("measured error", "EXCEEDS bound", "rule exact", "fork")),
+    ("drafter", "my_drafter:DRAFTER", "my_drafter:BUGGY", "properties/drafter/test_drafter.py",
+     "test_sd12_greedy_drafts_emit_greedy_decoding", ("malformed tree", "parents[1] = 1", "-1 <= parents[i] < i")),
 )
 
 

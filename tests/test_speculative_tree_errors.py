@@ -8,7 +8,7 @@ import torch
 
 
 def test_tree_engine_refuses_a_batch_and_an_unknown_backend():
-    from inference_conformance.optimized.speculative.drafters import PromptLookupDrafter
+    from inference_conformance.reference.drafter import PromptLookupDrafter
     from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.checkpoints import load_model
 

@@ -149,8 +149,9 @@ def test_bench_tokens_per_call(benchmark, device, drafter):
     import time
 
     from inference_conformance.conformance.device import current_device
-    from inference_conformance.optimized.speculative.drafters import (ChainDrafter, HeadsDrafter, PromptLookupDrafter,
-                                                                      SelfSpeculativeDrafter, TopKTreeDrafter)
+    from inference_conformance.optimized.drafter import (ChainDrafter, HeadsDrafter, SelfSpeculativeDrafter,
+                                                         TopKTreeDrafter)
+    from inference_conformance.reference.drafter import PromptLookupDrafter
     from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
     from inference_conformance.smallworld.checkpoints import load_model
     from inference_conformance.smallworld.data import encode, split
@@ -163,7 +164,7 @@ def test_bench_tokens_per_call(benchmark, device, drafter):
 
         heads = shipped_heads().over(target)
     d = {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
-         "heads": lambda: HeadsDrafter(target, heads), "self": lambda: SelfSpeculativeDrafter(target, (1,), 4),
+         "heads": lambda: HeadsDrafter(heads), "self": lambda: SelfSpeculativeDrafter((1,), 4),
          "lookup": lambda: PromptLookupDrafter(3, 5)}[drafter]()
     doc = encode(split("val", 1))[0]
     prompts = [torch.tensor([[tokenizer().bos_id]]), torch.tensor([doc[:-1] + doc[:4]])]

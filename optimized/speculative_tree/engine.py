@@ -2,7 +2,8 @@
 2024): :class:`TreeCachedModel` scores a token tree in one forward over a :class:`CachedModel`'s
 cache (every node's keys and values written after the cached prefix, the tree mask and
 depth-based positions, :class:`TreeCacheAttention`) and keeps one branch; :class:`TreeSpeculativeEngine`
-runs greedy tree speculation of one sequence with a drafter (``optimized/speculative/drafters.py``).
+runs greedy tree speculation of one sequence with a drafter (the ``drafter`` contract: ``reference/drafter.py``,
+``optimized/drafter.py``).
 """
 from __future__ import annotations
 
@@ -97,10 +98,12 @@ class TreeCachedModel(CachedModel):
 class TreeSpeculativeEngine:
     """Greedy tree speculation of one sequence (B = 1) with a drafter (SD-12).
 
-    ``drafter.propose(context, hidden)`` returns (parents, tokens): a token tree to try after the
-    committed tokens ``context`` (a list of ids), given the target's final hidden state after the
-    last committed token where the last round computed it (else None); an empty tree is a plain
-    decode step. Each round the target scores the pending token and the tree in one forward (the
+    ``drafter.propose(context, hidden, target)`` (the ``drafter`` contract,
+    ``conformance/contracts/drafter.py``) returns (parents, tokens): a token tree to try after the
+    committed tokens ``context`` (a copy of the engine's list of ids), given the target's final
+    hidden state at the last committed token where the last round computed it (else None) and the
+    target model; an empty tree is a plain decode step. A malformed tree raises ValueError naming
+    the drafter and the index (``check_proposal``). Each round the target scores the pending token and the tree in one forward (the
     pending token is the tree's root node), greedy verification keeps the longest branch whose
     every token is the target's argmax, one more token is emitted, and the rejected branches'
     keys and values are dropped (:meth:`TreeCachedModel.keep_path`). ``attention``: "triton" or
@@ -149,11 +152,13 @@ class TreeSpeculativeEngine:
         return torch.tensor([ctx[:S + max_new_tokens]], dtype=torch.int64, device=prompt.device), stats
 
     def _rounds(self, ctx, S, max_new_tokens, stats, on_round):
+        from inference_conformance.conformance.contracts.drafter import check_proposal
         from inference_conformance.reference.speculative_tree import verify_tree_greedy
 
         m, dev, hidden = self.target, self.target.device, None
         while len(ctx) < S + max_new_tokens:
-            parents, tokens = self.drafter.propose(ctx, hidden)
+            parents, tokens = check_proposal(self.drafter.propose(list(ctx), hidden, m.model), m.model.cfg.vocab_size,
+                                             who=f"the drafter {type(self.drafter).__name__}")
             n = len(tokens)
             room = m.cache.max_seq_len - (len(ctx) - 1) - 1
             if n > room:

@@ -52,8 +52,9 @@ class OutputOnlyLookup:
     def __init__(self, lookup, prompt_len: int):
         self.lookup, self.prompt_len = lookup, prompt_len
 
-    def propose(self, context, hidden):
-        return self.lookup.propose(list(context)[self.prompt_len:], hidden)
+    def propose(self, context, hidden, target):
+        output = list(context)[self.prompt_len:]
+        return self.lookup.propose(output, hidden, target) if output else ([], [])
 
 
 def sd14_lookup_runs(target, make_drafter, prompts, n_tokens: int = SD14_TOKENS) -> list:
@@ -86,7 +87,7 @@ def sd14_arm(arm: str) -> tuple:
     """The runs of one arm of SD-14 on :func:`sd14_target` (:func:`sd14_lookup_runs`, cached per process):
     "lookup" (the shipped prompt lookup on the copy prompts), "output-only" (the same lookup
     restricted to the output, :class:`OutputOnlyLookup`) or "free" (the lookup from <bos>)."""
-    from inference_conformance.optimized.speculative.drafters import PromptLookupDrafter
+    from inference_conformance.reference.drafter import PromptLookupDrafter
 
     def lookup(S):
         return PromptLookupDrafter(SD14_NGRAM, SD14_GAMMA)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import trends
-from inference_conformance.optimized.speculative.drafters import PromptLookupDrafter
+from inference_conformance.reference.drafter import PromptLookupDrafter
 from inference_conformance.properties.speculative import claims_cases as sc
 from inference_conformance.properties.speculative import sd14_cases as s14
 from inference_conformance.properties.falsify import judges, rejects
@@ -266,10 +266,11 @@ class LookupIgnoringThePrompt:
 
         self.lookup, self.prompt_len = PromptLookupDrafter(ngram, gamma), None
 
-    def propose(self, context, hidden):
+    def propose(self, context, hidden, target):
         if self.prompt_len is None:
             self.prompt_len = len(context)
-        return self.lookup.propose(list(context)[self.prompt_len:], hidden)
+        output = list(context)[self.prompt_len:]
+        return self.lookup.propose(output, hidden, target) if output else ([], [])
 
 
 def _paired(make_drafter):

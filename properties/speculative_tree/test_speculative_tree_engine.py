@@ -8,10 +8,10 @@ speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped tar
   mask, a sibling leak) and the engine's positions from the flattened index
   (``properties/speculative_tree/zoo.py``) are each rejected by the same comparison. The
   attention-level law: ``properties/tree_attention/``.
-- SD-12: greedy tree speculation with every drafter (draft chain, top-k draft tree, Medusa-style
-  heads, self-speculation, prompt lookup) emits exactly greedy target decoding, and after every
-  round the target's cache holds exactly the committed tokens' keys and values (the rejected
-  branches dropped); the engine that keeps a rejected branch's KV is rejected by both.
+- SD-12, the engine's side (every registered drafter: ``properties/drafter/``): greedy tree
+  speculation through the Triton tree kernel emits exactly greedy target decoding, and after
+  every round the target's cache holds exactly the committed tokens' keys and values (the
+  rejected branches dropped); the engine that keeps a rejected branch's KV is rejected by both.
 - SD-14: prompt lookup's tokens per target call on copy prompts built by a fixed rule, paired
   against the same lookup searching the output only (sign test, its verdict asserted), free
   generation recorded beside it, and self-speculation's α and tokens per call against the shipped
@@ -30,11 +30,11 @@ from inference_conformance.conformance.contracts.speculative_tree import SHAPES
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties.speculative import sd14_cases as s14
+from inference_conformance.properties.drafter.cases import greedy_tokens, prompt_for, speculate
 from inference_conformance.properties.speculative.sd14_cases import check_sd14_figures, copy_prompts, free_prompts
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.properties.speculative_tree.zoo import TREE_MODEL_ZOO, engine_zoo
 from inference_conformance.reference.speculative_tree import path_logits
-from inference_conformance.reference.transformer import generate, layer_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -122,98 +122,41 @@ def test_sd10_zoo_engine_rejected(bad):
 
 
 # ------------------------------------------------------------------------------------- SD-12
-def _drafter(name: str):
-    """The drafter ``name`` over the float64 shipped models (the heads trained only when asked)."""
-    from inference_conformance.optimized.speculative.drafters import (
-        ChainDrafter,
-        HeadsDrafter,
-        PromptLookupDrafter,
-        SelfSpeculativeDrafter,
-        TopKTreeDrafter,
-    )
-
-    target = _model("target", torch.float64)
-    draft = _model("draft_good", torch.float64)
-    if name == "heads":
-        from inference_conformance.smallworld.heads import shipped_heads
-
-        return HeadsDrafter(target, shipped_heads().over(target))
-    return {"chain": lambda: ChainDrafter(draft, 4), "tree": lambda: TopKTreeDrafter(draft, (2, 2, 1)),
-            "self": lambda: SelfSpeculativeDrafter(target, (1,), 3),
-            "lookup": lambda: PromptLookupDrafter(3, 5)}[name]()
-
-
-def _prompts():
-    from inference_conformance.smallworld.tokenizer import tokenizer
-
-    tok = tokenizer()
-    g = torch.Generator().manual_seed(11)
-    words = torch.randint(4, tok.vocab_size, (6,), generator=g).tolist()
-    return [torch.tensor([[tok.bos_id]]), torch.tensor([[tok.bos_id] + words + words[:3]])]
-
-
-def cache_matches(engine, committed, worst: list) -> None:
-    """After a round: the target's cache holds the committed tokens but the pending one, and its
-    keys and values are those of recomputing over exactly those tokens (float64 1e-12 x scale);
-    NaN past the length."""
-    m = engine.target
-    n = len(committed) - 1
-    assert_exact(m.lengths()[:1].cpu(), torch.tensor([n]), what="target cache length after the round")
-    expected = layer_kv(m.model, torch.tensor([committed[:n]]))
-    for layer, (k, v) in enumerate(expected):
-        for name, got, want in (("k", m.cache.k[layer, 0, :, :n], k[0]), ("v", m.cache.v[layer, 0, :, :n], v[0])):
-            worst.append(assert_close(got, want, what=f"layer {layer} cached {name} vs recomputed over the committed "
-                                                      f"tokens").error)
-        assert bool(torch.isnan(m.cache.k[layer, 0, :, n:n + 8]).all()), "slots past the length must be forgotten (NaN)"
-
-
+# SD-12 over every registered drafter: properties/drafter/. Here: the engine's side of it.
 def law_sd12_greedy(engine_cls, drafter, attention: str = "torch", n_tokens: int = 20, prompts=None):
-    """SD-12: greedy tree speculation emits exactly greedy target decoding, with the cache checked
-    after every round; returns the generation's stats."""
-    target = _model("target", torch.float64)
-    worst: list = []
+    """SD-12 on the engine ``engine_cls`` (its tree attention ``attention``) with ``drafter``: greedy
+    tree speculation emits exactly greedy target decoding from each prompt (the <bos> prompt and a
+    prompt with a repeated 3-gram by default), the cache checked after every round
+    (``properties/drafter/cases.py``); returns the summed statistics."""
     total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
-    for prompt in prompts or _prompts():
-        engine = engine_cls(target, drafter, max_seq_len=64, attention=attention, nan_fill=True)
-        out, stats = engine.generate(prompt, n_tokens, on_round=lambda e, c: cache_matches(e, c, worst))
-        want = generate(target, prompt, n_tokens)[0]
-        assert_exact(out, want, what=f"greedy tree speculation vs greedy target decoding ({type(drafter).__name__})")
+    for kind, seed in prompts or (("bos", 0), ("words", 11)):
+        prompt = prompt_for(kind, seed)
+        out, stats, _ = speculate(drafter, prompt, n_tokens, max_seq_len=64, engine_cls=engine_cls,
+                                  attention=attention)
+        assert_exact(torch.tensor(out), torch.tensor(greedy_tokens(tuple(prompt), n_tokens)),
+                     what=f"SD-12: greedy tree speculation ({engine_cls.__name__}) vs greedy target decoding")
         total = {k: total[k] + stats[k] for k in total}
     return total
 
 
 @pytest.mark.claim("SD-12")
-@pytest.mark.parametrize("drafter", ["chain", "heads", "lookup", "self", "tree"])
-@pytest.mark.suite_own("the suite's tree engine and drafters (heads, self-speculation, prompt lookup): no drafter contract yet, so outside drafters cannot be plugged in")
-def test_sd12_greedy_speculation_equals_greedy_decoding(drafter):
-    """SD-12 for each drafter (engine with the reference-core tree attention, float64): output
-    token for token equal to greedy target decoding from two prompts, the cache equal to the
-    committed tokens' after every round; tokens per target call recorded."""
-    from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
-
-    stats = law_sd12_greedy(TreeSpeculativeEngine, _drafter(drafter))
-    results.record("SD-12", measured=0, bound=0, unit="tokens differing from greedy target decoding",
-                   rule="token for token, two prompts, 20 tokens each; cache checked every round", drafter=drafter,
-                   tokens_per_call=round(stats["emitted"] / stats["rounds"], 3), rounds=stats["rounds"])
-
-
-@pytest.mark.claim("SD-12")
-@pytest.mark.suite_own("the suite's tree engine and drafters through its Triton tree kernel: no drafter contract yet")
+@pytest.mark.suite_own("the suite's tree engine run with its Triton tree-attention kernel (the drafters' law over the "
+                       "registry: properties/drafter/)")
 def test_sd12_greedy_tree_with_the_triton_kernel():
     """SD-12 with the Triton tree-attention kernel in the engine (interpreted on a CPU: one short
     run of the top-k draft tree, float64)."""
-    from inference_conformance.optimized.speculative.drafters import TopKTreeDrafter
+    from inference_conformance.optimized.drafter import TopKTreeDrafter
     from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
 
     law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(_model("draft_good", torch.float64), (2, 1)),
-                    attention="triton", n_tokens=6, prompts=_prompts()[1:])
+                    attention="triton", n_tokens=6, prompts=(("words", 11),))
 
 
 @pytest.mark.claim("SD-12")
 def test_sd12_zoo_engine_rejected():
     """The engine that keeps a rejected branch's keys and values is rejected by SD-12's law (its
     cache check, and its output)."""
-    from inference_conformance.optimized.speculative.drafters import TopKTreeDrafter
+    from inference_conformance.optimized.drafter import TopKTreeDrafter
 
     cls = engine_zoo()["rejected_branch_kv_kept"]
     impl = type("Bad", (), {"name": "rejected_branch_kv_kept",
@@ -238,7 +181,8 @@ def _run(drafter, prompts, n_tokens: int):
 
 
 @pytest.mark.claim("SD-14")
-@pytest.mark.suite_own("the suite's prompt-lookup drafter's measured acceptance (SD-14's figure): no drafter contract yet")
+@pytest.mark.suite_own("prompt lookup's own claim: the lookup against its output-only twin, both the suite's "
+                       "(every registered drafter's figures: properties/drafter/)")
 def test_sd14_prompt_lookup_copy_vs_free():
     """SD-14: prompt lookup (n-gram 3, γ = 5) on the 12 copy prompts
     (:func:`inference_conformance.properties.speculative.sd14_cases.sd14_copy_prompts`: the first 12 validation
@@ -269,7 +213,8 @@ def test_sd14_prompt_lookup_copy_vs_free():
 
 
 @pytest.mark.claim("SD-14")
-@pytest.mark.suite_own("the suite's self-speculation drafter against the shipped drafts (SD-14's figure): no drafter contract yet")
+@pytest.mark.suite_own("self-speculation against the shipped drafts, each recomputed from its draft model without "
+                       "the engine (every registered drafter's figures: properties/drafter/)")
 def test_sd14_self_speculation_against_the_shipped_drafts():
     """SD-14: α (accepted / drafted) and tokens per target call of self-speculation (the target
     without block 1) against the good and the poor draft, γ = 4 greedy chains, free generation
@@ -278,12 +223,13 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     (:func:`~inference_conformance.properties.speculative.sd14_cases.greedy_chain_counts`: full forwards, no cache,
     no tree, no verifier; the self-speculative draft a deep copy of the target with block 1
     deleted), and the counts the recorded ones (``SD14_RECORDED``, the rejection tests' input)."""
-    from inference_conformance.optimized.speculative.drafters import ChainDrafter, SelfSpeculativeDrafter
+    from inference_conformance.optimized.drafter import SelfSpeculativeDrafter
+    from inference_conformance.optimized.drafter import ChainDrafter
 
     target = _model("target", torch.float64)
     drafts = {"self (block 1 skipped)": s14.self_speculative_draft(target),
               "draft_good": _model("draft_good", torch.float64), "draft_poor": _model("draft_poor", torch.float64)}
-    drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter(target, (1,), 4),
+    drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter((1,), 4),
                 "draft_good": ChainDrafter(drafts["draft_good"], 4), "draft_poor": ChainDrafter(drafts["draft_poor"], 4)}
     prompts = free_prompts(1) + copy_prompts(1)
     counts, independent = {}, {}

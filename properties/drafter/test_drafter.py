@@ -1,0 +1,150 @@
+"""Laws of drafters (claims SD-12, SD-14; lecture 002 §2 and §6.6), over every registered
+``drafter`` implementation (``conformance/contracts/drafter.py``: prompt lookup the reference, the
+draft chain and top-k draft tree, Medusa-style heads, self-speculation, and any
+``--impl drafter=...``), on the small world's shipped target in float64.
+
+- SD-12: greedy tree speculation with the drafter emits exactly greedy decoding of the target, the
+  target's cache checked after every round; every call leaves its context unchanged and returns a
+  well-formed tree. Rejects the zoo's self-speculation that deletes a block from the target, the
+  chain whose parents count the pending token as node 0, and the lookup that extends the context
+  in place.
+- SD-14: the drafter's α and tokens per target call on four copy prompts and in free generation,
+  recorded beside the lecture's figure; the engine's counts equal their replay from the proposals
+  alone against greedy decoding, and the drafter, asked again on every recorded round, proposes
+  the same tree. Rejects the draft chain that samples with torch's global generator.
+
+The suite's own SD-14 claims about prompt lookup and self-speculation (the sign test against the
+output-only lookup, the separate drafts) are in ``properties/speculative_tree/``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.drafter import COVERAGE, check_proposal
+from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.properties.drafter.cases import (
+    ZOO_SD12,
+    ZOO_SD14,
+    greedy_tokens,
+    prompt_for,
+    replay,
+    speculate,
+    totals,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: Nodes a replay looks ahead past the tokens asked for (a round may emit past the end).
+_AHEAD = 32
+
+
+def law_greedy_drafts_emit_greedy_decoding(run, device, kind, seed, n_tokens, slack):
+    """SD-12 for the drafter ``run.impl``: greedy tree speculation of the float64 target (cache of
+    prompt + ``n_tokens`` + ``slack`` slots, so the last rounds have little room), ``n_tokens``
+    after a ``kind`` prompt (``prompt_for``), emits greedy decoding token for token; the cache is
+    checked after every round, each call's context and tree by :class:`Watched`."""
+    prompt = prompt_for(kind, seed)
+    with refusal(run, f"{run.implementation} refuses to draft for the float64 target"):
+        out, _, watched = speculate(run.impl, prompt, n_tokens, max_seq_len=len(prompt) + n_tokens + slack,
+                                    device=device)
+    want = greedy_tokens(tuple(prompt), n_tokens)
+    assert_exact(torch.tensor(out), torch.tensor(want),
+                 what=f"SD-12: greedy tree speculation with the drafter vs greedy target decoding ({kind} prompt of "
+                      f"{len(prompt)} tokens, {n_tokens} new)")
+    for r in replay(watched.calls, greedy_tokens(tuple(prompt), n_tokens + _AHEAD)):
+        run.observe(r)
+
+
+SD12_EXAMPLES = (dict(kind="bos", seed=0, n_tokens=12, slack=44), dict(kind="copy", seed=3, n_tokens=16, slack=0),
+                 dict(kind="words", seed=11, n_tokens=12, slack=2))
+
+SD12 = Law(claim="SD-12", technique="drafter", body=law_greedy_drafts_emit_greedy_decoding,
+           given={"kind": st.sampled_from(["bos", "copy", "words"]), "seed": st.integers(0, 60),
+                  "n_tokens": st.integers(1, 16), "slack": st.integers(0, 12)},
+           examples=SD12_EXAMPLES, params=("device",), kills=(Kills(ZOO_SD12),), coverage=COVERAGE,
+           require_coverage=True, max_examples=lambda n: max(1, n // 10))
+
+test_sd12_greedy_drafts_emit_greedy_decoding = SD12.conformance_test("test_sd12_greedy_drafts_emit_greedy_decoding")
+(test_sd12_zoo_drafter_rejected,) = SD12.zoo_tests("test_sd12_zoo_drafter_rejected")
+
+
+def law_figures_replay_from_the_proposals(run, device, task, seed, n_tokens):
+    """SD-14 for the drafter ``run.impl``: a run of greedy tree speculation (``task`` "copy": copy
+    prompt ``seed``; "free": from <bos>) whose counts (rounds, emitted, accepted, drafted) equal
+    their replay from the recorded proposals against greedy decoding (:func:`replay`: no engine,
+    no cache), and whose every proposal the drafter makes again when asked on the same context,
+    hidden state and target."""
+    prompt = prompt_for("copy" if task == "copy" else "bos", seed)
+    with refusal(run, f"{run.implementation} refuses to draft for the float64 target"):
+        _, stats, watched = speculate(run.impl, prompt, n_tokens, max_seq_len=len(prompt) + n_tokens + _AHEAD,
+                                      device=device, claim="SD-14", check_cache=False)
+    rounds = replay(watched.calls, greedy_tokens(tuple(prompt), n_tokens + _AHEAD), task)
+    counts = {k: stats[k] for k in ("rounds", "emitted", "accepted", "drafted")}
+    assert counts == totals(rounds), (f"SD-14: the engine's counts {counts} differ from their replay from the "
+                                      f"drafter's proposals {totals(rounds)} ({task} prompt of {len(prompt)} tokens)")
+    target = watched.target
+    for r, (ctx, hidden, parents, tokens, _) in enumerate(watched.calls):
+        again = check_proposal(run.impl.propose(list(ctx), hidden, target), target.cfg.vocab_size)
+        assert again == (parents, tokens), (
+            f"SD-14: asked again on round {r} (context of {len(ctx)} tokens) the drafter proposed "
+            f"{again[1][:8]} under {again[0][:8]}, not {tokens[:8]} under {parents[:8]}: its α and tokens per "
+            "call cannot be reproduced (rule: propose is a function of context, hidden and target)")
+    for r in rounds:
+        run.observe(r)
+
+
+#: SD-14's runs, the same in every profile: the first four copy prompts, 16 tokens each, and free
+#: generation from <bos>, 24 tokens.
+SD14_EXAMPLES = tuple(dict(task="copy", seed=s, n_tokens=16) for s in range(4)) + (dict(task="free", seed=0,
+                                                                                         n_tokens=24),)
+
+
+def record_figures(run) -> None:
+    """SD-14's rows of one drafter: α and tokens per target call per task, from the replayed rounds."""
+    for task, lecture in (("copy", "many tokens per target call on a task that copies from the prompt"),
+                          ("free", "about one token per target call in free generation")):
+        t = totals(o for o in run.observations if o.task == task)
+        if not t["rounds"]:
+            continue
+        tpc, alpha = t["emitted"] / t["rounds"], t["accepted"] / max(1, t["drafted"])
+        results.record("SD-14", measured=round(tpc, 3), unit=f"tokens per target call, {task}",
+                       lecture=f"prompt lookup: {lecture}", drafter=run.implementation, task=task,
+                       tokens_per_call=round(tpc, 3), alpha=round(alpha, 3), rounds=t["rounds"],
+                       rule="the engine's counts equal their replay from the proposals; each proposal made again "
+                            "when asked")
+
+
+SD14 = Law(claim="SD-14", technique="drafter", body=law_figures_replay_from_the_proposals,
+           given={"task": st.just("copy"), "seed": st.just(0), "n_tokens": st.just(16)},
+           examples=SD14_EXAMPLES, explicit_only=True, params=("device",), kills=(Kills(ZOO_SD14),))
+
+test_sd14_drafter_figures_replay = SD14.conformance_test("test_sd14_drafter_figures_replay", after=record_figures)
+(test_sd14_zoo_drafter_rejected,) = SD14.zoo_tests("test_sd14_zoo_drafter_rejected")
+
+
+@pytest.mark.claim("SD-12", "SD-14")
+@pytest.mark.suite_own("the suite's pinned examples reach every boundary class")
+def test_drafter_coverage_table():
+    """The boundary classes the pinned examples of SD-12 reach with the draft chain (the one
+    drafter of the suite that proposes in every round)."""
+    from inference_conformance.conformance.coverage import classes_reached, missing_classes
+    from inference_conformance.optimized.drafter import ChainDrafter
+
+    table: dict = {}
+    for i, ex in enumerate(SD12_EXAMPLES):
+        prompt = prompt_for(ex["kind"], ex["seed"])
+        _, _, watched = speculate(ChainDrafter(None, 4), prompt, ex["n_tokens"], check_cache=False,
+                                  max_seq_len=len(prompt) + ex["n_tokens"] + ex["slack"])
+        for r in replay(watched.calls, greedy_tokens(tuple(prompt), ex["n_tokens"] + _AHEAD)):
+            for name in classes_reached(COVERAGE, SD12.name, r):
+                table.setdefault(name, set()).add(f"example {i}")
+    missing = missing_classes(COVERAGE, table, SD12.name)
+    results.record("SD-12", measured=len(table), bound=len(table) + len(missing),
+                   unit="boundary classes reached by the pinned examples",
+                   rule="every class of the drafter contract is reached in every Hypothesis profile",
+                   coverage={k: sorted(v) for k, v in sorted(table.items())})
+    assert not missing, f"pinned examples miss {missing}"

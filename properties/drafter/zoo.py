@@ -1,0 +1,78 @@
+"""Known-bad drafters (the bug zoo): each one is a bug of the field's drafters, and the laws of
+``properties/drafter/test_drafter.py`` must reject every one: SD-12's (greedy speculation emits
+greedy decoding; the context and the tree checked each round) the first three, SD-14's (the
+figures replay from the proposals, each proposal reproduced when asked again) the last.
+
+Each is a built-in drafter (``reference/drafter.py``, ``optimized/drafter.py``) with one step
+changed, so that only the bug makes it wrong.
+"""
+from __future__ import annotations
+
+import torch
+
+from inference_conformance.optimized.drafter import ChainDrafter, SelfSpeculativeDrafter
+from inference_conformance.reference.drafter import PromptLookupDrafter
+
+
+class SkipsLayersInPlace(SelfSpeculativeDrafter):
+    """Self-speculation that leaves out the skipped block by deleting it from the target's own block
+    list (no copy of the list), so the target that verifies runs without it too."""
+
+    def draft_for(self, target):
+        if len(target.blocks) == target.cfg.n_layers:
+            for i in sorted(self.skip, reverse=True):
+                del target.blocks[i]
+        return target
+
+
+class ParentsCountedFromThePendingToken(ChainDrafter):
+    """A chain whose parent pointers count the pending token as node 0 (the engine's internal tree,
+    where the root is the last committed token): ``parents = [0, 1, ..., γ - 1]``, one more than the
+    contract's ``[-1, 0, ..., γ - 2]``, so node i names itself as its parent."""
+
+    def propose(self, context, hidden, target):
+        parents, tokens = super().propose(context, hidden, target)
+        return [p + 1 for p in parents], tokens
+
+
+class ExtendsTheContextInPlace(PromptLookupDrafter):
+    """Prompt lookup that appends what it proposes to the context list it was given (a lookahead
+    pool that extends its search window in place), changing the caller's committed tokens."""
+
+    def propose(self, context, hidden, target):
+        parents, tokens = super().propose(context, hidden, target)
+        context.extend(tokens)
+        return parents, tokens
+
+
+class SamplesWithTheGlobalGenerator(ChainDrafter):
+    """A draft chain that samples each draft token from the draft's softmax with torch's global
+    generator instead of taking its argmax: greedy verification still emits greedy decoding, but
+    each call proposes another chain, so its α and tokens per call are not reproducible."""
+
+    @torch.no_grad()
+    def propose(self, context, hidden, target):
+        draft = self.draft_for(target)
+        seq = list(context)
+        for _ in range(self.gamma):
+            probs = torch.softmax(draft(torch.tensor([seq]))[0, -1].double(), -1)
+            seq.append(int(torch.multinomial(probs, 1)))
+        new = seq[len(context):]
+        return list(range(-1, len(new) - 1)), new
+
+
+def _bug(cls) -> str:
+    """The first sentence of a known-bad drafter's docstring (its one-line bug)."""
+    return " ".join(cls.__doc__.split()).split(". ")[0].rstrip(".")
+
+
+def implementations():
+    """The known-bad drafters: SD-12's and SD-14's laws name each in their ``kills``."""
+    from inference_conformance.conformance.registry import known_bad
+
+    return tuple(known_bad("drafter", name, cls(*args), bug=_bug(cls)) for name, cls, args in (
+        ("skips_layers_in_place", SkipsLayersInPlace, ((1,), 3)),
+        ("parents_counted_from_the_pending_token", ParentsCountedFromThePendingToken, (None, 4)),
+        ("extends_the_context_in_place", ExtendsTheContextInPlace, (3, 5)),
+        ("samples_with_the_global_generator", SamplesWithTheGlobalGenerator, (None, 4)),
+    ))
