@@ -228,7 +228,8 @@ class Law:
             unsupported(f"{run.refused[0]} (and every other example)")
         rec = results.recorder()
         run.worst = rec.worst
-        rec.partial = run.partial_text()
+        if run.partial_text():
+            rec.partial = run.partial_text()
         return run
 
     def missing_classes(self, run: Run) -> list[str]:
