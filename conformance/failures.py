@@ -19,7 +19,11 @@ example runs under :func:`capturing`: the verdict, the output judged, and how to
 output against it by the same rule and bound (what the diagnosis replays the zoo with). This
 module imports nothing of the suite.
 
-Both failures print as their message alone (:class:`PlainFailure`): no traceback of the
+An exception the contract does not document, raised by the implementation in a call the law
+made (an IndexError in its ``receive``), is the law's failure too (:func:`crash_fails`,
+:class:`ImplementationCrash`): the comparison's line then names the call and the exception.
+
+These failures print as their message alone (:class:`PlainFailure`): no traceback of the
 suite's frames (``--full-trace`` shows them).
 """
 from __future__ import annotations
@@ -79,9 +83,35 @@ class LawFailure(PlainFailure):
         super().__init__("\n".join(lines + [comparison, f"implementation: {implementation}"]))
 
 
+class ImplementationCrash(PlainFailure):
+    """An implementation raised, in a call a law made, an exception its contract does not
+    document (an IndexError, a KeyError, ...): the law fails (its message: who, which call, the
+    exception; :func:`crash_fails`), in the compact format. ``error``: the exception. Never a
+    kill of the zoo (:func:`inference_conformance.conformance.zoo.expect_rejected`): a crash is
+    not the law's check seeing the bug."""
+
+    def __init__(self, message: str, error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@contextlib.contextmanager
+def crash_fails(call: str, documented: tuple = ()) -> Iterator[None]:
+    """Inside the block (an implementation's call, ``call`` naming who was called how), any
+    exception but a refusal (NotImplementedError), a failed check (AssertionError) and the
+    contract's ``documented`` types raises :class:`ImplementationCrash`: "``call`` crashed:
+    IndexError: ..."; those pass through as they are."""
+    try:
+        yield
+    except (NotImplementedError, AssertionError, *documented):
+        raise
+    except Exception as exc:  # noqa: BLE001 - an undocumented exception of the implementation: the law's failure
+        raise ImplementationCrash(f"{call} crashed: {type(exc).__name__}: {exc}", exc) from exc
+
+
 # pytest and the traceback module print a builtin exception's name without its module: a
 # failure's first line reads "LawFailure: case: ..." in the terminal and in result rows
-for _cls in (PlainFailure, ToleranceFailure, LawFailure):
+for _cls in (PlainFailure, ToleranceFailure, LawFailure, ImplementationCrash):
     _cls.__module__ = "builtins"
 
 
@@ -238,5 +268,5 @@ def failure_kind(exc: BaseException, worst: Any = None) -> dict:
     return kind
 
 
-__all__ = ["Comparison", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing", "case_line", "comparison_line",
-           "failure_kind", "first_line", "note_comparison"]
+__all__ = ["Comparison", "ImplementationCrash", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing",
+           "case_line", "comparison_line", "crash_fails", "failure_kind", "first_line", "note_comparison"]

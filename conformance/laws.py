@@ -16,12 +16,16 @@ declares it assigns the tests the runner makes, under the names the report reads
 The body is ``body(run, *params, **drawn)``: ``run`` is the :class:`Run` of this law on one
 implementation (``run.impl``), ``params`` the law's parameters in order (fixtures such as
 ``device``, and ``dtype``), ``drawn`` the arguments Hypothesis draws. ``law(impl, *params)`` runs
-it and returns the :class:`Run`: the examples that ran, the refusals with their reasons, the
-boundary classes reached, the worst comparison. Nothing is kept between runs.
+it and returns the :class:`Run` (:mod:`inference_conformance.conformance.law_run`): the examples
+that ran, the refusals with their reasons, the boundary classes reached, the parts of the law left
+unchecked, the worst comparison. Nothing is kept between runs.
 
 Refusals: inside :func:`refusal`, an implementation's ``NotImplementedError`` discards the
 example (the run keeps the reason); when every example was refused the test ends as
-"unsupported", never as a pass. Settings: a Triton kernel run under the interpreter
+"unsupported", never as a pass. A part of a law the implementation gives no means to check (an
+engine that reports no counts) is ``run.uncheck(part, reason)`` in each example that could not
+check it; when no example that ran checked it, the test is "partial" naming the part and the
+reason (:meth:`Run.partial_text`), never a plain pass. Settings: a Triton kernel run under the interpreter
 (:func:`runs_interpreted`, decided per implementation when the law runs) gets the law's
 ``interpreted_examples`` and the strategies ``given(interpreted=True)`` returns.
 """
@@ -30,19 +34,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 import pytest
-from hypothesis import Phase, example, given, note, reject, settings
-from hypothesis.control import currently_in_test_context
+from hypothesis import Phase, example, given, settings
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.coverage import CoverageClass, classes_reached, missing_classes
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.conformance.failures import LawFailure, capturing
+from inference_conformance.conformance.law_run import Run, refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.zoo import expect_rejected
 
@@ -63,91 +66,6 @@ def runs_interpreted(impl) -> bool:
 def dtype_id(dtype) -> str:
     """The test id of a dtype parameter: ``torch.bfloat16`` -> "bfloat16"."""
     return str(dtype).replace("torch.", "")
-
-
-@dataclass
-class Run:
-    """What one run of a law on one implementation saw.
-
-    ``ran``: examples that ran (passed or failed); ``refused``: the reasons of the examples the
-    implementation refused; ``reached`` / ``refused_classes``: the boundary classes of the
-    law's coverage table that examples which ran / were refused reached; ``observations``: what
-    the examples that ran observed (:meth:`observe`); ``worst``: the worst comparison of the
-    tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Verdict`, or None)."""
-
-    law: str
-    implementation: str
-    impl: Any = field(repr=False)
-    interpreted: bool = False
-    coverage: tuple = field(default=(), repr=False)
-    ran: int = 0
-    refused: list = field(default_factory=list)
-    reached: set = field(default_factory=set)
-    refused_classes: set = field(default_factory=set)
-    observations: list = field(default_factory=list, repr=False)
-    worst: Any = None
-    _example: list = field(default_factory=list, repr=False)
-    #: (exception, drawn arguments, comparisons) of the examples that failed, latest last
-    _failures: list = field(default_factory=list, repr=False)
-
-    def __repr__(self) -> str:
-        # short: Hypothesis prints it in every falsifying example, before the case that matters
-        return f"Run({self.law!r}, {self.implementation!r})"
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        # Hypothesis' printer spells a dataclass out field by field unless it finds this
-        printer.text(repr(self))
-
-    def observe(self, observation: Any) -> None:
-        """Record what the running example hands the implementation; its boundary classes
-        count as reached once the example has run (as refused if it is refused)."""
-        self._example.append(observation)
-
-    def refuse(self, reason: str) -> NoReturn:
-        """Discard the running example: the implementation refused it (``reason`` is kept)."""
-        self.refused.append(reason)
-        note(reason)
-        reject()
-
-    @property
-    def refused_only(self) -> set:
-        """Boundary classes reached only by examples the implementation refused."""
-        return self.refused_classes - self.reached
-
-    def partial_text(self) -> str:
-        """"partial: refused ..." for a run that refused some of its examples: how many, the
-        first reason, and the boundary classes only refused examples reached."""
-        classes = f"; classes only refused: {', '.join(sorted(self.refused_only))}" if self.refused_only else ""
-        return (f"partial: refused {len(self.refused)} of {len(self.refused) + self.ran} examples "
-                f"({self.refused[0]}){classes}")
-
-    def _begin_example(self) -> None:
-        self._example = []
-
-    def _end_example(self, refused: bool) -> None:
-        classes = set().union(*(classes_reached(self.coverage, self.law, o) for o in self._example))
-        if refused:
-            self.refused_classes |= classes
-        else:
-            self.ran += 1
-            self.reached |= classes
-            self.observations.extend(self._example)
-        self._example = []
-
-
-@contextmanager
-def refusal(run: Run | None, what: str) -> Iterator[None]:
-    """Inside the block, a ``NotImplementedError`` is the implementation refusing the input
-    (``what`` says who refused what): inside a law's example (``run`` given) the example is
-    discarded and the reason kept (:meth:`Run.refuse`); elsewhere the test ends as
-    "unsupported" (:func:`inference_conformance.conformance.outcomes.unsupported`). Never a pass."""
-    try:
-        yield
-    except NotImplementedError as exc:
-        reason = f"{what}: {exc}"
-        if run is not None and currently_in_test_context():
-            run.refuse(reason)
-        unsupported(reason)
 
 
 #: Failed examples a run keeps for its compact failure (the reported one is among the last).
@@ -310,7 +228,7 @@ class Law:
             unsupported(f"{run.refused[0]} (and every other example)")
         rec = results.recorder()
         run.worst = rec.worst
-        if run.refused:
+        if run.partial_text():
             rec.partial = run.partial_text()
         return run
 

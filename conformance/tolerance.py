@@ -196,8 +196,8 @@ def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-
     """Every element within its own bound: |out - out_ref| <= bound elementwise (``bound`` a
     tensor of out's shape, >= 0; where it is 0 the element must be equal). The verdict's error
     is max |out - out_ref| / bound (a ratio), its bound 1. Used by bound claims whose limit varies
-    per element, such as quantization's half step of each group (QT-1); a NaN is an error of
-    +inf. Raises ValueError on a shape mismatch."""
+    per element, such as quantization's half step of each group (QT-1); a NaN, or an infinity
+    where the reference is finite, is an error of +inf. Raises ValueError on a shape mismatch."""
     out, out_ref, bound = _as_tensor(out), _as_tensor(out_ref), _as_tensor(bound)
     if tuple(bound.shape) != tuple(out_ref.shape):
         raise ValueError(f"shape mismatch: bound {tuple(bound.shape)} vs out_ref {tuple(out_ref.shape)}")
@@ -213,14 +213,18 @@ def _within(out, out_ref, bound, what: str, rule: str) -> Verdict:
     a = out.detach().to("cpu", torch.float64)
     b = out_ref.detach().to("cpu", torch.float64)
     lim = bound.detach().to("cpu", torch.float64)
+    # the verdict's ratio: an infinity stands at float64's max (only an infinite bound admits it)
     diff = torch.nan_to_num((a - b).abs(), nan=math.inf)
     ratio = torch.where(lim > 0, diff / torch.where(lim > 0, lim, 1.0),
                         torch.where(diff > 0, math.inf, 0.0))
     worst = float(ratio.max())
     idx = tuple(int(i) for i in (ratio == ratio.max()).nonzero()[0])
+    ok = worst <= 1.0
+    if not ok and not math.isfinite(a[idx].item()):
+        worst = math.inf    # the error an infinity where a finite value is due is measured at, as NaN's
     detail = (f"worst element {idx}: out {a[idx].item():.6g}, out_ref {b[idx].item():.6g}, "
               f"bound {lim[idx].item():.3g}")
-    return Verdict(worst <= 1.0, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
+    return Verdict(ok, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
                    f"of each element's own bound", worst, 1.0, what, detail)
 
 

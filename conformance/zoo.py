@@ -9,6 +9,7 @@ from __future__ import annotations
 from hypothesis.errors import HypothesisException
 
 from inference_conformance.conformance import results
+from inference_conformance.conformance.failures import ImplementationCrash
 
 
 class NotRejected(AssertionError):
@@ -18,7 +19,10 @@ class NotRejected(AssertionError):
 
 def _check_failures(exc: BaseException) -> list[BaseException]:
     """The AssertionErrors in ``exc`` (itself, or inside an exception group such as Hypothesis's
-    report of several distinct failures)."""
+    report of several distinct failures), but an :class:`ImplementationCrash` (a crash the law
+    reports as its failure is still a crash)."""
+    if isinstance(exc, ImplementationCrash):
+        return []
     if isinstance(exc, AssertionError):
         return [exc]
     inner = getattr(exc, "exceptions", None)
@@ -35,7 +39,9 @@ def expect_rejected(law, bad_impl, *args, **kwargs) -> str:
     A kill counts only when the law's own check rejects (an AssertionError: the tolerance
     policy's verdict, a statistical test, an exactness or shape assertion). Raises
     :class:`NotRejected` when the law passes, when the known-bad implementation crashes it
-    with any other exception (an IndexError in an emulation is not the law seeing the bug), and
+    with any other exception (an IndexError in an emulation is not the law seeing the bug, nor
+    is the :class:`inference_conformance.conformance.failures.ImplementationCrash` a law reports
+    it as), and
     when the failure does not reproduce (Hypothesis's Flaky); re-raises Hypothesis's own usage
     errors (a broken law is not a rejection).
     """

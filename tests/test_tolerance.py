@@ -1,4 +1,6 @@
 """The tolerance policy itself: it passes correct outputs and fails the classic wrong ones."""
+import math
+
 import pytest
 import torch
 
@@ -113,6 +115,28 @@ def test_nan_in_output_fails_and_message_states_error_bound_rule():
         v.check()
     msg = str(info.value)
     assert "measured error inf" in msg and "bound" in msg and "rule float64" in msg
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("each", [2.0 ** -12, 1.0, 4096.0])
+def test_a_non_finite_output_in_a_per_element_check_is_an_error_of_inf(bad, each):
+    """check_within: NaN, or an infinity where the reference is finite, measures an error of
+    +inf, in the same words (never float64's max over the bound: 4.4e304 at a bound of 4096);
+    a finite miss keeps its finite ratio, and an infinite bound still admits an infinity."""
+    out_ref = torch.linspace(-1.0, 1.0, 12, dtype=torch.float64).reshape(3, 4)
+    bound = torch.full_like(out_ref, each)
+    out = out_ref.clone()
+    out[0, 1] += 2 * each                                  # a finite miss: 2 bounds
+    assert tolerance.check_within(out, out_ref, bound).error == pytest.approx(2.0)
+    out[2, 3] = bad
+    v = tolerance.check_within(out, out_ref, bound, what="w")
+    assert not v.ok and v.error == math.inf, v.message()
+    with pytest.raises(AssertionError) as info:
+        v.check()
+    assert str(info.value).startswith("w: measured error inf EXCEEDS bound"), str(info.value)
+    assert f"worst element (2, 3): out {bad:.6g}" in str(info.value)
+    if not math.isnan(bad):
+        assert tolerance.check_within(out, out_ref, torch.full_like(out_ref, math.inf)).ok
 
 
 def test_float64_rule_is_relative_to_scale():

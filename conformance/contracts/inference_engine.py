@@ -55,7 +55,8 @@ the part a call uses, raises NotImplementedError: "unsupported", never a pass)
     ``generate``), "stats": each Completion then carries ``computed_tokens`` (positions whose
     K/V the engine computed for the request, recomputation after preemption included; a Fork's
     after the fork only), ``cached_tokens`` (prompt positions served from the prefix cache) and
-    ``preemptions``; without "stats" they are None and PA-7's "computed once" is unsupported.
+    ``preemptions``; without "stats" they are None, PA-7's "computed once" goes unchecked and
+    its verdict is "partial", never a plain pass.
 
 Errors: ``validate(requests, params)`` is the contract's own check, which every engine calls
 first: TypeError for a non-list ``requests``, an element that is not a Request, a non-int id,

@@ -7,14 +7,26 @@ Liu et al. 2024, KIVI; Micikevicius et al. 2022 for FP8).
 - ``k``, ``v``: the keys and values of a cache, (B, Hkv, T, D) each (B sequences, Hkv KV heads,
   T tokens, head dim D; sizes as in :mod:`inference_conformance.conformance.contracts.glossary`),
   one dtype of float64, float32, float16, bfloat16, on one device (cpu or cuda), any strides.
-- ``format``: a :class:`inference_conformance.conformance.contracts.quantization_kv.KVFormat`
-  (``kv_format(kind, residual, group)``; ``KV_FORMATS`` names the usual ones):
-  ``kind`` "int8": every token's keys and values quantized per token and head, absmax over D
-  (step s = max_d |x_t,h| / 127, codes round(x / s) in -127..127); an FP8 kind ("fp8_e4m3fn",
-  "fp8_e5m2"): per token and head, scale s = max_d |x_t,h| / F, codes the FP8 cast of x / s
-  (round to nearest even, see the ``fp8_cast`` contract); "int4_kivi" (KIVI): keys per channel
-  over groups of ``group`` tokens (step max over the group's tokens of |x[t, d]| / 7, one per
-  channel d and head), values per token and head (max_d |x| / 7), codes in -7..7; the most recent
+- ``format``: a :class:`inference_conformance.conformance.contracts.quantization_kv.KVFormat`, a
+  frozen dataclass made by ``kv_format(kind, residual=0, group=1)`` (ValueError naming the field
+  otherwise); ``KV_FORMATS`` maps ``name`` to the usual ones ("int8", "int4_kivi_r8_g8",
+  "fp8_e4m3fn", "fp8_e5m2"). Its fields:
+
+  - ``kind``: str, the number format: "int8", "int4_kivi", "fp8_e4m3fn" (F = 448) or
+    "fp8_e5m2" (F = 57344);
+  - ``residual``: int >= 0, in tokens: R, the most recent tokens held in full precision
+    (int4_kivi only; 0 for every other kind);
+  - ``group``: int >= 1, in tokens: G, the tokens sharing one key scale per channel and head
+    (int4_kivi only; 1 for every other kind);
+  - ``name`` (read-only): str, the kind, or "int4_kivi_r{R}_g{G}";
+  - ``code_bits`` (read-only): int, bits per stored code: 8 (int8, FP8) or 4 (int4_kivi).
+
+  What each kind computes: ``kind`` "int8": every token's keys and values quantized per token
+  and head, absmax over D (step s = max_d |x_t,h| / 127, codes round(x / s) in -127..127); an
+  FP8 kind: per token and head, scale s = max_d |x_t,h| / F, codes the FP8 cast of x / s (round
+  to nearest even, see the ``fp8_cast`` contract); "int4_kivi" (KIVI): keys per channel over
+  groups of ``group`` tokens (step max over the group's tokens of |x[t, d]| / 7, one per channel
+  d and head), values per token and head (max_d |x| / 7), codes in -7..7; the most recent
   ``residual`` tokens, and the tokens of an incomplete group, held in full precision: of T
   tokens the first floor(max(T - residual, 0) / group) · group are quantized
   (``kv_quantized_tokens``).

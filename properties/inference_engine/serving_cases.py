@@ -1,7 +1,9 @@
 """What the serve laws share (``properties/inference_engine/test_serving.py``; claims PA-6, PA-7,
 PA-8 for a whole engine): the schedules (the paged engine's workloads, ``properties/paged_attention/
 engine_cases.py`` and ``engine_pairs_cases.py``, as :class:`Arrival` / :class:`Fork` entries), one
-``serve`` call and the check of every completion it returns against the request alone.
+``serve`` call and the check of every completion it returns against the request alone; and
+PA-7's law (:data:`PA7`), which ``tests/test_serve_accounting.py`` also runs: outputs judged in
+every example, the accounting where the engine reports its counts, "partial" where it never could.
 
 Oracle: a greedy request's tokens are the float64 reference's, teacher-forced (EN-1's check: a token
 that is not the float64 argmax is excused only within twice the engine dtype's bound); a sampled one
@@ -12,7 +14,7 @@ probability of the order of its roundoff, ~1e-6 per token).
 from __future__ import annotations
 
 from inference_conformance.conformance.contracts.inference_engine import Arrival, Fork, Request
-from inference_conformance.conformance.laws import refusal
+from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.tolerance import check_exact
 from inference_conformance.properties.inference_engine import cases as C
@@ -98,25 +100,51 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
     return excused
 
 
-def check_computed_once(out: dict, sched: list, what: str) -> bool:
+def check_computed_once(out: dict, sched: list, what: str) -> str:
     """PA-7's accounting where the engine reports it ("stats") and preempted nothing: each
     Arrival computed every position of prompt and output but the last, less those it reused
-    from the prefix cache (a cached block computed again counts twice). Returns whether the
-    check ran (False: no stats, or a preemption: recomputation is the engine's choice)."""
+    from the prefix cache (a cached block computed again counts twice). Returns "" where the
+    check ran, else why it could not (no counts, or a preemption: recomputation is the engine's
+    choice). Raises AssertionError (the tolerance verdict) for a position computed twice or never."""
     arrivals = [e for e in sched if isinstance(e, Arrival)]
     got = [out[e.id] for e in arrivals]
     if any(c.computed_tokens is None or c.cached_tokens is None or c.preemptions is None for c in got):
-        return False
+        return ('the engine reports no per-request counts: no "stats" in Capabilities.serving, '
+                "Completion.computed_tokens / cached_tokens / preemptions None")
     if any(c.preemptions for c in out.values()):
-        return False
+        return "the engine preempted a request (what it recomputes is its choice)"
     computed = [c.computed_tokens + c.cached_tokens for c in got]
     want = [len(e.request.prompt) + e.request.max_new_tokens - 1 for e in arrivals]
     check_exact(c_t(computed), c_t(want), what=f"computed + cached tokens per request ({what}): each position "
                                               "computed once").check()
-    return True
+    return ""
 
 
 def c_t(xs):
     import torch
 
     return torch.tensor(xs, dtype=torch.int64)
+
+
+#: Four requests with one 12-token system prompt arriving one after another (4 blocks of 3 reused).
+SHARED_SYSTEM = tuple(Req(SYSTEM + (20 + i, 21 + i), 2, 3 * i, 0.0, i) for i in range(4))
+#: PA-7's second half, which only an engine reporting its counts ("stats") lets the law check.
+COMPUTED_ONCE = "the accounting (each position computed once)"
+
+
+def law_serve_prefix_cache(run, device, reqs):
+    """PA-7: with the prefix cache every request as alone; each position computed once."""
+    sched = schedule(reqs)
+    # blocks of 3 where the engine takes a pool (the workloads' shared prefixes are 4 such blocks)
+    out = serve(run, sched, "the prefix cache", prefix_caching=True, **pool(run, block_size=3))
+    check_served(run, sched, out, 0.0, "the prefix cache")
+    unchecked = check_computed_once(out, sched, "the prefix cache")
+    if unchecked:   # no example that checked it: the run is partial, never a plain pass
+        run.uncheck(COMPUTED_ONCE, unchecked)
+    run.observe({"computed_once_checked": not unchecked, "cached": sum(c.cached_tokens or 0 for c in out.values())})
+
+
+PA7 = Law(claim="PA-7", technique="inference_engine", body=law_serve_prefix_cache,
+          given={"reqs": shared_prefix_workloads()},
+          examples=(dict(reqs=DIFFERENT_PREFIXES), dict(reqs=SHARED_SYSTEM)),
+          kills=(Kills(("stale_prefix",)),), params=("device",), max_examples=lambda n: max(1, n // 10))

@@ -21,6 +21,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from inference_conformance.conformance.contracts.kv_transfer import COVERAGE
+from inference_conformance.conformance.failures import crash_fails
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.conformance.registry import InvalidCall
@@ -81,18 +82,45 @@ def run_disaggregated(transfer, model, reqs, bs_send: int, bs_receive: int, slac
     return dis
 
 
+#: What the contract documents ``send`` and ``receive`` raising (for bad calls): they pass through.
+DOCUMENTED = (TypeError, ValueError)
+
+
+class CrashesFail:
+    """``transfer`` as the law calls it: an exception the contract does not document (not a
+    refusal, not :data:`DOCUMENTED`), raised in its ``send`` or ``receive``, fails the law
+    (:class:`inference_conformance.conformance.failures.ImplementationCrash`) naming ``who``, the
+    call, the request id and the exception."""
+
+    def __init__(self, transfer, who: str) -> None:
+        self.transfer, self.who, self._sent = transfer, who, []
+
+    def send(self, engine, request_id):
+        with crash_fails(f"{self.who}: send(prefill engine, request {request_id!r})", DOCUMENTED):
+            payload = self.transfer.send(engine, request_id)
+        self._sent.append((payload, request_id))
+        return payload
+
+    def receive(self, engine, payload) -> None:
+        i = next((i for i, (p, _) in enumerate(self._sent) if p is payload), None)
+        rid = self._sent.pop(i)[1] if i is not None else "not one sent"
+        with crash_fails(f"{self.who}: receive(decode engine, the payload of request {rid!r})", DOCUMENTED):
+            self.transfer.receive(engine, payload)
+
+
 def law_transfer_continues_as_one_engine(run, device, reqs, bs_send, bs_receive, slack, seed, pool_seed, budget,
                                          receive_order):
     """PA-9: requests computed by a prefill engine and moved by the transfer into a decode
     engine's pool (its own ids and block size) continue exactly as in one engine: every token's
-    logits within the float64 tolerance, every sampled token equal."""
+    logits within the float64 tolerance, every sampled token equal. A crash in ``send`` or
+    ``receive`` fails it naming the call (:class:`CrashesFail`)."""
     model = model_for(seed, device)
     one = PagedEngine(model, num_blocks=blocks_for(reqs, bs_send) * len(reqs) + slack, block_size=bs_send,
                       keep_logits=True)
     run_engine(one, reqs, device)
     with refusal(run, f"{run.impl.name} refused blocks of {bs_send} -> {bs_receive}"):
-        dis = run_disaggregated(run.impl, model, reqs, bs_send, bs_receive, slack, pool_seed, budget, receive_order,
-                                device)
+        dis = run_disaggregated(CrashesFail(run.impl, run.implementation), model, reqs, bs_send, bs_receive, slack,
+                                pool_seed, budget, receive_order, device)
     moved = sum(r.max_new > 1 for r in reqs)
     run.observe(observation(dict(reqs=reqs, bs_send=bs_send, bs_receive=bs_receive, pool_seed=pool_seed,
                                  receive_order=receive_order), dis))
