@@ -19,7 +19,7 @@ from inference_conformance.conformance import registry, results
 from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
 
 #: The suite's drafters timed in every run.
-BUILTINS = ("reference", "draft_chain", "draft_tree", "heads", "self_speculation")
+BUILTINS = ("reference", "draft_chain", "draft_tree", "heads", "self_speculation", "vllm_ngram")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -3,7 +3,7 @@
 cache (every node's keys and values written after the cached prefix, the tree mask and
 depth-based positions, :class:`TreeCacheAttention`) and keeps one branch; :class:`TreeSpeculativeEngine`
 runs greedy tree speculation of one sequence with a drafter (the ``drafter`` contract: ``reference/drafter.py``,
-``optimized/drafter.py``).
+``optimized/drafter/``).
 """
 from __future__ import annotations
 

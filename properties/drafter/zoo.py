@@ -3,7 +3,7 @@
 greedy decoding; the context and the tree checked each round) the first three, SD-14's (the
 figures replay from the proposals, each proposal reproduced when asked again) the last.
 
-Each is a built-in drafter (``reference/drafter.py``, ``optimized/drafter.py``) with one step
+Each is a built-in drafter (``reference/drafter.py``, ``optimized/drafter/``) with one step
 changed, so that only the bug makes it wrong.
 """
 from __future__ import annotations

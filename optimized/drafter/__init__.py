@@ -148,12 +148,15 @@ class HeadsDrafter:
 
 def implementations():
     """The suite's drafters over the small world: the good draft's greedy chain (γ = 4) and top-k
-    tree (2, 2, 1), the shipped Medusa-style heads, self-speculation without block 1 (γ = 3)."""
+    tree (2, 2, 1), the shipped Medusa-style heads, self-speculation without block 1 (γ = 3); and
+    vLLM's n-gram drafter (:mod:`inference_conformance.optimized.drafter.outside_vllm`)."""
     from inference_conformance.conformance.registry import builtin
+    from inference_conformance.optimized.drafter.outside_vllm import drafter_registrations
 
     return (
         builtin("drafter", "draft_chain", ChainDrafter(None, 4)),
         builtin("drafter", "draft_tree", TopKTreeDrafter(None, (2, 2, 1))),
         builtin("drafter", "heads", HeadsDrafter()),
         builtin("drafter", "self_speculation", SelfSpeculativeDrafter((1,), 3)),
+        *drafter_registrations(),
     )
