@@ -71,8 +71,11 @@ def serve(run, sched: list, what: str, **kw) -> dict:
 
 
 def check_served(run, sched: list, out: dict, temperature: float, what: str) -> int:
-    """Every entry of ``sched`` got what it gets alone (the module docstring's oracle); returns
-    the greedy positions excused as near-ties. Raises AssertionError (the tolerance verdict)."""
+    """Every entry of ``sched`` got what it gets alone (the module docstring's oracle), and where
+    the engine reports logprobs, a sampled request's and a fork's are those of the float64 model
+    after the tokens it holds (EN-1's rule: a K/V slot another request overwrote shows there even
+    where the sampled tokens agree); returns the greedy positions excused as near-ties. Raises
+    AssertionError (the tolerance verdict)."""
     eng, bound, folder = run.impl, C.dtype_bound(run.impl), C.folders()["target"]
     missing = sorted(str(e.id) for e in sched if e.id not in out)
     assert not missing, f"serve returned no completion for {missing} ({what})"
@@ -89,7 +92,7 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
             check_exact(c.tokens[:e.after], out[e.parent].tokens[:e.after],
                         what=f"fork {e.id}: the parent's first {e.after} tokens ({what})").check()
             r = Request(parent.request.prompt + lead, parent.request.max_new_tokens - e.after, e.seed)
-            t, c = e.temperature, type(c)(c.tokens[e.after:], None)
+            t, c = e.temperature, type(c)(c.tokens[e.after:], None if c.logprobs is None else c.logprobs[e.after:])
         label = f"request {e.id} (prompt {len(r.prompt)}, {r.max_new_tokens} new, T={t}) served with {what} vs alone"
         if t == 0:
             excused += C.check_greedy(c, r.prompt, folder, bound, label)
@@ -97,6 +100,7 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
             with refusal(run, "sampling a request alone"):
                 alone = eng.generate([r], C.params(temperature=t))[0]
             check_exact(c.tokens, alone.tokens, what=label).check()
+            C.check_logprobs(c, C.position_logits(folder, r.prompt, c.tokens), bound, label)
     return excused
 
 

@@ -101,6 +101,8 @@ def implementations():
                   bug="Each token's query misses its own key (seq_lens one short): right only for the first token"),
         known_bad("inference_engine", "chunk_kv_written_after_attention", _paged_bad("chunk_kv_written_after_attention"),
                   bug="Each layer attends before writing the step's K/V: a chunk's queries miss their own chunk"),
+        known_bad("inference_engine", "fork_writes_into_the_shared_block", _paged_bad("fork_writes_into_the_shared_block"),
+                  bug="Copy-on-write never copies: a fork and its parent write into the block they share"),
         known_bad("inference_engine", "prefix_published_before_computed", _paged_bad("prefix_published_before_computed"),
                   bug="Prompt blocks enter the prefix cache at admission, before their chunk is computed"),
     )

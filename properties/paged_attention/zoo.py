@@ -305,7 +305,17 @@ def serving_engine_zoo() -> dict:
                 r.computed = computed
             return new
 
+    class ForkWritesIntoTheSharedBlock(PagedEngine):
+        """Copy-on-write that never copies (its bookkeeping is :class:`CowForgetsToCopy`): after a
+        fork, the parent and the child write their next tokens' K/V into the partly filled block
+        they share, the later write over the earlier."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.book.__class__ = CowForgetsToCopy
+
     return {"query_misses_its_own_token": QueryMissesItsOwnToken,
+            "fork_writes_into_the_shared_block": ForkWritesIntoTheSharedBlock,
             "chunk_kv_written_after_attention": ChunkKVWrittenAfterAttention,
             "prefix_published_before_computed": PublishesPrefixBeforeComputed}
 
