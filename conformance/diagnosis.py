@@ -134,9 +134,12 @@ def diagnose(law, run, args: tuple, drawn: dict, index: int, comparison: Compari
         if out is not _NOTHING and comparison.same(comparison.out, out):
             same.append(bug.name)
     if same:
-        also = f" (also {', '.join(same[1:])})" if len(same) > 1 else ""
         summary = summaries.get(same[0], "")
-        return f"same output as known bug {same[0]}" + (f": {summary}" if summary else "") + also
+        text = f"same output as known bug {same[0]}" + (f": {summary}" if summary else "")
+        if len(same) > 1:
+            text += (f" (and as {len(same) - 1} other known bug{'s' if len(same) > 2 else ''}, which this example "
+                     f"cannot tell apart from it: {', '.join(same[1:])})")
+        return text
     if not bugs:
         return f"no known bug of {law.technique} in the zoo"
     cut = f" ({checked} of {len(bugs)} known bugs replayed in the {seconds:g} s allowed)" if checked < len(bugs) else ""
