@@ -18,7 +18,11 @@ from inference_conformance.reference.drafter import PromptLookupDrafter
     (([-1, 1], [5, 6]), r"parents\[1\] = 1: .*-1 <= parents\[i\] < i"),
     (([-2], [5]), r"parents\[0\] = -2"),
     (([-1, 0], [5, 294]), r"tokens\[1\] = 294, outside the vocabulary \[0, 294\)"),
-    (([-1], ["x"]), r"two sequences of int"),
+    (([-1], ["x"]), r"tokens\[0\] = 'x' of type str: the contract asks for int"),
+    (([-1], [5.0]), r"tokens\[0\] = 5.0 of type float"),
+    (([-1], [torch.tensor(5)]), r"tokens\[0\] = tensor\(5\) of type Tensor"),
+    (([True], [5]), r"parents\[0\] = True of type bool"),
+    ((torch.tensor([-1]), [5]), r"got parents as Tensor"),
     (None, r"must return \(parents, tokens\), got NoneType"),
 ])
 def test_check_proposal_names_the_index(proposal, match):
@@ -30,6 +34,9 @@ def test_check_proposal_names_the_index(proposal, match):
 def test_check_proposal_accepts_trees_and_nothing():
     assert check_proposal(([], []), 294) == ([], [])
     assert check_proposal(((-1, -1, 0, 1), (3, 4, 5, 6)), 294) == ([-1, -1, 0, 1], [3, 4, 5, 6])
+    import numpy as np
+
+    assert check_proposal(([np.int64(-1)], [np.int32(7)]), 294) == ([-1], [7])
 
 
 def test_validate_wording():

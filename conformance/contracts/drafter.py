@@ -16,12 +16,19 @@ Arguments:
 - ``hidden``: None, or a tensor (d_model,) in the target's dtype on its device: the target's final
   hidden state (after its last norm) at the last committed token, where the round before
   computed it; None in the first round. Draft heads, as Medusa's and EAGLE's, draft from it;
-  others ignore it.
-- ``target``: the target model (``inference_conformance.reference.transformer.Transformer``:
-  ``target(tokens (1, T) int64) -> logits (1, T, V)``, ``target.cfg.vocab_size``,
-  ``target.cfg.d_model``, ``target.blocks``, ``target.norm``). A drafter may read it (self-
-  speculation drafts with some of its blocks; heads use its output matrix) and must never change
-  it: the same object runs the verification.
+  others ignore it. The drafter must not change it (it may be a view of the engine's tensors).
+- ``target``: the target model (``inference_conformance.reference.transformer.Transformer``, an
+  ``nn.Module`` in eval mode): ``target(tokens)`` with tokens (1, T) int64 on its device gives
+  logits (1, T, V) in its dtype; ``target.cfg.vocab_size`` (V), ``target.cfg.d_model``,
+  ``target.cfg.n_layers``, ``target.cfg.max_seq_len`` (the positions it was trained on);
+  ``target.embed`` (the token embedding, an ``nn.Embedding``), ``target.blocks`` (an
+  ``nn.ModuleList`` of its n_layers blocks, run in order between the embedding and
+  ``target.norm``), ``target.norm`` (the last norm), ``target.output_weight()`` (the (V, d_model)
+  output matrix). A drafter may read it (self-speculation runs a shallow copy of the module
+  whose ``blocks`` is a new ``nn.ModuleList`` without some blocks, calling the copy as above;
+  heads use the output matrix) and must never change it: the same object runs the verification,
+  and the suite checks its mode, block list and every parameter (identity, dtype, device,
+  gradient flag, in-place version) after each call.
 
 Returns ``(parents, tokens)``, two lists of int of one length n >= 0 (n = 0: propose nothing, a
 plain decode step): node i carries token ``tokens[i]`` in [0, V) and hangs under node
@@ -34,9 +41,13 @@ What the proposal may be: anything of that form. What it must not do: change ``c
 ``target``, or return a malformed tree (lengths that differ, a parent outside [-1, i), a token
 outside [0, V)): the suite rejects such a drafter with the round and the offending index
 (:func:`check_proposal`). ``propose`` is a function of its arguments: asked twice with the same
-context, hidden state and target, it proposes the same tree (a drafter that samples draws from a
-generator of its own, seeded from its inputs), so that its figures (α, tokens per target call)
-can be reproduced and compared across runs.
+context, hidden state and target, it proposes the same tree, whatever it was asked in between (a
+cache keyed on the whole context is fine; an index carried from one sequence to the next is not),
+and a drafter that samples draws from a generator of its own, seeded from its inputs, never from
+torch's or Python's global generator (the suite compares their states around each call), so that
+its figures (α, tokens per target call) can be reproduced and compared across runs. The generic
+checks of the tensor contracts (inputs unchanged, repeats identical) are these checks here, made
+by the laws on every round.
 
 Errors: TypeError naming ``context`` for something that is not a list or tuple of int, naming
 ``hidden`` for something that is neither None nor a tensor, naming ``target`` for an object
@@ -44,7 +55,8 @@ without ``cfg.vocab_size`` and ``cfg.d_model``; ValueError naming ``context`` fo
 or an id outside [0, V), naming ``hidden`` for a tensor of another shape than (d_model,) or a
 non-floating one. :func:`validate` raises exactly these and a drafter may call it. A drafter may
 raise ``NotImplementedError`` for a setting it does not support (a target it cannot draft for):
-the suite reports "unsupported", never a pass.
+the suite reports "unsupported", never a pass, naming the round. A round a drafter has nothing
+for (no hidden state yet, no match) is not a refusal: it proposes nothing, ``([], [])``.
 
 The rules:
 
@@ -63,6 +75,8 @@ al. 2024 (Medusa heads), Zhang et al. 2024 (Draft & Verify: self-speculation), S
 (prompt lookup decoding).
 """
 from __future__ import annotations
+
+import numbers
 
 import torch
 
@@ -117,16 +131,22 @@ def validate(context, hidden, target) -> None:
 
 
 def check_proposal(proposal, vocab_size: int, who: str = "the drafter") -> tuple[list, list]:
-    """The suite's check of what ``propose`` returned: ``(parents, tokens)`` as two lists of int;
-    ValueError naming ``who`` and the offending index for a result that is not a pair of equal-length
-    sequences of int, a parent outside [-1, i) or a token outside [0, ``vocab_size``)."""
+    """The suite's check of what ``propose`` returned: ``(parents, tokens)`` as two lists (or tuples)
+    of int (any ``numbers.Integral`` but bool: a NumPy integer passes, a float or a tensor does
+    not); ValueError naming ``who`` and the offending index for a result that is not a pair of
+    equal-length lists of int, a parent outside [-1, i) or a token outside [0, ``vocab_size``)."""
     if not isinstance(proposal, (tuple, list)) or len(proposal) != 2:
         raise ValueError(f"{who} must return (parents, tokens), got {type(proposal).__name__}")
     parents, tokens = proposal
-    try:
-        parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{who} must return two sequences of int (parents, tokens): {exc}") from None
+    for name, seq in (("parents", parents), ("tokens", tokens)):
+        if not isinstance(seq, (list, tuple)):
+            raise ValueError(f"{who} must return (parents, tokens) as two lists of int, got {name} as "
+                             f"{type(seq).__name__}")
+        bad = next((i for i, x in enumerate(seq) if not isinstance(x, numbers.Integral) or isinstance(x, bool)), None)
+        if bad is not None:
+            raise ValueError(f"{who} returned {name}[{bad}] = {seq[bad]!r} of type {type(seq[bad]).__name__}: the "
+                             "contract asks for int (an integer value, never a float, a bool or a tensor)")
+    parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
     if len(parents) != len(tokens):
         raise ValueError(f"{who} returned {len(parents)} parents for {len(tokens)} tokens")
     for i, p in enumerate(parents):

@@ -22,7 +22,8 @@ from inference_conformance.reference.transformer import Transformer
 def _shipped(name: str, dtype: torch.dtype, device: str) -> Transformer:
     from inference_conformance.smallworld.checkpoints import load_model
 
-    return load_model(name, dtype, device)
+    with torch.random.fork_rng(devices=[]):           # the modules' initialisation draws: not from the caller's
+        return load_model(name, dtype, device)
 
 
 def shipped_draft(target: Transformer, name: str = "draft_good") -> Transformer:
@@ -133,7 +134,8 @@ class HeadsDrafter:
         if self._made[0] is not target:
             from inference_conformance.smallworld.heads import shipped_heads
 
-            self._made = (target, shipped_heads().over(target))
+            with torch.random.fork_rng(devices=[]):       # the heads' initialisation draws: not from the caller's
+                self._made = (target, shipped_heads().over(target))
         return self._made[1]
 
     @torch.no_grad()

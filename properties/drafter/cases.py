@@ -18,8 +18,9 @@ from inference_conformance.conformance.registry import InvalidCall
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
 
 #: The known-bad drafters (``properties/drafter/zoo.py``) SD-12's law must reject, and SD-14's.
-ZOO_SD12 = ("skips_layers_in_place", "parents_counted_from_the_pending_token", "extends_the_context_in_place")
-ZOO_SD14 = ("samples_with_the_global_generator",)
+ZOO_SD12 = ("skips_layers_in_place", "parents_counted_from_the_pending_token", "extends_the_context_in_place",
+            "samples_with_the_global_generator")
+ZOO_SD14 = ("samples_with_the_global_generator", "index_kept_across_sequences")
 
 
 @dataclass(frozen=True)
@@ -80,28 +81,65 @@ def prompt_for(kind: str, seed: int) -> list:
     return [tok.bos_id] + words + words[:3]
 
 
+def fingerprint(target) -> dict:
+    """What a drafter must leave as it found it in ``target`` (the contract: read, never change):
+    its mode, its block list, and each parameter's identity, dtype, device, gradient flag and
+    version counter (an in-place change bumps it)."""
+    blocks = getattr(target, "blocks", ())
+    out = {"training": target.training, "blocks": tuple(id(b) for b in blocks)}
+    for name, p in target.named_parameters():
+        out[name] = (p.data_ptr(), p.dtype, str(p.device), p.requires_grad, p._version)
+    return out
+
+
+def _changed(before: dict, after: dict) -> str:
+    keys = [k for k in before.keys() | after.keys() if before.get(k) != after.get(k)]
+    return ", ".join(sorted(keys)[:4]) + (" ..." if len(keys) > 4 else "")
+
+
+def global_rng_state() -> tuple:
+    """torch's and Python's global generators' states (a drafter draws from a generator of its own)."""
+    import random
+
+    return torch.get_rng_state(), random.getstate()
+
+
 class Watched:
-    """The drafter ``impl`` as the engine calls it: each call's context must come back unchanged
-    and its tree be well formed (else AssertionError naming the round, the law's own check); each
-    call is kept in ``calls`` as (context, hidden, parents, tokens, room), the target it was given in
-    ``target``."""
+    """The drafter ``impl`` as the engine calls it, each call checked by the law (AssertionError
+    naming the round, the law's own check): its context, hidden state and target come back
+    unchanged (:func:`fingerprint`), torch's and Python's global generators are not drawn from, and
+    its tree is well formed; a refusal (NotImplementedError) names the round. Each call is kept in
+    ``calls`` as (context, hidden, parents, tokens, room), the target it was given in ``target``."""
 
     def __init__(self, impl, max_seq_len: int, claim: str):
         self.impl, self.max_seq_len, self.claim, self.calls, self.target = impl, max_seq_len, claim, [], None
 
     def propose(self, context, hidden, target):
         self.target = target
-        before = list(context)
+        before, r = list(context), len(self.calls)
         kept = None if hidden is None else hidden.clone()
-        proposal = self.impl.propose(context, hidden, target)
-        r = len(self.calls)
-        assert list(context) == before, (f"{self.claim}: the drafter changed the context it was given in round {r} "
-                                         f"(length {len(before)} became {len(context)}); the contract forbids it")
+        state, rng = fingerprint(target), global_rng_state()
+        where = f"round {r} (context of {len(before)} tokens, hidden {'None' if hidden is None else 'given'})"
+        try:
+            proposal = self.impl.propose(context, hidden, target)
+        except NotImplementedError as exc:
+            raise NotImplementedError(f"{where}: {exc}") from None
+        claim = self.claim
+        assert list(context) == before, (f"{claim}: the drafter changed the context it was given in {where}: "
+                                         f"length {len(before)} became {len(context)}; the contract forbids it")
+        assert hidden is None or torch.equal(hidden, kept), \
+            f"{claim}: the drafter changed the hidden state it was given in {where}; the contract forbids it"
+        after = fingerprint(target)
+        assert after == state, (f"{claim}: the drafter changed the target in {where} ({_changed(state, after)}): "
+                                "a drafter reads the target, never changes it")
+        now = global_rng_state()
+        assert torch.equal(now[0], rng[0]) and now[1] == rng[1], (
+            f"{claim}: the drafter drew from torch's or Python's global generator in {where}: a drafter that "
+            "samples draws from a generator of its own, so that it proposes as a function of its arguments")
         try:
             parents, tokens = check_proposal(proposal, target.cfg.vocab_size, who="the drafter")
         except ValueError as exc:
-            raise AssertionError(f"{self.claim}: malformed tree in round {r} (context of {len(before)} tokens): "
-                                 f"{exc}") from None
+            raise AssertionError(f"{claim}: malformed tree in {where}: {exc}") from None
         self.calls.append((before, kept, parents, tokens, self.max_seq_len - len(before)))
         return parents, tokens
 
@@ -187,4 +225,17 @@ def invalid_calls(device) -> list:
                     raises=(ValueError,), argument="hidden"),
         InvalidCall("hidden as a list", ([1, 5], [0.0] * d, target), raises=(TypeError,), argument="hidden"),
         InvalidCall("target not a model", ([1, 5], None, "target"), raises=(TypeError,), argument="target"),
+        InvalidCall("hidden of integers", ([1, 5], torch.zeros(d, dtype=torch.int64), target), raises=(ValueError,),
+                    argument="hidden"),
+        InvalidCall("target without cfg.d_model", ([1, 5], None, _WithoutDModel(V)), raises=(TypeError,),
+                    argument="target"),
     ]
+
+
+class _WithoutDModel:
+    """An object with ``cfg.vocab_size`` and no ``cfg.d_model`` (not a target model)."""
+
+    def __init__(self, vocab_size: int):
+        import types
+
+        self.cfg = types.SimpleNamespace(vocab_size=vocab_size)

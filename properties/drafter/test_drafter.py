@@ -77,7 +77,8 @@ def law_figures_replay_from_the_proposals(run, device, task, seed, n_tokens):
     prompt ``seed``; "free": from <bos>) whose counts (rounds, emitted, accepted, drafted) equal
     their replay from the recorded proposals against greedy decoding (:func:`replay`: no engine,
     no cache), and whose every proposal the drafter makes again when asked on the same context,
-    hidden state and target."""
+    hidden state and target, the rounds asked last to first, each right after another context of
+    its length (a drafter whose proposals depend on what it was asked before is caught)."""
     prompt = prompt_for("copy" if task == "copy" else "bos", seed)
     with refusal(run, f"{run.implementation} refuses to draft for the float64 target"):
         _, stats, watched = speculate(run.impl, prompt, n_tokens, max_seq_len=len(prompt) + n_tokens + _AHEAD,
@@ -87,12 +88,16 @@ def law_figures_replay_from_the_proposals(run, device, task, seed, n_tokens):
     assert counts == totals(rounds), (f"SD-14: the engine's counts {counts} differ from their replay from the "
                                       f"drafter's proposals {totals(rounds)} ({task} prompt of {len(prompt)} tokens)")
     target = watched.target
-    for r, (ctx, hidden, parents, tokens, _) in enumerate(watched.calls):
+    for r in reversed(range(len(watched.calls))):
+        ctx, hidden, parents, tokens, _ = watched.calls[r]
+        half = len(ctx) // 2
+        run.impl.propose(ctx[half:] + ctx[:half], hidden, target)       # another context of the same length
         again = check_proposal(run.impl.propose(list(ctx), hidden, target), target.cfg.vocab_size)
         assert again == (parents, tokens), (
-            f"SD-14: asked again on round {r} (context of {len(ctx)} tokens) the drafter proposed "
-            f"{again[1][:8]} under {again[0][:8]}, not {tokens[:8]} under {parents[:8]}: its α and tokens per "
-            "call cannot be reproduced (rule: propose is a function of context, hidden and target)")
+            f"SD-14: asked again on round {r} (context of {len(ctx)} tokens; the rounds asked again last to "
+            f"first, each after the same context rotated by {half}) the drafter proposed {again[1][:8]} under "
+            f"{again[0][:8]}, not {tokens[:8]} under {parents[:8]}: its α and tokens per call cannot be reproduced "
+            "(rule: propose is a function of context, hidden and target, whatever was asked before)")
     for r in rounds:
         run.observe(r)
 

@@ -1,7 +1,8 @@
 """Known-bad drafters (the bug zoo): each one is a bug of the field's drafters, and the laws of
 ``properties/drafter/test_drafter.py`` must reject every one: SD-12's (greedy speculation emits
-greedy decoding; the context and the tree checked each round) the first three, SD-14's (the
-figures replay from the proposals, each proposal reproduced when asked again) the last.
+greedy decoding; the context, hidden state, target, global generators and tree checked each
+round) the first four, SD-14's (the figures replay from the proposals, each proposal reproduced
+when asked again after another context) the last two.
 
 Each is a built-in drafter (``reference/drafter.py``, ``optimized/drafter/``) with one step
 changed, so that only the bug makes it wrong.
@@ -61,6 +62,23 @@ class SamplesWithTheGlobalGenerator(ChainDrafter):
         return list(range(-1, len(new) - 1)), new
 
 
+class IndexKeptAcrossSequences(PromptLookupDrafter):
+    """Prompt lookup over an incremental n-gram index that each call extends with the tokens past
+    the length it has seen and rebuilds only when a context is shorter than the last one, so a
+    new sequence at least as long as the last is searched in the old sequence's tokens."""
+
+    def __init__(self, ngram: int = 3, gamma: int = 5):
+        super().__init__(ngram, gamma)
+        self.seen: list = []
+
+    def propose(self, context, hidden, target):
+        ctx = list(context)
+        if len(ctx) < len(self.seen):
+            self.seen = []
+        self.seen = self.seen + ctx[len(self.seen):]
+        return super().propose(self.seen, hidden, target)
+
+
 def _bug(cls) -> str:
     """The first sentence of a known-bad drafter's docstring (its one-line bug)."""
     return " ".join(cls.__doc__.split()).split(". ")[0].rstrip(".")
@@ -75,4 +93,5 @@ def implementations():
         ("parents_counted_from_the_pending_token", ParentsCountedFromThePendingToken, (None, 4)),
         ("extends_the_context_in_place", ExtendsTheContextInPlace, (3, 5)),
         ("samples_with_the_global_generator", SamplesWithTheGlobalGenerator, (None, 4)),
+        ("index_kept_across_sequences", IndexKeptAcrossSequences, (3, 5)),
     ))
