@@ -1,6 +1,7 @@
 """The report run loses nothing and never mixes runs, driven through the real command
-(``python -m inference_conformance.reports`` in a subprocess, on the tiniest selection; a run killed in its
-report stage starts from the rows of one complete run made once per module, ``--no-properties``): SIGKILL at each write point
+(``python -m inference_conformance.reports`` in a subprocess, on the tiniest selection; a run
+killed in its report stage starts from the rows of one complete run made once per module,
+``--no-properties``): SIGKILL at each write point
 (``CONFORMANCE_KILL_AT``) leaves no truncated file and the previous complete report published,
 and ``--no-run`` then says the newest run was interrupted; a second concurrent run is refused;
 SIGKILL or SIGTERM of the parent leaves no live child; an unmarked ``--out`` is refused and left
