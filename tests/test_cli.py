@@ -68,11 +68,12 @@ def test_help_lists_every_subcommand_with_its_line(tmp_path):
 
 def test_each_subcommand_help_is_its_modules(tmp_path):
     """A subcommand's arguments go to its module as they are: ``SUB --help`` is that module's help."""
+    helps = {}
     for name, words in (("run", "--impl"), ("merge", "RUN"), ("expect", "update"), ("list", "--json"),
                         ("docs", "--check"), ("gate", "--baseline"), ("ab", "--impl-a"), ("export-model", "--head-dims")):
-        done = command(name, "--help", cwd=tmp_path)
+        done = helps[name] = command(name, "--help", cwd=tmp_path)
         assert done.returncode == 0 and words in done.stdout, (name, done.stdout, done.stderr)
-    assert "usage: inference-conformance run" in command("run", "--help", cwd=tmp_path).stdout
+    assert "usage: inference-conformance run" in helps["run"].stdout
 
 
 def test_list_imports_no_torch_and_names_every_technique_and_claim(tmp_path):

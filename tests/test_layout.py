@@ -57,9 +57,9 @@ def _entries(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / folder).iterdir() if p.name not in IGNORED and not p.name.startswith("."))
 
 
-def _owner(entry: Path, folder: str) -> str | None:
-    """The technique or topic a top-level entry of ``folder`` belongs to, or None."""
-    names = _names(folder)
+def _owner(entry: Path, folder: str, names: set[str]) -> str | None:
+    """The technique or topic a top-level entry of ``folder`` belongs to (``names``: its
+    :func:`_names`, read once per check), or None."""
     if entry.is_dir():
         return entry.name if entry.name in names and (entry / "__init__.py").is_file() else None
     stem = entry.stem
@@ -76,7 +76,8 @@ def test_contracts_found():
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_every_entry_is_one_technique_or_shared(folder):
-    stray = [e.name for e in _entries(folder) if e.name not in SHARED[folder] and _owner(e, folder) is None]
+    names = _names(folder)
+    stray = [e.name for e in _entries(folder) if e.name not in SHARED[folder] and _owner(e, folder, names) is None]
     assert not stray, (f"{folder}/: {stray} belong to no technique; move each into its technique's module or "
                        f"subpackage (names: {sorted(_names(folder))}), or list it in tests/test_layout.py SHARED "
                        "with the reason")
@@ -85,8 +86,9 @@ def test_every_entry_is_one_technique_or_shared(folder):
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_one_place_per_technique(folder):
     owners: dict[str, list[str]] = {}
+    names = _names(folder)
     for e in _entries(folder):
-        if (o := _owner(e, folder)) is not None:
+        if (o := _owner(e, folder, names)) is not None:
             owners.setdefault(o, []).append(e.name)
     split = {o: names for o, names in owners.items() if len(names) > 1}
     assert not split, f"{folder}/: a technique in more than one place: {split}"
@@ -98,7 +100,7 @@ def test_no_module_under_another_techniques_name(folder):
     ``bench_<name>`` or ``<name>_*`` for a longer or different name): it belongs in that one's place."""
     names = _names(folder)
     wrong = []
-    for pkg in (e for e in _entries(folder) if e.is_dir() and _owner(e, folder)):
+    for pkg in (e for e in _entries(folder) if e.is_dir() and _owner(e, folder, names)):
         for f in pkg.rglob("*.py"):
             stem = re.sub(r"^(test|bench)_", "", f.stem)
             claims = [n for n in names if stem == n or stem.startswith(n + "_")]

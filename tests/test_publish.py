@@ -1,5 +1,7 @@
 """The report run loses nothing and never mixes runs, driven through the real command
-(``python -m inference_conformance.reports`` in a subprocess, on the tiniest selection): SIGKILL at each write point
+(``python -m inference_conformance.reports`` in a subprocess, on the tiniest selection; a run
+killed in its report stage starts from the rows of one complete run made once per module,
+``--no-properties``): SIGKILL at each write point
 (``CONFORMANCE_KILL_AT``) leaves no truncated file and the previous complete report published,
 and ``--no-run`` then says the newest run was interrupted; a second concurrent run is refused;
 SIGKILL or SIGTERM of the parent leaves no live child; an unmarked ``--out`` is refused and left
@@ -23,10 +25,15 @@ from inference_conformance.reports import build, faults, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["--select", "tests/test_fields.py", "-n", "0", "--no-bench"]
-BENCH = ["--select", "tests/test_fields.py", "-n", "0", "--bench-k", "test_bench_prefill and 128-torch-64-full",
+#: One benchmark over the baseline's rows (--no-properties: the properties child is QUICK's, tested above).
+BENCH = ["--no-properties", "--bench-k", "test_bench_prefill and 128-torch-64-full",
          "--bench-max-time", "0.01", "--quick-ceilings"]
 #: The write points of a --no-bench run before its run is complete (``publish``, after it, has its own test).
 POINTS = ["manifest.json", "properties", "*.png", "index.html", "report.md", "results.json"]
+#: A run from the baseline's rows (made once per module): no properties child, straight to the
+#: report stage, whose write points (the plots, index.html, report.md, results.json, publish) are
+#: those of a full run; the points before it (its manifest, the properties child) take QUICK.
+REUSE = ["--no-properties", "--no-bench"]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc: Linux")
 
@@ -78,7 +85,7 @@ def assert_nothing_truncated(*roots: Path) -> None:
 @pytest.mark.parametrize("point", POINTS)
 def test_sigkill_at_a_write_point_keeps_the_previous_complete_report(baseline, tmp_path, point):
     out, hist, before = copy_of(baseline, tmp_path)
-    r = reports(out, hist, *QUICK, kill_at=point)
+    r = reports(out, hist, *(QUICK if point in ("manifest.json", "properties") else REUSE), kill_at=point)
     assert r.returncode == -signal.SIGKILL, f"the run was not killed at {point!r}: exit {r.returncode}\n{r.stderr[-1500:]}"
     assert_nothing_truncated(out, hist)
     assert publish.published(out) == before, "the killed run replaced the published report"
@@ -98,7 +105,7 @@ def test_sigkill_at_a_write_point_keeps_the_previous_complete_report(baseline, t
 
 def test_sigkill_between_complete_and_published_leaves_a_complete_run_to_render(baseline, tmp_path):
     out, hist, before = copy_of(baseline, tmp_path)
-    r = reports(out, hist, *QUICK, kill_at="publish")
+    r = reports(out, hist, *REUSE, kill_at="publish")
     assert r.returncode == -signal.SIGKILL, r.stderr[-1500:]
     assert publish.published(out) == before and faults.check_published(out) == []
     killed = publish.runs(out, settle=False)[0]
@@ -157,9 +164,13 @@ def _running_child(out: Path, proc) -> tuple[dict, int]:
     return m, m["child_pgid"]
 
 
-SLOW = ["--select", "properties/roofline/test_roofline.py", "-n", "1", "--no-bench"]
-#: Minutes of work (500 examples per law), killed after its first rows.
-LONG = ["--select", "properties/paged_attention/test_block_allocator.py", "--profile", "thorough", "-n", "1", "--no-bench"]
+#: The refused second run's selection (it never starts): not the first run's, so that the published
+#: rows say whose they are.
+OTHER = ["--select", "properties/roofline/test_roofline.py", "-n", "0", "--no-bench"]
+#: Rows within a second of the worker's start (tests/test_fields.py first), then tens of seconds of
+#: work (the allocator's state machine, 500 examples per law): killed after its first rows.
+LONG = ["--select", "tests/test_fields.py", "--select", "properties/paged_attention/test_block_allocator.py",
+        "--profile", "thorough", "-n", "1", "--no-bench"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -186,10 +197,12 @@ def test_the_parent_killed_leaves_no_live_child(tmp_path, sig):
 
 def test_a_second_concurrent_run_is_refused(tmp_path):
     out = tmp_path / "out"
-    first = reports(out, tmp_path / "h", *SLOW, wait=False)
+    # after its first rows the first run holds the lock for seconds (its other tests, the child's
+    # exit, the report stage); the second is refused in a fraction of one
+    first = reports(out, tmp_path / "h", *QUICK, wait=False)
     _running_child(out, first)
     t = time.time()
-    second = reports(out, tmp_path / "h", *QUICK)
+    second = reports(out, tmp_path / "h", *OTHER)
     assert second.returncode == 2, second.stderr
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and str(out) in lines[0] and f"pid {first.pid}" in lines[0], lines
@@ -198,7 +211,7 @@ def test_a_second_concurrent_run_is_refused(tmp_path):
     assert len(publish.runs(out, settle=False)) == 1, "the refused run left a run folder"
     assert faults.check_published(out) == []
     doc = json.loads((out / "results.json").read_text())
-    assert {r["check"].split("::")[0] for r in doc["rows"]} == {"properties/roofline/test_roofline.py"}
+    assert {r["check"].split("::")[0] for r in doc["rows"]} == {"tests/test_fields.py"}
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(baseline, tmp_path):

@@ -6,6 +6,7 @@ functions included)."""
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 import subprocess
 import sys
@@ -34,12 +35,24 @@ def _modules() -> dict[str, Path]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the suite's modules it imports (every import statement, at any depth)."""
+    """module -> the suite's modules it imports (every import statement, at any depth); the
+    checkout is parsed once per test process (:func:`_parsed_graph`), each caller gets a copy."""
+    return {m: set(deps) for m, deps in _parsed_graph().items()}
+
+
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the file at ``path``, parsed once per test process (several checks walk it)."""
+    return tuple(ast.walk(ast.parse(path.read_text(), str(path))))
+
+
+@functools.cache
+def _parsed_graph() -> dict[str, frozenset[str]]:
     mods = _modules()
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, frozenset[str]] = {}
     for name, path in mods.items():
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _nodes(path):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -47,7 +60,7 @@ def import_graph() -> dict[str, set[str]]:
             else:
                 continue
             deps |= {t for t in targets if t in mods and t != name}
-        graph[name] = deps
+        graph[name] = frozenset(deps)
     return graph
 
 
@@ -208,7 +221,7 @@ def _bare_imports(path: Path) -> list[str]:
     """The imports in ``path`` of a suite package by its folder name (``from conformance import
     x``) rather than its one import name (``from inference_conformance.conformance import x``)."""
     bad = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

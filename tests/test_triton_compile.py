@@ -55,6 +55,8 @@ def compile_all() -> dict[str, dict]:
 def test_triton_kernels_compile_for_sm90_with_pipelined_tile_loops(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    # no line tables (debug metadata: the same code, about a tenth less compile time)
+    env["TRITON_DISABLE_LINE_INFO"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600, env=env,
                        cwd=ROOT)
