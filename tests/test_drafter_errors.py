@@ -78,3 +78,26 @@ def test_engine_refuses_a_malformed_tree_before_any_forward():
 def test_builtins_refuse_bad_settings(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_a_refusal_after_the_first_round_fails_the_law():
+    """NotImplementedError in the first round of a run is the drafter refusing the setting (the
+    example is "unsupported"); later, after it drafted, it is the law's failure naming the round."""
+    from inference_conformance.properties.drafter.cases import prompt_for, speculate
+
+    class RefusesLater:
+        def propose(self, context, hidden, target):
+            if hidden is not None:
+                raise NotImplementedError("no heads for this hidden state")
+            return [], []
+
+    class RefusesAtOnce:
+        def propose(self, context, hidden, target):
+            raise NotImplementedError("no drafts for this target")
+
+    prompt = prompt_for("bos", 0)
+    with pytest.raises(AssertionError, match=r"refused round 1 \(context of 2 tokens, hidden given\) after drafting "
+                                             r"in the rounds before \(no heads for this hidden state\)"):
+        speculate(RefusesLater(), prompt, 4, max_seq_len=16)
+    with pytest.raises(NotImplementedError, match=r"round 0 \(context of 1 tokens, hidden None\): no drafts"):
+        speculate(RefusesAtOnce(), prompt, 4, max_seq_len=16)

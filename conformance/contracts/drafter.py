@@ -55,8 +55,10 @@ without ``cfg.vocab_size`` and ``cfg.d_model``; ValueError naming ``context`` fo
 or an id outside [0, V), naming ``hidden`` for a tensor of another shape than (d_model,) or a
 non-floating one. :func:`validate` raises exactly these and a drafter may call it. A drafter may
 raise ``NotImplementedError`` for a setting it does not support (a target it cannot draft for):
-the suite reports "unsupported", never a pass, naming the round. A round a drafter has nothing
-for (no hidden state yet, no match) is not a refusal: it proposes nothing, ``([], [])``.
+the suite reports "unsupported", never a pass, naming the round. A refusal is of a setting, so
+it comes in the first round of a run or not at all (a later one fails the law). A round a
+drafter has nothing for (no hidden state yet, no match) is not a refusal: it proposes nothing,
+``([], [])``.
 
 The rules:
 

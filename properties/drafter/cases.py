@@ -108,8 +108,10 @@ class Watched:
     """The drafter ``impl`` as the engine calls it, each call checked by the law (AssertionError
     naming the round, the law's own check): its context, hidden state and target come back
     unchanged (:func:`fingerprint`), torch's and Python's global generators are not drawn from, and
-    its tree is well formed; a refusal (NotImplementedError) names the round. Each call is kept in
-    ``calls`` as (context, hidden, parents, tokens, room), the target it was given in ``target``."""
+    its tree is well formed; a refusal (NotImplementedError) names the round, and is one only in
+    the first round (later it fails: a round with nothing to propose returns nothing). Each call
+    is kept in ``calls`` as (context, hidden, parents, tokens, room), the target it was given in
+    ``target``."""
 
     def __init__(self, impl, max_seq_len: int, claim: str):
         self.impl, self.max_seq_len, self.claim, self.calls, self.target = impl, max_seq_len, claim, [], None
@@ -120,11 +122,14 @@ class Watched:
         kept = None if hidden is None else hidden.clone()
         state, rng = fingerprint(target), global_rng_state()
         where = f"round {r} (context of {len(before)} tokens, hidden {'None' if hidden is None else 'given'})"
+        claim = self.claim
         try:
             proposal = self.impl.propose(context, hidden, target)
         except NotImplementedError as exc:
+            assert not self.calls, (f"{claim}: the drafter refused {where} after drafting in the rounds before "
+                                    f"({exc}): a refusal is of a setting, made in the first round; a round with "
+                                    "nothing to propose returns ([], [])")
             raise NotImplementedError(f"{where}: {exc}") from None
-        claim = self.claim
         assert list(context) == before, (f"{claim}: the drafter changed the context it was given in {where}: "
                                          f"length {len(before)} became {len(context)}; the contract forbids it")
         assert hidden is None or torch.equal(hidden, kept), \

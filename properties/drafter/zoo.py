@@ -88,10 +88,14 @@ def implementations():
     """The known-bad drafters: SD-12's and SD-14's laws name each in their ``kills``."""
     from inference_conformance.conformance.registry import known_bad
 
-    return tuple(known_bad("drafter", name, cls(*args), bug=_bug(cls)) for name, cls, args in (
-        ("skips_layers_in_place", SkipsLayersInPlace, ((1,), 3)),
-        ("parents_counted_from_the_pending_token", ParentsCountedFromThePendingToken, (None, 4)),
-        ("extends_the_context_in_place", ExtendsTheContextInPlace, (3, 5)),
-        ("samples_with_the_global_generator", SamplesWithTheGlobalGenerator, (None, 4)),
-        ("index_kept_across_sequences", IndexKeptAcrossSequences, (3, 5)),
-    ))
+    return (
+        known_bad("drafter", "skips_layers_in_place", SkipsLayersInPlace((1,), 3), bug=_bug(SkipsLayersInPlace)),
+        known_bad("drafter", "parents_counted_from_the_pending_token", ParentsCountedFromThePendingToken(None, 4),
+                  bug=_bug(ParentsCountedFromThePendingToken)),
+        known_bad("drafter", "extends_the_context_in_place", ExtendsTheContextInPlace(3, 5),
+                  bug=_bug(ExtendsTheContextInPlace)),
+        known_bad("drafter", "samples_with_the_global_generator", SamplesWithTheGlobalGenerator(None, 4),
+                  bug=_bug(SamplesWithTheGlobalGenerator)),
+        known_bad("drafter", "index_kept_across_sequences", IndexKeptAcrossSequences(3, 5),
+                  bug=_bug(IndexKeptAcrossSequences)),
+    )
