@@ -186,11 +186,35 @@ def pytest_handlecrashitem(crashitem, report, sched):
         _write(config, [row])
 
 
+#: Cell verdicts that judged nothing: every example refused, or the law skipped.
+UNJUDGED = frozenset({"unsupported", "skip"})
+
+
+def nothing_judged(config) -> list[str]:
+    """The ``--impl`` implementations ("module:attr") that some claim's law was given and that no
+    claim's law judged: every one of those cells is "unsupported" or skipped (the bad-call checks
+    judge no claim). Such a run never exits 0: an implementation refusing every law has conformed
+    to no claim."""
+    if hasattr(config, "workerinput"):        # a pytest-xdist worker: the controller sees every cell
+        return []
+    targets = [v.split("=", 1)[1] for v in config.getoption("impl", default=None) or [] if "=" in v]
+    seen: dict = {}
+    for _technique, _law, claim, name, verdict, *_ in state(config).verdicts:
+        if name in targets and claim:            # a claim's law: the bad-call checks judge no claim
+            seen.setdefault(name, set()).add(verdict)
+    return [t for t in dict.fromkeys(targets) if t in seen and seen[t] <= UNJUDGED]
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if nothing_judged(session.config) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     run = state(session.config).run
     if run is not None:
-        run.finish(exitstatus)
+        run.finish(session.exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     summary.write(terminalreporter, state(config).verdicts)
+    for target in nothing_judged(config):
+        terminalreporter.write_line(f"conformance: no claim's law judged {target}: every one it was given is "
+                                    "unsupported (it refused every example) or skipped; the run exits 1", red=True)
