@@ -18,11 +18,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ("hf.py", "ctranslate2.py", "ort_genai.py", "vllm.py")
+ENGINES = ("hf.py", "hf_continuous.py", "ctranslate2.py", "ort_genai.py", "vllm.py")
 HELPERS = ("_refuse", "_ort_refuse")
 
 #: (file, a fragment of the refusal's message source) -> the library's words, or where it says so.
 LEDGER: dict[tuple[str, str], str] = {
+    ("optimized/inference_engine/hf_continuous.py", "takes pages of at least"):
+        "transformers' own check, ContinuousBatchingConfig: ValueError \"page_size must be at least 4\"",
+    ("optimized/inference_engine/hf_continuous.py", "greedy only"):
+        "transformers 5.24 ContinuousBatchingConfig has one `seed` per manager: no per-request seed, which "
+        "the contract's sampled requests carry",
     ("optimized/attention/outside.py", "pins a CPU backend"):
         "the sdpa_math / sdpa_flash_cpu adapters are PyTorch's CPU kernels by definition (SDPBackend on CPU); "
         "off the CPU it would be another library's kernel",

@@ -2,7 +2,8 @@
 :mod:`inference_conformance.reference.inference_engine` given the small world's folder reader), the suite's own
 engines through thin adapters (:mod:`.suite`: ``paged``, the continuous-batching engine with its
 prefix cache and chunked prefill; ``speculative``, the speculative engine with a draft model) and
-the adapters of real engines (:mod:`.hf`: transformers' ``generate``, peer set "hf";
+the adapters of real engines (:mod:`.hf`: transformers' ``generate``, and :mod:`.hf_continuous`: its
+continuous batching, peer set "hf";
 :mod:`.ctranslate2`, :mod:`.ort_genai` and :mod:`.vllm`, peer set "engines"), each listed unavailable, with the
 reason, outside its environment or where its package is missing."""
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 def implementations():
     from inference_conformance.conformance.registry import builtin
-    from inference_conformance.optimized.inference_engine import ctranslate2, hf, ort_genai, suite, vllm
+    from inference_conformance.optimized.inference_engine import ctranslate2, hf, hf_continuous, ort_genai, suite, vllm
 
     return (
         builtin("inference_engine", "reference", suite.reference_engine()),
         builtin("inference_engine", "paged", suite.PagedAdapter()),
         builtin("inference_engine", "speculative", suite.SpeculativeAdapter()),
         *hf.registrations(),
+        builtin("inference_engine", "hf_continuous", hf_continuous.HFContinuous(), needs="transformers", adapter=True,
+                peer="hf"),
         builtin("inference_engine", "ctranslate2", ctranslate2.CT2Generate(), needs="ctranslate2", adapter=True,
                 peer="engines"),
         builtin("inference_engine", "ort_genai", ort_genai.OrtGenAI(), needs="onnxruntime_genai", adapter=True,
