@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
-from inference_conformance.conformance import registry, results
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance import results
+from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
 
 #: The suite's drafters timed in every run.
 BUILTINS = ("reference", "draft_chain", "draft_tree", "heads", "self_speculation", "vllm_ngram")
@@ -25,13 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _drafter(backend: str, device: str):
-    outside = outside_backends("drafter")
-    if backend in outside:
-        return outside[backend]
-    impl = {i.name: i for i in registry.builtins("drafter", device)}[backend]
-    if impl.unavailable:
-        pytest.skip(impl.unavailable)
-    return impl
+    return bench_implementation("drafter", backend, device)
 
 
 def _inputs(device: str):

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
-from inference_conformance.conformance import registry, results
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance import results
+from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 
 #: Values per cast, per device.
@@ -35,13 +35,7 @@ def pytest_generate_tests(metafunc):
 
 
 def _cast_fn(backend: str, device: str):
-    outside = outside_backends("fp8_cast")
-    if backend in outside:
-        return outside[backend]
-    impl = {i.name: i for i in registry.builtins("fp8_cast", device)}[backend]
-    if impl.unavailable:
-        pytest.skip(impl.unavailable)
-    return impl
+    return bench_implementation("fp8_cast", backend, device)
 
 
 @pytest.mark.parametrize("backend", bench_backends("fp8_cast", ("torch",)))

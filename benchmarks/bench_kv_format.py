@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
-from inference_conformance.conformance import registry, results
+from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.quantization_kv import KV_FORMATS, kv_format
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.kv_format.cases import held_bytes
 from inference_conformance.properties.strategies import randn
 
@@ -41,13 +41,7 @@ def pytest_generate_tests(metafunc):
 
 
 def _ops(backend: str, device: str):
-    outside = outside_backends("kv_format")
-    if backend in outside:
-        return outside[backend]
-    impl = {i.name: i for i in registry.builtins("kv_format", device)}[backend]
-    if impl.unavailable:
-        pytest.skip(impl.unavailable)
-    return impl
+    return bench_implementation("kv_format", backend, device)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

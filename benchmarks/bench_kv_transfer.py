@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
-from inference_conformance.conformance import registry, results
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance import results
+from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.optimized.paged_attention.engine import PagedEngine
 from inference_conformance.optimized.paged_attention.engine_state import RequestState
 from inference_conformance.reference.transformer import Transformer, TransformerConfig
@@ -42,13 +42,7 @@ def pytest_generate_tests(metafunc):
 
 
 def _transfer(backend: str, device: str):
-    outside = outside_backends("kv_transfer")
-    if backend in outside:
-        return outside[backend]
-    impl = {i.name: i for i in registry.builtins("kv_transfer", device)}[backend]
-    if impl.unavailable:
-        pytest.skip(impl.unavailable)
-    return impl
+    return bench_implementation("kv_transfer", backend, device)
 
 
 def _engines(context: int, dtype, device: str):

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
-from inference_conformance.conformance import registry, results
+from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.mla_decode import cache_bytes, flops
 from inference_conformance.conformance.contracts.paged_attention import kv_bytes
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 
 #: (B, context) per device: context is MLA's tokens per sequence.
@@ -47,15 +47,9 @@ def pytest_generate_tests(metafunc):
 
 
 def _mla_fn(backend: str, device: str):
-    outside = outside_backends("mla_decode")
-    if backend in outside:
-        return outside[backend]
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
-    impl = {i.name: i for i in registry.builtins("mla_decode", device)}[backend]
-    if impl.unavailable:
-        pytest.skip(impl.unavailable)
-    return impl
+    return bench_implementation("mla_decode", backend, device)
 
 
 def _paged_table(B: int, n: int, block_size: int, device: str):

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
-from inference_conformance.conformance import registry, results
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance import results
+from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 
 #: (B, context, nodes) per device.
@@ -52,15 +52,9 @@ def wide_then_narrow(nodes: int) -> list[int]:
 
 
 def _fn(backend: str, device: str):
-    outside = outside_backends("tree_attention")
-    if backend in outside:
-        return outside[backend]
     if backend == "triton" and device != "cuda":
         pytest.skip("Triton runs under the interpreter on the CPU: its timings mean nothing (use --device cuda)")
-    impl = {i.name: i for i in registry.builtins("tree_attention", device)}[backend]
-    if impl.unavailable:
-        pytest.skip(impl.unavailable)
-    return impl
+    return bench_implementation("tree_attention", backend, device)
 
 
 def masked_sdpa(q, k, v, parents, context: int):

@@ -69,8 +69,8 @@ import pytest
 from inference_conformance.conformance import expectations, plugin_profiles, registry, runinfo, sharding
 from inference_conformance.conformance import outside as outside_impls
 from inference_conformance.conformance.device import resolve_device, select_device
-from inference_conformance.conformance.plugin_bench import (bench_backends, bench_id, outside, outside_backends,
-                                                            outside_info, outside_refusals)
+from inference_conformance.conformance.plugin_bench import (bench_backends, bench_id, bench_implementation, outside,
+                                                            outside_backends, outside_info, outside_refusals)
 from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, pytest_collect_file,
                                                               pytest_collection_modifyitems, pytest_generate_tests,
                                                               pytest_make_collect_report, ready)
@@ -81,7 +81,7 @@ from inference_conformance.conformance.plugin_results import (_RECORDER, _rows_f
 from inference_conformance.conformance import plugin_results
 from inference_conformance.conformance.plugin_state import enter, is_suite_node, leave, state, suite_invocation
 
-__all__ = ["bench_backends", "bench_id", "outside", "outside_backends", "outside_info", "outside_refusals",
+__all__ = ["bench_backends", "bench_id", "bench_implementation", "outside", "outside_backends", "outside_info", "outside_refusals",
            "storage_dir", "STORAGE_ENV", "OUTSIDE_TIMEOUT_S", "_RECORDER", "_rows_for", "recorder",
            "pytest_collect_file", "pytest_collection_modifyitems", "pytest_generate_tests",
            "pytest_make_collect_report", "pytest_handlecrashitem", "pytest_runtest_makereport",

@@ -1,5 +1,5 @@
 """What a benchmark module asks the plugin: the outside implementations (``--impl``) of its
-technique, their rows' ids and extra_info, and their refusals.
+technique, their rows' ids and extra_info, the implementation behind a row, and their refusals.
 
 Each function takes the run's pytest ``config``; without one it reads
 :func:`inference_conformance.conformance.plugin_state.active_config` (the run collecting or
@@ -36,6 +36,21 @@ def bench_id(index: int) -> str:
 def outside_backends(technique: str, config=None) -> dict:
     """Backend id (:func:`bench_id`) -> outside implementation of ``technique``, in ``--impl`` order."""
     return {bench_id(i): impl for i, impl in enumerate(outside(technique, config))}
+
+
+def bench_implementation(technique: str, backend: str, device: str, config=None):
+    """The implementation behind the benchmark row ``backend``: the outside one of that id
+    (:func:`outside_backends`), else the built-in of ``technique`` named ``backend`` on ``device``;
+    an unavailable built-in skips the row with its reason. KeyError for an unknown name."""
+    outside_impls = outside_backends(technique, config)
+    if backend in outside_impls:
+        return outside_impls[backend]
+    from inference_conformance.conformance import registry
+
+    impl = {i.name: i for i in registry.builtins(technique, device)}[backend]
+    if impl.unavailable:
+        pytest.skip(impl.unavailable)
+    return impl
 
 
 def outside_info(technique: str, backend: str, config=None) -> dict:

@@ -50,19 +50,13 @@ def fresh_target(device: str = "cpu") -> torch.nn.Module:
 
 
 @lru_cache(maxsize=None)
-def _oracle():
-    from inference_conformance.smallworld.checkpoints import load_model
-
-    return load_model("target", torch.float64)
-
-
-@lru_cache(maxsize=None)
 def greedy_tokens(prompt: tuple, n_tokens: int) -> tuple:
     """Greedy decoding of the float64 shipped target by full forwards (no cache): ``prompt`` then
     ``n_tokens`` tokens, as a tuple of ids (the laws' oracle)."""
+    from inference_conformance.properties.speculative.sd14_cases import sd14_target
     from inference_conformance.reference.transformer import generate
 
-    return tuple(generate(_oracle(), torch.tensor([prompt]), n_tokens)[0][0].tolist())
+    return tuple(generate(sd14_target(), torch.tensor([prompt]), n_tokens)[0][0].tolist())
 
 
 def prompt_for(kind: str, seed: int) -> list:
