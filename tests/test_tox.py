@@ -111,3 +111,12 @@ def test_tox_has_an_environment_per_stack_with_its_constraints():
     assert f"PIP_CONSTRAINT={ROOT / 'requirements' / 'oldest.txt'}" in cfg["oldest"]["set_env"]
     for env in ("cpu", "oldest"):
         assert "--device cpu" in cfg[env]["commands"], cfg[env]
+
+
+def test_every_peer_environment_writes_its_run_folder():
+    """A peer job's rows reach the merged matrix without retyping its selection with --results."""
+    peers = [e for e in env_names(ROOT / "tox.ini") if e.startswith("peers-")]
+    assert len(peers) >= 4, peers
+    cfg = tox_config(ROOT / "tox.ini", peers)
+    for env in peers:
+        assert f"--results {ROOT / 'reports' / 'out' / 'tox' / env} " in cfg[env]["commands"], (env, cfg[env]["commands"])
