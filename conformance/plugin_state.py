@@ -25,10 +25,6 @@ import pytest
 
 import inference_conformance
 
-#: The folders of the suite, as subpackages of ``inference_conformance``; the checkout's ``tests``
-#: folder (beside them, not shipped) is the suite's too.
-SUITE_FOLDERS = (*inference_conformance.SUBPACKAGES, "tests")
-
 
 @dataclass
 class RunState:
@@ -123,8 +119,9 @@ def suite_roots() -> list[Path]:
     checkout's ``tests/``, resolved."""
     roots = []
     for base in inference_conformance.__path__:
-        for name in SUITE_FOLDERS:
-            folder = Path(base, name)
+        # ``tests`` is not a subpackage: the checkout's sits beside the folder ``conformance`` links to
+        checkout = Path(base, "conformance").resolve().parent
+        for folder in [*(Path(base, name) for name in inference_conformance.SUBPACKAGES), checkout / "tests"]:
             if folder.is_dir():
                 roots.append(folder.resolve())
     return roots

@@ -40,7 +40,10 @@ def _sources(dest: Path) -> Path:
     if listed.returncode == 0 and listed.stdout:
         for name in filter(None, listed.stdout.split("\0")):
             src = ROOT / name
-            if src.is_file():
+            if src.is_symlink() and src.is_dir():      # inference_conformance/<folder> -> ../<folder>
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(os.readlink(src), dest / name)
+            elif src.is_file():
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest / name)
     else:

@@ -48,20 +48,13 @@ def _nodes(path: Path) -> tuple[ast.AST, ...]:
 
 @functools.cache
 def _parsed_graph() -> dict[str, frozenset[str]]:
+    """The import graph as grimp builds it from the package (lazy imports in functions included),
+    restricted to the suite's subpackages: what import-graph tools see of a checkout."""
+    grimp = pytest.importorskip("grimp", reason="grimp is not installed (pip install -e '.[test]')")
+    graph = grimp.build_graph("inference_conformance", cache_dir=None)
     mods = _modules()
-    graph: dict[str, frozenset[str]] = {}
-    for name, path in mods.items():
-        deps: set[str] = set()
-        for node in _nodes(path):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            deps |= {t for t in targets if t in mods and t != name}
-        graph[name] = frozenset(deps)
-    return graph
+    return {name: frozenset(d for d in graph.find_modules_directly_imported_by(name) if d in mods and d != name)
+            for name in mods}
 
 
 def _assert_no_cycle(graph: dict[str, set[str]], what: str) -> None:
@@ -76,7 +69,10 @@ def test_import_graph_has_no_cycle():
 
 
 def test_import_graph_sees_top_level_and_lazy_imports():
+    """The graph holds every module of every subpackage (grimp finds them through the package's
+    links, as any tool that walks the package does) and the imports at any depth."""
     graph = import_graph()
+    assert set(graph) == set(_modules()) and len(graph) > 250
     assert "inference_conformance.optimized.attention.tiles" in graph["inference_conformance.optimized.attention.flash_attention"]     # top-level
     assert "inference_conformance.conformance.contracts.attention" in graph["inference_conformance.optimized.attention.tiles"] | graph["inference_conformance.optimized.attention.flash_attention"]
     lazy = {m for m, deps in graph.items() if "inference_conformance.reference.attention" in deps}
@@ -260,16 +256,70 @@ def test_one_import_name():
     assert _bare_imports.__doc__ and "from conformance import" in _bare_imports.__doc__   # the check sees the form
 
 
-def test_pyproject_lists_every_package():
-    """The wheel holds every folder of the suite that is a package, each under its one name."""
+def test_every_package_is_found_under_its_one_name():
+    """The wheel holds every folder of the suite that is a package, each under its one name: the
+    package's folder links each top-level folder (no ``package-dir`` map, no search-path addition),
+    and setuptools' own package finder, given pyproject.toml's pattern, finds every one."""
     try:
         import tomllib
     except ModuleNotFoundError:   # Python 3.10
         import tomli as tomllib
+    from setuptools import find_packages
+
+    import inference_conformance
+
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "package-dir" not in cfg and isinstance(cfg["packages"], dict), cfg.get("packages")
+    assert set(inference_conformance.SUBPACKAGES) == {*PACKAGES, "expectations"}
+    for d in inference_conformance.SUBPACKAGES:
+        link = ROOT / "inference_conformance" / d
+        assert link.is_symlink() and link.resolve() == (ROOT / d).resolve(), f"{link} is not a link to ../{d}"
     want = {"inference_conformance"} | {
         "inference_conformance." + ".".join(i.parent.relative_to(ROOT).parts)
         for d in (*PACKAGES, "expectations") for i in (ROOT / d).rglob("__init__.py")}
-    assert set(cfg["packages"]) == want
-    assert {k: v for k, v in cfg["package-dir"].items() if k != "inference_conformance"} == {
-        f"inference_conformance.{d}": d for d in (*PACKAGES, "expectations")}
+    assert set(find_packages(str(ROOT), include=cfg["packages"]["find"]["include"])) == want
+
+
+def _package_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every ``inference_conformance.*`` name ``path`` imports (``from a.b import
+    c``: ``a.b.c``, a module or an attribute of ``a.b``)."""
+    out = []
+    for node in _nodes(path):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return [(line, n) for line, n in out if n.startswith("inference_conformance.")]
+
+
+def test_every_import_of_the_package_resolves_in_its_graph():
+    """Each ``inference_conformance.*`` import of the suite, its tests, examples and scripts names a
+    module of the graph grimp reads from the checkout, or an attribute of one."""
+    grimp = pytest.importorskip("grimp", reason="grimp is not installed (pip install -e '.[test]')")
+    modules = grimp.build_graph("inference_conformance", cache_dir=None).modules
+    bad = [f"{p.relative_to(ROOT)}:{line}: {name}" for p in _suite_files() for line, name in _package_imports(p)
+           if name not in modules and name.rsplit(".", 1)[0] not in modules]
+    assert not bad, "imports no import-graph tool resolves:\n" + "\n".join(bad)
+
+
+def test_a_type_checker_resolves_every_import_of_the_package():
+    """basedpyright, run on the checkout as it is (pyproject.toml's [tool.basedpyright]: import
+    resolution only), resolves every ``inference_conformance.*`` import. The interpreter it is given
+    is the venv's base one, without the venv's packages: third-party imports (torch, triton) are
+    left unresolved, cheaply; only the package's own count."""
+    import json
+    import shutil
+
+    exe = shutil.which("basedpyright", path=str(Path(sys.executable).parent)) or shutil.which("basedpyright")
+    if exe is None:
+        pytest.skip("basedpyright is not installed (pip install -e '.[test]')")
+    base = getattr(sys, "_base_executable", sys.executable)
+    out = subprocess.run([exe, "--outputjson", "--pythonpath", base], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    report = json.loads(out.stdout)
+    assert report["summary"]["filesAnalyzed"] > 250, report["summary"]
+    ours = [f"{Path(d['file']).relative_to(ROOT)}:{d['range']['start']['line'] + 1}: {d['message']}"
+            for d in report["generalDiagnostics"]
+            if d.get("rule") == "reportMissingImports" and "inference_conformance" in d["message"]]
+    assert not ours, f"{len(ours)} imports of the package unresolved by a type checker:\n" + "\n".join(ours[:40])
+
