@@ -100,8 +100,8 @@ def open_engine(impl, model, max_batch: int, max_seq_len: int, *, run=None, exac
         require_declared_bound(fp, next(model.parameters()).dtype)  # undeclared bound fails, never "unsupported"
         with refusal(run, getattr(impl, "name", "the engine")):
             raise NotImplementedError(f"differs by design: {fp.why}: a lossy cache does not give the model's logits "
-                                      "exactly (KV-1 holds them to the bound its declared per-value error implies, "
-                                      "KV-4 its values at every layer)")
+                                      "exactly (KV-1, KV-2 and KV-10 hold them to the bound its declared per-value "
+                                      "error implies, KV-4 its values at every layer)")
     return engine
 
 
