@@ -311,4 +311,4 @@ def _floating_only(impl) -> str | None:
 #: float64 ``tl.dot``: in float64 they refuse every example, which only costs draws).
 QT9_FLOATING = dataclasses.replace(
     QT9, dtypes=(torch.float32, torch.bfloat16, torch.float16), applies=_floating_only,
-    kills=(Kills(("nvfp4_bf16_weights_in_float32",), (torch.float32,)),))
+    kills=(Kills(("nvfp4_bf16_weights_in_float32", "nvfp4_bf16_scales_in_float32"), (torch.float32,)),))
