@@ -1,7 +1,9 @@
-"""The bounds a lossy (quantized) KV cache is held to (KV-1, KV-4), derived from the per-value
-error it declares (``Footprint.value_rel_error`` = ε: every value it hands to attention within
-ε·|x| of what its layer computed) through the model. A lossy cache that declares no per-value
-error fails (:func:`require_declared_bound`): it is never "unsupported".
+"""The bounds a lossy (quantized) KV cache is held to (KV-1, KV-2, KV-4, KV-10), derived from the
+per-value error it declares (``Footprint.value_rel_error`` = ε: every value it hands to attention
+within ε·|x| of what its layer computed) through the model. A lossy cache that declares no
+per-value error, or one above what its declared storage can make (ε at most 2 x the relative
+step of the coarsest format of its bits per value: ``value_error_cap`` of the contract), fails
+(:func:`require_declared_bound`): it is never "unsupported".
 
 The derivation (a measured-vs-derived bound, stated in the report): the float64 reference model
 is run over the sequence with every key and value that attention reads, at every layer and every
@@ -14,12 +16,16 @@ because the layers below read rounded values). A correct cache is then held to
 - values (KV-4), at every layer: |kv - kv_model| <= ε·|kv_model| + ε·2^-6·max|kv_model| (the
   format's own rounding, with e4m3's floor) + :data:`SAFETY`·D_kv(layer) + one rounding of the
   model's dtype;
-- logits (KV-1): |logits - logits_float64| <= SAFETY·(D_logits + the model's own deviation in
-  its dtype from float64), per row, plus 2^-40 of the row's largest logit.
+- logits (KV-1; KV-10 its batched logits and the same sequences decoded alone):
+  |logits - logits_float64| <= SAFETY·(D_logits + the model's own deviation in its dtype from
+  float64), per row, plus 2^-40 of the row's largest logit;
+- samples (KV-2): each token it sampled is one inverse-CDF sampling with the same uniform picks
+  from some logits within that bound of the float64 model's over its own prefix
+  (:func:`check_samples`).
 
 SAFETY = 2 covers errors that a real format correlates where the draws do not; a cache whose
 attention reads another layer's values, or its codes with the wrong scale or grid, is off by the
-size of the values themselves, far outside it. Claims KV-1, KV-4.
+size of the values themselves, far outside it. Claims KV-1, KV-2, KV-4, KV-10.
 """
 from __future__ import annotations
 
