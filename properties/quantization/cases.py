@@ -307,8 +307,9 @@ def _floating_only(impl) -> str | None:
 
 
 #: QT-9's law for the FP8 and FP4 schemes: the same body and pinned cases (at the format's own
-#: bits, the cancelling one-sign row included), in the dtypes the Triton FP kernels take (no
-#: float64 ``tl.dot``: in float64 they refuse every example, which only costs draws).
+#: bits, the cancelling one-sign row included), in float32 and bfloat16 (as QT-11's and QT-13's
+#: product laws before it; the Triton FP kernels have no float64 ``tl.dot``: in float64 they
+#: refuse every example, which only costs draws).
 QT9_FLOATING = dataclasses.replace(
-    QT9, dtypes=(torch.float32, torch.bfloat16, torch.float16), applies=_floating_only,
+    QT9, dtypes=(torch.float32, torch.bfloat16), applies=_floating_only,
     kills=(Kills(("nvfp4_bf16_weights_in_float32", "nvfp4_bf16_scales_in_float32"), (torch.float32,)),))

@@ -9,8 +9,8 @@ registered implementation.
 - QT-2: quantize(dequantize(.)) is idempotent, exactly (float32 and float64 outputs: the only
   formats that hold code x scale exactly), and packing round trips exactly.
 - QT-9: matmul(x, qw) equals x @ dequantize(qw).T by the tolerance rule ``quant-matmul``, for
-  every scheme the contract takes (integer; FP8 and FP4 at their own 8 and 4 bits, in float32,
-  float16 and bfloat16: ``QT9_FLOATING``), the cancelling one-sign row included; an NVFP4
+  every scheme the contract takes (integer; FP8 and FP4 at their own 8 and 4 bits, in float32
+  and bfloat16: ``QT9_FLOATING``), the cancelling one-sign row included; an NVFP4
   product rounding its weights to bfloat16 in a float32 call (zoo
   ``nvfp4_bf16_weights_in_float32``: 190 x the bound on that row) is rejected.
 - Act-order (GPTQ's ``g_idx``, for implementations whose quantize accepts it): QT-1 per g_idx
