@@ -14,7 +14,8 @@ diagnosis tests (``tests/test_diagnosis.py``: ``--impl attention=tests.one_bug_i
 - :data:`fp8_kv` (a correct lossy KV cache, FP8 per token and head, 2^-4 declared) and its bugs:
   :data:`fp8_kv_layer0` (every layer's attention reads layer 0's keys and values),
   :data:`fp8_kv_codes` (attention reads the codes without their scale) and
-  :data:`fp8_kv_undeclared` (no per-value error declared).
+  :data:`fp8_kv_undeclared` (no per-value error declared), :data:`fp8_kv_in_model_dtype`
+  (2^-4 declared on values its footprint says are held in the model's dtype).
 
 Each is otherwise a correct implementation of its contract: the diagnosis must name the
 known bug from the output alone.
@@ -118,45 +119,52 @@ q4_0_bf16_codes = Q4_0(code_dtype=torch.bfloat16)
 
 
 # ------------------------------------------------------------------------- lossy KV caches
-def _fp8_round(x: torch.Tensor) -> torch.Tensor:
-    """x (B, Hkv, T, D) through float8_e4m3fn with one absmax scale per token and head
-    (s = max|x| / 448), back in x's dtype: within 2^-4 |x| (and 2^-10 max|x| near zero)."""
+def _fp8_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, Hkv, T, D) as float8_e4m3fn codes with one float32 absmax scale per token and head
+    (s = max|x| / 448): (codes, s (B, Hkv, T, 1)); codes × s is within 2^-4 |x| (and 2^-10
+    max|x| near zero)."""
     x32 = x.float()
     s = x32.abs().amax(dim=-1, keepdim=True) / 448
     s = torch.where(s > 0, s, torch.ones_like(s))
-    return ((x32 / s).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+    return (x32 / s).to(torch.float8_e4m3fn), s
 
 
 class _Fp8Storage:
-    """A KV storage (``new_cache`` form) holding FP8-rounded keys and values (:func:`_fp8_round`),
-    concatenated along T per layer. ``read``: what attention is handed: "right" (what it holds),
-    "layer0" (every layer reads layer 0's keys and values: the bug) or "codes" (the codes x / s,
-    the scale never applied on the way back: the bug)."""
+    """A KV storage (``new_cache`` form) holding float8_e4m3fn codes and their float32 scales
+    (:func:`_fp8_codes`), concatenated along T per layer. ``read``: what attention is handed:
+    "right" (the codes times their scales, in the model's dtype), "layer0" (every layer reads
+    layer 0's keys and values: the bug) or "codes" (the codes, the scale never applied on the
+    way back: the bug)."""
 
     def __init__(self, cfg, batch, max_seq_len, dtype, device, read: str = "right"):
-        self.k, self.v, self.read = [None] * cfg.n_layers, [None] * cfg.n_layers, read
+        self.codes, self.scales, self.read, self.dtype = [None] * cfg.n_layers, [None] * cfg.n_layers, read, dtype
 
-    def update(self, k, v, layer):
-        k, v = _fp8_round(k), _fp8_round(v)
-        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k], dim=2)
-        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v], dim=2)
-        if self.read == "layer0":
-            return self.k[0], self.v[0]
-        if self.read == "codes":
-            return tuple(x / (x.abs().amax(dim=-1, keepdim=True) / 448).clamp_min(1e-30)
-                         for x in (self.k[layer], self.v[layer]))
-        return self.k[layer], self.v[layer]
+    def _append(self, layer, k, v):
+        new = [_fp8_codes(k), _fp8_codes(v)]
+        if self.codes[layer] is None:
+            self.codes[layer], self.scales[layer] = [c for c, _ in new], [s for _, s in new]
+        else:
+            self.codes[layer] = [torch.cat([old, c], dim=2) for old, (c, _) in zip(self.codes[layer], new)]
+            self.scales[layer] = [torch.cat([old, s], dim=2) for old, (_, s) in zip(self.scales[layer], new)]
 
     def held(self, layer):
-        return self.k[layer], self.v[layer]
+        return tuple((c.float() * s).to(self.dtype) for c, s in zip(self.codes[layer], self.scales[layer]))
+
+    def update(self, k, v, layer):
+        self._append(layer, k, v)
+        if self.read == "layer0":
+            return self.held(0)
+        if self.read == "codes":
+            return tuple(c.to(self.dtype) for c in self.codes[layer])
+        return self.held(layer)
 
 
-def _fp8_kv(read: str, declared: bool = True):
+def _fp8_kv(read: str, declared: bool = True, in_model_dtype: bool = False):
     from inference_conformance.conformance.contracts.kv_cache import Footprint
     from inference_conformance.optimized.kv_cache.storage import storage_engine
 
-    fp = Footprint("padded", value_rel_error=2.0 ** -4 if declared else None, bytes_per_value=None,
-                   bytes_bound=not declared, why="FP8 e4m3 values, one absmax scale per token and head")
+    fp = Footprint("padded", value_rel_error=2.0 ** -4 if declared else None, bytes_per_value=None if in_model_dtype else 1,
+                   bytes_bound=not in_model_dtype, why="FP8 e4m3 values, one float32 absmax scale per token and head")
     return storage_engine(lambda cfg, batch, max_seq_len, dtype, device: _Fp8Storage(cfg, batch, max_seq_len, dtype,
                                                                                       device, read), fp)
 
@@ -167,5 +175,8 @@ fp8_kv = _fp8_kv("right")
 fp8_kv_layer0 = _fp8_kv("layer0")
 #: The same, whose attention reads the FP8 codes back without their scale.
 fp8_kv_codes = _fp8_kv("codes")
-#: The correct FP8 cache declaring no per-value error (lossy by its unmodelled bytes only).
+#: The correct FP8 cache declaring no per-value error.
 fp8_kv_undeclared = _fp8_kv("right", declared=False)
+#: The correct FP8 cache declaring its values held in the model's dtype (no bytes per value):
+#: 2^-4 is no rounding of those bytes.
+fp8_kv_in_model_dtype = _fp8_kv("right", in_model_dtype=True)

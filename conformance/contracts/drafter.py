@@ -11,7 +11,7 @@ every token is its own greedy choice (``speculative_tree`` contract), then emits
 Arguments:
 
 - ``context``: list of int, the committed token ids of the one sequence, prompt first, length
-  >= 1, each in [0, V) (V: ``target.cfg.vocab_size``). The drafter must not change it (the suite
+  >= 1, each in [0, V) (V: ``target.cfg.vocab_size``, the tokenizer's vocabulary). The drafter must not change it (the suite
   hands it a list and compares it after the call).
 - ``hidden``: None, or a tensor (d_model,) in the target's dtype on its device: the target's final
   hidden state (after its last norm) at the last committed token, where the round before
@@ -19,12 +19,14 @@ Arguments:
   others ignore it. The drafter must not change it (it may be a view of the engine's tensors).
 - ``target``: the target model (``inference_conformance.reference.transformer.Transformer``, an
   ``nn.Module`` in eval mode): ``target(tokens)`` with tokens (1, T) int64 on its device gives
-  logits (1, T, V) in its dtype; ``target.cfg.vocab_size`` (V), ``target.cfg.d_model``,
+  logits (1, T, V_out) in its dtype, V_out >= V the rows of its output matrix (a real
+  checkpoint pads them past the tokenizer's vocabulary, to a multiple of 64 or 128: the logits
+  past V are no token's, whatever their value); ``target.cfg.vocab_size`` (V), ``target.cfg.d_model``,
   ``target.cfg.n_layers``, ``target.cfg.max_seq_len`` (the positions it was trained on);
   ``target.embed`` (the token embedding, an ``nn.Embedding``), ``target.blocks`` (an
   ``nn.ModuleList`` of its n_layers blocks, run in order between the embedding and
-  ``target.norm``), ``target.norm`` (the last norm), ``target.output_weight()`` (the (V, d_model)
-  output matrix). A drafter may read it (self-speculation runs a shallow copy of the module
+  ``target.norm``), ``target.norm`` (the last norm), ``target.output_weight()`` (the (V_out, d_model)
+  output matrix, padded rows included). A drafter may read it (self-speculation runs a shallow copy of the module
   whose ``blocks`` is a new ``nn.ModuleList`` without some blocks, calling the copy as above;
   heads use the output matrix) and must never change it: the same object runs the verification,
   and the suite checks its mode, block list and every parameter (identity, dtype, device,
@@ -33,7 +35,9 @@ Arguments:
 Returns ``(parents, tokens)``, two lists of int of one length n >= 0 (n = 0: propose nothing, a
 plain decode step): node i carries token ``tokens[i]`` in [0, V) and hangs under node
 ``parents[i]``, with ``-1 <= parents[i] < i`` (topological order; -1: a child of the last
-committed token). A chain of γ tokens is ``parents = [-1, 0, 1, ..., γ - 2]``. The engine tries
+committed token). Every token is an id of the tokenizer's vocabulary, below V, never a padded
+row of the output matrix even where its logit is the largest (an argmax or top-k runs over the
+first V logits). A chain of γ tokens is ``parents = [-1, 0, 1, ..., γ - 2]``. The engine tries
 at most the nodes that fit its cache: the first ``room`` of them (a prefix of a topological
 order is a tree).
 
@@ -64,7 +68,9 @@ The rules:
 
 - SD-12 (exact): greedy tree speculation with the drafter emits exactly greedy target decoding,
   token for token, and after every round the target's cache holds exactly the committed tokens'
-  keys and values; whatever the drafter proposes, only the target decides.
+  keys and values; whatever the drafter proposes, only the target decides. Asked on the target
+  with its output matrix padded past V (294 tokens, 320 rows) at contexts where a padded row has
+  the largest logit, it proposes ids below V only.
 - SD-14 (figure): the drafter's α (accepted / drafted) and tokens per target call, on copy
   prompts and in free generation, recorded; the counts the engine reports equal their replay
   from the proposals alone against greedy target decoding (no engine, no cache, no tree
@@ -136,7 +142,8 @@ def check_proposal(proposal, vocab_size: int, who: str = "the drafter") -> tuple
     """The suite's check of what ``propose`` returned: ``(parents, tokens)`` as two lists (or tuples)
     of int (any ``numbers.Integral`` but bool: a NumPy integer passes, a float or a tensor does
     not); ValueError naming ``who`` and the offending index for a result that is not a pair of
-    equal-length lists of int, a parent outside [-1, i) or a token outside [0, ``vocab_size``)."""
+    equal-length lists of int, a parent outside [-1, i) or a token outside [0, ``vocab_size``)
+    (the tokenizer's V: an id of a padded row of the output matrix is no token)."""
     if not isinstance(proposal, (tuple, list)) or len(proposal) != 2:
         raise ValueError(f"{who} must return (parents, tokens), got {type(proposal).__name__}")
     parents, tokens = proposal
@@ -157,7 +164,8 @@ def check_proposal(proposal, vocab_size: int, who: str = "the drafter") -> tuple
                              f"token) or an earlier node, -1 <= parents[i] < i")
     for i, t in enumerate(tokens):
         if not 0 <= t < vocab_size:
-            raise ValueError(f"{who} returned tokens[{i}] = {t}, outside the vocabulary [0, {vocab_size})")
+            raise ValueError(f"{who} returned tokens[{i}] = {t}, outside the vocabulary [0, {vocab_size}) (the "
+                             "tokenizer's: an output matrix's padded rows past it are no token)")
     return parents, tokens
 
 

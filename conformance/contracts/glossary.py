@@ -15,7 +15,7 @@ Sizes (single letters are sizes, never two things):
 ``S``          padded prompt length of a prefill batch; ``S_max`` the cache's max_seq_len
 ``L``          layers
 ``d_model``    model width (the residual stream); ``d_ff`` the MLP's hidden width
-``V``          vocabulary size
+``V``          vocabulary size (the tokenizer's); ``V_out`` >= V the rows of an output matrix padded past it
 ``M, N, K``    a matmul (M, K) @ (K, N) (quantized weights: W is (N, K))
 ``C``          MLA's latent dim: the compressed KV cached per token (DeepSeek-V2: 512)
 ``R``          MLA's decoupled RoPE dim: the RoPE key cached per token beside the latent (64)
@@ -63,6 +63,7 @@ SIZES = {
     "d_model": "model width",
     "d_ff": "MLP hidden width",
     "V": "vocabulary size",
+    "V_out": "rows of a model's output matrix: V padded to a multiple of 64 or 128 (V_out >= V)",
     "M": "rows of a matmul's activations x (M, K)",
     "N": "output features of a matmul: rows of a Linear weight W (N, K)",
     "K": "the reduction dimension of a matmul (input features of W)",

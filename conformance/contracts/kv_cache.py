@@ -43,10 +43,13 @@ The engine provides:
     its bytes per value, the bytes of its scales per layer (``overhead_bytes``) and the relative error per
     cached value its number format promises (``value_rel_error``, implied by its format and
     scale granularity); such a lossy cache is held to it: its values at every layer (KV-4) and
-    its prefill + decode logits (KV-1) within the bounds that error implies through the model
-    (``properties/kv_cache/lossy.py`` states the derivation); KV-2 and KV-10 read "differs by
-    design" for it. A lossy cache that declares no per-value error fails those laws, never
-    "unsupported". The footprint law (KV-4)
+    its prefill + decode logits (KV-1), its batched logits (KV-10) and the tokens it samples
+    (KV-2) within the bounds that error implies through the model (``properties/kv_cache/lossy.py``
+    states the derivation). A lossy cache that declares no per-value error fails those laws,
+    never "unsupported"; so does one declaring an error its storage cannot make
+    (:func:`value_error_cap`: above :data:`ERROR_FACTOR` × the relative step of the coarsest
+    format of its bits per value: 4 bits 2^-1, 8 bits 2^-2, 16 bits 2^-7, 32 bits 2^-23). The
+    footprint law (KV-4)
     holds the measured bytes to exactly what the declared layout and format imply, and the
     report shows the ratio to the exact formula: a padded or reserved cache "differs by design",
     with its figure, never a silent pass and never a failure.
@@ -123,17 +126,52 @@ class Footprint:
     @property
     def lossy(self) -> bool:
         """The cache does not hold the model's values (a quantized format): KV-1 and KV-4 hold
-        it to the bounds its ``value_rel_error`` implies (a failure where it declares none), KV-2
-        and KV-10 do not apply ("differs by design")."""
+        it to the bounds its ``value_rel_error`` implies, KV-2 and KV-10 too (a failure where it
+        declares none, or more than :func:`value_error_cap`)."""
         return self.value_rel_error is not None or self.bytes_bound or self.bytes_per_value is not None
 
     def __post_init__(self):
+        e = self.value_rel_error
+        if e is not None and not (isinstance(e, (int, float)) and 0 <= e < float("inf")):
+            raise ValueError(f"value_rel_error must be a finite float >= 0 or None, got {e!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.bytes_per_value is not None and self.bytes_per_value < 1:
             raise ValueError(f"bytes_per_value must be >= 1, got {self.bytes_per_value}")
         if self.overhead_bytes < 0:
             raise ValueError(f"overhead_bytes must be >= 0, got {self.overhead_bytes}")
+
+
+#: The relative step of the coarsest number format of each storage width (bits per value), in
+#: the lossy bound's form (ε·|x| + ε·2^-6·max|x|, ``properties/kv_cache/lossy.py``): 4 bits FP4
+#: e2m1 (int4 absmax: 1/7 of its block's largest); 8 bits FP8 e5m2 (e4m3: 2^-3; int8 absmax:
+#: 1/127 of its block's largest, within 2^-2·2^-6 of it); 16 bits bfloat16; 32 float32; 64 float64.
+FORMAT_STEPS = {4: (2.0 ** -1, "FP4 e2m1 / int4"), 8: (2.0 ** -2, "FP8 e5m2 / int8"), 16: (2.0 ** -7, "bfloat16"),
+                32: (2.0 ** -23, "float32"), 64: (2.0 ** -52, "float64")}
+#: The factor a declared per-value error may exceed its storage's format step by (the step is
+#: twice round-to-nearest's error: the factor leaves room for a scale stored in the format).
+ERROR_FACTOR = 2.0
+
+
+def storage_bits(fp: Footprint, model_dtype: torch.dtype) -> int:
+    """Bits per stored value a footprint declares: 8 × ``bytes_per_value``; a ``bytes_bound``
+    packing without it: 4 (the narrowest format the suite admits); else the model dtype's."""
+    if fp.bytes_per_value is not None:
+        return 8 * fp.bytes_per_value
+    if fp.bytes_bound:
+        return 4
+    return 8 * torch.empty((), dtype=model_dtype).element_size()
+
+
+def value_error_cap(fp: Footprint, model_dtype: torch.dtype) -> tuple[float, str]:
+    """(cap, why): the largest per-value error (``value_rel_error``) a cache with footprint
+    ``fp`` over a model in ``model_dtype`` may declare: :data:`ERROR_FACTOR` × the relative step
+    of the coarsest format of its storage width (:data:`FORMAT_STEPS`; a width between two rows
+    takes the narrower row's). A larger error is not a rounding its bytes can make."""
+    bits = storage_bits(fp, model_dtype)
+    step, name = FORMAT_STEPS[max(b for b in FORMAT_STEPS if b <= bits)]
+    return ERROR_FACTOR * step, (f"{ERROR_FACTOR:g} x {step:.3g}, the relative step of {name}, the coarsest format "
+                                 f"of the {bits} bits per value it declares")
 
 
 def check_ids(x, name: str, dim: int, device, vocab_size: int | None = None) -> None:

@@ -274,10 +274,10 @@ def step(w: torch.Tensor, bits: int, granularity, symmetric: bool = True, g_idx=
 #: by a multiple of the naive dequantize-then-multiply error in x's dtype plus a floor.
 QUANT_MATMUL_RULE = tolerance.NaiveMultipleRule(
     "quant-matmul", factor=4.0, floor_ulps=8.0, cap_fraction=1.0 / 16,
-    sees="a fused dequantize-matmul that differs from dequantize-then-multiply by more than 4x the "
-         "naive product's own rounding + 8 ulp of the output's scale (of the products' magnitude "
-         "max(|x| @ |w|.T) where the law passes it): wrong codes, scales, zero points, nibble order "
-         "or groups anywhere in a row; all-zero or constant outputs",
+    sees="a fused dequantize-matmul that differs from dequantize-then-multiply by more than 4x the naive "
+         "product's own rounding + 8 ulp of the output's scale (of the products' magnitude max(|x| @ |w|.T) "
+         "where the law passes it): wrong codes, scales, zero points, nibble order or groups anywhere in a "
+         "row; weights rounded to a narrower dtype than the call's (bfloat16 in float32); all-zero or constant outputs",
     blind_to="errors below the naive product's rounding (a few ulps of the output's maximum, of the "
              "products' magnitude in a row that cancels: any summation order is correct there); "
              "quantization error itself (QT-1 judges dequantize)")

@@ -6,7 +6,9 @@ final hidden state at the last committed token where the engine computed it (els
 a draft model's greedy chain (:class:`ChainDrafter`) or its top-k tree (:class:`TopKTreeDrafter`),
 self-speculation with skipped blocks (:class:`SelfSpeculativeDrafter`) and Medusa-style heads
 (:class:`HeadsDrafter`); prompt lookup, which needs no model, is the reference
-(``reference/drafter.py``: ``PromptLookupDrafter``).
+(``reference/drafter.py``: ``PromptLookupDrafter``). Every argmax and top-k runs over the
+tokenizer's V = ``target.cfg.vocab_size`` ids only: a checkpoint's output matrix may have padded
+rows past V, which are no token.
 """
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ class ChainDrafter:
         seq = list(context)
         for _ in range(self.gamma):
             window = seq[-draft.cfg.max_seq_len:]
-            seq.append(int(draft(torch.tensor([window], device=target.output_weight().device))[0, -1].argmax()))
+            logits = draft(torch.tensor([window], device=target.output_weight().device))[0, -1]
+            seq.append(int(logits[:target.cfg.vocab_size].argmax()))     # padded rows past V are no token
         new = seq[len(context):]
         return list(range(-1, len(new) - 1)), new
 
@@ -80,7 +83,7 @@ class TopKTreeDrafter:
             nxt = []
             for u in frontier:
                 seq = list(context) + paths[u]
-                top = draft(torch.tensor([seq], device=dev))[0, -1].topk(w).indices.tolist()
+                top = draft(torch.tensor([seq], device=dev))[0, -1, :target.cfg.vocab_size].topk(w).indices.tolist()
                 for x in top:
                     parents.append(u)
                     tokens.append(int(x))
@@ -144,7 +147,8 @@ class HeadsDrafter:
         if hidden is None:
             return [], []
         heads = self.heads_for(target)
-        new = [int(x) for x in heads(hidden[None].to(heads.dtype))[:, 0].argmax(-1).tolist()]
+        logits = heads(hidden[None].to(heads.dtype))[:, 0, :target.cfg.vocab_size]      # padded rows: no token
+        new = [int(x) for x in logits.argmax(-1).tolist()]
         return list(range(-1, len(new) - 1)), new
 
 

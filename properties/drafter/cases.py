@@ -21,6 +21,8 @@ from inference_conformance.conformance.tolerance import assert_close, assert_exa
 ZOO_SD12 = ("skips_layers_in_place", "parents_counted_from_the_pending_token", "extends_the_context_in_place",
             "samples_with_the_global_generator")
 ZOO_SD14 = ("samples_with_the_global_generator", "index_kept_across_sequences")
+#: The known-bad drafters the padded-vocabulary law (SD-12's proposals) must reject.
+ZOO_PADDED = ("heads_argmax_over_padded_rows",)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,31 @@ def greedy_tokens(prompt: tuple, n_tokens: int) -> tuple:
     from inference_conformance.reference.transformer import generate
 
     return tuple(generate(sd14_target(), torch.tensor([prompt]), n_tokens)[0][0].tolist())
+
+
+#: A padded row's entry: the padded rows of :func:`padded_target` are ±PAD_SCALE times unit vectors.
+PAD_SCALE = 100.0
+
+
+def padded_target(device: str = "cpu") -> torch.nn.Module:
+    """The shipped float64 target as a real checkpoint ships it: its output matrix (tied to the
+    embedding) padded past the tokenizer's V = ``cfg.vocab_size`` = 294 tokens to the next
+    multiple of 64 (320 rows: logits (1, T, 320)), the padded rows ±:data:`PAD_SCALE` times the
+    unit vectors of the first 13 hidden dimensions, so that at the final hidden states of the
+    laws' contexts a padded row has the largest logit (a drafter's argmax over every row picks an
+    id that is no token). ``cfg`` still says V = 294."""
+    target = fresh_target(device)
+    V, d = target.cfg.vocab_size, target.cfg.d_model
+    n_pad = (V // 64 + 1) * 64 - V
+    k = torch.arange(n_pad)
+    pad = torch.zeros(n_pad, d, dtype=torch.float64)
+    pad[k, (k // 2) % d] = PAD_SCALE * (1 - 2 * (k % 2)).double()
+    for module in (target.embed, target.head):
+        if module is not None:
+            w = module.weight
+            module.weight = torch.nn.Parameter(torch.cat([w.detach(), pad.to(w)]), requires_grad=w.requires_grad)
+    target.embed.num_embeddings = V + n_pad
+    return target
 
 
 def prompt_for(kind: str, seed: int) -> list:

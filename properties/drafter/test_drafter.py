@@ -8,6 +8,11 @@ draft chain and top-k draft tree, Medusa-style heads, self-speculation, and any
   well-formed tree. Rejects the zoo's self-speculation that deletes a block from the target, the
   chain whose parents count the pending token as node 0, and the lookup that extends the context
   in place.
+- SD-12 on a padded vocabulary: on the shipped target with its output matrix padded past the
+  tokenizer's 294 tokens to 320 rows (as real checkpoints pad to a multiple of 64 or 128), at
+  contexts whose final hidden state makes a padded row the largest logit, every proposal holds
+  ids below the tokenizer's vocabulary only (``check_proposal``). Rejects the heads whose argmax
+  runs over the padded rows.
 - SD-14: the drafter's α and tokens per target call on four copy prompts and in free generation,
   recorded beside the lecture's figure; the engine's counts equal their replay from the proposals
   alone against greedy decoding, and the drafter, asked again on every recorded round, proposes
@@ -27,9 +32,12 @@ from inference_conformance.conformance.contracts.drafter import COVERAGE, check_
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.properties.drafter.cases import (
+    ZOO_PADDED,
     ZOO_SD12,
     ZOO_SD14,
+    Watched,
     greedy_tokens,
+    padded_target,
     prompt_for,
     replay,
     speculate,
@@ -70,6 +78,36 @@ SD12 = Law(claim="SD-12", technique="drafter", body=law_greedy_drafts_emit_greed
 
 test_sd12_greedy_drafts_emit_greedy_decoding = SD12.conformance_test("test_sd12_greedy_drafts_emit_greedy_decoding")
 (test_sd12_zoo_drafter_rejected,) = SD12.zoo_tests("test_sd12_zoo_drafter_rejected")
+
+
+def law_proposals_are_tokens_of_a_padded_vocabulary(run, device):
+    """SD-12's proposals on a padded output matrix: the drafter ``run.impl``, asked on
+    :func:`padded_target` (V = 294 tokens, 320 rows) for a copy prompt and a word prompt, each
+    without and with the target's final hidden state at its last token, where a padded row has
+    the largest logit (checked: the law's premise), proposes ids in [0, V) only
+    (:class:`Watched`: ``check_proposal`` with the tokenizer's V; the context and the target
+    unchanged)."""
+    from inference_conformance.smallworld.heads import hidden_states
+
+    target = padded_target(device)
+    V = target.cfg.vocab_size
+    for kind, seed in (("copy", 3), ("words", 11)):
+        context = prompt_for(kind, seed)
+        tokens = torch.tensor([context], device=device)
+        hidden = hidden_states(target, tokens)[0, -1]
+        with torch.no_grad():
+            top = int(target(tokens)[0, -1].argmax())
+        assert top >= V, f"the law's premise: a padded row wins at the {kind} prompt's hidden state (argmax {top})"
+        for h in (None, hidden):
+            with refusal(run, f"{run.implementation} refuses to draft for a target with a padded output matrix"):
+                Watched(run.impl, target.cfg.max_seq_len, "SD-12").propose(list(context), h, target)
+
+
+SD12_PADDED = Law(claim="SD-12", technique="drafter", body=law_proposals_are_tokens_of_a_padded_vocabulary,
+                  params=("device",), kills=(Kills(ZOO_PADDED),))
+
+test_sd12_proposals_on_a_padded_vocabulary = SD12_PADDED.conformance_test("test_sd12_proposals_on_a_padded_vocabulary")
+(test_sd12_padded_vocabulary_zoo_rejected,) = SD12_PADDED.zoo_tests("test_sd12_padded_vocabulary_zoo_rejected")
 
 
 def law_figures_replay_from_the_proposals(run, device, task, seed, n_tokens):

@@ -2,7 +2,9 @@
 ``properties/drafter/test_drafter.py`` must reject every one: SD-12's (greedy speculation emits
 greedy decoding; the context, hidden state, target, global generators and tree checked each
 round) the first four, SD-14's (the figures replay from the proposals, each proposal reproduced
-when asked again after another context) the last two.
+when asked again after another context) the next two, and SD-12's proposals on a target whose
+output matrix is padded past the tokenizer's vocabulary the last (heads whose argmax runs over
+the padded rows).
 
 Each is a built-in drafter (``reference/drafter.py``, ``optimized/drafter/``) with one step
 changed, so that only the bug makes it wrong.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_conformance.optimized.drafter import ChainDrafter, SelfSpeculativeDrafter
+from inference_conformance.optimized.drafter import ChainDrafter, HeadsDrafter, SelfSpeculativeDrafter
 from inference_conformance.reference.drafter import PromptLookupDrafter
 
 
@@ -79,6 +81,20 @@ class IndexKeptAcrossSequences(PromptLookupDrafter):
         return super().propose(self.seen, hidden, target)
 
 
+class HeadsArgmaxOverPaddedRows(HeadsDrafter):
+    """Medusa-style heads whose argmax runs over every row of the target's output matrix, the
+    padding past the tokenizer's vocabulary included, so that where a padded row wins they
+    propose an id that is no token."""
+
+    @torch.no_grad()
+    def propose(self, context, hidden, target):
+        if hidden is None:
+            return [], []
+        heads = self.heads_for(target)
+        new = [int(x) for x in heads(hidden[None].to(heads.dtype))[:, 0].argmax(-1).tolist()]
+        return list(range(-1, len(new) - 1)), new
+
+
 def _bug(cls) -> str:
     """The first sentence of a known-bad drafter's docstring (its one-line bug)."""
     return " ".join(cls.__doc__.split()).split(". ")[0].rstrip(".")
@@ -98,4 +114,6 @@ def implementations():
                   bug=_bug(SamplesWithTheGlobalGenerator)),
         known_bad("drafter", "index_kept_across_sequences", IndexKeptAcrossSequences(3, 5),
                   bug=_bug(IndexKeptAcrossSequences)),
+        known_bad("drafter", "heads_argmax_over_padded_rows", HeadsArgmaxOverPaddedRows(),
+                  bug=_bug(HeadsArgmaxOverPaddedRows)),
     )

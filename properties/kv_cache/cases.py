@@ -97,11 +97,11 @@ def open_engine(impl, model, max_batch: int, max_seq_len: int, *, run=None, exac
     if exact and fp.lossy:
         from inference_conformance.properties.kv_cache.lossy import require_declared_bound
 
-        require_declared_bound(fp)               # an undeclared bound fails, never "unsupported"
+        require_declared_bound(fp, next(model.parameters()).dtype)  # undeclared bound fails, never "unsupported"
         with refusal(run, getattr(impl, "name", "the engine")):
             raise NotImplementedError(f"differs by design: {fp.why}: a lossy cache does not give the model's logits "
-                                      "exactly (KV-1 holds them to the bound its declared per-value error implies, "
-                                      "KV-4 its values at every layer)")
+                                      "exactly (KV-1, KV-2 and KV-10 hold them to the bound its declared per-value "
+                                      "error implies, KV-4 its values at every layer)")
     return engine
 
 
@@ -264,9 +264,10 @@ def where_worst(out: torch.Tensor, out_ref: torch.Tensor, case: Case) -> str:
 
 
 def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.Generator, run=None):
-    """generate() of the reference, with the engine's cache: same sampler, same random numbers."""
+    """generate() of the reference, with the engine's cache: same sampler, same random numbers.
+    Returns (tokens (B, S + n), the engine's footprint); a lossy engine is not refused here."""
     B, S = prompt.shape
-    engine = open_engine(impl, model, B, S + n, run=run)
+    engine = open_engine(impl, model, B, S + n, run=run, exact=False)
     lens = torch.full((B,), S, dtype=torch.int64, device=prompt.device)
     logits = engine.prefill(prompt, lens)[:, -1]                                # (B, V)
     tokens = [prompt]
@@ -275,7 +276,7 @@ def engine_generate(impl, model, prompt, n: int, temperature: float, gen: torch.
         tokens.append(nxt[:, None])
         if i + 1 < n:
             logits = engine.decode(nxt)
-    return torch.cat(tokens, dim=1)                                             # (B, S + n)
+    return torch.cat(tokens, dim=1), footprint_of(engine)                      # (B, S + n)
 
 
 def reference_kv(model, tokens):

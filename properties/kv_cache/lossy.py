@@ -1,7 +1,9 @@
-"""The bounds a lossy (quantized) KV cache is held to (KV-1, KV-4), derived from the per-value
-error it declares (``Footprint.value_rel_error`` = ε: every value it hands to attention within
-ε·|x| of what its layer computed) through the model. A lossy cache that declares no per-value
-error fails (:func:`require_declared_bound`): it is never "unsupported".
+"""The bounds a lossy (quantized) KV cache is held to (KV-1, KV-2, KV-4, KV-10), derived from the
+per-value error it declares (``Footprint.value_rel_error`` = ε: every value it hands to attention
+within ε·|x| of what its layer computed) through the model. A lossy cache that declares no
+per-value error, or one above what its declared storage can make (ε at most 2 x the relative
+step of the coarsest format of its bits per value: ``value_error_cap`` of the contract), fails
+(:func:`require_declared_bound`): it is never "unsupported".
 
 The derivation (a measured-vs-derived bound, stated in the report): the float64 reference model
 is run over the sequence with every key and value that attention reads, at every layer and every
@@ -14,18 +16,23 @@ because the layers below read rounded values). A correct cache is then held to
 - values (KV-4), at every layer: |kv - kv_model| <= ε·|kv_model| + ε·2^-6·max|kv_model| (the
   format's own rounding, with e4m3's floor) + :data:`SAFETY`·D_kv(layer) + one rounding of the
   model's dtype;
-- logits (KV-1): |logits - logits_float64| <= SAFETY·(D_logits + the model's own deviation in
-  its dtype from float64), per row, plus 2^-40 of the row's largest logit.
+- logits (KV-1; KV-10 its batched logits and the same sequences decoded alone):
+  |logits - logits_float64| <= SAFETY·(D_logits + the model's own deviation in its dtype from
+  float64), per row, plus 2^-40 of the row's largest logit;
+- samples (KV-2): each token it sampled is one inverse-CDF sampling with the same uniform picks
+  from some logits within that bound of the float64 model's over its own prefix
+  (:func:`check_samples`).
 
 SAFETY = 2 covers errors that a real format correlates where the draws do not; a cache whose
 attention reads another layer's values, or its codes with the wrong scale or grid, is off by the
-size of the values themselves, far outside it. Claims KV-1, KV-4.
+size of the values themselves, far outside it. Claims KV-1, KV-2, KV-4, KV-10.
 """
 from __future__ import annotations
 
 import torch
 
 from inference_conformance.conformance import results
+from inference_conformance.conformance.contracts.kv_cache import value_error_cap
 from inference_conformance.conformance.tolerance import check_within
 from inference_conformance.reference.transformer import CausalAttention
 
@@ -36,13 +43,22 @@ SAFETY = 2.0
 FLOOR = 2.0 ** -6
 
 
-def require_declared_bound(fp) -> None:
-    """AssertionError for a lossy footprint without a per-value error (``value_rel_error``):
-    an undeclared bound is a failure of the cache, never "unsupported"."""
+def require_declared_bound(fp, model_dtype: torch.dtype) -> None:
+    """AssertionError for a lossy footprint without a per-value error (``value_rel_error``), or
+    with one above what its declared storage can make (:func:`value_error_cap`, the model in
+    ``model_dtype``): an undeclared or implausible bound is a failure of the cache's
+    declaration, never "unsupported"."""
     assert not fp.lossy or fp.value_rel_error is not None, (
         f"a lossy KV cache must declare its per-value error (Footprint.value_rel_error: its format and scale "
         f"granularity imply it); this one declares none ({fp.why or 'no reason given'}), so nothing bounds what "
         "its attention reads")
+    if fp.value_rel_error is None:
+        return
+    cap, why = value_error_cap(fp, model_dtype)
+    assert fp.value_rel_error <= cap, (
+        f"declared per-value error {fp.value_rel_error:g} EXCEEDS bound {cap:.3g} ({why}; {fp.why or 'no reason given'}) "
+        "[rule: KV lossy declaration: value_rel_error <= ERROR_FACTOR x its storage format's relative step, "
+        "conformance/contracts/kv_cache.py]: no rounding of those bytes errs that much")
 
 
 class _Rounded(CausalAttention):
@@ -95,15 +111,67 @@ def values_bound(kv_model: torch.Tensor, eps: float, d_kv_layer: float, dtype: t
     return (eps + torch.finfo(dtype).eps) * x + eps * FLOOR * peak + SAFETY * d_kv_layer
 
 
-def check_logits(out, out_ref, out_pt, model64, rows: list, fp, what: str) -> None:
-    """KV-1 for a lossy cache: ``out`` (Σ n_b, V), the engine's logits of the sequences ``rows``
-    ((1, n_b) tokens each, in order) within :func:`logits_bound` of ``out_ref`` (the float64 full
-    forward; ``out_pt`` the model's own in its dtype). Records the ratio; AssertionError beyond."""
-    d = torch.cat([simulated_deviation(model64, tokens, fp.value_rel_error, b)[0] for b, tokens in enumerate(rows)])
+def rows_deviation(model64, rows: list, eps: float) -> torch.Tensor:
+    """D_logits (Σ n_b,) of the sequences ``rows`` ((1, n_b) tokens each, in order)."""
+    return torch.cat([simulated_deviation(model64, tokens, eps, b)[0] for b, tokens in enumerate(rows)])
+
+
+def check_logits(out, out_ref, out_pt, model64, rows: list, fp, what: str, claim: str = "KV-1",
+                 d: torch.Tensor | None = None) -> None:
+    """KV-1 (or ``claim``: KV-10) for a lossy cache: ``out`` (Σ n_b, V), the engine's logits of
+    the sequences ``rows`` ((1, n_b) tokens each, in order) within :func:`logits_bound` of
+    ``out_ref`` (the float64 full forward; ``out_pt`` the model's own in its dtype; ``d`` their
+    :func:`rows_deviation` when already computed). Records the ratio; AssertionError beyond."""
+    d = rows_deviation(model64, rows, fp.value_rel_error) if d is None else d
     verdict = check_within(out, out_ref, logits_bound(out_ref, out_pt, d), what=what + " (lossy cache)",
-                           rule="KV-1 lossy: derived from the declared per-value error")
-    record("KV-1", verdict.error, fp)
+                           rule=f"{claim} lossy: derived from the declared per-value error")
+    record(claim, verdict.error, fp)
     verdict.check()
+
+
+def _logit_shift_needed(probs: torch.Tensor, token: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The least a (in units of logit / temperature) by which every logit of a row moving at
+    most a lets inverse-CDF sampling with the uniform ``u`` (B,) pick ``token`` (B,) from
+    ``probs`` (B, V) float64: the normalized CDF below and at the token, C and C', move to at
+    most C e^{±a} / (C e^{±a} + (1 - C) e^{∓a}); 0 where the exact probabilities pick it."""
+    cdf = probs.cumsum(-1) / probs.sum(-1, keepdim=True)
+    at = cdf.gather(1, token[:, None])[:, 0].clamp(0.0, 1.0)
+    below = torch.where(token > 0, cdf.gather(1, (token - 1).clamp_min(0)[:, None])[:, 0], 0.0).clamp(0.0, 1.0)
+    up = 0.5 * torch.log(u * (1 - at) / (at * (1 - u)))            # the token's upper CDF must reach u
+    down = 0.5 * torch.log(below * (1 - u) / (u * (1 - below)))      # the CDF below it must stay under u
+    return torch.nan_to_num(torch.stack([up, down, torch.zeros_like(up)]).amax(dim=0), nan=float("inf"))
+
+
+@torch.no_grad()
+def check_samples(out: torch.Tensor, S: int, model, model64, temperature: float, new_generator, fp) -> None:
+    """KV-2 for a lossy cache: the tokens ``out`` (B, S + n) it sampled after prompts of S tokens,
+    with generators ``new_generator()`` of the reference's seed (one uniform per row and step, as
+    ``sample_next`` draws them), are each one the reference sampler could pick with the same
+    uniform from logits within :func:`logits_bound` of the float64 model's over the cache's own
+    prefix (teacher-forced: a token it may pick by rounding does not fail the steps after it).
+    Records the largest ratio of the logit shift a token needs to the bound; AssertionError beyond."""
+    B, total = out.shape
+    gen = new_generator()
+    u = torch.cat([torch.rand(B, 1, generator=gen, dtype=torch.float64, device=out.device)
+                   for _ in range(total - S)], dim=1)                                  # (B, n)
+    worst, where = 0.0, ""
+    for b in range(B):
+        tokens = out[b:b + 1]                                                          # (1, S + n)
+        ref, pt = model64(tokens)[0][S - 1:total - 1], model(tokens)[0][S - 1:total - 1]       # (n, V)
+        d = simulated_deviation(model64, tokens, fp.value_rel_error, b)[0][S - 1:total - 1]
+        bound = logits_bound(ref, pt, d)[:, 0]                                         # (n,)
+        probs = torch.softmax(ref.double() / temperature, dim=-1)
+        need = _logit_shift_needed(probs, out[b, S:], u[b]) * temperature
+        ratio = need / bound
+        i = int(ratio.argmax())
+        if float(ratio[i]) > worst or not where:
+            worst, where = float(ratio[i]), (f"sequence {b}, step {i + 1}: token {int(out[b, S + i])} needs a logit "
+                                             f"shift of {float(need[i]):.3g}, bound {float(bound[i]):.3g}")
+    record("KV-2", worst, fp)
+    assert worst <= 1.0, (
+        f"tokens sampled with the lossy cache ({fp.why}) vs the reference sampler's with the same uniforms: "
+        f"{worst:.3g} EXCEEDS bound 1 ({where}) [rule: KV-2 lossy: a token the reference could sample from "
+        "logits within the bound derived from the declared per-value error]")
 
 
 def record(claim: str, measured: float, fp) -> None:

@@ -17,6 +17,10 @@ Each is the PyTorch engine with one classic mistake; the laws in
   instead of ``j * BLOCK_T + arange(BLOCK_T)``: invisible while one block covers the prompt
   (small heads), at Llama shapes (8 KV heads × 128, blocks of 4) every prefill longer than 4
   tokens keeps unwritten slots.
+- ``rope_off_after_64_declared_lossy``: ``rope_off_after_64`` declaring itself a lossy cache of
+  4-byte values within a per-value error of 8 (so that its logits' bound swallows the bug and
+  the exact laws excuse it): no rounding of 32-bit values errs that much, so every law refuses
+  the declaration (``conformance/contracts/kv_cache.py``, ``value_error_cap``).
 - ``positions_in_model_dtype``: decode positions pass through the model's dtype before RoPE;
   bfloat16 holds integers exactly only up to 256, so position 257 is rotated as 256.
 
@@ -105,6 +109,11 @@ class _RopeOffAfter64(KVCacheEngine):
         return lengths + (lengths >= 64).to(lengths.dtype)
 
 
+class _RopeOffAfter64DeclaredLossy(_RopeOffAfter64):
+    def footprint(self) -> Footprint:
+        return Footprint("reserved", bytes_per_value=4, value_rel_error=8.0, why="float32 values, 8 x per value")
+
+
 class _StaleAfterReprefill(KVCacheEngine):
     """A second prefill on the same engine keeps a position offset from the first batch."""
 
@@ -185,6 +194,7 @@ READS_PAST_LENGTH = _ns(_ReadsPastLength)
 SHARED_POSITIONS = _ns(_SharedPositions)
 PADS_CACHED = _ns(_PadsCached)
 ROPE_OFF_AFTER_64 = _ns(_RopeOffAfter64)
+ROPE_OFF_AFTER_64_DECLARED_LOSSY = _ns(_RopeOffAfter64DeclaredLossy)
 STALE_AFTER_REPREFILL = _ns(_StaleAfterReprefill)
 APPEND_NO_BLOCK_OFFSET = _ns(_AppendNoBlockOffset)
 POSITIONS_IN_MODEL_DTYPE = _ns(_PositionsInModelDtype)
@@ -210,6 +220,8 @@ def implementations():
                   bug="writes the prompt padding into the cache"),
         known_bad("kv_cache", "rope_off_after_64", ROPE_OFF_AFTER_64,
                   bug="RoPE position off by one from position 64 on (an index wrap that shows only at length)"),
+        known_bad("kv_cache", "rope_off_after_64_declared_lossy", ROPE_OFF_AFTER_64_DECLARED_LOSSY,
+                  bug="RoPE off by one from position 64 on, declaring 4-byte values within a per-value error of 8"),
         known_bad("kv_cache", "stale_after_reprefill", STALE_AFTER_REPREFILL,
                   bug="a second prefill on the same engine keeps a position offset from the first batch"),
         known_bad("kv_cache", "append_no_block_offset", APPEND_NO_BLOCK_OFFSET,

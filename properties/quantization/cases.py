@@ -23,6 +23,7 @@ do); judging it would judge the flush, not the fusion.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -271,8 +272,17 @@ def pinned(cases_and_seeds) -> tuple:
     return tuple(dict(case=c, seed=s) for c, s in cases_and_seeds)
 
 
+def product_case(impl, case: QCase) -> QCase:
+    """The case a product law runs for ``impl``: its bits its number format's (8 for an FP8
+    scheme, 4 for an FP4 one; an integer scheme's as drawn), the rest unchanged."""
+    fmt = number_format(impl)
+    return case if fmt == "int" else dataclasses.replace(case, bits=8 if fmt.startswith("fp8") else 4)
+
+
 def law_matmul(run, device, dtype, case, seed):
-    """QT-9: matmul(x, qw) equals x @ dequantize(qw).T (tolerance rule ``quant-matmul``)."""
+    """QT-9: matmul(x, qw) equals x @ dequantize(qw).T (tolerance rule ``quant-matmul``), for
+    every scheme (integer, FP8, FP4: :func:`product_case`)."""
+    case = product_case(run.impl, case)
     note(str(case))
     w = make_weight(case, seed, dtype, device, extreme=False)
     qw = quantize(run.impl, w, case, run=run)
@@ -290,3 +300,16 @@ QT9 = Law(
     given={"case": quant_cases(), "seed": S.seeds}, examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)),
     dtypes=DTYPES, kills=(Kills(("nibbles_swapped_in_matmul",), (torch.float64,)),),
     interpreted_examples=lambda n: max(5, n // 2), applies=integer_only)
+
+
+def _floating_only(impl) -> str | None:
+    return None if number_format(impl) != "int" else "an integer scheme: QT9 (every dtype) judges its product"
+
+
+#: QT-9's law for the FP8 and FP4 schemes: the same body and pinned cases (at the format's own
+#: bits, the cancelling one-sign row included), in float32 and bfloat16 (as QT-11's and QT-13's
+#: product laws before it; the Triton FP kernels have no float64 ``tl.dot``: in float64 they
+#: refuse every example, which only costs draws).
+QT9_FLOATING = dataclasses.replace(
+    QT9, dtypes=(torch.float32, torch.bfloat16), applies=_floating_only,
+    kills=(Kills(("nvfp4_bf16_weights_in_float32", "nvfp4_bf16_scales_in_float32"), (torch.float32,)),))

@@ -8,7 +8,11 @@ registered implementation.
   subnormal elements, odd shapes and several groups per row (``properties/quantization/cases.py``).
 - QT-2: quantize(dequantize(.)) is idempotent, exactly (float32 and float64 outputs: the only
   formats that hold code x scale exactly), and packing round trips exactly.
-- QT-9: matmul(x, qw) equals x @ dequantize(qw).T by the tolerance rule ``quant-matmul``.
+- QT-9: matmul(x, qw) equals x @ dequantize(qw).T by the tolerance rule ``quant-matmul``, for
+  every scheme the contract takes (integer; FP8 and FP4 at their own 8 and 4 bits, in float32
+  and bfloat16: ``QT9_FLOATING``), the cancelling one-sign row included; an NVFP4
+  product rounding its weights to bfloat16 in a float32 call (zoo
+  ``nvfp4_bf16_weights_in_float32``: 190 x the bound on that row) is rejected.
 - Act-order (GPTQ's ``g_idx``, for implementations whose quantize accepts it): QT-1 per g_idx
   group and QT-9, on drawn column-to-group assignments that are never the identity.
 
@@ -35,6 +39,7 @@ from inference_conformance.properties.quantization.cases import (
     EXAMPLE_SEEDS,
     EXAMPLES,
     QT9,
+    QT9_FLOATING,
     QCase,
     act_order_cases,
     check_matmul,
@@ -217,6 +222,9 @@ def test_qt2_packing_order_and_zero_point_probes():
 # -------------------------------------------------------------------------------------- QT-9
 test_qt9_matmul_equals_dequantize_then_multiply = QT9.conformance_test("test_qt9_matmul_equals_dequantize_then_multiply")
 (test_qt9_zoo_rejected,) = QT9.zoo_tests("test_qt9_zoo_rejected")
+test_qt9_fp8_fp4_matmul_equals_dequantize_then_multiply = QT9_FLOATING.conformance_test(
+    "test_qt9_fp8_fp4_matmul_equals_dequantize_then_multiply")
+(test_qt9_narrowed_product_rejected,) = QT9_FLOATING.zoo_tests("test_qt9_narrowed_product_rejected")
 
 
 @pytest.mark.claim("QT-9")

@@ -13,9 +13,10 @@ scale per block, NVFP4's E4M3 block scale times a float32 tensor scale, E2M1 val
   in packing, ties away from zero) are each rejected by that comparison.
 - QT-13, the packing: two E2M1 codes a byte, the even k in the low nibble, round trip in the
   reference and the torch packer alike, odd K included.
-- QT-13, the product: an FP4 scheme's matmul equals x @ dequantize(qw).T (QT-9's rule), on the
-  Triton kernel's decode (M <= 16) and tiled launches; figure: the small model's NLL with FP4
-  weights beside int4 g128 and FP8.
+- The product: an FP4 scheme's matmul equals x @ dequantize(qw).T by QT-9's law itself (every
+  scheme, at 4 bits; the Triton kernel's decode (M <= 16) and tiled launches in
+  ``test_quant_kernels.py``); figure: the small model's NLL with FP4 weights beside int4 g128
+  and FP8.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from inference_conformance.conformance.contracts import quantization_fp4 as fp4_
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import assert_exact, check_within
 from inference_conformance.properties import strategies as S
-from inference_conformance.properties.quantization.cases import QCase, law_matmul, make_weight, number_format, pinned, quant_cases, quantize
+from inference_conformance.properties.quantization.cases import QCase, make_weight, number_format, pinned, quant_cases, quantize
 from inference_conformance.properties.quantization.zoo_fp4 import FP4_ZOO
 
 TECH = "quantization"
@@ -119,12 +120,10 @@ def law_fp4_exact(run, device, dtype, case, seed):
 QT13 = Law(claim="QT-13", technique=TECH, body=law_fp4_exact, given={"case": fp4_cases(), "seed": S.seeds},
            examples=FP4_EXAMPLES, dtypes=(torch.float64, torch.float32, torch.bfloat16, torch.float16),
            kills=(Kills(tuple(FP4_ZOO), (torch.float32,)),), applies=_fp4_only, max_examples=lambda n: max(4, n // 2))
-#: The product law on both Triton launches: decode (M = 1, 16; several K splits) and tiled (M = 17).
-QT13_MATMUL = Law(claim="QT-13", technique=TECH, body=law_matmul, given={"case": fp4_cases(), "seed": S.seeds},
-                  examples=pinned(((QCase(5, 192, 4, 32, ("normal", "outlier", "zero"), M=1), 1),
-                                   (QCase(7, 96, 4, 16, ("normal", "pos"), M=16), 2),
-                                   (QCase(5, 33, 4, "channel", ("neg", "normal"), M=17), 3))),
-                  dtypes=(torch.float32, torch.bfloat16), applies=_fp4_only, max_examples=lambda n: max(3, n // 4))
+#: The product of every FP4 scheme is QT-9's law (``properties/quantization/cases.py``: ``QT9``, its
+#: pinned cases at 4 bits, the cancelling one-sign row included; both Triton launches in
+#: ``test_quant_kernels.py``), which rejects a product rounding its weights to bfloat16 in a
+#: float32 call (``zoo_fp4.nvfp4_bf16_weights_in_float32``).
 
 
 def _record(run) -> None:
@@ -135,8 +134,6 @@ def _record(run) -> None:
 
 test_qt13_exact_nearest_even = QT13.conformance_test("test_qt13_exact_nearest_even", after=_record)
 (test_qt13_zoo_rejected,) = QT13.zoo_tests("test_qt13_zoo_rejected")
-test_qt13_matmul_equals_dequantize_then_multiply = QT13_MATMUL.conformance_test(
-    "test_qt13_matmul_equals_dequantize_then_multiply")
 
 
 @pytest.mark.claim("QT-13")

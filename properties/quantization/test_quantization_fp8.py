@@ -6,7 +6,7 @@ KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.p
   registered cast; here only why the schemes' bound is half the spacing at the value.
 - QT-11, the schemes: every FP8 scheme of the registry (``number_format``) reconstructs every
   element within the contract's ``fp8_bound`` (per tensor, per channel, groups), and its matmul
-  equals x @ dequantize(qw).T (QT-9's rule); figures: the lecture's outlier example and the small
+  equals x @ dequantize(qw).T (QT-9's law itself, for every scheme); figures: the lecture's outlier example and the small
   model's weights against int8 absmax, the model's NLL with FP8 weights and FP8 W8A8.
 """
 from __future__ import annotations
@@ -27,7 +27,6 @@ from inference_conformance.properties.quantization.cases import (
     EXAMPLE_SEEDS,
     EXAMPLES,
     QCase,
-    law_matmul,
     make_weight,
     number_format,
     pinned,
@@ -111,19 +110,13 @@ def law_fp8_within_half_ulp(run, device, dtype, case, seed):
                  rule="QT-11 half ulp").check()
 
 
-def law_fp8_matmul(run, device, dtype, case, seed):
-    """QT-11's product: an FP8 scheme's matmul(x, qw) equals x @ dequantize(qw).T (QT-9's rule)."""
-    law_matmul(run, device, dtype, case, seed)
-
-
 QT11 = Law(claim="QT-11", technique=TECH, body=law_fp8_within_half_ulp, given={"case": fp8_cases(), "seed": S.seeds},
            examples=FP8_EXAMPLES, dtypes=(torch.float64, torch.float32, torch.bfloat16),
            kills=(Kills(("fp8_e5m2_grid_as_e4m3_scheme", "fp8_double_rounding_scheme"), (torch.float64,)),),
            applies=_fp8_only,
            max_examples=lambda n: max(4, n // 2))
-QT11_MATMUL = Law(claim="QT-11", technique=TECH, body=law_fp8_matmul, given={"case": fp8_cases(), "seed": S.seeds},
-                  examples=FP8_EXAMPLES[:4], dtypes=(torch.float32, torch.bfloat16), applies=_fp8_only,
-                  max_examples=lambda n: max(4, n // 2))
+#: The product of every FP8 scheme is QT-9's law (``properties/quantization/cases.py``: ``QT9``, its
+#: pinned cases at 8 bits; both Triton launches in ``test_quant_kernels.py``).
 
 
 def _record_fp8(run) -> None:
@@ -134,8 +127,6 @@ def _record_fp8(run) -> None:
 
 test_qt11_within_half_ulp = QT11.conformance_test("test_qt11_within_half_ulp", after=_record_fp8)
 (test_qt11_zoo_rejected,) = QT11.zoo_tests("test_qt11_zoo_rejected")
-test_qt11_matmul_equals_dequantize_then_multiply = QT11_MATMUL.conformance_test(
-    "test_qt11_matmul_equals_dequantize_then_multiply")
 
 
 def _rms_error_but_largest(scheme, w: torch.Tensor) -> float:

@@ -280,4 +280,6 @@ def implementations():
         known_bad("quantization", "mxfp4_scale_exponent_ceil", zoo_fp4.mxfp4_scale_exponent_ceil),
         known_bad("quantization", "mxfp4_nibbles_swapped", zoo_fp4.mxfp4_nibbles_swapped),
         known_bad("quantization", "nvfp4_ties_away_from_zero", zoo_fp4.nvfp4_ties_away_from_zero),
+        known_bad("quantization", "nvfp4_bf16_weights_in_float32", zoo_fp4.nvfp4_bf16_weights_in_float32),
+        known_bad("quantization", "nvfp4_bf16_scales_in_float32", zoo_fp4.nvfp4_bf16_scales_in_float32),
     )

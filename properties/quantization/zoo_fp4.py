@@ -8,7 +8,15 @@ rejected by QT-13's exact comparison (``properties/quantization/test_quantizatio
   high nibble) while dequantize and the matmul read the contract's layout;
 - ``nvfp4_ties_away_from_zero``: E2M1 rounding with ties away from zero instead of to the even
   code (0.25 -> 0.5, 1.25 -> 1.5, 2.5 -> 3, 5 -> 6 times the scale): every tie is off by half
-  a step, which the half-step bound allows and only the exact value shows.
+  a step, which the half-step bound allows and only the exact value shows;
+- ``nvfp4_bf16_weights_in_float32``: a correct NVFP4 quantizer whose product rounds each
+  dequantized weight (E2M1 x E4M3 block scale x float32 tensor scale, up to 24 significant
+  bits) to bfloat16 in a float32 call: one bfloat16 rounding per weight, which QT-9's product
+  law rejects (the intermediate is narrower than the call's dtype);
+- ``nvfp4_bf16_scales_in_float32``: the same with each weight's scale (E4M3 block scale x
+  tensor scale) rounded to bfloat16 instead: on QT-9's cancelling one-sign row (one scale for
+  the row) its error is a common factor of a small output, 0.99 of the rule's bound; every other
+  pinned case rejects it (240 to 2,270 x).
 """
 from __future__ import annotations
 
@@ -64,8 +72,28 @@ class _BadFP4:
         return f"inference_conformance.properties.quantization.zoo_fp4.{self.name}"
 
 
+class _BF16WeightsNVFP4(_BadFP4):
+    """NVFP4 whose matmul rounds the dequantized weights to bfloat16 before a float32 product."""
+
+    def matmul(self, x, qw):
+        quant_fp4.check_fp4(qw)
+        return x @ quant_fp4.dequantize_fp4(qw).to(torch.bfloat16).to(x.dtype).T
+
+
+class _BF16ScalesNVFP4(_BadFP4):
+    """NVFP4 whose matmul rounds each weight's scale to bfloat16 before a float32 product."""
+
+    def matmul(self, x, qw):
+        quant_fp4.check_fp4(qw)
+        s = quant_fp4.element_scales(qw, torch.float32)
+        values = quant_fp4.dequantize_fp4(qw).to(torch.float32) / torch.where(s > 0, s, torch.ones_like(s))
+        return x @ (values * s.to(torch.bfloat16).to(torch.float32)).to(x.dtype).T
+
+
 mxfp4_scale_exponent_ceil = _BadFP4("mxfp4_scale_exponent_ceil", "mxfp4", ceil_scale=True)
 mxfp4_nibbles_swapped = _BadFP4("mxfp4_nibbles_swapped", "mxfp4", swap=True)
 nvfp4_ties_away_from_zero = _BadFP4("nvfp4_ties_away_from_zero", "nvfp4", ties_away=True)
-#: The FP4 zoo, name -> scheme.
+nvfp4_bf16_weights_in_float32 = _BF16WeightsNVFP4("nvfp4_bf16_weights_in_float32", "nvfp4")
+nvfp4_bf16_scales_in_float32 = _BF16ScalesNVFP4("nvfp4_bf16_scales_in_float32", "nvfp4")
+#: The FP4 zoo of QT-13's exact values, name -> scheme.
 FP4_ZOO = {z.name: z for z in (mxfp4_scale_exponent_ceil, mxfp4_nibbles_swapped, nvfp4_ties_away_from_zero)}
