@@ -213,6 +213,18 @@ def paged_sinks_dropped_in_merge(q, k_cache, v_cache, block_table, seq_lens, *, 
     return paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale=scale, window=window, softcap=softcap)
 
 
+def paged_window_of_one_ignored(q, k_cache, v_cache, block_table, seq_lens, *, scale, window=None, softcap=None,
+                                sinks=None):
+    """A paged decode that takes FlashAttention's convention (left = W - 1 keys before the query)
+    and tests ``left > 0`` for "a window": a window of one key (left = 0) reads as no window."""
+    from inference_conformance.reference.paged_attention import paged_attention
+
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
+    left = -1 if window is None else window - 1
+    return paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale=scale,
+                           window=left + 1 if left > 0 else None, softcap=softcap, sinks=sinks)    # BUG: >= 0
+
+
 def prefill_window_from_chunk_start(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale,
                                     window=None, softcap=None, sinks=None):
     """A mixed batch whose window is measured from the chunk's start: query i of a chunk sees
@@ -355,6 +367,7 @@ def implementations():
         known_bad("paged_attention", "chunk_top_left_in_large_batches", _with_prefill(chunk_top_left_in_large_batches),
                   bug="from 5 sequences on, a chunk's causal mask aligned top-left"),
         known_bad("paged_attention", "paged_sinks_dropped_in_merge", paged_sinks_dropped_in_merge),
+        known_bad("paged_attention", "paged_window_of_one_ignored", paged_window_of_one_ignored),
         known_bad("paged_attention", "prefill_window_from_chunk_start", _with_prefill(prefill_window_from_chunk_start),
                   bug="a chunk's window measured from the chunk's start instead of from its position"),
     )
