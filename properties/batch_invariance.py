@@ -6,11 +6,17 @@ sequence or prefix lengths for ``paged_attention``, ``mla_decode`` and ``tree_at
 batches mix lengths, so an
 implementation that picks its split-KV partition from the batch picks other splits there), and
 the request's rows are compared bitwise: a request's result must not depend on what is batched
-with it (vLLM's ``VLLM_BATCH_INVARIANT``, SGLang's deterministic mode).
+with it (vLLM's ``VLLM_BATCH_INVARIANT``, SGLang's deterministic mode). Beyond rounding, every
+output of the request (alone and in each batch) is also judged against the float64 reference of
+the request alone by the tolerance policy's rule for the case's dtype: a row outside that bound
+is a wrong answer, whatever the implementation declares; only differences between rows within
+the bound are the property "not invariant".
 
 :func:`measure` returns a :class:`Measurement`: ``invariant`` (every batch gave the request's
 rows bit for bit), ``max_diff`` (the largest absolute difference seen, 0.0 where invariant;
-inf where NaN appeared on one side only) and ``worst`` (the batch that showed it). The pinned
+inf where NaN appeared on one side only), ``worst`` (the batch that showed it), ``bound`` (the
+rule's bound at the request's scale) and ``wrong`` (the worst failing verdict, "" where every
+output is within the bound). The pinned
 cases (:data:`CASES`) are small, so ``ci`` runs them all in seconds under the interpreter.
 
 ``properties/test_batch_invariance.py`` runs it over the registry; :data:`ZOO` holds the
@@ -21,11 +27,15 @@ policy picks by B, where its default mode is measured not invariant and its batc
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from inference_conformance.conformance import tolerance
+from inference_conformance.properties.attention.zoo import top_left_causal_in_large_batches
 
 #: The techniques whose contracts take a batch of independent requests.
 TECHNIQUES = ("attention", "paged_attention", "mla_decode", "tree_attention")
@@ -41,12 +51,16 @@ _INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float
 class Measurement:
     """What :func:`measure` saw for one implementation over one pinned case: ``invariant``,
     ``max_diff`` (largest absolute difference of the request's rows, in output units) and
-    ``worst`` (the batch that showed it, "" where invariant), ``batches`` (batches compared)."""
+    ``worst`` (the batch that showed it, "" where invariant), ``batches`` (batches compared),
+    ``bound`` (the tolerance rule's bound against the float64 reference, output units) and
+    ``wrong`` (the message of the worst output outside it: a wrong answer; "" where none)."""
 
     invariant: bool
     max_diff: float
     worst: str
     batches: int
+    bound: float = 0.0
+    wrong: str = ""
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -176,12 +190,24 @@ def _call(impl, case: Case, reqs: list[dict], seed: int, shared: dict) -> torch.
     return impl(qn, qr, shared["w_uk"], cache, table, lens, scale=1 / math.sqrt(s["D"] + s["R"]), rope_theta=10000.0)
 
 
+def _out_ref(case: Case, mine: dict, shared: dict) -> torch.Tensor:
+    """The float64 reference (``reference/<technique>.py``) of the request alone."""
+    import importlib
+
+    fn = getattr(importlib.import_module(f"inference_conformance.reference.{case.technique}"), case.technique)
+    wide = {n: t.double() for n, t in mine.items()}
+    return _call(fn, dataclasses.replace(case, dtype=torch.float64), [wide], 7,
+                 {n: t.double() for n, t in shared.items()})[0]
+
+
 def measure(impl: Callable[..., Any], case: Case, device: str, batches=BATCHES) -> Measurement:
     """Measure whether ``impl`` (an implementation of ``case.technique``) gives the request of
     ``case`` the same bits alone and inside each of ``batches`` ((size, seed): the request at
     an index drawn from the seed, the other requests drawn, their lengths drawn in
-    1..``Lmax`` for the paged contracts). A ``NotImplementedError`` of ``impl`` propagates (the
-    caller reports "unsupported"). Raises ValueError naming ``case`` for an unknown technique."""
+    1..``Lmax`` for the paged contracts), and judge each of its outputs against the float64
+    reference of the request alone by the tolerance rule of ``case.dtype`` (``wrong``). A
+    ``NotImplementedError`` of ``impl`` propagates (the caller reports "unsupported"). Raises
+    ValueError naming ``case`` for an unknown technique."""
     if case.technique not in TECHNIQUES:
         raise ValueError(f"case must be of {TECHNIQUES}, got {case.technique!r}")
     s = case.sizes
@@ -191,6 +217,8 @@ def measure(impl: Callable[..., Any], case: Case, device: str, batches=BATCHES) 
         shared["w_uk"] = _randn(gen, (s["Hq"], s["C"], s["D"]), case.dtype, device) / math.sqrt(s["C"])
     mine = _request(case, gen, s.get("L", 0), device)
     alone = _call(impl, case, [mine], 7, shared)[0]
+    out_ref, rule = _out_ref(case, mine, shared), tolerance.rule_for(case.dtype)
+    verdicts = [rule.judge(alone, out_ref, None, f"{case.name}: the request alone")]
     worst, max_diff, invariant = "", 0.0, True
     for size, seed in batches:
         g = torch.Generator().manual_seed(seed)
@@ -198,6 +226,7 @@ def measure(impl: Callable[..., Any], case: Case, device: str, batches=BATCHES) 
         lens = torch.randint(1, s.get("Lmax", 1) + 1, (size,), generator=g).tolist()
         reqs = [mine if b == index else _request(case, g, lens[b], device) for b in range(size)]
         row = _call(impl, case, reqs, seed, shared)[index]
+        verdicts.append(rule.judge(row, out_ref, None, f"{case.name}: the request at index {index} of B={size}"))
         if not bitwise_equal(alone, row):
             d = max_abs_diff(alone, row)
             invariant = False
@@ -205,7 +234,8 @@ def measure(impl: Callable[..., Any], case: Case, device: str, batches=BATCHES) 
                 rest = [x for i, x in enumerate(lens) if i != index]
                 others = "" if case.technique == "attention" else f" (other lengths {rest})"
                 max_diff, worst = d, f"{case.name}: B={size} at index {index}{others}"
-    return Measurement(invariant, max_diff, worst, len(batches))
+    bad = max(verdicts, key=lambda v: v.ratio)
+    return Measurement(invariant, max_diff, worst, len(batches), verdicts[0].bound, "" if bad.ok else bad.message())
 
 
 # ------------------------------------------------------------- the default against the invariant mode
@@ -258,6 +288,9 @@ def chunked_by_batch_size(q, k, v, *, causal, scale):
     return (num / den[..., None]).to(q.dtype)
 
 
-#: Known-bad implementations (technique, name) -> (function, the pinned case name it is judged on);
-#: each declares batch invariance and must be rejected by the law's own comparison.
-ZOO = {("attention", "chunked_by_batch_size"): (chunked_by_batch_size, "decode")}
+#: Known-bad implementations (technique, name) -> (function, the pinned case it shows on, whether it
+#: declares batch invariance); each must be rejected by the law's own comparison: a difference
+#: for a declared one, a row outside the tolerance bound (a wrong answer) for any. The attention
+#: zoo's ``top_left_causal_in_large_batches`` (a prefill's mask top-left from B = 5 on) declares nothing.
+ZOO = {("attention", "chunked_by_batch_size"): (chunked_by_batch_size, "decode", True),
+       ("attention", "top_left_causal_in_large_batches"): (top_left_causal_in_large_batches, "gqa-causal", False)}

@@ -311,13 +311,10 @@ CONTRACT = Contract(
 # classes each run reached; properties/attention/test_attention_coverage.py fails on a class that FA-3's and
 # FA-7's laws and the production shapes leave unreached on the float64 reference under ``ci``.
 
-
 #: The laws that judge one call's values (FA-3's law and its production shapes).
 _FA3 = ("law_matches_reference", "production")
-#: FA-7's split-KV law.
-_FA7 = ("law_split_equals_unsplit",)
-#: FA-8's laws (the options against the float64 reference).
-_FA8 = ("law_options_match_reference",)
+_FA7 = ("law_split_equals_unsplit",)   # FA-7's split-KV law
+_FA8 = ("law_options_match_reference",)   # FA-8's laws (the options against the float64 reference)
 #: Tile sizes in use (BLOCK_M / BLOCK_N of every configuration, the interpreter's 16 x 32).
 TILE_SIZES = (16, 32, 64, 128)
 #: Head dims of real models (Llama, Mistral: 128; GPT-2: 64; Phi: 80, 96; Gemma: 256; ...).
@@ -340,6 +337,8 @@ def _coverage() -> tuple:
         CoverageClass("more than one query tile of 128 (Tq > 128)", _FA3, lambda c: c["Tq"] > 128),
         CoverageClass("more than one program along B·Hq with B > 1", _FA3, lambda c: c["B"] > 1 and c["Hq"] > 1),
         CoverageClass("batch row 4 and beyond (B >= 5)", _FA3, lambda c: c["B"] >= 5),
+        CoverageClass("causal chunk after a prefix in a batch of 5 or more (B >= 5, 1 < Tq < Tk)", _FA3,
+                      lambda c: c["B"] >= 5 and c["causal"] and 1 < c["Tq"] < c["Tk"]),
         CoverageClass("decode past 2048 keys (Tq <= 16, Tk > 2048)", _FA3,
                       lambda c: c["Tq"] <= 16 and c["Tk"] > 2048),
         CoverageClass("decode path: B > 1, Tq <= 16, Tk >= 1024", _FA3,

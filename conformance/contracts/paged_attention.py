@@ -210,11 +210,38 @@ def _prefill_coverage() -> tuple:
     )
 
 
+#: FA-8's laws of the options in the paged kernels (properties/paged_attention/test_paged_attention_features.py).
+_FA8_DECODE, _FA8_MIXED = ("law_paged_options_match_dense",), ("law_prefill_options_match_dense",)
+
+
+def _options_coverage() -> tuple:
+    """The dense table's FA-8 classes on paged calls, decode and mixed batch alike."""
+    def win(test):
+        return lambda c: c["window"] is not None and any(test(c["window"], n, m, c["block_size"])
+                                                         for n, m in zip(c["lens"], c["qlens"]))
+    classes = (
+        ("window of one key (W = 1)", win(lambda w, n, m, bs: w == 1)),
+        ("window crossing block edges (block size < W < n)", win(lambda w, n, m, bs: bs < w < n)),
+        ("window at least a sequence's length (W >= n)", win(lambda w, n, m, bs: w >= n)),
+        ("window hiding whole blocks (n - W >= block size)", win(lambda w, n, m, bs: n - w >= bs)),
+        ("softcap below the largest logit", lambda c: c["softcap"] is not None and c["softcap"] < c["max_logit"]),
+        ("softcap with a window", lambda c: c["softcap"] is not None and c["window"] is not None),
+        ("sinks with GQA (Hq > Hkv)", lambda c: c["sinks"] is not None and c["Hq"] > c["Hkv"]),
+        ("sinks above every row's largest logit (the sink dominates)", lambda c: c["sink_margin"] > 0))
+    return (tuple(CoverageClass(f"FA-8 paged: {name}", _FA8_DECODE + _FA8_MIXED, pred) for name, pred in classes)
+            + (CoverageClass("FA-8 paged: window on a chunk after a cached prefix", _FA8_MIXED,
+                             win(lambda w, n, m, bs: 1 < m < n)),))
+
+
 #: The paged_attention contract's coverage table. Observations are the calls' cases: objects with
 #: ``lens`` (the sequence lengths), ``Hq``, ``Hkv``, ``D``, ``block_size``, ``scale`` and
 #: ``magnitude`` ("large": integer-valued q, k of ~1e1, as inference_conformance.properties.paged_attention.cases.PagedCase);
 #: PA-8's cases have ``qlens`` too (query tokens per sequence, inference_conformance.properties.paged_attention.cases.PrefillCase).
-COVERAGE = _paged_coverage() + _prefill_coverage()
+#: FA-8's laws observe dicts: ``lens``, ``qlens`` (1 per sequence in decode), ``Hq``, ``Hkv``,
+#: ``block_size``, ``window``, ``softcap``, ``sinks`` (None, "mixed", "dominant"), ``max_logit``
+#: (the largest uncapped |logit| a query sees) and ``sink_margin`` (the smallest, over heads, of the
+#: sink minus the head's largest capped visible logit; -1 without sinks).
+COVERAGE = _paged_coverage() + _prefill_coverage() + _options_coverage()
 
 
 def invalid(device: str) -> list[InvalidCall]:

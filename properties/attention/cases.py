@@ -94,7 +94,7 @@ def cases(draw, max_len: int = 239, bounded: bool | None = None):
     their implementation draw unbounded and fit only interpreted Triton kernels."""
     hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=3, max_group=3),
                              st.sampled_from([(8, 8), (8, 2), (16, 2), (32, 8), (12, 4)])))
-    B = draw(st.integers(1, 4))
+    B = draw(st.integers(1, 6))
     D = draw(st.one_of(S.head_dims(), st.sampled_from([160, 200, 256])))
     causal = draw(st.booleans())
     a, b = draw(S.lengths(max_len)), draw(S.lengths(max_len))
@@ -190,7 +190,7 @@ def check_against_reference(out, q, k, v, case: Case, what: str = "attention out
 ZOO_ALL = ("no_max_subtract", "top_left_causal", "gqa_modulo", "drops_last_key", "ignores_scale",
            "split_no_rescale", "diagonal_tile_unmasked", "sdpa_is_causal_always", "split_batch_stride_zero",
            "scale_rounded_to_float32", "stale_running_max", "chunk_diagonal_off_by_one",
-           "prefix_offset_clamped_to_tile")
+           "prefix_offset_clamped_to_tile", "top_left_causal_in_large_batches")
 #: FA-3, bfloat16: bugs whose error stays within a few 16-bit ulps (or vanishes in float64): rejected in bfloat16.
 ZOO_16BIT = ("scaled_two_percent", "accumulates_in_16bit", "drops_last_key", "scale_folded_in_16bit")
 
@@ -221,6 +221,9 @@ EXAMPLE_LONG_KEYS = Case(B=2, Hq=2, Hkv=1, Tq=1, Tk=1100, D=256, causal=False, s
 #: Causal with the length a multiple of every tile (16, 32, 64): the diagonal tile is whole, and
 #: a kernel taking its unmasked fast path there lets row 0 see keys it must not.
 EXAMPLE_DIAGONAL_TILE = Case(B=2, Hq=2, Hkv=1, Tq=64, Tk=64, D=64, causal=True, scale=0.125)
+#: A causal chunk after a cached prefix in a batch of five (B >= 5, 1 < Tq < Tk): a kernel whose
+#: path for large batches aligns the mask top-left is wrong only here; 10 programs of one key tile.
+EXAMPLE_BATCH5_CHUNK = Case(B=5, Hq=2, Hkv=1, Tq=3, Tk=11, D=16, causal=True, scale=0.25)
 #: The scale classes (negative, zero, tiny, huge) crossed with every mask path (none, causal with
 #: Tq = Tk, where SDPA's is_causal applies, and causal with Tq < Tk). The first is PyTorch's CPU
 #: is_causal bug: B = 1, 8 heads, Tq = Tk = 2, D = 1, scale -1, NaN in float64.
@@ -277,7 +280,8 @@ FA3 = Law(
     given={"case": cases(bounded=False), "seed": S.seeds},
     examples=(dict(case=EXAMPLE_GQA_CAUSAL, seed=7), dict(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7),
               dict(case=EXAMPLE_LARGE_LOGITS, seed=11), dict(case=EXAMPLE_LONG_KEYS, seed=5),
-              dict(case=EXAMPLE_DIAGONAL_TILE, seed=3), dict(case=EXAMPLE_SPLIT_LSE_ROUNDING, seed=25))
+              dict(case=EXAMPLE_DIAGONAL_TILE, seed=3), dict(case=EXAMPLE_SPLIT_LSE_ROUNDING, seed=25),
+              dict(case=EXAMPLE_BATCH5_CHUNK, seed=9))
              + _seeded(SCALE_MASK_CASES, 20) + _seeded(BOUNDARY_CASES, 40) + _seeded(LATE_MAX_CASES, 60)
              + _seeded(LARGE_NONPOW2_CASES, 70),
     dtypes=S.FLOAT_DTYPES,

@@ -43,6 +43,14 @@ def top_left_causal(q, k, v, *, causal, scale):
     return _attend(q, k, v, causal=causal, scale=scale, mask=_top_left)
 
 
+def top_left_causal_in_large_batches(q, k, v, *, causal, scale):
+    """Right alone and in batches of up to 4; from B = 5 on a prefill (Tq > 1) takes another
+    kernel path whose causal mask is aligned top-left (j <= i): wrong wherever 1 < Tq < Tk in a
+    batch of 5 or more (a path chosen by the batch, which batch invariance sees too)."""
+    big = q.dim() == 4 and q.shape[0] >= 5 and q.shape[2] > 1
+    return _attend(q, k, v, causal=causal, scale=scale, mask=_top_left if big else None)
+
+
 def _chunk_diagonal_off_by_one(Tq, Tk, device):
     m = causal_mask(Tq, Tk, device)
     if 1 < Tq < Tk:   # a chunk after a cached prefix: j < i + (Tk - Tq), the diagonal masked
@@ -351,6 +359,8 @@ def implementations():
         known_bad("attention", "nan_rows_zeroed", nan_rows_zeroed),
         known_bad("attention", "additive_mask_leaks_nan", additive_mask_leaks_nan),
         known_bad("attention", "top_left_causal", top_left_causal),
+        known_bad("attention", "top_left_causal_in_large_batches", top_left_causal_in_large_batches,
+                  bug="from B = 5 on, a prefill's (Tq > 1) causal mask aligned top-left"),
         known_bad("attention", "chunk_diagonal_off_by_one", chunk_diagonal_off_by_one),
         known_bad("attention", "prefix_offset_clamped_to_tile", prefix_offset_clamped_to_tile),
         known_bad("attention", "gqa_modulo", gqa_modulo),

@@ -84,6 +84,9 @@ def _prompt_before_decode(c) -> bool:
 #: a prompt (or chunk) ahead of a decode row, and chunks past each production chunk size.
 SCALE_COVERAGE = (
     CoverageClass("more than 4 sequences", _PA8, lambda c: len(c.lens) > 4),
+    # a path chosen for large batches that aligns a chunk's mask top-left is wrong only here
+    CoverageClass("a chunk after a cached prefix in a batch of 5 or more", _PA8,
+                  lambda c: len(c.lens) >= 5 and any(1 < m < n for n, m in zip(c.lens, c.qlens))),
     CoverageClass(f"more than {QUERY_TILE} sequences", _PA8, lambda c: len(c.lens) > QUERY_TILE),
     CoverageClass("a prompt or chunk before a decode row", _PA8, _prompt_before_decode),
     *(CoverageClass(f"chunk longer than {n} tokens", _LONG, lambda c, n=n: max(c.qlens) > n)

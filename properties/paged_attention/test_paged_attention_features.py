@@ -3,10 +3,12 @@
 ``paged_prefill`` (the mixed batch, each chunk's query at its position after the cached prefix)
 equal dense float64 attention with the same options over the contiguous K/V the pages were cut
 from. An implementation whose function lacks an option's keyword refuses it ("unsupported",
-never a pass). Pinned cases only (they run in every profile): windows shorter than a block and
-than a key tile, crossing several blocks, longer than the sequence; caps below the largest
-logit; sinks mixed and dominant, with several splits (the merge counts them once). Zoo: sinks
-dropped in the paged merge, a chunk's window measured from the chunk's start.
+never a pass). Pinned cases only (they run in every profile), which reach the contract's
+"FA-8 paged: ..." coverage classes, the dense FA-8 classes on paged calls (each law requires
+them): a window of one key, shorter than a block, crossing several blocks, hiding whole blocks,
+at least a sequence's length; caps below the largest logit and with a window; sinks with GQA,
+mixed and dominant, with several splits (the merge counts them once). Zoo: sinks dropped in the
+paged merge, a window of one key read as no window, a chunk's window measured from the chunk's start.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.attention import accepts_options
+from inference_conformance.conformance.contracts.attention import accepts_options, window_mask
+from inference_conformance.conformance.contracts.paged_attention import COVERAGE
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import assert_close
 from inference_conformance.properties import strategies as S
@@ -72,6 +75,24 @@ def make_sinks(opts: Options, q, k, loc, scale, seed):
     return (top + 4 + noise.clamp(-1, 1)).to(q.device, dt)
 
 
+def options_profile(q, k, loc, opts: Options, sinks, scale, block_size) -> dict:
+    """One call as the contract's "FA-8 paged" classes see it: the sequences' lengths and query
+    tokens, heads, block size, options, ``max_logit`` (largest uncapped |logit| a query sees) and
+    ``sink_margin`` (smallest, over heads, of the sink minus the head's largest capped visible logit)."""
+    top, head_top = 0.0, torch.full((q.shape[1],), -torch.inf, dtype=torch.float64)
+    for b in range(len(k)):
+        qb, kb = _rows(q, loc, b).double(), k[b].double()
+        s = (qb @ kb.repeat_interleave(qb.shape[1] // kb.shape[1], dim=1).transpose(-1, -2)) * scale
+        hidden = ~window_mask(s.shape[-2], s.shape[-1], opts.window, s.device)
+        top = max(top, float(s.masked_fill(hidden, 0).abs().max()))
+        capped = opts.softcap * torch.tanh(s / opts.softcap) if opts.softcap is not None else s
+        head_top = torch.maximum(head_top, capped.masked_fill(hidden, -torch.inf).amax(dim=(0, 2, 3)).cpu())
+    return dict(lens=tuple(kb.shape[2] for kb in k), qlens=tuple(loc[b + 1] - loc[b] for b in range(len(k))),
+                Hq=q.shape[1], Hkv=k[0].shape[1], block_size=block_size, window=opts.window,
+                softcap=opts.softcap, sinks=opts.sinks, max_logit=top,
+                sink_margin=-1.0 if sinks is None else float((sinks.double().cpu() - head_top).min()))
+
+
 def _call(run, fn, args, scale, opts: Options, sinks, what):
     kw = {k: v for k, v in dict(window=opts.window, softcap=opts.softcap, sinks=sinks).items() if v is not None}
     name = run.impl.name
@@ -100,7 +121,7 @@ def law_paged_options_match_dense(run, device, dtype, case, opts, seed):
     inp = make_inputs(case, seed, dtype, device)
     loc = list(range(case.B + 1))
     sinks = make_sinks(opts, inp.q, inp.k, loc, case.scale, seed)
-    run.observe(case)
+    run.observe(options_profile(inp.q, inp.k, loc, opts, sinks, case.scale, case.block_size))
     out = _call(run, run.impl.paged_attention, inp.args(), case.scale, opts, sinks, "paged_attention")
     _check(out, inp.q, inp.k, inp.v, loc, opts, sinks, case.scale, "paged decode")
 
@@ -112,19 +133,19 @@ def law_prefill_options_match_dense(run, device, dtype, case, opts, seed):
     inp = make_prefill_inputs(case, seed, dtype, device)
     loc = inp.query_start_loc.tolist()
     sinks = make_sinks(opts, inp.q, inp.k, loc, case.scale, seed)
-    run.observe(case)
+    run.observe(options_profile(inp.q, inp.k, loc, opts, sinks, case.scale, case.block_size))
     out = _call(run, run.impl.paged_prefill, inp.args(), case.scale, opts, sinks, "paged_prefill")
     _check(out, inp.q, inp.k, inp.v, loc, opts, sinks, case.scale, "mixed batch")
 
 
 #: Decode: a window shorter than a block of 7 (W = 5), one crossing blocks and longer than a short
-#: sequence (W = 40 over 130 and 9 tokens), a cap below the largest logit, sinks mixed over GQA and
-#: dominant over 200 tokens in three splits with a window and a cap.
+#: sequence (W = 40 over 130 and 9 tokens), a cap below the largest logit, a window of one key with
+#: sinks mixed over GQA, and dominant sinks over 200 tokens in three splits with a window and a cap.
 DECODE_PINNED = (
     dict(case=PagedCase((50, 130, 9), 4, 2, 16, 7, 0.25), opts=Options(window=5), seed=1),
     dict(case=PagedCase((130, 9), 2, 1, 16, 16, 0.25), opts=Options(window=40), seed=2),
     dict(case=PagedCase((33, 65), 2, 1, 16, 5, 1.0), opts=Options(softcap=0.5), seed=3),
-    dict(case=PagedCase((17, 40), 6, 2, 16, 16, 0.25), opts=Options(sinks="mixed"), seed=4),
+    dict(case=PagedCase((17, 40), 6, 2, 16, 16, 0.25), opts=Options(window=1, sinks="mixed"), seed=4),
     dict(case=PagedCase((200,), 4, 2, 16, 16, 0.25, magnitude="large", amp=12.0),
          opts=Options(window=70, softcap=20.0, sinks="dominant"), seed=5),
 )
@@ -144,10 +165,12 @@ def _pinned(examples) -> dict:
 
 FA8_PAGED = Law(claim="FA-8", technique="paged_attention", body=law_paged_options_match_dense,
                 given=_pinned(DECODE_PINNED), examples=DECODE_PINNED, explicit_only=True, dtypes=(torch.float64, torch.bfloat16),
-                kills=(Kills(("paged_sinks_dropped_in_merge",), (torch.float64,)),))
+                kills=(Kills(("paged_sinks_dropped_in_merge", "paged_window_of_one_ignored"), (torch.float64,)),),
+                coverage=COVERAGE, require_coverage=True)
 FA8_PREFILL = Law(claim="FA-8", technique="paged_attention", body=law_prefill_options_match_dense,
                   given=_pinned(PREFILL_PINNED), examples=PREFILL_PINNED, explicit_only=True, dtypes=(torch.float64, torch.bfloat16),
-                  kills=(Kills(("prefill_window_from_chunk_start",), (torch.float64,)),))
+                  kills=(Kills(("prefill_window_from_chunk_start",), (torch.float64,)),),
+                  coverage=COVERAGE, require_coverage=True)
 
 test_fa8_paged_options_match_dense = FA8_PAGED.conformance_test("test_fa8_paged_options_match_dense")
 (test_fa8_paged_zoo_rejected,) = FA8_PAGED.zoo_tests("test_fa8_paged_zoo_rejected")
@@ -193,3 +216,19 @@ def test_fa8_paged_decode_never_reads_the_tokens_a_window_hides(device):
     assert not torch.isnan(out).any(), "a token the window hides was read"
     _check(out, inp.q, inp.k, [vb.nan_to_num() for vb in inp.v], list(range(case.B + 1)), opts, None, case.scale,
            "paged decode with NaN before the window")
+
+
+@pytest.mark.claim("FA-8")
+@pytest.mark.suite_own("the paged FA-8 laws' coverage requirement, on the reference and a zoo entry")
+def test_fa8_paged_coverage_requirement_sees_a_missing_class():
+    """Without its window of one key the decode law misses that class (the requirement fails
+    naming it) and passes ``paged_window_of_one_ignored``: the pin is what rejects it."""
+    from inference_conformance.conformance import registry
+
+    without = FA8_PAGED.with_examples(tuple(e for e in DECODE_PINNED if e["opts"].window != 1))
+    reference = next(i for i in registry.builtins("paged_attention", "cpu") if i.name == "reference")
+    run = without(reference, "cpu", torch.float64)
+    assert without.missing_classes(run) == ["FA-8 paged: window of one key (W = 1)"], without.missing_classes(run)
+    with pytest.raises(AssertionError, match="window of one key"):
+        without.check_coverage(run)
+    without(next(i for i in registry.zoo("paged_attention") if i.name == "paged_window_of_one_ignored"), "cpu", torch.float64)

@@ -81,7 +81,8 @@ PA8 = Law(
     given={"case": prefill_cases(), "seed": S.seeds},
     examples=tuple(dict(case=c, seed=i + 1) for i, c in enumerate(PREFILL_EXAMPLES)),
     dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(("chunk_offset_from_zero", "last_chunk_as_c", "searches_first_4_sequences"), (torch.float64,)),),
+    kills=(Kills(("chunk_offset_from_zero", "last_chunk_as_c", "searches_first_4_sequences",
+                  "chunk_top_left_in_large_batches"), (torch.float64,)),),
     coverage=COVERAGE + SCALE_COVERAGE, require_coverage=True,
     interpreted_examples=lambda n: max(4, n // 3))
 

@@ -1,6 +1,7 @@
 """Known-bad paged-attention implementations (the bug zoo): each is a classic paged-decode
 kernel bug, and the PA-1 law (``properties/paged_attention/test_paged_attention.py``) must reject every one; the
-mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``, ``searches_first_4_sequences``:
+mixed-batch entries (``chunk_offset_from_zero``, ``last_chunk_as_c``, ``searches_first_4_sequences``,
+``chunk_top_left_in_large_batches``:
 a correct decode call, a buggy ``paged_prefill``) are rejected by the PA-8 law.
 
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
@@ -194,6 +195,14 @@ def searches_first_4_sequences(q, k_cache, v_cache, block_table, seq_lens, query
                     positions=lambda n, m, C, i: n - m + i, found=lambda b: min(b, 3))
 
 
+def chunk_top_left_in_large_batches(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale):
+    """Right for up to 4 sequences; from 5 on a path whose chunk mask is aligned top-left (query
+    i of a chunk sees keys <= i): a chunk after a cached prefix in a batch of 5 or more is wrong."""
+    big = seq_lens.numel() >= 5
+    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                    positions=lambda n, m, C, i: i if big and m > 1 else n - m + i)
+
+
 # ------------------------------------------------------------ FA-8: the options in the paged kernels
 def paged_sinks_dropped_in_merge(q, k_cache, v_cache, block_table, seq_lens, *, scale, window=None, softcap=None,
                                  sinks=None):
@@ -202,6 +211,18 @@ def paged_sinks_dropped_in_merge(q, k_cache, v_cache, block_table, seq_lens, *, 
 
     validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
     return paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale=scale, window=window, softcap=softcap)
+
+
+def paged_window_of_one_ignored(q, k_cache, v_cache, block_table, seq_lens, *, scale, window=None, softcap=None,
+                                sinks=None):
+    """A paged decode that takes FlashAttention's convention (left = W - 1 keys before the query)
+    and tests ``left > 0`` for "a window": a window of one key (left = 0) reads as no window."""
+    from inference_conformance.reference.paged_attention import paged_attention
+
+    validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
+    left = -1 if window is None else window - 1
+    return paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale=scale,
+                           window=left + 1 if left > 0 else None, softcap=softcap, sinks=sinks)    # BUG: >= 0
 
 
 def prefill_window_from_chunk_start(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale,
@@ -343,7 +364,10 @@ def implementations():
                   bug="the last chunk's (and a decode token's) length taken as the chunk size C"),
         known_bad("paged_attention", "searches_first_4_sequences", _with_prefill(searches_first_4_sequences),
                   bug="a query row's sequence searched among the first 4 of query_start_loc only"),
+        known_bad("paged_attention", "chunk_top_left_in_large_batches", _with_prefill(chunk_top_left_in_large_batches),
+                  bug="from 5 sequences on, a chunk's causal mask aligned top-left"),
         known_bad("paged_attention", "paged_sinks_dropped_in_merge", paged_sinks_dropped_in_merge),
+        known_bad("paged_attention", "paged_window_of_one_ignored", paged_window_of_one_ignored),
         known_bad("paged_attention", "prefill_window_from_chunk_start", _with_prefill(prefill_window_from_chunk_start),
                   bug="a chunk's window measured from the chunk's start instead of from its position"),
     )
