@@ -84,7 +84,7 @@ def test_the_matrix_cell_says_k_of_n(tmp_path):
 def test_an_implementation_that_accepts_little_is_not_enough_evidence(tmp_path):
     """tests/partial_quantization.py accepts only 8-bit per-channel weights: under ci, QT-1 runs
     11 of its 215 examples. Its rows stay "partial" with that count; the terminal and the report
-    read them "not enough evidence"."""
+    read them "not enough evidence", and as the run judged nothing else it exits 1 saying why."""
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci", PYTHONPATH=str(ROOT))
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
@@ -93,7 +93,9 @@ def test_an_implementation_that_accepts_little_is_not_enough_evidence(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     rows = [r for r in read_rows(tmp_path) if "test_qt1_within_half_step" in r.check]
-    assert proc.returncode == 0 and rows, out[-3000:]
+    assert proc.returncode == 1 and rows, out[-3000:]
+    assert "conformance: no claim's law judged tests.partial_quantization:IMPL: of its 1 results on claims' laws, " \
+           "1 not enough evidence" in out, out[-3000:]
     (r,) = rows
     ev = r.evidence
     assert r.verdict == "partial" and 0 < ev["accepted"] < ev["examples"] / 4, (r.verdict, ev)
