@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from inference_conformance.conformance import atomic, verdicts
-from inference_conformance.conformance.results import Row, crashed
+from inference_conformance.conformance.results import CRASH, Row, crashed
 from inference_conformance.perf import env
 from inference_conformance.reports import publish, templating
 from inference_conformance.reports.cells import batch_invariance_text
@@ -252,7 +252,9 @@ def matrix(runs: list[Run]) -> dict:
                     items = []
                     for row, run in bad:
                         message, example = _input_of(row.message)
-                        items.append({"check": row.check, "dtype": row.dtype, "verdict": row.verdict,
+                        exc = (row.failure or {}).get("exception", "")     # a law's crash: the implementation's own
+                        crash = f" (crash: {exc})" if exc and exc not in ("AssertionError", CRASH) else ""
+                        items.append({"check": row.check, "dtype": row.dtype, "verdict": row.verdict + crash,
                                       "message": message, "input": example, "run": run.id})
                     details.append({"id": cell["detail"], "technique": name, "implementation": m["implementation"],
                                     "environment": m["environment"], "claim": col[0], "law": col[1],

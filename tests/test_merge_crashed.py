@@ -76,6 +76,16 @@ def test_a_crash_outranks_an_older_pass_and_a_newer_one(tmp_path):
     assert any("a crash is never replaced" in n for n in ctx["notes"]), ctx["notes"]
 
 
+def test_a_crash_a_law_reports_reads_as_a_crash_in_the_matrix(tmp_path):
+    crash = row(FA3, "torch", "fail", message="case: ...\ntorch: receive(...) crashed: IndexError: list index")
+    crash.failure = {"exception": "IndexError", "check": "list index out of range"}
+    check = row(NAN, "torch", "fail", message="the rows: measured error 1 EXCEEDS bound 0")
+    check.failure = {"exception": "AssertionError", "check": "the rows"}
+    ctx = merge.matrix(merge.load([make_run(tmp_path / "r", [crash, check], day=1)]))
+    verdicts = {d["law"]: d["tests"][0]["verdict"] for d in ctx["details"]}
+    assert verdicts == {FA3_LAW: "fail (crash: IndexError)", NAN_LAW: "fail"}, verdicts
+
+
 def test_an_older_style_crash_row_is_recognised():
     legacy = Row(claim="", check="t.py::test_x[a-b]", verdict="error", message="worker crashed while running this test")
     assert crashed(legacy) and not crashed(Row(claim="", check="x", verdict="error", message="boom"))
