@@ -106,11 +106,13 @@ def pytest_runtest_makereport(item, call):
     outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
                                         item.config.getoption("allow_unexpected_pass", default=False), worst)
     failure = verdicts.failure_of(call, worst) if outcome in ("fail", "error", "expected fail") else {}
+    if failure and rec is not None and rec.failed_inputs:
+        failure["inputs"] = rec.failed_inputs        # what a newer run must judge to replace this failure
     hint = interpreter_hint(str(report.longrepr)) if report.failed else None
     if hint:
         report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
         message = f"{message}\nhint: {hint}"
-    evidence = verdicts.evidence_of(rec.partial) if rec is not None and rec.partial else {}
+    evidence = verdicts.evidence_of(rec.partial, rec.refused_classes, rec.judged) if rec is not None and rec.partial else {}
     rows = _rows_for(item, outcome, message, st.device, failure, evidence)
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.failed and crash is not None and "\n" in crash.message:

@@ -78,7 +78,10 @@ def test_the_matrix_cell_says_k_of_n(tmp_path):
     ctx = merge.matrix(merge.load([tmp_path]))
     (cell,) = ctx["techniques"][0]["rows"][0]["cells"]
     assert cell["status"] == "not enough evidence"
-    assert "(9 of 581 examples; refused classes: bits:8, granularity:tensor)" in cell["text"], cell
+    assert "(9 of 581 examples; refused classes: bits:8; granularity:tensor)" in cell["text"], cell
+    # a class whose name holds a comma is one class, as the law named it, never its fragments
+    named = verdicts.evidence_of(MOST + "; classes only refused: GQA, 8 heads", ["GQA, 8 heads"], ["ab12"])
+    assert named == {"accepted": 8, "examples": 10, "refused_classes": ["GQA, 8 heads"], "judged": ["ab12"]}
 
 
 def test_an_implementation_that_accepts_little_is_not_enough_evidence(tmp_path):
@@ -100,6 +103,7 @@ def test_an_implementation_that_accepts_little_is_not_enough_evidence(tmp_path):
     ev = r.evidence
     assert r.verdict == "partial" and 0 < ev["accepted"] < ev["examples"] / 4, (r.verdict, ev)
     assert f"{ev['accepted']} of {ev['examples']} examples" in r.message and "bits:4" in ev["refused_classes"]
+    assert len(ev["judged"]) == ev["accepted"], ev          # what a merge matches an older failure's input with
     assert "thin" in out.split("conformance verdicts")[-1], out[-3000:]
     qt1 = next(c for c in build.claim_verdicts(rows) if c["id"] == "QT-1")
     assert qt1["verdict"] == "not enough evidence", qt1
