@@ -15,6 +15,7 @@ zoo test ran.
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import tempfile
@@ -41,9 +42,14 @@ def _folder(check: str) -> str:
 def registered() -> dict[str, list[str]]:
     """technique -> the names of its registered known-bad implementations
     (``properties/<technique>/zoo.py``, read statically: :func:`inference_conformance.catalog.zoo`)."""
+    return {t: list(names) for t, names in _registered().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _registered() -> dict[str, tuple[str, ...]]:        # read once per process (every report build asks)
     from inference_conformance import catalog
 
-    return catalog.zoo()
+    return {t: tuple(names) for t, names in catalog.zoo().items()}
 
 
 #: the reason of a registered entry no zoo test of the run ran
