@@ -32,6 +32,7 @@ from inference_conformance.conformance.failures import (
     capturing,
     case_line,
     comparison_line,
+    crash_of,
     first_line,
 )
 
@@ -78,7 +79,9 @@ def compact(law, run, args: tuple, exc: BaseException) -> LawFailure | None:
         found = "not attempted: the law failed on a check that compares no output of the implementation"
     else:
         found = diagnose(law, run, args, drawn, comparisons.index(comparison), comparison)
-    return LawFailure(case_line(drawn, params), text, run.implementation, found)
+    failure = LawFailure(case_line(drawn, params), text, run.implementation, found)
+    failure.crash = crash_of(exc)      # a crash the law reports stays a crash (expectations, the matrix)
+    return failure
 
 
 def _replay(law, bug, run, args: tuple, drawn: dict, index: int, what: str) -> Any:

@@ -28,7 +28,9 @@ A ``fail`` entry names the failure it expects, its signature (what ``expect upda
 A failure of the listed test outside its signature (another check or rule, an error outside
 the band, another exception type: a crash) is a new failure, never an expected one. An entry
 without signature fields expects a failed check only (``exception = "AssertionError"``): a
-crash under it is still a new failure. A listed failure that ends "unsupported" or skipped in
+crash under it is still a new failure. An entry whose key is wildcards alone (``*``) with the band
+``[0, inf]`` expects every failure of every test: it is accepted with an
+:class:`ExpectationWarning` (:func:`lax`). A listed failure that ends "unsupported" or skipped in
 its test (not for want of its package) is a stale entry, failed like an unexpected pass unless
 ``--allow-unexpected-pass``.
 
@@ -45,6 +47,7 @@ import importlib.resources
 import math
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,7 +209,23 @@ def parse(text: str, source: str = "<string>") -> Expectations:
         if "error" in entry:
             entry = dict(entry, error=_band(entry["error"], where))
         out.entries[key] = Entry(key=key, source=source, **entry)
+        if lax(out.entries[key]):
+            warnings.warn(ExpectationWarning(f"{where}: {lax(out.entries[key])}"), stacklevel=2)
     return out
+
+
+class ExpectationWarning(UserWarning):
+    """An expectation entry that expects (nearly) anything: accepted, and said."""
+
+
+def lax(entry: Entry) -> str:
+    """Why ``entry`` expects any failure of any test ("" when it does not): a key of wildcards
+    alone (every test of its implementation) with an error band from 0 to inf (any measured
+    error)."""
+    if entry.key and set(entry.key) <= {"*", "?"} and "*" in entry.key and entry.error == (0.0, math.inf):
+        return (f"the error band [0, inf] on {entry.key!r} expects the failure of every test of the implementation "
+                "with any measured error: name the tests, or a band around the error measured")
+    return ""
 
 
 def _band(value, where: str) -> tuple[float, float]:

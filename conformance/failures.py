@@ -228,6 +228,20 @@ def _number(text: str) -> float | None:
         return None
 
 
+def crash_of(exc: BaseException) -> BaseException | None:
+    """The implementation's own exception behind a failure, or None for a failed check: ``exc``
+    when it is no AssertionError, the error an :class:`ImplementationCrash` (or a failure built
+    from one, its ``crash``) carries, the first crash in an exception group. A crash stays a
+    crash whatever the law reports it as."""
+    if isinstance(exc, BaseExceptionGroup):
+        return next((c for c in map(crash_of, exc.exceptions) if c is not None), None)
+    if isinstance(exc, ImplementationCrash):
+        return exc.error
+    if isinstance(getattr(exc, "crash", None), BaseException):
+        return exc.crash
+    return None if isinstance(exc, AssertionError) else exc
+
+
 def failure_kind(exc: BaseException, worst: Any = None) -> dict:
     """What kind of failure ``exc`` is, as an expectation's signature names it:
     ``{"exception", "check", "rule", "error"}``.
@@ -241,12 +255,14 @@ def failure_kind(exc: BaseException, worst: Any = None) -> dict:
     (:func:`_leading_text`), ``error`` the figure it states as "error X" (absent where none) and
     ``rule`` is absent.
     ``worst``: the test's worst verdict of the tolerance policy, used for a plain AssertionError
-    that names no comparison of its own. A group of exceptions is judged by its first."""
+    that names no comparison of its own. A crash (:func:`crash_of`: in a group, or reported by
+    the law as its failure) is judged as itself; else a group of exceptions by its first."""
+    crash = crash_of(exc)
+    if crash is not None:
+        return {"exception": type(crash).__name__, "check": _leading_text(first_line(crash)),
+                "mro": [c.__name__ for c in type(crash).__mro__ if c is not object]}
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    if not isinstance(exc, AssertionError):
-        return {"exception": type(exc).__name__, "check": _leading_text(first_line(exc)),
-                "mro": [c.__name__ for c in type(exc).__mro__ if c is not object]}
     verdict = getattr(exc, "verdict", None)
     if verdict is None and not isinstance(exc, LawFailure) and worst is not None and not worst.ok \
             and first_line(exc).startswith(f"{worst.what}: measured error"):
@@ -269,4 +285,4 @@ def failure_kind(exc: BaseException, worst: Any = None) -> dict:
 
 
 __all__ = ["Comparison", "ImplementationCrash", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing",
-           "case_line", "comparison_line", "crash_fails", "failure_kind", "first_line", "note_comparison"]
+           "case_line", "crash_of", "comparison_line", "crash_fails", "failure_kind", "first_line", "note_comparison"]

@@ -5,6 +5,7 @@ check, the worst comparison) and :func:`refusal`, the one way a law's call is re
 """
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NoReturn
@@ -26,7 +27,7 @@ class Run:
     the examples that ran observed (:meth:`observe`); ``worst``: the worst comparison of the
     tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Verdict`, or None);
     ``unchecked``: a part of the law -> [examples that ran without checking it, the first reason]
-    (:meth:`uncheck`)."""
+    (:meth:`uncheck`); ``judged``: the :func:`input_digest` of each example that ran and passed."""
 
     law: str
     implementation: str
@@ -40,6 +41,7 @@ class Run:
     observations: list = field(default_factory=list, repr=False)
     worst: Any = None
     unchecked: dict = field(default_factory=dict)
+    judged: list = field(default_factory=list, repr=False)
     _example: list = field(default_factory=list, repr=False)
     _example_unchecked: dict = field(default_factory=dict, repr=False)
     #: (exception, drawn arguments, comparisons) of the examples that failed, latest last
@@ -106,6 +108,14 @@ class Run:
         self._example, self._example_unchecked = [], {}
 
 
+def input_digest(drawn: dict) -> str:
+    """A short digest of one example's drawn arguments (by their reprs, in name order): the same
+    input in another run of the law has the same digest (what the matrix matches a failure's
+    input with); an argument whose repr varies between processes never matches."""
+    text = repr(sorted((name, repr(value)) for name, value in drawn.items()))
+    return hashlib.sha1(text.encode("utf-8", "backslashreplace")).hexdigest()[:12]
+
+
 @contextmanager
 def refusal(run: Run | None, what: str) -> Iterator[None]:
     """Inside the block, a ``NotImplementedError`` is the implementation refusing the input
@@ -121,4 +131,4 @@ def refusal(run: Run | None, what: str) -> Iterator[None]:
         unsupported(reason)
 
 
-__all__ = ["Run", "refusal"]
+__all__ = ["Run", "input_digest", "refusal"]

@@ -45,7 +45,7 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.coverage import CoverageClass, classes_reached, missing_classes
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.conformance.failures import LawFailure, capturing
-from inference_conformance.conformance.law_run import Run, refusal
+from inference_conformance.conformance.law_run import Run, input_digest, refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.zoo import expect_rejected
 
@@ -75,6 +75,18 @@ MAX_KEPT_FAILURES = 8
 def _fail(failure: LawFailure) -> NoReturn:
     """Raise the compact failure, without the chain of Hypothesis' report it replaces."""
     raise failure from None
+
+
+def _failed_inputs(run: Run, exc: BaseException) -> list[str]:
+    """The :func:`input_digest` of the examples whose failures ``exc`` reports (the last failed
+    example where it names none of them)."""
+    raised, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        raised.add(id(e))
+        todo += getattr(e, "exceptions", ())
+    found = [input_digest(drawn) for e, drawn, _ in run._failures if id(e) in raised]
+    return list(dict.fromkeys(found or [input_digest(drawn) for _, drawn, _ in run._failures[-1:]]))
 
 
 @dataclass(frozen=True)
@@ -178,11 +190,14 @@ class Law:
             except BaseException as exc:
                 run._end_example(refused=False)
                 # what the compact failure and the diagnosis read (the last few: shrinking fails often)
-                called = signature.bind(run, *args, **drawn).arguments      # drawn ones may come positionally
-                drawn = {k: v for k, v in list(called.items())[1 + len(self.params):]}
-                run._failures[:] = run._failures[-(MAX_KEPT_FAILURES - 1):] + [(exc, drawn, comparisons)]
+                run._failures[:] = run._failures[-(MAX_KEPT_FAILURES - 1):] + [(exc, drawn_of(args, drawn), comparisons)]
                 raise
             run._end_example(refused=False)
+            run.judged.append(input_digest(drawn_of(args, drawn)))
+
+        def drawn_of(args, drawn) -> dict:
+            called = signature.bind(None, *args, **drawn).arguments      # drawn ones may come positionally
+            return {k: v for k, v in list(called.items())[1 + len(self.params):]}
 
         signature = inspect.signature(body)
         example_body.__signature__ = signature          # what Hypothesis binds
@@ -220,6 +235,8 @@ class Law:
         except (AssertionError, BaseExceptionGroup) as exc:
             from inference_conformance.conformance import diagnosis
 
+            results.recorder().failed_inputs = _failed_inputs(run, exc)
+
             failure = diagnosis.compact(self, run, args, exc)
             if failure is None:
                 raise
@@ -230,6 +247,7 @@ class Law:
         run.worst = rec.worst
         if run.partial_text():
             rec.partial = run.partial_text()
+            rec.refused_classes, rec.judged = sorted(run.refused_only), list(run.judged)
         return run
 
     def missing_classes(self, run: Run) -> list[str]:

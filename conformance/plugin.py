@@ -63,6 +63,7 @@ benchmarks' accessors (``plugin_bench``), ``--list-impls``'s cache (``plugin_lis
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -170,10 +171,14 @@ def pytest_configure(config):
         _share_cores(st.device)
     st.outside = {technique: [_load(technique, target) for _, target in pairs] for technique, pairs in targets.items()}
     try:
-        st.expect = expectations.load(config.getoption("expect") or [])
-        st.expect_builtin = expectations.load([expectations.BUILTIN]) if expectations.BUILTIN.is_dir() else []
+        with warnings.catch_warnings(record=True) as lax:
+            warnings.simplefilter("always", expectations.ExpectationWarning)
+            st.expect = expectations.load(config.getoption("expect") or [])
+            st.expect_builtin = expectations.load([expectations.BUILTIN]) if expectations.BUILTIN.is_dir() else []
     except (ValueError, OSError) as exc:
         raise pytest.UsageError(f"--expect: {exc}") from exc
+    for w in lax:                         # said in the run's warnings summary, not swallowed by configure
+        config.issue_config_time_warning(pytest.PytestWarning(f"--expect: {w.message}"), stacklevel=2)
     config.pluginmanager.register(sharding, "inference_conformance.conformance.sharding")
     plugin_results.register(config)
     if config.getoption("results", default=None):

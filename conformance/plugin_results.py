@@ -106,11 +106,13 @@ def pytest_runtest_makereport(item, call):
     outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
                                         item.config.getoption("allow_unexpected_pass", default=False), worst)
     failure = verdicts.failure_of(call, worst) if outcome in ("fail", "error", "expected fail") else {}
+    if failure and rec is not None and rec.failed_inputs:
+        failure["inputs"] = rec.failed_inputs        # what a newer run must judge to replace this failure
     hint = interpreter_hint(str(report.longrepr)) if report.failed else None
     if hint:
         report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
         message = f"{message}\nhint: {hint}"
-    evidence = verdicts.evidence_of(rec.partial) if rec is not None and rec.partial else {}
+    evidence = verdicts.evidence_of(rec.partial, rec.refused_classes, rec.judged) if rec is not None and rec.partial else {}
     rows = _rows_for(item, outcome, message, st.device, failure, evidence)
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.failed and crash is not None and "\n" in crash.message:
@@ -186,23 +188,35 @@ def pytest_handlecrashitem(crashitem, report, sched):
         _write(config, [row])
 
 
-#: Cell verdicts that judged nothing: every example refused, or the law skipped.
-UNJUDGED = frozenset({"unsupported", "skip"})
+#: Cell verdicts that judged nothing: every example refused, the law skipped, or too few of its
+#: examples accepted to say it holds (:data:`inference_conformance.conformance.verdicts.THIN`).
+UNJUDGED = frozenset({"unsupported", "skip", verdicts.THIN})
 
 
-def nothing_judged(config) -> list[str]:
+def nothing_judged(config) -> dict[str, dict[str, int]]:
     """The ``--impl`` implementations ("module:attr") that some claim's law was given and that no
-    claim's law judged: every one of those cells is "unsupported" or skipped (the bad-call checks
-    judge no claim). Such a run never exits 0: an implementation refusing every law has conformed
-    to no claim."""
+    claim's law judged, each with its cells per verdict: every one of those cells is
+    "unsupported", skipped or "not enough evidence" (the bad-call checks judge no claim). Such a
+    run never exits 0: an implementation refusing every law, or all but a few of each law's
+    examples, has conformed to no claim."""
     if hasattr(config, "workerinput"):        # a pytest-xdist worker: the controller sees every cell
-        return []
+        return {}
     targets = [v.split("=", 1)[1] for v in config.getoption("impl", default=None) or [] if "=" in v]
     seen: dict = {}
     for _technique, _law, claim, name, verdict, *_ in state(config).verdicts:
         if name in targets and claim:            # a claim's law: the bad-call checks judge no claim
-            seen.setdefault(name, set()).add(verdict)
-    return [t for t in dict.fromkeys(targets) if t in seen and seen[t] <= UNJUDGED]
+            counts = seen.setdefault(name, {})
+            counts[verdict] = counts.get(verdict, 0) + 1
+    return {t: seen[t] for t in dict.fromkeys(targets) if t in seen and set(seen[t]) <= UNJUDGED}
+
+
+def nothing_judged_line(target: str, counts: dict[str, int]) -> str:
+    """The one line a run that judged nothing of ``target`` prints (why it exits 1)."""
+    words = {"unsupported": "unsupported (every example refused)", "skip": "skipped",
+             verdicts.THIN: f"{verdicts.THIN} (fewer than {verdicts.MIN_ACCEPTED:g} of the examples accepted)"}
+    why = ", ".join(f"{n} {words[v]}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return (f"conformance: no claim's law judged {target}: of its {sum(counts.values())} results on claims' laws, "
+            f"{why}; the run exits 1")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -215,6 +229,5 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     summary.write(terminalreporter, state(config).verdicts)
-    for target in nothing_judged(config):
-        terminalreporter.write_line(f"conformance: no claim's law judged {target}: every one it was given is "
-                                    "unsupported (it refused every example) or skipped; the run exits 1", red=True)
+    for target, counts in nothing_judged(config).items():
+        terminalreporter.write_line(nothing_judged_line(target, counts), red=True)

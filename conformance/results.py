@@ -35,8 +35,10 @@ class Row:
     signature is written from; ``profile`` / ``max_examples``: the Hypothesis profile the test ran
     under and its example count (what the matrix compares runs by); ``evidence``: for a law
     that refused some of its examples ("partial"), ``{"accepted": k,
-    "examples": n, "refused_classes": [...]}`` (the boundary classes reached only by refused
-    examples).
+    "examples": n, "refused_classes": [...], "judged": [...]}`` (the boundary classes reached only
+    by refused examples; the digests of the k inputs it judged and passed). A law's failure
+    also names the digests of the inputs it failed on (``failure["inputs"]``): a newer run
+    replaces that failure in the matrix only where it judged those inputs, or refused none.
     """
 
     claim: str
@@ -75,7 +77,10 @@ class Recorder:
     """What one test has measured: ``worst`` (the worst :class:`Verdict` of the tolerance policy,
     by error / bound), ``count`` (comparisons made), ``figures`` (what :func:`record` recorded),
     ``text`` (a zoo test's rejection), ``zoo`` (the known-bad implementations it ran), ``partial`` (a law's "partial: refused ..." when the
-    implementation refused some of its examples). The plugin makes one per test item and keeps it on the
+    implementation refused some of its examples), ``refused_classes`` (that law's boundary classes
+    only refused examples reached, by name; None where no law said), ``judged`` / ``failed_inputs``
+    (digests of the inputs a law judged and passed / failed on:
+    :func:`inference_conformance.conformance.law_run.input_digest`). The plugin makes one per test item and keeps it on the
     item (its rows are built from it); :func:`recording` makes it the one :func:`record` and the
     tolerance policy write to while the test runs."""
 
@@ -94,6 +99,9 @@ class Recorder:
         self.figures: list[dict] = []
         self.text = ""
         self.partial = ""
+        self.refused_classes: list[str] | None = None
+        self.judged: list[str] = []
+        self.failed_inputs: list[str] = []
 
     def note(self, verdict) -> None:
         self.count += 1

@@ -33,16 +33,20 @@ THIN = "not enough evidence"
 MIN_ACCEPTED = 0.25
 
 
-def evidence_of(partial: str) -> dict:
+def evidence_of(partial: str, refused_classes: list[str] | None = None, judged: list[str] | None = None) -> dict:
     """What a law's "partial: refused R of N examples (reason); classes only refused: a, b" text
     (:meth:`inference_conformance.conformance.laws.Run.partial_text`) says: ``{"accepted": N - R,
-    "examples": N, "refused_classes": [a, b]}``; {} for any other text."""
+    "examples": N, "refused_classes": [a, b]}``; {} for any other text. ``refused_classes``: the
+    classes by name where the law gave them (a name may hold a comma: the text's list is then
+    not split), ``judged``: the digests of the inputs it judged and passed (kept as given)."""
     m = re.search(r"refused (\d+) of (\d+) examples", partial)
     if m is None:
         return {}
     _, sep, classes = partial.rpartition("; classes only refused: ")
-    return {"accepted": int(m[2]) - int(m[1]), "examples": int(m[2]),
-            "refused_classes": [c.strip() for c in classes.split(",") if c.strip()] if sep else []}
+    if refused_classes is None:
+        refused_classes = [c.strip() for c in classes.split(",") if c.strip()] if sep else []
+    return {"accepted": int(m[2]) - int(m[1]), "examples": int(m[2]), "refused_classes": list(refused_classes)} | (
+        {"judged": list(judged)} if judged is not None else {})
 
 
 def insufficient(evidence: dict) -> str:

@@ -135,6 +135,17 @@ def implementations(root: Path = ROOT) -> list[Entry]:
     return [e for f in files for e in _declared(f, root)]
 
 
+def zoo(root: Path = ROOT) -> dict[str, list[str]]:
+    """Technique -> the names of its known-bad implementations, as ``properties/<technique>/zoo.py``
+    declares them (what the kill rate counts, every one)."""
+    out: dict[str, list[str]] = {}
+    for f in sorted((root / "properties").glob("*/zoo.py")):
+        for e in _declared(f, root):
+            if e.origin == "zoo":
+                out.setdefault(e.technique, []).append(e.name)
+    return out
+
+
 def catalog(root: Path = ROOT) -> dict:
     """The whole catalog as one JSON-able dict: ``techniques`` (each with its contract's
     ``functions``, its ``claims`` (ids its contract or laws name) and ``implementations`` /

@@ -369,7 +369,8 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
           f"{s['failing']} failing, {s.get('inconclusive', 0)} inconclusive, "
           f"{s['not_measured']} not measured on this device, {s['not_checked']} without a check")
     for t, k in doc["killrates"].items():
-        print(f"bug zoo {t}: {k['killed']}/{k['total']} rejected")
+        print(f"bug zoo {t}: {k['killed']}/{k['total']} rejected"
+              + (f", {len(k['not_killed'])} not killed (skipped, unsupported or not run)" if k.get("not_killed") else ""))
     for line in progress.cached_results(rows_dir):
         print(f"from the experiment cache: {line}")
     print(f"published run {run.id} in {out} (index.html, report.md, results.json -> {run.folder})")

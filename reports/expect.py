@@ -15,7 +15,9 @@ existing file is refreshed: its reasons and links are kept, the measured text is
 entry whose test ran and passed is dropped (the ratchet), and an entry whose test did not run is
 kept. A kept entry's signature is kept where it admits the run's failure (a band widened by hand
 stays), else rewritten from the run; a listed failure now refused ("stale expectation") is listed
-as "unsupported". Each file is written whole or not at all.
+as "unsupported". Each file is written whole or not at all. The command prints one line per entry
+it added, rewrote or dropped ("changed: <file>: <test id>: a new failure now expected: ..."): a
+new failure turned into an expectation shows in review.
 """
 from __future__ import annotations
 
@@ -75,8 +77,27 @@ def _signature(listed: str, failure: dict, kept) -> dict:
     return fields
 
 
-def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str] | None = None) -> list[Path]:
-    """Write the expectation files for ``rows`` under ``out`` (see the module doc); returns them."""
+def _change(key: str, entry, kept, verdict: str) -> str:
+    """What refreshing made of the entry for ``key`` in words ("" where nothing but its measured
+    text changed): a failure of the run (row ``verdict``) newly expected, an outcome or a
+    signature rewritten. A ratchet loosened by a run is one line in review, never silent."""
+    new_failure = verdict in ("fail", "error")
+    if kept is None:
+        what = f"now expected: {entry.signature()}" if entry.expected == "fail" else f"now listed {entry.expected!r}"
+        return f"{key}: {'a new failure ' if new_failure else ''}{what} (it was not listed)"
+    if kept.expected != entry.expected:
+        return f"{key}: expected {entry.expected!r}, was {kept.expected!r}" + (
+            f" ({entry.signature()})" if entry.expected == "fail" else "")
+    if entry.expected == "fail" and kept.signature() != entry.signature():
+        return f"{key}: {'a new failure ' if new_failure else ''}now expected: {entry.signature()}, was {kept.signature()}"
+    return ""
+
+
+def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str] | None = None,
+           changes: list[str] | None = None) -> list[Path]:
+    """Write the expectation files for ``rows`` under ``out`` (see the module doc); returns them.
+    ``changes``: given a list, one line per entry added, rewritten or dropped is appended to it
+    ("<file>: <test id>: ...")."""
     by_impl: dict[tuple[str, str], list[Row]] = {}   # (implementation, technique of a built-in)
     for r in rows:
         if not r.implementation or r.implementation.startswith("zoo:"):
@@ -107,19 +128,28 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
                 continue
             prev = failing.get(key)
             if prev is None or _RANK[listed] > _RANK[prev[0]] or (listed == prev[0] and r.failure and not prev[2]):
-                failing[key] = (listed, " ".join(str(r.message).split())[:500], r.failure or {})
+                failing[key] = (listed, " ".join(str(r.message).split())[:500], r.failure or {}, r.verdict)
         exp = expectations.Expectations(name=impl, technique=technique or (old.technique if old else ""),
                                         target=old.target if old else "")
         if old is not None:
             for key, e in old.entries.items():
                 if not any(e.matches(k, k.split("[")[0], d) for k, d in ran.items()):
                     exp.entries[key] = e          # not run this time: kept as it was
-        for key, (listed, measured, failure) in failing.items():
+        covered = set()
+        for key, (listed, measured, failure, verdict) in failing.items():
             kept = old.find(key, key.split("[")[0], ran[key]) if old is not None else None
             exp.entries[key] = expectations.Entry(
                 key=key, expected=listed, measured=measured,
                 reason=kept.reason if kept is not None else NEW_REASON,
                 link=kept.link if kept is not None else "", **_signature(listed, failure, kept))
+            covered.add(kept.key if kept is not None else key)
+            line = _change(key, exp.entries[key], kept, verdict)
+            if line and changes is not None:
+                changes.append(f"{path.name}: {line}")
+        for key in sorted(set(old.entries if old is not None else ()) - set(exp.entries)):
+            if changes is not None:
+                changes.append(f"{path.name}: {key}: dropped: " + ("replaced by the entries of the tests it covered"
+                                                                   if key in covered else "its tests ran without failing"))
         header = (f"Expected outcomes of {impl} in the conformance suite (pytest --expect {path.name}).\n"
                   "Refreshed by: inference-conformance expect update RUN --out PATH (reasons and links are kept).")
         atomic.write_text(path, expectations.dumps(exp, header))
@@ -139,13 +169,16 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance expec
     args = ap.parse_args(argv)
     if not args.run.exists():
         ap.error(f"{args.run}: no such run folder or rows file")
+    changes: list[str] = []
     try:
-        written = update(read_rows(args.run), args.out, builtins=args.builtins, only=args.impl)
+        written = update(read_rows(args.run), args.out, builtins=args.builtins, only=args.impl, changes=changes)
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     for p in written:
         print(p)
+    for line in changes:             # a ratchet loosened is visible in review: one line per entry changed
+        print(f"changed: {line}")
     if not written:
         print("no implementation in the run's rows to write expectations for", file=sys.stderr)
     return 0

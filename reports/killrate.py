@@ -5,7 +5,9 @@ test runs them through ``expect_rejected`` itself (the zoos of laws with no regi
 FP8 casts, KV-cache formats, tree scorers, engines); the zoo test of a law passes when the law
 rejects the bad implementation. The kill rate of a technique
 is the share of its (law, bad implementation) pairs rejected; it must be 100%: a law that lets
-a known-bad implementation through has lost its power. Beside it, per technique, how many
+a known-bad implementation through has lost its power. Every zoo entry counts: one whose zoo
+test was skipped or "unsupported", and a registered one no zoo test ran, is "not killed" and
+printed with its reason. Beside it, per technique, how many
 distinct known-bad implementations at least one law rejects (``bugs_killed`` of ``bugs``; the
 same name in two techniques' zoos is two bugs). Exit status 1 when any rate is below 100% or no
 zoo test ran.
@@ -13,6 +15,7 @@ zoo test ran.
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import tempfile
@@ -36,31 +39,58 @@ def _folder(check: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "properties" else "?"
 
 
-def kill_rates(rows: list[Row]) -> dict[str, dict]:
-    """technique -> {killed, total, rate, survivors: [check ids], bugs_killed, bugs} from zoo rows
-    (implementation ``zoo:<name>``); a zoo test that passed is a kill. ``killed``/``total``
-    count (law, bad implementation) pairs; ``bugs_killed``/``bugs`` count distinct bad
-    implementations of the technique rejected by at least one law."""
-    seen: dict[str, dict[str, str]] = defaultdict(dict)
-    bug_of: dict[str, str] = {}
+def registered() -> dict[str, list[str]]:
+    """technique -> the names of its registered known-bad implementations
+    (``properties/<technique>/zoo.py``, read statically: :func:`inference_conformance.catalog.zoo`)."""
+    return {t: list(names) for t, names in _registered().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _registered() -> dict[str, tuple[str, ...]]:        # read once per process (every report build asks)
+    from inference_conformance import catalog
+
+    return {t: tuple(names) for t, names in catalog.zoo().items()}
+
+
+#: the reason of a registered entry no zoo test of the run ran
+NOT_RUN = "no zoo test ran it in this run"
+
+
+def _reason(row: Row) -> str:
+    text = " ".join(str(row.message or "").split())
+    return f"{row.verdict}: {text[:200]}" if text else row.verdict
+
+
+def kill_rates(rows: list[Row], zoo: dict[str, list[str]] | None = None) -> dict[str, dict]:
+    """technique -> {killed, total, rate, survivors: [check ids], not_killed: [{check, entries,
+    reason}], bugs_killed, bugs} from zoo rows (implementation ``zoo:<name>``); a zoo test that
+    passed is a kill. Every zoo entry is counted: a zoo test skipped or "unsupported" is not
+    killed (its reason: the row's message), and so is each registered entry of a technique
+    (``zoo``, default :func:`registered`) that no zoo test of the run ran. ``killed``/``total``
+    count (law, bad implementation) pairs, an entry no test ran one pair; ``bugs_killed``/``bugs``
+    count distinct bad implementations of the technique rejected by at least one law."""
+    zoo = registered() if zoo is None else zoo
+    seen: dict[str, dict[str, Row]] = defaultdict(dict)
     for r in rows:
         if not r.implementation.startswith("zoo:"):
             continue
-        bug_of[r.check] = r.implementation
         technique = r.technique or _folder(r.check)
         prev = seen[technique].get(r.check)
-        if prev is None or prev == "pass":
-            seen[technique][r.check] = r.verdict
+        if prev is None or prev.verdict == "pass":
+            seen[technique][r.check] = r
     out = {}
     for t, checks in sorted(seen.items()):
-        judged = {c: v for c, v in checks.items() if v in ("pass", "fail", "error")}
-        killed = sum(v == "pass" for v in judged.values())
-        bugs = {b for c in judged for b in _names(bug_of[c])}
-        bugs_killed = {b for c, v in judged.items() if v == "pass" for b in _names(bug_of[c])}
-        out[t] = {"killed": killed, "total": len(judged), "bugs": len(bugs), "bugs_killed": len(bugs_killed),
-                  "rate": killed / len(judged) if judged else None,
-                  "survivors": sorted(c for c, v in judged.items() if v != "pass"),
-                  "skipped": sorted(c for c, v in checks.items() if c not in judged)}
+        killed = sum(r.verdict == "pass" for r in checks.values())
+        ran = {b for c, r in checks.items() for b in _names(r.implementation)}
+        bugs_killed = {b for r in checks.values() if r.verdict == "pass" for b in _names(r.implementation)}
+        not_killed = [{"check": c, "entries": _names(r.implementation), "reason": _reason(r)}
+                      for c, r in sorted(checks.items()) if r.verdict not in ("pass", "fail", "error")]
+        not_killed += [{"check": f"zoo:{b}", "entries": [b], "reason": NOT_RUN} for b in zoo.get(t, ()) if b not in ran]
+        total = len(checks) + sum(n["reason"] == NOT_RUN for n in not_killed)
+        out[t] = {"killed": killed, "total": total, "bugs": len(ran | set(zoo.get(t, ()))),
+                  "bugs_killed": len(bugs_killed), "rate": killed / total if total else None,
+                  "survivors": sorted(c for c, r in checks.items() if r.verdict in ("fail", "error")),
+                  "not_killed": not_killed}
     return out
 
 
@@ -73,6 +103,7 @@ def format_rates(rates: dict[str, dict]) -> str:
         lines.append(f"{t:<20} {r['killed']:>7} {r['total']:>6} {rate:>7}   "
                      f"{r['bugs_killed']:>6} of {r['bugs']:<3}")
         lines += [f"    survivor: {s}" for s in r["survivors"]]
+        lines += [f"    not killed: {n['check']}: {n['reason']}" for n in r.get("not_killed", ())]
     return "\n".join(lines)
 
 

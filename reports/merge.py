@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from inference_conformance.conformance import atomic, verdicts
-from inference_conformance.conformance.results import Row, crashed
+from inference_conformance.conformance.results import CRASH, Row, crashed
 from inference_conformance.perf import env
 from inference_conformance.reports import publish, templating
 from inference_conformance.reports.cells import batch_invariance_text
@@ -132,18 +132,49 @@ def _profile(rows: list[Row]) -> str:
     return f"profile {'/'.join(names) or '?'} ({n} examples)" if n or names else ""
 
 
+#: the verdicts of a failure a newer run's refusal never replaces
+_FAILED = ("fail", "error", "expected fail", "stale expectation")
+
+
+def _refused_some(rows: list[Row]) -> tuple[int, int] | None:
+    """(inputs judged, inputs drawn) over ``rows`` where some of their inputs were refused (a
+    partial law's evidence), else None."""
+    ev = [r.evidence for r in rows if r.verdict == "partial" and (r.evidence or {}).get("examples")]
+    k, n = sum(e.get("accepted", 0) for e in ev), sum(e["examples"] for e in ev)
+    return (k, n) if k < n else None
+
+
 def _why_kept(new: tuple[Run, list[Row]], old: tuple[Run, list[Row]]) -> str:
     """"" when the newer run's rows of a test replace the older run's, else why they do not:
     a crash replaces anything and is never replaced, a weaker profile (fewer examples) never
-    replaces a stronger one,
-    a skip never replaces a test that ran, a refusal never replaces a failure."""
+    replaces a stronger one, a skip never replaces a test that ran, a refusal never replaces a
+    failure: a newer run that refused part of its input replaces a failure only where it judged
+    (and passed) every input the failure was measured on (the failure's ``inputs``, matched
+    with the newer rows' ``judged`` evidence), one that refused none judged every input."""
     (v_new, n_new), (v_old, n_old) = ((max((r.verdict for r in rs), key=lambda v: _WEIGHT.get(v, 8)),
                                        max((r.max_examples or 0 for r in rs), default=0)) for _, rs in (new, old))
-    return ("" if v_new == "crashed" else "a crash is never replaced" if v_old == "crashed"
-            else f"it ran fewer examples ({n_new} < {n_old}): a weaker profile" if n_new < n_old
-            else "it skipped the test" if v_new == "skip" and v_old != "skip"
-            else "it refused the input the older run failed on"
-            if v_new == "unsupported" and v_old in ("fail", "error", "expected fail", "stale expectation") else "")
+    if v_new == "crashed":
+        return ""
+    if v_old == "crashed":
+        return "a crash is never replaced"
+    if n_new < n_old:
+        return f"it ran fewer examples ({n_new} < {n_old}): a weaker profile"
+    if v_new == "skip" and v_old != "skip":
+        return "it skipped the test"
+    if v_old not in _FAILED or v_new in _FAILED:
+        return ""
+    if v_new == "unsupported":
+        return "it refused the input the older run failed on"
+    some = _refused_some(new[1])
+    if some is None:
+        return ""
+    failed = {d for r in old[1] if r.verdict in _FAILED for d in (r.failure or {}).get("inputs", ())}
+    judged = {d for r in new[1] for d in (r.evidence or {}).get("judged", ())}
+    if failed and failed <= judged:
+        return ""
+    return (f"it refused part of its input ({some[0]} of {some[1]} examples judged) and "
+            + ("did not judge the input the older run failed on" if failed
+               else "the older run's failure names no input it was measured on"))
 
 
 def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
@@ -240,7 +271,7 @@ def matrix(runs: list[Run]) -> dict:
                         "text": status if len(words) <= 1 else " · ".join(f"{v} {n}" for v, n in sorted(words.items())),
                         "detail": None, "runs": sorted({run.id for _, run in got}, key=lambda i: int(i[3:]))}
                 ev = [row.evidence for row, _ in got if row.evidence]   # a partial cell: how much of its input ran
-                refused = ", ".join(sorted({c for e in ev for c in e.get("refused_classes", ())}))
+                refused = "; ".join(sorted({c for e in ev for c in e.get("refused_classes", ())}))  # names hold commas
                 cell["text"] += (f" ({sum(e['accepted'] for e in ev)} of {sum(e['examples'] for e in ev)} examples"
                                  + (f"; refused classes: {refused})" if refused else ")")) if ev else ""
                 prop = batch_invariance_text([row.extra or {} for row, _ in got])   # properties/test_batch_invariance.py
@@ -252,7 +283,9 @@ def matrix(runs: list[Run]) -> dict:
                     items = []
                     for row, run in bad:
                         message, example = _input_of(row.message)
-                        items.append({"check": row.check, "dtype": row.dtype, "verdict": row.verdict,
+                        exc = (row.failure or {}).get("exception", "")     # a law's crash: the implementation's own
+                        crash = f" (crash: {exc})" if exc and exc not in ("AssertionError", CRASH) else ""
+                        items.append({"check": row.check, "dtype": row.dtype, "verdict": row.verdict + crash,
                                       "message": message, "input": example, "run": run.id})
                     details.append({"id": cell["detail"], "technique": name, "implementation": m["implementation"],
                                     "environment": m["environment"], "claim": col[0], "law": col[1],

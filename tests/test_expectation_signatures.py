@@ -215,3 +215,46 @@ def test_the_suites_own_failures_are_signed():
                 continue
             assert e.signed and e.exception and e.check, f"{exp.source}: {key}: no signature"
             assert "[" in key and "*" not in key and "?" not in key, f"{exp.source}: {key}: covers more than one test"
+
+
+def test_update_says_which_entries_it_changed(tmp_path, capsys):
+    """A ratchet loosened shows in review: ``expect update`` turning a new failure into an
+    expectation (or rewriting, re-listing or dropping an entry) prints one line per entry."""
+    from inference_conformance.conformance.results import Row, write_rows
+
+    def row(test, verdict, failure=None):
+        return Row(claim="FA-3", check=f"properties/x.py::{test}[{TARGET}-float32]", technique="attention",
+                   implementation=TARGET, dtype="float32", verdict=verdict, message="m", failure=failure or {})
+
+    out = tmp_path / "exp.toml"
+    out.write_text(SIGNED.replace('name = "x"', f'name = "{TARGET}"').replace("test_law[x-float16]", f"test_a[{TARGET}-float32]")
+                   + f'[tests."test_b[{TARGET}-float32]"]\nexpected = "unsupported"\nreason = "r"\n'
+                   + f'[tests."test_c[{TARGET}-float32]"]\nexpected = "unsupported"\nreason = "r"\n', encoding="utf-8")
+    crash = {"exception": "IndexError", "check": "list index out of range"}
+    write_rows([row("test_a", "fail", crash), row("test_b", "fail", {"exception": "AssertionError", "check": "out"}),
+                row("test_c", "unsupported"), row("test_d", "fail", {"exception": "AssertionError", "check": "out",
+                                                                     "rule": "float32", "error": 0.5}),
+                row("test_e", "pass")], tmp_path / "run" / "rows-main-1.jsonl")
+    assert expect.main(["update", str(tmp_path / "run"), "--out", str(out)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("changed: ")]
+    assert lines == [
+        f"changed: exp.toml: test_a[{TARGET}-float32]: a new failure now expected: IndexError of 'list index out of "
+        "range', was AssertionError of 'attention output' under rule float16 with error in [0.001, inf]",
+        f"changed: exp.toml: test_b[{TARGET}-float32]: expected 'fail', was 'unsupported' (AssertionError of 'out')",
+        f"changed: exp.toml: test_d[{TARGET}-float32]: a new failure now expected: AssertionError of 'out' under rule "
+        "float32 with error in [0.25, 1] (it was not listed)"], lines      # test_c unchanged, test_e never listed
+    write_rows([row("test_a", "pass")], tmp_path / "run2" / "rows-main-1.jsonl")
+    assert expect.main(["update", str(tmp_path / "run2"), "--out", str(out)]) == 0
+    assert f"changed: exp.toml: test_a[{TARGET}-float32]: dropped: its tests ran without failing" in capsys.readouterr().out
+
+
+def test_a_band_from_zero_to_inf_on_every_test_is_warned():
+    lax = SIGNED.replace("test_law[x-float16]", "*").replace("[0.001, inf]", "[0, inf]")
+    with pytest.warns(expectations.ExpectationWarning, match=r"s.toml: entry '\*': the error band \[0, inf\] on '\*'"):
+        assert expectations.parse(lax, "s.toml").entries["*"].error == (0.0, math.inf)    # accepted, and said
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        expectations.parse(SIGNED.replace("test_law[x-float16]", "*"), "s.toml")        # a band that means something
+        expectations.parse(SIGNED.replace("[0.001, inf]", "[0, inf]"), "s.toml")        # one test named

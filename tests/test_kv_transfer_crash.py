@@ -2,7 +2,9 @@
 (an IndexError in ``receive``, a KeyError in ``send``) fails the law in the suite's compact format
 (case, the call that crashed with its request id and the exception, the implementation), never as
 a raw traceback; a refusal (NotImplementedError) stays "unsupported" and the contract's own
-TypeError / ValueError pass through as they are. A known-bad transfer that crashes is not a kill."""
+TypeError / ValueError pass through as they are. A known-bad transfer that crashes is not a kill,
+and a crash stays a crash for expectations: a `fail` entry without a signature (a failed check)
+never admits it, one naming its exception does."""
 from __future__ import annotations
 
 import re
@@ -10,7 +12,8 @@ import re
 import pytest
 
 from inference_conformance.conformance import registry
-from inference_conformance.conformance.failures import ImplementationCrash, LawFailure
+from inference_conformance.conformance.expectations import Entry
+from inference_conformance.conformance.failures import ImplementationCrash, LawFailure, failure_kind
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.results import Recorder, recording
 from inference_conformance.conformance.zoo import NotRejected, expect_rejected
@@ -71,6 +74,20 @@ def test_a_crash_in_send_or_receive_fails_the_law_naming_the_call(attr, call, ex
     crash = next(line for line in lines if "crashed" in line)
     assert re.fullmatch(rf"{attr.lower()}: {call} crashed: {exc}.*", crash), crash
     assert "Traceback" not in str(info.value)
+    kind = failure_kind(info.value)
+    name = exc.split(":")[0]
+    assert kind["exception"] == name and name in kind["mro"], kind
+    assert Entry(key="*", expected="fail").admits(kind) == f"raised {name}, expected AssertionError"
+    assert Entry(key="*", expected="fail", exception=name).admits(kind) == ""
+    # inside a group of failures (Hypothesis' several distinct ones) the crash is still the kind
+    group = ExceptionGroup("two failures", [AssertionError("attention output: wrong"), info.value])
+    assert failure_kind(group)["exception"] == name
+
+
+def test_a_failed_check_is_admitted_by_an_unsigned_entry():
+    kind = failure_kind(LawFailure("reqs=1", "decode output: measured error 1.0e+00 EXCEEDS bound 1.0e-06 (rule float32)",
+                                   "t"))
+    assert kind["exception"] == "AssertionError" and Entry(key="*", expected="fail").admits(kind) == ""
 
 
 def test_a_refusal_and_the_contracts_own_errors_are_not_crashes():

@@ -1,6 +1,6 @@
 """The conformance matrix keeps what a newer run cannot vouch for: a crashed test is a cell of its
 own ("crashed", outranking every status, never replaced), a newer skip or refusal never replaces
-an older failure, a run with fewer examples (a weaker Hypothesis profile) never replaces a
+an older failure (a partial one only where it judged the failing input), a run with fewer examples (a weaker Hypothesis profile) never replaces a
 stronger one, and each cell names the run it came from. Fabricated run folders, as
 tests/test_merge.py builds them."""
 from __future__ import annotations
@@ -76,6 +76,16 @@ def test_a_crash_outranks_an_older_pass_and_a_newer_one(tmp_path):
     assert any("a crash is never replaced" in n for n in ctx["notes"]), ctx["notes"]
 
 
+def test_a_crash_a_law_reports_reads_as_a_crash_in_the_matrix(tmp_path):
+    crash = row(FA3, "torch", "fail", message="case: ...\ntorch: receive(...) crashed: IndexError: list index")
+    crash.failure = {"exception": "IndexError", "check": "list index out of range"}
+    check = row(NAN, "torch", "fail", message="the rows: measured error 1 EXCEEDS bound 0")
+    check.failure = {"exception": "AssertionError", "check": "the rows"}
+    ctx = merge.matrix(merge.load([make_run(tmp_path / "r", [crash, check], day=1)]))
+    verdicts = {d["law"]: d["tests"][0]["verdict"] for d in ctx["details"]}
+    assert verdicts == {FA3_LAW: "fail (crash: IndexError)", NAN_LAW: "fail"}, verdicts
+
+
 def test_an_older_style_crash_row_is_recognised():
     legacy = Row(claim="", check="t.py::test_x[a-b]", verdict="error", message="worker crashed while running this test")
     assert crashed(legacy) and not crashed(Row(claim="", check="x", verdict="error", message="boom"))
@@ -96,6 +106,42 @@ def test_a_newer_skip_or_refusal_never_replaces_an_older_failure(tmp_path):
     ctx = merge.matrix(merge.load([old, fixed]))
     assert cells(ctx)[("torch", CI, FA3_LAW)]["status"] == "pass"
     assert cells(ctx)[("torch", CI, FA3_LAW)]["runs"] == ["run2"]
+
+
+def test_a_newer_partial_refusal_replaces_a_failure_only_where_it_judged_the_failing_input(tmp_path):
+    """The newer run refuses just the input the older one failed on (18 or 2 of 22 examples
+    judged): the failure stays, beside the newer result, and the page says why; judging that
+    input (its digest among the newer row's judged ones) and passing it is a fix."""
+    failed = row(FA3, "torch", "fail", message="attention output: measured error 1.0e+00")
+    failed.failure = {"exception": "AssertionError", "check": "attention output", "inputs": ["f00d"]}
+    old = make_run(tmp_path / "a", [failed], day=1)
+
+    def partial(k, judged):
+        r = row(FA3, "torch", "partial", message=f"partial: {k} of 22 examples")
+        r.evidence = {"accepted": k, "examples": 22, "refused_classes": ["Tk > 2048, decode"], "judged": judged}
+        return r
+
+    judged = [f"{i:04x}" for i in range(18)]
+    for k, status in ((18, "partial"), (2, "not enough evidence")):
+        new = make_run(tmp_path / f"b{k}", [partial(k, judged[:k])], day=2)
+        ctx = merge.matrix(merge.load([old, new]))
+        cell = cells(ctx)[("torch", CI, FA3_LAW)]
+        assert cell["status"] == "fail" and cell["runs"] == ["run1", "run2"], (k, cell)
+        assert cell["counts"] == {"fail": 1, status: 1}, cell
+        assert any(f"did not replace run1's: it refused part of its input ({k} of 22 examples judged) and did not "
+                   "judge the input the older run failed on" in n for n in ctx["notes"]), ctx["notes"]
+    # a failure that names no input (an older row): only a newer run that refused nothing replaces it
+    failed.failure = {"exception": "AssertionError"}
+    ctx = merge.matrix(merge.load([make_run(tmp_path / "c", [failed], day=1), new]))
+    assert cells(ctx)[("torch", CI, FA3_LAW)]["status"] == "fail"
+    assert any("names no input it was measured on" in n for n in ctx["notes"]), ctx["notes"]
+    # the newer run judged the failing input and passed it: the fix replaces the failure
+    fixed = make_run(tmp_path / "d", [partial(18, judged[:17] + ["f00d"])], day=2)
+    ctx = merge.matrix(merge.load([old, fixed]))
+    cell = cells(ctx)[("torch", CI, FA3_LAW)]
+    assert cell["status"] == "partial" and cell["runs"] == ["run2"], cell
+    assert "(18 of 22 examples; refused classes: Tk > 2048, decode)" in cell["text"], cell   # one name, comma and all
+    assert any("replaced by the newer run2" in n for n in ctx["notes"]), ctx["notes"]
 
 
 def test_only_a_run_with_as_many_examples_replaces_a_result(tmp_path):

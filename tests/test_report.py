@@ -93,7 +93,14 @@ def test_results_json_has_summary_ledger_fingerprint(report):
     assert s["total"] == len(ledger_ids)
     for key in ("cpu", "gpu", "driver", "torch", "triton", "commit"):
         assert key in doc["fingerprint"]
-    assert doc["killrates"]["attention"]["rate"] == 1.0
+    # every registered zoo entry counts: the one zoo row is a kill, the entries no zoo test ran are not
+    from inference_conformance.reports import killrate
+
+    k, registered = doc["killrates"]["attention"], killrate.registered()["attention"]
+    assert (k["killed"], k["total"], k["bugs"]) == (1, len(registered), len(registered)), k
+    assert [n["check"] for n in k["not_killed"]] == [f"zoo:{b}" for b in registered if b != "no_max_subtract"]
+    md = (report / "report.md").read_text()
+    assert "Not killed: `zoo:nan_rows_zeroed` (no zoo test ran it in this run); `zoo:additive_mask_leaks_nan`" in md
     assert len(doc["rows"]) == 8
 
 
@@ -159,7 +166,7 @@ def test_kill_rate_names_survivors(tmp_path, capsys):
             for n, v in (("a", "pass"), ("b", "pass"), ("c", "fail"))]
     rows.append(Row("KV-1", "k.py::law[zoo-d]", "kv_cache", "zoo:d", verdict="pass"))
     rows.append(Row("KV-1", "k.py::law[triton]", "kv_cache", "triton", verdict="fail"))  # not a zoo row
-    rates = killrate.kill_rates(rows)
+    rates = killrate.kill_rates(rows, zoo={})
     assert rates["attention"]["killed"] == 2 and rates["attention"]["total"] == 3
     assert rates["attention"]["survivors"] == ["p.py::law[zoo-c]"]
     assert rates["kv_cache"]["rate"] == 1.0
@@ -167,6 +174,30 @@ def test_kill_rate_names_survivors(tmp_path, capsys):
     write_rows(rows, tmp_path / "rows" / "r.jsonl")
     assert killrate.main(["--rows", str(tmp_path / "rows")]) == 1
     assert "survivor: p.py::law[zoo-c]" in capsys.readouterr().out
+
+
+def test_every_zoo_entry_counts_skipped_unsupported_or_not_run(tmp_path, capsys):
+    """A zoo test skipped or "unsupported" is no kill, and a registered entry no zoo test ran is
+    none either: a technique whose only zoo test was skipped reads 0 of 1, never 0/0 or 100%."""
+    from inference_conformance.reports import killrate
+
+    rows = [Row("KV-1", "k.py::law[zoo-d]", "kv_cache", "zoo:d", verdict="pass"),
+            Row("KV-1", "k.py::law_gpu[zoo-e]", "kv_cache", "zoo:e", verdict="skip", message="needs a CUDA device"),
+            Row("KV-1", "k.py::law[zoo-f]", "kv_cache", "zoo:f", verdict="unsupported", message="unsupported: f refused"),
+            Row("FA-3", "p.py::law_gpu[zoo-a]", "attention", "zoo:a", verdict="skip", message="needs a CUDA device")]
+    rates = killrate.kill_rates(rows, zoo={"kv_cache": ["d", "e", "f", "g"], "attention": ["a"]})
+    kv = rates["kv_cache"]
+    assert (kv["killed"], kv["total"], kv["bugs_killed"], kv["bugs"]) == (1, 4, 1, 4), kv
+    assert kv["not_killed"] == [
+        {"check": "k.py::law[zoo-f]", "entries": ["f"], "reason": "unsupported: unsupported: f refused"},
+        {"check": "k.py::law_gpu[zoo-e]", "entries": ["e"], "reason": "skip: needs a CUDA device"},
+        {"check": "zoo:g", "entries": ["g"], "reason": killrate.NOT_RUN}]
+    assert (rates["attention"]["killed"], rates["attention"]["total"], rates["attention"]["rate"]) == (0, 1, 0.0)
+    text = killrate.format_rates(rates)
+    assert "    not killed: k.py::law_gpu[zoo-e]: skip: needs a CUDA device" in text
+    assert f"    not killed: zoo:g: {killrate.NOT_RUN}" in text
+    # the correct counterpart: every entry rejected reads 100%
+    assert killrate.kill_rates(rows[:1], zoo={"kv_cache": ["d"]})["kv_cache"]["rate"] == 1.0
 
 
 def test_kill_rate_counts_zoo_tests_outside_the_registry():
@@ -178,7 +209,7 @@ def test_kill_rate_counts_zoo_tests_outside_the_registry():
             Row("SD-10", "properties/speculative_tree/test_t.py::test_d", "", "zoo:d", verdict="fail")]
     from inference_conformance.reports import killrate
 
-    rates = killrate.kill_rates(rows)
+    rates = killrate.kill_rates(rows, zoo={})
     assert rates["quantization"]["rate"] == 1.0
     assert (rates["speculative_tree"]["bugs_killed"], rates["speculative_tree"]["bugs"]) == (2, 3)
     assert rates["speculative_tree"]["survivors"] == ["properties/speculative_tree/test_t.py::test_d"]

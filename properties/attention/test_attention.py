@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.conformance.law_run import input_digest
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.tolerance import (
     assert_close,
@@ -202,6 +203,25 @@ def test_a_refused_example_does_not_skip_the_law(device):
     good = _implementation("pow2_reference", _pow2_only(ref.attention))
     run = FA3(good, device, torch.float64)
     assert run.ran > 0 and run.refused and all("head dim" in r for r in run.refused)
+
+
+def test_a_failing_input_is_named_by_the_digest_a_later_judgement_records(device):
+    """What the matrix matches (reports/merge.py): the failure's input digest is the one a run that
+    judged that input records, and a run refusing it never records it."""
+    from inference_conformance.properties.attention import zoo as zoo_attention
+
+    import dataclasses
+
+    pow2, other = Case(1, 2, 1, 3, 9, 16, True, 0.25), Case(1, 2, 1, 3, 9, 24, True, 0.25)
+    law, want = FA3.with_examples((dict(case=pow2, seed=7), dict(case=other, seed=7))), input_digest({"case": pow2, "seed": 7})
+    bad = dataclasses.replace(_implementation("pow2_top_left", _pow2_only(zoo_attention.top_left_causal)),
+                              origin="zoo")     # the law's own failure, without the diagnosis' replays
+    with results.recording(results.Recorder()) as rec, pytest.raises(AssertionError):
+        law(bad, device, torch.float64)
+    assert rec.failed_inputs == [want], rec.failed_inputs
+    with results.recording(results.Recorder()) as rec:
+        law(_implementation("pow2_reference", _pow2_only(ref.attention)), device, torch.float64)
+    assert rec.judged == [want] and rec.refused_classes == [] and "refused 1 of 2 examples" in rec.partial
 
 
 def test_an_implementation_refusing_everything_is_unsupported_not_passed(device):
