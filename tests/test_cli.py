@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,7 +74,16 @@ def test_each_subcommand_help_is_its_modules(tmp_path):
                         ("docs", "--check"), ("gate", "--baseline"), ("ab", "--impl-a"), ("export-model", "--head-dims")):
         done = helps[name] = command(name, "--help", cwd=tmp_path)
         assert done.returncode == 0 and words in done.stdout, (name, done.stdout, done.stderr)
+        assert not re.search(r"``|:(func|mod|class|data|meth):`", done.stdout), (name, done.stdout)  # plain text
     assert "usage: inference-conformance run" in helps["run"].stdout
+    assert cli.plain("see :func:`a.b.main`, ``--x`` and `y`") == "see main, --x and y"
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """``inference-conformance list | head -1``: exit 0, no BrokenPipeError traceback."""
+    done = subprocess.run(f"{sys.executable} -m inference_conformance list | head -1", shell=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("attention: ") and done.stderr == "", done.stderr
 
 
 def test_list_imports_no_torch_and_names_every_technique_and_claim(tmp_path):
