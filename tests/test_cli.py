@@ -138,3 +138,18 @@ def test_outputs_land_in_the_suites_folder_under_the_current_one(tmp_path):
     assert f"in {out} " in done.stdout, done.stdout[-2000:]
     rows = [json.loads(line) for f in (out / "rows").glob("*.jsonl") for line in f.read_text().splitlines() if line]
     assert rows and {r["implementation"] for r in rows} == {"my_attention:attention"}, rows[:3]
+
+
+def test_expect_update_says_what_it_wrote_and_refuses_a_name_no_row_has(tmp_path, capsys):
+    from inference_conformance.conformance import results
+    from inference_conformance.reports import expect
+
+    rows = [results.Row(claim="FA-3", check=f"p/test_a.py::test_law[mine:attn-{d}]", technique="attention",
+                        implementation="mine:attn", dtype=d, verdict=v, message="m")
+            for d, v in (("float32", "fail"), ("bfloat16", "pass"))]
+    results.write_rows(rows, str(tmp_path / "run" / "rows.jsonl"))
+    assert expect.main(["update", str(tmp_path / "run"), "--out", str(tmp_path / "exp"), "--impl", "mine:atn"]) == 2
+    err = capsys.readouterr().err
+    assert "--impl mine:atn: no row of the run names it; the run's implementations: mine:attn" in err, err
+    assert expect.main(["update", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'exp' / 'mine_attn.toml'}: mine:attn, 1 entry (1 fail)\n"
