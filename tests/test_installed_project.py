@@ -116,9 +116,10 @@ def test_a_law_runs_an_outside_implementation(site, project):
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` but the suite's output folder, by its path: its bytes."""
+    """Every file under ``root`` by its path: its bytes; but the suite's output folder, and the
+    caches Python and the project's own Hypothesis tests write (``.hypothesis``: its database)."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "inference-conformance-out" not in p.parts and "__pycache__" not in p.parts}
+            if p.is_file() and not {"inference-conformance-out", "__pycache__", ".hypothesis"} & set(p.parts)}
 
 
 def _command(project: Path, site: Path, extra: Path, *args: str, shell: str = "") -> subprocess.CompletedProcess:
