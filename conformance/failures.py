@@ -74,10 +74,13 @@ class ToleranceFailure(PlainFailure):
 class LawFailure(PlainFailure):
     """A law rejected an implementation: the message is the case, the diagnosis, the failing
     comparison and the implementation, one line each (see the module's docstring). ``case``,
-    ``comparison``, ``implementation``, ``diagnosis``: those lines' text."""
+    ``comparison``, ``implementation``, ``diagnosis``: those lines' text; ``bugs``: the names of
+    the known bugs the diagnosis found."""
 
-    def __init__(self, case: str, comparison: str, implementation: str, diagnosis: str = "") -> None:
+    def __init__(self, case: str, comparison: str, implementation: str, diagnosis: str = "",
+                 bugs: tuple = ()) -> None:
         self.case, self.comparison, self.implementation, self.diagnosis = case, comparison, implementation, diagnosis
+        self.bugs = tuple(bugs)
         # the diagnosis second: a report that shows the first 300 characters of a message shows it
         lines = [f"case: {case}"] + ([f"diagnosis: {diagnosis}"] if diagnosis else [])
         super().__init__("\n".join(lines + [comparison, f"implementation: {implementation}"]))

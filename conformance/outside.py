@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
 from inference_conformance.conformance import registry
 
@@ -45,15 +44,25 @@ def load_error(technique: str, target: str, exc: BaseException) -> str:
 def isolate_crashes(config) -> None:
     """An outside implementation may kill its process (a segfault, ``os._exit``): with
     pytest-xdist every collected test must still run, so the worker-restart limit (4 per worker
-    by default, after which xdist stops scheduling) is lifted unless the user set one; without
-    xdist a crash ends the run, so say how to isolate it."""
+    by default, after which xdist stops scheduling) is lifted unless the user set one (without
+    xdist, :func:`crash_advice` says how to isolate a crash)."""
     if not hasattr(config.option, "maxworkerrestart"):
         return
     if getattr(config.option, "numprocesses", None):
         if config.option.maxworkerrestart is None:
             config.option.maxworkerrestart = str(10 ** 6)
-    elif not os.environ.get("PYTEST_XDIST_WORKER"):
-        config.issue_config_time_warning(pytest.PytestWarning(
-            "--impl without pytest-xdist: an implementation that crashes the process (segfault, "
-            "os._exit) ends the run with no summary; add -n 1 to run each crash in a worker that is "
-            "restarted, so every test runs and the crash is reported as that test's error"), stacklevel=2)
+
+
+#: The terminal's line for a run of the laws on an --impl without pytest-xdist.
+CRASH_ADVICE = "conformance: without -n a crash of an --impl ends the run; -n 1 makes it its test's error"
+
+
+def crash_advice(config, benchmarks: bool) -> str | None:
+    """:data:`CRASH_ADVICE` for a run with ``--impl`` and pytest-xdist installed but not used
+    (``-n``), in its main process; None otherwise, and for a run that timed ``benchmarks`` (``-n``
+    turns benchmarking off)."""
+    if benchmarks or not config.getoption("impl", default=None) or not hasattr(config.option, "maxworkerrestart"):
+        return None
+    if getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return CRASH_ADVICE

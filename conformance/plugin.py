@@ -58,7 +58,8 @@ collected whatever the project's ``python_files``.
 
 The run's state lives in ``config.stash`` (:mod:`inference_conformance.conformance.plugin_state`);
 the hooks are split by job: collection (``plugin_collect``), results (``plugin_results``), the
-benchmarks' accessors (``plugin_bench``), ``--list-impls``'s cache (``plugin_list``).
+failures in the terminal, one line per failing law (``plugin_failures``), the benchmarks'
+accessors (``plugin_bench``), ``--list-impls``'s cache (``plugin_list``).
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ from inference_conformance.conformance.plugin_profiles import STORAGE_ENV, stora
 from inference_conformance.conformance.plugin_results import (_RECORDER, _rows_for, pytest_handlecrashitem,
                                                               pytest_runtest_makereport, pytest_runtest_protocol,
                                                               pytest_sessionfinish, pytest_terminal_summary, recorder)
-from inference_conformance.conformance import plugin_results
+from inference_conformance.conformance import plugin_failures, plugin_results
 from inference_conformance.conformance.plugin_state import enter, is_suite_node, leave, state, suite_invocation
 
 __all__ = ["bench_backends", "bench_id", "bench_implementation", "outside", "outside_backends", "outside_info", "outside_refusals",
@@ -181,6 +182,7 @@ def pytest_configure(config):
         config.issue_config_time_warning(pytest.PytestWarning(f"--expect: {w.message}"), stacklevel=2)
     config.pluginmanager.register(sharding, "inference_conformance.conformance.sharding")
     plugin_results.register(config)
+    plugin_failures.register(config)
     if config.getoption("results", default=None):
         files = [e.source for e in st.expect + st.expect_builtin]
         st.run = runinfo.RunFolder(config.getoption("results"), st.device, config.getoption("shard"),

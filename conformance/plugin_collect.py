@@ -170,9 +170,10 @@ def pytest_collection_modifyitems(config, items):
     # a benchmark with an outside row keeps its built-in rows beside it, in one pinned run
     beside = set() if config.getoption("outside_bench_only", default=False) else \
         {_bench_function(i) for i in items if _outside_bench(i) in techniques}
+    # the project's own tests, run in the same command, are the project's: --impl selects the suite's
     keep = {item for item in items
             if (technique_of(item) in techniques and "bad_impl" not in getattr(item, "fixturenames", ()))
-            or _outside_bench(item) in techniques or _bench_function(item) in beside}
+            or _outside_bench(item) in techniques or _bench_function(item) in beside or not is_suite_node(item)}
     _deselect(config, items, keep)
 
 

@@ -139,6 +139,17 @@ def measure_ceilings(device: str, quick: bool = True) -> dict | None:
         return None
 
 
+def ceilings_line(c: dict | None) -> str:
+    """The measured ceilings in one line: "ceilings: copy 12.3 GB/s; matmul float32 45.6 GFLOP/s,
+    ... (quick sizes)"; "ceilings: not measured" for None."""
+    if not c:
+        return "ceilings: not measured"
+    peaks = ", ".join(f"{k} {float(v) / 1e9:.3g} GFLOP/s" for k, v in (c.get("matmul_flops_per_s") or {}).items())
+    copy = c.get("copy_bytes_per_s")
+    text = "; ".join(filter(None, (f"copy {float(copy) / 1e9:.3g} GB/s" if copy else "", f"matmul {peaks}" if peaks else "")))
+    return f"ceilings: {text or 'nothing measured'}" + (" (quick sizes)" if c.get("quick") else "")
+
+
 def _skip_final_collection() -> None:
     """At exit (after the atexit handlers registered later): no last collection of reference
     cycles over the modules the report imported (torch's: half a second of CPU per run), unless
@@ -338,7 +349,7 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
                                                           "settings": first.get("settings")}))
             job.stage(3, n_stages, f"device ceilings ({device})")
             ceilings = measure_ceilings(device, quick=args.quick_ceilings)
-            print(f"ceilings: {ceilings}", flush=True)
+            print(ceilings_line(ceilings), flush=True)
         os.replace(scratch, rows_dir)
     fp = env.fingerprint(device)
     records = read_records(bench_json)
@@ -346,7 +357,7 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
     outside = any(a == "--impl" or a.startswith("--impl=") for a in args.pytest_args)
     if outside and records and not (args.no_run or args.no_bench or args.no_history):
         print("history: not appended (--impl: the outside implementations' rows are named impl, impl2, ... "
-              "whatever their targets; compare two targets with python -m inference_conformance.perf.ab --impl-a ... --impl-b ...)",
+              "whatever their targets; compare two targets with inference-conformance ab --impl-a ... --impl-b ...)",
               flush=True)
     if not args.no_run and not args.no_bench and not args.no_history and records and not outside:
         job.stage(4, n_stages, "history")

@@ -21,14 +21,12 @@ from inference_conformance.perf import env
 from inference_conformance.perf import history as hist
 from inference_conformance.perf import records as benchmark_records
 from inference_conformance.reports import plots, publish, templating
+from inference_conformance.reports.build_claims import (_ORDER, _VERDICT_WORDS, _evidence_text, _fig_text, _num,  # noqa: F401
+                                                         _verdict_of, _worst_measured, decided_text, deciding)
 from inference_conformance.reports.cells import batch_invariance_text
 from inference_conformance.reports.killrate import kill_rates
 from inference_conformance.reports.ledger import claims
 
-#: Verdicts worst first; an "expected fail" (listed in an --expect file) is still a failure of the
-#: law, ranked under a new one; an "unexpected pass" holds (the listed bug is fixed).
-_ORDER = {"crashed": 9, "fail": 7, "error": 6, "stale expectation": 5.5, "expected fail": 5, "not enough evidence": 4.5,
-          "unexpected pass": 4, "partial": 3, "pass": 2, "unsupported": 1, "skip": 0}
 ROOT = Path(__file__).resolve().parent.parent
 #: The gate's calibration as ``python -m inference_conformance.perf.calibrate analyse`` writes it
 #: (package data of ``inference_conformance.perf``).
@@ -42,64 +40,6 @@ def fingerprint(device: str | None = None) -> dict:
 
 def _is_zoo(r: Row) -> bool:
     return r.implementation.startswith("zoo:")
-
-
-def _num(x) -> str:
-    if x is None:
-        return ""
-    if isinstance(x, dict):
-        return ", ".join(f"{k}: {_num(v)}" for k, v in x.items())
-    if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_num(v) for v in x) + "]"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        return f"{x:.4g}"
-    if isinstance(x, int):
-        return f"{x:,}" if abs(x) >= 10000 else str(x)
-    return str(x)
-
-
-def _fig_text(r: Row, value) -> str:
-    what = r.extra.get("what") if isinstance(r.extra, dict) else None
-    text = _num(value)
-    if r.unit and value is not None and not isinstance(value, str):
-        text += f" {r.unit}"
-    if value is r.measured and isinstance(r.extra, dict) and "holds" in r.extra:
-        lo, hi = r.extra.get("ci_low"), r.extra.get("ci_high")
-        if "pairs" in r.extra and lo is not None and hi is not None:
-            text += f" ({r.extra.get('pairs')} pairs, interval {_num(lo)}–{_num(hi)})"
-        word = {True: "holds", False: "NOT reproduced", None: "inconclusive"}.get(r.extra["holds"], "NOT reproduced")
-        text += f" [{word}: {r.extra.get('trend_rule', '')}]"
-    return f"{what}: {text}" if what else text
-
-
-_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails", "crashed": "fails",
-                  "not enough evidence": "not enough evidence",
-                  "expected fail": "fails (expected)", "unexpected pass": "holds (unexpected pass)"}
-
-
-def _verdict_of(rs: list[Row], kind: str) -> str:
-    """The verdict of a claim's rows (all of one implementation, or all of them): the worst
-    judged row; "not measured" when every row was skipped; a trend or figure claim whose rows
-    carry ``extra["holds"]`` (the claim's own figure compared with the lecture's) fails where
-    one of them is false, is "inconclusive" where none is false and one is None (its interval
-    straddles the claim's mark: the run cannot tell), and a trend without such rows is "not
-    measured" (a passing test alone never shows a direction)."""
-    judged = [r for r in rs if r.verdict in _VERDICT_WORDS]
-    if not judged:
-        return "not measured"
-    verdict = _VERDICT_WORDS[max(judged, key=lambda r: _ORDER[r.verdict]).verdict]
-    held = [r.extra.get("holds") for r in rs if isinstance(r.extra, dict) and "holds" in r.extra]
-    if verdict.startswith("holds") and kind in ("trend", "figure"):
-        if held:
-            verdict = ("fails" if any(h is False for h in held) else "inconclusive" if any(h is None for h in held)
-                       else verdict)
-        elif kind == "trend":
-            verdict = "not measured"
-    return verdict
 
 
 def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[dict]:
@@ -123,7 +63,9 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
         verdict = "not checked" if not rs else _verdict_of(rs, c.kind)
         impls = sorted({r.implementation for r in rs if r.implementation})
         by_impl = {i: _verdict_of([r for r in rs if r.implementation == i], c.kind) for i in impls}
+        decided = deciding(rs, c.kind, verdict)
         figures = [r for r in rs if r.lecture is not None or (r.unit and r.unit not in ("max abs error", "rejection"))]
+        figures.sort(key=lambda r: r not in decided)          # the figures that decided the verdict first
         seen, lect, meas = set(), [], []
         for r in figures:
             key = (json.dumps(r.lecture, default=str), json.dumps(r.measured, default=str), r.unit)
@@ -138,8 +80,8 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
         if not measured_text and brecs:
             measured_text = "; ".join(f"{b['name']}: median {_secs(b['stats'].get('median'))}" for b in brecs[:3])
         checks = sorted({r.check.split("[")[0] for r in rs} | {b["fullname"].split("[")[0] for b in brecs})
-        evidence = "; ".join(f"{_evidence_text(r)} ({'/'.join(filter(None, (r.implementation, r.dtype)))})"
-                             for r in rs if r.evidence)
+        evidence = "; ".join([f"{_evidence_text(r)} ({'/'.join(filter(None, (r.implementation, r.dtype)))})"
+                              for r in rs if r.evidence] + ([decided_text(decided)] if decided else []))
         out.append({"id": c.id, "kind": c.kind, "text": c.text, "section": c.section, "verdict": verdict,
                     "evidence_text": evidence,
                     "checks": checks, "lecture": figures[0].lecture if figures else None,
@@ -158,27 +100,6 @@ def _judged(rows: list[Row]) -> list[Row]:
     enough evidence" (:func:`inference_conformance.conformance.verdicts.effective`)."""
     return [r if r.verdict != "partial" else dataclasses.replace(r, verdict=verdicts.effective(r.verdict, r.evidence))
             for r in rows]
-
-
-def _evidence_text(r: Row) -> str:
-    """A partial row's "k of n examples" and the classes only its refused examples reached."""
-    ev = r.evidence or {}
-    refused = ev.get("refused_classes") or []
-    return f"{ev.get('accepted')} of {ev.get('examples')} examples" + (
-        f", refused classes: {', '.join(refused)}" if refused else "")
-
-
-def _worst_measured(rs: list[Row]) -> str:
-    vals = [r for r in rs if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float))
-            and not isinstance(r.measured, bool)]
-    if not vals:
-        return ""
-
-    def ratio(r):
-        return r.measured / r.bound if r.bound else (0.0 if r.measured == 0 else math.inf)
-
-    w = max(vals, key=ratio)
-    return f"max error {_num(w.measured)} (bound {_num(w.bound)}{', ' + w.dtype if w.dtype else ''})"
 
 
 def _secs(s) -> str:

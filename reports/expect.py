@@ -97,8 +97,14 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
            changes: list[str] | None = None) -> list[Path]:
     """Write the expectation files for ``rows`` under ``out`` (see the module doc); returns them.
     ``changes``: given a list, one line per entry added, rewritten or dropped is appended to it
-    ("<file>: <test id>: ...")."""
+    ("<file>: <test id>: ..."). Raises ValueError for an ``only`` name no row has (naming the run's
+    implementations) and for a one-file ``out`` given several implementations."""
     by_impl: dict[tuple[str, str], list[Row]] = {}   # (implementation, technique of a built-in)
+    names = sorted({r.implementation for r in rows if r.implementation and not r.implementation.startswith("zoo:")})
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        raise ValueError(f"--impl {', '.join(unknown)}: no row of the run names it; the run's implementations: "
+                         f"{', '.join(names) or 'none'}")
     for r in rows:
         if not r.implementation or r.implementation.startswith("zoo:"):
             continue
@@ -158,7 +164,9 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
 
 
 def main(argv: list[str] | None = None, prog: str = "inference-conformance expect") -> int:
-    """``expect update RUN --out PATH``: write the expectation files; 0, or 2 naming the problem."""
+    """``expect update RUN --out PATH``: write the expectation files, one line per file written (its
+    implementation and its entries by outcome); 0, or 2 naming the problem (an ``--impl`` no row
+    names among them)."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("update", help="write or refresh expectation files from a run's rows")
@@ -176,7 +184,12 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance expec
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     for p in written:
-        print(p)
+        exp = expectations.parse(p.read_text(encoding="utf-8"), str(p))
+        counts = {}
+        for e in exp.entries.values():
+            counts[e.expected] = counts.get(e.expected, 0) + 1
+        said = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "nothing expected: every test passed"
+        print(f"wrote {p}: {exp.name}, {len(exp.entries)} entr{'y' if len(exp.entries) == 1 else 'ies'} ({said})")
     for line in changes:             # a ratchet loosened is visible in review: one line per entry changed
         print(f"changed: {line}")
     if not written:

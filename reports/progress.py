@@ -5,10 +5,12 @@ As a pytest plugin (``-p inference_conformance.reports.progress``; ``python -m
 inference_conformance.reports`` loads it in its pytest stages) it prints, at most every
 ``INFERENCE_CONFORMANCE_PROGRESS_EVERY`` seconds (default 20) and when the stage ends, one line::
 
-    progress: 412/1905 tests (22%), 1m35s elapsed, about 5m40s left
+    progress: 412/1905 tests (22%), 1m35s elapsed, about 5m40s left, load 6.3 on 2 cores
 
-The estimate is the time per finished test so far times the tests left (a stage whose slow tests
-come last finishes later than it says). Under pytest-xdist the controller counts what its workers
+The estimate is the time per test measured since the first test finished times the tests left (a
+stage whose slow tests come last finishes later than it says); until a few tests have finished
+over a few seconds the line says "estimating the time left". The load average is shown where it
+is above the machine's cores: the stage shares them, and takes longer than on an idle machine. Under pytest-xdist the controller counts what its workers
 report; the workers print nothing. Loaded nowhere else: an ordinary pytest run is untouched.
 """
 from __future__ import annotations
@@ -36,23 +38,59 @@ def clock(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+#: An estimate needs this many tests finished after the first one, over at least this many seconds.
+MIN_TESTS, MIN_SECONDS = 3, 5.0
+
+
+def load_note(load: float | None = None, cores: int | None = None) -> str:
+    """", load 6.3 on 2 cores" when the machine's 1-minute load average is above its core count
+    (the estimate then runs long: the stage shares the cores); "" otherwise or where the load
+    cannot be read. ``load``, ``cores``: the figures to judge (default: this machine's)."""
+    try:
+        load = os.getloadavg()[0] if load is None else load
+    except (AttributeError, OSError):
+        return ""
+    cores = cores or len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (cores or os.cpu_count() or 1)
+    return f", load {load:.1f} on {cores} core{'s' if cores != 1 else ''}" if load > cores else ""
+
+
 @dataclass
 class Progress:
-    """Tests done of ``total`` since ``start`` (``time.monotonic`` seconds)."""
+    """Tests done of ``total`` since ``start`` (``time.monotonic`` seconds); ``first_at`` and
+    ``first_done``: when the first test finished and how many had then (:meth:`finished`): the
+    rate is measured from there, so that the stage's start (imports, collection, the first
+    test's compilation) is not taken for the time of a test."""
 
     total: int = 0
     done: int = 0
     start: float = field(default_factory=time.monotonic)
     shown: float = 0.0
+    first_at: float | None = None
+    first_done: int = 0
 
-    def line(self, now: float | None = None) -> str:
-        """The progress line at ``now`` (default: the current monotonic time)."""
+    def finished(self, now: float) -> None:
+        """One more test finished at ``now``."""
+        self.done += 1
+        if self.first_at is None:
+            self.first_at, self.first_done = now, self.done
+
+    def line(self, now: float | None = None, load: str | None = None) -> str:
+        """The progress line at ``now`` (default: the current monotonic time): the estimate of
+        the time left once :data:`MIN_TESTS` tests finished after the first over at least
+        :data:`MIN_SECONDS` (the measured rate times the tests left), "estimating" before;
+        ``load``: what :func:`load_note` says (default: asked at each line)."""
         now = time.monotonic() if now is None else now
         elapsed = max(0.0, now - self.start)
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
         text = f"progress: {self.done}/{self.total or '?'} tests{pct}, {clock(elapsed)} elapsed"
         if 0 < self.done < self.total:
-            text += f", about {clock(elapsed / self.done * (self.total - self.done))} left"
+            measured = self.done - self.first_done
+            span = now - self.first_at if self.first_at is not None else 0.0
+            if measured >= MIN_TESTS and span >= MIN_SECONDS:
+                text += f", about {clock(span / measured * (self.total - self.done))} left"
+            else:
+                text += ", estimating the time left"
+            text += load_note() if load is None else load
         return text
 
 
@@ -80,8 +118,8 @@ class _Reporter:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "teardown":
             return
-        self.progress.done += 1
         now = time.monotonic()
+        self.progress.finished(now)
         if now - self.progress.shown >= self.every:
             self.progress.shown = now
             self._write(self.progress.line(now))

@@ -163,6 +163,14 @@ def export_model(name: str, out: str | Path, head_dim: int | None = None) -> tup
     return folder, check_export(folder, model)
 
 
+def folder_bound(key: str) -> float:
+    """The bound :func:`padding_bound` gives the folder ``key`` of :func:`export_world` ("NAME" or
+    "NAME-hdD")."""
+    name, _, hd = key.partition("-hd")
+    cfg = checkpoints.load_card(name)["config"]
+    return padding_bound(int(hd) if hd else None, cfg["head_dim"] or cfg["d_model"] // cfg["n_heads"])
+
+
 def export_world(out: str | Path, names: tuple[str, ...] = checkpoints.NAMES,
                  draft_head_dims: tuple[int, ...] = DRAFT_HEAD_DIMS) -> dict[str, tuple[Path, float]]:
     """Every shipped checkpoint as ``out/NAME``, and each draft also as ``out/NAME-hdD`` for D in
@@ -175,13 +183,7 @@ def export_world(out: str | Path, names: tuple[str, ...] = checkpoints.NAMES,
         if name != "target":
             for hd in draft_head_dims:
                 done[f"{name}-hd{hd}"] = export_model(name, out / f"{name}-hd{hd}", hd)
-    own = {n: checkpoints.load_card(n)["config"] for n in names}
-    bad = {}
-    for key, (_, d) in done.items():
-        name, _, hd = key.partition("-hd")
-        cfg = own[name]
-        if d > padding_bound(int(hd) if hd else None, cfg["head_dim"] or cfg["d_model"] // cfg["n_heads"]):
-            bad[key] = d
+    bad = {key: d for key, (_, d) in done.items() if d > folder_bound(key)}
     if bad:
         raise ValueError(f"exported folders differ from the reference in float64 logits: {bad}")
     return done
@@ -189,7 +191,8 @@ def export_world(out: str | Path, names: tuple[str, ...] = checkpoints.NAMES,
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``inference-conformance export-model OUT [--names ...] [--head-dims 32 64]``: write the
-    folders and print each one's float64 logit difference. Exit 0, or 1 when one exceeds its bound."""
+    folders and print each one's float64 logit difference against its bound (:func:`folder_bound`)
+    and the verdict. Exit 0, or 1 when one exceeds its bound."""
     import argparse
 
     ap = argparse.ArgumentParser(prog=prog, description="Write the small world's checkpoints as Hugging Face "
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {exc}")
         return 1
     for key, (path, diff) in done.items():
-        print(f"{key}: {path} (float64 logit difference {diff:g})")
+        print(f"{key}: {path} (float64 logit difference {diff:.3g} <= bound {folder_bound(key):.3g}: the same model)")
     return 0
 
 

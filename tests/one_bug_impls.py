@@ -4,6 +4,7 @@ diagnosis tests (``tests/test_diagnosis.py``: ``--impl attention=tests.one_bug_i
 - :func:`top_left_attention`: the causal mask aligned top-left (query i sees keys j <= i, as
   torch's ``is_causal``), wrong whenever Tq < Tk;
 - :func:`default_scale_attention`: the caller's ``scale`` dropped for the textbook 1/sqrt(D);
+- :func:`three_bug_attention`: both of those and the ``sinks`` ignored, at once;
 - :data:`floor_quantization`: absmax quantization rounding down (floor) instead of to nearest
   (``examples/my_quantization.py``'s quantizer with floor for its rounding);
 - :data:`q4_0_any_bits`: llama.cpp's Q4_0 blocks (4-bit codes) whatever ``bits`` it is asked,
@@ -57,6 +58,26 @@ def default_scale_attention(q, k, v, *, causal, scale):
     validate(q, k, v, causal, scale)
     return _softmax_attention(q, k, v, causal=causal, scale=1.0 / math.sqrt(q.shape[-1]),
                               diagonal=k.shape[2] - q.shape[2])
+
+
+def three_bug_attention(q, k, v, *, causal, scale, window=None, softcap=None, sinks=None):
+    """Attention with three known bugs at once: the causal (and window) mask aligned top-left
+    (query i sees keys i - W < j <= i), the caller's ``scale`` dropped for 1/sqrt(D), and the
+    ``sinks`` ignored; the soft-cap is right."""
+    validate(q, k, v, causal, scale, window, softcap, sinks)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = q.shape[1] // k.shape[1]
+    keys = k.to(work).repeat_interleave(group, dim=1)
+    values = v.to(work).repeat_interleave(group, dim=1)
+    logits = torch.matmul(q.to(work), keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if causal:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        hidden = (j > i) | ((j <= i - window) if window is not None else False)
+        logits = logits.masked_fill(hidden, -math.inf)
+    return torch.matmul(torch.softmax(logits, dim=-1), values).to(q.dtype)
 
 
 def _worked_example(name: str):

@@ -52,9 +52,10 @@ def test_draws_what_the_profile_says(x):
 
 def test_their_reports_and_expectations_are_theirs():
     import expectations.table
+    import properties.laws
     import reports.expect
 
-    assert reports.expect.OWN and expectations.table.OWN
+    assert reports.expect.OWN and expectations.table.OWN and properties.laws.OWN
 '''
 
 TRITONLESS = '''
@@ -73,7 +74,7 @@ def test_their_benchmark(benchmark):
 
 def make_project(root: Path) -> Path:
     """Write the project into ``root`` (created); returns ``root``."""
-    for package in ("tests", "benchmarks", "reports", "expectations"):
+    for package in ("tests", "benchmarks", "reports", "expectations", "properties"):
         (root / package).mkdir(parents=True)
         (root / package / "__init__.py").write_text("")
     (root / "conftest.py").write_text(CONFTEST)
@@ -82,6 +83,7 @@ def make_project(root: Path) -> Path:
     (root / "benchmarks" / "test_speed.py").write_text(BENCH)
     (root / "reports" / "expect.py").write_text("OWN = True\n")
     (root / "expectations" / "table.py").write_text("OWN = True\n")
+    (root / "properties" / "laws.py").write_text("OWN = True\n")
     (root / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests", "benchmarks"]\n')
     return root
 

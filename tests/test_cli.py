@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,7 +74,16 @@ def test_each_subcommand_help_is_its_modules(tmp_path):
                         ("docs", "--check"), ("gate", "--baseline"), ("ab", "--impl-a"), ("export-model", "--head-dims")):
         done = helps[name] = command(name, "--help", cwd=tmp_path)
         assert done.returncode == 0 and words in done.stdout, (name, done.stdout, done.stderr)
+        assert not re.search(r"``|:(func|mod|class|data|meth):`", done.stdout), (name, done.stdout)  # plain text
     assert "usage: inference-conformance run" in helps["run"].stdout
+    assert cli.plain("see :func:`a.b.main`, ``--x`` and `y`") == "see main, --x and y"
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """``inference-conformance list | head -1``: exit 0, no BrokenPipeError traceback."""
+    done = subprocess.run(f"{sys.executable} -m inference_conformance list | head -1", shell=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("attention: ") and done.stderr == "", done.stderr
 
 
 def test_list_imports_no_torch_and_names_every_technique_and_claim(tmp_path):
@@ -128,3 +138,21 @@ def test_outputs_land_in_the_suites_folder_under_the_current_one(tmp_path):
     assert f"in {out} " in done.stdout, done.stdout[-2000:]
     rows = [json.loads(line) for f in (out / "rows").glob("*.jsonl") for line in f.read_text().splitlines() if line]
     assert rows and {r["implementation"] for r in rows} == {"my_attention:attention"}, rows[:3]
+
+
+def test_expect_update_says_what_it_wrote_and_refuses_a_name_no_row_has(tmp_path, capsys):
+    from inference_conformance.conformance import results
+    from inference_conformance.reports import expect
+
+    rows = [results.Row(claim="FA-3", check=f"p/test_a.py::test_law[mine:attn-{d}]", technique="attention",
+                        implementation="mine:attn", dtype=d, verdict=v, message="m")
+            for d, v in (("float32", "fail"), ("bfloat16", "pass"))]
+    results.write_rows(rows, str(tmp_path / "run" / "rows.jsonl"))
+    assert expect.main(["update", str(tmp_path / "run"), "--out", str(tmp_path / "exp"), "--impl", "mine:atn"]) == 2
+    err = capsys.readouterr().err
+    assert "--impl mine:atn: no row of the run names it; the run's implementations: mine:attn" in err, err
+    assert expect.main(["update", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"wrote {tmp_path / 'exp' / 'mine_attn.toml'}: mine:attn, 1 entry (1 fail)", out
+    assert out[1:] == ["changed: mine_attn.toml: p/test_a.py::test_law[mine:attn-float32]: a new failure now expected: "
+                       + out[1].split("now expected: ", 1)[-1]], out     # the ratchet, one line

@@ -102,19 +102,19 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("technique, target, law, bug", [
     ("attention", "top_left_attention", "properties/attention/test_attention.py::test_fa3_matches_float64_reference", "top_left_causal"),
-    ("attention", "default_scale_attention", "properties/attention/test_attention.py::test_fa3_matches_float64_reference",
-     "ignores_scale"),
     ("quantization", "floor_quantization", "properties/quantization/test_quantization.py::test_qt1_within_half_step", "floor_not_round"),
 ])
 def test_an_outside_implementation_is_diagnosed_by_name(tmp_path, technique, target, law, bug):
-    """pytest --impl, as a user runs it: the terminal and the result rows name the known bug."""
+    """pytest --impl, as a user runs it: the terminal's line for the law and the result rows name
+    the known bug (the single-bug kernel that drops the scale: test_a_failing_law_names_the_known_bug)."""
     r = _pytest(tmp_path, law, "-k", "not float32 and not float16 and not bfloat16",  # float64 (the name holds it)
                 "--impl", f"{technique}=tests.one_bug_impls:{target}",
                 "--results", str(tmp_path / "rows"))
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
+    assert re.search(rf"^{law.split('::')[1]}: 1 failed \(.*\); known bug: {bug}$", _section(out), re.M), out[-3000:]
     said = f"diagnosis: same output as known bug {bug}"
-    assert said in out, out[-3000:]
+    assert said in (tmp_path / "rows" / "failures.txt").read_text(encoding="utf-8")
     rows = read_rows(tmp_path / "rows")
     failed = [row for row in rows if row.verdict == "fail"]
     assert failed and all(said in row.message for row in failed), [row.message for row in failed]
@@ -122,3 +122,32 @@ def test_an_outside_implementation_is_diagnosed_by_name(tmp_path, technique, tar
     (written,) = expect.update(rows, tmp_path / "expected.toml")
     entries = expectations.parse(written.read_text(encoding="utf-8")).entries.values()
     assert entries and all("case: " in e.measured and said in e.measured for e in entries), list(entries)
+
+
+def _section(out: str) -> str:
+    """The terminal's "conformance failures" section (its lines without the claim in front)."""
+    part = out.split(" conformance failures: ", 1)[1].split("\n", 1)[1]
+    return "\n".join(line.split(" ", 1)[1] for line in part.splitlines() if re.match(r"[A-Z]{2}-\d+ ", line))
+
+
+def test_a_kernel_with_three_known_bugs_fails_in_a_screen_naming_each(tmp_path):
+    """A top-left causal mask, the scale dropped for 1/sqrt(D) and the sinks ignored, at once
+    (``tests.one_bug_impls:three_bug_attention``): no single known bug reproduces its output, the
+    diagnosis names each on the example with one feature left; the run prints in at most 40 lines
+    of at most 100 columns, one per failing law (many tests of one law: test_compact_failures.py),
+    and the full failures go to the results folder."""
+    impl = "tests.one_bug_impls:three_bug_attention"
+    r = _pytest(tmp_path, f"properties/attention/test_attention.py::test_fa3_matches_float64_reference[{impl}-float64]",
+                f"properties/attention/test_attention_features.py::test_fa8_options_match_float64_reference[{impl}-float64]",
+                "--impl", f"attention={impl}", "--results", str(tmp_path / "rows"))
+    out = r.stdout + r.stderr
+    detail = (tmp_path / "rows" / "failures.txt").read_text(encoding="utf-8")
+    assert r.returncode == 1, out[-3000:]
+    lines = out.rstrip("\n").splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 100, out
+    section = _section(out).splitlines()
+    assert len(section) == 2 and section[0].startswith("test_fa3_matches_float64_reference: ") \
+        and section[1].startswith("test_fa8_options_match"), out           # a long line cuts the law's name
+    named = {b for line in section for b in line.split("known bug")[1].split(":", 1)[1].replace(",", " ").split()}
+    assert {"top_left_causal", "ignores_scale", "sinks_dropped_in_merge"} <= named, out
+    assert "2 failed" in lines[-1] and "Traceback" not in out and detail.count("diagnosis: ") == 2, out + detail

@@ -22,5 +22,6 @@ def test_outside_paged_attention_kernels_are_checked():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     assert "1 failed, 1 passed" in out, out[-4000:]
-    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 1 and BAD in failed[0], out[-4000:]
+    failed = out.split(" conformance failures: ")[-1].splitlines()[1:-1]      # one line per failing law
+    assert len(failed) == 1 and failed[0].startswith("PA-1 test_pa1_paged_equals_contiguous [2]: 1 failed"), out[-4000:]
+    assert f"\n[2] {BAD}\n" in out, out[-4000:]                                  # the table's column [2]

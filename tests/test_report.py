@@ -3,6 +3,7 @@ claim of the ledger, property verdicts per implementation, benchmark tables and 
 data allows, and results.json holds the same, machine-readable."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -321,3 +322,19 @@ def test_a_failing_test_without_a_claim_is_shown(tmp_path):
     assert "Failing tests that check no claim" in md and "test_tooling" in md and "test_fine" not in md
     assert 'id="unclaimed"' in html and "test_tooling" in html
     assert paths
+
+
+def test_a_failing_figure_shows_the_row_that_decided_it():
+    """A figure claim whose rows all pass, one of them off the lecture's figure (``holds`` False),
+    fails: the report shows that row's figure first and names it as the evidence that decided."""
+    rows = [Row(claim="SD-5", check=f"benchmarks/bench_x.py::test_gamma[{g}]", technique="speculative",
+                implementation="reference", device="cpu", measured=5.0 + g / 10, lecture="about 6", unit="tokens per call",
+                verdict="pass", extra={"holds": True, "trend_rule": "within 25%"}) for g in range(8)]
+    rows.append(dataclasses.replace(rows[0], check="benchmarks/bench_x.py::test_gamma[poor]", measured=1.2,
+                                    extra={"holds": False, "trend_rule": "within 25%"}))
+    sd5 = next(c for c in build.claim_verdicts(rows) if c["id"] == "SD-5")
+    assert sd5["verdict"] == "fails" and sd5["counts"] == {"pass": 9}, sd5
+    assert sd5["measured_text"].startswith("1.2 tokens per call [NOT reproduced"), sd5["measured_text"]
+    assert sd5["evidence_text"].startswith("decided by test_gamma[poor] (reference): 1.2 tokens per call"), sd5
+    good = next(c for c in build.claim_verdicts(rows[:8]) if c["id"] == "SD-5")
+    assert good["verdict"] == "holds" and good["evidence_text"] == "", good

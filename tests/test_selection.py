@@ -66,9 +66,17 @@ def test_clock_refuses_a_negative_or_non_finite_time(bad):
         progress.clock(bad)
 
 
-def test_the_estimate_is_the_time_per_test_times_the_tests_left():
-    p = progress.Progress(total=100, done=25, start=0.0)
-    assert p.line(now=60.0) == "progress: 25/100 tests (25%), 1m00s elapsed, about 3m00s left"
+def test_the_estimate_is_the_measured_time_per_test_times_the_tests_left():
+    """Measured from the first finished test (the stage's start is not a test's time), once a few
+    tests finished over a few seconds; "estimating" before; the load beside it when above the cores."""
+    p = progress.Progress(total=100, start=0.0)
+    p.finished(40.0)                                   # a slow start: imports, compilation
+    assert p.line(now=41.0, load="") == "progress: 1/100 tests (1%), 41s elapsed, estimating the time left"
+    for t in range(24):
+        p.finished(41.0 + t)
+    assert p.line(now=64.0, load="") == "progress: 25/100 tests (25%), 1m04s elapsed, about 1m15s left"
+    assert p.line(now=64.0, load=progress.load_note(6.3, 2)).endswith("about 1m15s left, load 6.3 on 2 cores")
+    assert progress.load_note(1.5, 2) == ""
     p.done = 100
     assert p.line(now=200.0) == "progress: 100/100 tests (100%), 3m20s elapsed"
 
@@ -94,7 +102,7 @@ def test_a_stage_prints_its_progress_and_counts_what_the_workers_ran(tmp_path, w
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("progress: ")]
     assert out.returncode == 0, out.stdout + out.stderr
     assert "5 passed" in out.stdout and "test_tool" not in out.stdout
-    assert lines[0].startswith("progress: 1/5 tests (20%)") and "left" in lines[0]
+    assert lines[0].startswith("progress: 1/5 tests (20%)") and "estimating the time left" in lines[0], lines
     assert lines[-1].startswith("progress: 5/5 tests (100%)")
 
 

@@ -11,6 +11,7 @@ import math
 import torch
 
 from inference_conformance.conformance.contracts.attention import causal_mask, validate, window_mask
+from inference_conformance.properties.attention.isolations import isolations  # noqa: F401 - the diagnosis reads it here
 from inference_conformance.reference.attention import masked_attention, softmax_textbook
 
 
