@@ -36,6 +36,8 @@ def load_run(path: str | Path) -> dict:
         fp["cpu"] = cpu["brand_raw"]
         if isinstance(cpu.get("count"), int):
             fp["cpu_count"] = cpu["count"]
+    # when the benchmarks ran (pytest-benchmark's datetime), not when the gate reads them
+    fp["date"] = doc["datetime"] if isinstance(doc.get("datetime"), str) else None
     ci = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
     if ci.get("id"):
         fp["commit"], fp["dirty"] = ci["id"], bool(ci.get("dirty"))
