@@ -211,7 +211,8 @@ def _main(a) -> int:
     how = "" if a.no_normalize else f", relative to the run's speed where {MIN_NORMALIZE}+ benchmarks allow"
     bfp = base.get("fingerprint") or {}
     named = ", ".join(x for x in ((bfp.get("commit") or "")[:10], bfp.get("date") or "") if x)
-    print(f"gate: run {run_path} vs baseline {bpath or a.baseline}{f' ({named})' if named else ''} (threshold {a.threshold:.0%}, hard limit {a.hard_limit:g}x, "
+    print(f"gate: run {run_path} vs baseline {bpath or a.baseline}{f' ({named})' if named else ''} "
+          f"(threshold {a.threshold:.0%}, hard limit {a.hard_limit:g}x, "
           f"run-level alpha {a.alpha:g}, Holm; {len(earlier)} earlier entries for the between-run model{how})")
     code = print_decisions(decisions, strict=a.strict)
     ungated = sum(d.status == "ungated" for d in decisions)

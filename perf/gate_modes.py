@@ -69,27 +69,32 @@ def measured_rate(key: str, window: int, path=CALIBRATION) -> dict | None:
     m = doc.get("machine", {})
     where = (f"{len(cal.get('benchmarks', []))} CPU benchmarks on {m.get('cpu', 'the calibration machine')} "
              f"({m.get('cores', '?')} cores, load {cal.get('loadavg_1min', ['?'])[0]:.1f}-"
-             f"{cal.get('loadavg_1min', ['?', '?'])[-1]:.1f}), {cal.get('date', '')[:10]}")
+             f"{cal.get('loadavg_1min', ['?', '?'])[-1]:.1f}), analysed {cal.get('date', '')[:10]}")
     return dict(fa, window=win, where=where)
 
 
-def statement(key: str, words: str, window: int, path=CALIBRATION) -> list[str]:
-    """The lines the gate prints about its mode: the measured false-alarm rate on unchanged code,
-    and, above :data:`CI_RATE`, that this mode is a trend warning and which modes gate CI."""
+def statement(key: str, words: str, window: int, path=CALIBRATION, prog: str = "gate") -> list[str]:
+    """The lines the gate (``prog``) prints about its mode: the measured false-alarm rate on
+    unchanged code, and, above :data:`CI_RATE`, that this mode is a trend warning and which modes
+    gate CI. ``window``: the earlier entries the history model had (the A/B mode: its pairs)."""
     r = measured_rate(key, window, path)
+    if key == "ab" and r is not None:
+        return [f"{prog}: mode: {words}: false alarms on unchanged code {r['hits']}/{r['n']} sessions = {r['rate']:.0%}"
+                f" [95% CI {r['ci95'][0]:.0%}, {r['ci95'][1]:.0%}] (calibration: sessions of 10 lockstep pairs, "
+                f"{r['where']})"]
     if key == "one_baseline":
-        line = (f"gate: mode: {words}: it calls no regression, so no false alarm on unchanged code"
+        line = (f"{prog}: mode: {words}: it calls no regression, so no false alarm on unchanged code"
                 + (f" (measured {r['hits']}/{r['n']})" if r else "")
                 + ", and catches none either: store 3 or more runs of the unchanged code, or use inference-conformance ab")
         return [line]
     if r is None:
-        return [f"gate: mode: {words}: its false-alarm rate on unchanged code was not measured "
+        return [f"{prog}: mode: {words}: its false-alarm rate on unchanged code was not measured "
                 f"({path.name} has no {key!r}): read a regression as a warning until it is"]
     ci = f" [95% CI {r['ci95'][0]:.0%}, {r['ci95'][1]:.0%}]" if r.get("ci95") else ""
-    lines = [f"gate: mode: {words}, {window} earlier entries: false alarms on unchanged code {r['hits']}/{r['n']} = "
+    lines = [f"{prog}: mode: {words}, {window} earlier entries: false alarms on unchanged code {r['hits']}/{r['n']} = "
              f"{r['rate']:.0%}{ci} (calibration at {r['window']} earlier entries: {r['where']})"]
     if r["rate"] > CI_RATE:
-        lines.append(f"gate: WARNING: this mode fails more than {CI_RATE:.0%} of runs of unchanged code here: read "
-                     f"its regressions as a trend warning; to gate CI take runs of 5 passes "
+        lines.append(f"{prog}: WARNING: this mode failed more than {CI_RATE:.0%} of runs of unchanged code in the "
+                     f"calibration: read its regressions as a trend warning; to gate CI take runs of 5 passes "
                      f"(inference-conformance run --bench-passes 5) or the interleaved A/B mode (inference-conformance ab)")
     return lines

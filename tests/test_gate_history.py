@@ -174,5 +174,7 @@ def test_each_mode_states_its_measured_false_alarm_rate():
     one = gate_modes.measured_rate("history", 20)
     text = "\n".join(gate_modes.statement("history", "history, 1 pass per run", 20))
     assert (one["rate"] > gate_modes.CI_RATE) == ("WARNING" in text) and "--bench-passes 5" in text * (one["rate"] > 0.05)
+    ab = gate_modes.statement("ab", "interleaved A/B, 10 lockstep pairs", 10, prog="ab")
+    assert len(ab) == 1 and ab[0].startswith("ab: mode:") and "0/24 sessions = 0%" in ab[0]
     missing = gate_modes.statement("history_9_passes", "history, 9 passes", 20)
     assert "not measured" in missing[0]
