@@ -4,16 +4,15 @@ timer's resolution is never gated, the hard limit needs a measured spread, and e
 its measured false-alarm rate. Fabricated JSON files only (no benchmark runs)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from inference_conformance.perf import gate, gate_modes, history, records, settings, stats
-from inference_conformance.perf.env import ROOT
 
 DEVICE = {"kind": "cpu", "model": "Gate Test CPU", "count": 2, "torch": "2.11.0", "python": "3.11.7"}
 FP = {"device": "cpu", "cpu": "Gate Test CPU", "cpu_count": 2, "gpu": None}
@@ -48,11 +47,17 @@ def _store(folder: Path, doc: dict, date: str, out: Path | None = None) -> tuple
     return path, bench
 
 
-def _gate(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    e.pop(history.HISTORY_ENV, None) if not env or history.HISTORY_ENV not in env else None
-    return subprocess.run([sys.executable, "-m", "inference_conformance.perf.gate", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, env=e, timeout=120)
+def _gate(*args, cwd: Path, env: dict | None = None) -> SimpleNamespace:
+    """The command in this process (no interpreter start-up): its exit status and output."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        mp.delenv(history.HISTORY_ENV, raising=False)
+        for k, v in (env or {}).items():
+            mp.setenv(k, v)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = gate.main([str(a) for a in args])
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 MEDIANS = {f"t{j}": 1e-3 * (j + 1) for j in range(5)}
