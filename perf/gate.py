@@ -94,7 +94,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                          f"an entry of a series folder is judged against that folder)")
     ap.add_argument("--window", type=_window, default=DEFAULT_WINDOW,
                     help=f"earlier entries of the series (up to the baseline) for the between-run model; "
-                         f"fewer than {MIN_HISTORY}: inconclusive unless beyond the hard limit (0: never use the history)")
+                         f"fewer than {MIN_HISTORY}: inconclusive, whatever the ratio (0: never use the history)")
     ap.add_argument("--no-normalize", action="store_true",
                     help="judge raw medians (default: each benchmark relative to the run's speed, estimated from "
                          f"its other benchmarks, when at least {MIN_NORMALIZE} are in every entry; the run's speed "
@@ -137,7 +137,7 @@ def _series_folder(a, run: dict, run_path: Path) -> Path:
     run when it is an entry of its series (and no ``--history`` was given), else the run's series
     in the history folder (:func:`inference_conformance.perf.history.default_folder` unless
     ``--history``), else the series of this device there that holds the newest entry."""
-    if a.history is None and is_entry(run) and run_path.resolve().parent.name == run["series"]:
+    if a.history is None and a.run_is_entry and run_path.resolve().parent.name == run["series"]:
         return run_path.resolve().parent
     root = Path(a.history) if a.history else history.default_folder()
     folder = root / run["series"]
