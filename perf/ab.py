@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference_conformance.perf import records, settings, settings_compare
+from inference_conformance.perf import gate_modes, records, settings, settings_compare
 from inference_conformance.perf.env import ROOT, fingerprint
 from inference_conformance.perf.stats import judge_family, log_ratio_test, print_decisions
 
@@ -364,6 +364,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
           f"{'sequential' if a.sequential else 'lockstep'} pairs, {timer} timer (threshold {a.threshold:.0%}, "
           f"run-level alpha {a.alpha:g}, Holm)")
     code = print_decisions(decisions)
+    for line in gate_modes.statement("ab", f"interleaved A/B, {a.pairs} {'sequential' if a.sequential else 'lockstep'} "
+                                     f"pairs", a.pairs, prog="ab"):
+        print(line)
     if a.json:
         Path(a.json).write_text(json.dumps({
             "a": a.a, "b": a.b, "impl_a": a.impl_a, "impl_b": a.impl_b,

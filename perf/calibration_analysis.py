@@ -29,7 +29,11 @@ MODE_LABELS = {"ab": "interleaved A/B", "ab_resampled": "interleaved A/B, sessio
                    "1 pass per run" if m == 1 else f"{m} passes per run",
                    ", relative to the run's speed" if norm else ", raw medians")
                   for m in (1,) + HISTORY_PASSES for norm in (True, False)},
+               "one_baseline": "one baseline (fewer than 3 earlier entries: no verdict)",
                "rounds_only": "rounds only (former rule)"}
+#: Fewer earlier entries than the window the false-alarm rate of the history modes is also
+#: measured at (a young series): the gate quotes the nearest one not above its own count.
+SHORT_WINDOWS = (3, 4, 8)
 
 
 def _ab_passes(passes: list[dict], pairs: int | None = None) -> list[dict]:
@@ -306,7 +310,13 @@ def analyse(sessions: list[dict], *, threshold: float = 0.10, alpha: float = DEF
                                          draws=resample_draws),
             "rounds_only": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=window,
                                         rounds_only=True),
+            # the gate's own rule with one earlier entry (gate B --baseline A): no verdict, so no false alarm
+            "one_baseline": history_mode(passes, targets, threshold=threshold, alpha=alpha, window=1),
         },
+        "false_alarm_by_window": {
+            _history_key(m, True): {str(w): history_mode(runs_of(passes, m), targets, threshold=threshold, alpha=alpha,
+                                                         window=w)["false_alarm"] for w in SHORT_WINDOWS if w < window}
+            for m in (1,) + HISTORY_PASSES},
         "noise": noise(passes, sessions),
         # passes whose ceilings probe failed (recorded, never fatal): no ceilings normalisation from them
         "ceilings_errors": sorted({(p.get("ceilings") or {}).get("error") for p in passes} - {None}),

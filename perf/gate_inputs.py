@@ -36,12 +36,77 @@ def load_run(path: str | Path) -> dict:
         fp["cpu"] = cpu["brand_raw"]
         if isinstance(cpu.get("count"), int):
             fp["cpu_count"] = cpu["count"]
+    # when the benchmarks ran (pytest-benchmark's datetime), not when the gate reads them
+    fp["date"] = doc["datetime"] if isinstance(doc.get("datetime"), str) else None
     ci = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
     if ci.get("id"):
         fp["commit"], fp["dirty"] = ci["id"], bool(ci.get("dirty"))
     entry = history.make_entry(fp, records.records(doc))
     entry["settings"] = settings_compare.measured(doc, fp)
+    if isinstance(doc.get("passes"), int):  # a run of several benchmark processes (--bench-passes)
+        entry["settings"]["passes"] = doc["passes"]
+    entry["series"] = series_of(doc, fp)
     return entry
+
+
+#: The recorded timer names (:mod:`inference_conformance.perf.settings_record`) -> the pinned settings' names.
+_PINNED_TIMERS = {"process_time": "cpu", "perf_counter": "wall"}
+
+
+def series_of(doc: dict, fp: dict) -> str:
+    """The history series a pytest-benchmark JSON ``doc`` (measured on ``fp``) belongs to: the key
+    ``inference-conformance run`` gives the entry it stores for it (device, count and the pinned
+    settings with the number of passes, :func:`inference_conformance.perf.env.series_key`) when
+    the file records pinned settings, else the device's bare key."""
+    rec = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    timer = _PINNED_TIMERS.get(rec.get("timer"))
+    if not (timer and rec.get("pinned")):
+        return env.series_key(fp)
+    passes = doc.get("passes") if isinstance(doc.get("passes"), int) else 1
+    return env.series_key(fp, {"timer": timer, "env": dict(rec.get("env") or {}), "passes": passes})
+
+
+def same_run(a: dict, b: dict, recorded: bool = False) -> bool:
+    """Whether two inputs hold the same run: the same benchmarks with the same medians and raw
+    samples (as a history entry keeps them, to 6 significant digits). An entry
+    ``inference-conformance run`` stored and the ``benchmarks.json`` of that run are the same run;
+    two runs, even of one commit, never have every sample alike. ``recorded``: ``a`` is a history
+    entry too, so its fingerprint is its run's own: the date and commit must match as well."""
+    def content(doc: dict) -> dict:
+        return {r["fullname"]: (float(f"{(r.get('stats') or {}).get('median') or 0:.6g}"),
+                                tuple(float(f"{x:.6g}") for x in (r.get("data") or [])))
+                for r in records.records(doc) if r.get("fullname")}
+
+    if recorded:
+        fa, fb = a.get("fingerprint") or {}, b.get("fingerprint") or {}
+        if (fa.get("date"), fa.get("commit")) != (fb.get("date"), fb.get("commit")):
+            return False
+    ka = content(a)
+    return bool(ka) and ka == content(b)
+
+
+def stored_entry(run_path: Path) -> Path | None:
+    """The history entry ``inference-conformance run`` stored for the run whose output file is
+    ``run_path`` (its run folder's ``manifest.json`` names it), None when there is none."""
+    try:
+        manifest = history.read_json(Path(run_path).resolve().parent / "manifest.json")
+    except history.EntryError:
+        return None
+    entry = manifest.get("history_entry")
+    return Path(entry) if isinstance(entry, str) and entry else None
+
+
+def without_the_run(run: dict, run_path: Path, entries: list[tuple[Path, dict]],
+                    recorded: bool = False) -> tuple[list, Path | None]:
+    """``entries`` (oldest first) up to, not including, the run itself (:func:`same_run`, or the
+    entry its run folder's manifest names, :func:`stored_entry`), and that entry's path (None when
+    the run is not among them): a run is never its own baseline, nor judged against what came
+    after it. ``recorded``: the run is a history entry itself (see :func:`same_run`)."""
+    stored = stored_entry(run_path)
+    for i, (q, doc) in enumerate(entries):
+        if (stored is not None and q.resolve() == stored.resolve()) or same_run(run, doc, recorded):
+            return entries[:i], q
+    return entries, None
 
 
 def is_entry(doc: dict) -> bool:

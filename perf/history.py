@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,10 @@ from inference_conformance.perf.env import ROOT, series_key
 from inference_conformance.perf.records import fractions
 
 HISTORY = ROOT / "history"
+#: The environment variable that names the history folder for ``run`` and ``gate`` alike.
+HISTORY_ENV = "INFERENCE_CONFORMANCE_HISTORY"
+#: The one output folder under the current directory (``inference_conformance.reports.publish.OUT_NAME``).
+OUT_NAME = "inference-conformance-out"
 #: 2: series keyed by :func:`inference_conformance.perf.env.series_key` (device, count, settings); 1: by the device model.
 FORMAT = 2
 
@@ -35,6 +40,19 @@ class EntryError(ValueError):
         self.path, self.entry, self.field = str(path), entry, field
         where = "".join(f"{x}: " for x in (entry, f"field {field!r}" if field else None) if x)
         super().__init__(f"{path}: {where}{message}")
+
+
+def default_folder(environ: dict | None = None) -> Path:
+    """Where ``inference-conformance run`` writes the history and ``inference-conformance gate``
+    reads it unless ``--history`` says otherwise: ``$INFERENCE_CONFORMANCE_HISTORY`` when set
+    (``environ``, default ``os.environ``), else the checkout's ``history/`` when the suite runs
+    from its checkout, else ``./inference-conformance-out/history`` under the current folder
+    (an installed suite: never inside the installed package)."""
+    configured = (os.environ if environ is None else environ).get(HISTORY_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    checkout = (ROOT / "pyproject.toml").is_file() and (ROOT / "tests").is_dir()
+    return HISTORY if checkout else Path.cwd() / OUT_NAME / "history"
 
 
 def make_entry(fp: dict, records: list[dict], ceilings: dict | None = None, note: str = "",

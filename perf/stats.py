@@ -24,8 +24,12 @@ DEFAULT_ALPHA = 0.05
 MIN_HISTORY = 3
 #: Fewest benchmarks common to the run and every entry of the window to normalise by the run's speed.
 MIN_NORMALIZE = 4
-#: A ratio beyond this fails whatever the noise, in every mode (a 2x slowdown is never "noisy").
+#: A ratio beyond this fails whatever the Holm step, where the measured run-to-run spread is well
+#: below it (:func:`hard_limit_applies`); never from one run's rounds, never on a spread that reaches it.
 DEFAULT_HARD_LIMIT = 1.5
+#: The hard limit applies where unchanged code would pass it less than once in this many runs
+#: of one benchmark under its measured spread (Student's t with the spread's degrees of freedom).
+HARD_LIMIT_RISK = 0.001
 #: The exit codes of the gate: pass, regression, usage or input error, inconclusive (``--strict``).
 EXIT_PASS, EXIT_REGRESSION, EXIT_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
@@ -33,7 +37,7 @@ EXIT_PASS, EXIT_REGRESSION, EXIT_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 @dataclass
 class Decision:
     name: str
-    status: str  # regression | improvement | noisy | inconclusive | ok | new | missing
+    status: str  # regression | improvement | noisy | inconclusive | ungated | ok | new | missing
     ratio: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
@@ -57,6 +61,20 @@ class Test:
     n_base: int
     basis: str  # "between-run" | "rounds" | "pairs"
     detail: str = ""
+    spread: float | None = None  # the log ratio's measured standard error between runs (None: not measured)
+    df: int | None = None  # its degrees of freedom
+
+
+def hard_limit_applies(t: Test, hard_limit: float, risk: float = HARD_LIMIT_RISK) -> bool:
+    """Whether the hard limit may fail ``t`` whatever its p-value: only where the run-to-run
+    spread was measured (between runs or pairs, not one run's rounds) and is well below the
+    limit: t_{1 - risk, df} * spread <= ln(hard_limit), so unchanged code passes the limit by
+    chance in fewer than ``risk`` of its runs under the measured spread."""
+    from scipy.stats import t as student
+
+    if t.spread is None or not t.df or t.df < 1:
+        return False
+    return float(student.ppf(1 - risk, t.df)) * t.spread <= float(np.log(hard_limit))
 
 
 def holm(pvalues, weights=None) -> np.ndarray:
@@ -139,7 +157,7 @@ def history_test(run_median: float, history_medians, *, alpha: float = 0.05, rel
     q = float(student.ppf(1 - alpha / 2, n - 1))
     return Test(float(np.exp(diff)), float(np.exp(diff - q * se)), float(np.exp(diff + q * se)),
                 float(student.sf(tstat, n - 1)), float(student.cdf(tstat, n - 1)), 1, n, "between-run",
-                f"vs the geometric mean of {n} earlier runs{relative}, between-run sd {sd:.1%}")
+                f"vs the geometric mean of {n} earlier runs{relative}, between-run sd {sd:.1%}", float(se), n - 1)
 
 
 @dataclass
@@ -213,7 +231,8 @@ def speed_test(sp: RunSpeed, name: str, *, alpha: float = 0.05) -> Test:
     return Test(float(np.exp(diff)), float(np.exp(diff - q * se)), float(np.exp(diff + q * se)),
                 float(student.sf(tstat, n - 2)), float(student.cdf(tstat, n - 2)), 1, n, "between-run",
                 f"vs the prediction of {n} earlier runs from this run's speed (median of the other "
-                f"{len(sp.names) - 1} benchmarks, slope {slope:.2f}), residual sd {sd:.1%} (raw {raw_sd:.1%})")
+                f"{len(sp.names) - 1} benchmarks, slope {slope:.2f}), residual sd {sd:.1%} (raw {raw_sd:.1%})",
+                float(se), n - 2)
 
 
 def log_ratio_test(log_ratios, *, alpha: float = 0.05, label: str = "pairs") -> Test:
@@ -231,22 +250,24 @@ def log_ratio_test(log_ratios, *, alpha: float = 0.05, label: str = "pairs") -> 
     q = float(student.ppf(1 - alpha / 2, k - 1))
     return Test(float(np.exp(mean)), float(np.exp(mean - q * se)), float(np.exp(mean + q * se)),
                 float(student.sf(tstat, k - 1)), float(student.cdf(tstat, k - 1)), k, k, label,
-                f"{k} interleaved pairs, sd of the paired log ratios {sd:.3f}")
+                f"{k} interleaved pairs, sd of the paired log ratios {sd:.3f}", float(se), k - 1)
 
 
 def decide(name: str, t: Test, p_slow: float, p_fast: float, *, threshold: float, alpha: float,
            family: int = 1, hard_limit: float | None = None) -> Decision:
     """The threshold-and-significance rule on one benchmark's evidence ``t``, with its
     (Holm-adjusted, when ``family`` > 1) p-values; a ratio beyond ``hard_limit`` is a
-    regression whatever its p-value."""
+    regression whatever its p-value where the measured spread is well below the limit
+    (:func:`hard_limit_applies`)."""
     d = Decision(name, "ok", t.ratio, t.ci_low, t.ci_high, p_slow, p_fast, t.n_run, t.n_base, basis=t.basis)
     pct = f"{(t.ratio - 1) * 100:+.1f}%"
     padj = "Holm-adjusted over {} benchmarks ".format(family) if family > 1 else ""
     spread = " (within the run-to-run spread)" if t.basis == "between-run" else ""
     test = {"rounds": "Mann-Whitney", "between-run": "between-run t", "pairs": "paired t"}.get(t.basis, t.basis)
-    if hard_limit is not None and t.ratio > hard_limit:
-        d.status, d.reason = "regression", (f"median {pct}, beyond the hard limit {hard_limit:g}x: fails whatever "
-                                            f"the noise ({test}, {padj}p={p_slow:.2g}; {t.detail})")
+    if hard_limit is not None and t.ratio > hard_limit and hard_limit_applies(t, hard_limit):
+        d.status, d.reason = "regression", (f"median {pct}, beyond the hard limit {hard_limit:g}x, which the measured "
+                                            f"spread reaches in fewer than {HARD_LIMIT_RISK:.1%} of unchanged runs "
+                                            f"({test}, {padj}p={p_slow:.2g}; {t.detail})")
     elif t.ratio > 1 + threshold and p_slow < alpha:
         d.status, d.reason = "regression", (f"median {pct} (> {threshold:.0%}), significant "
                                             f"({test}, {padj}p={p_slow:.2g} < {alpha:g}; {t.detail})")
@@ -289,12 +310,12 @@ def compare(base: list[float] | np.ndarray, run: list[float] | np.ndarray, *, th
     return decide(name, t, t.p_slower, t.p_faster, threshold=threshold, alpha=alpha)
 
 
-STATUSES = ("regression", "improvement", "noisy", "inconclusive", "ok", "new", "missing")
+STATUSES = ("regression", "improvement", "noisy", "inconclusive", "ungated", "ok", "new", "missing")
 
 
 def exit_code(decisions: list[Decision], strict: bool = False) -> int:
     """:data:`EXIT_REGRESSION` on any regression; else, ``strict``, :data:`EXIT_INCONCLUSIVE`
-    when a benchmark is noisy or inconclusive; else :data:`EXIT_PASS`."""
+    when a benchmark is noisy or inconclusive (an ungated one never counts); else :data:`EXIT_PASS`."""
     if any(d.status == "regression" for d in decisions):
         return EXIT_REGRESSION
     if strict and any(d.status in ("noisy", "inconclusive") for d in decisions):
@@ -313,11 +334,10 @@ def print_decisions(decisions: list[Decision], out=None, strict: bool = False) -
     print("gate: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), file=out)
     if counts["inconclusive"]:
         print(f"gate: WARNING: {counts['inconclusive']} benchmark(s) inconclusive: fewer than {MIN_HISTORY} earlier "
-              f"entries of the series hold them, and the rounds of one run against one baseline do not see the "
-              f"variance between runs (its measured false-alarm rate: 'rounds only' in "
-              f"perf/calibration/gate_calibration.json); only a ratio beyond the hard limit fails there. Judge the "
-              f"change with the interleaved A/B mode (python -m inference_conformance.perf.ab --a <base> --b <change>) or commit more "
-              f"baseline runs", file=out)
+              f"entries of the series hold them, so their run-to-run spread is not measured and nothing is called "
+              f"a regression there (one run's rounds against one baseline fail unchanged code often: "
+              f"perf/calibration/gate_calibration.json). Store more runs of the unchanged code, or judge the change "
+              f"with the interleaved A/B mode (inference-conformance ab --a <base> --b <change>)", file=out)
     if counts["noisy"]:
         print("gate: WARNING: some benchmarks were too noisy to decide (see 'noisy' above)", file=out)
     return exit_code(decisions, strict)

@@ -186,7 +186,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                          "medians: each process has its own memory layout, so M > 1 narrows the run-to-run "
                          "spread the history gate sees (see README, 'Which mode in CI')")
     ap.add_argument("--history", default=None,
-                    help=f"history folder (default: the checkout's history/; installed: ./{publish.OUT_NAME}/history)")
+                    help=f"history folder (default: ${hist.HISTORY_ENV} when set, else the checkout's history/; "
+                         f"installed: ./{publish.OUT_NAME}/history; the gate reads the same folder)")
     ap.add_argument("--bench-max-time", type=float, default=None,
                     help="pytest-benchmark --benchmark-max-time (default 0.2 s on cpu, 1 s on cuda)")
     ap.add_argument("--quick-ceilings", action="store_true", help="measure the device's ceilings on tiny sizes")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance run")
         ap.error("--bench-passes must be >= 1")
     args.pytest_args += [f"--impl={i}" for i in args.impl]
     if args.history is None:
-        args.history = str(hist.HISTORY if publish.CHECKOUT else publish.default_out("history"))
+        args.history = str(hist.default_folder())
     default = publish.default_out()
     out = (Path(args.out).expanduser() if args.out else default).resolve()
     job = Job()

@@ -125,7 +125,7 @@ def test_run_to_run_spread_of_the_history_widens_the_rule():
     assert d.status == "noisy" and "run-to-run spread" in d.reason
     # without history the rounds alone never call a +15% regression: inconclusive, see inference_conformance.perf.ab
     d = gate.gate(run, jumpy[-1])[0]
-    assert d.status == "inconclusive" and d.basis == "rounds" and "inference_conformance.perf.ab" in d.reason
+    assert d.status == "inconclusive" and d.basis == "rounds" and "inference-conformance ab" in d.reason
 
 
 # ------------------------------------------------------------- between-run model, family-wise
@@ -220,7 +220,7 @@ def test_rounds_fallback_warns_in_the_command_output(tmp_path, capsys):
     run = history.append(_entry("2026-01-02T00:00:00Z", "b" * 40, {"t1": 1e-3}), h)
     assert gate.main([str(run), "--history", str(h)]) == stats.EXIT_PASS
     out = capsys.readouterr().out
-    assert "INCONCLUSIVE" in out and "python -m inference_conformance.perf.ab" in out
+    assert "INCONCLUSIVE" in out and "inference-conformance ab" in out
 
 
 def test_runs_measured_differently_are_refused(tmp_path, capsys):
