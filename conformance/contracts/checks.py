@@ -1,7 +1,8 @@
 """Checks several contracts share, each raising the contract's documented error with the
 argument's name: a tensor argument's type, rank and dtype (:func:`check_tensor`), an index
 tensor's type and dtype (:func:`check_index`), the softmax ``scale`` of the attention contracts
-(:func:`check_scale`), the device every tensor of a call shares (:func:`check_devices`), a block
+(:func:`check_scale`), the device every tensor of a call shares (:func:`check_devices`), an
+attention call's keys and values against its query (:func:`check_kv`), a block
 table and its lengths (:func:`check_block_table`, :func:`check_seq_lens`,
 :func:`check_live_blocks`), and the ``num_splits`` option of the split-KV kernels
 (:func:`check_num_splits`).
@@ -71,6 +72,22 @@ def check_devices(ref_name: str, ref: torch.Tensor, others) -> None:
     for name, t in others:
         if t is not None and t.device != ref.device:
             raise ValueError(f"{name} is on {t.device}, {ref_name} on {ref.device}: all tensors must be on one device")
+
+
+def check_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: tuple[str, str, str] = ("q", "k", "v"),
+             others=()) -> None:
+    """The keys ``k`` and values ``v`` of an attention call (tensors, checked by
+    :func:`check_tensor`) must share the query ``q``'s dtype and device, and one shape; ``names``
+    are the three arguments' names (e.g. ("q", "k_cache", "v_cache")), ``others`` further
+    (name, tensor) pairs that must be on q's device (:func:`check_devices`). Raises TypeError
+    (dtype) or ValueError (device, shape) naming the argument."""
+    qn, kn, vn = names
+    for name, t in ((kn, k), (vn, v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, {qn} {q.dtype}: {qn}, {kn} and {vn} must share one dtype")
+    check_devices(qn, q, ((kn, k), (vn, v), *others))
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"{kn} and {vn} must have the same shape, got {kn} {tuple(k.shape)} and {vn} {tuple(v.shape)}")
 
 
 def check_block_table(block_table: torch.Tensor, B: int) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate_options
-from inference_conformance.conformance.contracts.checks import (check_block_table, check_devices, check_index,
+from inference_conformance.conformance.contracts.checks import (check_block_table, check_index, check_kv,
                                                                  check_live_blocks, check_scale, check_seq_lens,
                                                                  check_tensor)
 from inference_conformance.conformance.contracts.paged_attention import DTYPES, INDEX_DTYPE, MAX_HEAD_DIM
@@ -54,16 +54,9 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale, window=None, sof
                                 ("k_cache", k_cache, 4, "(num_blocks, block_size, Hkv, D)"),
                                 ("v_cache", v_cache, 4, "(num_blocks, block_size, Hkv, D)")):
         check_tensor(name, t, rank, dims, DTYPES, "paged_attention")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"q, k_cache, v_cache must share one dtype, got q {q.dtype}, "
-                        f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
     check_index("block_table", block_table, "(B, max_blocks)", (INDEX_DTYPE,))
     check_index("seq_lens", seq_lens, "(B,)", (INDEX_DTYPE,))
-    check_devices("q", q, (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
-                           ("seq_lens", seq_lens)))
-    if tuple(k_cache.shape) != tuple(v_cache.shape):
-        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, D), "
-                         f"got k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}")
+    check_kv(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), (("block_table", block_table), ("seq_lens", seq_lens)))
     B, Hq, D = q.shape
     num_blocks, block_size, Hkv, Dk = k_cache.shape
     if Dk != D:
