@@ -23,7 +23,7 @@ import torch
 from inference_conformance.benchmarks.timing import median_seconds, paired_ratios, ratio_estimate, rounds, trend_fields
 from inference_conformance.conformance import registry, results
 from inference_conformance.conformance.contracts.attention import flops
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance.bench_rows import bench_backends, outside_backends, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 from inference_conformance.reference.attention import attention_naive
 

@@ -17,7 +17,7 @@ import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
 from inference_conformance.conformance import results
-from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
+from inference_conformance.conformance.bench_rows import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 
 #: Values per cast, per device.

@@ -26,7 +26,7 @@ from inference_conformance.benchmarks.timing import median_seconds, rounds
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.mla_decode import cache_bytes, flops
 from inference_conformance.conformance.contracts.paged_attention import kv_bytes
-from inference_conformance.conformance.plugin import bench_backends, bench_implementation, outside_info, outside_refusals
+from inference_conformance.conformance.bench_rows import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 
 #: (B, context) per device: context is MLA's tokens per sequence.

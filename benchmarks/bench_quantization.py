@@ -31,7 +31,7 @@ import torch
 from inference_conformance.benchmarks.timing import median_seconds, paired_ratios, ratio_estimate
 from inference_conformance.conformance import results
 from inference_conformance.conformance.trends import QT10_QUANTIZED_DECODE
-from inference_conformance.conformance.plugin import bench_backends, outside_backends, outside_info, outside_refusals
+from inference_conformance.conformance.bench_rows import bench_backends, outside_backends, outside_info, outside_refusals
 from inference_conformance.properties.strategies import randn
 
 #: (N, K) Linear shapes per device: Llama-2-7B q/o (4096²), up (11008 x 4096), down (4096 x 11008),

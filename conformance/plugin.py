@@ -58,8 +58,10 @@ collected whatever the project's ``python_files``.
 
 The run's state lives in ``config.stash`` (:mod:`inference_conformance.conformance.plugin_state`);
 the hooks are split by job: collection (``plugin_collect``), results (``plugin_results``), the
-failures in the terminal, one line per failing law (``plugin_failures``), the benchmarks'
-accessors (``plugin_bench``), ``--list-impls``'s cache (``plugin_list``).
+failures in the terminal, one line per failing law (``plugin_failures``), ``--list-impls``'s cache
+(``plugin_list``). A benchmark's rows (:func:`bench_backends` and the accessors beside it) are
+:mod:`inference_conformance.conformance.bench_rows`'s, which benchmarks import; they stay
+importable from here.
 """
 from __future__ import annotations
 
@@ -71,8 +73,8 @@ import pytest
 from inference_conformance.conformance import expectations, plugin_profiles, registry, runinfo, sharding
 from inference_conformance.conformance import outside as outside_impls
 from inference_conformance.conformance.device import resolve_device, select_device
-from inference_conformance.conformance.plugin_bench import (bench_backends, bench_id, bench_implementation, outside,
-                                                            outside_backends, outside_info, outside_refusals)
+from inference_conformance.conformance.bench_rows import (bench_backends, bench_id, bench_implementation, outside,
+                                                          outside_backends, outside_info, outside_refusals)
 from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, pytest_collect_file,
                                                               pytest_collection_modifyitems, pytest_generate_tests,
                                                               pytest_make_collect_report, ready)

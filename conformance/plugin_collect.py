@@ -11,7 +11,7 @@ import pytest
 from _pytest.python import path_matches_patterns
 
 from inference_conformance.conformance import expectations, registry, verdicts
-from inference_conformance.conformance.plugin_bench import bench_id
+from inference_conformance.conformance.bench_rows import bench_id
 from inference_conformance.conformance.plugin_profiles import applied
 from inference_conformance.conformance.plugin_state import activated, is_suite_node, is_suite_path, state
 

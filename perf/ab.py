@@ -34,7 +34,7 @@ checkout: ``--impl-a TECHNIQUE=module:attr --impl-b TECHNIQUE=module:attr`` (eac
 hands each side's passes its ``--impl`` options; ``--a``/``--b`` then default to this working
 tree. With ``--impl`` the benchmarks run only their rows of the outside implementations, named
 ``impl``, ``impl2``, ... by their order per technique, not by target
-(:func:`inference_conformance.conformance.plugin.bench_backends`), so A's first target pairs with B's first.
+(:func:`inference_conformance.conformance.bench_rows.bench_backends`), so A's first target pairs with B's first.
 
 Every pass's benchmark JSON records how it was measured (:mod:`inference_conformance.perf.settings_record`:
 timer, threads, pinned environment, device); passes measured differently (a side whose

@@ -188,30 +188,31 @@ def test_impl_flags_are_checked_before_anything_runs(argv, message, capsys):
 
 
 def test_plugin_outside_rows_and_their_refusals(monkeypatch):
-    """The plugin's accessors for benchmarks: ids by place, the target in extra_info, and a
+    """A benchmark's rows (``bench_rows``, what benchmarks import): ids by place, the target in extra_info, and a
     refusal of an outside row (only) made "unsupported"."""
-    from inference_conformance.conformance import plugin, registry
+    from inference_conformance.conformance import bench_rows, plugin, registry
     from inference_conformance.conformance.outcomes import Unsupported
     from inference_conformance.conformance.plugin_state import activated, state
 
     target = "inference_conformance.reference.attention:attention"
     config = types.SimpleNamespace(stash=pytest.Stash())       # a run's config: only its stash is read
     state(config).outside = {"attention": [registry.load_outside("attention", target)] * 2}
-    assert plugin.bench_backends("attention", ("naive", "torch")) == ["naive", "torch"]  # no run active
+    assert bench_rows.bench_backends("attention", ("naive", "torch")) == ["naive", "torch"]  # no run active
     with activated(config):
-        params = plugin.bench_backends("attention", ("naive", "torch"))
+        params = bench_rows.bench_backends("attention", ("naive", "torch"))
     assert params[:2] == ["naive", "torch"]
+    assert plugin.bench_backends is bench_rows.bench_backends   # the plugin's name stays
     assert [(p.id, p.values, [m.args for m in p.marks]) for p in params[2:]] == [
         ("impl", ("impl",), [("attention",)]), ("impl2", ("impl2",), [("attention",)])]
-    assert plugin.bench_backends("quantization", ("torch",), config) == ["torch"]
-    assert plugin.outside_info("attention", "impl2", config) == {"implementation": target}
-    assert plugin.outside_info("attention", "torch", config) == {}
+    assert bench_rows.bench_backends("quantization", ("torch",), config) == ["torch"]
+    assert bench_rows.outside_info("attention", "impl2", config) == {"implementation": target}
+    assert bench_rows.outside_info("attention", "torch", config) == {}
     with pytest.raises(Unsupported, match=f"unsupported: {target} refused: no float32"):
-        with plugin.outside_refusals("attention", "impl", config):
+        with bench_rows.outside_refusals("attention", "impl", config):
             raise NotImplementedError("no float32")
     with pytest.raises(NotImplementedError):  # a built-in's refusal stays an error
-        with plugin.outside_refusals("attention", "torch", config):
+        with bench_rows.outside_refusals("attention", "torch", config):
             raise NotImplementedError("no float32")
     with pytest.raises(ValueError):  # anything else is not a refusal
-        with plugin.outside_refusals("attention", "impl", config):
+        with bench_rows.outside_refusals("attention", "impl", config):
             raise ValueError("bad q")

@@ -34,7 +34,9 @@ TOPICS = {
 SHARED = {
     "reference": {},
     "optimized": {"triton_shared.py": "the Triton helpers of every kernel (the interpreter switch, dot upcast, "
-                                      "the kernel list)"},
+                                      "the kernel list)",
+                  "vllm_shared.py": "what every vLLM adapter (optimized/<technique>/outside_vllm.py) shares: the import "
+                                    "of vLLM, its backends' declared support, the one unified_attention call"},
     "properties": {"strategies.py": "the Hypothesis strategies every law draws from",
                    "falsify.py": "the helper every rejection test uses",
                    "generic_cases.py": "the checks every contract gets",

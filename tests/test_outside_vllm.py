@@ -3,7 +3,7 @@ small supported call, the findings of the laws pinned as minimal reproductions (
 greedy rejection path under SD-7, and SD-1 on samples at the peer job's size with its power.
 
 Skipped where vLLM is not installed (``requirements/peers-vllm.txt``, ``tox -e peers-vllm``).
-vLLM is imported only through :func:`inference_conformance.optimized.paged_attention.outside_vllm.vllm_module` (which registers the
+vLLM is imported only through :func:`inference_conformance.optimized.vllm_shared.vllm_module` (which registers the
 interpreter's "cpu" backend entry first), never by ``pytest.importorskip``.
 """
 from __future__ import annotations
@@ -16,15 +16,13 @@ import torch
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
+from inference_conformance.optimized.vllm_shared import VLLM_TESTED, vllm_module, vllm_version
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="vLLM is not installed (requirements/peers-vllm.txt; tox -e peers-vllm)"),
     pytest.mark.usefixtures("one_torch_thread"),
 ]
-
-#: The release the pinned findings were measured on.
-VLLM_TESTED = "0.32.0"
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +32,12 @@ def ov():
     select_device("cpu")
     from inference_conformance.optimized.paged_attention import outside_vllm
 
-    outside_vllm.vllm_module()
+    vllm_module()
     return outside_vllm
 
 
 def _version(ov) -> str:
-    return f"vLLM {ov.vllm_version()} (findings pinned on {VLLM_TESTED})"
+    return f"vLLM {vllm_version()} (findings pinned on {VLLM_TESTED})"
 
 
 def paged_inputs(lens, Hq, Hkv, D, block_size, dtype, tail=0.0, tail_in="kv", seed=0):
@@ -143,7 +141,9 @@ def test_refusals_are_unsupported(ov):
         ov.triton_unified_paged(q.double(), kc.double(), vc.double(), bt, sl, scale=scale)
     x = torch.zeros(1, 2, 4, 64)
     with pytest.raises(NotImplementedError, match="Tq <= Tk"):
-        ov.triton_unified_attention(x, x[:, :, :2], x[:, :, :2], causal=False, scale=1.0)
+        from inference_conformance.optimized.attention.outside_vllm import triton_unified_attention
+
+        triton_unified_attention(x, x[:, :, :2], x[:, :, :2], causal=False, scale=1.0)
 
 
 def test_interpreter_backend_placeholder_is_inert(ov):
@@ -152,7 +152,7 @@ def test_interpreter_backend_placeholder_is_inert(ov):
     import triton.backends as tb
     from triton.backends.compiler import GPUTarget
 
-    assert ov.vllm_module("vllm.triton_utils").HAS_TRITON, "vLLM disabled Triton despite the placeholder"
+    assert vllm_module("vllm.triton_utils").HAS_TRITON, "vLLM disabled Triton despite the placeholder"
     entry = tb.backends["cpu"]
     assert not entry.driver.is_active()
     assert not entry.compiler.supports_target(GPUTarget("cuda", 90, 32))

@@ -5,9 +5,9 @@ library that answers wrongly gets a failing cell with its expectation and reprod
 (ONNX Runtime's MultiHeadAttention and GroupQueryAttention reading scale 0 as 1/sqrt(D), torchao's
 PerGroup(1) crash: tests/test_outside_libs.py).
 
-:data:`LEDGER` lists each refusal site of ``optimized/*/outside*.py`` and the engine adapters
-(``raise NotImplementedError(...)`` and the ``_refuse`` / ``_ort_refuse`` helpers), found by
-parsing the sources, with the library's own words or where it documents the limit. A new refusal
+:data:`LEDGER` lists each refusal site of ``optimized/*/outside*.py``, ``optimized/vllm_shared.py``
+(the vLLM adapters' shared checks) and the engine adapters (``raise NotImplementedError(...)`` and
+the ``_refuse`` / ``_ort_refuse`` helpers), found by parsing the sources, with the library's own words or where it documents the limit. A new refusal
 fails here until it is reviewed and listed; a listed refusal that is gone fails as stale.
 """
 from __future__ import annotations
@@ -73,11 +73,11 @@ LEDGER: dict[tuple[str, str], str] = {
         "vLLM's own ValueError / TypeError at LLM(...) start, passed through in its words",
     ("optimized/paged_attention/outside_kernels.py", "supports block sizes"):
         "vLLM's paged_attention_v1/v2 kernels are instantiated for block sizes 8, 16, 32 (csrc/attention)",
-    ("optimized/paged_attention/outside_vllm.py", "vLLM disabled Triton here"):
+    ("optimized/vllm_shared.py", "vLLM disabled Triton here"):
         "vLLM sets HAS_TRITON False when Triton has no active backend at its import (vllm/triton_utils)",
-    ("optimized/paged_attention/outside_vllm.py", "vLLM's supported_dtypes"):
+    ("optimized/vllm_shared.py", "vLLM's supported_dtypes"):
         "the attention backend's supported_dtypes (vLLM's own declaration)",
-    ("optimized/paged_attention/outside_vllm.py", "computes bfloat16 wrongly"):
+    ("optimized/vllm_shared.py", "computes bfloat16 wrongly"):
         "Triton's interpreter (not vLLM): tl.dot and casts in bfloat16 truncate under TRITON_INTERPRET, "
         "so the cell would judge the interpreter; the same kernel is judged compiled on a GPU",
     ("optimized/paged_attention/outside_vllm.py", "runs on the CPU, not"):
@@ -85,15 +85,12 @@ LEDGER: dict[tuple[str, str], str] = {
     ("optimized/paged_attention/outside_vllm.py", "why"):
         "cpu_support(): vLLM's CPU backend's own declared dtypes, head sizes and block sizes "
         "(get_supported_head_sizes, _get_attn_isa)",
-    ("optimized/paged_attention/outside_vllm.py", "does not support head size"):
+    ("optimized/vllm_shared.py", "does not support head size"):
         "vLLM's Triton attention backend: supports_head_size (its own declaration)",
-    ("optimized/paged_attention/outside_vllm.py", "multiples of 16"):
+    ("optimized/vllm_shared.py", "multiples of 16"):
         "vLLM's Triton attention backend: get_supported_kernel_block_sizes, MultipleOf(16)",
     ("optimized/mla_decode/outside_vllm.py", "TritonMLABackend declares"):
         "vLLM's Triton MLA backend: supported_dtypes [float16, bfloat16] (its own declaration)",
-    ("optimized/mla_decode/outside_vllm.py", "computes bfloat16 wrongly"):
-        "Triton's interpreter (not vLLM): tl.dot and casts in bfloat16 truncate under TRITON_INTERPRET, "
-        "so the cell would judge the interpreter; the same kernel is judged compiled on a GPU",
     ("optimized/mla_decode/outside_vllm.py", "multiples of {PAGE}"):
         "vLLM's Triton MLA backend: get_supported_kernel_block_sizes, MultipleOf(16)",
     ("optimized/quantization/outside.py", "has no weight-only product of its own"):
@@ -130,7 +127,7 @@ LEDGER: dict[tuple[str, str], str] = {
 
 
 def _files() -> list[Path]:
-    found = sorted(ROOT.glob("optimized/*/outside*.py"))
+    found = sorted(ROOT.glob("optimized/*/outside*.py")) + [ROOT / "optimized" / "vllm_shared.py"]
     return found + [ROOT / "optimized" / "inference_engine" / f for f in ENGINES]
 
 

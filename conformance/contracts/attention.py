@@ -72,7 +72,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
+from inference_conformance.conformance.contracts.checks import check_kv, check_scale, check_tensor
 from inference_conformance.conformance.coverage import CoverageClass
 from inference_conformance.conformance.registry import Contract, InvalidCall
 
@@ -109,14 +109,7 @@ def validate(q, k, v, causal, scale, window=None, softcap=None, sinks=None) -> A
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, 4, "(B, H, T, D)", DTYPES, "attention")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q, k, v must be on a cpu or cuda device, got {q.device}")
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    check_kv(q, k, v)
     B, Hq, Tq, D = q.shape
     Bk, Hkv, Tk, Dk = k.shape
     if Bk != B:

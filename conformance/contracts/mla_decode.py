@@ -79,7 +79,9 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance import tolerance
-from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
+from inference_conformance.conformance.contracts.checks import (check_block_table, check_devices, check_index,
+                                                                 check_live_blocks, check_scale, check_seq_lens,
+                                                                 check_tensor)
 from inference_conformance.conformance.coverage import CoverageClass
 from inference_conformance.conformance.registry import Contract, InvalidCall
 
@@ -117,13 +119,6 @@ def _check_rope_theta(rope_theta) -> None:
         raise ValueError(f"rope_theta must be finite and > 0, got {rope_theta}")
 
 
-def _check_index(name: str, t, dims: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {dims} of int32, got {type(t).__name__}")
-    if t.dtype != INDEX_DTYPE:
-        raise TypeError(f"{name} must be int32, got {t.dtype}")
-
-
 def validate(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale, rope_theta) -> MLAShape:
     """Check one call against the contract; return its sizes.
 
@@ -141,15 +136,11 @@ def validate(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale, rope_the
         if t.dtype != q_nope.dtype:
             raise TypeError(f"{name} has dtype {t.dtype}, q_nope {q_nope.dtype}: q_nope, q_rope, w_uk and cache "
                             "must share one dtype")
-    if q_nope.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q_nope must be on a cpu or cuda device, got {q_nope.device}")
-    _check_index("seq_lens", seq_lens, "(B,)")
+    check_index("seq_lens", seq_lens, "(B,)", (INDEX_DTYPE,))
     if block_table is not None:
-        _check_index("block_table", block_table, "(B, max_blocks)")
-    for name, t in (("q_rope", q_rope), ("w_uk", w_uk), ("cache", cache), ("seq_lens", seq_lens),
-                    ("block_table", block_table)):
-        if t is not None and t.device != q_nope.device:
-            raise ValueError(f"{name} is on {t.device}, q_nope on {q_nope.device}: all tensors must be on one device")
+        check_index("block_table", block_table, "(B, max_blocks)", (INDEX_DTYPE,))
+    check_devices("q_nope", q_nope, (("q_rope", q_rope), ("w_uk", w_uk), ("cache", cache), ("seq_lens", seq_lens),
+                                     ("block_table", block_table)))
     B, Hq, D = q_nope.shape
     if B < 1 or Hq < 1:
         raise ValueError(f"q_nope must hold at least one sequence and one head, got shape {tuple(q_nope.shape)}")
@@ -170,34 +161,18 @@ def validate(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale, rope_the
     n0, n1 = cache.shape[0], cache.shape[1]
     if n0 < 1 or n1 < 1:
         raise ValueError(f"cache must have at least one block (or sequence) and one slot, got {tuple(cache.shape)}")
-    if tuple(seq_lens.shape) != (B,):
-        raise ValueError(f"seq_lens must have shape (B,) = ({B},), got {tuple(seq_lens.shape)}")
     check_scale(scale, q_nope.dtype)
     _check_rope_theta(rope_theta)
-    lens = seq_lens.detach().to("cpu", torch.int64)
     if block_table is None:
         if n0 != B:
             raise ValueError(f"a contiguous cache (block_table None) must have shape (B, T_max, C + R) with B = {B}, "
                              f"got {tuple(cache.shape)}")
-        capacity, max_blocks = n1, n1
+        max_blocks = n1
+        check_seq_lens(seq_lens, B, n1, "T_max")
     else:
-        if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
-            raise ValueError(f"block_table must have shape (B={B}, max_blocks >= 1), got {tuple(block_table.shape)}")
-        max_blocks = block_table.shape[1]
-        capacity = max_blocks * n1
-    bad = ((lens < 1) | (lens > capacity)).nonzero()
-    if bad.numel():
-        b = int(bad[0, 0])
-        raise ValueError(f"seq_lens must lie in [1, {capacity}] (the cache's capacity per sequence); "
-                         f"seq_lens[{b}] = {int(lens[b])}")
-    if block_table is not None:
-        table = block_table.detach().to("cpu", torch.int64)
-        live = torch.arange(max_blocks)[None, :] < ((lens + n1 - 1) // n1)[:, None]      # (B, max_blocks)
-        out_of_range = live & ((table < 0) | (table >= n0))
-        if out_of_range.any():
-            b, i = (int(x) for x in out_of_range.nonzero()[0])
-            raise ValueError(f"block_table[{b}, {i}] = {int(table[b, i])} is a live block of sequence {b} "
-                             f"(seq_lens[{b}] = {int(lens[b])}) outside [0, num_blocks) = [0, {n0})")
+        max_blocks = check_block_table(block_table, B)
+        lens = check_seq_lens(seq_lens, B, max_blocks * n1, "max_blocks * block_size")
+        check_live_blocks(block_table, lens, n1, n0)
     return MLAShape(B, Hq, D, C, R, block_table is not None, n0, n1, max_blocks)
 
 

@@ -1,10 +1,10 @@
 """The checks of the ``paged_attention`` contract (``conformance/contracts/paged_attention.py``
 states the calls): :func:`validate` for ``paged_attention`` (decode: one query token per
 sequence) and :func:`validate_prefill` for ``paged_prefill`` (chunked prefill: ``query_start_loc``
-delimits each sequence's query tokens), the sizes they return (:class:`PagedShape`) and the
-block-table arithmetic they share (:func:`blocks_needed`, :func:`query_lens`). Every check
-raises TypeError or ValueError naming the argument; the block table and lengths are read on the
-host.
+delimits each sequence's query tokens), the sizes they return (:class:`PagedShape`) and
+:func:`query_lens`. The checks it shares with other contracts (index tensors, devices, the block
+table and its lengths) are :mod:`inference_conformance.conformance.contracts.checks`'s. Every check raises TypeError or
+ValueError naming the argument; the block table and lengths are read on the host.
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate_options
-from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
+from inference_conformance.conformance.contracts.checks import (check_block_table, check_index, check_kv,
+                                                                 check_live_blocks, check_scale, check_seq_lens,
+                                                                 check_tensor)
 from inference_conformance.conformance.contracts.paged_attention import DTYPES, INDEX_DTYPE, MAX_HEAD_DIM
 
 
@@ -36,11 +38,6 @@ class PagedShape:
         return self.Hq // self.Hkv
 
 
-def blocks_needed(seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """ceil(seq_lens / block_size): the live table entries of each sequence, (B,) int64."""
-    return (seq_lens.to(torch.int64) + block_size - 1) // block_size
-
-
 def validate(q, k_cache, v_cache, block_table, seq_lens, scale, window=None, softcap=None, sinks=None) -> PagedShape:
     """Check one call against the contract; return its sizes.
 
@@ -57,23 +54,9 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale, window=None, sof
                                 ("k_cache", k_cache, 4, "(num_blocks, block_size, Hkv, D)"),
                                 ("v_cache", v_cache, 4, "(num_blocks, block_size, Hkv, D)")):
         check_tensor(name, t, rank, dims, DTYPES, "paged_attention")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"q, k_cache, v_cache must share one dtype, got q {q.dtype}, "
-                        f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
-    for name, t, dims in (("block_table", block_table, "(B, max_blocks)"), ("seq_lens", seq_lens, "(B,)")):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor {dims} of int32, got {type(t).__name__}")
-        if t.dtype != INDEX_DTYPE:
-            raise TypeError(f"{name} must be int32, got {t.dtype}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
-                    ("seq_lens", seq_lens)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all tensors must be on one device")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q must be on a cpu or cuda device, got {q.device}")
-    if tuple(k_cache.shape) != tuple(v_cache.shape):
-        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, D), "
-                         f"got k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}")
+    check_index("block_table", block_table, "(B, max_blocks)", (INDEX_DTYPE,))
+    check_index("seq_lens", seq_lens, "(B,)", (INDEX_DTYPE,))
+    check_kv(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), (("block_table", block_table), ("seq_lens", seq_lens)))
     B, Hq, D = q.shape
     num_blocks, block_size, Hkv, Dk = k_cache.shape
     if Dk != D:
@@ -86,26 +69,10 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale, window=None, sof
         raise ValueError(f"q heads ({Hq}) must be a multiple of the caches' KV heads ({Hkv})")
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head dim D must be in 1..{MAX_HEAD_DIM}, got {D}")
-    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
-        raise ValueError(f"block_table must have shape (B={B}, max_blocks >= 1), got {tuple(block_table.shape)}")
-    if tuple(seq_lens.shape) != (B,):
-        raise ValueError(f"seq_lens must have shape (B,) = ({B},), got {tuple(seq_lens.shape)}")
+    max_blocks = check_block_table(block_table, B)
     check_scale(scale, q.dtype)
-    max_blocks = block_table.shape[1]
-    lens = seq_lens.detach().to("cpu", torch.int64)
-    capacity = max_blocks * block_size
-    bad = ((lens < 1) | (lens > capacity)).nonzero()
-    if bad.numel():
-        b = int(bad[0, 0])
-        raise ValueError(f"seq_lens must lie in [1, max_blocks * block_size] = [1, {capacity}]; "
-                         f"seq_lens[{b}] = {int(lens[b])}")
-    table = block_table.detach().to("cpu", torch.int64)
-    live = torch.arange(max_blocks)[None, :] < blocks_needed(lens, block_size)[:, None]   # (B, max_blocks)
-    out_of_range = live & ((table < 0) | (table >= num_blocks))
-    if out_of_range.any():
-        b, i = (int(x) for x in out_of_range.nonzero()[0])
-        raise ValueError(f"block_table[{b}, {i}] = {int(table[b, i])} is a live block of sequence {b} "
-                         f"(seq_lens[{b}] = {int(lens[b])}) outside [0, num_blocks) = [0, {num_blocks})")
+    lens = check_seq_lens(seq_lens, B, max_blocks * block_size, "max_blocks * block_size")
+    check_live_blocks(block_table, lens, block_size, num_blocks)
     validate_options(q, True, window, softcap, sinks)
     return PagedShape(B, Hq, Hkv, D, num_blocks, block_size, max_blocks)
 
@@ -131,16 +98,11 @@ def validate_prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 3:
         raise ValueError(f"q must have 3 dimensions (N, Hq, D), got shape {tuple(q.shape)}")
-    if not isinstance(seq_lens, torch.Tensor):
-        raise TypeError(f"seq_lens must be a torch.Tensor (B,) of int32, got {type(seq_lens).__name__}")
+    check_index("seq_lens", seq_lens, "(B,)", (INDEX_DTYPE,))
     if seq_lens.dim() != 1 or seq_lens.shape[0] < 1:
         raise ValueError(f"seq_lens must have shape (B,) with B >= 1, got {tuple(seq_lens.shape)}")
     B = seq_lens.shape[0]
-    if not isinstance(query_start_loc, torch.Tensor):
-        raise TypeError(f"query_start_loc must be a torch.Tensor (B + 1,) of int32, "
-                        f"got {type(query_start_loc).__name__}")
-    if query_start_loc.dtype != INDEX_DTYPE:
-        raise TypeError(f"query_start_loc must be int32, got {query_start_loc.dtype}")
+    check_index("query_start_loc", query_start_loc, "(B + 1,)", (INDEX_DTYPE,))
     if tuple(query_start_loc.shape) != (B + 1,):
         raise ValueError(f"query_start_loc must have shape (B + 1,) = ({B + 1},), got {tuple(query_start_loc.shape)}")
     if query_start_loc.device != q.device:

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.checks import check_scale, check_tensor
+from inference_conformance.conformance.contracts.checks import check_index, check_kv, check_scale, check_tensor
 from inference_conformance.conformance.coverage import CoverageClass
 from inference_conformance.conformance.registry import Contract, InvalidCall
 
@@ -91,13 +91,6 @@ class TreeAttentionShape:
     S_max: int
 
 
-def _check_index(name: str, t, dims: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {dims} of int32 or int64, got {type(t).__name__}")
-    if t.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64 {dims}, got {t.dtype}")
-
-
 def validate(q, k_cache, v_cache, parents, prefix_lens, scale) -> TreeAttentionShape:
     """Check one call against the contract; return its sizes.
 
@@ -106,16 +99,8 @@ def validate(q, k_cache, v_cache, parents, prefix_lens, scale) -> TreeAttentionS
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         dims = "(B, Hq, n_nodes, D)" if name == "q" else "(B, Hkv, S_max, D)"
         check_tensor(name, t, 4, dims, DTYPES, "tree_attention")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype}, q {q.dtype}: q, k_cache and v_cache must share one dtype")
-    _check_index("parents", parents, "(n_nodes,)")
-    _check_index("prefix_lens", prefix_lens, "(B,)")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q must be on a cpu or cuda device, got {q.device}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("parents", parents), ("prefix_lens", prefix_lens)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all tensors must be on one device")
+    check_index("parents", parents, "(n_nodes,)", INDEX_DTYPES)
+    check_index("prefix_lens", prefix_lens, "(B,)", INDEX_DTYPES)
     B, Hq, n, D = q.shape
     if B < 1 or Hq < 1 or n < 1:
         raise ValueError(f"q must hold at least one sequence, head and tree node (B, Hq, n_nodes, D), got "
@@ -126,8 +111,7 @@ def validate(q, k_cache, v_cache, parents, prefix_lens, scale) -> TreeAttentionS
     if k_cache.shape[0] != B or Dk != D or Hkv < 1 or Hq % Hkv:
         raise ValueError(f"k_cache must have shape (B={B}, Hkv dividing Hq={Hq}, S_max, D={D}), got "
                          f"{tuple(k_cache.shape)}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    check_kv(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), (("parents", parents), ("prefix_lens", prefix_lens)))
     if tuple(parents.shape) != (n,):
         raise ValueError(f"parents must have shape (n_nodes,) = ({n},), got {tuple(parents.shape)}")
     if tuple(prefix_lens.shape) != (B,):

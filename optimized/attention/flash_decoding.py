@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from inference_conformance.conformance.contracts.attention import validate
+from inference_conformance.conformance.contracts.checks import check_num_splits
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention.batch_invariant import keys_per_split, merge_in_order
 from inference_conformance.optimized.attention.tiles import (MAX_SPLITS, attend_q_tile, block_d, fixed_blocks, fold_scale, merge_splits,
@@ -122,12 +123,7 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     """
     shape = validate(q, k, v, causal, scale, window, softcap, sinks)
     check_device(q)
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
-    if batch_invariant and num_splits is not None:
-        raise ValueError(f"num_splits must be None with batch_invariant=True (the mode fixes the split size), "
-                         f"got {num_splits!r}")
+    check_num_splits(num_splits, batch_invariant)
     mode = dot_mode(q.dtype)
     win, cap, sinks = option_args(q, window, softcap, sinks)
     q, scale = fold_scale(q, scale)

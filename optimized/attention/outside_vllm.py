@@ -1,7 +1,8 @@
 """Adapters of vLLM's dense Triton kernels, interpreted on a CPU (``TRITON_INTERPRET=1``), to the
 ``attention`` contract: ``unified_attention`` (prefill, or decode at Tq = 1) and
 ``context_attention_fwd`` (prefix prefill). The import of vLLM, its Triton backend checks and the
-sources are in :mod:`inference_conformance.optimized.paged_attention.outside_vllm` (the paged
+one ``unified_attention`` call are :mod:`inference_conformance.optimized.vllm_shared`'s, the
+sources listed in :mod:`inference_conformance.optimized.paged_attention.outside_vllm` (the paged
 adapters); the environment is ``requirements/peers-vllm.txt`` (``tox -e peers-vllm``).
 
 Contract (``conformance/contracts/attention.py``)::
@@ -24,27 +25,25 @@ import sys
 import torch
 
 from inference_conformance.conformance.contracts.attention import validate as validate_dense
-from inference_conformance.optimized.paged_attention.outside_vllm import (
-    DENSE_BLOCK_SIZE,
-    _triton_backend_support,
-    _triton_enabled,
-    _unified,
+from inference_conformance.optimized.vllm_shared import (
+    require_triton,
+    require_triton_backend,
+    unified_attention,
     vllm_module,
 )
 
+#: Block size of the paged cache the dense adapters cut K/V into (a multiple of 16).
+DENSE_BLOCK_SIZE = 16
 
-def _unified_options(q_tokens, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, *, causal,
-                     scale, window, softcap, sinks):
-    """One call of vLLM's ``unified_attention`` with FA-8's options: the output (num_tokens, Hq, D)."""
-    ua = vllm_module("vllm.v1.attention.ops.triton_unified_attention")
-    out = torch.empty_like(q_tokens)
-    ua.unified_attention(q=q_tokens, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_seqlens_q,
-                         max_seqlen_q=int(max_seqlen_q), seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
-                         softmax_scale=float(scale), causal=causal,
-                         window_size=(-1, -1) if window is None else (int(window) - 1, 0), block_table=block_table,
-                         softcap=0.0 if softcap is None else float(softcap), q_descale=None, k_descale=None,
-                         v_descale=None, sinks=None if sinks is None else sinks.to(torch.float32).contiguous())
-    return out
+
+def _dense_support(what: str, q, s) -> None:
+    """Refuse (NotImplementedError) what vLLM's Triton backend does not declare for ``q`` in
+    DENSE_BLOCK_SIZE-token blocks, and Tq > Tk (a request's queries are a suffix of its sequence)."""
+    require_triton_backend(what, q.dtype, s.D, DENSE_BLOCK_SIZE)
+    if s.Tq > s.Tk:
+        raise NotImplementedError(f"{what}: a request's queries are the last tokens of its sequence, "
+                                  f"so Tq <= Tk (got Tq={s.Tq}, Tk={s.Tk})")
+    require_triton(what)
 
 
 def triton_unified_attention(q, k, v, *, causal: bool, scale: float, window: int | None = None,
@@ -58,11 +57,7 @@ def triton_unified_attention(q, k, v, *, causal: bool, scale: float, window: int
     bfloat16 under the interpreter, and Tq > Tk (vLLM's queries are a suffix of their sequence)."""
     s = validate_dense(q, k, v, causal, scale, window, softcap, sinks)
     what = "vLLM's Triton unified attention"
-    _triton_backend_support(what, q.dtype, s.D, DENSE_BLOCK_SIZE)
-    if s.Tq > s.Tk:
-        raise NotImplementedError(f"{what}: a request's queries are the last tokens of its sequence, "
-                                  f"so Tq <= Tk (got Tq={s.Tq}, Tk={s.Tk})")
-    _triton_enabled(what)
+    _dense_support(what, q, s)
     bs = DENSE_BLOCK_SIZE
     nblk = -(-s.Tk // bs)
     cache_shape = (s.B, nblk * bs, s.Hkv, s.D)
@@ -76,11 +71,8 @@ def triton_unified_attention(q, k, v, *, causal: bool, scale: float, window: int
     lens = torch.full((s.B,), s.Tk, dtype=torch.int32, device=q.device)
     cu = torch.arange(0, s.B * s.Tq + 1, s.Tq, dtype=torch.int32, device=q.device)
     q_tokens = q.transpose(1, 2).reshape(s.B * s.Tq, s.Hq, s.D)                # (B·Tq, Hq, D)
-    if window is None and softcap is None and sinks is None:
-        out = _unified(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale)
-    else:
-        out = _unified_options(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale, window=window,
-                               softcap=softcap, sinks=sinks)
+    out = unified_attention(q_tokens, kc, vc, table, lens, cu, s.Tq, causal=causal, scale=scale, window=window,
+                            softcap=softcap, sinks=sinks)
     return out.view(s.B, s.Tq, s.Hq, s.D).transpose(1, 2).contiguous()
 
 
@@ -95,11 +87,7 @@ def triton_prefix_prefill(q, k, v, *, causal: bool, scale: float):
     bfloat16 under the interpreter, head sizes vLLM's Triton backend does not list, Tq > Tk."""
     s = validate_dense(q, k, v, causal, scale)
     what = "vLLM's Triton prefix prefill"
-    _triton_backend_support(what, q.dtype, s.D, DENSE_BLOCK_SIZE)
-    if s.Tq > s.Tk:
-        raise NotImplementedError(f"{what}: a request's queries are the last tokens of its sequence, "
-                                  f"so Tq <= Tk (got Tq={s.Tq}, Tk={s.Tk})")
-    _triton_enabled(what)
+    _dense_support(what, q, s)
     pp = vllm_module("vllm.v1.attention.ops.prefix_prefill")
     bs, x = DENSE_BLOCK_SIZE, 16 // q.element_size()
     if s.D % x:

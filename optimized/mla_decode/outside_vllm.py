@@ -20,7 +20,7 @@ Refused (``NotImplementedError``: "unsupported", never a pass): dtypes ``TritonM
 declare (it declares float16 and bfloat16), bfloat16 under Triton's interpreter (its bfloat16
 ``tl.dot`` is wrong there: the cell would measure the interpreter), paged block sizes that are not
 multiples of 16 (``get_supported_kernel_block_sizes``: ``MultipleOf(16)``). Its import of vLLM and
-the interpreter's placeholder backend are :mod:`inference_conformance.optimized.paged_attention.outside_vllm`'s.
+the interpreter's placeholder backend are :mod:`inference_conformance.optimized.vllm_shared`'s.
 Claim KV-12.
 """
 from __future__ import annotations
@@ -30,9 +30,8 @@ import sys
 import torch
 
 from inference_conformance.conformance.contracts.mla_decode import validate
-from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.mla_decode.vectorized import absorb
-from inference_conformance.optimized.paged_attention.outside_vllm import _triton_enabled, vllm_module
+from inference_conformance.optimized.vllm_shared import refuse_interpreted_bfloat16, require_triton, vllm_module
 
 #: Splits of ``decode_attention_fwd`` (more than one, so its merge kernel runs).
 MLA_KV_SPLITS = 4
@@ -45,13 +44,11 @@ def _support(dtype: torch.dtype, block_size: int | None) -> None:
     be = vllm_module("vllm.v1.attention.backends.mla.triton_mla").TritonMLABackend
     if dtype not in be.supported_dtypes:
         raise NotImplementedError(f"{what}: TritonMLABackend declares {[str(d) for d in be.supported_dtypes]}, not {dtype}")
-    if dtype == torch.bfloat16 and triton_interpreted():
-        raise NotImplementedError(f"{what}: Triton's interpreter computes bfloat16 wrongly (tl.dot; casts "
-                                  "truncate), so this cell would measure the interpreter; it runs compiled on a GPU")
+    refuse_interpreted_bfloat16(dtype, what)
     if block_size is not None and block_size % PAGE:
         raise NotImplementedError(f"{what}: TritonMLABackend takes block sizes that are multiples of {PAGE}, "
                                   f"not {block_size}")
-    _triton_enabled(what)
+    require_triton(what)
 
 
 def _pages(cache: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor]:

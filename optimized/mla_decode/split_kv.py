@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_conformance.conformance.contracts.checks import check_num_splits
 from inference_conformance.conformance.contracts.mla_decode import INDEX_DTYPE, validate
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention.batch_invariant import keys_per_split, merge_in_order
@@ -193,12 +194,7 @@ def mla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, w_uk: torch.Tensor, c
     interpreter."""
     shape = validate(q_nope, q_rope, w_uk, cache, block_table, seq_lens, scale, rope_theta)
     check_device(q_nope, "q_nope")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
-    if batch_invariant and num_splits is not None:
-        raise ValueError(f"num_splits must be None with batch_invariant=True (the mode fixes the split size), "
-                         f"got {num_splits!r}")
+    check_num_splits(num_splits, batch_invariant)
     mode = DOT_NATIVE if NATIVE_FLOAT16_OVERRIDE and q_nope.dtype == torch.float16 else dot_mode(q_nope.dtype)
     q_lat, q_rot = (absorb_per_row if batch_invariant else absorb)(q_nope, q_rope, w_uk, seq_lens, rope_theta)
     if mode == DOT_SUM:     # compiled Triton types a float argument as float32: fold the scale in float64

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inference_conformance.conformance.contracts.checks import check_num_splits
 from inference_conformance.conformance.contracts.paged_attention_validate import validate
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention.batch_invariant import merge_in_order
@@ -170,8 +171,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     shape = validate(q, k_cache, v_cache, block_table, seq_lens, scale, window, softcap, sinks)
     check_device(q, "q")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
+    check_num_splits(num_splits, batch_invariant)
     win, cap, sinks = option_args(q, window, softcap, sinks)
     q, scale = fold_scale(q, scale)                                          # float64: scale into q
     max_len = int(seq_lens.max())

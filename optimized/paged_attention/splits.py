@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from inference_conformance.conformance.contracts.checks import check_num_splits
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention.batch_invariant import keys_per_split
 from inference_conformance.optimized.attention.tiles import MAX_SPLITS
@@ -47,9 +48,7 @@ def split_plan(programs: int, Hkv: int, max_len: int, block_n: int, device: torc
     the longest sequence and always partials, so that a sequence's splits and its merge never
     depend on the batch. Raises ValueError naming ``num_splits`` when given with ``batch_invariant``."""
     if batch_invariant:
-        if num_splits is not None:
-            raise ValueError(f"num_splits must be None with batch_invariant=True (the mode fixes the split size), "
-                             f"got {num_splits!r}")
+        check_num_splits(num_splits, batch_invariant)
         per = keys_per_split(block_n, device)
         return per, max(1, -(-max_len // per)), True
     per = tokens_per_split(programs, Hkv, max_len, block_n, device, num_splits, split_interpreted=split_interpreted)

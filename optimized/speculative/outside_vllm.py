@@ -1,7 +1,6 @@
-"""vLLM's rejection sampler under the ``speculative`` contract (``optimized/paged_attention/outside_vllm.py`` holds
-the other vLLM adapters and :func:`~inference_conformance.optimized.paged_attention.outside_vllm.vllm_module`,
-through which vLLM is imported): ``vllm.v1.sample.rejection_sampler.rejection_sample`` with
-flattened draft tokens and probabilities, the target as logits (log-probabilities; its softmax
+"""vLLM's rejection sampler under the ``speculative`` contract (``optimized/paged_attention/outside_vllm.py``
+holds the other vLLM adapters, :func:`inference_conformance.optimized.vllm_shared.vllm_module` the import
+of vLLM): ``vllm.v1.sample.rejection_sampler.rejection_sample`` with flattened draft tokens and probabilities, the target as logits (log-probabilities; its softmax
 is in float32), the bonus token drawn beforehand by vLLM's ``random_sample``, one
 ``torch.Generator`` per request in ``SamplingMetadata.generators``. Its Triton kernels run
 interpreted on a CPU. The environment: ``requirements/peers-vllm.txt`` (``tox -e peers-vllm``).
@@ -14,7 +13,7 @@ import torch
 
 from inference_conformance.conformance.contracts.speculative import PAD
 from inference_conformance.conformance.contracts.speculative import validate as validate_verify
-from inference_conformance.optimized.paged_attention.outside_vllm import vllm_module
+from inference_conformance.optimized.vllm_shared import vllm_module
 
 
 def _sampling_metadata(B: int, generators: dict, greedy: bool, device):

@@ -1,5 +1,6 @@
-"""What a benchmark module asks the plugin: the outside implementations (``--impl``) of its
-technique, their rows' ids and extra_info, the implementation behind a row, and their refusals.
+"""A benchmark's rows, what a benchmark module imports (not the pytest plugin itself): the outside
+implementations (``--impl``) of its technique, their rows' ids and extra_info, the implementation
+behind a row, and their refusals.
 
 Each function takes the run's pytest ``config``; without one it reads
 :func:`inference_conformance.conformance.plugin_state.active_config` (the run collecting or
