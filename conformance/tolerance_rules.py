@@ -3,7 +3,8 @@
 :class:`Verdict` (one comparison's outcome), the error measures (:func:`max_abs_error`,
 :func:`worst_element`, :func:`scale_of`, :func:`ulp`, :func:`spacing`), the rule classes
 (:class:`RelativeRule`, :class:`MixedPrecisionRule`, :class:`NaiveMultipleRule`) and the policy's
-table :data:`RULES`, by dtype or scheme name. The policy itself, what each rule sees and is blind
+table :data:`RULES`, by dtype or scheme name, and the engines' near-tie rule :data:`NEAR_TIE`
+(:class:`NearTieRule`, registered by the ``inference_engine`` contract). The policy itself, what each rule sees and is blind
 to, and the checks that use them are in :mod:`inference_conformance.conformance.tolerance`.
 """
 from __future__ import annotations
@@ -229,6 +230,58 @@ class NaiveMultipleRule(Rule):
         if not ok:
             detail = "; ".join(d for d in (worst_element(out, out_ref), detail) if d)
         return Verdict(ok, rule, err, bound, what, detail)
+
+
+@dataclass(frozen=True)
+class NearTieRule(Rule):
+    """A generated token against the float64 model's choice, excused as a near-tie by the
+    engine's *measured* error, never by a declared dtype: the float64 logit gap between the
+    token the engine chose and the one it is judged against (the argmax, or the other run's
+    token) must be <= ``factor`` · max(measured, ``floor``), where measured is the engine's own
+    error on the request (max |logprob − float64 log-softmax| over its tokens; for an engine that
+    returns no logprobs, the largest float64 gap of a non-argmax token in a greedy calibration
+    run of the same engine and settings). Each position with a gap > 0 is excused and counted;
+    more than ``max_share`` of an example's positions excused fails (:meth:`judge_share`)."""
+
+    name: str
+    factor: float
+    floor: float
+    max_share: float
+
+    def limit(self, measured: float) -> float:
+        """The largest float64 gap excused for an engine whose measured error is ``measured``."""
+        return self.factor * max(float(measured), self.floor)
+
+    def judge(self, out, out_ref, out_pt, what, magnitude=None):
+        """``out``: the float64 logits of the chosen tokens (n,); ``out_ref``: those they are
+        judged against (n,); ``magnitude``: the engine's measured error on the request."""
+        gap = (_as_tensor(out_ref).double() - _as_tensor(out).double()).abs()
+        measured = 0.0 if magnitude is None else float(magnitude)
+        bound, err = self.limit(measured), float(gap.max()) if gap.numel() else 0.0
+        rule = (f"{self.name}: float64 gap <= {self.factor:g} * max(measured error {measured:.3e}, "
+                f"{self.floor:g})")
+        ok, k = err <= bound, int((gap > 0).sum())
+        detail = f"{k} of {gap.numel()} positions {'excused as near-ties' if ok else 'not the float64 choice'}"
+        return Verdict(ok, rule, err, bound, what, detail)
+
+    def judge_share(self, excused: int, positions: int, what: str) -> Verdict:
+        """At most ``max_share`` of ``positions`` excused (error and bound as shares)."""
+        share = excused / positions if positions else 0.0
+        return Verdict(share <= self.max_share, f"{self.name}: at most {self.max_share:.0%} of the positions "
+                       f"excused as near-ties", share, self.max_share, what, f"{excused} of {positions} excused")
+
+
+#: The engine near-tie rule's safety factor (the difference of two logprobs errs up to twice one's
+#: error, times 2), floor (float64 roundoff at the logits' scale) and largest excused share.
+NEAR_TIE_FACTOR, NEAR_TIE_FLOOR, MAX_EXCUSED_SHARE = 4.0, 1e-12, 0.1
+NEAR_TIE = NearTieRule(
+    "engine-near-tie", NEAR_TIE_FACTOR, NEAR_TIE_FLOOR, MAX_EXCUSED_SHARE,
+    sees="a token flip where the float64 top-two gap exceeds 4 times the engine's own measured error "
+         "(a batch-, cache- or chunk-dependent choice of an engine computing accurately, whatever "
+         "dtype it declares); more than 10% of an example's positions excused",
+    blind_to="a flip within 4 times the engine's measured error (an engine with large logprob errors "
+             "excuses more: its logprobs are judged by the dtype rule); an engine without logprobs "
+             "is judged by its calibration run's gaps")
 
 
 def _half_rule(dtype: torch.dtype) -> MixedPrecisionRule:

@@ -4,8 +4,9 @@ float64, every step a full forward without a cache, one request at a time (claim
 :class:`ReferenceEngine` answers ``generate(requests, params)``
 (:mod:`inference_conformance.conformance.contracts.inference_engine`): greedy decoding (argmax of the
 float64 logits) or sampling from :func:`inference_conformance.reference.speculative.process_logits`
-(temperature, top-p) by inverse CDF with one float64 uniform per token from the request's own
-``torch.Generator`` seeded with its ``seed`` (None: a fresh random seed); logprobs are the float64
+(temperature, top-p: the request's own where it sets them, else the call's) by inverse CDF with
+one float64 uniform per token from the request's own ``torch.Generator`` seeded with its
+``seed`` (None: a fresh random seed); logprobs are the float64
 log-softmax of the raw logits at the chosen tokens. Speculative decoding with a draft model
 ("draft", Leviathan et al. 2023): the draft proposes γ = ``num_speculative_tokens`` tokens
 (argmax, or sampled from its processed distribution q), the target scores them in one forward,
@@ -24,6 +25,7 @@ deterministic, so the result is the same as computing them again. Hooks the bug 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -33,10 +35,17 @@ from inference_conformance.conformance.contracts.inference_engine import (
     Completion,
     check_vocab,
     refuse_unoffered,
+    sampling_of,
     validate,
 )
 from inference_conformance.reference.speculative import process_logits
 from inference_conformance.reference.transformer import Transformer
+
+
+def own_params(request, params):
+    """``params`` with ``request``'s own temperature and top-p where it sets them (``sampling_of``)."""
+    t, p = sampling_of(request, params)
+    return params if (t, p) == (params.temperature, params.top_p) else dataclasses.replace(params, temperature=t, top_p=p)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -59,7 +68,7 @@ class ReferenceEngine:
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtype=self.dtype, batching=True, speculative=("draft",), seeded_sampling="request",
-                            top_p=True, logprobs=True, batch_invariant=True)
+                            top_p=True, logprobs=True, batch_invariant=True, per_request_params=True)
 
     def model(self, folder) -> Transformer:
         """The model in ``folder`` in the engine's dtype (read once per folder)."""
@@ -123,9 +132,10 @@ class ReferenceEngine:
         target = self.model(params.model)
         check_vocab(requests, target.cfg.vocab_size)
         gens = [self._generator(r.seed) for r in requests]
+        own = [own_params(r, params) for r in requests]
         if params.speculative == "draft":
             draft = self.model(params.draft)
-            return [self._speculate(target, draft, r, params, g) for r, g in zip(requests, gens)]
+            return [self._speculate(target, draft, r, p, g) for r, p, g in zip(requests, own, gens)]
         seqs = [list(r.prompt) for r in requests]
         toks: list[list[int]] = [[] for _ in requests]
         lps: list[list[float]] = [[] for _ in requests]
@@ -135,7 +145,7 @@ class ReferenceEngine:
                 break
             logits = self._next_logits(target, [seqs[i] for i in active])          # (B, V)
             for row, i in enumerate(active):
-                x = self._choose(logits[row], params, gens[i])
+                x = self._choose(logits[row], own[i], gens[i])
                 toks[i].append(x)
                 lps[i].append(self._logprob(logits[row], x))
                 seqs[i].append(x)

@@ -19,6 +19,7 @@ from inference_conformance.conformance.contracts.inference_engine import (
     check_vocab,
     refuse_unoffered,
     refuse_unserved,
+    sampling_of,
     validate,
     validate_serve,
 )
@@ -68,7 +69,7 @@ class PagedAdapter:
     def capabilities(self) -> Capabilities:
         return Capabilities(dtype=torch.float32, batching=True, prefix_caching=True, chunked_prefill=True,
                             seeded_sampling="request", top_p=False, logprobs=True, batch_invariant=False,
-                            serving=("arrivals", "fork", "kv_pool", "stats"))
+                            serving=("arrivals", "fork", "kv_pool", "stats"), per_request_params=True)
 
     def model(self, folder):
         if str(folder) not in self._models:
@@ -97,7 +98,7 @@ class PagedAdapter:
         check_vocab(requests, eng.cfg.vocab_size)
         rids = [next(self._ids) for _ in requests]
         for rid, r in zip(rids, requests):
-            eng.add_request(rid, list(r.prompt), r.max_new_tokens, float(params.temperature), _generator(r.seed))
+            eng.add_request(rid, list(r.prompt), r.max_new_tokens, float(sampling_of(r, params)[0]), _generator(r.seed))
         eng.run()
         out = [_completion(eng.finished.pop(rid), eng.logits.pop(rid)) for rid in rids]
         return out
@@ -122,7 +123,7 @@ class PagedAdapter:
             while arrivals and arrivals[0].step <= step:
                 e = arrivals.pop(0)
                 r = e.request
-                eng.add_request(rid[e.id], list(r.prompt), r.max_new_tokens, float(params.temperature),
+                eng.add_request(rid[e.id], list(r.prompt), r.max_new_tokens, float(sampling_of(r, params)[0]),
                                 _generator(r.seed))
             for f in list(forks):
                 p = next((r for r in eng.running + list(eng.waiting) if r.rid == rid[f.parent]), None)
@@ -151,20 +152,20 @@ class PagedAdapter:
 class SpeculativeAdapter(PagedAdapter):
     """The suite's speculative engine (float32) with a draft model; plain generation through the
     paged engine. One generator per call (its seed from every request's seed): "batch" seeding;
-    rows of one prompt length run together; no logprobs from speculation."""
+    rows of one prompt length and sampling parameters run together; no logprobs from speculation."""
 
     who = "the speculative engine"
 
     def capabilities(self) -> Capabilities:
         return Capabilities(dtype=torch.float32, batching=True, speculative=("draft",), seeded_sampling="batch",
-                            top_p=True, logprobs=False, batch_invariant=False)
+                            top_p=True, logprobs=False, batch_invariant=False, per_request_params=True)
 
     @torch.no_grad()
     def generate(self, requests, params) -> list[Completion]:
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, self.who)
         if params.speculative is None:
-            if params.top_p < 1.0 and params.temperature > 0:
+            if any(t > 0 and p < 1.0 for t, p in (sampling_of(r, params) for r in requests)):
                 raise NotImplementedError("the paged engine (plain generation) has no top-p")
             return [Completion(c.tokens, None) for c in self._plain(requests, params)]
         target, draft = self.model(params.model), self.model(params.draft)
@@ -172,12 +173,13 @@ class SpeculativeAdapter(PagedAdapter):
         seeds = ",".join(str(r.seed) for r in requests)
         gen = torch.Generator().manual_seed(int(hashlib.sha256(seeds.encode()).hexdigest()[:12], 16))
         out: list = [None] * len(requests)
-        for length in sorted({len(r.prompt) for r in requests}):
-            rows = [i for i, r in enumerate(requests) if len(r.prompt) == length]
+        groups = sorted({(len(r.prompt), *sampling_of(r, params)) for r in requests})
+        for length, t, top_p in groups:     # rows of one prompt length and sampling parameters together
+            rows = [i for i, r in enumerate(requests) if (len(r.prompt), *sampling_of(r, params)) == (length, t, top_p)]
             n = max(requests[i].max_new_tokens for i in rows)
             g = params.num_speculative_tokens
             eng = SpeculativeEngine(target, draft, gamma=g, max_batch=len(rows), max_seq_len=length + n + 2 * g + 1,
-                                    temperature=float(params.temperature), top_p=float(params.top_p))
+                                    temperature=float(t), top_p=float(top_p))
             prompt = torch.tensor([list(requests[i].prompt) for i in rows], dtype=torch.int64)
             tokens, stats = eng.generate(prompt, n, generator=gen)
             # per-row figures only for a call of one request (the engine sums its rows): each

@@ -5,6 +5,8 @@ known-bad versions of ``properties/paged_attention/zoo.py`` behind its adapter) 
 comparison."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from inference_conformance.optimized.inference_engine.suite import PagedAdapter, load
@@ -57,6 +59,58 @@ class ArgmaxLogprobs(ReferenceEngine):
         return float(torch.log_softmax(logits.double(), -1).max())
 
 
+class DeclaredBfloat16BatchFlips(ReferenceEngine):
+    """Computes in float64 and declares bfloat16; in a call of 4 or more requests, a greedy
+    token whose float64 top-two gap is under 1 becomes the runner-up (its logprob reported
+    exactly): the batch changes tokens where no rounding explains it."""
+
+    _batch = 1
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), dtype=torch.bfloat16, batch_invariant=False)
+
+    def _generate(self, requests, params):
+        self._batch = len(requests)
+        return super()._generate(requests, params)
+
+    def _choose(self, logits, params, gen):
+        top2 = logits.double().topk(2)
+        if params.temperature == 0 and self._batch >= 4 and float(top2.values[0] - top2.values[1]) < 1.0:
+            return int(top2.indices[1])
+        return super()._choose(logits, params, gen)
+
+
+class ProcessedLogprobs(ReferenceEngine):
+    """Reports the logprobs of the sampling distribution (after temperature and top-p) instead of
+    the model's raw log-softmax: the same at temperature 1 and top-p 1 only."""
+
+    def _choose(self, logits, params, gen):
+        self._params = params
+        return super()._choose(logits, params, gen)
+
+    _params = None
+
+    def _logprob(self, logits, x):
+        if self._params is None or self._params.temperature == 0:
+            return super()._logprob(logits, x)
+        return float(torch.log(self._distribution(logits, self._params)[x]))
+
+
+class SeedLostBesideUnseeded(ReferenceEngine):
+    """Draws every request of a call from fresh random generators when one of its requests is
+    unseeded (one generator state for the batch): a seeded request's tokens then depend on its
+    batch-mates."""
+
+    _mixed = False
+
+    def _generate(self, requests, params):
+        self._mixed = any(r.seed is None for r in requests)
+        return super()._generate(requests, params)
+
+    def _generator(self, seed):
+        return super()._generator(None if self._mixed else seed)
+
+
 class StaleKeyEngine(PagedEngine):
     """Keys a prefix-cache block by its own tokens only, not its parent's key."""
 
@@ -97,6 +151,12 @@ def implementations():
         known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
         known_bad("inference_engine", "argmax_logprobs", ArgmaxLogprobs(load),
                   bug="Logprobs of the argmax token, not of the chosen one (right only when greedy)"),
+        known_bad("inference_engine", "declared_bfloat16_batch_flips", DeclaredBfloat16BatchFlips(load),
+                  bug="Computes in float64, declares bfloat16; in batches of 4+ a greedy near-tie (gap < 1) flips"),
+        known_bad("inference_engine", "processed_logprobs", ProcessedLogprobs(load),
+                  bug="Logprobs after temperature and top-p, not the model's raw log-softmax (right at T=1 only)"),
+        known_bad("inference_engine", "seed_lost_beside_unseeded", SeedLostBesideUnseeded(load),
+                  bug="A seeded request loses its seed when an unseeded request shares its call"),
         known_bad("inference_engine", "query_misses_its_own_token", _paged_bad("query_misses_its_own_token"),
                   bug="Each token's query misses its own key (seq_lens one short): right only for the first token"),
         known_bad("inference_engine", "chunk_kv_written_after_attention", _paged_bad("chunk_kv_written_after_attention"),
