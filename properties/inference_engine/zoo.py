@@ -5,6 +5,8 @@ known-bad versions of ``properties/paged_attention/zoo.py`` behind its adapter) 
 comparison."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from inference_conformance.optimized.inference_engine.suite import PagedAdapter, load
@@ -22,6 +24,18 @@ class BatchDependent(ReferenceEngine):
         T = max(len(s) for s in seqs)
         mat = torch.tensor([[0] * (T - len(s)) + s for s in seqs])
         return model(mat)[:, -1]
+
+
+class UndeclaredBatching(BatchDependent):
+    """Declares no batching, yet takes a batch and runs it as :class:`BatchDependent` does (one
+    left-padded matrix without a mask): the other laws, sending one request per call as declared,
+    never see it."""
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), batching=False)
+
+    def _offered(self):
+        return dataclasses.replace(super().capabilities(), batching=True)
 
 
 class IgnoresTemperature(ReferenceEngine):
@@ -88,6 +102,8 @@ def implementations():
     return (
         known_bad("inference_engine", "batch_dependent", BatchDependent(load),
                   bug="A batch runs as one left-padded matrix without a mask: outputs depend on batch-mates"),
+        known_bad("inference_engine", "undeclared_batching", UndeclaredBatching(load),
+                  bug="Declares no batching, yet takes batches and pads them without a mask"),
         known_bad("inference_engine", "stale_prefix", StalePrefix(),
                   bug="The prefix cache keys a block by its tokens only and serves it after another prefix"),
         known_bad("inference_engine", "bonus_from_draft", BonusFromDraft(load),
