@@ -133,8 +133,8 @@ def _top_p(eng, seed: int) -> None:
 
 
 def _logprobs(eng, seed: int) -> None:
-    prompts = C.document_prompts(seed, 2)
-    out = C.generate(eng, [Request(p, 4) for p in prompts], C.params())
+    prompts = C.document_prompts(seed, 1)
+    out = C.generate(eng, [Request(p, 3) for p in prompts], C.params())
     if all(c.logprobs is None for c in out):
         raise NotImplementedError("the engine returned no logprobs")
     folder = C.folders()["target"]
