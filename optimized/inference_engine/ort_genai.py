@@ -16,14 +16,17 @@ id 0, which the small world's prompts never hold: the library takes both sides w
 and EN-2 finds its left-padded rows wrong: tests/test_outside_ort_genai.py); n-gram (prompt lookup)
 speculation, ``set_speculative_options(ngram_size=2, max_draft_tokens=γ)`` (one request per
 generator: the library speculates at batch size 1 only; no logits while it speculates, so no
-logprobs; its ``get_speculative_stats()`` give the counts). A sampled call runs one generator per
-request: the library seeds a generator (``random_seed``), not a row of one, and the contract's
-seeds are per request. Not offered here: draft-model speculation (a composite
-``genai_config.json`` with ``model.draft``), prefix caching and chunked prefill (``og.Engine``).
+logprobs; its ``get_speculative_stats()`` give the counts) and draft-model speculation (the
+draft folder built the same way, its decoder block as ``model.draft`` of the target's
+``genai_config.json``, its files in ``draft/``; ``max_draft_tokens`` = γ). A sampled call runs one
+generator per request: the library seeds a generator (``random_seed``), not a row of one, and
+the contract's seeds are per request. Not adapted yet: ``og.Engine`` (continuous batching, with
+per-turn seeds and cached-prompt counts), so no prefix caching, chunked prefill or ``serve``.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,16 +54,17 @@ class OrtGenAI:
 
     def __init__(self):
         self._models: dict = {}
+        self._built: dict = {}
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(dtype=torch.float32, batching=True, padding=("left", "right"), speculative=("ngram",),
-                            seeded_sampling="request", top_p=True, logprobs=True, batch_invariant=False)
+        return Capabilities(dtype=torch.float32, batching=True, padding=("left", "right"),
+                            speculative=("draft", "ngram"), seeded_sampling="request", top_p=True, logprobs=True,
+                            batch_invariant=False)
 
-    def model(self, folder):
+    def _build(self, folder) -> Path:
+        """The folder's ONNX model, built once by the library's model builder, stop id moved."""
         key = str(folder)
-        if key not in self._models:
-            import onnxruntime_genai as og
-
+        if key not in self._built:
             out = Path(tempfile.mkdtemp(prefix="ort-genai-")) / "model"
             subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", key, "-o", str(out),
                             "-p", "fp32", "-e", "cpu"], check=True, capture_output=True, text=True)
@@ -68,6 +72,31 @@ class OrtGenAI:
             cfg = json.loads(cfg_path.read_text())
             cfg["model"]["eos_token_id"] = STOP_ID
             cfg_path.write_text(json.dumps(cfg))
+            self._built[key] = out
+        return self._built[key]
+
+    def model(self, folder, draft=None):
+        """(og.Model, pad id) of ``folder``; with ``draft``, the target and the draft in one
+        configuration (the draft's decoder block as ``model.draft``, its files in ``draft/``)."""
+        key = (str(folder), None if draft is None else str(draft))
+        if key not in self._models:
+            import onnxruntime_genai as og
+
+            out = self._build(folder)
+            if draft is not None:
+                both = Path(tempfile.mkdtemp(prefix="ort-genai-")) / "model"
+                shutil.copytree(out, both)
+                (both / "draft").mkdir()
+                d = self._build(draft)
+                for f in d.iterdir():
+                    if f.name.endswith((".onnx", ".data")):
+                        shutil.copy(f, both / "draft" / f.name)
+                cfg = json.loads((both / "genai_config.json").read_text())
+                block = json.loads((d / "genai_config.json").read_text())["model"]["decoder"]
+                cfg["model"]["draft"] = dict(block, filename="draft/" + block["filename"])
+                (both / "genai_config.json").write_text(json.dumps(cfg))
+                out = both
+            cfg = json.loads((out / "genai_config.json").read_text())
             self._models[key] = (og.Model(str(out)), int(cfg["model"]["pad_token_id"]))
         return self._models[key]
 
@@ -75,7 +104,7 @@ class OrtGenAI:
     def generate(self, requests, params) -> list[Completion]:
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, "onnxruntime-genai")
-        model, pad = self.model(params.model)
+        model, pad = self.model(params.model, params.draft if params.speculative == "draft" else None)
         V = json.loads((Path(params.model) / "config.json").read_text())["vocab_size"]
         check_vocab(requests, V)
         if len(requests) > 1 and params.temperature == 0 and params.speculative is None:
@@ -116,9 +145,10 @@ class OrtGenAI:
             if r.seed is not None:
                 opts["random_seed"] = int(r.seed)
         gp.set_search_options(**opts)
-        spec = params.speculative == "ngram"
+        spec = params.speculative is not None
         if spec:
-            gp.set_speculative_options(ngram_size=self.NGRAM, max_draft_tokens=int(params.num_speculative_tokens))
+            gp.set_speculative_options(max_draft_tokens=int(params.num_speculative_tokens),
+                                       **({"ngram_size": self.NGRAM} if params.speculative == "ngram" else {}))
         gen = og.Generator(model, gp)
         gen.append_tokens(np.array([list(r.prompt)], dtype=np.int32))
         toks, lps = [], []
