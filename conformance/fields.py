@@ -106,6 +106,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("max_token_gap", _NUM, "s or step costs", "longest time between two tokens of a running request "
           "(seconds in a benchmark, step costs in the serving simulation)"),
     Field("total_time", _NUM, "step costs", "time a serving simulation took to finish its trace"),
+    # inference_engine: what an engine declares, shown beside its cells
+    Field("capabilities", (str,), "", "an engine's declared capabilities, then those it declares absent"),
 )}
 
 

@@ -21,7 +21,7 @@ construction; it has no prefix cache, no chunked prefill and takes no padding (a
 not offer raises NotImplementedError). Within one ``generate`` call a sequence met again (the
 many seeded requests of one prompt EN-3 samples) reuses its forward's logits: the model is
 deterministic, so the result is the same as computing them again. Hooks the bug zoo overrides: :meth:`_next_logits`,
-:meth:`_distribution`, :meth:`_bonus`, :meth:`_generator`.
+:meth:`_distribution`, :meth:`_bonus`, :meth:`_generator`, :meth:`_offered`.
 """
 from __future__ import annotations
 
@@ -103,6 +103,10 @@ class ReferenceEngine:
         """The chosen token ``x``'s log-probability under the raw logits (V,), in float64."""
         return float(torch.log_softmax(logits.double(), -1)[x])
 
+    def _offered(self) -> Capabilities:
+        """What the engine takes without refusing it: what it declares."""
+        return self.capabilities()
+
     def _generator(self, seed: int | None) -> torch.Generator:
         g = torch.Generator()
         if seed is None:
@@ -128,7 +132,7 @@ class ReferenceEngine:
 
     def _generate(self, requests, params) -> list[Completion]:
         validate(requests, params)
-        refuse_unoffered(self.capabilities(), requests, params, "the reference engine")
+        refuse_unoffered(self._offered(), requests, params, "the reference engine")
         target = self.model(params.model)
         check_vocab(requests, target.cfg.vocab_size)
         gens = [self._generator(r.seed) for r in requests]

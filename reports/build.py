@@ -23,7 +23,7 @@ from inference_conformance.perf import records as benchmark_records
 from inference_conformance.reports import plots, publish, templating
 from inference_conformance.reports.build_claims import (_ORDER, _VERDICT_WORDS, _evidence_text, _fig_text, _num,  # noqa: F401
                                                          _verdict_of, _worst_measured, decided_text, deciding)
-from inference_conformance.reports.cells import batch_invariance_text
+from inference_conformance.reports.cells import batch_invariance_text, declared_text
 from inference_conformance.reports.killrate import kill_rates
 from inference_conformance.reports.ledger import claims
 
@@ -156,6 +156,8 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
             cell["error_text"] = "; ".join(filter(None, (cell["error_text"], _evidence_text(r))))
         if (prop_text := batch_invariance_text([r.extra or {}])) is not None:   # properties/test_batch_invariance.py
             cell["error_text"] = prop_text
+        if (said := declared_text([r.extra or {}])) is not None:   # properties/inference_engine/declarations.py
+            cell["error_text"] = "; ".join(filter(None, (cell["error_text"], said)))
         prev = prop["cells"].get(impl)
         if prev is None or (_ORDER.get(r.verdict, _ORDER["error"]), ratio) > (_ORDER.get(prev["verdict"], _ORDER["error"]), prev["ratio"]):
             prop["cells"][impl] = cell

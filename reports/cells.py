@@ -1,7 +1,8 @@
 """What a report cell says beyond its verdict, shared by the report (:mod:`inference_conformance.reports.build`)
 and the conformance matrix (:mod:`inference_conformance.reports.merge`): the batch-invariance property
 that ``properties/test_batch_invariance.py`` records in its rows' ``extra`` (``batch_invariant``,
-``max_batch_diff``, ``declared``).
+``max_batch_diff``, ``declared``), and an engine's declared capabilities
+(``properties/inference_engine/declarations.py``: ``capabilities``).
 """
 from __future__ import annotations
 
@@ -25,3 +26,10 @@ def batch_invariance_text(extras: list[dict]) -> str | None:
              for x in seen if not x["batch_invariant"]]
     text = f"not invariant: max abs diff {_num(max(diffs))}" if diffs else "bitwise invariant"
     return text + (", declared" if any(x.get("declared") for x in seen) else "")
+
+
+def declared_text(extras: list[dict]) -> str | None:
+    """An engine's declared capabilities over its rows' ``extras`` ("declares ..."), None where
+    no row says them."""
+    said = [x["capabilities"] for x in extras if isinstance(x, dict) and isinstance(x.get("capabilities"), str)]
+    return f"declares {said[-1]}" if said else None

@@ -12,7 +12,8 @@ folder holding such folders (a CI job's downloaded artifacts). ``--out`` (defaul
 Rows of the matrix are implementations in one environment (technique, name, package versions,
 device, Hypothesis profile and example count); columns are the laws of its technique by claim;
 a cell is the law's outcome over its parameters (:data:`STATUSES`; "crashed" outranks all),
-names its runs and, failing, links its message and input; the batch-invariance cell also names
+names its runs and, failing, links its message and input; an engine's row shows its declared
+capabilities (:func:`inference_conformance.reports.cells.declared_text`); the batch-invariance cell also names
 the property (bitwise invariant, or the largest difference; declared or not:
 :func:`inference_conformance.reports.cells.batch_invariance_text`). A newer run replaces an
 older one's results for a test only as :func:`_why_kept` allows (the page says which run
@@ -32,7 +33,7 @@ from inference_conformance.conformance import atomic, verdicts
 from inference_conformance.conformance.results import CRASH, Row, crashed
 from inference_conformance.perf import env
 from inference_conformance.reports import publish, templating
-from inference_conformance.reports.cells import batch_invariance_text
+from inference_conformance.reports.cells import batch_invariance_text, declared_text
 from inference_conformance.reports.ledger import claims
 from inference_conformance.reports.merge_runs import MergeError, Run, find_runs, load, read_run, run_of  # noqa: F401
 
@@ -240,8 +241,9 @@ def matrix(runs: list[Run]) -> dict:
                                            "packages": packages, "packages_text": rkey[2],
                                            "device": row.device or run.fingerprint.get("device") or "",
                                            "device_label": env.device_label(run.fingerprint),
-                                           "runs": set(), "cells": defaultdict(list)})
+                                           "runs": set(), "cells": defaultdict(list), "declares": ""})
         mrow["runs"].add(run.id)
+        mrow["declares"] = declared_text([row.extra or {}]) or mrow["declares"]   # an engine's, beside its row
         mrow["cells"][col].append((row, run))
     details, counts, out = [], defaultdict(int), []
     for name in sorted(techniques):

@@ -70,7 +70,9 @@ LEDGER: dict[tuple[str, str], str] = {
     ("optimized/attention/outside_vllm.py", "splits D into chunks of x"):
         "vLLM's paged key cache layout (num_blocks, H, D/x, block, x) with x = 16 bytes / element size",
     ("optimized/inference_engine/vllm.py", "vLLM refuses {kw}"):
-        "vLLM's own ValueError / TypeError at LLM(...) start, passed through in its words",
+        "vLLM's own checks of the configuration (EngineArgs(...).create_engine_config(), which LLM(...) runs "
+        "first: ValueError / TypeError) or a NotImplementedError, in its words; any other start-up failure is an "
+        "error (test_vllm_start_up_failure_is_an_error)",
     ("optimized/paged_attention/outside_kernels.py", "supports block sizes"):
         "vLLM's paged_attention_v1/v2 kernels are instantiated for block sizes 8, 16, 32 (csrc/attention)",
     ("optimized/vllm_shared.py", "vLLM disabled Triton here"):
@@ -180,3 +182,60 @@ def test_scale_zero_is_not_refused_where_the_library_answers():
     src = (ROOT / "optimized" / "attention" / "outside.py").read_text(encoding="utf-8")
     assert "reads scale = 0 as its default" not in src.split("def ort_mha")[1].split('"""')[2]
     assert "reads scale = 0 as its default" not in src.split("def ort_gqa")[1].split('"""')[2]
+
+
+def test_vllm_start_up_failure_is_an_error(monkeypatch, tmp_path):
+    """vLLM's adapter refuses ("unsupported") only a configuration vLLM's own checks reject; a
+    start-up that fails after them (out of memory) is an error in vLLM's words, never a refusal.
+    vLLM is faked (its ``EngineArgs`` and ``LLM``), its child process run in this one."""
+    import multiprocessing
+    import sys
+    import types
+
+    from inference_conformance.conformance.contracts.inference_engine import Params, Request
+    from inference_conformance.optimized.inference_engine import vllm as adapter
+
+    class EngineArgs:
+        def __init__(self, **kw):
+            self.kw = kw
+
+        def create_engine_config(self):
+            if self.kw.get("max_num_batched_tokens") == 3:
+                raise ValueError("max_num_batched_tokens (3) must be greater than or equal to max_num_seqs (256)")
+
+    class LLM:
+        def __init__(self, **kw):
+            raise ValueError("No available memory for the cache blocks; try increasing VLLM_CPU_KVCACHE_SPACE")
+
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams, fake.engine = LLM, dict, types.ModuleType("vllm.engine")
+    fake.engine.arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    fake.engine.arg_utils.EngineArgs = EngineArgs
+    for name, module in (("vllm", fake), ("vllm.engine", fake.engine), ("vllm.engine.arg_utils", fake.engine.arg_utils)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+    class Child:                                   # the child, run in this process (where vLLM is faked):
+        exitcode = 0                               # a start that fails answers and returns at once
+
+        def __init__(self, target, args, daemon):
+            self.target, self.args = target, args
+
+        def start(self):
+            self.target(*self.args)
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+    class Context:
+        Pipe, Process = staticmethod(multiprocessing.Pipe), Child
+
+    monkeypatch.setattr(adapter.multiprocessing, "get_context", lambda method: Context)
+    (tmp_path / "config.json").write_text("{}")
+    engine, reqs = adapter.VLLMEngine(), [Request((1, 2), 2)]
+    with pytest.raises(RuntimeError, match="failed to start.*ValueError: No available memory"):
+        engine.generate(reqs, Params(str(tmp_path)))
+    with pytest.raises(NotImplementedError, match="vLLM refuses.*max_num_batched_tokens"):
+        engine.generate(reqs, Params(str(tmp_path), chunked_prefill=3))

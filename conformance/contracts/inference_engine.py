@@ -74,7 +74,9 @@ an unknown speculative method, "draft" without ``draft``, num_speculative_tokens
 < 1, an unknown padding side, block_size or kv_blocks < 1; last, ValueError naming ``params.model`` (or ``params.draft``)
 for a folder without ``config.json``. Ids at or above the model's vocabulary raise ValueError
 naming ``prompt`` once the model is read. A setting the engine does not offer (its capabilities)
-raises NotImplementedError: "unsupported", never a pass. ``validate_serve(schedule, params)``
+raises NotImplementedError: "unsupported", never a pass; a setting declared absent but accepted
+is judged like any other call (a declaration of "no" must be true; seeds given to an engine
+declaring "none" included: taken, they must repeat the tokens). ``validate_serve(schedule, params)``
 checks a ``serve`` call: TypeError for a non-list schedule, an entry neither Arrival nor Fork, an
 id neither str nor int, a non-Request request, a non-int step, after or seed; ValueError for an
 empty schedule, an id used twice, a negative step, a Fork whose parent is no earlier Arrival,
@@ -174,7 +176,9 @@ the engine does not report them, "stats"): ``computed_tokens``, ``cached_tokens`
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an engine offers; a law skips (with the reason) what it does not."""
+    """What an engine offers. The laws exercise what it declares; each part declared absent is
+    called once (``properties/inference_engine/declarations.py``): refused, it is "unsupported";
+    accepted, it is judged like any other call."""
 
     dtype: torch.dtype = torch.float32
     batching: bool = True

@@ -6,8 +6,12 @@ chunked-prefill budget) and ``speculative_config`` (``{"method": "draft_model", 
 or ``{"method": "ngram"}`` with ``num_speculative_tokens``) from the params; requests as
 ``prompt_token_ids``; ``SamplingParams(temperature, top_p, max_tokens, ignore_eos=True,
 logprobs=0, seed, detokenize=False)`` (the stop token removed; logprobs of the chosen tokens,
-vLLM's raw log-softmax). ``serve`` (arrivals only: no fork, vLLM's own KV pool, no counts) adds
-each request to the ``LLM``'s ``LLMEngine`` before its step and calls ``step()`` until all finish.
+vLLM's raw log-softmax); each Completion's ``cached_tokens`` is ``RequestOutput.num_cached_tokens``
+(prompt tokens served from the prefix cache: PA-7's count; no computed-token or preemption counts,
+so no "stats"). ``serve`` (arrivals only: no fork, vLLM's own KV pool) adds each request to the
+``LLM``'s ``LLMEngine`` before its step and calls ``step()`` until all finish. A start-up that
+fails is refused ("unsupported") only where vLLM's checks of the configuration reject it
+(:func:`_start`); any other start-up failure (out of memory included) is an error of the engine.
 vLLM's CPU attention refuses head dim 16 (the shipped drafts'), so a draft folder X is given as its sibling ``X-hd64`` where the export wrote one (the same function:
 ``smallworld/hf_export.py``'s zero-padding, float64 logit difference 1.6e-14).
 
@@ -59,20 +63,44 @@ def _configuration(params) -> dict:
     return kw
 
 
-def _serve(conn, kw):
-    """The child: start ``LLM(**kw)``, answer ("started", vocab size) or ("refused" | "error", ...),
-    then answer each (prompts, sampling dicts, arrival steps or None) with [(token ids, chosen logprobs
-    or None)] until None (with steps: through ``LLMEngine.add_request`` / ``step``, :func:`_steps`)."""
+def _start(kw) -> tuple:
+    """Start ``LLM(**kw)`` in this process: ("started", the LLM), or the reason it did not start:
+    ("refused", vLLM's words) for a configuration vLLM's own checks reject: ``EngineArgs(**kw)``
+    and its ``create_engine_config()``, the validation ``LLM`` runs first (``LLMEngine.
+    from_engine_args``), raising ValueError or TypeError, or a NotImplementedError anywhere; else
+    ("error", exception type, vLLM's words): any other start-up failure (out of memory, the model
+    or the KV cache failing to load) is an error of the engine, never a refusal."""
     try:
-        from vllm import LLM, SamplingParams
-
-        llm = LLM(**kw)
-    except (ValueError, TypeError) as exc:                 # a configuration vLLM refuses, in its words
-        conn.send(("refused", f"{type(exc).__name__}: {exc}"))
-        return
+        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+    except BaseException as exc:                           # noqa: BLE001 (an import failure crosses back)
+        return ("error", type(exc).__name__, str(exc))
+    try:
+        EngineArgs(**kw).create_engine_config()
+    except (ValueError, TypeError, NotImplementedError) as exc:    # the configuration, refused in vLLM's words
+        return ("refused", f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:                           # noqa: BLE001
+        return ("error", type(exc).__name__, str(exc))
+    try:
+        return ("started", LLM(**kw))
+    except NotImplementedError as exc:
+        return ("refused", f"{type(exc).__name__}: {exc}")
     except BaseException as exc:                           # noqa: BLE001 (any start failure crosses back)
-        conn.send(("error", type(exc).__name__, str(exc)))
+        return ("error", type(exc).__name__, str(exc))
+
+
+def _serve(conn, kw):
+    """The child: start ``LLM(**kw)`` (:func:`_start`), answer ("started", vocab size) or its
+    ("refused" | "error", ...), then answer each (prompts, sampling dicts, arrival steps or None)
+    with [(token ids, chosen logprobs or None, cached prompt tokens or None)] until None (with
+    steps: through ``LLMEngine.add_request`` / ``step``, :func:`_steps`)."""
+    started = _start(kw)
+    if started[0] != "started":
+        conn.send(started)
         return
+    from vllm import SamplingParams
+
+    llm = started[1]
     conn.send(("started", llm.llm_engine.model_config.get_vocab_size()))
     served = 0
     while (job := conn.recv()) is not None:
@@ -89,7 +117,8 @@ def _serve(conn, kw):
                 c = o.outputs[0]
                 ids = [int(x) for x in c.token_ids]
                 lp = None if c.logprobs is None else [float(d[x].logprob) for d, x in zip(c.logprobs, ids)]
-                done.append((ids, lp))
+                cached = getattr(o, "num_cached_tokens", None)     # prompt tokens served from the prefix cache
+                done.append((ids, lp, None if cached is None else int(cached)))
             conn.send(("ok", done))
         except BaseException as exc:                       # noqa: BLE001
             conn.send(("error", type(exc).__name__, str(exc)))
@@ -119,6 +148,16 @@ def _raise(kind: str, message: str):
     raise _ERRORS.get(kind, RuntimeError)(message if kind in _ERRORS else f"{kind}: {message}")
 
 
+def _started(reply: tuple, kw: dict) -> int:
+    """The vocabulary size a started child answered; NotImplementedError ("unsupported") for a
+    configuration vLLM refused; RuntimeError in vLLM's words for any other start-up failure."""
+    if reply[0] == "refused":
+        raise NotImplementedError(f"vLLM refuses {kw}: {reply[1]}")
+    if reply[0] == "error":                        # a start-up failure: the engine's error, never a refusal
+        raise RuntimeError(f"vLLM failed to start with {kw}: {reply[1]}: {reply[2]}")
+    return reply[1]
+
+
 class _Child:
     """One configuration's ``LLM`` in a spawned process of its own."""
 
@@ -129,13 +168,9 @@ class _Child:
         self.proc.start()
         child.close()
         reply = self._recv()
-        if reply[0] == "refused":
+        if reply[0] != "started":
             self.close()
-            raise NotImplementedError(f"vLLM refuses {kw}: {reply[1]}")
-        if reply[0] == "error":
-            self.close()
-            _raise(*reply[1:])
-        self.vocab_size = reply[1]
+        self.vocab_size = _started(reply, kw)
 
     def _recv(self):
         try:
@@ -201,12 +236,14 @@ class VLLMEngine:
                     for r in requests]
         outs = child.generate([list(r.prompt) for r in requests], sampling, steps)
         return [Completion(torch.tensor(ids, dtype=torch.int64),
-                           None if lp is None else torch.tensor(lp, dtype=torch.float64)) for ids, lp in outs]
+                           None if lp is None else torch.tensor(lp, dtype=torch.float64), cached_tokens=cached)
+                for ids, lp, cached in outs]
 
     @torch.no_grad()
     def serve(self, schedule, params) -> dict:
         """The contract's ``serve`` (arrivals only): each request added to vLLM's ``LLMEngine``
-        before its step, ``step()`` until all finish; no fork, vLLM's own KV pool, no counts."""
+        before its step, ``step()`` until all finish; no fork, vLLM's own KV pool, cached-token
+        counts only."""
         validate_serve(schedule, params)
         arrivals = [e for e in schedule if isinstance(e, Arrival)]
         refuse_unoffered(self.capabilities(), [e.request for e in arrivals], params, "vLLM")

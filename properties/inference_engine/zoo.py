@@ -26,6 +26,18 @@ class BatchDependent(ReferenceEngine):
         return model(mat)[:, -1]
 
 
+class UndeclaredBatching(BatchDependent):
+    """Declares no batching, yet takes a batch and runs it as :class:`BatchDependent` does (one
+    left-padded matrix without a mask): the other laws, sending one request per call as declared,
+    never see it."""
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), batching=False)
+
+    def _offered(self):
+        return dataclasses.replace(super().capabilities(), batching=True)
+
+
 class IgnoresTemperature(ReferenceEngine):
     """Samples from softmax(logits) whatever the request's temperature (top-p kept)."""
 
@@ -142,6 +154,8 @@ def implementations():
     return (
         known_bad("inference_engine", "batch_dependent", BatchDependent(load),
                   bug="A batch runs as one left-padded matrix without a mask: outputs depend on batch-mates"),
+        known_bad("inference_engine", "undeclared_batching", UndeclaredBatching(load),
+                  bug="Declares no batching, yet takes batches and pads them without a mask"),
         known_bad("inference_engine", "stale_prefix", StalePrefix(),
                   bug="The prefix cache keys a block by its tokens only and serves it after another prefix"),
         known_bad("inference_engine", "bonus_from_draft", BonusFromDraft(load),
