@@ -28,8 +28,9 @@ samples in groups of two bins or more: computed from the bins actually used. A t
 Contexts are chosen before any output is seen, by a rule on the exact distribution: grammar
 prompts (``cases.document_prompts``) whose processed next-token entropy is at least
 :data:`H_FLOOR` nats at each tested position along the target's most likely path; for n-gram
-speculation, the same prompts followed by a repeat of their second and third tokens, so that
-prompt lookup finds a match and drafts.
+speculation, prompts followed by a repeat of two of their ids whose lookup proposal (the id after
+their first occurrence) has target probability at least :data:`NGRAM_P`, so that prompt lookup
+finds a match, drafts, and its drafts are sometimes accepted.
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ CONTROL_SAMPLES = 600
 CANDIDATES = 40
 #: Smallest processed next-token entropy (nats) at each tested position of a context.
 H_FLOOR = 0.5
+#: Least target probability of an n-gram context's first lookup proposal.
+NGRAM_P = 0.05
 #: Smallest expected count of a bin (categories below it are pooled first).
 POOL_BELOW = 20.0
 #: The named alternative (total variation on the bins used) and the least power a test needs.
@@ -69,27 +72,44 @@ def _entropy(p: torch.Tensor) -> torch.Tensor:
     return -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
 
 
+def _candidates(seed: int, ngram: bool):
+    """(prompt, the id prompt lookup proposes first or None) for each grammar prompt of 4 ids or
+    more; ``ngram``: the prompt followed by a repeat of two of its ids (each place in turn), so
+    that prompt lookup matches them and proposes the id after their first occurrence."""
+    for p in C.document_prompts(seed, CANDIDATES, max_len=10):
+        if len(p) < 4:
+            continue
+        if not ngram:
+            yield tuple(p), None
+            continue
+        for j in range(1, len(p) - 2):
+            yield tuple(p) + tuple(p[j:j + 2]), p[j + 2]
+
+
 @functools.lru_cache(maxsize=16)
 def contexts(folder: str, seed: int, temperature: float, top_p: float, ngram: bool = False) -> tuple:
     """:data:`PROMPTS` prompts (tuples of ids): of :data:`CANDIDATES` grammar prompts, those whose
     processed next-token entropy is at least :data:`H_FLOOR` at each of the :data:`NEW`
     positions along the target's greedy path (one float64 forward per position), the
     :data:`PROMPTS` of least entropy summed over the prefix positions 1..NEW - 1 (the finer the
-    prefixes split, the fewer samples each group holds); ``ngram``: each candidate followed by
-    its ids 1..2 (a repeat prompt lookup matches). Raises ValueError when fewer qualify."""
-    model, found = C.oracle(folder), []
-    for p in C.document_prompts(seed, CANDIDATES, max_len=10):
-        if len(p) < 4:
+    prefixes split, the fewer samples each group holds); ``ngram``: prompts ending in a repeat
+    (:func:`_candidates`) whose first lookup proposal has probability at least
+    :data:`NGRAM_P` (so that drafts are also accepted), one per grammar prompt. Raises
+    ValueError when fewer qualify."""
+    model, found, bases = C.oracle(folder), [], set()
+    for prompt, proposal in _candidates(seed, ngram):
+        base = prompt[:len(prompt) - 2 * ngram]
+        if base in bases:
             continue
-        prompt = tuple(p) + tuple(p[1:3]) if ngram else tuple(p)
         seq = list(prompt)
         with torch.no_grad():
             for _ in range(NEW - 1):
                 seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
             logits = model(torch.tensor([seq]))[0, len(prompt) - 1:]                     # (NEW, V)
-        h = _entropy(process_logits(logits, temperature, 0, top_p))
-        if bool((h >= H_FLOOR).all()) and prompt not in [x for _, x in found]:
-            found.append((float(h[:-1].sum()), prompt))
+        probs = process_logits(logits, temperature, 0, top_p)
+        if bool((_entropy(probs) >= H_FLOOR).all()) and (proposal is None or probs[0, proposal] >= NGRAM_P):
+            bases.add(base)
+            found.append((float(_entropy(probs)[:-1].sum()), prompt))
     if len(found) < PROMPTS:
         raise ValueError(f"only {len(found)} of {CANDIDATES} candidate prompts have entropy >= {H_FLOOR} "
                          f"at every position")

@@ -114,7 +114,8 @@ def law_sampled_distribution(run, device, seed):
             S.judge(run, found)
             if m == "ngram" and not drafted:
                 run.uncheck(f"n-gram speculation at T={t:g}, top-p={p:g}", "not exercised: the engine's counts show "
-                            + ("no drafted token" if drafted == 0 else "nothing (it reports no drafted or accepted counts)"))
+                            + ("no drafted or accepted token" if drafted == 0 else "nothing (it reports no drafted "
+                               "or accepted counts)"))
         if len(refused) == len(configs):
             raise NotImplementedError(refused[0])
     run.observe({"refused": tuple(refused), "tests": tuple(x.summary() for x in tests)})
