@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.inference_engine import Request
 from inference_conformance.conformance.tolerance import Verdict, report_verdict
 from inference_conformance.properties.inference_engine import cases as C
@@ -271,3 +272,13 @@ def judge(run, tests) -> None:
         if t.power < POWER_FLOOR:
             run.uncheck(t.what, f"not enough evidence: power {t.power:.3f} under the floor {POWER_FLOOR:g} against "
                                 f"TV {TV:g} ({t.dof} dof, {t.n_used} samples in bins used)")
+
+
+def record_power(run) -> None:
+    """The run's least position-test power, with every test's summary, in its result row."""
+    powers = [pw for o in run.observations if isinstance(o, dict) for _, pw in o.get("power", ())]
+    if powers:
+        results.record("EN-3", measured=round(min(powers), 3), bound=POWER_FLOOR,
+                       unit=f"least power of the sampled position tests against total variation {TV:g}",
+                       rule="EN-3 sampled: a position test under the floor is not enough evidence",
+                       tests=[t for o in run.observations if isinstance(o, dict) for t in o.get("tests", ())])

@@ -118,7 +118,8 @@ def law_sampled_distribution(run, device, seed):
                                "or accepted counts)"))
         if len(refused) == len(configs):
             raise NotImplementedError(refused[0])
-    run.observe({"refused": tuple(refused), "tests": tuple(x.summary() for x in tests)})
+    run.observe({"refused": tuple(refused), "tests": tuple(x.summary() for x in tests),
+                 "power": tuple((x.what, x.power) for x in tests)})
 
 
 def law_same_seed_same_tokens(run, device, seed):
@@ -182,7 +183,7 @@ test_en2_output_independent_of_batching = EN2.conformance_test("test_en2_output_
 (test_en2_zoo_rejected,) = EN2.zoo_tests("test_en2_zoo_rejected")
 test_en3_speculative_greedy = EN3.conformance_test("test_en3_speculative_greedy")
 (test_en3_zoo_rejected,) = EN3.zoo_tests("test_en3_zoo_rejected")
-test_en3_sampled_distribution = EN3S.conformance_test("test_en3_sampled_distribution")
+test_en3_sampled_distribution = EN3S.conformance_test("test_en3_sampled_distribution", after=S.record_power)
 (test_en3_sampled_zoo_rejected,) = EN3S.zoo_tests("test_en3_sampled_zoo_rejected")
 EN1S = Law(claim="EN-1", technique="inference_engine", body=law_sampled_logprobs, given={"seed": SEEDS},
            examples=(dict(seed=6),), kills=(Kills(("argmax_logprobs",)),), applies=_logprobs, **_FEW)
