@@ -13,9 +13,9 @@ implementation's package missing, a skip marker) is only "skip".
 
 A law that passed on part of its input ("partial") says "k of n examples" and the boundary
 classes only refused examples reached (its rows' ``evidence``); with fewer than
-:data:`MIN_ACCEPTED` of its examples accepted, its row stays "partial" (what happened) and every
-reader judges it "not enough evidence" (:data:`THIN`, :func:`effective`), which never reads as
-holding."""
+:data:`MIN_ACCEPTED` of its examples accepted, or with a part it says is "not enough evidence" (a statistical test under
+its power floor), its row stays "partial" (what happened) and every reader judges it "not
+enough evidence" (:data:`THIN`, :func:`effective`), which never reads as holding."""
 from __future__ import annotations
 
 import re
@@ -39,20 +39,25 @@ def evidence_of(partial: str, refused_classes: list[str] | None = None, judged: 
     "examples": N, "refused_classes": [a, b]}``; {} for any other text. ``refused_classes``: the
     classes by name where the law gave them (a name may hold a comma: the text's list is then
     not split), ``judged``: the digests of the inputs it judged and passed (kept as given)."""
+    thin = re.search(rf"{THIN}: ([^;]*)", partial)
     m = re.search(r"refused (\d+) of (\d+) examples", partial)
     if m is None:
-        return {}
+        return {"thin": thin[1]} if thin else {}
     _, sep, classes = partial.rpartition("; classes only refused: ")
     if refused_classes is None:
         refused_classes = [c.strip() for c in classes.split(",") if c.strip()] if sep else []
     return {"accepted": int(m[2]) - int(m[1]), "examples": int(m[2]), "refused_classes": list(refused_classes)} | (
-        {"judged": list(judged)} if judged is not None else {})
+        {"judged": list(judged)} if judged is not None else {}) | ({"thin": thin[1]} if thin else {})
 
 
 def insufficient(evidence: dict) -> str:
     """Why a partial law's ``evidence`` (:func:`evidence_of`) is not enough to say it holds:
     fewer than :data:`MIN_ACCEPTED` of its examples accepted; "" when it is enough. (The
-    boundary classes only refused examples reached are shown beside every partial verdict.)"""
+    boundary classes only refused examples reached are shown beside every partial verdict.)
+    A part of a law that says itself "not enough evidence: why" (a statistical test under its
+    power floor, :meth:`inference_conformance.conformance.law_run.Run.uncheck`) is that "why"."""
+    if evidence.get("thin"):
+        return evidence["thin"]
     k, n = evidence.get("accepted", 0), evidence.get("examples", 0)
     if n and k < MIN_ACCEPTED * n:
         return f"{k} of {n} examples accepted, fewer than {MIN_ACCEPTED:g} of them"
@@ -68,7 +73,7 @@ def effective(verdict: str, evidence: dict | None) -> str:
 def partial_message(partial: str) -> str:
     """A partial law's message, led by "k of n examples" and its refused classes."""
     ev = evidence_of(partial)
-    if not ev:
+    if "examples" not in ev:
         return partial
     refused = ev["refused_classes"]
     return (f"partial: {ev['accepted']} of {ev['examples']} examples"

@@ -21,7 +21,7 @@ construction; it has no prefix cache, no chunked prefill and takes no padding (a
 not offer raises NotImplementedError). Within one ``generate`` call a sequence met again (the
 many seeded requests of one prompt EN-3 samples) reuses its forward's logits: the model is
 deterministic, so the result is the same as computing them again. Hooks the bug zoo overrides: :meth:`_next_logits`,
-:meth:`_distribution`, :meth:`_bonus`, :meth:`_generator`, :meth:`_offered`.
+:meth:`_distribution`, :meth:`_verify_distribution`, :meth:`_bonus`, :meth:`_generator`, :meth:`_offered`.
 """
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ class ReferenceEngine:
     def _distribution(self, logits: torch.Tensor, params) -> torch.Tensor:
         """The sampling distribution (V,) float64 of raw ``logits`` under the params."""
         return process_logits(logits.double(), params.temperature, 0, params.top_p)
+
+    def _verify_distribution(self, logits: torch.Tensor, params) -> torch.Tensor:
+        """The target's distribution (V,) at a draft position (acceptance and residual)."""
+        return self._distribution(logits, params)
 
     def _bonus(self, target_logits: torch.Tensor, draft: Transformer, seq: list[int], params, gen) -> int:
         """The token after γ accepted draft tokens (``seq`` ends with them): from the target."""
@@ -185,7 +189,7 @@ class ReferenceEngine:
                     if best != x:
                         break
                     continue
-                p = self._distribution(full[i], params)
+                p = self._verify_distribution(full[i], params)
                 u = float(torch.rand((), generator=gen, dtype=torch.float64))
                 if u < min(1.0, float(p[x] / qs[i][x])):
                     emit(x, full[i])

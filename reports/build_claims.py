@@ -73,9 +73,12 @@ def _verdict_of(rs: list[Row], kind: str) -> str:
 def _evidence_text(r: Row) -> str:
     """A partial row's "k of n examples" and the classes only its refused examples reached."""
     ev = r.evidence or {}
+    thin = f"not enough evidence: {ev['thin']}" if ev.get("thin") else ""
+    if "examples" not in ev:
+        return thin
     refused = ev.get("refused_classes") or []
     return f"{ev.get('accepted')} of {ev.get('examples')} examples" + (
-        f", refused classes: {', '.join(refused)}" if refused else "")
+        f", refused classes: {'; '.join(refused)}" if refused else "") + (f"; {thin}" if thin else "")
 
 
 def _worst_measured(rs: list[Row]) -> str:

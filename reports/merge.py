@@ -272,7 +272,7 @@ def matrix(runs: list[Run]) -> dict:
                 cell = {"status": status, "counts": dict(words),
                         "text": status if len(words) <= 1 else " · ".join(f"{v} {n}" for v, n in sorted(words.items())),
                         "detail": None, "runs": sorted({run.id for _, run in got}, key=lambda i: int(i[3:]))}
-                ev = [row.evidence for row, _ in got if row.evidence]   # a partial cell: how much of its input ran
+                ev = [row.evidence for row, _ in got if "examples" in (row.evidence or {})]   # a partial cell: how much ran
                 refused = "; ".join(sorted({c for e in ev for c in e.get("refused_classes", ())}))  # names hold commas
                 cell["text"] += (f" ({sum(e['accepted'] for e in ev)} of {sum(e['examples'] for e in ev)} examples"
                                  + (f"; refused classes: {refused})" if refused else ")")) if ev else ""

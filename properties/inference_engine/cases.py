@@ -13,29 +13,15 @@ import functools
 import random
 import tempfile
 
-import numpy as np
 import torch
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.inference_engine import Completion, Params, Request, logit_bound
-from inference_conformance.conformance.stats import check_counts
 from inference_conformance.conformance.tolerance import check_exact, check_within, report_verdict
 from inference_conformance.conformance.tolerance_rules import HALF_DTYPES, NEAR_TIE, RULES, max_abs_error, model_rule
-from inference_conformance.reference.speculative import process_logits
 from inference_conformance.smallworld import data
 from inference_conformance.smallworld.hf_export import BOS_ID, export_world
 from inference_conformance.smallworld.hf_llama import load_hf_llama
-
-#: The G-tests' family-wise false-alarm rate per law run (Bonferroni over its tests).
-ALPHA = 1e-3
-#: Sampled configurations of EN-3: (temperature, top_p); the second where top-p is offered.
-SAMPLED = ((1.0, 1.0), (0.7, 0.9))
-SAMPLES = 600
-#: Smallest expected count of a bin of the engine G-tests: categories below it are pooled first,
-#: so that the test's critical value is the asymptotic one (no Monte Carlo calibration: a
-#: coarser, still exact-level test; ``conformance/stats.py``'s CHI2_TRUSTED).
-POOL_BELOW = 20.0
-
 
 @functools.lru_cache(maxsize=1)
 def folders() -> dict[str, str]:
@@ -183,58 +169,12 @@ def check_excused(excused: int, positions: int, what: str) -> None:
     report_verdict(NEAR_TIE.judge_share(excused, positions, what)).check()
 
 
-@torch.no_grad()
-def first_two_distribution(folder: str, prompt: tuple, temperature: float, top_p: float) -> np.ndarray:
-    """(V·V,) float64: the target's processed distribution of the first two tokens after
-    ``prompt``, p(t1) · p(t2 | t1), from one forward over every continuation t1."""
-    model = oracle(folder)
-    V = model.cfg.vocab_size
-    seqs = torch.cat([torch.tensor([list(prompt)]).expand(V, -1), torch.arange(V)[:, None]], 1)  # (V, S+1)
-    logits = model(seqs)
-    p1 = process_logits(logits[0, -2], temperature, 0, top_p)
-    p2 = process_logits(logits[:, -1], temperature, 0, top_p)                                   # (V, V)
-    return (p1[:, None] * p2).reshape(-1).numpy()
-
-
-def pooled(counts: np.ndarray, probs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(counts, probs) with every category of expected count n·p below :data:`POOL_BELOW` (and
-    probability > 0) pooled into one, itself merged with the next smallest until it reaches the
-    threshold; categories of probability 0 kept apart (a count there rejects outright)."""
-    keep = (probs * n >= POOL_BELOW) | (probs == 0)
-    order = np.argsort(np.where(keep & (probs > 0), probs, np.inf))
-    pool = ~keep
-    for k in order:
-        if probs[pool].sum() * n >= POOL_BELOW or not np.isfinite(probs[k]) or probs[k] == 0 or pool[k]:
-            break
-        pool[k] = True
-    c = np.append(counts[~pool], counts[pool].sum())
-    p = np.append(probs[~pool], probs[pool].sum())
-    return c, p
-
-
 def generate(engine, requests: list, p: Params) -> list[Completion]:
     """``engine.generate(requests, p)``, one request per call where the engine declares no
     batching (the laws' many-request calls are then sent one by one, as a user would)."""
     if engine.capabilities().batching:
         return engine.generate(requests, p)
     return [engine.generate([r], p)[0] for r in requests]
-
-
-def check_sampled(engine, prompt: tuple, seed: int, temperature: float, top_p: float, speculative,
-                  alpha: float, samples: int = SAMPLES) -> None:
-    """EN-3 (sampled): ``samples`` requests of ``prompt`` with seeds ``seed``.. and two new
-    tokens each; the G-test of the (t1, t2) counts against the exact float64 distribution at
-    false-alarm rate ``alpha`` (the SD-1 machinery, :func:`inference_conformance.conformance.stats.check_counts`).
-    With γ = 1 the second token is the bonus whenever the first draft token is accepted."""
-    p = params(temperature=temperature, top_p=top_p, speculative=speculative, num_speculative_tokens=1)
-    out = generate(engine, [Request(prompt, 2, seed + i) for i in range(samples)], p)
-    folder = p.model
-    exact = first_two_distribution(folder, prompt, temperature, top_p)
-    V = int(round(len(exact) ** 0.5))
-    pairs = np.array([c.tokens[0].item() * V + c.tokens[1].item() for c in out])
-    counts, probs = pooled(np.bincount(pairs, minlength=V * V), exact, samples)
-    check_counts(counts, probs, alpha=alpha,
-                 what=f"first two tokens, T={temperature}, top-p={top_p}, speculative={speculative}").check()
 
 
 def dtype_bound(engine) -> float:

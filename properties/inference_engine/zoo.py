@@ -56,6 +56,17 @@ class BonusFromDraft(ReferenceEngine):
         return int(logits.argmax()) if params.temperature == 0 else draw(self._distribution(logits, params), gen)
 
 
+class DraftPositionsAtOtherTemperature(ReferenceEngine):
+    """Verifies (accepts and resamples) its draft positions at a fixed temperature 0.6 instead of
+    the request's: the request's sampling parameters never reach the draft positions, so the
+    tokens emitted there follow the target at 0.6 (the bonus token is right)."""
+
+    def _verify_distribution(self, logits, params):
+        from inference_conformance.reference.speculative import process_logits
+
+        return process_logits(logits.double(), 0.6, 0, params.top_p)
+
+
 class Unseeded(ReferenceEngine):
     """Ignores the requests' seeds (a fresh random generator per request)."""
 
@@ -162,6 +173,8 @@ def implementations():
                   bug="The bonus token after γ accepted draft tokens comes from the draft, not the target"),
         known_bad("inference_engine", "ignores_temperature", IgnoresTemperature(load),
                   bug="The sampler ignores the request's temperature (samples at 1)"),
+        known_bad("inference_engine", "draft_positions_other_temperature", DraftPositionsAtOtherTemperature(load),
+                  bug="Draft positions are verified at temperature 0.6, not the request's"),
         known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
         known_bad("inference_engine", "argmax_logprobs", ArgmaxLogprobs(load),
                   bug="Logprobs of the argmax token, not of the chosen one (right only when greedy)"),
