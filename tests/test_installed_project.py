@@ -11,7 +11,7 @@ install --no-deps --target`` (torch and the rest come from this environment), an
 - a law runs against an outside implementation given with ``--impl``;
 - day one: the commands the README and the guide give a new user (``list``, pytest ``--impl``
   on a kernel with three known bugs beside a test of the project's, ``expect update``,
-  ``merge``; the gate's history mode on two runs, xfail until issue 48's gate fix) exit as
+  ``merge``; the gate's history mode on two runs, never comparing a run with itself) exit as
   documented and change nothing of the project.
 
 About two minutes; marked ``installed``, so a job can leave it out with ``-m "not installed"``.
@@ -175,9 +175,6 @@ def test_day_one_from_the_wheel(site, project, tmp_path):
     assert _snapshot(project) == before, sorted(set(_snapshot(project)) ^ set(before))
 
 
-@pytest.mark.xfail(run=False, reason="issue 48 item 1: from a wheel, 'inference-conformance gate <run>' looks for the "
-                   "history in the installed package's history/, not where 'run' wrote it (./inference-conformance-out/"
-                   "history); the gate's fix is its own branch (item 2: a run is never its own baseline)")
 def test_the_history_gate_compares_two_runs_from_the_wheel(site, project, tmp_path):
     """Two benchmark runs of ``run`` from the wheel, then the documented history mode: the gate
     compares the newest entry with the one before (exit 0, naming it), never with itself."""

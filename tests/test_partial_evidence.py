@@ -53,7 +53,7 @@ def test_claims_and_cells_show_k_of_n_and_never_hold_on_too_little():
     ledger = build.claim_verdicts([ok, thin])
     qt1 = next(c for c in ledger if c["id"] == "QT-1")
     assert qt1["verdict"] == "not enough evidence" and qt1["by_impl"]["gguf_q4_0"] == "not enough evidence"
-    assert "1 of 571 examples, refused classes: bits:8, granularity:tensor" in qt1["evidence_text"]
+    assert "1 of 571 examples, refused classes: bits:8; granularity:tensor" in qt1["evidence_text"]
     s = build.summary([qt1])
     assert s["holding"] == 0 and s["failing"] == 1 and s["not_enough_evidence"] == 1   # --strict exits 1 on it
     cell = build.property_tables([ok, thin])["quantization"]["properties"][0]["cells"]["gguf_q4_0"]
