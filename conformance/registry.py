@@ -80,7 +80,8 @@ class Implementation:
     def outside(self) -> bool:
         """True for code that is not the suite's own: ``--impl`` targets, installed packages'
         registrations and the suite's adapters of other projects' kernels."""
-        return self.origin == "outside" or self.adapter or not self.target.replace(":", ".").startswith(tuple(p + "." for p in SUITE_PACKAGES))
+        suite = tuple(p + "." for p in SUITE_PACKAGES)
+        return self.origin == "outside" or self.adapter or not self.target.replace(":", ".").startswith(suite)
 
     def __call__(self, *args, **kwargs):
         return getattr(self, self.functions[0])(*args, **kwargs)

@@ -16,7 +16,7 @@ from inference_conformance.conformance.contracts.speculative_tree import validat
 
 
 def _verify(parents, draft_tokens, draft_probs, target_probs, generator, update_residual: bool):
-    shape = validate(parents, draft_tokens, draft_probs, target_probs, generator)
+    validate(parents, draft_tokens, draft_probs, target_probs, generator)
     par = parents.cpu().numpy()
     tok = draft_tokens.cpu().numpy()
     q = draft_probs.detach().cpu().double().numpy()

@@ -1,9 +1,12 @@
 """Triton pieces shared by every kernel of the suite, whatever its technique: the loop over tiles
 (``tile_loop``, with the interpreter switch ``RANGE_LOOP``), the 1-D grids every kernel launches
-(``flat_grid``) and the output tile of a program of a matmul's grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``, ``dot_mode``),
-float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels (:mod:`inference_conformance.optimized.attention.tiles`,
+(``flat_grid``) and the output tile of a program of a matmul's grid (``output_tile``), how tiles of each dtype are multiplied (``DOT_*``,
+``dot_mode``),
+float32 -> bfloat16 rounding, and the host checks and device queries that every wrapper makes. The attention kernels
+(:mod:`inference_conformance.optimized.attention.tiles`,
 :mod:`inference_conformance.optimized.attention.flash_attention`, :mod:`inference_conformance.optimized.attention.flash_decoding`,
-:mod:`inference_conformance.optimized.paged_attention`) and the quantized matmuls (:mod:`inference_conformance.optimized.quantization.quant_matmul`,
+:mod:`inference_conformance.optimized.paged_attention`) and the quantized matmuls
+(:mod:`inference_conformance.optimized.quantization.quant_matmul`,
 :mod:`inference_conformance.optimized.quantization.w8a8_matmul`) import this module; it imports none of them.
 """
 from __future__ import annotations

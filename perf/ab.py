@@ -143,7 +143,8 @@ def run_pass(checkout: Path, out_json: Path, *, quiet: bool = True, **kw) -> lis
 
 def run_lockstep_pair(a: Path, b: Path, workdir: Path, pair: int, *, first: str = "a", env_a: dict | None = None,
                       env_b: dict | None = None, args_a: list[str] | None = None, args_b: list[str] | None = None,
-                      python_a: str | None = None, python_b: str | None = None, quiet: bool = True, **pass_kw) -> dict[str, tuple[list[dict], float]]:
+                      python_a: str | None = None, python_b: str | None = None, quiet: bool = True,
+                      **pass_kw) -> dict[str, tuple[list[dict], float]]:
     """Both passes of a pair at once, taking turns benchmark by benchmark (:mod:`inference_conformance.perf.lockstep`,
     ``first`` runs first on the first common benchmark). Returns side -> (records, seconds)."""
     from inference_conformance.perf import lockstep

@@ -15,7 +15,8 @@ test, with the measured difference; where it does not, differences within the bo
 and recorded (a pass whose row shows the property, never a hidden one). An implementation that
 refuses every case is "unsupported". ``test_batch_invariance_zoo_rejected`` shows the enforcement
 rejecting a declared-invariant implementation whose key reduction is chunked by the batch size,
-and an undeclared one whose prefill mask is aligned top-left in batches of 5 or more; ``test_invariant_mode_where_the_default_is_not`` shows the suite's
+and an undeclared one whose prefill mask is aligned top-left in batches of 5 or more; ``test_invariant_mode_where_the_default_is_not`` shows
+the suite's
 Triton kernels' defaults measured not invariant where their split choice follows the batch and
 their batch-invariant modes (``triton_splitkv_invariant``, ``triton_invariant`` of paged_attention
 and of mla_decode) invariant.

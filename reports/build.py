@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections import defaultdict
 from dataclasses import asdict
 from importlib import resources

@@ -1,4 +1,5 @@
-"""``python -m inference_conformance.reports.faults --kills 20``: kill ``python -m inference_conformance.reports`` at random moments and check
+"""``python -m inference_conformance.reports.faults --kills 20``: kill ``python -m inference_conformance.reports`` at random moments and
+check
 that nothing is lost or mixed (not part of CI: it takes minutes).
 
 First one complete run; then, ``--kills`` times: start a run, SIGKILL its parent process at a

@@ -10,7 +10,8 @@ inference_conformance.reports`` loads it in its pytest stages) it prints, at mos
 The estimate is the time per test measured since the first test finished times the tests left (a
 stage whose slow tests come last finishes later than it says); until a few tests have finished
 over a few seconds the line says "estimating the time left". The load average is shown where it
-is above the machine's cores: the stage shares them, and takes longer than on an idle machine. Under pytest-xdist the controller counts what its workers
+is above the machine's cores: the stage shares them, and takes longer than on an idle machine. Under pytest-xdist the controller counts what
+its workers
 report; the workers print nothing. Loaded nowhere else: an ordinary pytest run is untouched.
 """
 from __future__ import annotations

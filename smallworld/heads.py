@@ -12,7 +12,6 @@ raises α (SD-14).
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 import torch.nn as nn

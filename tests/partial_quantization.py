@@ -1,6 +1,8 @@
 """An outside quantization that supports only 8-bit per-channel weights (the reference's
 arithmetic) and refuses every other bit width or granularity with NotImplementedError: the laws
 must report it "partial", naming what it refused, never a plain pass."""
+import sys as _sys
+
 from inference_conformance.reference import quantization as _ref
 
 
@@ -16,8 +18,6 @@ def dequantize(qw):
 
 def matmul(x, qw):
     return _ref.matmul(x, qw)
-
-import sys as _sys
 
 #: The implementation object for ``--impl quantization=tests.partial_quantization:IMPL``.
 IMPL = _sys.modules[__name__]

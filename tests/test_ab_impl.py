@@ -72,7 +72,8 @@ def test_benchmark_ids_without_impl_unchanged_with_impl_named_by_place():
     assert outside and not [i for i in outside if "my_" in i or "slowed" in i or "engine" in i], outside
     assert _outside_backends(outside) == {
         "test_bench_prefill": {"impl", "impl2"}, "test_bench_decode": {"impl", "impl2"},
-        "test_bench_window_and_sinks_overhead": {"impl", "impl2"}, "test_bench_quant_matmul": {"impl"}, "test_ai8_prefill_vs_decode": {"impl"},
+        "test_bench_window_and_sinks_overhead": {"impl", "impl2"}, "test_bench_quant_matmul": {"impl"},
+        "test_ai8_prefill_vs_decode": {"impl"},
         "test_kv3_generation_with_and_without_cache": {"impl"}, "test_ai9_decode_step": {"impl"},
         "test_ai9_batch_scaling": {"impl"}}, outside
     assert "benchmarks/bench_attention.py::test_bench_prefill[128-impl2-64-causal]" in outside

@@ -5,7 +5,6 @@ README stays short (the detail lives in docs/guide/)."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 from inference_conformance.reports import docs

@@ -81,7 +81,8 @@ def test_known_failure_new_failure_and_fix(tmp_path):
     r = _run(tmp_path, "--results", str(tmp_path / "run1"))
     assert r.returncode == 1, r.stdout[-3000:]
     out = tmp_path / "expectations"
-    cli = subprocess.run([sys.executable, "-m", "inference_conformance.reports.expect", "update", str(tmp_path / "run1"), "--out", str(out)],
+    cli = subprocess.run([sys.executable, "-m", "inference_conformance.reports.expect", "update", str(tmp_path / "run1"),
+                          "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     (path,) = out.glob("*.toml")

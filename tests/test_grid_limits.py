@@ -156,7 +156,8 @@ def _kv_append(Hkv: int, T: int, D: int):
     return make
 
 
-FA, FD, TILES = "inference_conformance.optimized.attention.flash_attention", "inference_conformance.optimized.attention.flash_decoding", "inference_conformance.optimized.attention.tiles"
+_ATTN = "inference_conformance.optimized.attention"
+FA, FD, TILES = f"{_ATTN}.flash_attention", f"{_ATTN}.flash_decoding", f"{_ATTN}.tiles"
 PA, QM = "inference_conformance.optimized.paged_attention", "inference_conformance.optimized.quantization.quant_matmul"
 MERGE = (TILES, "split_kv_merge_kernel")
 
@@ -183,7 +184,8 @@ LAUNCHES = {
     # decode (cdiv(N, 64), splits): column blocks were already on axis 0
     "quant_gemv-65536-column-tiles": Launch(((QM, "quant_gemv_kernel"),), _quant(1, PAST * 64)),
     # (cdiv(M, 16), cdiv(N, 64)) with N = 65536 · 64
-    "w8a8-65536-column-tiles": Launch((("inference_conformance.optimized.quantization.w8a8_matmul", "w8a8_matmul_kernel"),), _w8a8(1, PAST * 64)),
+    "w8a8-65536-column-tiles": Launch((("inference_conformance.optimized.quantization.w8a8_matmul", "w8a8_matmul_kernel"),),
+                                      _w8a8(1, PAST * 64)),
     # (B, cdiv(T, BLOCK_T)) with BLOCK_T = 1 (Hkv·D = 4096 lanes) and T = 65536 tokens
     "kv_append-65536-token-tiles": Launch((("inference_conformance.optimized.kv_cache.append", "kv_append_kernel"),),
                                           _kv_append(2, PAST, 2048)),

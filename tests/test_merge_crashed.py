@@ -1,6 +1,7 @@
 """The conformance matrix keeps what a newer run cannot vouch for: a crashed test is a cell of its
 own ("crashed", outranking every status, never replaced), a newer skip or refusal never replaces
-an older failure (a partial one only where it judged the failing input), a run with fewer examples (a weaker Hypothesis profile) never replaces a
+an older failure (a partial one only where it judged the failing input), a run with fewer examples (a weaker Hypothesis profile) never
+replaces a
 stronger one, and each cell names the run it came from. Fabricated run folders, as
 tests/test_merge.py builds them."""
 from __future__ import annotations

@@ -103,7 +103,8 @@ def test_runs_leave_no_hypothesis_or_benchmark_folder_in_the_project(tmp_path):
     project.mkdir()
     installed = any(ep.value == "inference_conformance.conformance.plugin" for ep in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "inference_conformance.conformance.plugin"]
-    r = _pytest(tmp_path, "--pyargs", "inference_conformance.properties.attention.test_softmax", *plugin, "--hypothesis-profile", "dev", cwd=project)
+    r = _pytest(tmp_path, "--pyargs", "inference_conformance.properties.attention.test_softmax", *plugin, "--hypothesis-profile", "dev",
+                cwd=project)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert not (project / ".hypothesis").exists() and not (project / ".benchmarks").exists(), \
         sorted(p.name for p in project.iterdir())

@@ -38,7 +38,8 @@ def test_outside_speculative_verifiers_checked(tmp_path):
     0.97 fails it (exit status 1)."""
     from inference_conformance.conformance.results import read_rows
 
-    good, bad = "inference_conformance.optimized.speculative:verify", "inference_conformance.properties.speculative.zoo:acceptance_times_097"
+    good = "inference_conformance.optimized.speculative:verify"
+    bad = "inference_conformance.properties.speculative.zoo:acceptance_times_097"
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
@@ -99,7 +100,8 @@ def test_outside_tree_verifiers_checked(tmp_path):
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/speculative_tree/test_speculative_tree.py", "-k", "test_sd11_statistical and float64 and not reference and not torch",
+           "properties/speculative_tree/test_speculative_tree.py", "-k", "test_sd11_statistical and float64 and not reference and not "
+                                                                         "torch",
            "--impl", f"speculative_tree={good}", "--impl", f"speculative_tree={bad}", "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -1,4 +1,5 @@
-"""The transformers adapters (optimized/kv_cache/outside_transformers.py, optimized/speculative/outside_transformers.py) and the storage bridge
+"""The transformers adapters (optimized/kv_cache/outside_transformers.py, optimized/speculative/outside_transformers.py) and the storage
+bridge
 (optimized/kv_cache/storage.py): each cache class's layout as the bridge sees it, the measured
 footprint (inference_conformance.conformance.contracts.kv_cache.held_bytes), and the findings of the kv_cache laws on
 transformers, each a minimal reproduction pinned to the version it was seen on (5.24.0).

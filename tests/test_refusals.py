@@ -7,7 +7,8 @@ PerGroup(1) crash: tests/test_outside_libs.py).
 
 :data:`LEDGER` lists each refusal site of ``optimized/*/outside*.py``, ``optimized/vllm_shared.py``
 (the vLLM adapters' shared checks) and the engine adapters (``raise NotImplementedError(...)`` and
-the ``_refuse`` / ``_ort_refuse`` helpers), found by parsing the sources, with the library's own words or where it documents the limit. A new refusal
+the ``_refuse`` / ``_ort_refuse`` helpers), found by parsing the sources, with the library's own words or where it documents the limit. A
+new refusal
 fails here until it is reviewed and listed; a listed refusal that is gone fails as stale.
 """
 from __future__ import annotations

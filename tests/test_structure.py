@@ -73,8 +73,9 @@ def test_import_graph_sees_top_level_and_lazy_imports():
     links, as any tool that walks the package does) and the imports at any depth."""
     graph = import_graph()
     assert set(graph) == set(_modules()) and len(graph) > 250
-    assert "inference_conformance.optimized.attention.tiles" in graph["inference_conformance.optimized.attention.flash_attention"]     # top-level
-    assert "inference_conformance.conformance.contracts.attention" in graph["inference_conformance.optimized.attention.tiles"] | graph["inference_conformance.optimized.attention.flash_attention"]
+    flash, tiles = "inference_conformance.optimized.attention.flash_attention", "inference_conformance.optimized.attention.tiles"
+    assert tiles in graph[flash]     # top-level
+    assert "inference_conformance.conformance.contracts.attention" in graph[tiles] | graph[flash]
     lazy = {m for m, deps in graph.items() if "inference_conformance.reference.attention" in deps}
     assert "inference_conformance.properties.attention.zoo" in lazy
 
@@ -83,7 +84,8 @@ def test_contracts_import_no_implementation():
     """The contracts (and the registry that loads them) import neither optimized/ nor reference/;
     every other module of conformance/ imports without importing optimized/, reference/ or
     perf/."""
-    contracts = [m for m in _modules() if m.startswith("inference_conformance.conformance.contracts") or m == "inference_conformance.conformance.registry"]
+    contracts = [m for m in _modules()
+                 if m.startswith("inference_conformance.conformance.contracts") or m == "inference_conformance.conformance.registry"]
     rest = [m for m in _modules() if _pkg(m) == "conformance" and m not in contracts]
     code = ("import importlib, sys\n"
             "def loaded(top): return sorted(m for m in sys.modules if m.startswith('inference_conformance.') and m.split('.')[1] in top)\n"
@@ -154,7 +156,7 @@ def test_reports_renders_only():
     probe), never one of its commands or plugins (the calibration's results are read as data),
     and nothing of the suite imports reports/: it is the top of the stack."""
     commands = _commands()
-    assert {"inference_conformance.perf.gate", "inference_conformance.perf.ab", "inference_conformance.perf.calibrate", "inference_conformance.perf.lockstep", "inference_conformance.perf.inject"} <= commands
+    assert {f"inference_conformance.perf.{m}" for m in ("gate", "ab", "calibrate", "lockstep", "inject")} <= commands
     graph = import_graph()
     used = {m: sorted(graph[m] & commands) for m in graph if _pkg(m) == "reports"}
     assert {m: c for m, c in used.items() if c} == {}, "reports/ imports a command of perf/"
@@ -176,7 +178,8 @@ def test_conformance_imports_no_layer_above_it():
                     for d in deps if _pkg(d) in ("properties", "optimized", "reference")
                     and (m, d) not in UPWARD_IMPORTS_ALLOWED)
     assert not upward, f"conformance/ imports from the layers above it: {upward}"
-    assert "inference_conformance.conformance.laws" in graph and "inference_conformance.conformance.coverage" in graph["inference_conformance.conformance.contracts.attention"]
+    assert "inference_conformance.conformance.laws" in graph
+    assert "inference_conformance.conformance.coverage" in graph["inference_conformance.conformance.contracts.attention"]
 
 
 def test_no_test_module_imports_another():

@@ -73,7 +73,8 @@ A cache storage instead of an engine (the form of transformers' ``Cache`` object
 (B, Hkv, W', D) are what attention reads: every column held (W' >= the columns written: the
 first W are the columns in order, the rest unwritten capacity) or the last W' columns (a sliding
 window); ``held(layer) -> (k, v)``, optional, what it holds in the same layout, else an update
-with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it). ``inference_conformance.optimized.kv_cache.storage.storage_engine(new_cache, footprint)`` drives the suite's own model
+with no new column (T = 0) must return that and change nothing (the engine's ``kv`` reads it).
+``inference_conformance.optimized.kv_cache.storage.storage_engine(new_cache, footprint)`` drives the suite's own model
 forward over it (its AttentionCache calls ``update`` and masks padding) and is an engine of this
 contract: the storage needs no engine of its own, and its bytes are measured from its tensors.
 
@@ -83,7 +84,8 @@ Oracle: the reference model's full forward without a cache (``inference_conforma
 Built-ins: ``triton`` (cache writes by the Triton kernel ``inference_conformance.optimized.kv_cache.append.kv_append_kernel``,
 interpreted on CPU, compiled on CUDA) and ``torch`` (vectorized ``index_put_``); both are
 :class:`inference_conformance.optimized.kv_cache.KVCacheEngine`. Adapters: transformers' cache classes as storages
-(``hf_*``, :mod:`inference_conformance.optimized.kv_cache.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo: :mod:`inference_conformance.properties.kv_cache.zoo`.
+(``hf_*``, :mod:`inference_conformance.optimized.kv_cache.outside_transformers`, in the peer environment ``tox -e peers-hf``). Bug zoo:
+:mod:`inference_conformance.properties.kv_cache.zoo`.
 
 Names (B, S, V, Hkv, D, L) as in :mod:`inference_conformance.conformance.contracts.glossary`.
 

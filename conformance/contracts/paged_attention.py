@@ -32,7 +32,8 @@ arguments raise ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong sha
 value: a live table entry out of range, a length outside 1..capacity, caches whose block size
 or head count disagree, Hq not a multiple of Hkv, a scale that is not finite or, for inputs
 other than float64, whose magnitude float32 cannot hold (scores are computed in float32 there,
-as in the attention contract)) naming the argument, before any kernel launch (``validate`` in ``conformance/contracts/paged_attention_validate.py``).
+as in the attention contract)) naming the argument, before any kernel launch (``validate`` in
+``conformance/contracts/paged_attention_validate.py``).
 
 ``paged_prefill`` (optional: an implementation that leaves it out refuses it with
 ``NotImplementedError``, reported "unsupported") is the mixed batch of one serving step, in the

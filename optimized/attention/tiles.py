@@ -1,5 +1,6 @@
 """Pieces shared by the Triton attention kernels (:mod:`inference_conformance.optimized.attention.flash_attention`,
-:mod:`inference_conformance.optimized.attention.flash_decoding`, :mod:`inference_conformance.optimized.paged_attention`, :mod:`inference_conformance.optimized.paged_attention.prefill`):
+:mod:`inference_conformance.optimized.attention.flash_decoding`, :mod:`inference_conformance.optimized.paged_attention`,
+:mod:`inference_conformance.optimized.paged_attention.prefill`):
 the whole work of one program of the dense kernels (``attend_q_tile``: its prologue, the
 online-softmax key-tile loop ``_attn_tile``, two-stage or masked, and the normalisation), the
 split-KV merge kernel with its

@@ -12,7 +12,8 @@ so no "stats"). ``serve`` (arrivals only: no fork, vLLM's own KV pool) adds each
 ``LLM``'s ``LLMEngine`` before its step and calls ``step()`` until all finish. A start-up that
 fails is refused ("unsupported") only where vLLM's checks of the configuration reject it
 (:func:`_start`); any other start-up failure (out of memory included) is an error of the engine.
-vLLM's CPU attention refuses head dim 16 (the shipped drafts'), so a draft folder X is given as its sibling ``X-hd64`` where the export wrote one (the same function:
+vLLM's CPU attention refuses head dim 16 (the shipped drafts'), so a draft folder X is given as its sibling ``X-hd64`` where the export
+wrote one (the same function:
 ``smallworld/hf_export.py``'s zero-padding, float64 logit difference 1.6e-14).
 
 One process per configuration: each ``LLM`` lives in a child process of its own (spawned, so it

@@ -34,7 +34,6 @@ Source: transformers ``cache_utils`` (5.x); lecture 001 §2; claims KV-1, KV-2, 
 """
 from __future__ import annotations
 
-import torch
 
 from inference_conformance.conformance.contracts.kv_cache import Footprint
 from inference_conformance.optimized.kv_cache.storage import storage_engine

@@ -90,7 +90,8 @@ def mla_split_kernel(QL_ptr, QR_ptr, CACHE_ptr, BT_ptr, LENS_ptr, OP_ptr, LSE_pt
                      BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
     """1-D grid of NUM_SPLITS · HEAD_TILES · B programs: program split + NUM_SPLITS · (head tile
     + HEAD_TILES · b). Split s covers tokens [s·L // NUM_SPLITS, (s+1)·L // NUM_SPLITS) of sequence
-    b (L = LENS[b]), or with FIXED_SPLITS [s·PER_SPLIT, (s+1)·PER_SPLIT) cut at L. Writes o_s (B·Hq, 1, S, C) (normalised over the split's tokens; 0 for a
+    b (L = LENS[b]), or with FIXED_SPLITS [s·PER_SPLIT, (s+1)·PER_SPLIT) cut at L. Writes o_s (B·Hq, 1, S, C) (normalised over the split's
+    tokens; 0 for a
     split with none) and lse_s (B·Hq, 1, S) in float64 (−inf for a split with none)."""
     pid = tl.program_id(0)
     split = pid % NUM_SPLITS

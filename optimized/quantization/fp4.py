@@ -111,7 +111,8 @@ def quantize_fp4(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> Packed
 def check_fp4(qw) -> PackedFP4:
     """TypeError unless ``qw`` is a :class:`PackedFP4`."""
     if not isinstance(qw, PackedFP4):
-        raise TypeError(f"qw must be an inference_conformance.optimized.quantization.fp4.PackedFP4 (what quantize returned), got {type(qw).__name__}")
+        raise TypeError(f"qw must be an inference_conformance.optimized.quantization.fp4.PackedFP4 (what quantize returned), got "
+                        f"{type(qw).__name__}")
     return qw
 
 

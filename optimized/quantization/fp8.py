@@ -69,7 +69,8 @@ def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> Packed
 def check_fp8(qw) -> PackedFP8:
     """TypeError unless ``qw`` is a :class:`PackedFP8`."""
     if not isinstance(qw, PackedFP8):
-        raise TypeError(f"qw must be an inference_conformance.optimized.quantization.fp8.PackedFP8 (what quantize returned), got {type(qw).__name__}")
+        raise TypeError(f"qw must be an inference_conformance.optimized.quantization.fp8.PackedFP8 (what quantize returned), got "
+                        f"{type(qw).__name__}")
     return qw
 
 

@@ -52,7 +52,8 @@ import triton.language as tl
 
 from inference_conformance.conformance.contracts.quantization import validate_bits, validate_matmul
 from inference_conformance.conformance.device import triton_interpreted
-from inference_conformance.optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, flat_grid, output_tile, round_to_bf16,
+from inference_conformance.optimized.triton_shared import (DOT_IEEE, DOT_NATIVE, DOT_UPCAST, dot_mode, flat_grid, output_tile,
+                                                            round_to_bf16,
                                      sm_count, tile_loop)
 from inference_conformance.reference.quantization import codes_per_byte
 

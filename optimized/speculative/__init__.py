@@ -56,7 +56,8 @@ def verify(draft_tokens, draft_probs, target_probs, *, generator, check: bool = 
 
 def implementations():
     """The batched PyTorch verifier; transformers' assisted-generation verifier and vLLM's
-    rejection sampler (adapters: :mod:`inference_conformance.optimized.speculative.outside_transformers`, :mod:`inference_conformance.optimized.speculative.outside_vllm`,
+    rejection sampler (adapters: :mod:`inference_conformance.optimized.speculative.outside_transformers`,
+    :mod:`inference_conformance.optimized.speculative.outside_vllm`,
     unavailable where their package is missing)."""
     from inference_conformance.conformance.registry import builtin
     from inference_conformance.optimized.speculative import outside_transformers

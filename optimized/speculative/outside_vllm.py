@@ -1,6 +1,7 @@
 """vLLM's rejection sampler under the ``speculative`` contract (``optimized/paged_attention/outside_vllm.py``
 holds the other vLLM adapters, :func:`inference_conformance.optimized.vllm_shared.vllm_module` the import
-of vLLM): ``vllm.v1.sample.rejection_sampler.rejection_sample`` with flattened draft tokens and probabilities, the target as logits (log-probabilities; its softmax
+of vLLM): ``vllm.v1.sample.rejection_sampler.rejection_sample`` with flattened draft tokens and probabilities, the target as logits
+(log-probabilities; its softmax
 is in float32), the bonus token drawn beforehand by vLLM's ``random_sample``, one
 ``torch.Generator`` per request in ``SamplingMetadata.generators``. Its Triton kernels run
 interpreted on a CPU. The environment: ``requirements/peers-vllm.txt`` (``tox -e peers-vllm``).

@@ -142,7 +142,6 @@ class TreeSpeculativeEngine:
         m.start(1)
         if S > 1:
             m.extend(prompt[:, :S - 1], torch.tensor([S - 1]))
-        hidden = None
         stats = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
         hook = m.model.norm.register_forward_hook(self._keep_hidden)   # the final hidden states
         try:

@@ -81,7 +81,8 @@ def test_fa3_lecture_experiment_blocked_equals_standard():
 
 
 @pytest.mark.claim("FA-3")
-@pytest.mark.suite_own("the lecture's experiment on the suite's Triton kernel; outside kernels meet FA-3 in test_fa3_matches_float64_reference")
+@pytest.mark.suite_own("the lecture's experiment on the suite's Triton kernel; outside kernels meet FA-3 in "
+                       "test_fa3_matches_float64_reference")
 def test_fa3_lecture_experiment_triton_kernel(device):
     """The same experiment on the Triton kernel itself, with its tile sizes varied."""
     fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")

@@ -10,7 +10,8 @@ from inference_conformance.properties import strategies as S
 from inference_conformance.properties.attention.flash_cases import check_fa4, check_fa5, check_fa6
 from inference_conformance.reference import attention as ref
 
-pytestmark = pytest.mark.suite_own("the lecture's memory model (FA-4, FA-5: arithmetic) and the suite's kernel's measured peak memory (FA-6)")
+pytestmark = pytest.mark.suite_own("the lecture's memory model (FA-4, FA-5: arithmetic) and the suite's kernel's measured peak memory "
+                                   "(FA-6)")
 
 # ----------------------------------------------------------------------------------------------
 # FA-4, FA-5: the traffic and memory model (analytic)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.properties.fp8_cast.cases import QT11_GRID, QT11_RANGE, CastCase, call, check_cast, make_x
+from inference_conformance.properties.fp8_cast.cases import QT11_GRID, QT11_RANGE, CastCase, call, check_cast
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -53,7 +53,7 @@ def subnormals_flushed_to_zero(x, *, format, saturate):
 def truncation_toward_zero(x, *, format, saturate):
     """The mantissa's extra bits dropped (round toward zero) instead of round to nearest even:
     off by up to a whole grid step."""
-    f = validate(x, format, saturate)
+    validate(x, format, saturate)
     x64 = x.detach().to(torch.float64)
     s = _spacing(x64, format)
     return encode(torch.where(torch.isfinite(x64), torch.trunc(x64 / s) * s, x64), format, saturate)

@@ -54,7 +54,7 @@ def law_greedy_matches_reference(run, device, seed):
 
 
 def law_output_independent_of_batching(run, device, seed, cuts, prefix_caching, budget, side, mixed):
-    """EN-2: alone vs batched, prefix caching, chunked prefill and padding, as offered; then, with
+    """EN-2: alone vs batched, prefix caching, chunked prefill and every padding side, as offered; then, with
     ``mixed``, one batch mixing seeds and sampling parameters (:func:`check_mixed`) under the same settings."""
     eng, caps, bound = run.impl, _caps(run.impl), C.dtype_bound(run.impl)
     prompts = C.shared_block_prompts(seed)
@@ -68,20 +68,26 @@ def law_output_independent_of_batching(run, device, seed, cuts, prefix_caching, 
         kw["prefix_caching"] = True
     if budget is not None and caps.chunked_prefill:
         kw["chunked_prefill"] = budget
-    if caps.padding:
-        kw["padding"] = caps.padding[side % len(caps.padding)]
+    # every padding layout the engine takes (an accepted layout that answers wrongly is the defect
+    # users hit), the drawn ``side`` first
+    sides = caps.padding[side % len(caps.padding):] + caps.padding[:side % len(caps.padding)] if caps.padding else (None,)
     order = list(range(len(reqs)))
     random.Random(seed).shuffle(order)
     bounds = sorted({c % len(order) for c in cuts} - {0}) if caps.batching else list(range(1, len(order)))
     batches = [order[a:b] for a, b in zip([0] + bounds, bounds + [len(order)])]
     bitwise = excused = positions = 0
-    for _ in range(2 if kw.get("prefix_caching") else 1):
+    for pad, _ in ((pad, n) for pad in sides for n in range(2 if kw.get("prefix_caching") else 1)):
+        if pad is not None:
+            kw["padding"] = pad
         for batch in batches:
             with refusal(run, f"a batch with {kw}"):
                 out = eng.generate([reqs[i] for i in batch], C.params(**kw))
             for i, c in zip(batch, out):
-                tie, same = C.check_same(alone[i], c, prompts[i], folder, bound,
-                                         f"request {i} in batch {batch} with {kw or 'defaults'}", caps.batch_invariant,
+                what = f"request {i} in batch {batch} with {kw or 'defaults'}"
+                # a batched request's own logprobs are EN-1's (the engine's measured error is its
+                # near-tie allowance: an error the batch put there must not widen it unseen)
+                C.check_logprobs(c, C.position_logits(folder, prompts[i], c.tokens), bound, what)
+                tie, same = C.check_same(alone[i], c, prompts[i], folder, bound, what, caps.batch_invariant,
                                          calibration)
                 bitwise, excused, positions = bitwise + same, excused + tie, positions + reqs[i].max_new_tokens
     C.check_excused(excused, positions, "requests in batches excused as near-ties")

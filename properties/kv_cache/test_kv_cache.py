@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.kv_cache import COVERAGE
-from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close, assert_exact, check_within, model_rule
 from inference_conformance.properties.kv_cache import lossy
 from inference_conformance.properties.kv_cache.cases import (

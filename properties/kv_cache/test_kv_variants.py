@@ -13,7 +13,8 @@ from inference_conformance.properties import strategies as sst
 from inference_conformance.properties.kv_cache.variant_cases import check_kv7, check_kv9, check_kv11
 from inference_conformance.reference import kv_cache as kvv
 
-pytestmark = pytest.mark.suite_own("KV reduction by architecture (CLA, MLA, sliding windows): the reference model's variants and the lecture's size formulas")
+pytestmark = pytest.mark.suite_own("KV reduction by architecture (CLA, MLA, sliding windows): the reference model's variants and the "
+                                   "lecture's size formulas")
 
 
 @pytest.mark.claim("KV-8")

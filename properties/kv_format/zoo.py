@@ -133,7 +133,8 @@ def implementations():
 
     return (
         known_bad("kv_format", "scale_shared_across_heads", scale_shared_across_heads,
-                  bug="a scale per token shared by its heads where the format has one per token and head (per-head scales applied per token)"),
+                  bug="a scale per token shared by its heads where the format has one per token and head (per-head scales applied per "
+                      "token)"),
         known_bad("kv_format", "kivi_keys_per_token", kivi_keys_per_token,
                   bug="int4 KIVI with the keys quantized per token (over D) instead of per channel"),
         known_bad("kv_format", "kivi_residual_dropped", kivi_residual_dropped,

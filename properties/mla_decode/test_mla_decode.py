@@ -125,7 +125,8 @@ def test_kv12_layer_decode_equals_kv7_materialised(impl, device, block_size):
     got = torch.einsum("nc,nch,nhd->d", out[0].cpu(), w["w_uv"], w["w_o"])
     v = assert_close(got, want, what="KV-12: latent decode x W_uv W_o vs KV-7's materialised layer")
     results.record("KV-12", measured=v.error, bound=v.bound, unit="max |absorbed latent decode - materialised|",
-                   rule=f"float64, the last of {T} tokens of KV-7's MLA layer, {'contiguous' if block_size is None else f'paged, blocks of {block_size}'}")
+                   rule=f"float64, the last of {T} tokens of KV-7's MLA layer, "
+                        f"{'contiguous' if block_size is None else f'paged, blocks of {block_size}'}")
 
 
 # ------------------------------------------------------------------------- calls of every impl

@@ -1,6 +1,7 @@
 """Inputs and shared pieces of the paged engine's tests (``properties/paged_attention/test_paged_engine.py``;
 the serve laws of ``properties/inference_engine/test_serving.py`` run its pinned workloads;
-PA-6..PA-8; PA-9's ``properties/kv_transfer/cases.py`` runs the same requests): the test model (:data:`CFG`, :func:`model_for`), requests (:class:`Req`) and their strategies
+PA-6..PA-8; PA-9's ``properties/kv_transfer/cases.py`` runs the same requests): the test model (:data:`CFG`, :func:`model_for`), requests
+(:class:`Req`) and their strategies
 (:func:`workloads`, :func:`shared_prefix_workloads`), running them through an engine at their
 arrival steps (:func:`run_engine`) or alone without a cache
 (:func:`alone`), and the comparison of two engines' tokens and logits (:func:`same_as`).

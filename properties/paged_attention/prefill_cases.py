@@ -57,7 +57,8 @@ def causal_oracle(inp: PrefillInputs, case: PrefillCase) -> torch.Tensor:
 
 def check_against_causal(out, inp: PrefillInputs, case: PrefillCase, what: str = "mixed-batch output"):
     """The tolerance policy: ``out`` vs dense causal float64 attention over the contiguous K/V
-    computed apart from the reference core (:func:`causal_oracle`, ``out_ref``) and, for 16-bit outputs, the same in the inputs' dtype (``out_pt``)."""
+    computed apart from the reference core (:func:`causal_oracle`, ``out_ref``) and, for 16-bit outputs, the same in the
+    inputs' dtype (``out_pt``)."""
     q = inp.q
     assert isinstance(out, torch.Tensor), f"output is a {type(out).__name__}, not a tensor"
     assert out.shape == q.shape, f"output shape {tuple(out.shape)} != q's {tuple(q.shape)}"

@@ -26,7 +26,8 @@ from inference_conformance.properties.paged_attention.zoo import CowForgetsToCop
 from inference_conformance.reference.paged_attention import OutOfBlocks, PagedKVCache, waste_per_request
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("the suite's block allocator (its state machine, the lecture's sharing and waste formulas); engines meet paging through the inference_engine laws")]
+              pytest.mark.suite_own("the suite's block allocator (its state machine, the lecture's sharing and waste formulas); engines "
+                                    "meet paging through the inference_engine laws")]
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -161,7 +162,8 @@ def test_pa4_rejects_cow_that_forgets_to_copy():
     """The known-bad cache whose copy-on-write allocates the new block but never copies into it
     (nor leaves the shared one alone) is rejected by the machine."""
     no_shrink = settings(_machine_settings(100), phases=[Phase.explicit, Phase.generate])
-    expect_rejection("PA-4", lambda: run_state_machine_as_test(CowMachine, settings=no_shrink), entry="cow_forgets_to_copy", match="K of sequence")
+    expect_rejection("PA-4", lambda: run_state_machine_as_test(CowMachine, settings=no_shrink), entry="cow_forgets_to_copy",
+                     match="K of sequence")
 
 
 @pytest.mark.claim("PA-4")

@@ -3,7 +3,8 @@ contract's ``paged_prefill`` (decode tokens and prefill chunks of several sequen
 each chunk causal with the offset of its cached prefix) equals dense causal attention over each
 sequence's contiguous K/V, for any chunk lengths, block size and GQA group; its known-bad versions
 (a chunk's offset counted from 0, every chunk taken as C long) are rejected. The engine half is the serve law
-over every registered engine (``properties/inference_engine/test_serving.py``), PA-1 in ``properties/paged_attention/test_paged_attention.py``.
+over every registered engine (``properties/inference_engine/test_serving.py``), PA-1 in
+``properties/paged_attention/test_paged_attention.py``.
 """
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def test_pa8_mixed_batch_generic_checks(impl, device):
     pinned mixed batch (unused slots NaN, unused table entries out of range): its inputs are left
     unchanged, every output element is written (finite), and a repeated call is bit-identical."""
     from inference_conformance.conformance.outcomes import unsupported
-    from inference_conformance.properties.generic_cases import Refused, check_inputs_not_mutated, check_output_fully_written, check_repeatable
+    from inference_conformance.properties.generic_cases import (Refused, check_inputs_not_mutated, check_output_fully_written,
+                                                                check_repeatable)
 
     case = PREFILL_EXAMPLES[0]
     inp = make_prefill_inputs(case, 5, torch.float32, device)

@@ -34,7 +34,8 @@ from inference_conformance.properties.paged_attention.engine_cases import (
 from inference_conformance.reference.transformer import generate
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("the suite's paged engine on its pinned workloads, inside the engine (preemption, reuse, chunks, fork, the Triton kernels); outside engines meet PA-6..PA-8 as serve laws of inference_engine")]
+              pytest.mark.suite_own("the suite's paged engine on its pinned workloads, inside the engine (preemption, reuse, chunks, fork, "
+                                    "the Triton kernels); outside engines meet PA-6..PA-8 as serve laws of inference_engine")]
 
 
 @pytest.mark.claim("PA-6")

@@ -27,7 +27,8 @@ from inference_conformance.properties.paged_attention.engine_pairs_cases import 
 )
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("the suite's paged engine on its pinned workloads, inside the engine (preemption, reuse, chunks, fork, the Triton kernels); outside engines meet PA-6..PA-8 as serve laws of inference_engine")]
+              pytest.mark.suite_own("the suite's paged engine on its pinned workloads, inside the engine (preemption, reuse, chunks, fork, "
+                                    "the Triton kernels); outside engines meet PA-6..PA-8 as serve laws of inference_engine")]
 
 
 def run_pinned(engine_class, combo: Combo, device: str = "cpu"):

@@ -26,8 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.properties.paged_attention.serving_cases import ABOUT, BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve, check_pa2_waste
-from inference_conformance.reference.paged_attention.serving import POLICIES, Arrival, FirstFit, Request, downsample, lecture_trace, simulate, simulate_chunked
+from inference_conformance.properties.paged_attention.serving_cases import (ABOUT, BLOCK, BUDGET, SEED, check_pa2_paged_vs_reserve,
+                                                                           check_pa2_waste)
+from inference_conformance.reference.paged_attention.serving import (POLICIES, Arrival, FirstFit, Request, downsample, lecture_trace,
+                                                                     simulate, simulate_chunked)
 
 pytestmark = pytest.mark.suite_own("the serving simulator: the lecture's scheduling policy on traces, not an implementation's output")
 

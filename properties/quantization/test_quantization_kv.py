@@ -116,7 +116,8 @@ def test_qt12_nll_with_a_quantized_kv_cache():
 
 
 @pytest.mark.claim("QT-12", "KV-5")
-@pytest.mark.suite_own("the model's quantized KV cache (the suite's QuantizedKVCache) at Llama-3-8B's shape: KV-5's figure; formats from outside meet QT-12 in kv_format")
+@pytest.mark.suite_own("the model's quantized KV cache (the suite's QuantizedKVCache) at Llama-3-8B's shape: KV-5's figure; formats from "
+                       "outside meet QT-12 in kv_format")
 def test_qt12_cache_bytes_per_token_and_kv5():
     """Cache bytes per token measured from the tensors a QuantizedKVCache holds, at Llama-3-8B's
     layer shape (8 KV heads of 128, bfloat16, one layer of a 4,096-token sequence, times 32

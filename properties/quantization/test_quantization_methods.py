@@ -50,7 +50,8 @@ from inference_conformance.properties.quantization.claims_cases import (
 )
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("GPTQ, AWQ, SmoothQuant and the lecture's exercises: the suite's method implementations and their NLL figures (no method contract)")]
+              pytest.mark.suite_own("GPTQ, AWQ, SmoothQuant and the lecture's exercises: the suite's method implementations and their NLL "
+                                    "figures (no method contract)")]
 
 
 # -------------------------------------------------------------------------------------- QT-7

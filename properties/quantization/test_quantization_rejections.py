@@ -46,7 +46,7 @@ from inference_conformance.properties.quantization.claims_cases import (
     qt8_ratios,
     qt4_step,
 )
-from inference_conformance.properties.quantization.cases import EXAMPLES, QCase, make_weight
+from inference_conformance.properties.quantization.cases import QCase, make_weight
 from inference_conformance.reference import quantization as ref
 from inference_conformance.reference.quantization.methods import bits_per_value
 

@@ -6,9 +6,11 @@ law for the one that ignores ``g_idx``). At the end, the kernels' own bugs
 token (QT-9 at 1 < M <= 16), the Triton kernels reading group k // g despite a g_idx (the
 act-order QT-9 law, ``properties/quantization/test_quantization.py``), and :data:`W8A8_ZOO`, W8A8 products with a float16 accumulator,
 per-token scales applied per column, or a truncating activation quantizer. FP8 and KV-cache
-formats (QT-11, QT-12, ``properties/quantization/test_quantization_fp8.py``, ``properties/quantization/test_quantization_kv.py``): an FP8 scheme rounding to
+formats (QT-11, QT-12, ``properties/quantization/test_quantization_fp8.py``, ``properties/quantization/test_quantization_kv.py``): an FP8
+scheme rounding to
 E5M2's grid while naming E4M3, one rounding w / s through float16 first (the casts' own zoo is
-the ``fp8_cast`` contract's, ``properties/fp8_cast/zoo.py``); the KV-cache formats' zoo is the ``kv_format`` contract's (``properties/kv_format/zoo.py``). FP4 blocks
+the ``fp8_cast`` contract's, ``properties/fp8_cast/zoo.py``); the KV-cache formats' zoo is the ``kv_format`` contract's
+(``properties/kv_format/zoo.py``). FP4 blocks
 (QT-13): ``properties/quantization/zoo_fp4.py`` (a ceil scale exponent, nibbles swapped, ties away).
 
 All follow the ``quantization`` contract and store float64 scales, so that only the bug (not

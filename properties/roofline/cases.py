@@ -1,6 +1,7 @@
 """The checks of the analytic claims AI-1..AI-7, KV-5 and KV-6's cache ratio, each a function of
 the formula or model it judges, so that the same comparison that gives the claim its verdict
-(``properties/roofline/test_roofline.py``, with :mod:`inference_conformance.reference.roofline` and :data:`inference_conformance.reference.roofline.perf_model.CS336`)
+(``properties/roofline/test_roofline.py``, with :mod:`inference_conformance.reference.roofline` and
+:data:`inference_conformance.reference.roofline.perf_model.CS336`)
 can be fed a known-bad formula and shown to reject it (``properties/roofline/test_roofline_rejections.py``).
 
 Every check raises AssertionError (the tolerance policy's message, naming the figure) when the

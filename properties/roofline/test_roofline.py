@@ -33,7 +33,8 @@ from inference_conformance.reference.roofline import perf_model as pm
 from inference_conformance.reference import roofline as rl
 from inference_conformance.reference.transformer import TransformerConfig, build
 
-pytestmark = pytest.mark.suite_own("the roofline model: the lecture's formulas over the suite's hardware table, no implementation to plug in")
+pytestmark = pytest.mark.suite_own("the roofline model: the lecture's formulas over the suite's hardware table, no implementation to plug "
+                                   "in")
 
 GIB = 2**30
 KIB = 2**10

@@ -10,7 +10,8 @@ classes (disjoint supports, q = 0 where p > 0, p = q, one-hot, tiny probabilitie
 for every registered ``verify`` (``--impl speculative=module:fn`` ones included): one batch of
 independent rounds per fixed (p, q) pair (two dense ones, three boundary classes), four G-tests
 per pair (first token, first two, number accepted, (number accepted, last token)) at a stated
-family-wise false-alarm rate for the whole law, after exact checks of the output's structure. The bug zoo (``properties/speculative/zoo.py``) is each shown rejected.
+family-wise false-alarm rate for the whole law, after exact checks of the output's structure. The bug zoo
+(``properties/speculative/zoo.py``) is each shown rejected.
 The statistical law's own calibration is in ``properties/speculative/test_speculative_calibration.py``; SD-1,
 SD-5 and SD-7 on the small world's checkpoints in ``properties/speculative/test_speculative_small_world.py``.
 """

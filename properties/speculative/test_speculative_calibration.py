@@ -32,7 +32,8 @@ from inference_conformance.properties.speculative.cases import (
 from inference_conformance.reference import speculative as ref
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("the statistical law's own false-alarm rate and power (a calibration of the test, not of an implementation)")]
+              pytest.mark.suite_own("the statistical law's own false-alarm rate and power (a calibration of the test, not of an "
+                                    "implementation)")]
 
 
 #: Exact multinomial draws of the whole law under ``ci`` (``benchmarks/speculative/bench_speculative.py``

@@ -41,7 +41,8 @@ from inference_conformance.reference.speculative import process_logits
 from inference_conformance.reference.transformer import generate, layer_kv
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("the suite's speculative engine with KV caches; an outside engine's speculation is judged by EN-3 (inference_engine)")]
+              pytest.mark.suite_own("the suite's speculative engine with KV caches; an outside engine's speculation is judged by EN-3 "
+                                    "(inference_engine)")]
 
 ALPHA = 1e-3
 DRAFTS = ("draft_good", "draft_poor")

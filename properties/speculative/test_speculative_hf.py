@@ -39,7 +39,8 @@ def _transformers():
     return transformers
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("transformers' assisted generation judged directly (peers-hf); as an engine it is the inference_engine laws' hf entries")]
+              pytest.mark.suite_own("transformers' assisted generation judged directly (peers-hf); as an engine it is the inference_engine "
+                                    "laws' hf entries")]
 
 ALPHA = 1e-3
 N_SAMPLED = 1500

@@ -30,7 +30,8 @@ from inference_conformance.properties.speculative.claims_cases import (
 from inference_conformance.reference import speculative as ref
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.suite_own("speculation end to end on the small world's shipped models through the built-in verifiers by name; outside verifiers meet SD-1 in test_sd1_statistical")]
+              pytest.mark.suite_own("speculation end to end on the small world's shipped models through the built-in verifiers by name; "
+                                    "outside verifiers meet SD-1 in test_sd1_statistical")]
 
 
 def _world(dtype):
@@ -121,7 +122,8 @@ def test_sd1_end_to_end_small_world(verifier):
     """SD-1 end to end: 3000 speculative generations on the small world (poor draft, γ = 2) emit
     their first two tokens with the target's own distribution (G-test, α = 1e-3, bins below 5
     expected pooled, the critical value from G's exact null distribution by Monte Carlo: the
-    chi-square one rejected 2e-3 of correct runs here, tests/test_stats.py); the same run (same seed) with the min(1, q/p) verifier of the zoo is rejected.
+    chi-square one rejected 2e-3 of correct runs here, tests/test_stats.py); the same run (same seed) with the min(1, q/p) verifier of the
+    zoo is rejected.
     (Resampling from p, a subtler bias, needs more generations than this budget: G = 95 against
     a bound of 171 at 3000.)"""
     from inference_conformance.conformance import registry

@@ -253,7 +253,8 @@ def greedy_chain(case, n: int) -> list[int]:
 
 
 @pytest.mark.claim("SD-12")
-@pytest.mark.suite_own("the suite's greedy tree walk; the contract's verify_tree is the sampled rule, which SD-11 judges on every registered verifier")
+@pytest.mark.suite_own("the suite's greedy tree walk; the contract's verify_tree is the sampled rule, which SD-11 judges on every "
+                       "registered verifier")
 def test_sd12_greedy_tree_verification_emits_the_greedy_tokens():
     """SD-12 for trees: greedy verification of random trees (each shape, random node tokens, some
     on the target's greedy path) emits tokens that are exactly the target's greedy tokens, as many

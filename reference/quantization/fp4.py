@@ -137,7 +137,8 @@ def quantize_fp4(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> FP4Wei
 
 def _check_fp4(qw) -> FP4Weight:
     if not isinstance(qw, FP4Weight):
-        raise TypeError(f"qw must be a inference_conformance.reference.quantization.fp4.FP4Weight (what quantize returned), got {type(qw).__name__}")
+        raise TypeError(f"qw must be a inference_conformance.reference.quantization.fp4.FP4Weight (what quantize returned), got "
+                        f"{type(qw).__name__}")
     return qw
 
 

@@ -72,7 +72,8 @@ def quantize_fp8(w: torch.Tensor, *, bits: int, granularity, fmt: str) -> FP8Wei
 
 def _check_fp8(qw) -> FP8Weight:
     if not isinstance(qw, FP8Weight):
-        raise TypeError(f"qw must be a inference_conformance.reference.quantization.fp8.FP8Weight (what quantize returned), got {type(qw).__name__}")
+        raise TypeError(f"qw must be a inference_conformance.reference.quantization.fp8.FP8Weight (what quantize returned), got "
+                        f"{type(qw).__name__}")
     return qw
 
 
