@@ -210,7 +210,7 @@ def _few_history(name: str, t, n_history: int, *, threshold: float, alpha: float
     d.status = "inconclusive"
     d.reason = (f"median {(t.ratio - 1) * 100:+.1f}% against the baseline's rounds (interval "
                 f"[{t.ci_low:.3f}, {t.ci_high:.3f}], {t.detail}); {n_history} earlier "
-                f"entr{'y' if n_history == 1 else 'ies'} hold this benchmark, fewer than {MIN_HISTORY}: its run-to-run "
+                f"entr{'y holds' if n_history == 1 else 'ies hold'} this benchmark, fewer than {MIN_HISTORY}: its run-to-run "
                 f"spread is not measured, so no verdict (use inference-conformance ab)")
     return d
 

@@ -184,7 +184,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--bench-passes", type=int, default=1, metavar="M",
                     help="run the benchmarks in M separate processes and store the geometric mean of their "
                          "medians: each process has its own memory layout, so M > 1 narrows the run-to-run "
-                         "spread the history gate sees (see README, 'Which mode in CI')")
+                         "spread the history gate sees (docs/guide/benchmark-history.md, 'Which mode in CI')")
     ap.add_argument("--history", default=None,
                     help=f"history folder (default: ${hist.HISTORY_ENV} when set, else the checkout's history/; "
                          f"installed: ./{publish.OUT_NAME}/history; the gate reads the same folder)")

@@ -224,6 +224,9 @@ EXAMPLE_DIAGONAL_TILE = Case(B=2, Hq=2, Hkv=1, Tq=64, Tk=64, D=64, causal=True, 
 #: A causal chunk after a cached prefix in a batch of five (B >= 5, 1 < Tq < Tk): a kernel whose
 #: path for large batches aligns the mask top-left is wrong only here; 10 programs of one key tile.
 EXAMPLE_BATCH5_CHUNK = Case(B=5, Hq=2, Hkv=1, Tq=3, Tk=11, D=16, causal=True, scale=0.25)
+#: A causal single query over a single key in a batch of five: a mask that hides the only key (a
+#: fully masked row) in large batches is seen here.
+EXAMPLE_BATCH5_SINGLE = Case(B=5, Hq=2, Hkv=1, Tq=1, Tk=1, D=16, causal=True, scale=0.25)
 #: The scale classes (negative, zero, tiny, huge) crossed with every mask path (none, causal with
 #: Tq = Tk, where SDPA's is_causal applies, and causal with Tq < Tk). The first is PyTorch's CPU
 #: is_causal bug: B = 1, 8 heads, Tq = Tk = 2, D = 1, scale -1, NaN in float64.
@@ -281,7 +284,7 @@ FA3 = Law(
     examples=(dict(case=EXAMPLE_GQA_CAUSAL, seed=7), dict(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7),
               dict(case=EXAMPLE_LARGE_LOGITS, seed=11), dict(case=EXAMPLE_LONG_KEYS, seed=5),
               dict(case=EXAMPLE_DIAGONAL_TILE, seed=3), dict(case=EXAMPLE_SPLIT_LSE_ROUNDING, seed=25),
-              dict(case=EXAMPLE_BATCH5_CHUNK, seed=9))
+              dict(case=EXAMPLE_BATCH5_CHUNK, seed=9), dict(case=EXAMPLE_BATCH5_SINGLE, seed=10))
              + _seeded(SCALE_MASK_CASES, 20) + _seeded(BOUNDARY_CASES, 40) + _seeded(LATE_MAX_CASES, 60)
              + _seeded(LARGE_NONPOW2_CASES, 70),
     dtypes=S.FLOAT_DTYPES,

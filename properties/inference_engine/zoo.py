@@ -38,6 +38,22 @@ class UndeclaredBatching(BatchDependent):
         return dataclasses.replace(super().capabilities(), batching=True)
 
 
+class UndeclaredBatchingSharedSeed(ReferenceEngine):
+    """Declares no batching, yet takes a batch, exact except that the last request of a batch
+    samples with the first one's seed: greedy batches are right, seeded ones are not."""
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), batching=False)
+
+    def _offered(self):
+        return dataclasses.replace(super().capabilities(), batching=True)
+
+    def generate(self, requests, params):
+        if len(requests) > 1 and requests[0].seed is not None:
+            requests = requests[:-1] + [dataclasses.replace(requests[-1], seed=requests[0].seed)]
+        return super().generate(requests, params)
+
+
 class IgnoresTemperature(ReferenceEngine):
     """Samples from softmax(logits) whatever the request's temperature (top-p kept)."""
 
@@ -167,6 +183,8 @@ def implementations():
                   bug="A batch runs as one left-padded matrix without a mask: outputs depend on batch-mates"),
         known_bad("inference_engine", "undeclared_batching", UndeclaredBatching(load),
                   bug="Declares no batching, yet takes batches and pads them without a mask"),
+        known_bad("inference_engine", "undeclared_batching_shared_seed", UndeclaredBatchingSharedSeed(load),
+                  bug="Declares no batching, takes batches, and samples a batch's last request with its first one's seed"),
         known_bad("inference_engine", "stale_prefix", StalePrefix(),
                   bug="The prefix cache keys a block by its tokens only and serves it after another prefix"),
         known_bad("inference_engine", "bonus_from_draft", BonusFromDraft(load),
