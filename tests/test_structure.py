@@ -314,6 +314,9 @@ def test_a_type_checker_resolves_every_import_of_the_package():
     import json
     import shutil
 
+    if not os.environ.get("INFERENCE_CONFORMANCE_TYPECHECK"):
+        pytest.skip("the type checker runs when INFERENCE_CONFORMANCE_TYPECHECK=1 (30 s to minutes of CPU: not in the "
+                    "README's test command)")
     exe = shutil.which("basedpyright", path=str(Path(sys.executable).parent)) or shutil.which("basedpyright")
     if exe is None:
         pytest.skip("basedpyright is not installed (pip install -e '.[test]')")
