@@ -319,7 +319,7 @@ def test_a_type_checker_resolves_every_import_of_the_package():
                     "README's test command)")
     exe = shutil.which("basedpyright", path=str(Path(sys.executable).parent)) or shutil.which("basedpyright")
     if exe is None:
-        pytest.skip("basedpyright is not installed (pip install -e '.[test]')")
+        pytest.skip("basedpyright is not installed (pip install basedpyright)")
     base = getattr(sys, "_base_executable", sys.executable)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}      # the checkout as it is, nothing added
     out = subprocess.run([exe, "--outputjson", "--pythonpath", base], cwd=ROOT, capture_output=True, text=True,
