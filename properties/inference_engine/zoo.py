@@ -26,27 +26,25 @@ class BatchDependent(ReferenceEngine):
         return model(mat)[:, -1]
 
 
-class UndeclaredBatching(BatchDependent):
+class _DeclaresNoBatching:
+    """Declares no batching yet takes batches (mixed into an engine of the zoo)."""
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), batching=False)
+
+    def _offered(self):
+        return dataclasses.replace(super().capabilities(), batching=True)
+
+
+class UndeclaredBatching(_DeclaresNoBatching, BatchDependent):
     """Declares no batching, yet takes a batch and runs it as :class:`BatchDependent` does (one
     left-padded matrix without a mask): the other laws, sending one request per call as declared,
     never see it."""
 
-    def capabilities(self):
-        return dataclasses.replace(super().capabilities(), batching=False)
 
-    def _offered(self):
-        return dataclasses.replace(super().capabilities(), batching=True)
-
-
-class UndeclaredBatchingSharedSeed(ReferenceEngine):
+class UndeclaredBatchingSharedSeed(_DeclaresNoBatching, ReferenceEngine):
     """Declares no batching, yet takes a batch, exact except that the last request of a batch
     samples with the first one's seed: greedy batches are right, seeded ones are not."""
-
-    def capabilities(self):
-        return dataclasses.replace(super().capabilities(), batching=False)
-
-    def _offered(self):
-        return dataclasses.replace(super().capabilities(), batching=True)
 
     def generate(self, requests, params):
         if len(requests) > 1 and requests[0].seed is not None:
