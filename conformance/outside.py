@@ -3,6 +3,7 @@ crash (segfault, ``os._exit``) isolated to the test it happened in, and the ``--
 table of every registered implementation."""
 from __future__ import annotations
 
+import importlib
 import os
 
 
@@ -66,3 +67,25 @@ def crash_advice(config, benchmarks: bool) -> str | None:
     if getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER"):
         return None
     return CRASH_ADVICE
+
+
+#: The adapter ``--engine-url`` loads, by name as the registry loads every layer's implementations
+#: (conformance/ imports no layer above it).
+SERVER_MODULE = "inference_conformance.optimized.inference_engine.openai_server"
+URL_VARIABLE = "INFERENCE_CONFORMANCE_ENGINE_URL"
+
+
+def engine_url(config) -> str | None:
+    """``--engine-url``, else ``$INFERENCE_CONFORMANCE_ENGINE_URL``, else None, as the API's base
+    URL; ValueError naming ``url`` for a value that is not an http(s) address."""
+    url = config.getoption("engine_url", default=None) or os.environ.get(URL_VARIABLE) or None
+    return None if url is None else importlib.import_module(SERVER_MODULE).base_url(url)
+
+
+def server_engine(config, url: str):
+    """The server at ``url`` as an outside ``inference_engine`` implementation named by its URL
+    (``optimized/inference_engine/openai_server.py``: ``OpenAIServer``)."""
+    server = importlib.import_module(SERVER_MODULE).OpenAIServer(
+        url, dtype=config.getoption("engine_dtype", default="float32"),
+        timeout=float(config.getoption("impl_timeout", default=300) or 300))
+    return registry.from_object("inference_engine", url, server, "outside", target=url)

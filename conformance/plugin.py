@@ -12,6 +12,9 @@ Options:
                                  ``python -m inference_conformance.reports`` passes it, whatever ``CI`` says.
   --list-impls                   print every registered implementation (technique, name, origin,
                                  available or why not) and exit.
+  --engine-url URL               judge the OpenAI-compatible server at URL as an inference_engine (as
+                                 --impl does an implementation; default $INFERENCE_CONFORMANCE_ENGINE_URL);
+                                 --engine-dtype the dtype it computes in (default float32).
   --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
                                  pytest-timeout): a hang fails that test with the reason.
   --expect PATH                  expectation file or folder of them (repeatable; see
@@ -117,6 +120,11 @@ def pytest_addoption(parser):
                     help="per-test timeout for outside implementations (pytest-timeout; 0: none; default %(default)s)")
     group.addoption("--expect", action="append", default=[], metavar="PATH",
                     help="expectation file (TOML) or folder of them: listed failures are expected (repeatable)")
+    group.addoption("--engine-url", default=None, metavar="URL",
+                    help="judge the OpenAI-compatible server at URL (http://host:8000/v1) as an inference_engine "
+                         "(default: $INFERENCE_CONFORMANCE_ENGINE_URL); only the engine laws run")
+    group.addoption("--engine-dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                    help="with --engine-url: the dtype the server computes in (the rule its logprobs are judged by)")
     group.addoption("--allow-unexpected-pass", action="store_true", default=False,
                     help="with --expect: a listed test that passes is reported, not a failure of the run")
     sharding.add_option(group)
@@ -165,14 +173,17 @@ def pytest_configure(config):
     try:
         impls = config.getoption("impl")       # contracts import torch: only when asked for
         targets = registry.parse_impl_option(impls) if impls else {}
+        engine_url = outside_impls.engine_url(config)
         sharding.parse(config.getoption("shard"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     suite_run = suite_invocation(config)
-    if suite_run or targets or config.getoption("results", default=None) or config.getoption("expect"):
+    if suite_run or targets or engine_url or config.getoption("results", default=None) or config.getoption("expect"):
         ready(config)          # before an --impl target (which may define kernels) is imported
         _share_cores(st.device)
     st.outside = {technique: [_load(technique, target) for _, target in pairs] for technique, pairs in targets.items()}
+    if engine_url:
+        st.outside.setdefault("inference_engine", []).append(outside_impls.server_engine(config, engine_url))
     try:
         with warnings.catch_warnings(record=True) as lax:
             warnings.simplefilter("always", expectations.ExpectationWarning)

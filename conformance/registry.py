@@ -296,8 +296,15 @@ def load(technique: str, name: str, target: str, origin: str, device: str | None
     failure raises (ImportError), a target that misses a contract function raises TypeError.
     A target whose attribute ``batch_invariant`` is True declares batch invariance (enforced by
     the batch-invariance law; a non-bool raises TypeError)."""
+    return from_object(technique, name, _resolve(target), origin, target)
+
+
+def from_object(technique: str, name: str, obj: Any, origin: str, target: str | None = None) -> Implementation:
+    """``obj`` (an object or module with the contract's callables) as an implementation of
+    ``technique`` named ``name``: what :func:`load` does once ``target`` is imported, for an
+    implementation built at run time (``--engine-url``'s server). TypeError as :func:`load`."""
     c = contract(technique)
-    obj = _resolve(target)
+    target = target or name
     declared = getattr(obj, "batch_invariant", False)
     if not isinstance(declared, bool):
         raise TypeError(f"{target}: batch_invariant must be a bool, got {declared!r}")

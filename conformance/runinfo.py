@@ -84,8 +84,15 @@ def describe(impl) -> dict:
         needs = _distribution_of(impl.target)
     if needs:
         packages[needs] = _version(needs) or "not installed"
-    return {"technique": impl.technique, "name": impl.name, "origin": impl.origin, "target": impl.target,
-            "packages": {k: v for k, v in packages.items() if v}}
+    out = {"technique": impl.technique, "name": impl.name, "origin": impl.origin, "target": impl.target,
+           "packages": {k: v for k, v in packages.items() if v}}
+    environment = getattr(impl.namespace, "environment", None)     # a server's settings, model and probes
+    if callable(environment):
+        try:
+            out["environment"] = environment()
+        except Exception as exc:                   # noqa: BLE001 (recorded, never fatal to the run)
+            out["environment"] = f"unavailable: {type(exc).__name__}: {exc}"
+    return out
 
 
 def _main_process() -> bool:

@@ -4,14 +4,17 @@ engines through thin adapters (:mod:`.suite`: ``paged``, the continuous-batching
 prefix cache and chunked prefill; ``speculative``, the speculative engine with a draft model) and
 the adapters of real engines (:mod:`.hf`: transformers' ``generate``, and :mod:`.hf_continuous`: its
 continuous batching, peer set "hf";
-:mod:`.ctranslate2`, :mod:`.ort_genai` and :mod:`.vllm`, peer set "engines"), each listed unavailable, with the
+:mod:`.ctranslate2`, :mod:`.ort_genai`, :mod:`.vllm` and :mod:`.vllm_server` (``vllm serve`` judged
+over HTTP by :mod:`.openai_server`, the adapter ``--engine-url`` uses for any OpenAI-compatible
+server), peer set "engines"), each listed unavailable, with the
 reason, outside its environment or where its package is missing."""
 from __future__ import annotations
 
 
 def implementations():
     from inference_conformance.conformance.registry import builtin
-    from inference_conformance.optimized.inference_engine import ctranslate2, hf, hf_continuous, ort_genai, suite, vllm
+    from inference_conformance.optimized.inference_engine import (ctranslate2, hf, hf_continuous, ort_genai, suite, vllm,
+                                                                  vllm_server)
 
     return (
         builtin("inference_engine", "reference", suite.reference_engine()),
@@ -25,4 +28,5 @@ def implementations():
         builtin("inference_engine", "ort_genai", ort_genai.OrtGenAI(), needs="onnxruntime_genai", adapter=True,
                 peer="engines"),
         builtin("inference_engine", "vllm", vllm.VLLMEngine(), needs="vllm", adapter=True, peer="engines"),
+        builtin("inference_engine", "vllm_server", vllm_server.VLLMServer(), needs="vllm", adapter=True, peer="engines"),
     )
