@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -49,6 +51,27 @@ from inference_conformance.optimized.inference_engine.vllm import _configuration
 #: Seconds a server may take to answer ``/health`` (vLLM on 2 cores: 40-90 s).
 START_DEADLINE_S = 600.0
 _REFUSED = ("ValueError:", "TypeError:", "NotImplementedError:")
+_NOISE = ("leaked ", "nanobind", "skipped remainder", "warnings.warn", "resource_tracker", "Route: ")
+#: An exception's last line, bare or as one of vLLM's ERROR log lines ("(Worker pid=N) ERROR ... ] RuntimeError: ...").
+_EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR .*?\] )?((?:\w+\.)*[A-Z]\w*(?:Error|Exception): .+)$")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed test run leaves no server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_all(servers: dict) -> None:
+    for proc, client in list(servers.values()):
+        client.close()
+        proc.stop()
+    servers.clear()
 
 
 def free_port() -> int:
@@ -76,7 +99,7 @@ class ServerProcess:
         fd, self.log_path = tempfile.mkstemp(prefix="server-", suffix=".log", dir=log_dir)
         self._log = os.fdopen(fd, "wb")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
         try:
             self._wait(health, deadline)
         except BaseException:
@@ -96,11 +119,20 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def tail(self, lines: int = 30) -> str:
+    def _lines(self) -> list[str]:
         try:
-            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+            text = Path(self.log_path).read_text(errors="replace")
         except OSError:
-            return "(no log)"
+            return ["(no log)"]
+        return [ln for ln in text.splitlines() if ln.strip() and not any(n in ln for n in _NOISE)]
+
+    def tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server's log, less teardown noise (nanobind's leak lists)."""
+        return "\n".join(self._lines()[-lines:])
+
+    def cause(self) -> str:
+        """The first exception line of the log ("RuntimeError: ..."), or ""."""
+        return next((m.group(1) for m in map(_EXCEPTION.match, self._lines()) if m), "")
 
     def _wait(self, health: str, deadline: float) -> None:
         import httpx
@@ -167,6 +199,11 @@ class VLLMServer:
 
     def __init__(self):
         self._servers: dict = {}                   # configuration key -> (ServerProcess, OpenAIServer)
+        weakref.finalize(self, _stop_all, self._servers)   # at exit too: no server outlives the run
+
+    def close(self) -> None:
+        """Stop every server this engine started."""
+        _stop_all(self._servers)
 
     def _key(self, params) -> tuple:
         return (str(params.model), params.prefix_caching, params.chunked_prefill, params.speculative, str(params.draft),
@@ -214,8 +251,8 @@ class VLLMServer:
             return send(client)
         except ServerError as exc:
             if not proc.alive():
-                raise RuntimeError(f"vLLM's server died (exit code {proc.proc.returncode}); its log ends:\n"
-                                   f"{proc.tail()}") from exc
+                raise RuntimeError(f"vLLM's server died (exit code {proc.proc.returncode}): {proc.cause() or exc}; "
+                                   f"its log ({proc.log_path}) ends:\n{proc.tail()}") from exc
             raise
 
     def generate(self, requests, params):
