@@ -241,6 +241,13 @@ def evidence_from_text(text: str) -> dict:
         {"thin": thin[1]} if thin else {})
 
 
+def thin_reason(reason: str) -> str:
+    """Why a part of a law has not enough evidence, where its unchecked ``reason`` begins
+    "not enough evidence: " (how a law says so: :meth:`inference_conformance.conformance.law_run.Run.uncheck`); else ""."""
+    head = f"{Outcome.THIN.value}: "
+    return reason[len(head):] if str(reason).startswith(head) else ""
+
+
 def insufficient(ev: dict | None) -> str:
     """Why a partial law's evidence ``ev`` (:func:`evidence`) is not enough to say it holds:
     what a part of the law said ("thin"), or fewer than :data:`MIN_ACCEPTED` of its examples
