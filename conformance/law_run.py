@@ -26,7 +26,7 @@ class Run:
     implementation refused; ``reached`` / ``refused_classes``: the boundary classes of the
     law's coverage table that examples which ran / were refused reached; ``observations``: what
     the examples that ran observed (:meth:`observe`); ``worst``: the worst comparison of the
-    tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Verdict`, or None);
+    tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Comparison`, or None);
     ``unchecked``: a part of the law -> [examples that ran without checking it, the first reason]
     (:meth:`uncheck`); ``judged``: the :func:`input_digest` of each example that ran and passed."""
 

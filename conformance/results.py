@@ -1,7 +1,7 @@
 """The result row: what every check emits, keyed by claim id, and how rows reach disk.
 
 A test's row is built by the pytest plugin from (a) the test's ``claim`` marker, its
-implementation and dtype parameters, its outcome, and (b) the worst :class:`Verdict` the tolerance
+implementation and dtype parameters, its outcome, and (b) the worst :class:`Comparison` the tolerance
 policy saw during the test, or a figure the test recorded with :func:`record`. Rows are written as
 JSON lines (one file per pytest process, so pytest-xdist workers never share a file) and merged by
 :func:`read_rows`. The report, the history and the gate read only these rows.
@@ -71,7 +71,7 @@ def crashed(row: Row) -> bool:
 
 
 class Recorder:
-    """What one test has measured: ``worst`` (the worst :class:`Verdict` of the tolerance policy,
+    """What one test has measured: ``worst`` (the worst :class:`Comparison` of the tolerance policy,
     by error / bound), ``count`` (comparisons made), ``figures`` (what :func:`record` recorded),
     ``text`` (a zoo test's rejection), ``zoo`` (the known-bad implementations it ran), ``partial`` (a law's "partial: refused ..." when the
     implementation refused some of its examples), ``evidence`` (that law's evidence, structured:
