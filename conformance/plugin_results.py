@@ -123,12 +123,16 @@ def pytest_runtest_makereport(item, call):
         crash.message = crash.message.split("\n", 1)[0]
     _write(item.config, rows)
     report.user_properties.append(("conformance_rows", len(rows)))
-    report.user_properties.append(("conformance_verdicts", [
-        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-",
-         outcomes.read(r).value,
-         _number(r.measured), _number(r.bound))
-        for r in rows if r.technique]))
+    report.user_properties.append(("conformance_verdicts", terminal_verdicts(rows)))
     return report
+
+
+def terminal_verdicts(rows: list[results.Row]) -> list[tuple]:
+    """What the terminal summary is made of, from result rows: (technique, law, claim,
+    implementation, outcome word as every reader judges it, measured, bound) per row of a
+    technique (plain values: pytest-xdist sends them from its workers)."""
+    return [(r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-",
+             outcomes.read(r).value, _number(r.measured), _number(r.bound)) for r in rows if r.technique]
 
 
 def _counts(item) -> bool:

@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from inference_conformance.conformance import atomic
-from inference_conformance.conformance.outcomes import CRASH, MATRIX_STATUSES, Outcome, matrix_status, read
+from inference_conformance.conformance.outcomes import CRASH, MATRIX_STATUSES, NOT_RUN, Outcome, matrix_status, read
 from inference_conformance.conformance.results import Row, crashed
 from inference_conformance.perf import env
 from inference_conformance.reports import publish, templating
@@ -285,7 +285,7 @@ def matrix(runs: list[Run]) -> dict:
                       "environment": env_key(r.fingerprint), "commit": (r.fingerprint.get("commit") or "")[:12],
                       "n_rows": len(r.rows)} for r in sorted(runs, key=lambda r: r.id)],
             "notes": notes, "techniques": out, "details": details,
-            "counts": {s: counts.get(s, 0) for s in STATUSES}, "statuses": list(STATUSES),
+            "counts": {s: counts.get(s, 0) for s in STATUSES}, "statuses": list(STATUSES), "not_run": NOT_RUN,
             "rows": [dict(vars(row), run=run.id) for row, run in kept]}
 
 
