@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import registry, results
 from inference_conformance.conformance.failures import (
-    Comparison,
+    CapturedComparison,
     LawFailure,
     capturing,
     case_line,
@@ -64,7 +64,7 @@ def _assertions(exc: BaseException) -> list[AssertionError]:
     return [a for sub in getattr(exc, "exceptions", ()) for a in _assertions(sub)]
 
 
-def _failing_comparison(exc: AssertionError, comparisons: list[Comparison]) -> Comparison | None:
+def _failing_comparison(exc: AssertionError, comparisons: list[CapturedComparison]) -> CapturedComparison | None:
     """The comparison ``exc`` reports: the one whose verdict it carries, else the last one when
     that failed (a law asserting on a verdict itself)."""
     verdict = getattr(exc, "verdict", None)
@@ -103,7 +103,7 @@ def compact(law, run, args: tuple, exc: BaseException) -> LawFailure | None:
     return failure
 
 
-def _comparisons(law, impl, run, args: tuple, drawn: dict) -> list[Comparison]:
+def _comparisons(law, impl, run, args: tuple, drawn: dict) -> list[CapturedComparison]:
     """Run the law's body once on the implementation ``impl`` with the arguments ``drawn``: the
     comparisons of the tolerance policy it made (those before it raised, refused or failed)."""
     zrun = type(run)(law.name, impl.name, impl, run.interpreted, tuple(law.coverage))
@@ -174,7 +174,7 @@ def isolated(law, run, args: tuple, drawn: dict, named: list[str], deadline: flo
     return f"; with one feature left: {', '.join(found)}" if found else ""
 
 
-def _matching(law, run, args: tuple, drawn: dict, index: int, comparison: Comparison,
+def _matching(law, run, args: tuple, drawn: dict, index: int, comparison: CapturedComparison,
               deadline: float) -> tuple[list[str], int, int]:
     """The zoo entries of the law's technique whose output at comparison ``index`` of the
     example ``drawn`` is within that comparison's rule and bound of the implementation's, the
@@ -192,7 +192,7 @@ def _matching(law, run, args: tuple, drawn: dict, index: int, comparison: Compar
     return same, checked, len(bugs)
 
 
-def diagnose(law, run, args: tuple, drawn: dict, index: int, comparison: Comparison,
+def diagnose(law, run, args: tuple, drawn: dict, index: int, comparison: CapturedComparison,
              seconds: float | None = None, named: list[str] | None = None) -> str:
     """The diagnosis line of a failure of ``law`` on ``run``'s implementation: the known bugs of
     the law's technique whose output at the failing comparison (number ``index`` of the

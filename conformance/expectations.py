@@ -56,7 +56,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the oldest stack
     import tomli as tomllib
 
-EXPECTED = ("fail", "unsupported", "partial")
+from inference_conformance.conformance.outcomes import LISTED, Outcome
+
+#: what an entry may list (its ``expected``): the outcomes' words :data:`inference_conformance.conformance.outcomes.LISTED`
+EXPECTED = LISTED
 #: The suite's own expectation files (one per built-in that fails something today).
 #: Package data, found through importlib.resources (an installed wheel, an editable install or the checkout).
 BUILTIN = Path(str(importlib.resources.files("inference_conformance.expectations")))
@@ -200,7 +203,7 @@ def parse(text: str, source: str = "<string>") -> Expectations:
             if not isinstance(entry[name], str):
                 raise ValueError(f"{where}: field {name!r} must be a string, got {entry[name]!r}")
         signed = [name for name in SIGNATURE if name in entry]
-        if signed and entry["expected"] != "fail":
+        if signed and not Outcome.of(entry["expected"]).fails_law:
             raise ValueError(f"{where}: field {signed[0]!r} names a failure's signature; only an entry with "
                              f"expected = \"fail\" has one (this one is {entry['expected']!r})")
         if "exception" in entry and not entry["exception"].isidentifier():

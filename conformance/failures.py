@@ -64,7 +64,7 @@ class PlainFailure(AssertionError, pytest.fail.Exception):
 class ToleranceFailure(PlainFailure):
     """A comparison of the tolerance policy failed: the message is the verdict's (what was
     judged, the measured error, the bound, the rule, the worst element); ``verdict`` is the
-    :class:`inference_conformance.conformance.tolerance.Verdict` itself."""
+    :class:`inference_conformance.conformance.tolerance.Comparison` itself."""
 
     def __init__(self, message: str, verdict: Any = None) -> None:
         super().__init__(message)
@@ -119,7 +119,7 @@ for _cls in (PlainFailure, ToleranceFailure, LawFailure, ImplementationCrash):
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CapturedComparison:
     """One comparison of the tolerance policy inside a law's example: its ``verdict``, the
     output ``out`` it judged and ``same(out, other) -> bool``, whether ``other`` (a tensor or
     number of ``out``'s shape) is within the comparison's own rule and bound of ``out``."""
@@ -136,7 +136,7 @@ _COMPARISONS: contextvars.ContextVar[list | None] = contextvars.ContextVar("law_
 def capturing() -> Iterator[list]:
     """Within the block, every comparison of the tolerance policy is appended to the list
     yielded (a fresh one; nested blocks restore the outer list)."""
-    found: list[Comparison] = []
+    found: list[CapturedComparison] = []
     token = _COMPARISONS.set(found)
     try:
         yield found
@@ -148,7 +148,7 @@ def note_comparison(verdict: Any, out: Any, same: Callable[[Any, Any], bool]) ->
     """Called by the tolerance policy for each comparison: kept only inside :func:`capturing`."""
     found = _COMPARISONS.get()
     if found is not None:
-        found.append(Comparison(verdict, out, same))
+        found.append(CapturedComparison(verdict, out, same))
 
 
 def _value(x: Any) -> str:
@@ -287,5 +287,5 @@ def failure_kind(exc: BaseException, worst: Any = None) -> dict:
     return kind
 
 
-__all__ = ["Comparison", "ImplementationCrash", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing",
+__all__ = ["CapturedComparison", "ImplementationCrash", "LawFailure", "PlainFailure", "ToleranceFailure", "capturing",
            "case_line", "crash_of", "comparison_line", "crash_fails", "failure_kind", "first_line", "note_comparison"]

@@ -14,6 +14,7 @@ from hypothesis import note, reject
 from hypothesis.control import currently_in_test_context
 
 from inference_conformance.conformance.coverage import classes_reached
+from inference_conformance.conformance import outcomes
 from inference_conformance.conformance.outcomes import unsupported
 
 
@@ -25,7 +26,7 @@ class Run:
     implementation refused; ``reached`` / ``refused_classes``: the boundary classes of the
     law's coverage table that examples which ran / were refused reached; ``observations``: what
     the examples that ran observed (:meth:`observe`); ``worst``: the worst comparison of the
-    tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Verdict`, or None);
+    tolerance policy in the test (a :class:`inference_conformance.conformance.tolerance.Comparison`, or None);
     ``unchecked``: a part of the law -> [examples that ran without checking it, the first reason]
     (:meth:`uncheck`); ``judged``: the :func:`input_digest` of each example that ran and passed."""
 
@@ -66,9 +67,14 @@ class Run:
         note(reason)
         reject()
 
-    def uncheck(self, part: str, reason: str) -> None:
+    def uncheck(self, part: str, reason: str, *, thin: bool = False) -> None:
         """The running example could not check ``part`` of the law (``reason``: why): a run in
-        which no example that ran checked it is partial (:meth:`never_checked`), never a plain pass."""
+        which no example that ran checked it is partial (:meth:`never_checked`), never a plain pass.
+        ``thin``: it could not for want of evidence (a statistical test under its power floor),
+        and a run with such a part reads "not enough evidence"; a ``reason`` that begins "not
+        enough evidence: " says so too (:func:`inference_conformance.conformance.outcomes.thin_reason`)."""
+        if thin and not outcomes.thin_reason(reason):
+            reason = f"{outcomes.Outcome.THIN}: {reason}"
         self._example_unchecked.setdefault(part, reason)
 
     def never_checked(self) -> dict:
@@ -91,6 +97,14 @@ class Run:
             parts.append(f"refused {len(self.refused)} of {len(self.refused) + self.ran} examples "
                          f"({self.refused[0]}){classes}")
         return "partial: " + "; ".join(parts) if parts else ""
+
+    def evidence(self) -> dict:
+        """The run's evidence as a row keeps it (:func:`inference_conformance.conformance.outcomes.evidence`):
+        k of n examples accepted, the boundary classes only refused examples reached, the inputs
+        judged, and why a part of the law has not enough evidence; {} for a full run."""
+        thin = "; ".join(filter(None, map(outcomes.thin_reason, self.never_checked().values())))
+        return outcomes.evidence(self.ran, self.ran + len(self.refused), sorted(self.refused_only),
+                                 list(self.judged), thin)
 
     def _begin_example(self) -> None:
         self._example, self._example_unchecked = [], {}

@@ -248,6 +248,7 @@ class Law:
         if run.partial_text():
             rec.partial = run.partial_text()
             rec.refused_classes, rec.judged = sorted(run.refused_only), list(run.judged)
+            rec.evidence = run.evidence()
         return run
 
     def missing_classes(self, run: Run) -> list[str]:

@@ -12,6 +12,7 @@ from _pytest.python import path_matches_patterns
 
 from inference_conformance.conformance import expectations, registry, verdicts
 from inference_conformance.conformance.bench_rows import bench_id
+from inference_conformance.conformance.outcomes import Outcome
 from inference_conformance.conformance.plugin_profiles import applied
 from inference_conformance.conformance.plugin_state import activated, is_suite_node, is_suite_path, state
 
@@ -155,10 +156,10 @@ def pytest_collection_modifyitems(config, items):
                     and item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(timeout))
     if st.expecting():
-        strict = not config.getoption("allow_unexpected_pass", default=False)
+        strict = Outcome.UNEXPECTED_PASS.fails_run(config.getoption("allow_unexpected_pass", default=False))
         for item in items:
             entry = expected(item)
-            if entry is not None and entry.expected == "fail":
+            if entry is not None and Outcome.of(entry.expected).fails_law:
                 item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
     _modes_at_production_shapes(config, items)
     _production_shapes_once_interpreted(config, items)

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from inference_conformance.conformance import results, summary, verdicts
+from inference_conformance.conformance import outcomes, results, summary, verdicts
 from inference_conformance.conformance.device import interpreter_hint
+from inference_conformance.conformance.outcomes import Outcome
 from inference_conformance.conformance.plugin_collect import expected, param, suite_context, technique_of
 from inference_conformance.conformance.plugin_state import is_suite_node, state
 
@@ -44,11 +45,12 @@ def _profile(config) -> tuple[str, int]:
         return "", 0
 
 
-def _rows_for(item, outcome: str, message: str, device: str | None = None, failure: dict | None = None,
+def _rows_for(item, outcome: Outcome, message: str, device: str | None = None, failure: dict | None = None,
               evidence: dict | None = None) -> list[results.Row]:
     """The result rows of ``item`` ended with ``outcome`` and ``message`` (``failure``: its
     failure kind, for a test that failed); ``device`` defaults to the run's (item.config), ""
     without one."""
+    outcome = Outcome.of(outcome)
     config = getattr(item, "config", None)
     if device is None:
         device = state(config).device if config is not None else ""
@@ -63,7 +65,7 @@ def _rows_for(item, outcome: str, message: str, device: str | None = None, failu
     base = dict(check=item.nodeid, technique=technique_of(item) or "",
                 implementation=impl.name if impl is not None else zoo,
                 dtype=str(dtype).replace("torch.", "") if dtype is not None else "",
-                device=device, verdict=outcome, message=message[:2000], profile=profile, max_examples=max_examples,
+                device=device, verdict=outcome.value, message=message[:2000], profile=profile, max_examples=max_examples,
                 failure={k: v for k, v in (failure or {}).items() if k != "mro"}, evidence=evidence or {})
     rows = []
     w = cur.worst
@@ -71,7 +73,7 @@ def _rows_for(item, outcome: str, message: str, device: str | None = None, failu
         rows.append(results.Row(claim=fig["claim"], measured=fig["measured"], lecture=fig["lecture"],
                                 bound=fig["bound"], unit=fig["unit"], rule=fig["rule"],
                                 extra=fig["extra"], examples=cur.count, **base))
-    if cur.figures and w is not None and not w.ok and outcome in ("fail", "error"):
+    if cur.figures and w is not None and not w.ok and outcome.new_failure:
         # the test failed on a comparison, not on its figures: that comparison is its own row, so
         # that the summary and the report show the error that failed, not a figure that held
         rows.append(results.Row(claim=claim_ids[0] if claim_ids else cur.figures[0]["claim"],
@@ -82,7 +84,7 @@ def _rows_for(item, outcome: str, message: str, device: str | None = None, failu
             row = results.Row(claim=cid, examples=cur.count, **base)
             if bad is not None and cur.text:
                 row.measured, row.unit = cur.text, "rejection"
-            elif w is not None and outcome in ("pass", "partial", "fail"):
+            elif w is not None and outcome in (Outcome.PASS, Outcome.PARTIAL, Outcome.FAIL):
                 row.measured, row.bound, row.rule = w.error, w.bound, w.rule
                 row.unit = "max abs error"
             rows.append(row)
@@ -103,16 +105,16 @@ def pytest_runtest_makereport(item, call):
     entry = expected(item) if st.expecting() else None
     rec = item.stash.get(_RECORDER, None)
     worst = rec.worst if rec is not None else None
+    evidence = rec.evidence if rec is not None and rec.partial else {}
     outcome, message = verdicts.outcome(report, call, entry, rec.partial if rec is not None else "",
-                                        item.config.getoption("allow_unexpected_pass", default=False), worst)
-    failure = verdicts.failure_of(call, worst) if outcome in ("fail", "error", "expected fail") else {}
+                                        item.config.getoption("allow_unexpected_pass", default=False), worst, evidence)
+    failure = verdicts.failure_of(call, worst) if outcome.fails_law else {}
     if failure and rec is not None and rec.failed_inputs:
         failure["inputs"] = rec.failed_inputs        # what a newer run must judge to replace this failure
     hint = interpreter_hint(str(report.longrepr)) if report.failed else None
     if hint:
         report.sections.append(("conformance: the interpreter's limit, not the implementation's", hint))
         message = f"{message}\nhint: {hint}"
-    evidence = verdicts.evidence_of(rec.partial, rec.refused_classes, rec.judged) if rec is not None and rec.partial else {}
     rows = _rows_for(item, outcome, message, st.device, failure, evidence)
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.failed and crash is not None and "\n" in crash.message:
@@ -121,12 +123,16 @@ def pytest_runtest_makereport(item, call):
         crash.message = crash.message.split("\n", 1)[0]
     _write(item.config, rows)
     report.user_properties.append(("conformance_rows", len(rows)))
-    report.user_properties.append(("conformance_verdicts", [
-        (r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-",
-         verdicts.effective(r.verdict, r.evidence),
-         _number(r.measured), _number(r.bound))
-        for r in rows if r.technique]))
+    report.user_properties.append(("conformance_verdicts", terminal_verdicts(rows)))
     return report
+
+
+def terminal_verdicts(rows: list[results.Row]) -> list[tuple]:
+    """What the terminal summary is made of, from result rows: (technique, law, claim,
+    implementation, outcome word as every reader judges it, measured, bound) per row of a
+    technique (plain values: pytest-xdist sends them from its workers)."""
+    return [(r.technique, r.check.split("::")[-1].split("[")[0], r.claim, r.implementation or "-",
+             outcomes.read(r).value, _number(r.measured), _number(r.bound)) for r in rows if r.technique]
 
 
 def _counts(item) -> bool:
@@ -180,7 +186,7 @@ def pytest_handlecrashitem(crashitem, report, sched):
     config = getattr(sched, "config", None)
     device = state(config).device if config is not None else ""
     profile, max_examples = _profile(config)
-    row = results.Row(claim="", check=crashitem, device=device, verdict="error",
+    row = results.Row(claim="", check=crashitem, device=device, verdict=Outcome.ERROR.value,
                       message="worker crashed while running this test (segfault or hard exit in the implementation)",
                       failure={"exception": results.CRASH, "check": "worker crashed"}, profile=profile,
                       max_examples=max_examples)
@@ -188,9 +194,9 @@ def pytest_handlecrashitem(crashitem, report, sched):
         _write(config, [row])
 
 
-#: Cell verdicts that judged nothing: every example refused, the law skipped, or too few of its
-#: examples accepted to say it holds (:data:`inference_conformance.conformance.verdicts.THIN`).
-UNJUDGED = frozenset({"unsupported", "skip", verdicts.THIN})
+#: Cell outcomes that judged nothing: every example refused, the law skipped, too few of its
+#: examples accepted to say it holds, a listed failure no longer reached (:attr:`Outcome.judges`).
+UNJUDGED = frozenset(o for o in Outcome if not o.judges)
 
 
 def nothing_judged(config) -> dict[str, dict[str, int]]:
@@ -206,15 +212,16 @@ def nothing_judged(config) -> dict[str, dict[str, int]]:
     for _technique, _law, claim, name, verdict, *_ in state(config).verdicts:
         if name in targets and claim:            # a claim's law: the bad-call checks judge no claim
             counts = seen.setdefault(name, {})
-            counts[verdict] = counts.get(verdict, 0) + 1
+            counts[Outcome.of(verdict)] = counts.get(Outcome.of(verdict), 0) + 1
     return {t: seen[t] for t in dict.fromkeys(targets) if t in seen and set(seen[t]) <= UNJUDGED}
 
 
 def nothing_judged_line(target: str, counts: dict[str, int]) -> str:
     """The one line a run that judged nothing of ``target`` prints (why it exits 1)."""
-    words = {"unsupported": "unsupported (every example refused)", "skip": "skipped",
-             verdicts.THIN: f"{verdicts.THIN} (fewer than {verdicts.MIN_ACCEPTED:g} of the examples accepted)"}
-    why = ", ".join(f"{n} {words[v]}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    words = {Outcome.UNSUPPORTED: "unsupported (every example refused)", Outcome.SKIP: "skipped",
+             Outcome.THIN: f"{Outcome.THIN} (fewer than {outcomes.MIN_ACCEPTED:g} of the examples accepted)",
+             Outcome.STALE: f"{Outcome.STALE} (a listed failure now refused or skipped)"}
+    why = ", ".join(f"{n} {words.get(Outcome.of(v), v)}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return (f"conformance: no claim's law judged {target}: of its {sum(counts.values())} results on claims' laws, "
             f"{why}; the run exits 1")
 

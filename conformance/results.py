@@ -1,7 +1,7 @@
 """The result row: what every check emits, keyed by claim id, and how rows reach disk.
 
 A test's row is built by the pytest plugin from (a) the test's ``claim`` marker, its
-implementation and dtype parameters, its outcome, and (b) the worst :class:`Verdict` the tolerance
+implementation and dtype parameters, its outcome, and (b) the worst :class:`Comparison` the tolerance
 policy saw during the test, or a figure the test recorded with :func:`record`. Rows are written as
 JSON lines (one file per pytest process, so pytest-xdist workers never share a file) and merged by
 :func:`read_rows`. The report, the history and the gate read only these rows.
@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_conformance.conformance import fields
+from inference_conformance.conformance import fields, outcomes
+from inference_conformance.conformance.outcomes import CRASH  # noqa: F401  (where readers found it)
 
 
 @dataclass
@@ -25,12 +26,13 @@ class Row:
     """One check's outcome.
 
     ``measured`` / ``bound`` are numbers in ``unit`` (an error, a ratio, bytes, ...);
-    ``lecture`` is the figure the lecture gives (text or number); ``verdict`` is one of
-    "pass", "partial" (passed on what the implementation accepted; it refused other examples:
-    ``message`` says which; with ``evidence`` showing fewer than a quarter of its examples
-    accepted, reports read it "not enough evidence"), "fail", "skip", "unsupported", "error", "crashed" (the process running
-    it died: no outcome was reported), and under an expectation "expected fail", "unexpected
-    pass", "stale expectation". ``failure``: a failed test's kind (exception, check, rule, error:
+    ``lecture`` is the figure the lecture gives (text or number); ``verdict`` is the word of an
+    :class:`inference_conformance.conformance.outcomes.Outcome` (its meanings, severity and
+    words are there): "pass", "partial" (passed on what the implementation accepted; with
+    ``evidence`` showing too little accepted, every reader judges it "not enough evidence"),
+    "fail", "skip", "unsupported", "error", "crashed", and under an expectation "expected fail",
+    "unexpected pass", "stale expectation"; :func:`inference_conformance.conformance.outcomes.read`
+    is the outcome every reader judges a row by. ``failure``: a failed test's kind (exception, check, rule, error:
     :func:`inference_conformance.conformance.failures.failure_kind`), what an expectation's
     signature is written from; ``profile`` / ``max_examples``: the Hypothesis profile the test ran
     under and its example count (what the matrix compares runs by); ``evidence``: for a law
@@ -62,22 +64,18 @@ class Row:
     evidence: dict = field(default_factory=dict)
 
 
-#: ``failure["exception"]`` of the row of a test whose process died (a crashed pytest-xdist worker)
-CRASH = "WorkerCrash"
-
-
 def crashed(row: Row) -> bool:
     """Whether ``row`` says its test's process died while running it ("crashed"; written as an
     "error" row with the :data:`CRASH` failure, or by older versions with its message alone)."""
-    return row.verdict == "crashed" or (row.verdict == "error" and (
-        (row.failure or {}).get("exception") == CRASH or str(row.message).startswith("worker crashed")))
+    return outcomes.is_crash(row.verdict, row.failure, row.message)
 
 
 class Recorder:
-    """What one test has measured: ``worst`` (the worst :class:`Verdict` of the tolerance policy,
+    """What one test has measured: ``worst`` (the worst :class:`Comparison` of the tolerance policy,
     by error / bound), ``count`` (comparisons made), ``figures`` (what :func:`record` recorded),
     ``text`` (a zoo test's rejection), ``zoo`` (the known-bad implementations it ran), ``partial`` (a law's "partial: refused ..." when the
-    implementation refused some of its examples), ``refused_classes`` (that law's boundary classes
+    implementation refused some of its examples), ``evidence`` (that law's evidence, structured:
+    :func:`inference_conformance.conformance.outcomes.evidence`), ``refused_classes`` (that law's boundary classes
     only refused examples reached, by name; None where no law said), ``judged`` / ``failed_inputs``
     (digests of the inputs a law judged and passed / failed on:
     :func:`inference_conformance.conformance.law_run.input_digest`). The plugin makes one per test item and keeps it on the
@@ -99,6 +97,7 @@ class Recorder:
         self.figures: list[dict] = []
         self.text = ""
         self.partial = ""
+        self.evidence: dict = {}
         self.refused_classes: list[str] | None = None
         self.judged: list[str] = []
         self.failed_inputs: list[str] = []
@@ -195,5 +194,13 @@ def read_rows(path: str | os.PathLike) -> list[Row]:
     for f in files:
         for line in f.read_text().splitlines():
             if line.strip():
-                rows.append(Row(**json.loads(line)))
+                rows.append(_evidence_kept(Row(**json.loads(line))))
     return rows
+
+
+def _evidence_kept(row: Row) -> Row:
+    """``row`` with its evidence as a field: a partial row written by an older version said it
+    in its message only (:func:`inference_conformance.conformance.outcomes.evidence_from_text`)."""
+    if not row.evidence and row.verdict == outcomes.Outcome.PARTIAL and row.message:
+        row.evidence = outcomes.evidence_from_text(str(row.message))
+    return row

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from inference_conformance.conformance.tolerance import Verdict, report_verdict
+from inference_conformance.conformance.tolerance import Comparison, report_verdict
 
 DEFAULT_ALPHA = 1e-3
 MIN_EXPECTED = 5.0
@@ -33,7 +33,7 @@ def _merge_small_bins(observed: np.ndarray, expected: np.ndarray) -> tuple[np.nd
     return obs, exp
 
 
-def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Verdict:
+def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Comparison:
     """Chi-square goodness of fit of integer ``samples`` (n,) against ``probs`` (V,).
 
     Rejects with probability ``alpha`` when the sampler is correct. A sample outside the support
@@ -47,17 +47,17 @@ def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: st
     if samples.size < 20:
         raise ValueError(f"need at least 20 samples for a goodness-of-fit test, got {samples.size}")
     if samples.min() < 0 or samples.max() >= p.size:
-        return report_verdict(Verdict(False, "statistical", float("inf"), 0.0, what,
+        return report_verdict(Comparison(False, "statistical", float("inf"), 0.0, what,
                                f"sample outside [0, {p.size})"))
     observed = np.bincount(samples, minlength=p.size).astype(np.float64)
     impossible = observed[p == 0].sum()
     if impossible:
-        return report_verdict(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
+        return report_verdict(Comparison(False, "statistical: zero-probability outcomes never occur", float(impossible),
                                0.0, what, f"{int(impossible)} samples hit zero-probability outcomes"))
     support = p > 0
     obs, exp = _merge_small_bins(observed[support], p[support] * samples.size)
     if obs.size < 2:
-        return report_verdict(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+        return report_verdict(Comparison(True, "statistical: single outcome", 0.0, 0.0, what))
     from scipy import stats as sps  # here, not at import: benchmark processes import this module
 
     stat = float(((obs - exp) ** 2 / exp).sum())
@@ -66,10 +66,10 @@ def check_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: st
     pvalue = float(sps.chi2.sf(stat, dof))
     rule = (f"statistical: chi-square({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:g}, "
             f"n={samples.size}, p-value {pvalue:.3g})")
-    return report_verdict(Verdict(stat <= critical, rule, stat, critical, what))
+    return report_verdict(Comparison(stat <= critical, rule, stat, critical, what))
 
 
-def assert_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Verdict:
+def assert_distribution(samples, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "samples") -> Comparison:
     return check_distribution(samples, probs, alpha=alpha, what=what).check()
 
 
@@ -173,7 +173,7 @@ class GTest:
         return self.statistics(counts) > self.critical
 
 
-def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "counts") -> Verdict:
+def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "counts") -> Comparison:
     """G-test (log-likelihood ratio) of category ``observed`` counts (k,) against ``probs`` (k,).
 
     Rejects with probability ``alpha`` when the counts are multinomial(n, probs) (bins with
@@ -194,14 +194,14 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     impossible = obs_all[~test.support].sum()
     if impossible:
         k = int(np.flatnonzero(~test.support & (obs_all > 0))[0])
-        return report_verdict(Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible),
+        return report_verdict(Comparison(False, "statistical: zero-probability outcomes never occur", float(impossible),
                                0.0, what, f"{int(impossible)} observations in zero-probability categories "
                                f"(e.g. outcome {k}: observed {int(obs_all[k])} vs expected 0)"))
     exp_all = test.expected_all
     z = np.where(test.support, np.abs(obs_all - exp_all) / np.sqrt(np.maximum(exp_all, 1e-300)), 0.0)
     worst = int(np.argmax(z))
     if test.dof < 1:
-        return report_verdict(Verdict(True, "statistical: single outcome", 0.0, 0.0, what))
+        return report_verdict(Comparison(True, "statistical: single outcome", 0.0, 0.0, what))
     from scipy import stats as sps  # here, not at import: benchmark processes import this module
 
     stat = float(test.statistics(obs_all[None])[0])
@@ -212,7 +212,7 @@ def check_counts(observed, probs, *, alpha: float = DEFAULT_ALPHA, what: str = "
     detail = (f"G = {stat:.4g} {'<=' if stat <= critical else '>'} critical value {critical:.4g} "
               f"(dof {dof}, alpha {alpha:g}); most discrepant outcome {worst}: observed "
               f"{int(obs_all[worst])} vs expected {exp_all[worst]:.1f}")
-    return report_verdict(Verdict(stat <= critical, rule, stat, critical, what, detail))
+    return report_verdict(Comparison(stat <= critical, rule, stat, critical, what, detail))
 
 
 def multinomial_counts(probs, n: int, draws: int, rng: np.random.Generator) -> np.ndarray:

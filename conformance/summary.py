@@ -6,28 +6,27 @@ from __future__ import annotations
 import textwrap
 from collections import defaultdict
 
+from inference_conformance.conformance.outcomes import Outcome
+
 #: The widest line of the table (columns): long law names are cut, long implementation names
 #: numbered and named above it.
 WIDTH = 100
 
 
-_SHORT = {"unsupported": "unsup", "expected fail": "xfail", "unexpected pass": "xpass", "stale expectation": "stale",
-          "not enough evidence": "thin"}
-
-
-def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[str]) -> str:
+def _cell(outcomes: list[tuple[str, float | None, float | None]]) -> str:
     """One law x implementation cell: its outcome over the law's parameters (dtypes, cases), with
-    the counts where they differ ("pass:3,unsup:1"), and for a failure its worst measured error
-    and bound ("fail(3.6e-01>5.6e-13)") when a comparison failed (a failure of another check, a
-    malformed result say, is a plain "fail": its comparisons held); no spaces, one token per cell."""
-    counts: dict[str, int] = {}
+    the counts where they differ, worst first in the one order of
+    :class:`inference_conformance.conformance.outcomes.Outcome` ("fail:1,pass:3", its short words),
+    and for a failure its worst measured error and bound ("fail(3.6e-01>5.6e-13)") when a
+    comparison failed (a failure of another check, a malformed result say, is a plain "fail": its
+    comparisons held); no spaces, one token per cell."""
+    counts: dict[Outcome, int] = {}
     for verdict, _, _ in outcomes:
-        counts[verdict] = counts.get(verdict, 0) + 1
-    rank = {v: order.index(v) if v in order else len(order) for v in counts}
-    parts = sorted(counts, key=lambda v: -rank[v])
-    text = parts[0] if len(parts) == 1 else ",".join(f"{_SHORT.get(v, v)}:{counts[v]}" for v in parts)
+        counts[Outcome.of(verdict)] = counts.get(Outcome.of(verdict), 0) + 1
+    parts = sorted(counts, key=lambda o: -o.severity)
+    text = parts[0].value if len(parts) == 1 else ",".join(f"{o.terminal}:{counts[o]}" for o in parts)
     failed = [(m / b if b else float("inf"), m, b) for v, m, b in outcomes
-              if v in ("fail", "error") and m is not None and b is not None and not m <= b]
+              if Outcome.of(v).new_failure and m is not None and b is not None and not m <= b]
     if failed:
         _, m, b = max(failed)
         text += f"({m:.1e}>{b:.1e})"
@@ -36,8 +35,6 @@ def _cell(outcomes: list[tuple[str, float | None, float | None]], order: list[st
 
 def _table(verdicts: list[tuple]) -> tuple[dict, list[str]]:
     """(law key -> implementation -> cell, the implementations in order of appearance)."""
-    order = ["pass", "skip", "unsupported", "partial", "not enough evidence", "unexpected pass", "expected fail",
-             "stale expectation", "error", "fail"]
     outcomes: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
     impls: list[str] = []
     for technique, law, claim, name, verdict, *figures in verdicts:
@@ -46,7 +43,7 @@ def _table(verdicts: list[tuple]) -> tuple[dict, list[str]]:
             impls.append(name)
         measured, bound = (figures + [None, None])[:2]
         outcomes[key][name].append((verdict, measured, bound))
-    return {key: {name: _cell(cells, order) for name, cells in row.items()} for key, row in outcomes.items()}, impls
+    return {key: {name: _cell(cells) for name, cells in row.items()} for key, row in outcomes.items()}, impls
 
 
 def _widths(table: dict, impls: list[str], heads: list[str]) -> list[int]:
@@ -91,9 +88,10 @@ def write(terminalreporter, verdicts: list[tuple]) -> None:
         cells = "".join(f"  {row.get(i, '.'):>{c}}" for i, c in zip(impls, cols))
         tr.write_line(_fit(_fit(labels[key], width).ljust(width) + cells))
     for line in textwrap.wrap(
-            "a cell: the outcome over the law's parameters (counts where they differ; unsup = unsupported; stale = "
-            "a listed failure now refused or skipped; thin = not enough evidence, fewer than a quarter of the "
-            "examples accepted), a failure with its worst measured error > bound; '.': not run there", WIDTH):
+            "a cell: the outcome over the law's parameters (counts where they differ, worst first; "
+            + "; ".join(f"{o.terminal} = {o.value}" for o in reversed(Outcome) if o.terminal != o.value)
+            + "; stale: a listed failure now refused or skipped; thin: fewer than a quarter of the examples "
+            "accepted), a failure with its worst measured error > bound; '.': not run there", WIDTH):
         tr.write_line(line)
 
 

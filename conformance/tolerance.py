@@ -51,7 +51,7 @@ all-zero output, or an input returned unchanged, fails every float comparison
 error of +inf. Statistical rules (sampling claims) live in :mod:`inference_conformance.conformance.stats` and fix
 their false-alarm rate per test.
 
-Each check returns a :class:`Verdict`; the ``assert_*`` forms raise ``AssertionError`` whose
+Each check returns a :class:`Comparison`; the ``assert_*`` forms raise ``AssertionError`` whose
 message states the measured error, the bound and the rule. Every verdict is also reported to
 :mod:`inference_conformance.conformance.results`, which turns the worst one of a test into its result row.
 """
@@ -74,6 +74,7 @@ from inference_conformance.conformance.tolerance_rules import (  # noqa: F401 - 
     MixedPrecisionRule,
     NaiveMultipleRule,
     RelativeRule,
+    Comparison,
     Rule,
     Verdict,
     _abs_diff,
@@ -87,20 +88,20 @@ from inference_conformance.conformance.tolerance_rules import (  # noqa: F401 - 
 )
 
 
-def report_verdict(v: Verdict) -> Verdict:
+def report_verdict(v: Comparison) -> Comparison:
     """Record ``v`` for the running test's result row (its worst comparison) and return it:
-    every check_* does this; a law that builds its own Verdict calls it too."""
+    every check_* does this; a law that builds its own Comparison calls it too."""
     results.note_verdict(v)
     return v
 
 
-def _exact(actual, expected, what: str) -> Verdict:
+def _exact(actual, expected, what: str) -> Comparison:
     a, e = _as_tensor(actual), _as_tensor(expected)
     if tuple(a.shape) != tuple(e.shape):
-        return Verdict(False, "exact", math.inf, 0.0, what, f"shape {tuple(a.shape)} != expected {tuple(e.shape)}")
+        return Comparison(False, "exact", math.inf, 0.0, what, f"shape {tuple(a.shape)} != expected {tuple(e.shape)}")
     a_cpu, e_cpu = a.detach().cpu(), e.detach().cpu()
     if a_cpu.dtype != e_cpu.dtype and (a_cpu.is_floating_point() != e_cpu.is_floating_point()):
-        return Verdict(False, "exact", math.inf, 0.0, what, f"dtype {a_cpu.dtype} != expected {e_cpu.dtype}")
+        return Comparison(False, "exact", math.inf, 0.0, what, f"dtype {a_cpu.dtype} != expected {e_cpu.dtype}")
     neq = (a_cpu != e_cpu)
     if a_cpu.is_floating_point():
         neq &= ~(torch.isnan(a_cpu) & torch.isnan(e_cpu))
@@ -109,7 +110,7 @@ def _exact(actual, expected, what: str) -> Verdict:
     if n_bad:
         idx = tuple(int(i) for i in neq.nonzero()[0])
         detail = f"{n_bad} of {a_cpu.numel()} elements differ; first at {idx}: {a_cpu[idx].item()} != {e_cpu[idx].item()}"
-    return Verdict(n_bad == 0, "exact", float(n_bad), 0.0, what, detail)
+    return Comparison(n_bad == 0, "exact", float(n_bad), 0.0, what, detail)
 
 
 def _same_by(judge: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
@@ -122,7 +123,7 @@ def _same_by(judge: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
     return same
 
 
-def check_exact(actual, expected, *, what: str = "output") -> Verdict:
+def check_exact(actual, expected, *, what: str = "output") -> Comparison:
     """Element-for-element equality (rule ``exact``); error = number of differing elements."""
     v = _exact(actual, expected, what)
     failures.note_comparison(v, actual, _same_by(lambda o, z: _exact(o, z, what).ok))
@@ -164,7 +165,7 @@ def rule_for(key) -> Rule:
 
 
 def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None,
-                magnitude: float | None = None) -> Verdict:
+                magnitude: float | None = None) -> Comparison:
     """Compare ``out`` with the float64 reference ``out_ref`` by the rule of ``out``'s dtype, or
     by the scheme ``rule`` names (a key of :func:`all_rules`, or a :class:`Rule` itself).
 
@@ -192,7 +193,7 @@ def check_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None,
     return report_verdict(v)
 
 
-def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-element bound") -> Verdict:
+def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-element bound") -> Comparison:
     """Every element within its own bound: |out - out_ref| <= bound elementwise (``bound`` a
     tensor of out's shape, >= 0; where it is 0 the element must be equal). The verdict's error
     is max |out - out_ref| / bound (a ratio), its bound 1. Used by bound claims whose limit varies
@@ -206,10 +207,10 @@ def check_within(out, out_ref, bound, *, what: str = "output", rule: str = "per-
     return report_verdict(v)
 
 
-def _within(out, out_ref, bound, what: str, rule: str) -> Verdict:
+def _within(out, out_ref, bound, what: str, rule: str) -> Comparison:
     max_abs_error(out, out_ref)  # shape check
     if out.numel() == 0:
-        return Verdict(True, rule, 0.0, 1.0, what)
+        return Comparison(True, rule, 0.0, 1.0, what)
     a = out.detach().to("cpu", torch.float64)
     b = out_ref.detach().to("cpu", torch.float64)
     lim = bound.detach().to("cpu", torch.float64)
@@ -224,28 +225,28 @@ def _within(out, out_ref, bound, what: str, rule: str) -> Verdict:
         worst = math.inf    # the error an infinity where a finite value is due is measured at, as NaN's
     detail = (f"worst element {idx}: out {a[idx].item():.6g}, out_ref {b[idx].item():.6g}, "
               f"bound {lim[idx].item():.3g}")
-    return Verdict(ok, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
+    return Comparison(ok, f"{rule}: |out-out_ref| <= bound, elementwise; error and bound in units "
                    f"of each element's own bound", worst, 1.0, what, detail)
 
 
-def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
+def check_scalar(measured: float, expected: float, *, rel: float, what: str) -> Comparison:
     """|measured - expected| <= rel * |expected| (analytic figures and worked answers)."""
     err = abs(float(measured) - float(expected))
     bound = rel * abs(float(expected))
     rule = f"figure: |measured-expected| <= {rel:g} * |expected| (expected {expected:.6g}, measured {measured:.6g})"
-    v = Verdict(err <= bound, rule, err, bound, what)
+    v = Comparison(err <= bound, rule, err, bound, what)
     failures.note_comparison(v, measured, _same_by(lambda o, z: abs(float(o) - float(z)) <= bound))
     return report_verdict(v)
 
 
-def assert_exact(actual, expected, *, what: str = "output") -> Verdict:
+def assert_exact(actual, expected, *, what: str = "output") -> Comparison:
     return check_exact(actual, expected, what=what).check()
 
 
-def assert_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -> Verdict:
+def assert_close(out, out_ref, *, out_pt=None, what: str = "output", rule=None) -> Comparison:
     return check_close(out, out_ref, out_pt=out_pt, what=what, rule=rule).check()
 
 
-def assert_scalar(measured: float, expected: float, *, rel: float, what: str) -> Verdict:
+def assert_scalar(measured: float, expected: float, *, rel: float, what: str) -> Comparison:
     return check_scalar(measured, expected, rel=rel, what=what).check()
 

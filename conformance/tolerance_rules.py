@@ -1,6 +1,6 @@
 """The tolerance policy's rules: the comparison each dtype or number format is judged by.
 
-:class:`Verdict` (one comparison's outcome), the error measures (:func:`max_abs_error`,
+:class:`Comparison` (one comparison's result; ``Verdict`` is its former name, kept for callers), the error measures (:func:`max_abs_error`,
 :func:`worst_element`, :func:`scale_of`, :func:`ulp`, :func:`spacing`), the rule classes
 (:class:`RelativeRule`, :class:`MixedPrecisionRule`, :class:`NaiveMultipleRule`) and the policy's
 table :data:`RULES`, by dtype or scheme name, and the engines' near-tie rule :data:`NEAR_TIE`
@@ -28,8 +28,10 @@ FLOOR_ULPS = 4.0
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """Outcome of one comparison: ``error`` and ``bound`` in the output's units."""
+class Comparison:
+    """The result of one comparison: ``ok``, the ``rule`` it was judged by, ``error`` and
+    ``bound`` in the output's units. (A test's outcome is an
+    :class:`inference_conformance.conformance.outcomes.Outcome`; this is one comparison's.)"""
 
     ok: bool
     rule: str
@@ -51,12 +53,16 @@ class Verdict:
                 f"(rule {self.rule})")
         return text + (f"; {self.detail}" if self.detail else "")
 
-    def check(self) -> "Verdict":
+    def check(self) -> "Comparison":
         """Raise :class:`inference_conformance.conformance.failures.ToleranceFailure` (an
         AssertionError printed as its message alone) with :meth:`message` unless ``ok``; return self."""
         if not self.ok:
             raise ToleranceFailure(self.message(), self)
         return self
+
+
+#: the former name of :class:`Comparison`, kept so that callers written against it still work
+Verdict = Comparison
 
 
 def ulp(dtype: torch.dtype) -> float:
@@ -126,7 +132,7 @@ def scale_of(out_ref: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class Rule:
-    """One comparison rule of the policy: ``judge(out, out_ref, out_pt, what) -> Verdict``.
+    """One comparison rule of the policy: ``judge(out, out_ref, out_pt, what) -> Comparison``.
     ``sees``: the errors it is sure to catch; ``blind_to``: what it cannot see (keywords, after
     each rule's own fields); ``needs_out_pt``: whether it judges by the naive computation
     ``out_pt`` (a property of the rule's kind)."""
@@ -135,7 +141,7 @@ class Rule:
     blind_to: str = field(default="", kw_only=True)
     needs_out_pt: ClassVar[bool] = False
 
-    def judge(self, out: torch.Tensor, out_ref: torch.Tensor, out_pt, what: str, magnitude: float | None = None) -> Verdict:
+    def judge(self, out: torch.Tensor, out_ref: torch.Tensor, out_pt, what: str, magnitude: float | None = None) -> Comparison:
         raise NotImplementedError
 
 
@@ -151,7 +157,7 @@ class RelativeRule(Rule):
         bound = self.rel * scale
         rule = f"{self.name}: max|out-out_ref| <= {self.rel:g} * max|out_ref| ({scale:.3g})"
         ok = err <= bound
-        return Verdict(ok, rule, err, bound, what, "" if ok else worst_element(out, out_ref))
+        return Comparison(ok, rule, err, bound, what, "" if ok else worst_element(out, out_ref))
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ class MixedPrecisionRule(Rule):
                 f"{self.scale_ulps:g} ulp(max|out_ref|), out_mix = float64 result of the same "
                 f"{self.name} inputs rounded to {self.name}")
         if out.numel() == 0:
-            return Verdict(True, rule, 0.0, 0.0, what)
+            return Comparison(True, rule, 0.0, 0.0, what)
         ref = _as_tensor(out_ref).detach().to("cpu", torch.float64)
         mix = ref.to(self.dtype).to(torch.float64)
         a = out.detach().to("cpu", torch.float64)
@@ -189,7 +195,7 @@ class MixedPrecisionRule(Rule):
         detail = (f"worst element {idx}: out {float(a.flatten()[i]):.6g}, out_mix {float(mix.flatten()[i]):.6g}, "
                   f"out_ref {float(ref.flatten()[i]):.6g}, {e / float(ulp_i[i]):.3g} ulps of the element; "
                   f"scale {scale:.3g}")
-        return Verdict(bool(ratio[i] <= 1.0), rule, e, b, what, detail)
+        return Comparison(bool(ratio[i] <= 1.0), rule, e, b, what, detail)
 
 
 @dataclass(frozen=True)
@@ -229,7 +235,7 @@ class NaiveMultipleRule(Rule):
         ok = err <= bound
         if not ok:
             detail = "; ".join(d for d in (worst_element(out, out_ref), detail) if d)
-        return Verdict(ok, rule, err, bound, what, detail)
+        return Comparison(ok, rule, err, bound, what, detail)
 
 
 @dataclass(frozen=True)
@@ -262,12 +268,12 @@ class NearTieRule(Rule):
                 f"{self.floor:g})")
         ok, k = err <= bound, int((gap > 0).sum())
         detail = f"{k} of {gap.numel()} positions {'excused as near-ties' if ok else 'not the float64 choice'}"
-        return Verdict(ok, rule, err, bound, what, detail)
+        return Comparison(ok, rule, err, bound, what, detail)
 
-    def judge_share(self, excused: int, positions: int, what: str) -> Verdict:
+    def judge_share(self, excused: int, positions: int, what: str) -> Comparison:
         """At most ``max_share`` of ``positions`` excused (error and bound as shares)."""
         share = excused / positions if positions else 0.0
-        return Verdict(share <= self.max_share, f"{self.name}: at most {self.max_share:.0%} of the positions "
+        return Comparison(share <= self.max_share, f"{self.name}: at most {self.max_share:.0%} of the positions "
                        f"excused as near-ties", share, self.max_share, what, f"{excused} of {positions} excused")
 
 

@@ -169,7 +169,7 @@ class CompileVariant:
 @dataclasses.dataclass(frozen=True)
 class SmokeCall:
     """One tiny call of a kernel through its host wrapper (``scripts/kernel_smoke.py`` runs each
-    once): ``run()`` returns a :class:`inference_conformance.conformance.tolerance.Verdict` against the reference."""
+    once): ``run()`` returns a :class:`inference_conformance.conformance.tolerance.Comparison` against the reference."""
 
     label: str
     run: object

@@ -14,14 +14,15 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
-from inference_conformance.conformance import atomic, verdicts
+from inference_conformance.conformance import atomic
+from inference_conformance.conformance.outcomes import ClaimVerdict, Outcome, read
 from inference_conformance.conformance.results import Row, read_rows
 from inference_conformance.perf import env
 from inference_conformance.perf import history as hist
 from inference_conformance.perf import records as benchmark_records
 from inference_conformance.reports import plots, publish, templating
-from inference_conformance.reports.build_claims import (_ORDER, _VERDICT_WORDS, _evidence_text, _fig_text, _num,  # noqa: F401
-                                                         _verdict_of, _worst_measured, decided_text, deciding)
+from inference_conformance.reports.build_claims import (_evidence_text, _fig_text, _num, _verdict_of,  # noqa: F401
+                                                         _worst_measured, decided_text, deciding)
 from inference_conformance.reports.cells import batch_invariance_text, declared_text
 from inference_conformance.reports.killrate import kill_rates
 from inference_conformance.reports.ledger import claims
@@ -59,9 +60,9 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
     out = []
     for c in claims():
         rs = by_claim.get(c.id, [])
-        verdict = "not checked" if not rs else _verdict_of(rs, c.kind)
+        verdict = ClaimVerdict.NOT_CHECKED if not rs else _verdict_of(rs, c.kind)
         impls = sorted({r.implementation for r in rs if r.implementation})
-        by_impl = {i: _verdict_of([r for r in rs if r.implementation == i], c.kind) for i in impls}
+        by_impl = {i: _verdict_of([r for r in rs if r.implementation == i], c.kind).value for i in impls}
         decided = deciding(rs, c.kind, verdict)
         figures = [r for r in rs if r.lecture is not None or (r.unit and r.unit not in ("max abs error", "rejection"))]
         figures.sort(key=lambda r: r not in decided)          # the figures that decided the verdict first
@@ -81,24 +82,23 @@ def claim_verdicts(rows: list[Row], records: list[dict] | None = None) -> list[d
         checks = sorted({r.check.split("[")[0] for r in rs} | {b["fullname"].split("[")[0] for b in brecs})
         evidence = "; ".join([f"{_evidence_text(r)} ({'/'.join(filter(None, (r.implementation, r.dtype)))})"
                               for r in rs if r.evidence] + ([decided_text(decided)] if decided else []))
-        out.append({"id": c.id, "kind": c.kind, "text": c.text, "section": c.section, "verdict": verdict,
+        out.append({"id": c.id, "kind": c.kind, "text": c.text, "section": c.section, "verdict": verdict.value,
                     "evidence_text": evidence,
                     "checks": checks, "lecture": figures[0].lecture if figures else None,
                     "measured": figures[0].measured if figures else None,
                     "unit": figures[0].unit if figures else (rs[0].unit if rs else ""),
                     "lecture_text": "; ".join(lect) if any(x != "—" for x in lect) else "", "measured_text": measured_text or "",
                     "devices": sorted({r.device for r in rs if r.device}),
-                    "counts": {v: sum(r.verdict == v for r in rs) for v in _ORDER if any(r.verdict == v for r in rs)},
+                    "counts": {o.value: n for o in reversed(Outcome) if (n := sum(read(r) is o for r in rs))},
                     "by_impl": by_impl,
                     "by_impl_text": ", ".join(f"{i}: {v}" for i, v in by_impl.items()) if len(by_impl) > 1 else ""})
     return out
 
 
 def _judged(rows: list[Row]) -> list[Row]:
-    """The rows as the report judges them: a partial row with too little evidence reads "not
-    enough evidence" (:func:`inference_conformance.conformance.verdicts.effective`)."""
-    return [r if r.verdict != "partial" else dataclasses.replace(r, verdict=verdicts.effective(r.verdict, r.evidence))
-            for r in rows]
+    """The rows as every reader judges them (:func:`inference_conformance.conformance.outcomes.read`):
+    a partial row with too little evidence reads "not enough evidence", a crash's row "crashed"."""
+    return [r if read(r) == r.verdict else dataclasses.replace(r, verdict=read(r).value) for r in rows]
 
 
 def _secs(s) -> str:
@@ -111,16 +111,18 @@ def _secs(s) -> str:
 
 
 def summary(ledger: list[dict]) -> dict:
-    n = defaultdict(int)
+    """The claims counted by verdict (:class:`inference_conformance.conformance.outcomes.ClaimVerdict`):
+    a claim without enough evidence counts with the failing ones (--strict fails it), never as
+    holding."""
+    n: dict[ClaimVerdict, int] = defaultdict(int)
     for c in ledger:
-        n[c["verdict"]] += 1
-    holding = n["holds"] + n["holds (partial)"] + n["holds (unexpected pass)"]
-    # a claim without enough evidence counts with the failing ones (--strict fails it), never as holding
-    failing = n["fails"] + n["fails (expected)"] + n["not enough evidence"]
-    return {"total": len(ledger), "checked": holding + failing + n["inconclusive"], "holding": holding,
-            "partial": n["holds (partial)"], "failing": failing, "not_enough_evidence": n["not enough evidence"],
-            "inconclusive": n["inconclusive"],
-            "not_measured": n["not measured"], "not_checked": n["not checked"]}
+        n[ClaimVerdict(c["verdict"])] += 1
+    holding = sum(k for v, k in n.items() if v.holding)
+    failing = sum(k for v, k in n.items() if v.failing)
+    V = ClaimVerdict
+    return {"total": len(ledger), "checked": holding + failing + n[V.INCONCLUSIVE], "holding": holding,
+            "partial": n[V.HOLDS_PARTIAL], "failing": failing, "not_enough_evidence": n[V.NOT_ENOUGH_EVIDENCE],
+            "inconclusive": n[V.INCONCLUSIVE], "not_measured": n[V.NOT_MEASURED], "not_checked": n[V.NOT_CHECKED]}
 
 
 #: The column of laws that are not parametrized over implementations (one fixed setup: an
@@ -129,9 +131,13 @@ NOT_PER_IMPL = "not per implementation"
 
 
 def property_tables(rows: list[Row]) -> dict[str, dict]:
-    """technique -> {impls: [...], properties: [{law, claim, dtype, cells: {impl: cell}}]}: the
-    worst verdict (then the largest error/bound) per law, claim, dtype and implementation."""
+    """technique -> {impls: [...], properties: [{law, claim, dtype, cells: {impl: cell}}]}: per
+    law, claim, dtype and implementation the outcome of its rows combined
+    (:meth:`inference_conformance.conformance.outcomes.Outcome.combine`, as the matrix combines
+    them), the worst row's (then the largest error/bound's) figures and message."""
     tables: dict[str, dict] = {}
+    outcomes_seen: dict[tuple, list[Outcome]] = defaultdict(list)     # (technique, key, impl) -> its rows' outcomes
+    worst: dict[tuple, tuple] = {}                                    # -> (severity, ratio) of the row shown
     for r in _judged(rows):
         if not r.technique or _is_zoo(r):
             continue
@@ -145,7 +151,7 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
                                            "check": r.check.split("[")[0], "cells": {}})
         ratio = (r.measured / r.bound if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float))
                  and r.bound else -1.0)
-        cell = {"verdict": r.verdict, "measured": r.measured, "bound": r.bound, "ratio": ratio,
+        cell = {"verdict": read(r).value, "measured": r.measured, "bound": r.bound, "ratio": ratio,
                 "message": r.message[:300], "error_text": ""}
         if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float)):
             cell["error_text"] = f"{_num(r.measured)} / {_num(r.bound)}"
@@ -157,9 +163,11 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
             cell["error_text"] = prop_text
         if (said := declared_text([r.extra or {}])) is not None:   # properties/inference_engine/declarations.py
             cell["error_text"] = "; ".join(filter(None, (cell["error_text"], said)))
-        prev = prop["cells"].get(impl)
-        if prev is None or (_ORDER.get(r.verdict, _ORDER["error"]), ratio) > (_ORDER.get(prev["verdict"], _ORDER["error"]), prev["ratio"]):
-            prop["cells"][impl] = cell
+        seen = outcomes_seen[(r.technique, key, impl)]
+        seen.append(read(r))
+        if impl not in prop["cells"] or (read(r).severity, ratio) > worst[(r.technique, key, impl)]:
+            prop["cells"][impl], worst[(r.technique, key, impl)] = cell, (read(r).severity, ratio)
+        prop["cells"][impl]["verdict"] = Outcome.combine(seen).value    # a pass and a refusal: partial
     return {t: {"impls": v["impls"], "properties": sorted(v["props"].values(), key=lambda p: (p["law"], p["claim"], p["dtype"]))}
             for t, v in sorted(tables.items())}
 
@@ -247,7 +255,7 @@ def context(rows: list[Row], records: list[dict], *, fp: dict | None = None, cei
     return {"fingerprint": fp, "device_model": env.device_model(fp), "series": series_name,
             "summary": summary(ledger), "claims": ledger, "techniques": techniques, "killrates": rates,
             "unclaimed_failures": [{"check": r.check, "verdict": r.verdict, "message": r.message[:300]}
-                                   for r in rows if not r.claim and r.verdict in ("fail", "error")],
+                                   for r in rows if not r.claim and read(r).new_failure],
             "benchmarks": [dict(r) for r in records], "ceilings": ceilings or {}, "ceiling_values": cvals,
             "ceilings_text": ceilings_text, "plots": plot_list,
             "history": [{"file": p.name, "date": e["fingerprint"].get("date"),

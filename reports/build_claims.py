@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import math
 
+from inference_conformance.conformance.outcomes import ClaimVerdict, Outcome, read
 from inference_conformance.conformance.results import Row
 
-#: Verdicts worst first; an "expected fail" (listed in an --expect file) is still a failure of the
-#: law, ranked under a new one; an "unexpected pass" holds (the listed bug is fixed).
-_ORDER = {"crashed": 9, "fail": 7, "error": 6, "stale expectation": 5.5, "expected fail": 5, "not enough evidence": 4.5,
-          "unexpected pass": 4, "partial": 3, "pass": 2, "unsupported": 1, "skip": 0}
+
 def _num(x) -> str:
     if x is None:
         return ""
@@ -44,36 +42,33 @@ def _fig_text(r: Row, value) -> str:
     return f"{what}: {text}" if what else text
 
 
-_VERDICT_WORDS = {"pass": "holds", "partial": "holds (partial)", "fail": "fails", "error": "fails", "crashed": "fails",
-                  "not enough evidence": "not enough evidence",
-                  "expected fail": "fails (expected)", "unexpected pass": "holds (unexpected pass)"}
-
-
-def _verdict_of(rs: list[Row], kind: str) -> str:
-    """The verdict of a claim's rows (all of one implementation, or all of them): the worst
-    judged row; "not measured" when every row was skipped; a trend or figure claim whose rows
+def _verdict_of(rs: list[Row], kind: str) -> ClaimVerdict:
+    """The verdict of a claim's rows (all of one implementation, or all of them): the claim word
+    (:attr:`inference_conformance.conformance.outcomes.Outcome.claim`) of the worst row that has one,
+    in the one order of :class:`inference_conformance.conformance.outcomes.Outcome`; "not measured"
+    when no row has one (every row skipped or refused); a trend or figure claim whose rows
     carry ``extra["holds"]`` (the claim's own figure compared with the lecture's) fails where
     one of them is false, is "inconclusive" where none is false and one is None (its interval
     straddles the claim's mark: the run cannot tell), and a trend without such rows is "not
     measured" (a passing test alone never shows a direction)."""
-    judged = [r for r in rs if r.verdict in _VERDICT_WORDS]
-    if not judged:
-        return "not measured"
-    verdict = _VERDICT_WORDS[max(judged, key=lambda r: _ORDER[r.verdict]).verdict]
+    worst = Outcome.worst(o for o in map(read, rs) if o.claim is not None)
+    if worst is None:
+        return ClaimVerdict.NOT_MEASURED
+    verdict = worst.claim
     held = [r.extra.get("holds") for r in rs if isinstance(r.extra, dict) and "holds" in r.extra]
-    if verdict.startswith("holds") and kind in ("trend", "figure"):
+    if verdict.holding and kind in ("trend", "figure"):
         if held:
-            verdict = ("fails" if any(h is False for h in held) else "inconclusive" if any(h is None for h in held)
-                       else verdict)
+            verdict = (ClaimVerdict.FAILS if any(h is False for h in held)
+                       else ClaimVerdict.INCONCLUSIVE if any(h is None for h in held) else verdict)
         elif kind == "trend":
-            verdict = "not measured"
+            verdict = ClaimVerdict.NOT_MEASURED
     return verdict
 
 
 def _evidence_text(r: Row) -> str:
     """A partial row's "k of n examples" and the classes only its refused examples reached."""
     ev = r.evidence or {}
-    thin = f"not enough evidence: {ev['thin']}" if ev.get("thin") else ""
+    thin = f"{Outcome.THIN}: {ev['thin']}" if ev.get("thin") else ""
     if "examples" not in ev:
         return thin
     refused = ev.get("refused_classes") or []
@@ -97,15 +92,16 @@ def _worst_measured(rs: list[Row]) -> str:
 def deciding(rs: list[Row], kind: str, verdict: str) -> list[Row]:
     """The rows of ``rs`` that decided ``verdict`` (:func:`_verdict_of`): for a trend or figure
     claim that fails or is inconclusive by its figures, the rows whose ``extra["holds"]`` is
-    False (None); for "fails" the failed rows, worst first; for any other verdict none."""
-    if verdict in ("fails", "inconclusive") and kind in ("trend", "figure"):
-        want = False if verdict == "fails" else None
+    False (None); for a failing claim the rows whose outcome fails the law, worst first; for
+    any other verdict none."""
+    verdict = ClaimVerdict(verdict)
+    if verdict in (ClaimVerdict.FAILS, ClaimVerdict.INCONCLUSIVE) and kind in ("trend", "figure"):
+        want = False if verdict is ClaimVerdict.FAILS else None
         held = [r for r in rs if isinstance(r.extra, dict) and "holds" in r.extra and r.extra["holds"] is want]
         if held:
             return held
-    if verdict.startswith("fails"):
-        return sorted((r for r in rs if r.verdict in ("fail", "error", "crashed", "expected fail")),
-                      key=lambda r: -_ORDER.get(r.verdict, 0))
+    if verdict in (ClaimVerdict.FAILS, ClaimVerdict.FAILS_EXPECTED):
+        return sorted((r for r in rs if read(r).fails_law), key=lambda r: -read(r).severity)
     return []
 
 

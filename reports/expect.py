@@ -27,13 +27,9 @@ import sys
 from pathlib import Path
 
 from inference_conformance.conformance import atomic, expectations
+from inference_conformance.conformance.outcomes import Outcome
 from inference_conformance.conformance.results import Row, read_rows
 
-#: row verdict -> the outcome an expectation lists
-_LISTED = {"fail": "fail", "error": "fail", "expected fail": "fail", "unsupported": "unsupported",
-           "partial": "partial", "stale expectation": "unsupported"}
-#: how bad a listed outcome is, when one test has several rows
-_RANK = {"fail": 2, "partial": 1, "unsupported": 0}
 NEW_REASON = "new in this run: say why it is expected"
 
 
@@ -59,7 +55,7 @@ def _signature(listed: str, failure: dict, kept) -> dict:
     """The signature fields of a refreshed entry: none unless it lists a failure; the kept
     entry's where it admits ``failure`` (or the run recorded none), else written from ``failure``
     (a row's :func:`inference_conformance.conformance.failures.failure_kind`)."""
-    if listed != "fail":
+    if not Outcome.of(listed).fails_law:
         return {}
     old = {k: getattr(kept, k) for k in expectations.SIGNATURE} if kept is not None and kept.signed else None
     kind = dict(failure)
@@ -81,14 +77,15 @@ def _change(key: str, entry, kept, verdict: str) -> str:
     """What refreshing made of the entry for ``key`` in words ("" where nothing but its measured
     text changed): a failure of the run (row ``verdict``) newly expected, an outcome or a
     signature rewritten. A ratchet loosened by a run is one line in review, never silent."""
-    new_failure = verdict in ("fail", "error")
+    new_failure = Outcome.of(verdict).new_failure
+    listed_fails = Outcome.of(entry.expected).fails_law
     if kept is None:
-        what = f"now expected: {entry.signature()}" if entry.expected == "fail" else f"now listed {entry.expected!r}"
+        what = f"now expected: {entry.signature()}" if listed_fails else f"now listed {entry.expected!r}"
         return f"{key}: {'a new failure ' if new_failure else ''}{what} (it was not listed)"
     if kept.expected != entry.expected:
         return f"{key}: expected {entry.expected!r}, was {kept.expected!r}" + (
-            f" ({entry.signature()})" if entry.expected == "fail" else "")
-    if entry.expected == "fail" and kept.signature() != entry.signature():
+            f" ({entry.signature()})" if listed_fails else "")
+    if listed_fails and kept.signature() != entry.signature():
         return f"{key}: {'a new failure ' if new_failure else ''}now expected: {entry.signature()}, was {kept.signature()}"
     return ""
 
@@ -119,7 +116,8 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
                          f"({', '.join('/'.join(filter(None, (t, i))) for i, t in sorted(by_impl))}); "
                          "give a folder or --impl NAME")
     written = []
-    by_impl = {i: rs for i, rs in by_impl.items() if any(r.verdict != "skip" for r in rs)}  # not run: no file
+    by_impl = {i: rs for i, rs in by_impl.items()                     # not run: no file
+               if any(Outcome.of(r.verdict) is not Outcome.SKIP for r in rs)}
     for (impl, own_technique), rs in sorted(by_impl.items()):
         path = out if single else out / file_name(impl, own_technique)
         old = expectations.parse(path.read_text(encoding="utf-8"), str(path)) if path.exists() else None
@@ -129,11 +127,12 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
             key = test_id(r.check)
             ran[key] = r.dtype
             technique = technique or r.technique
-            listed = _LISTED.get(r.verdict)
+            listed = Outcome.of(r.verdict).listed            # what an expectation lists for the row's outcome
             if listed is None:
                 continue
             prev = failing.get(key)
-            if prev is None or _RANK[listed] > _RANK[prev[0]] or (listed == prev[0] and r.failure and not prev[2]):
+            if prev is None or Outcome.of(listed).severity > Outcome.of(prev[0]).severity or (
+                    listed == prev[0] and r.failure and not prev[2]):
                 failing[key] = (listed, " ".join(str(r.message).split())[:500], r.failure or {}, r.verdict)
         exp = expectations.Expectations(name=impl, technique=technique or (old.technique if old else ""),
                                         target=old.target if old else "")

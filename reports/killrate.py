@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from inference_conformance.conformance.results import Row, read_rows
+from inference_conformance.conformance.outcomes import Outcome, read
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,20 +77,20 @@ def kill_rates(rows: list[Row], zoo: dict[str, list[str]] | None = None) -> dict
             continue
         technique = r.technique or _folder(r.check)
         prev = seen[technique].get(r.check)
-        if prev is None or prev.verdict == "pass":
+        if prev is None or read(prev) is Outcome.PASS:
             seen[technique][r.check] = r
     out = {}
     for t, checks in sorted(seen.items()):
-        killed = sum(r.verdict == "pass" for r in checks.values())
+        killed = sum(read(r) is Outcome.PASS for r in checks.values())
         ran = {b for c, r in checks.items() for b in _names(r.implementation)}
-        bugs_killed = {b for r in checks.values() if r.verdict == "pass" for b in _names(r.implementation)}
+        bugs_killed = {b for r in checks.values() if read(r) is Outcome.PASS for b in _names(r.implementation)}
         not_killed = [{"check": c, "entries": _names(r.implementation), "reason": _reason(r)}
-                      for c, r in sorted(checks.items()) if r.verdict not in ("pass", "fail", "error")]
+                      for c, r in sorted(checks.items()) if read(r) is not Outcome.PASS and not read(r).new_failure]
         not_killed += [{"check": f"zoo:{b}", "entries": [b], "reason": NOT_RUN} for b in zoo.get(t, ()) if b not in ran]
         total = len(checks) + sum(n["reason"] == NOT_RUN for n in not_killed)
         out[t] = {"killed": killed, "total": total, "bugs": len(ran | set(zoo.get(t, ()))),
                   "bugs_killed": len(bugs_killed), "rate": killed / total if total else None,
-                  "survivors": sorted(c for c, r in checks.items() if r.verdict in ("fail", "error")),
+                  "survivors": sorted(c for c, r in checks.items() if read(r).new_failure),
                   "not_killed": not_killed}
     return out
 

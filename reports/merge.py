@@ -11,7 +11,8 @@ folder holding such folders (a CI job's downloaded artifacts). ``--out`` (defaul
 
 Rows of the matrix are implementations in one environment (technique, name, package versions,
 device, Hypothesis profile and example count); columns are the laws of its technique by claim;
-a cell is the law's outcome over its parameters (:data:`STATUSES`; "crashed" outranks all),
+a cell is the law's outcome over its parameters (:data:`STATUSES`, combined in the one order of
+:class:`inference_conformance.conformance.outcomes.Outcome`: "crashed" outranks all),
 names its runs and, failing, links its message and input; an engine's row shows its declared
 capabilities (:func:`inference_conformance.reports.cells.declared_text`); the batch-invariance cell also names
 the property (bitwise invariant, or the largest difference; declared or not:
@@ -29,8 +30,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from inference_conformance.conformance import atomic, verdicts
-from inference_conformance.conformance.results import CRASH, Row, crashed
+from inference_conformance.conformance import atomic
+from inference_conformance.conformance.outcomes import CRASH, MATRIX_STATUSES, NOT_RUN, Outcome, matrix_status, read
+from inference_conformance.conformance.results import Row, crashed
 from inference_conformance.perf import env
 from inference_conformance.reports import publish, templating
 from inference_conformance.reports.cells import batch_invariance_text, declared_text
@@ -40,9 +42,8 @@ from inference_conformance.reports.merge_runs import MergeError, Run, find_runs,
 #: relative to the current folder, inside the suite's one output folder (a pip-installed suite
 #: would otherwise write beside its package in site-packages, or into a project's own reports/)
 DEFAULT_OUT = Path(publish.OUT_NAME) / "matrix"
-#: cell statuses, in the order the legend lists them
-STATUSES = ("crashed", "pass", "fail", "expected fail", "unexpected pass", "stale expectation", "unsupported", "partial",
-            "not enough evidence", "not run")
+#: cell statuses, worst first, as the legend lists them
+STATUSES = MATRIX_STATUSES
 
 
 def env_key(fp: dict) -> str:
@@ -65,24 +66,6 @@ def _input_of(message: str) -> tuple[str, str]:
         if i >= 0:
             return message[:i].strip(), message[i:].strip()
     return message.strip(), ""
-
-
-def _status(counts: dict[str, int]) -> str:
-    """A cell's status from its verdict counts over the law's parameters: a crash outranks all."""
-    if counts.get("fail") or counts.get("error"):
-        return "crashed" if counts.get("crashed") else "fail"
-    for s in ("crashed", "stale expectation", "unexpected pass", "expected fail", "not enough evidence"):
-        if counts.get(s):
-            return s
-    if counts.get("partial") or (counts.get("pass") and counts.get("unsupported")):
-        return "partial"
-    return "pass" if counts.get("pass") else "unsupported" if counts.get("unsupported") else "not run"
-
-
-_WORDS = {"skip": "not run", "error": "fail"}
-#: how much a verdict weighs when a newer run's results meet an older run's (higher: worse)
-_WEIGHT = {"crashed": 9, "fail": 8, "error": 8, "stale expectation": 7, "unexpected pass": 6, "expected fail": 5,
-           "not enough evidence": 4.5, "partial": 4, "pass": 3, "unsupported": 2, "skip": 0}
 
 
 def _attribute(runs: list[Run]) -> None:
@@ -112,7 +95,7 @@ def _attribute(runs: list[Run]) -> None:
             fits = [n for n in names.get(technique, ()) if params == n or params.startswith(n + "-")]
             impl = r.implementation or (same.implementation if same else max(fits, key=len) if fits
                                         else params.split("-")[0] or "(unknown)")
-            run.rows[i] = dataclasses.replace(r, technique=technique, implementation=impl, verdict="crashed",
+            run.rows[i] = dataclasses.replace(r, technique=technique, implementation=impl, verdict=Outcome.CRASHED.value,
                                               claim=r.claim or (law.claim if law else ""),
                                               dtype=r.dtype or (same.dtype if same else ""),
                                               profile=r.profile or profile, max_examples=r.max_examples or examples)
@@ -133,14 +116,17 @@ def _profile(rows: list[Row]) -> str:
     return f"profile {'/'.join(names) or '?'} ({n} examples)" if n or names else ""
 
 
-#: the verdicts of a failure a newer run's refusal never replaces
-_FAILED = ("fail", "error", "expected fail", "stale expectation")
+def _failed(o: Outcome) -> bool:
+    """A failure a newer run's refusal never replaces: one that fails the law, or a listed
+    failure now refused (its listing stands until a run judges the input)."""
+    return o.fails_law or o is Outcome.STALE
+
 
 
 def _refused_some(rows: list[Row]) -> tuple[int, int] | None:
     """(inputs judged, inputs drawn) over ``rows`` where some of their inputs were refused (a
     partial law's evidence), else None."""
-    ev = [r.evidence for r in rows if r.verdict == "partial" and (r.evidence or {}).get("examples")]
+    ev = [r.evidence for r in rows if Outcome.of(r.verdict) is Outcome.PARTIAL and (r.evidence or {}).get("examples")]
     k, n = sum(e.get("accepted", 0) for e in ev), sum(e["examples"] for e in ev)
     return (k, n) if k < n else None
 
@@ -152,24 +138,24 @@ def _why_kept(new: tuple[Run, list[Row]], old: tuple[Run, list[Row]]) -> str:
     failure: a newer run that refused part of its input replaces a failure only where it judged
     (and passed) every input the failure was measured on (the failure's ``inputs``, matched
     with the newer rows' ``judged`` evidence), one that refused none judged every input."""
-    (v_new, n_new), (v_old, n_old) = ((max((r.verdict for r in rs), key=lambda v: _WEIGHT.get(v, 8)),
+    (v_new, n_new), (v_old, n_old) = ((Outcome.worst(Outcome.of(r.verdict) for r in rs),
                                        max((r.max_examples or 0 for r in rs), default=0)) for _, rs in (new, old))
-    if v_new == "crashed":
+    if v_new is Outcome.CRASHED:
         return ""
-    if v_old == "crashed":
+    if v_old is Outcome.CRASHED:
         return "a crash is never replaced"
     if n_new < n_old:
         return f"it ran fewer examples ({n_new} < {n_old}): a weaker profile"
-    if v_new == "skip" and v_old != "skip":
+    if v_new is Outcome.SKIP and v_old is not Outcome.SKIP:
         return "it skipped the test"
-    if v_old not in _FAILED or v_new in _FAILED:
+    if not _failed(v_old) or _failed(v_new):
         return ""
-    if v_new == "unsupported":
+    if v_new is Outcome.UNSUPPORTED:
         return "it refused the input the older run failed on"
     some = _refused_some(new[1])
     if some is None:
         return ""
-    failed = {d for r in old[1] if r.verdict in _FAILED for d in (r.failure or {}).get("inputs", ())}
+    failed = {d for r in old[1] if _failed(Outcome.of(r.verdict)) for d in (r.failure or {}).get("inputs", ())}
     judged = {d for r in new[1] for d in (r.evidence or {}).get("judged", ())}
     if failed and failed <= judged:
         return ""
@@ -209,8 +195,8 @@ def merge(runs: list[Run]) -> tuple[list[tuple[Row, Run]], list[str]]:
                     refused[(key[0], key[1], key[2], new[0].id, old[0].id, why)] += len(new[1])
                 else:
                     replaced[(key[0], key[1], key[2], old[0].id, new[0].id)] += len(old[1])
-            ran = [old for old in stay if any(r.verdict != "skip" for r in old[1])]
-            held = stay + ([] if ran and all(r.verdict == "skip" for r in new[1]) else [new])
+            ran = [old for old in stay if any(Outcome.of(r.verdict) is not Outcome.SKIP for r in old[1])]
+            held = stay + ([] if ran and all(Outcome.of(r.verdict) is Outcome.SKIP for r in new[1]) else [new])
         kept += [(row, run) for run, rows in held for row in rows]
     by = {r.id: r for r in order}
     notes = [f"{t} / {impl} on {e}: {n} result row{'s' if n != 1 else ''} of {old} ({by[old].folder}, started "
@@ -261,14 +247,14 @@ def matrix(runs: list[Run]) -> dict:
             cells = []
             for col in cols:
                 got = m["cells"].get(col, [])
-                vc: dict[str, int] = defaultdict(int)
+                vc: dict[Outcome, int] = defaultdict(int)
                 for row, _ in got:
-                    vc[verdicts.effective(row.verdict, row.evidence)] += 1
-                status = _status(vc)
+                    vc[read(row)] += 1
+                status = matrix_status(vc)
                 counts[status] += 1
-                words = defaultdict(int)
+                words: dict[str, int] = defaultdict(int)
                 for v, n in vc.items():
-                    words[_WORDS.get(v, v)] += n
+                    words[v.matrix] += n
                 cell = {"status": status, "counts": dict(words),
                         "text": status if len(words) <= 1 else " · ".join(f"{v} {n}" for v, n in sorted(words.items())),
                         "detail": None, "runs": sorted({run.id for _, run in got}, key=lambda i: int(i[3:]))}
@@ -278,8 +264,7 @@ def matrix(runs: list[Run]) -> dict:
                                  + (f"; refused classes: {refused})" if refused else ")")) if ev else ""
                 prop = batch_invariance_text([row.extra or {} for row, _ in got])   # properties/test_batch_invariance.py
                 cell["text"] += f": {prop}" if prop else ""
-                bad = [(row, run) for row, run in got if row.verdict in ("fail", "error", "expected fail", "crashed",
-                                                                          "unexpected pass", "stale expectation")]
+                bad = [(row, run) for row, run in got if read(row).needs_look]
                 if bad:
                     cell["detail"] = f"d{len(details) + 1}"
                     items = []
@@ -300,7 +285,7 @@ def matrix(runs: list[Run]) -> dict:
                       "environment": env_key(r.fingerprint), "commit": (r.fingerprint.get("commit") or "")[:12],
                       "n_rows": len(r.rows)} for r in sorted(runs, key=lambda r: r.id)],
             "notes": notes, "techniques": out, "details": details,
-            "counts": {s: counts.get(s, 0) for s in STATUSES}, "statuses": list(STATUSES),
+            "counts": {s: counts.get(s, 0) for s in STATUSES}, "statuses": list(STATUSES), "not_run": NOT_RUN,
             "rows": [dict(vars(row), run=run.id) for row, run in kept]}
 
 

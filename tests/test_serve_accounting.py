@@ -52,7 +52,7 @@ def _cell(impl) -> tuple:
     """(the run, the PA-7 cell's verdict and message) of the conformance test's work on ``impl``."""
     with recording(Recorder()) as rec:
         run = PA7(impl, "cpu")
-    return run, verdicts.outcome(_Passed(), _Call(), None, rec.partial, False)
+    return run, verdicts.outcome(_Passed(), _Call(), None, rec.partial, False, None, rec.evidence)
 
 
 def test_pa7_without_stats_is_partial_naming_the_unchecked_half():

@@ -223,6 +223,7 @@ def test_a_failing_input_is_named_by_the_digest_a_later_judgement_records(device
     with results.recording(results.Recorder()) as rec:
         law(_implementation("pow2_reference", _pow2_only(ref.attention)), device, torch.float64)
     assert rec.judged == [want] and rec.refused_classes == [] and "refused 1 of 2 examples" in rec.partial
+    assert rec.evidence == {"accepted": 1, "examples": 2, "refused_classes": [], "judged": [want]}, rec.evidence
 
 
 def test_an_implementation_refusing_everything_is_unsupported_not_passed(device):

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from inference_conformance.conformance import results, sizes
-from inference_conformance.conformance.tolerance import Verdict, report_verdict
+from inference_conformance.conformance.tolerance import Comparison, report_verdict
 from inference_conformance.reference import speculative as ref
 from inference_conformance.reference import speculative_tree as ref_tree
 
@@ -30,7 +30,7 @@ EXACT_BOUND = 1e-12
 def _exact(error: float, what: str) -> None:
     """The exact rule as the tolerance policy's verdict (noted for the test's row): raises
     AssertionError naming ``what``, the error and the bound when ``error`` > 1e-12."""
-    report_verdict(Verdict(error <= EXACT_BOUND, "exact enumeration in float64", error, EXACT_BOUND, what)).check()
+    report_verdict(Comparison(error <= EXACT_BOUND, "exact enumeration in float64", error, EXACT_BOUND, what)).check()
 
 
 # ------------------------------------------------------------------------------------- SD-2

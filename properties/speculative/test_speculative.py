@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.speculative import PAD
-from inference_conformance.conformance.tolerance import Verdict, report_verdict, assert_exact
+from inference_conformance.conformance.tolerance import Comparison, report_verdict, assert_exact
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.properties.speculative.cases import (
     ALPHA,
@@ -53,12 +53,12 @@ ZOO_ALL = ("late_rejection", "resample_from_p", "accept_q_over_p", "continue_aft
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _exact_verdict(dist, expected, what, accept=ref.accept_min_p_over_q, bound=EXACT_BOUND) -> Verdict:
+def _exact_verdict(dist, expected, what, accept=ref.accept_min_p_over_q, bound=EXACT_BOUND) -> Comparison:
     err = float(np.abs(np.asarray(dist) - np.asarray(expected)).max())
-    return Verdict(err <= bound, f"exact enumeration in float64: max |P - p| <= {bound:g}", err, bound, what)
+    return Comparison(err <= bound, f"exact enumeration in float64: max |P - p| <= {bound:g}", err, bound, what)
 
 
-def sd1_exact(pq, accept=ref.accept_min_p_over_q) -> list[Verdict]:
+def sd1_exact(pq, accept=ref.accept_min_p_over_q) -> list[Comparison]:
     """The enumerated distributions of the first and first two emitted tokens vs the target's."""
     out = []
     for n in (1, 2):

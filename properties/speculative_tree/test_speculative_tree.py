@@ -29,7 +29,7 @@ from inference_conformance.conformance.contracts.speculative_tree import DTYPES
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.stats import check_counts, upper_bound
-from inference_conformance.conformance.tolerance import Verdict, report_verdict
+from inference_conformance.conformance.tolerance import Comparison, report_verdict
 from inference_conformance.properties.speculative.cases import ALPHA
 from inference_conformance.properties.speculative_tree.boundary_cases import boundary_verdicts
 from inference_conformance.properties.speculative_tree.cases import (
@@ -70,7 +70,7 @@ def law_sd11_exact(run, case):
     note(repr(case))
     err = tree_exact_error(case)
     run.observe(err)
-    report_verdict(Verdict(err <= EXACT_BOUND, f"exact enumeration in float64: max |P - p| <= {EXACT_BOUND:g}",
+    report_verdict(Comparison(err <= EXACT_BOUND, f"exact enumeration in float64: max |P - p| <= {EXACT_BOUND:g}",
                            err, EXACT_BOUND, f"{case!r}: depth + 1 tokens")).check()
 
 
