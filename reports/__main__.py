@@ -167,6 +167,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--impl", action="append", default=[], metavar="TECHNIQUE=MODULE:ATTR",
                     help="check this outside implementation (repeatable; pytest's --impl): only its technique's "
                          "properties run, against it")
+    ap.add_argument("--engine-url", default=None, metavar="URL",
+                    help="judge the OpenAI-compatible server at URL (http://host:8000/v1) as an inference engine "
+                         "(pytest's --engine-url): only the engine laws run, against it")
     ap.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"])
     ap.add_argument("--profile", default="ci", help="Hypothesis profile (ci, dev, thorough)")
     ap.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for the properties ('0': none, 'auto')")
@@ -221,6 +224,9 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance run")
     if args.bench_passes < 1:
         ap.error("--bench-passes must be >= 1")
     args.pytest_args += [f"--impl={i}" for i in args.impl]
+    if args.engine_url:                    # an outside engine, as --impl names an outside implementation
+        args.pytest_args.append(f"--engine-url={args.engine_url}")
+        args.impl.append(f"inference_engine={args.engine_url}")
     if args.history is None:
         args.history = str(hist.default_folder())
     default = publish.default_out()
@@ -355,7 +361,7 @@ def _main(args, out: Path, argv: list[str], job: Job) -> int:
     fp = env.fingerprint(device)
     records = read_records(bench_json)
     # outside rows are named by their place (impl, impl2), not their target: never a series entry
-    outside = any(a == "--impl" or a.startswith("--impl=") for a in args.pytest_args)
+    outside = any(a in ("--impl", "--engine-url") or a.startswith(("--impl=", "--engine-url=")) for a in args.pytest_args)
     if outside and records and not (args.no_run or args.no_bench or args.no_history):
         print("history: not appended (--impl: the outside implementations' rows are named impl, impl2, ... "
               "whatever their targets; compare two targets with inference-conformance ab --impl-a ... --impl-b ...)",

@@ -19,6 +19,7 @@ from inference_conformance.conformance.outcomes import ClaimVerdict, Outcome, re
 from inference_conformance.conformance.results import Row, read_rows
 from inference_conformance.perf import env
 from inference_conformance.perf import history as hist
+from inference_conformance.reports import serving
 from inference_conformance.perf import records as benchmark_records
 from inference_conformance.reports import plots, publish, templating
 from inference_conformance.reports.build_claims import (_evidence_text, _fig_text, _num, _verdict_of,  # noqa: F401
@@ -316,6 +317,7 @@ def write_report(rows_dir: Path, out: Path, *, bench_json: Path | dict | None = 
             p.unlink()
     ctx = context(rows, records, fp=fp, ceilings=ceilings, history_entries=series, plot_dir=plot_dir,
                   series_name=series_name, run=run)
+    ctx["plots"].append(serving.plot_latency_throughput(history_dir, plot_dir))
     from inference_conformance.reports import merge
 
     ctx["matrix"] = merge.matrix([merge.run_of(rows_dir, rows, fp), *(matrix_runs or [])])
