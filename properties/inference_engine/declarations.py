@@ -5,7 +5,8 @@ the zoo's ``undeclared_batching``.
 An engine's :class:`Capabilities` say what it offers; the other laws exercise what is declared
 and leave the rest alone, so a "no" would otherwise never be checked. For each part declared
 absent (:func:`absent`: batching, each padding side, prefix caching, chunked prefill, each
-speculative method, top-p, logprobs, seeded sampling, ``serve`` and each of its parts), the law
+speculative method, top-p, logprobs, seeded sampling, sampling parameters per request, ``serve``
+and each of its parts), the law
 calls the engine once with that setting (:data:`PROBES`):
 
 - a refusal (NotImplementedError, in the engine's words) is "unsupported" for that part: the
@@ -16,7 +17,9 @@ calls the engine once with that setting (:data:`PROBES`):
   greedy tokens and the float64 model (EN-3, EN-1); top-p sampling: every sampled token inside the
   float64 nucleus (a token outside it has probability 0: the G-test's outright rejection of EN-3);
   logprobs returned though declared absent: EN-1's check; seeds taken though sampling is declared
-  unseeded: the same seeded call twice gives the same tokens (KV-2); ``serve`` or a part of it:
+  unseeded: the same seeded call twice gives the same tokens (KV-2); a request's own temperature
+taken though declared per call only: as the same temperature set for the call (EN-1, KV-2);
+``serve`` or a part of it:
   every request as alone (PA-6's oracle, ``serving_cases.check_served``); counts returned
   though "stats" is not declared: each position computed once (PA-7).
 
@@ -56,6 +59,7 @@ def declared_text(caps) -> str:
     yes += ["prefix caching"] * caps.prefix_caching + ["chunked prefill"] * caps.chunked_prefill
     yes += [f"speculative {m}" for m in caps.speculative] + ["top-p"] * caps.top_p + ["logprobs"] * caps.logprobs
     yes += [f"seeds per {caps.seeded_sampling}"] * (caps.seeded_sampling != "none")
+    yes += ["per-request parameters"] * caps.per_request_params
     yes += ["batch invariant"] * caps.batch_invariant + [f"serve {'+'.join(caps.serving)}"] * bool(caps.serving)
     return ", ".join(yes) + "; absent: " + (", ".join(absent(caps)) or "nothing")
 
@@ -67,6 +71,7 @@ def absent(caps) -> list[str]:
     parts += [f"speculative {m}" for m in SPECULATIVE_METHODS if m not in caps.speculative]
     parts += ["top-p"] * (not caps.top_p) + ["logprobs"] * (not caps.logprobs)
     parts += ["seeded sampling"] * (caps.seeded_sampling == "none")
+    parts += ["per-request parameters"] * (not caps.per_request_params)
     if not caps.serving:
         return parts + ["serve"]
     return parts + [f"serve {f}" for f in SERVE_FEATURES if f not in caps.serving]
@@ -160,6 +165,24 @@ def _seeded(eng, seed: int) -> None:
                     ).check()
 
 
+def _per_request(eng, seed: int) -> None:
+    """Sampling parameters set on the requests, though declared per call only: a request with its
+    own temperature 0 in a call at T = 1 gives its greedy tokens (EN-1's near-tie rule), and a
+    seeded one with its own T = 0.8 in a greedy call the tokens of the same seed with T = 0.8 set
+    for the whole call (KV-2's exactness; where seeds are honoured)."""
+    caps, folder = eng.capabilities(), C.folders()["target"]
+    p0, p1 = C.document_prompts(seed, 2)
+    own = C.generate(eng, [Request(p0, 5, seed, temperature=0.0)], C.params(temperature=1.0))[0]
+    call = C.generate(eng, [Request(p0, 5)], C.params())[0]
+    C.check_same(call, own, p0, folder, _bound(eng), f"request {p0} with its own temperature 0 in a call at T=1 "
+                 "(per-request parameters declared absent)")
+    if caps.seeded_sampling != "none":
+        own = C.generate(eng, [Request(p1, 5, seed, temperature=0.8)], C.params())[0]
+        call = C.generate(eng, [Request(p1, 5, seed)], C.params(temperature=0.8))[0]
+        check_exact(own.tokens, call.tokens, what=f"request {p1} (seed {seed}) with its own T=0.8 in a greedy call: "
+                    "tokens against T=0.8 for the call (per-request parameters declared absent)").check()
+
+
 def _served(run, sched, what: str, **kw) -> dict:
     serve = getattr(run.impl, "serve", None)
     if serve is None:
@@ -205,6 +228,7 @@ PROBES = {
     "top-p": _top_p,
     "logprobs": _logprobs,
     "seeded sampling": _seeded,
+    "per-request parameters": _per_request,
     "serve": _serve_part("serve"),
     **{f"serve {f}": _serve_part(f) for f in SERVE_FEATURES},
 }
@@ -240,5 +264,6 @@ def _declares_absent(impl):
 
 #: Recorded under EN-2 (the comparison its zoo entry fails); a failing part names its own law.
 DECLARED = Law(claim="EN-2", technique="inference_engine", body=law_declared_absent_is_absent, given={"seed": st.integers(0, 2 ** 16)},
-               examples=(dict(seed=7),), explicit_only=True, kills=(Kills(("undeclared_batching", "undeclared_batching_shared_seed")),),
+               examples=(dict(seed=7),), explicit_only=True, kills=(Kills(("undeclared_batching", "undeclared_batching_shared_seed",
+                                                   "undeclared_per_request_params_ignored")),),
                applies=_declares_absent, params=("device",))

@@ -42,7 +42,7 @@ import torch
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.inference_engine import Request
-from inference_conformance.conformance.tolerance import Verdict, report_verdict
+from inference_conformance.conformance.tolerance import Comparison, report_verdict
 from inference_conformance.properties.inference_engine import cases as C
 from inference_conformance.reference.speculative import process_logits
 
@@ -160,7 +160,7 @@ class PositionTest:
     """One position's test: ``what`` (the check), ``verdict``, ``dof``, ``n_used``, ``power``."""
 
     what: str
-    verdict: Verdict
+    verdict: Comparison
     dof: int
     n_used: int
     power: float
@@ -195,7 +195,7 @@ def position_test(groups: list, alpha: float, what: str) -> PositionTest:
         dof, n_used = dof + len(c) - 1, n_used + n
     pw = power(dof, n_used, alpha)
     if impossible:
-        v = Verdict(False, "statistical: zero-probability outcomes never occur", float(impossible), 0.0, what,
+        v = Comparison(False, "statistical: zero-probability outcomes never occur", float(impossible), 0.0, what,
                     f"{int(impossible)} observations in zero-probability categories (e.g. {worst}); "
                     f"power {pw:.3f} against TV {TV:g}")
         return PositionTest(what, report_verdict(v), dof, n_used, pw)
@@ -203,7 +203,7 @@ def position_test(groups: list, alpha: float, what: str) -> PositionTest:
     rule = (f"statistical: G-test({dof}) statistic <= {critical:.4g} (false-alarm rate alpha={alpha:.3g}, "
             f"product-multinomial over prefixes, {n_used} samples in bins of expected count >= {POOL_BELOW:g})")
     detail = f"power {pw:.3f} against every alternative at TV >= {TV:g} on the bins used (floor {POWER_FLOOR:g})"
-    v = Verdict(not dof or g <= critical, rule, g, critical, what, detail)
+    v = Comparison(not dof or g <= critical, rule, g, critical, what, detail)
     return PositionTest(what, report_verdict(v) if dof else v, dof, n_used, pw)
 
 
@@ -272,8 +272,8 @@ def judge(run, tests) -> None:
         t.verdict.check()
     for t in tests:
         if t.power < POWER_FLOOR:
-            run.uncheck(t.what, f"not enough evidence: power {t.power:.3f} under the floor {POWER_FLOOR:g} against "
-                                f"TV {TV:g} ({t.dof} dof, {t.n_used} samples in bins used)")
+            run.uncheck(t.what, f"power {t.power:.3f} under the floor {POWER_FLOOR:g} against TV {TV:g} "
+                                f"({t.dof} dof, {t.n_used} samples in bins used)", thin=True)
 
 
 def record_power(run) -> None:

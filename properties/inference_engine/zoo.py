@@ -161,6 +161,17 @@ class StalePrefix(PagedAdapter):
     engine_class = StaleKeyEngine
 
 
+class UndeclaredPerRequestParamsIgnored(ReferenceEngine):
+    """Declares sampling parameters per call only, yet takes requests carrying their own and
+    samples them at the call's temperature and top-p (the requests' own silently dropped)."""
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), per_request_params=False)
+
+    def generate(self, requests, params):
+        return super().generate([dataclasses.replace(r, temperature=None, top_p=None) for r in requests], params)
+
+
 def _serving(engine_class, name: str):
     """The paged engine's adapter over the known-bad ``engine_class`` (``properties/paged_attention/zoo.py``)."""
     return type(name, (PagedAdapter,), {"engine_class": engine_class, "__doc__": engine_class.__doc__})()
@@ -183,6 +194,8 @@ def implementations():
                   bug="Declares no batching, yet takes batches and pads them without a mask"),
         known_bad("inference_engine", "undeclared_batching_shared_seed", UndeclaredBatchingSharedSeed(load),
                   bug="Declares no batching, takes batches, and samples a batch's last request with its first one's seed"),
+        known_bad("inference_engine", "undeclared_per_request_params_ignored", UndeclaredPerRequestParamsIgnored(load),
+                  bug="Declares per-call sampling parameters, takes per-request ones and ignores them"),
         known_bad("inference_engine", "stale_prefix", StalePrefix(),
                   bug="The prefix cache keys a block by its tokens only and serves it after another prefix"),
         known_bad("inference_engine", "bonus_from_draft", BonusFromDraft(load),
