@@ -61,7 +61,7 @@ def run_load(url: str, model_id: str, tokenizer: str, rate: float, concurrency: 
         "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(input_len),
         "--random-output-len", str(output_len), "--random-range-ratio", "0", "--num-prompts", str(num_prompts),
         "--request-rate", "inf" if math.isinf(rate) else str(rate), "--max-concurrency", str(concurrency),
-        "--ignore-eos", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--ignore-eos", "--seed", str(seed), "--disable-tqdm", "--save-detailed", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,99"])
     return main(args)
 
