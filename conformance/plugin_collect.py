@@ -81,7 +81,7 @@ def pytest_generate_tests(metafunc):
     st = state(metafunc.config)
     if "impl" in metafunc.fixturenames:
         outside = st.outside.get(technique)
-        impls = outside if outside else registry.builtins(technique, st.device)
+        impls = outside if outside else st.builtins(technique)
         # a benchmark's row of an outside implementation is named by its place, not its target
         timed = bool(outside) and "benchmark" in metafunc.fixturenames
         for i in impls:

@@ -37,7 +37,8 @@ class RunState:
     or None. ``verdicts``: the terminal summary's tuples. ``profile``: the Hypothesis profile
     name the suite's own tests run under. ``interpreter_ready``: the device was set up.
     ``resolver``: turns ``device_option`` into a device
-    (:func:`inference_conformance.conformance.device.resolve_device`, set at configure)."""
+    (:func:`inference_conformance.conformance.device.resolve_device`, set at configure);
+    :meth:`builtins`: the registered implementations, loaded once."""
 
     device_option: str | None = None
     outside: dict[str, list] = field(default_factory=dict)
@@ -50,6 +51,17 @@ class RunState:
     resolver: Callable[[str | None], str] | None = None
     _device: str | None = None
     _token: Any = None
+    _builtins: dict = field(default_factory=dict)
+
+    def builtins(self, technique: str) -> list:
+        """The registry's implementations of ``technique`` on this run's device, loaded once per
+        process: every test of the run calls the same objects, as a user's code holds one engine
+        (an adapter's processes, servers and caches are started once, not once per test)."""
+        if technique not in self._builtins:
+            from inference_conformance.conformance import registry
+
+            self._builtins[technique] = registry.builtins(technique, self.device)
+        return self._builtins[technique]
 
     @property
     def device(self) -> str:
