@@ -90,7 +90,11 @@ def converted(folder) -> Path:
             raise RuntimeError(f"optimum-cli export openvino failed on {src}: {run.stderr.strip()[-2000:]}")
         (tmp / "ir" / "stamp").write_text(stamp)
         shutil.rmtree(out, ignore_errors=True)
-        (tmp / "ir").rename(out)
+        try:
+            (tmp / "ir").rename(out)
+        except OSError:                          # another process converted it meanwhile
+            if not ((out / "stamp").is_file() and (out / "stamp").read_text() == stamp):
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
