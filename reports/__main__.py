@@ -167,9 +167,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--impl", action="append", default=[], metavar="TECHNIQUE=MODULE:ATTR",
                     help="check this outside implementation (repeatable; pytest's --impl): only its technique's "
                          "properties run, against it")
-    ap.add_argument("--engine-url", default=None, metavar="URL",
-                    help="judge the OpenAI-compatible server at URL (http://host:8000/v1) as an inference engine "
-                         "(pytest's --engine-url): only the engine laws run, against it")
+    ap.add_argument("--engine-url", default=None, metavar="URL", help="judge the OpenAI-compatible server at URL "
+                    "(http://host:8000/v1) as an engine (pytest's --engine-url): only the engine laws run, against it")
     ap.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"])
     ap.add_argument("--profile", default="ci", help="Hypothesis profile (ci, dev, thorough)")
     ap.add_argument("-n", "--workers", default="2", help="pytest-xdist workers for the properties ('0': none, 'auto')")
@@ -225,8 +224,7 @@ def main(argv: list[str] | None = None, prog: str = "inference-conformance run")
         ap.error("--bench-passes must be >= 1")
     args.pytest_args += [f"--impl={i}" for i in args.impl]
     if args.engine_url:                    # an outside engine, as --impl names an outside implementation
-        args.pytest_args.append(f"--engine-url={args.engine_url}")
-        args.impl.append(f"inference_engine={args.engine_url}")
+        args.pytest_args, args.impl = args.pytest_args + [f"--engine-url={args.engine_url}"], args.impl + ["engine"]
     if args.history is None:
         args.history = str(hist.default_folder())
     default = publish.default_out()

@@ -1,5 +1,5 @@
 """The serving benchmark in the report: latency against throughput for each server measured by
-``python -m inference_conformance.benchmarks.serving`` (its history entries: ``settings.timer``
+``python -m inference_conformance.benchmarks.inference_engine.serving`` (its history entries: ``settings.timer``
 "vllm-bench-serve"), from the newest such entry of the history folder. One point per request
 rate: x the output-token throughput (tokens/s), y the p50 and p99 of TTFT and TPOT (ms)."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def plot_latency_throughput(history_dir: Path | None, out: Path) -> dict:
              "file": None, "note": ""}
     found = newest_entry(history_dir)
     if found is None:
-        entry["note"] = ("no serving benchmark in the history (python -m inference_conformance.benchmarks.serving "
+        entry["note"] = ("no serving benchmark in the history (python -m inference_conformance.benchmarks.inference_engine.serving "
                          "--vllm --history history)")
         return entry
     path, doc = found

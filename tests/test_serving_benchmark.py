@@ -1,4 +1,4 @@
-"""The serving benchmark's records (``benchmarks/serving.py``) from a load generator's result, as a
+"""The serving benchmark's records (``benchmarks/inference_engine/serving.py``) from a load generator's result, as a
 history entry the gate reads, and the report's latency-against-throughput figure
 (``reports/serving.py``); the load itself runs in the peers-engines environment (vLLM)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from inference_conformance.benchmarks import serving
+from inference_conformance.benchmarks.inference_engine import serving
 from inference_conformance.conformance.environment import fingerprint
 from inference_conformance.perf import history
 from inference_conformance.reports import serving as report_serving
