@@ -3,15 +3,16 @@
 A :class:`Law` names its claim and technique, its body, the strategies of its drawn arguments
 (or pinned cases only), its pinned examples, the dtypes its conformance test runs in, the
 known-bad implementations each of its zoo tests must reject (:class:`Kills`) and the contract's
-boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach. The test module that
-declares it assigns the tests the runner makes, under the names the report reads::
+boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach, and
+the names of the tests made from it. Every law of a technique lives in
+``properties/<technique>/laws.py``; the suite's pytest plugin collects each :class:`Law` there
+as its tests (:func:`law_items`), under the names the report reads::
 
     FA3 = Law(claim="FA-3", technique="attention", body=law_matches_reference,
-              given={"case": cases(), "seed": S.seeds}, examples=(dict(case=..., seed=7), ...),
-              dtypes=DTYPES, kills=(Kills(ZOO_ALL, (torch.float64,)), Kills(ZOO_16BIT, (torch.bfloat16,))))
-    test_fa3_matches_float64_reference = FA3.conformance_test("test_fa3_matches_float64_reference")
-    test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.zoo_tests(
-        "test_fa3_zoo_rejected", "test_fa3_zoo_rejected_bfloat16")
+              given={"case": cases(), "seed": strategies.seeds}, examples=(dict(case=..., seed=7), ...),
+              dtypes=DTYPES, kills=(Kills(ZOO_ALL, (torch.float64,)), Kills(ZOO_16BIT, (torch.bfloat16,))),
+              test="test_fa3_matches_float64_reference",
+              zoo_tests=("test_fa3_zoo_rejected", "test_fa3_zoo_rejected_bfloat16"))
 
 The body is ``body(run, *params, **drawn)``: ``run`` is the :class:`Run` of this law on one
 implementation (``run.impl``), ``params`` the law's parameters in order (fixtures such as
@@ -146,7 +147,10 @@ class Law:
     under the interpreter (default: ``max_examples``), each a function of the profile's number; ``explicit_only``: run the
     pinned examples only; ``applies``: ``applies(impl)`` is None, or the reason the law does not
     apply to ``impl`` (the conformance test skips with it); ``claims``: the claim ids of its
-    tests (default: ``claim``)."""
+    tests (default: ``claim``); ``test``: the name of its conformance test ("" for none);
+    ``zoo_tests``: the names of its zoo tests, one per :class:`Kills`, in order; ``after``:
+    ``after(run)`` once the conformance test's run passed (to record a figure from it); ``doc``:
+    the conformance test's docstring (default: the body's)."""
 
     claim: str
     technique: str
@@ -163,6 +167,15 @@ class Law:
     explicit_only: bool = False
     applies: Callable[[Any], str | None] | None = None
     claims: tuple = ()
+    test: str = ""
+    zoo_tests: tuple = ()
+    after: Callable[[Run], None] | None = None
+    doc: str | None = None
+
+    def __post_init__(self):
+        if self.zoo_tests and len(self.zoo_tests) != len(self.kills):
+            raise ValueError(f"{self.name}: zoo_tests names {len(self.zoo_tests)} tests, kills declares "
+                             f"{len(self.kills)}")
 
     @property
     def name(self) -> str:
@@ -291,12 +304,19 @@ class Law:
     def _args(self, fixtures: Mapping[str, Any], dtype: Any) -> list:
         return [dtype if p == "dtype" else fixtures[p] for p in self.params]
 
-    def conformance_test(self, name: str, doc: str | None = None,
+    def tests(self) -> list[tuple[str, Callable]]:
+        """(name, test function) of each test the law declares: its conformance test
+        (:meth:`conformance_test`), then one zoo test per :class:`Kills` (:meth:`zoo_test`)."""
+        made = [(self.test, self.conformance_test())] if self.test else []
+        return made + [(name, self.zoo_test(name, kills)) for name, kills in zip(self.zoo_tests, self.kills)]
+
+    def conformance_test(self, name: str | None = None, doc: str | None = None,
                          after: Callable[[Run], None] | None = None) -> Callable:
-        """The test of the law over the registry: ``name(impl, <params>)``, parametrized over
-        ``dtypes``; it skips where ``applies`` says the law does not apply, runs the law, checks
-        its coverage and calls ``after(run)`` (to record a figure from the run)."""
-        law = self
+        """The test of the law over the registry: ``test(impl, <params>)`` named ``name``
+        (default: ``test``), parametrized over ``dtypes``; it skips where ``applies`` says the law
+        does not apply, runs the law, checks its coverage and calls ``after(run)`` (default: the
+        law's ``after``)."""
+        law, after = self, after or self.after
 
         def test(impl, **fixtures):
             reason = law.applies(impl) if law.applies else None
@@ -309,17 +329,18 @@ class Law:
 
         test.__signature__ = _parameters(("impl", *self.params))
         marks = self._marks() + ([_dtype_parameter(self.dtypes)] if "dtype" in self.params else [])
-        return _named(test, name, doc or self.body.__doc__, self.body.__module__, marks)
+        return _named(test, name or self.test, doc or self.doc or self.body.__doc__, self.body.__module__, marks)
 
-    def zoo_tests(self, *names: str) -> tuple[Callable, ...]:
-        """One zoo test per :class:`Kills` of the law, named ``names`` in order:
-        ``name(bad_impl, <params but dtype>[, dtype])``, each known-bad implementation rejected
-        by the law (:func:`inference_conformance.conformance.zoo.expect_rejected`)."""
+    def make_zoo_tests(self, *names: str) -> tuple[Callable, ...]:
+        """One zoo test per :class:`Kills` of the law, named ``names`` in order (:meth:`zoo_test`)."""
         if len(names) != len(self.kills):
             raise ValueError(f"{self.name}: {len(self.kills)} zoo tests declared, {len(names)} names given")
-        return tuple(self._zoo_test(name, kills) for name, kills in zip(names, self.kills))
+        return tuple(self.zoo_test(name, kills) for name, kills in zip(names, self.kills))
 
-    def _zoo_test(self, name: str, kills: Kills) -> Callable:
+    def zoo_test(self, name: str, kills: Kills) -> Callable:
+        """The zoo test ``name(bad_impl, <params but dtype>[, dtype])``: each known-bad
+        implementation of ``kills`` rejected by the law
+        (:func:`inference_conformance.conformance.zoo.expect_rejected`)."""
         law = self
         fixed = kills.dtypes[0] if len(kills.dtypes) == 1 else None
         parametrized = len(kills.dtypes) > 1
@@ -334,4 +355,32 @@ class Law:
         return _named(test, name, kills.doc or None, self.body.__module__, marks)
 
 
-__all__ = ["CoverageClass", "Kills", "Law", "Run", "dtype_id", "refusal", "runs_interpreted"]
+def is_laws_module(module_name: str) -> bool:
+    """Whether the module is a technique's home of laws: ``...laws`` or a module of a ``laws``
+    package."""
+    return module_name.rsplit(".", 1)[-1] == "laws" or ".laws." in module_name
+
+
+def law_items(collector, obj) -> list | None:
+    """The pytest items of ``obj`` when it is a :class:`Law` of a laws module (see
+    :func:`is_laws_module`) collected by ``collector``: each test the law declares, made and
+    parametrized as pytest makes a test function; None for anything else (a law imported
+    elsewhere is collected in its home only, once however many names it has there)."""
+    module = getattr(collector, "obj", None)
+    if not isinstance(obj, Law) or not is_laws_module(getattr(module, "__name__", "")):
+        return None
+    seen = collector.stash.setdefault(_COLLECTED, set())
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    items = []
+    for name, test in obj.tests():
+        made = collector.ihook.pytest_pycollect_makeitem(collector=collector, name=name, obj=test)
+        items += made if isinstance(made, list) else [made] if made is not None else []
+    return items
+
+
+_COLLECTED = pytest.StashKey[set]()
+
+
+__all__ = ["CoverageClass", "Kills", "Law", "Run", "dtype_id", "law_items", "refusal", "runs_interpreted"]

@@ -57,16 +57,44 @@ def _benchmarks_folders() -> list[Path]:
     return [Path(b, "benchmarks").resolve() for b in inference_conformance.__path__ if Path(b, "benchmarks").is_dir()]
 
 
+def _properties_folders() -> list[Path]:
+    import inference_conformance
+
+    return [Path(b, "properties").resolve() for b in inference_conformance.__path__ if Path(b, "properties").is_dir()]
+
+
+def _is_laws_file(file_path: Path) -> bool:
+    """A technique's home of laws: ``properties/<technique>/laws.py`` or a module of its ``laws`` package."""
+    return file_path.suffix == ".py" and (file_path.name == "laws.py" or file_path.parent.name == "laws")
+
+
 def pytest_collect_file(file_path: Path, parent):
-    """``bench_*.py`` in the suite's ``benchmarks`` folder are test modules even where the
-    project's ``python_files`` does not say so (``pytest --pyargs inference_conformance.benchmarks``
-    from any project); where it does, pytest collects them already."""
-    if not path_matches_patterns(file_path, ["bench_*.py"]) \
-            or path_matches_patterns(file_path, parent.config.getini("python_files")):
+    """``bench_*.py`` in the suite's ``benchmarks`` folder and the laws of ``properties/``
+    (``properties/<technique>/laws.py``: each :class:`inference_conformance.conformance.laws.Law`
+    there is collected as its tests, :func:`pytest_pycollect_makeitem`) are test modules
+    whatever the project's ``python_files`` (``pytest --pyargs inference_conformance.properties``
+    from any project); where it names them, or they are named on the command line, pytest
+    collects them already."""
+    if path_matches_patterns(file_path, [*parent.config.getini("python_files"), "__init__.py"]) \
+            or parent.session.isinitpath(file_path):
         return None
-    if not is_suite_path(file_path.parent, _benchmarks_folders()):
+    if path_matches_patterns(file_path, ["bench_*.py"]):
+        folders = _benchmarks_folders()
+    elif _is_laws_file(file_path):
+        folders = _properties_folders()
+    else:
+        return None
+    if not is_suite_path(file_path.parent, folders):
         return None
     return parent.ihook.pytest_pycollect_makemodule(module_path=file_path, parent=parent)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """A :class:`inference_conformance.conformance.laws.Law` in a laws module: its tests."""
+    from inference_conformance.conformance.laws import Law, law_items
+
+    return law_items(collector, obj) if isinstance(obj, Law) else None
 
 
 def technique_of(node) -> str | None:

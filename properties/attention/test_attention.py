@@ -39,7 +39,7 @@ from inference_conformance.properties.attention.cases import (
 from inference_conformance.reference import attention as ref
 
 test_fa3_matches_float64_reference = FA3.conformance_test("test_fa3_matches_float64_reference")
-test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.zoo_tests("test_fa3_zoo_rejected",
+test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.make_zoo_tests("test_fa3_zoo_rejected",
                                                                       "test_fa3_zoo_rejected_bfloat16")
 
 
@@ -158,7 +158,7 @@ def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_s
 
 
 test_fa7_split_kv_equals_unsplit = FA7.conformance_test("test_fa7_split_kv_equals_unsplit")
-(test_fa7_zoo_rejected,) = FA7.zoo_tests("test_fa7_zoo_rejected")
+(test_fa7_zoo_rejected,) = FA7.make_zoo_tests("test_fa7_zoo_rejected")
 
 
 @pytest.mark.claim("FA-7")

@@ -29,7 +29,7 @@ from inference_conformance.properties.attention.cases import make_inputs
 from inference_conformance.reference import attention as ref
 
 test_fa8_options_match_float64_reference = FA8.conformance_test("test_fa8_options_match_float64_reference")
-(test_fa8_zoo_rejected,) = FA8.zoo_tests("test_fa8_zoo_rejected")
+(test_fa8_zoo_rejected,) = FA8.make_zoo_tests("test_fa8_zoo_rejected")
 
 
 def _implementation(name, fn):

@@ -114,7 +114,7 @@ NAN_RULE = Law(
 #: run, strict: a fix fails the run until its entry goes): PyTorch's CPU SDPA ("torch") breaks
 #: the rule in every dtype (expectations/attention-torch.toml).
 test_fa3_nan_in_exactly_the_rows_that_see_it = NAN_RULE.conformance_test("test_fa3_nan_in_exactly_the_rows_that_see_it")
-(test_fa3_nan_zoo_rejected,) = NAN_RULE.zoo_tests("test_fa3_nan_zoo_rejected")
+(test_fa3_nan_zoo_rejected,) = NAN_RULE.make_zoo_tests("test_fa3_nan_zoo_rejected")
 
 
 def test_the_expected_nan_elements_follow_the_mask():

@@ -77,7 +77,7 @@ SD12 = Law(claim="SD-12", technique="drafter", body=law_greedy_drafts_emit_greed
            require_coverage=True, max_examples=lambda n: max(1, n // 10))
 
 test_sd12_greedy_drafts_emit_greedy_decoding = SD12.conformance_test("test_sd12_greedy_drafts_emit_greedy_decoding")
-(test_sd12_zoo_drafter_rejected,) = SD12.zoo_tests("test_sd12_zoo_drafter_rejected")
+(test_sd12_zoo_drafter_rejected,) = SD12.make_zoo_tests("test_sd12_zoo_drafter_rejected")
 
 
 def law_proposals_are_tokens_of_a_padded_vocabulary(run, device):
@@ -107,7 +107,7 @@ SD12_PADDED = Law(claim="SD-12", technique="drafter", body=law_proposals_are_tok
                   params=("device",), kills=(Kills(ZOO_PADDED),))
 
 test_sd12_proposals_on_a_padded_vocabulary = SD12_PADDED.conformance_test("test_sd12_proposals_on_a_padded_vocabulary")
-(test_sd12_padded_vocabulary_zoo_rejected,) = SD12_PADDED.zoo_tests("test_sd12_padded_vocabulary_zoo_rejected")
+(test_sd12_padded_vocabulary_zoo_rejected,) = SD12_PADDED.make_zoo_tests("test_sd12_padded_vocabulary_zoo_rejected")
 
 
 def law_figures_replay_from_the_proposals(run, device, task, seed, n_tokens):
@@ -166,7 +166,7 @@ SD14 = Law(claim="SD-14", technique="drafter", body=law_figures_replay_from_the_
            examples=SD14_EXAMPLES, explicit_only=True, params=("device",), kills=(Kills(ZOO_SD14),))
 
 test_sd14_drafter_figures_replay = SD14.conformance_test("test_sd14_drafter_figures_replay", after=record_figures)
-(test_sd14_zoo_drafter_rejected,) = SD14.zoo_tests("test_sd14_zoo_drafter_rejected")
+(test_sd14_zoo_drafter_rejected,) = SD14.make_zoo_tests("test_sd14_zoo_drafter_rejected")
 
 
 @pytest.mark.claim("SD-12", "SD-14")

@@ -11,6 +11,6 @@ from inference_conformance.properties.fp8_cast.cases import QT11_GRID, QT11_RANG
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-test_qt11_cast_grid_zoo_rejected, test_qt11_cast_grid_zoo_rejected_float64 = QT11_GRID.zoo_tests(
+test_qt11_cast_grid_zoo_rejected, test_qt11_cast_grid_zoo_rejected_float64 = QT11_GRID.make_zoo_tests(
     "test_qt11_cast_grid_zoo_rejected", "test_qt11_cast_grid_zoo_rejected_float64")
-(test_qt11_cast_range_zoo_rejected,) = QT11_RANGE.zoo_tests("test_qt11_cast_range_zoo_rejected")
+(test_qt11_cast_range_zoo_rejected,) = QT11_RANGE.make_zoo_tests("test_qt11_cast_range_zoo_rejected")

@@ -6,4 +6,4 @@ from __future__ import annotations
 from inference_conformance.properties.inference_engine.declarations import DECLARED
 
 test_engine_declared_absent_is_absent = DECLARED.conformance_test("test_engine_declared_absent_is_absent")
-(test_engine_declared_zoo_rejected,) = DECLARED.zoo_tests("test_engine_declared_zoo_rejected")
+(test_engine_declared_zoo_rejected,) = DECLARED.make_zoo_tests("test_engine_declared_zoo_rejected")

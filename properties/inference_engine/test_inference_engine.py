@@ -267,20 +267,20 @@ KV2 = Law(claim="KV-2", technique="inference_engine", body=law_same_seed_same_to
 
 test_en1_greedy_matches_reference = EN1.conformance_test("test_en1_greedy_matches_reference",
                                                           after=C.record_excused("EN-1"))
-(test_en1_zoo_rejected,) = EN1.zoo_tests("test_en1_zoo_rejected")
+(test_en1_zoo_rejected,) = EN1.make_zoo_tests("test_en1_zoo_rejected")
 test_en2_output_independent_of_batching = EN2.conformance_test("test_en2_output_independent_of_batching",
                                                                 after=C.record_excused("EN-2"))
-(test_en2_zoo_rejected,) = EN2.zoo_tests("test_en2_zoo_rejected")
+(test_en2_zoo_rejected,) = EN2.make_zoo_tests("test_en2_zoo_rejected")
 test_en3_speculative_greedy = EN3.conformance_test("test_en3_speculative_greedy")
-(test_en3_zoo_rejected,) = EN3.zoo_tests("test_en3_zoo_rejected")
+(test_en3_zoo_rejected,) = EN3.make_zoo_tests("test_en3_zoo_rejected")
 test_en3_sampled_distribution = EN3S.conformance_test("test_en3_sampled_distribution", after=S.record_power)
-(test_en3_sampled_zoo_rejected,) = EN3S.zoo_tests("test_en3_sampled_zoo_rejected")
+(test_en3_sampled_zoo_rejected,) = EN3S.make_zoo_tests("test_en3_sampled_zoo_rejected")
 EN1S = Law(claim="EN-1", technique="inference_engine", body=law_sampled_logprobs,
            given={"seed": SEEDS, "temperature": TEMPERATURES, "top_p": TOP_PS},
            examples=(dict(seed=6, temperature=0.7, top_p=0.9),),
            kills=(Kills(("argmax_logprobs", "processed_logprobs")),), applies=_logprobs, **_FEW)
 
 test_en1_sampled_logprobs = EN1S.conformance_test("test_en1_sampled_logprobs")
-(test_en1_sampled_zoo_rejected,) = EN1S.zoo_tests("test_en1_sampled_zoo_rejected")
+(test_en1_sampled_zoo_rejected,) = EN1S.make_zoo_tests("test_en1_sampled_zoo_rejected")
 test_engine_same_seed_same_tokens = KV2.conformance_test("test_engine_same_seed_same_tokens")
-(test_engine_seed_zoo_rejected,) = KV2.zoo_tests("test_engine_seed_zoo_rejected")
+(test_engine_seed_zoo_rejected,) = KV2.make_zoo_tests("test_engine_seed_zoo_rejected")

@@ -87,11 +87,11 @@ PAIRS = Law(claim="PA-7", claims=("PA-6", "PA-7", "PA-8"), technique="inference_
             kills=(Kills(("prefix_published_before_computed", "fork_writes_into_the_shared_block")),), **_FEW)
 
 test_pa6_serve_arrivals_preemption = PA6.conformance_test("test_pa6_serve_arrivals_preemption")
-(test_pa6_serve_zoo_rejected,) = PA6.zoo_tests("test_pa6_serve_zoo_rejected")
+(test_pa6_serve_zoo_rejected,) = PA6.make_zoo_tests("test_pa6_serve_zoo_rejected")
 PA7 = S.PA7
 test_pa7_serve_prefix_cache = PA7.conformance_test("test_pa7_serve_prefix_cache")
-(test_pa7_serve_zoo_rejected,) = PA7.zoo_tests("test_pa7_serve_zoo_rejected")
+(test_pa7_serve_zoo_rejected,) = PA7.make_zoo_tests("test_pa7_serve_zoo_rejected")
 test_pa8_serve_chunked = PA8.conformance_test("test_pa8_serve_chunked")
-(test_pa8_serve_zoo_rejected,) = PA8.zoo_tests("test_pa8_serve_zoo_rejected")
+(test_pa8_serve_zoo_rejected,) = PA8.make_zoo_tests("test_pa8_serve_zoo_rejected")
 test_serve_features_combined = PAIRS.conformance_test("test_serve_features_combined")
-(test_serve_features_combined_zoo_rejected,) = PAIRS.zoo_tests("test_serve_features_combined_zoo_rejected")
+(test_serve_features_combined_zoo_rejected,) = PAIRS.make_zoo_tests("test_serve_features_combined_zoo_rejected")

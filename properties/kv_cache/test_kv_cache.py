@@ -94,7 +94,7 @@ KV1 = Law(
     coverage=COVERAGE, require_coverage=True, max_examples=examples(8))
 
 test_prefill_then_decode_equals_full_forward = KV1.conformance_test("test_prefill_then_decode_equals_full_forward")
-(test_prefill_then_decode_rejects,) = KV1.zoo_tests("test_prefill_then_decode_rejects")
+(test_prefill_then_decode_rejects,) = KV1.make_zoo_tests("test_prefill_then_decode_rejects")
 
 
 @pytest.mark.technique(TECH)
@@ -146,7 +146,7 @@ KV2 = Law(
     max_examples=examples(6))
 
 test_same_seed_same_tokens = KV2.conformance_test("test_same_seed_same_tokens")
-(test_same_seed_same_tokens_rejects,) = KV2.zoo_tests("test_same_seed_same_tokens_rejects")
+(test_same_seed_same_tokens_rejects,) = KV2.make_zoo_tests("test_same_seed_same_tokens_rejects")
 
 
 def law_cache_holds_exactly_the_tokens(run, device, dtype, case):
@@ -208,7 +208,7 @@ KV4 = Law(
     coverage=COVERAGE, require_coverage=True, max_examples=examples(6))
 
 test_cache_holds_exactly_the_tokens = KV4.conformance_test("test_cache_holds_exactly_the_tokens")
-(test_cache_holds_exactly_the_tokens_rejects,) = KV4.zoo_tests("test_cache_holds_exactly_the_tokens_rejects")
+(test_cache_holds_exactly_the_tokens_rejects,) = KV4.make_zoo_tests("test_cache_holds_exactly_the_tokens_rejects")
 
 
 # --------------------------------------------------------------------------------------- KV-10
@@ -261,7 +261,7 @@ KV10 = Law(
     coverage=COVERAGE, require_coverage=True, max_examples=examples(5))
 
 test_batch_mates_change_nothing = KV10.conformance_test("test_batch_mates_change_nothing")
-(test_batch_mates_change_nothing_rejects,) = KV10.zoo_tests("test_batch_mates_change_nothing_rejects")
+(test_batch_mates_change_nothing_rejects,) = KV10.make_zoo_tests("test_batch_mates_change_nothing_rejects")
 
 
 @pytest.mark.technique(TECH)
@@ -306,7 +306,7 @@ KV1_LONG = Law(claim="KV-1", technique=TECH, body=law_long_sequences, dtypes=FLO
                coverage=COVERAGE, require_coverage=True)
 
 test_long_sequences_past_64_and_128_positions = KV1_LONG.conformance_test("test_long_sequences_past_64_and_128_positions")
-(test_long_sequences_rejects,) = KV1_LONG.zoo_tests("test_long_sequences_rejects")
+(test_long_sequences_rejects,) = KV1_LONG.make_zoo_tests("test_long_sequences_rejects")
 
 #: Positions past 256: bfloat16 holds integers exactly only up to 256 (257 rounds to 256), so a
 #: position or RoPE angle that passes through the model's 16-bit dtype shows only here.
@@ -325,7 +325,7 @@ KV4_PAST_256 = Law(claim="KV-4", technique=TECH, body=law_bfloat16_cache_past_25
                    kills=(Kills(("positions_in_model_dtype",)),), coverage=COVERAGE, require_coverage=True)
 
 test_bfloat16_cache_past_256_positions = KV4_PAST_256.conformance_test("test_bfloat16_cache_past_256_positions")
-(test_bfloat16_cache_past_256_positions_rejects,) = KV4_PAST_256.zoo_tests(
+(test_bfloat16_cache_past_256_positions_rejects,) = KV4_PAST_256.make_zoo_tests(
     "test_bfloat16_cache_past_256_positions_rejects")
 
 
@@ -350,7 +350,7 @@ KV1_REPREFILL = Law(claim="KV-1", technique=TECH, body=law_a_second_prefill_forg
                     kills=(Kills(("stale_after_reprefill",), ZOO_DTYPE),))
 
 test_a_second_prefill_forgets_the_first = KV1_REPREFILL.conformance_test("test_a_second_prefill_forgets_the_first")
-(test_a_second_prefill_rejects,) = KV1_REPREFILL.zoo_tests("test_a_second_prefill_rejects")
+(test_a_second_prefill_rejects,) = KV1_REPREFILL.make_zoo_tests("test_a_second_prefill_rejects")
 
 
 def law_decode_to_full_capacity(run, device, dtype):

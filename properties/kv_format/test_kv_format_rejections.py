@@ -11,6 +11,6 @@ from inference_conformance.properties.kv_format.cases import QT12_ATTENTION, QT1
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-(test_qt12_value_zoo_rejected,) = QT12_VALUES.zoo_tests("test_qt12_value_zoo_rejected")
-(test_qt12_attention_zoo_rejected,) = QT12_ATTENTION.zoo_tests("test_qt12_attention_zoo_rejected")
-(test_qt12_bytes_zoo_rejected,) = QT12_BYTES.zoo_tests("test_qt12_bytes_zoo_rejected")
+(test_qt12_value_zoo_rejected,) = QT12_VALUES.make_zoo_tests("test_qt12_value_zoo_rejected")
+(test_qt12_attention_zoo_rejected,) = QT12_ATTENTION.make_zoo_tests("test_qt12_attention_zoo_rejected")
+(test_qt12_bytes_zoo_rejected,) = QT12_BYTES.make_zoo_tests("test_qt12_bytes_zoo_rejected")

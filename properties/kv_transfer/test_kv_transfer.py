@@ -25,7 +25,7 @@ from inference_conformance.reference.kv_transfer import TRANSFER
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 test_pa9_transfer_continues_as_one_engine = PA9.conformance_test("test_pa9_transfer_continues_as_one_engine")
-(test_pa9_zoo_bad_transfer_rejected,) = PA9.zoo_tests("test_pa9_zoo_bad_transfer_rejected")
+(test_pa9_zoo_bad_transfer_rejected,) = PA9.make_zoo_tests("test_pa9_zoo_bad_transfer_rejected")
 
 
 @pytest.mark.claim("PA-9")

@@ -13,5 +13,5 @@ from inference_conformance.properties.mla_decode.cases import KV12
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-test_kv12_zoo_rejected, test_kv12_zoo_rejected_bfloat16 = KV12.zoo_tests("test_kv12_zoo_rejected",
+test_kv12_zoo_rejected, test_kv12_zoo_rejected_bfloat16 = KV12.make_zoo_tests("test_kv12_zoo_rejected",
                                                                         "test_kv12_zoo_rejected_bfloat16")

@@ -99,7 +99,7 @@ test_pa1_paged_equals_contiguous = PA1.conformance_test(
     "test_pa1_paged_equals_contiguous",
     doc="""PA-1 for every implementation and dtype; the cases the law ran must reach every boundary
     class of the contract (unless the implementation refused some).""")
-test_pa1_zoo_rejected, test_pa1_zoo_rejected_bfloat16 = PA1.zoo_tests("test_pa1_zoo_rejected",
+test_pa1_zoo_rejected, test_pa1_zoo_rejected_bfloat16 = PA1.make_zoo_tests("test_pa1_zoo_rejected",
                                                                       "test_pa1_zoo_rejected_bfloat16")
 
 
@@ -178,7 +178,7 @@ PA1_STRIDED = Law(claim="PA-1", technique=TECH, body=law_strided_inputs, params=
                   kills=(Kills(("table_stride_from_shape", "cache_strides_from_shape")),))
 
 test_pa1_noncontiguous_inputs = PA1_STRIDED.conformance_test("test_pa1_noncontiguous_inputs", doc="")
-(test_pa1_noncontiguous_zoo_rejected,) = PA1_STRIDED.zoo_tests("test_pa1_noncontiguous_zoo_rejected")
+(test_pa1_noncontiguous_zoo_rejected,) = PA1_STRIDED.make_zoo_tests("test_pa1_noncontiguous_zoo_rejected")
 
 
 # ------------------------------------------------------------ element offsets past 2^31
@@ -201,7 +201,7 @@ PA1_FAR = Law(claim="PA-1", technique=TECH, body=law_offsets_past_2_31, params=(
               kills=(Kills(("block_offsets_in_int32",)),))
 
 test_pa1_offsets_past_2_31 = PA1_FAR.conformance_test("test_pa1_offsets_past_2_31", doc="")
-(test_pa1_offsets_past_2_31_zoo_rejected,) = PA1_FAR.zoo_tests("test_pa1_offsets_past_2_31_zoo_rejected")
+(test_pa1_offsets_past_2_31_zoo_rejected,) = PA1_FAR.make_zoo_tests("test_pa1_offsets_past_2_31_zoo_rejected")
 
 
 @pytest.mark.claim("PA-1")

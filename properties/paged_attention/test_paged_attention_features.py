@@ -173,9 +173,9 @@ FA8_PREFILL = Law(claim="FA-8", technique="paged_attention", body=law_prefill_op
                   coverage=COVERAGE, require_coverage=True)
 
 test_fa8_paged_options_match_dense = FA8_PAGED.conformance_test("test_fa8_paged_options_match_dense")
-(test_fa8_paged_zoo_rejected,) = FA8_PAGED.zoo_tests("test_fa8_paged_zoo_rejected")
+(test_fa8_paged_zoo_rejected,) = FA8_PAGED.make_zoo_tests("test_fa8_paged_zoo_rejected")
 test_fa8_prefill_options_match_dense = FA8_PREFILL.conformance_test("test_fa8_prefill_options_match_dense")
-(test_fa8_prefill_zoo_rejected,) = FA8_PREFILL.zoo_tests("test_fa8_prefill_zoo_rejected")
+(test_fa8_prefill_zoo_rejected,) = FA8_PREFILL.make_zoo_tests("test_fa8_prefill_zoo_rejected")
 
 
 @pytest.mark.claim("FA-8")

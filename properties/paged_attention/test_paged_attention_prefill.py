@@ -91,7 +91,7 @@ test_pa8_mixed_batch_equals_causal = PA8.conformance_test(
     "test_pa8_mixed_batch_equals_causal",
     doc="""PA-8 for every implementation with the mixed batch and every dtype; the cases must reach
     every PA-8 boundary class of the contract.""")
-(test_pa8_zoo_rejected,) = PA8.zoo_tests("test_pa8_zoo_rejected")
+(test_pa8_zoo_rejected,) = PA8.make_zoo_tests("test_pa8_zoo_rejected")
 
 
 @pytest.mark.claim("PA-8")

@@ -114,7 +114,7 @@ QT1 = Law(claim="QT-1", technique=TECH, body=law_half_step, given={"case": quant
 test_qt1_within_half_step = QT1.conformance_test(
     "test_qt1_within_half_step",
     doc="QT-1 for every implementation and dtype; the cases must reach every boundary class.", after=_record_worst)
-(test_qt1_zoo_rejected,) = QT1.zoo_tests("test_qt1_zoo_rejected")
+(test_qt1_zoo_rejected,) = QT1.make_zoo_tests("test_qt1_zoo_rejected")
 
 
 @pytest.mark.claim("QT-1")
@@ -221,10 +221,10 @@ def test_qt2_packing_order_and_zero_point_probes():
 
 # -------------------------------------------------------------------------------------- QT-9
 test_qt9_matmul_equals_dequantize_then_multiply = QT9.conformance_test("test_qt9_matmul_equals_dequantize_then_multiply")
-(test_qt9_zoo_rejected,) = QT9.zoo_tests("test_qt9_zoo_rejected")
+(test_qt9_zoo_rejected,) = QT9.make_zoo_tests("test_qt9_zoo_rejected")
 test_qt9_fp8_fp4_matmul_equals_dequantize_then_multiply = QT9_FLOATING.conformance_test(
     "test_qt9_fp8_fp4_matmul_equals_dequantize_then_multiply")
-(test_qt9_narrowed_product_rejected,) = QT9_FLOATING.zoo_tests("test_qt9_narrowed_product_rejected")
+(test_qt9_narrowed_product_rejected,) = QT9_FLOATING.make_zoo_tests("test_qt9_narrowed_product_rejected")
 
 
 @pytest.mark.claim("QT-9")
@@ -314,8 +314,8 @@ ACT_ORDER_QT9 = Law(claim="QT-9", technique=TECH, body=law_act_order_matmul,
 
 test_act_order_within_half_step = ACT_ORDER_QT1.conformance_test("test_act_order_within_half_step")
 test_act_order_matmul = ACT_ORDER_QT9.conformance_test("test_act_order_matmul")
-(test_act_order_zoo_rejected,) = ACT_ORDER_QT1.zoo_tests("test_act_order_zoo_rejected")
-(test_act_order_kernel_zoo_rejected,) = ACT_ORDER_QT9.zoo_tests("test_act_order_kernel_zoo_rejected")
+(test_act_order_zoo_rejected,) = ACT_ORDER_QT1.make_zoo_tests("test_act_order_zoo_rejected")
+(test_act_order_kernel_zoo_rejected,) = ACT_ORDER_QT9.make_zoo_tests("test_act_order_kernel_zoo_rejected")
 
 
 def test_act_order_examples_reach_both_launches():

@@ -133,7 +133,7 @@ def _record(run) -> None:
 
 
 test_qt13_exact_nearest_even = QT13.conformance_test("test_qt13_exact_nearest_even", after=_record)
-(test_qt13_zoo_rejected,) = QT13.zoo_tests("test_qt13_zoo_rejected")
+(test_qt13_zoo_rejected,) = QT13.make_zoo_tests("test_qt13_zoo_rejected")
 
 
 @pytest.mark.claim("QT-13")

@@ -126,7 +126,7 @@ def _record_fp8(run) -> None:
 
 
 test_qt11_within_half_ulp = QT11.conformance_test("test_qt11_within_half_ulp", after=_record_fp8)
-(test_qt11_zoo_rejected,) = QT11.zoo_tests("test_qt11_zoo_rejected")
+(test_qt11_zoo_rejected,) = QT11.make_zoo_tests("test_qt11_zoo_rejected")
 
 
 def _rms_error_but_largest(scheme, w: torch.Tensor) -> float:

@@ -135,7 +135,7 @@ test_sd1_statistical = SD1_STATISTICAL.conformance_test(
     doc="""SD-1 for every registered verify: empirical first token, first two tokens and number
     accepted follow the exact distributions, for two dense pairs and three boundary classes
     (G-tests, family-wise false-alarm rate 1e-3 over the whole law, fixed seeds).""")
-(test_sd1_zoo_rejected,) = SD1_STATISTICAL.zoo_tests("test_sd1_zoo_rejected")
+(test_sd1_zoo_rejected,) = SD1_STATISTICAL.make_zoo_tests("test_sd1_zoo_rejected")
 
 
 # ------------------------------------------------ SD-1 structure: decisions that are certain
@@ -162,7 +162,7 @@ def law_sd1_certain(run, device):
 SD1_CERTAIN = Law(claim="SD-1", technique=TECH, body=law_sd1_certain, params=("device",),
                   kills=(Kills(("accept_fp16", "row0_probs", "long_gamma_bonus")),))
 test_sd1_certain_decisions = SD1_CERTAIN.conformance_test("test_sd1_certain_decisions", doc="")
-(test_sd1_certain_zoo_rejected,) = SD1_CERTAIN.zoo_tests("test_sd1_certain_zoo_rejected")
+(test_sd1_certain_zoo_rejected,) = SD1_CERTAIN.make_zoo_tests("test_sd1_certain_zoo_rejected")
 
 
 #: Small batch, a draft token over-proposed (q(1) = .99 > p(1) = .5): rejected about half the
@@ -220,7 +220,7 @@ SD1_SMALL_BATCH = Law(claim="SD-1", technique=TECH, body=law_sd1_small_batch_str
                       given={"case": _small_batches()}, examples=(dict(case=_SMALL_PINNED),),
                       kills=(Kills(("small_batch_from_p", "resample_from_p")),))
 test_sd1_small_batch_structure = SD1_SMALL_BATCH.conformance_test("test_sd1_small_batch_structure", doc="")
-(test_sd1_small_batch_zoo_rejected,) = SD1_SMALL_BATCH.zoo_tests("test_sd1_small_batch_zoo_rejected")
+(test_sd1_small_batch_zoo_rejected,) = SD1_SMALL_BATCH.make_zoo_tests("test_sd1_small_batch_zoo_rejected")
 
 
 # ---------------------------------------------------------------- extreme ratios, randomness
@@ -272,7 +272,7 @@ def law_sd1_extreme_ratios(run, device, dtype):
 SD1_EXTREME = Law(claim="SD-1", technique=TECH, body=law_sd1_extreme_ratios, dtypes=(torch.float64, torch.float32),
                   kills=(Kills(("guarded_division", "tiny_residual_unnormalised"), (torch.float64,)),))
 test_sd1_extreme_ratios = SD1_EXTREME.conformance_test("test_sd1_extreme_ratios", doc="")
-(test_sd1_extreme_ratios_zoo_rejected,) = SD1_EXTREME.zoo_tests("test_sd1_extreme_ratios_zoo_rejected")
+(test_sd1_extreme_ratios_zoo_rejected,) = SD1_EXTREME.make_zoo_tests("test_sd1_extreme_ratios_zoo_rejected")
 
 
 @pytest.mark.technique(TECH)

@@ -143,7 +143,7 @@ test_sd11_statistical = SD11_STATISTICAL.conformance_test(
     multiples of 2^-8, exact in each): the emitted sequences of a binary tree, three independent
     drafts, a wide root and two boundary classes follow the exact enumeration (G-tests,
     family-wise false-alarm rate 1e-3, fixed seeds), after exact checks of the path.""")
-test_sd11_zoo_rejected, test_sd11_zoo_rejected_float32 = SD11_STATISTICAL.zoo_tests(
+test_sd11_zoo_rejected, test_sd11_zoo_rejected_float32 = SD11_STATISTICAL.make_zoo_tests(
     "test_sd11_zoo_rejected", "test_sd11_zoo_rejected_float32")
 
 
@@ -164,7 +164,7 @@ def law_sd11_boundary_uniforms(run, device, dtype):
 SD11_BOUNDARY = Law(claim="SD-11", technique=TECH, body=law_sd11_boundary_uniforms, dtypes=DTYPES,
                     kills=(Kills(("accepts_at_boundary",), (torch.float32,)),))
 test_sd11_boundary_uniforms = SD11_BOUNDARY.conformance_test("test_sd11_boundary_uniforms")
-(test_sd11_boundary_zoo_rejected,) = SD11_BOUNDARY.zoo_tests("test_sd11_boundary_zoo_rejected")
+(test_sd11_boundary_zoo_rejected,) = SD11_BOUNDARY.make_zoo_tests("test_sd11_boundary_zoo_rejected")
 
 #: Exact multinomial draws of the whole law for its false-alarm rate and its power.
 LAW_DRAWS, POWER_DRAWS = 1000, 500

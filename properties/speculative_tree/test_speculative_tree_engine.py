@@ -102,7 +102,7 @@ SD10_MODEL = Law(claim="SD-10", technique="tree_attention", body=law_sd10_tree_f
 
 test_sd10_tree_attention_equals_each_path_alone = SD10_MODEL.conformance_test(
     "test_sd10_tree_attention_equals_each_path_alone")
-test_sd10_zoo_rejected, = SD10_MODEL.zoo_tests("test_sd10_zoo_rejected")
+test_sd10_zoo_rejected, = SD10_MODEL.make_zoo_tests("test_sd10_zoo_rejected")
 
 
 @pytest.mark.claim("SD-10")

@@ -27,7 +27,7 @@ test_sd10_tree_attention_matches_paths = SD10_ATTENTION.conformance_test(
     doc="""SD-10 for every implementation and dtype: each node's output over the prefix and the tree
     equals attention over the prefix and its root-to-node path alone (float64 reference).""")
 
-test_sd10_tree_attention_zoo_rejected, test_sd10_tree_attention_zoo_rejected_bfloat16 = SD10_ATTENTION.zoo_tests(
+test_sd10_tree_attention_zoo_rejected, test_sd10_tree_attention_zoo_rejected_bfloat16 = SD10_ATTENTION.make_zoo_tests(
     "test_sd10_tree_attention_zoo_rejected", "test_sd10_tree_attention_zoo_rejected_bfloat16")
 
 
