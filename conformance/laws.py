@@ -362,11 +362,14 @@ def is_laws_module(module_name: str) -> bool:
 
 
 def law_items(collector, obj) -> list | None:
-    """The pytest items of ``obj`` when it is a :class:`Law` of a laws module (see
-    :func:`is_laws_module`) collected by ``collector``: each test the law declares, made and
-    parametrized as pytest makes a test function; None for anything else (a law imported
-    elsewhere is collected in its home only, once however many names it has there)."""
+    """What pytest collects of ``obj`` in a module: for a :class:`Law` of a laws module (see
+    :func:`is_laws_module`), each test the law declares, made and parametrized as pytest makes a
+    test function (the module holds it under its name, where pytest's items look it up); [] for
+    such a test met again in the module (or a law met again under another name); None for
+    anything else (a law imported elsewhere is collected in its home only)."""
     module = getattr(collector, "obj", None)
+    if isinstance(getattr(obj, _MADE_FROM, None), Law):
+        return None if collector.stash.get(_MAKING, None) is obj else []
     if not isinstance(obj, Law) or not is_laws_module(getattr(module, "__name__", "")):
         return None
     seen = collector.stash.setdefault(_COLLECTED, set())
@@ -375,12 +378,20 @@ def law_items(collector, obj) -> list | None:
     seen.add(id(obj))
     items = []
     for name, test in obj.tests():
-        made = collector.ihook.pytest_pycollect_makeitem(collector=collector, name=name, obj=test)
+        setattr(test, _MADE_FROM, obj)
+        setattr(module, name, test)
+        collector.stash[_MAKING] = test
+        try:
+            made = collector.ihook.pytest_pycollect_makeitem(collector=collector, name=name, obj=test)
+        finally:
+            collector.stash[_MAKING] = None
         items += made if isinstance(made, list) else [made] if made is not None else []
     return items
 
 
 _COLLECTED = pytest.StashKey[set]()
+_MAKING = pytest.StashKey[object]()
+_MADE_FROM = "_made_from_law"
 
 
 __all__ = ["CoverageClass", "Kills", "Law", "Run", "dtype_id", "law_items", "refusal", "runs_interpreted"]

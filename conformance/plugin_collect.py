@@ -92,9 +92,9 @@ def pytest_collect_file(file_path: Path, parent):
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector, name, obj):
     """A :class:`inference_conformance.conformance.laws.Law` in a laws module: its tests."""
-    from inference_conformance.conformance.laws import Law, law_items
+    from inference_conformance.conformance.laws import law_items
 
-    return law_items(collector, obj) if isinstance(obj, Law) else None
+    return law_items(collector, obj)
 
 
 def technique_of(node) -> str | None:
