@@ -150,7 +150,8 @@ class Law:
     tests (default: ``claim``); ``test``: the name of its conformance test ("" for none);
     ``zoo_tests``: the names of its zoo tests, one per :class:`Kills`, in order; ``after``:
     ``after(run)`` once the conformance test's run passed (to record a figure from it); ``doc``:
-    the conformance test's docstring (default: the body's)."""
+    the conformance test's docstring (default: the body's); ``marks``: pytest marks its tests
+    carry besides the technique and claim (a fixture they use, a warning they ignore)."""
 
     claim: str
     technique: str
@@ -171,6 +172,7 @@ class Law:
     zoo_tests: tuple = ()
     after: Callable[[Run], None] | None = None
     doc: str | None = None
+    marks: tuple = ()
 
     def __post_init__(self):
         if self.zoo_tests and len(self.zoo_tests) != len(self.kills):
@@ -299,7 +301,7 @@ class Law:
                              f"(reached: {sorted(run.reached)}; refused only: {sorted(run.refused_only)})")
 
     def _marks(self) -> list:
-        return [pytest.mark.technique(self.technique), pytest.mark.claim(*(self.claims or (self.claim,)))]
+        return [pytest.mark.technique(self.technique), pytest.mark.claim(*(self.claims or (self.claim,))), *self.marks]
 
     def _args(self, fixtures: Mapping[str, Any], dtype: Any) -> list:
         return [dtype if p == "dtype" else fixtures[p] for p in self.params]

@@ -23,19 +23,22 @@ from hypothesis import note
 
 
 def kernel_law(name: str, doc: str, *, inputs: Callable, call: Callable, check: Callable,
-               fit: Callable | None = None) -> Callable[..., None]:
+               fit: Callable | None = None, before: Callable | None = None) -> Callable[..., None]:
     """The body ``name(run, device, dtype, case, seed)`` of a kernel's law (see the module's
-    docstring), documented by ``doc``, defined in the caller's module. Raises TypeError naming
-    the argument when ``name`` or ``doc`` is not a str or ``inputs``, ``call``, ``check`` or
-    ``fit`` (when given) is not callable."""
+    docstring), documented by ``doc``, defined in the caller's module; ``before(run, case)``, when
+    given, runs first (to refuse a case the implementation cannot take before any input is made).
+    Raises TypeError naming the argument when ``name`` or ``doc`` is not a str, or ``inputs``,
+    ``call``, ``check``, ``fit`` or ``before`` (when given) is not callable."""
     for arg, value in (("name", name), ("doc", doc)):
         if not isinstance(value, str):
             raise TypeError(f"kernel_law: {arg} must be a str, got {type(value).__name__}")
-    for arg, value in (("inputs", inputs), ("call", call), ("check", check), ("fit", fit)):
-        if value is not None and not callable(value) or value is None and arg != "fit":
+    for arg, value in (("inputs", inputs), ("call", call), ("check", check), ("fit", fit), ("before", before)):
+        if not callable(value) and (value is not None or arg not in ("fit", "before")):
             raise TypeError(f"kernel_law: {arg} must be callable, got {type(value).__name__}")
 
     def body(run, device, dtype, case, seed) -> None:
+        if before is not None:
+            before(run, case)
         if run.interpreted and fit is not None:
             case = fit(case)
         note(f"{case}")
