@@ -366,3 +366,8 @@ def call_prefill(impl, inp: PrefillInputs, case: PrefillCase, *, run: Run | None
     with refusal(run, f"{getattr(impl, 'name', impl)} refuses paged_prefill for {inp.q.dtype}, D={case.D}, "
                       f"block_size={case.block_size}"):
         return impl.paged_prefill(*inp.args(), scale=case.scale, **kw)
+
+
+def paged_case(lens, Hq, Hkv, D, bs, c=0.7, **kw) -> PagedCase:
+    """A :class:`PagedCase` of ``lens`` with the scale ``c / sqrt(D)``."""
+    return PagedCase(tuple(lens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)

@@ -113,3 +113,8 @@ INTERPRETED_CHUNK = 513
 def long_chunks_for(interpreted: bool) -> tuple:
     """The long-chunk cases an implementation runs (see :data:`LONG_CHUNKS`)."""
     return tuple(c for c in LONG_CHUNKS if not interpreted or max(c.qlens) <= INTERPRETED_CHUNK)
+
+
+def prefill_case(lens, qlens, Hq, Hkv, D, bs, c=0.7, **kw) -> PrefillCase:
+    """A :class:`PrefillCase` of ``lens`` and ``qlens`` with the scale ``c / sqrt(D)``."""
+    return PrefillCase(tuple(lens), tuple(qlens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)
