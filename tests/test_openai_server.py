@@ -20,7 +20,7 @@ from inference_conformance.optimized.inference_engine.serve_http import EngineSe
 from inference_conformance.optimized.inference_engine.suite import load, reference_engine  # noqa: E402
 from inference_conformance.optimized.inference_engine.vllm_server import ServerProcess, ServerStartError, free_port  # noqa: E402
 from inference_conformance.properties.inference_engine import cases as C  # noqa: E402
-from inference_conformance.properties.inference_engine import test_inference_engine as T  # noqa: E402
+from inference_conformance.properties.inference_engine.laws import engine as engine_laws  # noqa: E402
 from inference_conformance.properties.inference_engine import zoo  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def _impl(url, origin="outside", name=None):
 def test_reference_over_http_passes_the_engine_laws(served):
     """EN-1, EN-2 (concurrent requests at drawn arrival times) and KV-2 through HTTP on the reference."""
     impl = _impl(served(reference_engine()))
-    for law in (T.EN1, T.EN2, T.KV2):
+    for law in (engine_laws.EN1, engine_laws.EN2, engine_laws.KV2):
         run = law(impl, "cpu")
         assert run.ran >= 1 and not run.refused, (law.name, run.refused)
 

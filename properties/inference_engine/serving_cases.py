@@ -14,7 +14,7 @@ probability of the order of its roundoff, ~1e-6 per token).
 from __future__ import annotations
 
 from inference_conformance.conformance.contracts.inference_engine import Arrival, Fork, Request
-from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.tolerance import check_exact
 from inference_conformance.properties.inference_engine import cases as C
@@ -134,21 +134,3 @@ def c_t(xs):
 SHARED_SYSTEM = tuple(Req(SYSTEM + (20 + i, 21 + i), 2, 3 * i, 0.0, i) for i in range(4))
 #: PA-7's second half, which only an engine reporting its counts ("stats") lets the law check.
 COMPUTED_ONCE = "the accounting (each position computed once)"
-
-
-def law_serve_prefix_cache(run, device, reqs):
-    """PA-7: with the prefix cache every request as alone; each position computed once."""
-    sched = schedule(reqs)
-    # blocks of 3 where the engine takes a pool (the workloads' shared prefixes are 4 such blocks)
-    out = serve(run, sched, "the prefix cache", prefix_caching=True, **pool(run, block_size=3))
-    check_served(run, sched, out, 0.0, "the prefix cache")
-    unchecked = check_computed_once(out, sched, "the prefix cache")
-    if unchecked:   # no example that checked it: the run is partial, never a plain pass
-        run.uncheck(COMPUTED_ONCE, unchecked)
-    run.observe({"computed_once_checked": not unchecked, "cached": sum(c.cached_tokens or 0 for c in out.values())})
-
-
-PA7 = Law(claim="PA-7", technique="inference_engine", body=law_serve_prefix_cache,
-          given={"reqs": shared_prefix_workloads()},
-          examples=(dict(reqs=DIFFERENT_PREFIXES), dict(reqs=SHARED_SYSTEM)),
-          kills=(Kills(("stale_prefix",)),), params=("device",), max_examples=lambda n: max(1, n // 10))
