@@ -6,7 +6,7 @@ known-bad implementations each of its zoo tests must reject (:class:`Kills`) and
 boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach, and
 the names of the tests made from it. Every law of a technique lives in
 ``properties/<technique>/laws.py``; the suite's pytest plugin collects each :class:`Law` there
-as its tests (:func:`law_items`), under the names the report reads::
+as its tests (:func:`inference_conformance.conformance.plugin_collect.law_items`), under the names the report reads::
 
     FA3 = Law(claim="FA-3", technique="attention", body=law_matches_reference,
               given={"case": cases(), "seed": strategies.seeds}, examples=(dict(case=..., seed=7), ...),
@@ -357,43 +357,4 @@ class Law:
         return _named(test, name, kills.doc or None, self.body.__module__, marks)
 
 
-def is_laws_module(module_name: str) -> bool:
-    """Whether the module is a technique's home of laws: ``...laws`` or a module of a ``laws``
-    package."""
-    return module_name.rsplit(".", 1)[-1] == "laws" or ".laws." in module_name
-
-
-def law_items(collector, obj) -> list | None:
-    """What pytest collects of ``obj`` in a module: for a :class:`Law` of a laws module (see
-    :func:`is_laws_module`), each test the law declares, made and parametrized as pytest makes a
-    test function (the module holds it under its name, where pytest's items look it up); [] for
-    such a test met again in the module (or a law met again under another name); None for
-    anything else (a law imported elsewhere is collected in its home only)."""
-    module = getattr(collector, "obj", None)
-    if isinstance(getattr(obj, _MADE_FROM, None), Law):
-        return None if collector.stash.get(_MAKING, None) is obj else []
-    if not isinstance(obj, Law) or not is_laws_module(getattr(module, "__name__", "")):
-        return None
-    seen = collector.stash.setdefault(_COLLECTED, set())
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    items = []
-    for name, test in obj.tests():
-        setattr(test, _MADE_FROM, obj)
-        setattr(module, name, test)
-        collector.stash[_MAKING] = test
-        try:
-            made = collector.ihook.pytest_pycollect_makeitem(collector=collector, name=name, obj=test)
-        finally:
-            collector.stash[_MAKING] = None
-        items += made if isinstance(made, list) else [made] if made is not None else []
-    return items
-
-
-_COLLECTED = pytest.StashKey[set]()
-_MAKING = pytest.StashKey[object]()
-_MADE_FROM = "_made_from_law"
-
-
-__all__ = ["CoverageClass", "Kills", "Law", "Run", "dtype_id", "law_items", "refusal", "runs_interpreted"]
+__all__ = ["CoverageClass", "Kills", "Law", "Run", "dtype_id", "refusal", "runs_interpreted"]
