@@ -34,7 +34,8 @@ from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import assert_exact, check_close
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties import strategies as S
-from inference_conformance.properties.quantization.cases import QT9, QCase, pinned
+from inference_conformance.properties.quantization.cases import QCase, pinned
+from inference_conformance.properties.quantization.laws.integer import QT9
 from inference_conformance.properties.strategies import KernelLaunchCapture
 from inference_conformance.properties.quantization.zoo import W8A8_ZOO
 
