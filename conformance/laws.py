@@ -5,8 +5,10 @@ A :class:`Law` names its claim and technique, its body, the strategies of its dr
 known-bad implementations each of its zoo tests must reject (:class:`Kills`) and the contract's
 boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach, and
 the names of the tests made from it. Every law of a technique lives in
-``properties/<technique>/laws.py``; the suite's pytest plugin collects each :class:`Law` there
-as its tests (:func:`inference_conformance.conformance.plugin_collect.law_items`), under the names the report reads::
+``properties/<technique>/laws.py`` (or its ``laws/`` package); the suite's pytest plugin collects
+each :class:`Law` there as its tests
+(:func:`inference_conformance.conformance.plugin_collect.law_items`), under the names the report
+reads::
 
     FA3 = Law(claim="FA-3", technique="attention", body=law_matches_reference,
               given={"case": cases(), "seed": strategies.seeds}, examples=(dict(case=..., seed=7), ...),
@@ -118,6 +120,15 @@ def _named(test: Callable, name: str, doc: str | None, module: str, marks: list)
     return test
 
 
+def _declaring_module() -> str:
+    """The name of the module whose code is creating a :class:`Law` (the first frame outside this
+    module and ``dataclasses``)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
 GATING_PROFILES = ("ci", "compat")  #: where a mode of a built-in runs pinned examples only
 
 
@@ -151,7 +162,9 @@ class Law:
     ``zoo_tests``: the names of its zoo tests, one per :class:`Kills`, in order; ``after``:
     ``after(run)`` once the conformance test's run passed (to record a figure from it); ``doc``:
     the conformance test's docstring (default: the body's); ``marks``: pytest marks its tests
-    carry besides the technique and claim (a fixture they use, a warning they ignore)."""
+    carry besides the technique and claim (a fixture they use, a warning they ignore). ``home``
+    (set when it is made) names the module that declared it: the plugin collects its tests there
+    only."""
 
     claim: str
     technique: str
@@ -175,6 +188,8 @@ class Law:
     marks: tuple = ()
 
     def __post_init__(self):
+        # the module that declared it (not this one, not dataclasses.replace): where it is collected
+        object.__setattr__(self, "home", _declaring_module())
         if self.zoo_tests and len(self.zoo_tests) != len(self.kills):
             raise ValueError(f"{self.name}: zoo_tests names {len(self.zoo_tests)} tests, kills declares "
                              f"{len(self.kills)}")
@@ -185,8 +200,9 @@ class Law:
         return self.body.__name__
 
     def with_examples(self, examples: tuple, *, explicit_only: bool = True) -> Law:
-        """The same law on other pinned examples (only those, by default)."""
-        return dataclasses.replace(self, examples=tuple(examples), explicit_only=explicit_only)
+        """The same law on other pinned examples (only those, by default), declaring no test of its
+        own (a variant run by hand is not the declared law's test)."""
+        return dataclasses.replace(self, examples=tuple(examples), explicit_only=explicit_only, test="", zoo_tests=())
 
     def hypothesis_test(self, interpreted: bool, pinned_only: bool = False) -> Callable:
         """The Hypothesis test of the law for an implementation that runs interpreted or not:
@@ -312,13 +328,11 @@ class Law:
         made = [(self.test, self.conformance_test())] if self.test else []
         return made + [(name, self.zoo_test(name, kills)) for name, kills in zip(self.zoo_tests, self.kills)]
 
-    def conformance_test(self, name: str | None = None, doc: str | None = None,
-                         after: Callable[[Run], None] | None = None) -> Callable:
-        """The test of the law over the registry: ``test(impl, <params>)`` named ``name``
-        (default: ``test``), parametrized over ``dtypes``; it skips where ``applies`` says the law
-        does not apply, runs the law, checks its coverage and calls ``after(run)`` (default: the
-        law's ``after``)."""
-        law, after = self, after or self.after
+    def conformance_test(self) -> Callable:
+        """The test of the law over the registry: ``test(impl, <params>)`` named ``test``,
+        parametrized over ``dtypes``; it skips where ``applies`` says the law does not apply, runs
+        the law, checks its coverage and calls ``after(run)``."""
+        law, after = self, self.after
 
         def test(impl, **fixtures):
             reason = law.applies(impl) if law.applies else None
@@ -331,13 +345,7 @@ class Law:
 
         test.__signature__ = _parameters(("impl", *self.params))
         marks = self._marks() + ([_dtype_parameter(self.dtypes)] if "dtype" in self.params else [])
-        return _named(test, name or self.test, doc or self.doc or self.body.__doc__, self.body.__module__, marks)
-
-    def make_zoo_tests(self, *names: str) -> tuple[Callable, ...]:
-        """One zoo test per :class:`Kills` of the law, named ``names`` in order (:meth:`zoo_test`)."""
-        if len(names) != len(self.kills):
-            raise ValueError(f"{self.name}: {len(self.kills)} zoo tests declared, {len(names)} names given")
-        return tuple(self.zoo_test(name, kills) for name, kills in zip(names, self.kills))
+        return _named(test, self.test, self.doc or self.body.__doc__, self.body.__module__, marks)
 
     def zoo_test(self, name: str, kills: Kills) -> Callable:
         """The zoo test ``name(bad_impl, <params but dtype>[, dtype])``: each known-bad

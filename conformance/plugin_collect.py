@@ -102,16 +102,16 @@ def law_items(collector, obj) -> list | None:
     :func:`is_laws_file`), each test the law declares, made and parametrized as pytest makes a
     test function (the module holds it under its name, where pytest's items look it up); [] for
     such a test met again in the module (or a law met again under another name); None for
-    anything else (a law imported elsewhere is collected in its home only)."""
+    anything else (a law is collected in the module that declared it, :attr:`Law.home`, only)."""
     if not is_laws_file(getattr(collector, "path", None) or ""):
         return None
     from inference_conformance.conformance.laws import Law
 
     if isinstance(getattr(obj, _MADE_FROM, None), Law):
         return None if collector.stash.get(_MAKING, None) is obj else []
-    if not isinstance(obj, Law):
-        return None
     module = collector.obj
+    if not isinstance(obj, Law) or obj.home != getattr(module, "__name__", None):
+        return None
     seen = collector.stash.setdefault(_COLLECTED, set())
     if id(obj) in seen:
         return []

@@ -22,7 +22,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -30,38 +29,17 @@ import torch
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.laws import Law
 from inference_conformance.conformance.tolerance import assert_exact, check_close
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties import strategies as S
-from inference_conformance.properties.quantization.cases import QCase, pinned
-from inference_conformance.properties.quantization.laws.integer import QT9
 from inference_conformance.properties.strategies import KernelLaunchCapture
+from inference_conformance.properties.quantization.laws.kernels import QT9_BOTH_LAUNCHES, QT9_ONE_ROW_AND_TILED
 from inference_conformance.properties.quantization.zoo import W8A8_ZOO
 
 TECH = "quantization"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# ------------------------------------------------------------ weight-only: decode and tiled launches
-#: Pinned QT-9 cases on both launches: (case, seed).
-DECODE_EXAMPLES = (
-    (QCase(5, 192, 4, 32, ("normal", "outlier", "zero"), M=1), 1),     # decode, one token, 3 K splits
-    (QCase(7, 192, 4, 64, ("normal", "pos"), M=16), 2),                # decode, all 16 rows
-    (QCase(67, 128, 8, "channel", ("normal",), M=5), 3),               # decode, two column blocks
-    (QCase(5, 160, 3, 32, ("neg", "normal"), M=17), 4),                # tiled from M = 17
-)
-
-
-#: QT-9's law (``inference_conformance.properties.quantization.cases.QT9``) on DECODE_EXAMPLES only.
-QT9_BOTH_LAUNCHES = dataclasses.replace(
-    QT9.with_examples(pinned(DECODE_EXAMPLES)), dtypes=(torch.float32, torch.bfloat16),
-    kills=(Kills(("decode_rows_read_first_token",), (torch.float32,)),))
-#: M = 1 and M = 17 only: the cases a decode-launch bug in rows 2..16 passes.
-QT9_ONE_ROW_AND_TILED = QT9.with_examples(pinned((DECODE_EXAMPLES[0], DECODE_EXAMPLES[3])))
-
-test_qt9_decode_and_tiled_launches = QT9_BOTH_LAUNCHES.conformance_test("test_qt9_decode_and_tiled_launches")
 
 
 @pytest.mark.technique(TECH)
