@@ -28,10 +28,10 @@ from inference_conformance.conformance.contracts.attention import AttentionShape
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.conformance.laws import Run, dtype_id, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import attention as ref
 
-DTYPES = [pytest.param(d, id=dtype_id(d)) for d in S.FLOAT_DTYPES]
+DTYPES = [pytest.param(d, id=dtype_id(d)) for d in strategies.FLOAT_DTYPES]
 
 
 @dataclass(frozen=True)
@@ -91,12 +91,12 @@ def cases(draw, max_len: int = 239, bounded: bool | None = None):
     production ones (8 KV heads, groups of 4 and 8); head dims from 1 to 256. ``bounded``
     (default: under the interpreter) applies :func:`fit_budget` to every draw; laws that know
     their implementation draw unbounded and fit only interpreted Triton kernels."""
-    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=3, max_group=3),
+    hq, hkv = draw(st.one_of(strategies.gqa_heads(max_kv=3, max_group=3),
                              st.sampled_from([(8, 8), (8, 2), (16, 2), (32, 8), (12, 4)])))
     B = draw(st.integers(1, 6))
-    D = draw(st.one_of(S.head_dims(), st.sampled_from([160, 200, 256])))
+    D = draw(st.one_of(strategies.head_dims(), st.sampled_from([160, 200, 256])))
     causal = draw(st.booleans())
-    a, b = draw(S.lengths(max_len)), draw(S.lengths(max_len))
+    a, b = draw(strategies.lengths(max_len)), draw(strategies.lengths(max_len))
     Tq, Tk = (min(a, b), max(a, b)) if causal else (a, b)
     magnitude = draw(st.sampled_from(["normal", "normal", "large"]))
     if magnitude == "large":
@@ -124,14 +124,14 @@ def make_inputs(case: Case, seed: int, dtype: torch.dtype, device: str):
     qs = (case.B, case.Hq, case.Tq, case.D)
     ks = (case.B, case.Hkv, case.Tk, case.D)
     if case.magnitude in ("large", "late"):
-        q = S.randn(qs, seed, scale=case.amp).round().clamp(-64, 64)
-        k = S.randn(ks, seed + 1, scale=case.amp).round().clamp(-64, 64)
+        q = strategies.randn(qs, seed, scale=case.amp).round().clamp(-64, 64)
+        k = strategies.randn(ks, seed + 1, scale=case.amp).round().clamp(-64, 64)
         if case.magnitude == "late":
             k[:, :, :late_from(case.Tk)] = (k[:, :, :late_from(case.Tk)] / 16).round()
     else:
-        q = S.randn(qs, seed)
-        k = S.randn(ks, seed + 1)
-    v = S.randn(ks, seed + 2)
+        q = strategies.randn(qs, seed)
+        k = strategies.randn(ks, seed + 1)
+    v = strategies.randn(ks, seed + 2)
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
@@ -280,8 +280,8 @@ def decode_cases(draw, interpreted: bool | None = None):
     Triton kernel under the interpreter, ``interpreted``; default: whether Triton runs
     interpreted)."""
     interpreted = triton_interpreted() if interpreted is None else interpreted
-    hq, hkv = draw(S.gqa_heads(max_kv=2, max_group=2 if interpreted else 3))
-    D = draw(S.head_dims())
+    hq, hkv = draw(strategies.gqa_heads(max_kv=2, max_group=2 if interpreted else 3))
+    D = draw(strategies.head_dims())
     Tq = draw(st.sampled_from([1, 1, 2, 4]))
     Tk = draw(st.integers(max(Tq, 1), 160 if interpreted else 4096))
     causal = draw(st.booleans())

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from inference_conformance.conformance.contracts.attention import accepts_options, window_mask
 from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.attention.cases import Case, cases, logit_profile
 from inference_conformance.reference import attention as ref
 
@@ -44,7 +44,7 @@ def make_sinks(case: FCase, q, k, seed: int):
     if case.sinks is None:
         return None
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    noise = S.randn((case.Hq,), seed + 3)
+    noise = strategies.randn((case.Hq,), seed + 3)
     if case.sinks == "mixed":
         return (2 * noise).to(q.device, dt)
     s = _scores(q, k, case)                                                   # (B, Hq, Tq, Tk)

@@ -20,7 +20,7 @@ from inference_conformance.conformance.tolerance import (
     assert_exact,
     max_abs_error,
 )
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.attention.laws import FA3
 from inference_conformance.properties.attention.cases import (
     COST_BUDGET,
@@ -94,7 +94,7 @@ def test_fa3_lecture_experiment_triton_kernel(device):
 
 
 @pytest.mark.claim("FA-3")
-@given(case=cases(max_len=129), seed=S.seeds, block_q=st.sampled_from([None, 1, 3, 16, 17, 64]),
+@given(case=cases(max_len=129), seed=strategies.seeds, block_q=st.sampled_from([None, 1, 3, 16, 17, 64]),
        block_k=st.integers(1, 70))
 @pytest.mark.suite_own("the blocked float64 reference (the oracle of online softmax) at any block sizes")
 def test_fa3_blocked_reference_any_block_sizes(case, seed, block_q, block_k):
@@ -106,7 +106,7 @@ def test_fa3_blocked_reference_any_block_sizes(case, seed, block_q, block_k):
 @pytest.mark.claim("FA-3")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @settings(max_examples=6)
-@given(case=cases(max_len=129), seed=S.seeds, data=st.data())
+@given(case=cases(max_len=129), seed=strategies.seeds, data=st.data())
 @pytest.mark.suite_own("the suite's Triton kernel at forced tile sizes (its internals)")
 def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
     fa = pytest.importorskip("inference_conformance.optimized.attention.flash_attention")
@@ -122,7 +122,7 @@ def test_fa3_triton_any_tile_sizes(device, dtype, case, seed, data):
 @pytest.mark.claim("FA-3")
 @pytest.mark.parametrize("kernel", ["flash_attention", "flash_decoding"])
 @settings(max_examples=5)
-@given(case=cases(max_len=129), seed=S.seeds, dtype=st.sampled_from([torch.float64, torch.float32]),
+@given(case=cases(max_len=129), seed=strategies.seeds, dtype=st.sampled_from([torch.float64, torch.float32]),
        num_splits=st.integers(1, 4))
 @example(case=Case(1, 2, 1, 40, 100, 64, True, 0.2), seed=1, dtype=torch.float32, num_splits=2)
 @example(case=Case(1, 3, 3, 17, 70, 72, False, 0.3, "large", 40.0), seed=2, dtype=torch.float64, num_splits=1)
@@ -155,7 +155,7 @@ def test_fa3_triton_two_stage_tile_loop(device, kernel, case, seed, dtype, num_s
 
 @pytest.mark.claim("FA-7")
 @settings(max_examples=8)
-@given(case=decode_cases(), seed=S.seeds, num_splits=st.integers(1, 300))
+@given(case=decode_cases(), seed=strategies.seeds, num_splits=st.integers(1, 300))
 @pytest.mark.suite_own("the float64 reference's split and merge (the oracle of FA-7)")
 def test_fa7_reference_split_merge(case, seed, num_splits):
     """The plain-PyTorch split-KV merge (inference_conformance.reference.attention.split_kv_attention) is exact too."""

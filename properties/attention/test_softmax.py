@@ -11,14 +11,14 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import (
     assert_scalar,
 )
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.attention.laws import FA2
 from inference_conformance.properties.attention.flash_cases import LECTURE_SCORES, check_fa1, check_fa2_exercise3, check_fa2_two_chunks
 from inference_conformance.reference import attention as ref
 
 pytestmark = pytest.mark.suite_own("online softmax itself (FA-1, FA-2): the lecture's arithmetic on the suite's softmax")
 
-DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in S.FLOAT_DTYPES]
+DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in strategies.FLOAT_DTYPES]
 
 # ----------------------------------------------------------------------------------------------
 # FA-1, FA-2: softmax and online softmax, with the lecture's numbers

@@ -17,7 +17,7 @@ from inference_conformance.conformance.contracts.inference_engine import Arrival
 from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.tolerance import check_exact
-from inference_conformance.properties.inference_engine import cases as C
+from inference_conformance.properties.inference_engine import cases
 from inference_conformance.properties.paged_attention.engine_cases import (  # noqa: F401 (the laws' inputs)
     DIFFERENT_PREFIXES,
     LONG_PROMPT,
@@ -67,7 +67,7 @@ def serve(run, sched: list, what: str, **kw) -> dict:
     if not run.impl.capabilities().serving:
         unsupported(f"serve with {what}: the engine declares no serve (Capabilities.serving is empty)")
     with refusal(run, f"serve with {what}"):
-        return run.impl.serve(sched, C.params(**kw))
+        return run.impl.serve(sched, cases.params(**kw))
 
 
 def check_served(run, sched: list, out: dict, temperature: float, what: str) -> int:
@@ -76,7 +76,7 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
     after the tokens it holds (EN-1's rule: a K/V slot another request overwrote shows there even
     where the sampled tokens agree); returns the greedy positions excused as near-ties. Raises
     AssertionError (the tolerance verdict)."""
-    eng, bound, folder = run.impl, C.dtype_bound(run.impl), C.folders()["target"]
+    eng, bound, folder = run.impl, cases.dtype_bound(run.impl), cases.folders()["target"]
     missing = sorted(str(e.id) for e in sched if e.id not in out)
     assert not missing, f"serve returned no completion for {missing} ({what})"
     excused = 0
@@ -95,12 +95,12 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
             t, c = e.temperature, type(c)(c.tokens[e.after:], None if c.logprobs is None else c.logprobs[e.after:])
         label = f"request {e.id} (prompt {len(r.prompt)}, {r.max_new_tokens} new, T={t}) served with {what} vs alone"
         if t == 0:
-            excused += C.check_greedy(c, r.prompt, folder, bound, label)
+            excused += cases.check_greedy(c, r.prompt, folder, bound, label)
         else:
             with refusal(run, "sampling a request alone"):
-                alone = eng.generate([r], C.params(temperature=t))[0]
+                alone = eng.generate([r], cases.params(temperature=t))[0]
             check_exact(c.tokens, alone.tokens, what=label).check()
-            C.check_logprobs(c, C.position_logits(folder, r.prompt, c.tokens), bound, label)
+            cases.check_logprobs(c, cases.position_logits(folder, r.prompt, c.tokens), bound, label)
     return excused
 
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from inference_conformance.conformance.contracts.mla_decode import INDEX_DTYPE, MLA_16BIT_RULE
 from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import mla_decode as ref
 
 
@@ -89,7 +89,7 @@ def mla_cases(draw, max_len: int = 300):
     to DeepSeek's (128, 512, 64), contiguous or paged with block sizes 1..64, normal or large
     inputs, scales of either sign, 1..5 splits or the implementation's choice."""
     B = draw(st.integers(1, 3))
-    lens = tuple(draw(st.lists(S.lengths(max_len), min_size=B, max_size=B)))
+    lens = tuple(draw(st.lists(strategies.lengths(max_len), min_size=B, max_size=B)))
     Hq = draw(st.sampled_from([1, 2, 3, 4, 8, 16, 20]))
     D = draw(st.sampled_from([1, 8, 16, 24, 64, 128]))
     C = draw(st.sampled_from([4, 12, 16, 48, 64, 96, 128, 512]))
@@ -146,16 +146,16 @@ def make_inputs(c: MLACase, seed: int, dtype: torch.dtype, device: str) -> MLAIn
     N(0, 1), w_uk N(0, 1/C) ("large": see :class:`MLACase`); a contiguous cache has one spare slot
     per sequence, every slot past a sequence's length NaN."""
     B, T = c.B, max(c.lens)
-    q_rope = S.randn((B, c.Hq, c.R), seed + 1)
+    q_rope = strategies.randn((B, c.Hq, c.R), seed + 1)
     if c.magnitude == "large":       # integers: absorption and scores exact in float32 (|s| < 2^24)
-        q_nope = S.randn((B, c.Hq, c.D), seed, scale=c.amp).round().clamp(-8, 8)
-        w_uk = S.randn((c.Hq, c.C, c.D), seed + 2).round().clamp(-2, 2)
-        tokens = S.randn((B, T + 1, c.C + c.R), seed + 3, scale=c.amp).round().clamp(-8, 8)
+        q_nope = strategies.randn((B, c.Hq, c.D), seed, scale=c.amp).round().clamp(-8, 8)
+        w_uk = strategies.randn((c.Hq, c.C, c.D), seed + 2).round().clamp(-2, 2)
+        tokens = strategies.randn((B, T + 1, c.C + c.R), seed + 3, scale=c.amp).round().clamp(-8, 8)
         tokens[..., c.C:] = 0.0
     else:
-        q_nope = S.randn((B, c.Hq, c.D), seed)
-        w_uk = S.randn((c.Hq, c.C, c.D), seed + 2, scale=1 / math.sqrt(c.C))
-        tokens = S.randn((B, T + 1, c.C + c.R), seed + 3)
+        q_nope = strategies.randn((B, c.Hq, c.D), seed)
+        w_uk = strategies.randn((c.Hq, c.C, c.D), seed + 2, scale=1 / math.sqrt(c.C))
+        tokens = strategies.randn((B, T + 1, c.C + c.R), seed + 3)
     for b, n in enumerate(c.lens):
         tokens[b, n:] = float("nan")
     table = None

@@ -18,7 +18,7 @@ import torch
 from inference_conformance.conformance import results
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.mla_decode.laws import KV12
 from inference_conformance.properties.mla_decode.cases import (
     EXAMPLES,
@@ -95,7 +95,7 @@ def test_kv12_layer_decode_equals_kv7_materialised(impl, device, block_size):
     cfg = kvv.MLAConfig(d_model=16, heads=4, head_dim=8, latent=6, rope_dim=4)
     w = kvv.mla_weights(cfg, 5)
     T = 23
-    x = S.randn((T, cfg.d_model), 7)
+    x = strategies.randn((T, cfg.d_model), 7)
     want = kvv.mla_materialized(x, w, cfg)[-1]                                   # (d_model,)
     from inference_conformance.reference.transformer import rope_tables
 

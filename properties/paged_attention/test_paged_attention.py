@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.conformance.tolerance import assert_exact
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.paged_attention.laws.decode import FAR_CASE, PA1
 from inference_conformance.properties.paged_attention.cases import (
     paged_case,
@@ -89,8 +89,8 @@ def test_triton_slot_write_past_2_31(device):
     kc, vc = inp.k_cache, inp.v_cache
     bs, last = FAR_CASE.block_size, kc.shape[0] - 1
     slots = torch.tensor([last * bs + bs - 1, (last - 1) * bs, last * bs], device=device)
-    k = S.randn((3, FAR_CASE.Hkv, FAR_CASE.D), 5, dtype=torch.bfloat16, device=device)
-    v = S.randn((3, FAR_CASE.Hkv, FAR_CASE.D), 6, dtype=torch.bfloat16, device=device)
+    k = strategies.randn((3, FAR_CASE.Hkv, FAR_CASE.D), 5, dtype=torch.bfloat16, device=device)
+    v = strategies.randn((3, FAR_CASE.Hkv, FAR_CASE.D), 6, dtype=torch.bfloat16, device=device)
     kc[last - 1:] = float("nan")
     vc[last - 1:] = float("nan")
     pa.write_kv_cache(kc, vc, k, v, slots)
@@ -104,7 +104,7 @@ def test_triton_slot_write_past_2_31(device):
 # ------------------------------------------------ the Triton kernel's own paths (split, write)
 @pytest.mark.claim("PA-1")
 @settings(max_examples=5)
-@given(case=paged_cases(), seed=S.seeds, num_splits=st.integers(1, 4),
+@given(case=paged_cases(), seed=strategies.seeds, num_splits=st.integers(1, 4),
        dtype=st.sampled_from([torch.float64, torch.float32, torch.float16]))
 @example(case=paged_case((130, 17), 6, 2, 59, 2), seed=1, num_splits=3, dtype=torch.float32)
 @pytest.mark.suite_own("the suite's Triton kernel's split paths (its internals)")
@@ -122,7 +122,7 @@ def test_pa1_triton_split_kv_paths(device, case, seed, num_splits, dtype):
 @pytest.mark.claim("PA-1")
 @settings(max_examples=5)
 @given(bs=st.sampled_from([1, 3, 16, 256]), n=st.integers(1, 12), hkv=st.integers(1, 3),
-       D=st.sampled_from([1, 8, 72]), seed=S.seeds,
+       D=st.sampled_from([1, 8, 72]), seed=strategies.seeds,
        dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]),
        index_dtype=st.sampled_from([torch.int32, torch.int64]))
 @pytest.mark.suite_own("the suite's Triton slot-mapping write")
@@ -133,8 +133,8 @@ def test_slot_mapping_write_matches_index_copy(device, bs, n, hkv, D, seed, dtyp
     num_blocks = -(-n // bs) + 2
     g = torch.Generator().manual_seed(seed)
     slots = torch.randperm(num_blocks * bs, generator=g)[:n].to(device=device, dtype=index_dtype)
-    k = S.randn((n, hkv, D), seed, dtype=dtype, device=device)
-    v = S.randn((n, hkv, D), seed + 1, dtype=dtype, device=device)
+    k = strategies.randn((n, hkv, D), seed, dtype=dtype, device=device)
+    v = strategies.randn((n, hkv, D), seed + 1, dtype=dtype, device=device)
     kc = torch.full((num_blocks, bs, hkv, D), float("nan"), dtype=dtype, device=device)
     vc = kc.clone()
     kc_ref, vc_ref = kc.clone(), vc.clone()
@@ -170,8 +170,8 @@ def test_pa1_decode_loop_through_block_tables(device):
             for src, dst in book.copy_log[done:]:      # copy-on-write: the server copies the block
                 kc[dst], vc[dst] = kc[src], vc[src]
             slots.append(book.slot(s, book.length(s) - 1))
-            ks.append(S.randn((Hkv, D), seed + 2 * i, dtype=dt, device=device))
-            vs.append(S.randn((Hkv, D), seed + 2 * i + 1, dtype=dt, device=device))
+            ks.append(strategies.randn((Hkv, D), seed + 2 * i, dtype=dt, device=device))
+            vs.append(strategies.randn((Hkv, D), seed + 2 * i + 1, dtype=dt, device=device))
             dense[s] = [torch.cat([dense[s][0], ks[-1][:, None]], dim=1), torch.cat([dense[s][1], vs[-1][:, None]], dim=1)]
         pa.write_kv_cache(kc, vc, torch.stack(ks), torch.stack(vs), torch.tensor(slots, device=device))
 
@@ -186,7 +186,7 @@ def test_pa1_decode_loop_through_block_tables(device):
     seqs = ["a", "b"]
     table = book.block_table(seqs, fill=-1, device=device)
     lens = torch.tensor([book.length(s) for s in seqs], dtype=torch.int32, device=device)
-    q = S.randn((2, Hq, D), 7, dtype=dt, device=device)
+    q = strategies.randn((2, Hq, D), 7, dtype=dt, device=device)
     out = pa.paged_attention(q, kc, vc, table, lens, scale=0.3)
     case = PagedCase(tuple(int(x) for x in lens), Hq, Hkv, D, bs, 0.3)
     inp = PagedInputs(q, kc, vc, table, lens, [dense[s][0][None] for s in seqs], [dense[s][1][None] for s in seqs])

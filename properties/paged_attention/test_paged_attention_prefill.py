@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.conformance.laws import refusal
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.conformance.coverage import classes_reached, missing_classes
 from inference_conformance.properties.paged_attention.cases import (
     PagedCase,
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.mark.claim("PA-8")
 @settings(max_examples=3)
-@given(case=prefill_cases(), seed=S.seeds, num_splits=st.integers(1, 3),
+@given(case=prefill_cases(), seed=strategies.seeds, num_splits=st.integers(1, 3),
        dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]))
 @example(case=prefill_case((9, 150), (1, 12), 4, 2, 16, 5), seed=3, num_splits=3, dtype=torch.float32)
 @pytest.mark.suite_own("the suite's Triton mixed-batch kernel's split paths (its internals)")

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts import quantization as contract
 from inference_conformance.conformance.tolerance import check_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.quantization.claims_cases import check_qt2_packing
 from inference_conformance.properties.quantization.laws.integer import (
     ACT_ORDER_EXAMPLES,
@@ -88,7 +88,7 @@ def test_qt2_zero_point_rounding_is_not_idempotent():
 
 @pytest.mark.claim("QT-2")
 @settings(max_examples=20)
-@given(bits=st.integers(2, 8), R=st.integers(1, 4), L=st.integers(1, 41), seed=S.seeds)
+@given(bits=st.integers(2, 8), R=st.integers(1, 4), L=st.integers(1, 41), seed=strategies.seeds)
 @pytest.mark.suite_own("the suite's int packing helpers")
 def test_qt2_packing_round_trips(bits, R, L, seed):
     """unpack(pack(u)) == u for random codes, in the reference and in the packed layout the
@@ -179,7 +179,7 @@ def test_act_order_invalid_g_idx_raises(impl, device):
     range, groups of unequal size, a float tensor, with a named granularity."""
     if needs_g_idx(impl):
         pytest.skip(needs_g_idx(impl))
-    w = S.randn((4, 8), 1, dtype=torch.float32, device=device)
+    w = strategies.randn((4, 8), 1, dtype=torch.float32, device=device)
     good = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0], device=device)
     bad = {"wrong length": (good[:-1], 4), "index out of range": (good + 1, 4),
            "unequal groups": (torch.tensor([0, 0, 0, 0, 0, 1, 1, 1], device=device), 4),

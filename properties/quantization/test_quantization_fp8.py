@@ -18,7 +18,7 @@ import torch
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts import quantization_fp8 as fp8_contract
 from inference_conformance.conformance.tolerance import assert_exact
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 
 TECH = "quantization"
 FORMATS = tuple(fp8_contract.FP8_FORMATS)
@@ -55,7 +55,7 @@ def test_qt11_half_spacing_bound_rejects_double_rounding(fmt):
     loose = f.half_ulp_rel * y.abs()
     assert bool((err > half).all()), f"{fmt}: double rounding within half the spacing at {y[err <= half][:3].tolist()}"
     assert bool((err <= loose).all()), f"{fmt}: 2^-(m+1)|x| already rejects {y[err > loose][:3].tolist()}"
-    w = S.randn((256, 256), 5)
+    w = strategies.randn((256, 256), 5)
     d = (fp8_double_rounding_scheme.dequantize(fp8_double_rounding_scheme.quantize(w, bits=8, granularity="tensor"))
          - w).abs().double()
     s = fp8_contract.fp8_step(w, "fp8_e4m3fn", "tensor")
@@ -91,7 +91,7 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     from inference_conformance.reference.quantization.methods import named_block_linears
     from inference_conformance.smallworld import checkpoints
 
-    w = S.randn((512, 128), 11) * 0.067
+    w = strategies.randn((512, 128), 11) * 0.067
     w.view(-1)[w.abs().argmax()] = 0.323
     w[0, 0] = 3.0
     int8, e4m3, e5m2 = (_rms_error_but_largest(s, w) for s in

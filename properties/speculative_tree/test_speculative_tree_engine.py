@@ -26,7 +26,7 @@ import torch
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.conformance.zoo import expect_rejected
-from inference_conformance.properties.speculative import sd14_cases as s14
+from inference_conformance.properties.speculative import sd14_cases
 from inference_conformance.properties.drafter.cases import greedy_tokens, prompt_for, speculate
 from inference_conformance.properties.speculative.sd14_cases import check_sd14_figures, copy_prompts, free_prompts
 from inference_conformance.properties.speculative_tree.zoo import TREE_MODEL_ZOO, engine_zoo
@@ -123,23 +123,23 @@ def test_sd14_prompt_lookup_copy_vs_free():
     of :func:`~inference_conformance.properties.speculative.sd14_cases.check_sd14_lookup` at significance level
     0.05 (holds, or the test fails with the verdict). Free generation from <bos> (one row: greedy
     is deterministic) is recorded beside it, not judged."""
-    prompts = s14.sd14_copy_prompts()
-    lookup, base, free = (list(s14.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
-    verdict = s14.judge_sd14_lookup(lookup, base)
-    wins, losses, ties, p = s14.sd14_sign_test(lookup, base)
+    prompts = sd14_cases.sd14_copy_prompts()
+    lookup, base, free = (list(sd14_cases.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
+    verdict = sd14_cases.judge_sd14_lookup(lookup, base)
+    wins, losses, ties, p = sd14_cases.sd14_sign_test(lookup, base)
     holds = {"holds": True, "fails": False}.get(verdict)
-    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {s14.SD14_LEVEL}; "
+    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {sd14_cases.SD14_LEVEL}; "
             "fails where wins <= losses")
     for task, arm, runs in (("copy", "prompt lookup", lookup), ("copy", "lookup restricted to the output", base),
                             ("free", "prompt lookup", free)):
         total = {k: sum(r[k] for r in runs) for k in ("rounds", "emitted", "accepted", "drafted")}
-        tpc = s14.tokens_per_call(total)
+        tpc = sd14_cases.tokens_per_call(total)
         results.record("SD-14", measured=round(tpc, 3), lecture="shines on tasks that copy from the prompt",
                        unit=f"tokens per target call, {arm}, {task}", drafter="lookup", task=task,
                        tokens_per_call=round(tpc, 3), rounds=total["rounds"], pairs=len(prompts), trend=verdict,
                        alpha=round(total["accepted"] / max(1, total["drafted"]), 3), holds=holds,
                        trend_rule=rule, what=f"ahead on {wins}, behind on {losses}, tied on {ties}; p = {p:.3g}")
-    s14.check_sd14_lookup(lookup, base)
+    sd14_cases.check_sd14_lookup(lookup, base)
 
 
 @pytest.mark.claim("SD-14")
@@ -157,7 +157,7 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     from inference_conformance.optimized.drafter import ChainDrafter
 
     target = shipped_model("target", torch.float64)
-    drafts = {"self (block 1 skipped)": s14.self_speculative_draft(target),
+    drafts = {"self (block 1 skipped)": sd14_cases.self_speculative_draft(target),
               "draft_good": shipped_model("draft_good", torch.float64), "draft_poor": shipped_model("draft_poor", torch.float64)}
     drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter((1,), 4),
                 "draft_good": ChainDrafter(drafts["draft_good"], 4), "draft_poor": ChainDrafter(drafts["draft_poor"], 4)}
@@ -166,14 +166,14 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     for name, d in drafters.items():
         s = _run(d, prompts, 32)
         counts[name] = {k: s[k] for k in ("rounds", "emitted", "accepted", "drafted")}
-        parts = [s14.greedy_chain_counts(target, drafts[name], pr[0].tolist(), 32, 4) for pr in prompts]
+        parts = [sd14_cases.greedy_chain_counts(target, drafts[name], pr[0].tolist(), 32, 4) for pr in prompts]
         independent[name] = {k: sum(c[k] for c in parts) for k in counts[name]}
-        alpha, tpc = s14.sd14_figures(counts)[name]
+        alpha, tpc = sd14_cases.sd14_figures(counts)[name]
         results.record("SD-14", measured=round(tpc, 3), unit=f"tokens per target call, {name}, gamma = 4",
                        drafter="self" if name.startswith("self") else "chain", draft=name, gamma=4,
                        alpha=round(alpha, 3), tokens_per_call=round(tpc, 3), rounds=s["rounds"],
                        rule="equal to the independent computation (full forwards, no cache)",
                        what=f"independent: {independent[name]}")
     check_sd14_figures(counts, independent)
-    assert counts == s14.SD14_RECORDED, (f"s14.SD14_RECORDED (properties/speculative/sd14_cases.py), the "
+    assert counts == sd14_cases.SD14_RECORDED, (f"sd14_cases.SD14_RECORDED (properties/speculative/sd14_cases.py), the "
                                         f"rejection tests' good input, is stale: live {counts}")

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from inference_conformance.conformance.contracts.tree_attention import make_inputs
 from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import tree_attention as ref
 
 
@@ -64,7 +64,7 @@ def tree_cases(draw, max_len: int = 70, max_nodes: int = 24, max_batch: int = 3)
     layouts from MHA to GQA with several KV heads, head dims 1..64, scales of either sign."""
     parents = draw(trees(max_nodes))
     B = draw(st.integers(1, max_batch))
-    lens = tuple(draw(st.lists(S.lengths(max_len, 0), min_size=B, max_size=B)))
+    lens = tuple(draw(st.lists(strategies.lengths(max_len, 0), min_size=B, max_size=B)))
     Hq, Hkv = draw(st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4), (6, 3), (8, 2)]))
     D = draw(st.sampled_from([1, 8, 16, 24, 32, 64]))
     return case(parents, lens, Hq, Hkv, D, draw(st.sampled_from([1.0, 0.5, 2.0, -1.0])))
