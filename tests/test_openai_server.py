@@ -137,7 +137,7 @@ def test_engine_url_option_runs_the_laws_on_the_server(served, tmp_path):
     is a usage error."""
     url = served(reference_engine())
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--results", str(tmp_path),
-           "properties/inference_engine/test_inference_engine.py", "-k", "en1_greedy", "--engine-url", url]
+           "properties/inference_engine/laws/engine.py", "-k", "en1_greedy", "--engine-url", url]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(cases.__file__).rsplit("/properties/", 1)[0])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout, done.stdout[-2000:]

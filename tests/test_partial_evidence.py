@@ -11,7 +11,7 @@ from inference_conformance.conformance.results import Row, write_rows
 from inference_conformance.conformance.runinfo import write_run
 from inference_conformance.reports import build, merge
 
-QT1 = "properties/quantization/test_quantization.py::test_qt1_within_half_step"
+QT1 = "properties/quantization/laws/integer.py::test_qt1_within_half_step"
 ONE = "partial: refused 570 of 571 examples (gguf refuses bits=8); classes only refused: bits:8, granularity:tensor"
 MOST = "partial: refused 2 of 10 examples (refuses 3-bit)"
 #: the evidence of ONE and MOST as a law records it (a field of its row, never its text parsed back)
