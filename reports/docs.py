@@ -44,10 +44,11 @@ def _claim_ids(text: str) -> set[str]:
 
 def _technique_claims(technique: str, contract_doc: str, root: Path) -> list[str]:
     """Claim ids the contract names and the ``claim`` markers and ``Law(claim=...)`` declarations
-    of the law modules of ``technique`` (those whose ``TECH``, ``technique(...)`` marker or
-    ``technique=`` declaration names it)."""
+    of the law and test modules of ``technique`` (``laws.py``, ``laws/*.py`` and ``test_*.py``
+    whose ``TECH``, ``technique(...)`` marker or ``technique=`` declaration names it)."""
     ids = _claim_ids(contract_doc)
-    for path in sorted((root / "properties").rglob("test_*.py")):
+    props = root / "properties"
+    for path in sorted({*props.rglob("test_*.py"), *props.rglob("laws.py"), *props.rglob("laws/*.py")}):
         text = path.read_text(encoding="utf-8")
         if re.search(rf"""(TECH\s*=\s*|technique\(|technique=)["']{technique}["']""", text):
             for group in re.findall(r"claim\(([^)]*)\)|claims?=([^,)]*)", text):
