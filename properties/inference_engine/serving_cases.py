@@ -1,4 +1,4 @@
-"""What the serve laws share (``properties/inference_engine/test_serving.py``; claims PA-6, PA-7,
+"""What the serve laws share (``properties/inference_engine/laws/serving.py``; claims PA-6, PA-7,
 PA-8 for a whole engine): the schedules (the paged engine's workloads, ``properties/paged_attention/
 engine_cases.py`` and ``engine_pairs_cases.py``, as :class:`Arrival` / :class:`Fork` entries), one
 ``serve`` call and the check of every completion it returns against the request alone; and

@@ -1,4 +1,4 @@
-"""The PA-8 law's comparison and its scale classes (``properties/paged_attention/test_paged_attention_prefill.py``):
+"""The PA-8 law's comparison and its scale classes (``properties/paged_attention/laws/prefill.py``):
 the oracle of the mixed batch computed apart from the reference core (:func:`causal_oracle`), the
 check against it (:func:`check_against_causal`), the boundary classes of batches of many
 sequences, prompts before decode rows and chunks past production chunk sizes (:data:`SCALE_COVERAGE`,

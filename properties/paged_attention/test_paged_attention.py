@@ -1,18 +1,7 @@
-"""Laws of paged attention (claim PA-1; lecture 001 §4.2, Kwon et al. 2023). The mixed batch
-(PA-8) is in ``properties/paged_attention/test_paged_attention_prefill.py``.
-
-PA-1: attention through a block table over non-contiguous blocks equals attention over the
-contiguous cache, for any block size and any placement of blocks. Every law is written against
-the ``paged_attention`` contract (``conformance/contracts/paged_attention.py``) and runs over
-every registered implementation; blocks are placed by random permutations over a pool larger
-than needed, unused table entries are out of range and unused slots NaN
-(``properties/paged_attention/cases.py``). The known-bad implementations (``properties/paged_attention/zoo.py``)
-are each shown rejected, and the ``ci`` profile is shown to reach the contract's boundary
-classes (block sizes 1, odd, 16, 32, 256; lengths at block multiples and one off; more than 64
-and 128 blocks; different lengths in a batch; groups above 16 that are not multiples of 16;
-head dims 64..256; large logits with a scale that is not a power of two). Strided inputs (a
-column slice of a wider block table, K/V caches as views of one (num_blocks, 2, block_size,
-Hkv, D) tensor) are checked for every implementation too.
+"""Tests of paged attention beside its laws (claim PA-1; lecture 001 §4.2, Kwon et al. 2023; the
+laws, with their zoo tests, in ``laws/decode.py``, the mixed batch's in ``laws/prefill.py``): the
+coverage table of PA-1's pinned examples, production-sized shapes, the Triton kernel's own paths
+(split-KV, the slot write, past 2^31), a decode loop through block tables and block ids past int16.
 """
 from __future__ import annotations
 

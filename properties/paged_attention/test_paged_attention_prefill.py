@@ -1,10 +1,6 @@
-"""Laws of paged attention's mixed batch (claim PA-8, the kernel half; lecture 001 §4.5): the
-contract's ``paged_prefill`` (decode tokens and prefill chunks of several sequences in one call,
-each chunk causal with the offset of its cached prefix) equals dense causal attention over each
-sequence's contiguous K/V, for any chunk lengths, block size and GQA group; its known-bad versions
-(a chunk's offset counted from 0, every chunk taken as C long) are rejected. The engine half is the serve law
-over every registered engine (``properties/inference_engine/test_serving.py``), PA-1 in
-``properties/paged_attention/test_paged_attention.py``.
+"""Tests of paged attention's mixed batch beside its laws (claim PA-8, the kernel half; lecture 001
+§4.5; the laws in ``laws/prefill.py``): the Triton kernel's split paths, an all-decode batch as
+paged attention, the generic checks, the coverage table and the long chunks' sizes.
 """
 from __future__ import annotations
 
