@@ -1,25 +1,8 @@
-"""Tests of weight quantization beside its laws (``laws/integer.py``; claims QT-1, QT-2, QT-9; lecture 001 §5.1–5.2), written against the
-``quantization`` contract (``conformance/contracts/quantization.py``) and run over every
-registered implementation.
-
-- QT-1: every element of dequantize(quantize(w)) lies within half a step of w, the step of its
-  own group by the contract's formula (absmax or zero point), for 2..8 bits and every
-  granularity, on weights with all-zero groups, one-sign groups, a single huge outlier,
-  subnormal elements, odd shapes and several groups per row (``properties/quantization/cases.py``).
-- QT-2: quantize(dequantize(.)) is idempotent, exactly (float32 and float64 outputs: the only
-  formats that hold code x scale exactly), and packing round trips exactly.
-- QT-9: matmul(x, qw) equals x @ dequantize(qw).T by the tolerance rule ``quant-matmul``, for
-  every scheme the contract takes (integer; FP8 and FP4 at their own 8 and 4 bits, in float32
-  and bfloat16: ``QT9_FLOATING``), the cancelling one-sign row included; an NVFP4
-  product rounding its weights to bfloat16 in a float32 call (zoo
-  ``nvfp4_bf16_weights_in_float32``: 190 x the bound on that row) is rejected.
-- Act-order (GPTQ's ``g_idx``, for implementations whose quantize accepts it): QT-1 per g_idx
-  group and QT-9, on drawn column-to-group assignments that are never the identity.
-
-The methods and the model experiments (QT-3..QT-8) are in ``properties/quantization/test_quantization_methods.py``.
-
-The known-bad implementations (``properties/quantization/zoo.py``) are each shown rejected, and
-the pinned examples are shown to reach the boundary classes in every Hypothesis profile.
+"""Tests of weight quantization beside its laws (claims QT-1, QT-2, QT-9; lecture 001 §5.1–5.2;
+the laws, what they check and their zoo tests in ``laws/integer.py``): the coverage table of QT-1's
+pinned examples, the lecture's step, QT-2's zero-point counterexample and packing probes, QT-9's
+rule against zero and constant outputs, and the act-order examples and bad ``g_idx`` calls. The
+methods and the model experiments (QT-3..QT-8) are in ``test_quantization_methods.py``.
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
-"""Tests of speculative decoding beside its laws (``laws/``; claims SD-1, SD-2, SD-4..SD-7; lecture 002 §2, Leviathan et al.
-2023). The checks of SD-2 and SD-4..SD-7 are functions of what they judge in
-``properties/speculative/claims_cases.py``, shown rejecting known-bad inputs in
-``properties/speculative/test_speculative_rejections.py``.
-
-SD-1 is checked two ways. Exactly: the float64 enumerator (``inference_conformance.reference.speculative``) sums every
-accept/reject path of repeated rounds, and the distribution of the first emitted token, and of
-the first two, must equal the target's to 1e-12 for drawn (p, q) pairs and the pinned boundary
-classes (disjoint supports, q = 0 where p > 0, p = q, one-hot, tiny probabilities). On samples,
-for every registered ``verify`` (``--impl speculative=module:fn`` ones included): one batch of
-independent rounds per fixed (p, q) pair (two dense ones, three boundary classes), four G-tests
-per pair (first token, first two, number accepted, (number accepted, last token)) at a stated
-family-wise false-alarm rate for the whole law, after exact checks of the output's structure. The bug zoo
-(``properties/speculative/zoo.py``) is each shown rejected.
-The statistical law's own calibration is in ``properties/speculative/test_speculative_calibration.py``; SD-1,
-SD-5 and SD-7 on the small world's checkpoints in ``properties/speculative/test_speculative_small_world.py``.
+"""Tests of speculative decoding beside its laws (claims SD-1, SD-2, SD-4..SD-7; lecture 002 §2,
+Leviathan et al. 2023; SD-1's laws, exact and on samples, in ``laws/verify.py``): SD-1's exact
+enumeration and its rejection of wrong acceptance rules, the lecture's two-token example (SD-2),
+randomness only from the generator, and the SD-4 / SD-6 formulas. The checks of SD-2 and
+SD-4..SD-7 are functions of what they judge in ``claims_cases.py``, shown rejecting known-bad
+inputs in ``test_speculative_rejections.py``; SD-1, SD-5 and SD-7 on the small world's checkpoints
+in ``test_speculative_small_world.py``.
 """
 from __future__ import annotations
 
