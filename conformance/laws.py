@@ -3,15 +3,18 @@
 A :class:`Law` names its claim and technique, its body, the strategies of its drawn arguments
 (or pinned cases only), its pinned examples, the dtypes its conformance test runs in, the
 known-bad implementations each of its zoo tests must reject (:class:`Kills`) and the contract's
-boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach. The test module that
-declares it assigns the tests the runner makes, under the names the report reads::
+boundary classes (:mod:`inference_conformance.conformance.coverage`) its examples must reach, and
+the names of the tests made from it. Every law of a technique lives in
+``properties/<technique>/laws.py`` (or its ``laws/`` package); the suite's pytest plugin collects
+each :class:`Law` there as its tests
+(:func:`inference_conformance.conformance.plugin_collect.law_items`), under the names the report
+reads::
 
     FA3 = Law(claim="FA-3", technique="attention", body=law_matches_reference,
-              given={"case": cases(), "seed": S.seeds}, examples=(dict(case=..., seed=7), ...),
-              dtypes=DTYPES, kills=(Kills(ZOO_ALL, (torch.float64,)), Kills(ZOO_16BIT, (torch.bfloat16,))))
-    test_fa3_matches_float64_reference = FA3.conformance_test("test_fa3_matches_float64_reference")
-    test_fa3_zoo_rejected, test_fa3_zoo_rejected_bfloat16 = FA3.zoo_tests(
-        "test_fa3_zoo_rejected", "test_fa3_zoo_rejected_bfloat16")
+              given={"case": cases(), "seed": strategies.seeds}, examples=(dict(case=..., seed=7), ...),
+              dtypes=DTYPES, kills=(Kills(ZOO_ALL, (torch.float64,)), Kills(ZOO_16BIT, (torch.bfloat16,))),
+              test="test_fa3_matches_float64_reference",
+              zoo_tests=("test_fa3_zoo_rejected", "test_fa3_zoo_rejected_bfloat16"))
 
 The body is ``body(run, *params, **drawn)``: ``run`` is the :class:`Run` of this law on one
 implementation (``run.impl``), ``params`` the law's parameters in order (fixtures such as
@@ -117,6 +120,15 @@ def _named(test: Callable, name: str, doc: str | None, module: str, marks: list)
     return test
 
 
+def _declaring_module() -> str:
+    """The name of the module whose code is creating a :class:`Law` (the first frame outside this
+    module and ``dataclasses``)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "dataclasses"):
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
 GATING_PROFILES = ("ci", "compat")  #: where a mode of a built-in runs pinned examples only
 
 
@@ -146,7 +158,13 @@ class Law:
     under the interpreter (default: ``max_examples``), each a function of the profile's number; ``explicit_only``: run the
     pinned examples only; ``applies``: ``applies(impl)`` is None, or the reason the law does not
     apply to ``impl`` (the conformance test skips with it); ``claims``: the claim ids of its
-    tests (default: ``claim``)."""
+    tests (default: ``claim``); ``test``: the name of its conformance test ("" for none);
+    ``zoo_tests``: the names of its zoo tests, one per :class:`Kills`, in order; ``after``:
+    ``after(run)`` once the conformance test's run passed (to record a figure from it); ``doc``:
+    the conformance test's docstring (default: the body's); ``marks``: pytest marks its tests
+    carry besides the technique and claim (a fixture they use, a warning they ignore). ``home``
+    (set when it is made) names the module that declared it: the plugin collects its tests there
+    only."""
 
     claim: str
     technique: str
@@ -163,6 +181,18 @@ class Law:
     explicit_only: bool = False
     applies: Callable[[Any], str | None] | None = None
     claims: tuple = ()
+    test: str = ""
+    zoo_tests: tuple = ()
+    after: Callable[[Run], None] | None = None
+    doc: str | None = None
+    marks: tuple = ()
+
+    def __post_init__(self):
+        # the module that declared it (not this one, not dataclasses.replace): where it is collected
+        object.__setattr__(self, "home", _declaring_module())
+        if self.zoo_tests and len(self.zoo_tests) != len(self.kills):
+            raise ValueError(f"{self.name}: zoo_tests names {len(self.zoo_tests)} tests, kills declares "
+                             f"{len(self.kills)}")
 
     @property
     def name(self) -> str:
@@ -170,8 +200,9 @@ class Law:
         return self.body.__name__
 
     def with_examples(self, examples: tuple, *, explicit_only: bool = True) -> Law:
-        """The same law on other pinned examples (only those, by default)."""
-        return dataclasses.replace(self, examples=tuple(examples), explicit_only=explicit_only)
+        """The same law on other pinned examples (only those, by default), declaring no test of its
+        own (a variant run by hand is not the declared law's test)."""
+        return dataclasses.replace(self, examples=tuple(examples), explicit_only=explicit_only, test="", zoo_tests=())
 
     def hypothesis_test(self, interpreted: bool, pinned_only: bool = False) -> Callable:
         """The Hypothesis test of the law for an implementation that runs interpreted or not:
@@ -286,17 +317,22 @@ class Law:
                              f"(reached: {sorted(run.reached)}; refused only: {sorted(run.refused_only)})")
 
     def _marks(self) -> list:
-        return [pytest.mark.technique(self.technique), pytest.mark.claim(*(self.claims or (self.claim,)))]
+        return [pytest.mark.technique(self.technique), pytest.mark.claim(*(self.claims or (self.claim,))), *self.marks]
 
     def _args(self, fixtures: Mapping[str, Any], dtype: Any) -> list:
         return [dtype if p == "dtype" else fixtures[p] for p in self.params]
 
-    def conformance_test(self, name: str, doc: str | None = None,
-                         after: Callable[[Run], None] | None = None) -> Callable:
-        """The test of the law over the registry: ``name(impl, <params>)``, parametrized over
-        ``dtypes``; it skips where ``applies`` says the law does not apply, runs the law, checks
-        its coverage and calls ``after(run)`` (to record a figure from the run)."""
-        law = self
+    def tests(self) -> list[tuple[str, Callable]]:
+        """(name, test function) of each test the law declares: its conformance test
+        (:meth:`conformance_test`), then one zoo test per :class:`Kills` (:meth:`zoo_test`)."""
+        made = [(self.test, self.conformance_test())] if self.test else []
+        return made + [(name, self.zoo_test(name, kills)) for name, kills in zip(self.zoo_tests, self.kills)]
+
+    def conformance_test(self) -> Callable:
+        """The test of the law over the registry: ``test(impl, <params>)`` named ``test``,
+        parametrized over ``dtypes``; it skips where ``applies`` says the law does not apply, runs
+        the law, checks its coverage and calls ``after(run)``."""
+        law, after = self, self.after
 
         def test(impl, **fixtures):
             reason = law.applies(impl) if law.applies else None
@@ -309,17 +345,12 @@ class Law:
 
         test.__signature__ = _parameters(("impl", *self.params))
         marks = self._marks() + ([_dtype_parameter(self.dtypes)] if "dtype" in self.params else [])
-        return _named(test, name, doc or self.body.__doc__, self.body.__module__, marks)
+        return _named(test, self.test, self.doc or self.body.__doc__, self.body.__module__, marks)
 
-    def zoo_tests(self, *names: str) -> tuple[Callable, ...]:
-        """One zoo test per :class:`Kills` of the law, named ``names`` in order:
-        ``name(bad_impl, <params but dtype>[, dtype])``, each known-bad implementation rejected
-        by the law (:func:`inference_conformance.conformance.zoo.expect_rejected`)."""
-        if len(names) != len(self.kills):
-            raise ValueError(f"{self.name}: {len(self.kills)} zoo tests declared, {len(names)} names given")
-        return tuple(self._zoo_test(name, kills) for name, kills in zip(names, self.kills))
-
-    def _zoo_test(self, name: str, kills: Kills) -> Callable:
+    def zoo_test(self, name: str, kills: Kills) -> Callable:
+        """The zoo test ``name(bad_impl, <params but dtype>[, dtype])``: each known-bad
+        implementation of ``kills`` rejected by the law
+        (:func:`inference_conformance.conformance.zoo.expect_rejected`)."""
         law = self
         fixed = kills.dtypes[0] if len(kills.dtypes) == 1 else None
         parametrized = len(kills.dtypes) > 1

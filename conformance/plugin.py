@@ -80,7 +80,7 @@ from inference_conformance.conformance.bench_rows import (bench_backends, bench_
                                                           outside_backends, outside_info, outside_refusals)
 from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, pytest_collect_file,
                                                               pytest_collection_modifyitems, pytest_generate_tests,
-                                                              pytest_make_collect_report, ready)
+                                                              pytest_make_collect_report, pytest_pycollect_makeitem, ready)
 from inference_conformance.conformance.plugin_profiles import STORAGE_ENV, storage_dir
 from inference_conformance.conformance.plugin_results import (_RECORDER, _rows_for, pytest_handlecrashitem,
                                                               pytest_runtest_makereport, pytest_runtest_protocol,
@@ -91,7 +91,7 @@ from inference_conformance.conformance.plugin_state import enter, is_suite_node,
 __all__ = ["bench_backends", "bench_id", "bench_implementation", "outside", "outside_backends", "outside_info", "outside_refusals",
            "storage_dir", "STORAGE_ENV", "OUTSIDE_TIMEOUT_S", "_RECORDER", "_rows_for", "recorder",
            "pytest_collect_file", "pytest_collection_modifyitems", "pytest_generate_tests",
-           "pytest_make_collect_report", "pytest_handlecrashitem", "pytest_runtest_makereport",
+           "pytest_make_collect_report", "pytest_pycollect_makeitem", "pytest_handlecrashitem", "pytest_runtest_makereport",
            "pytest_runtest_protocol", "pytest_sessionfinish", "pytest_terminal_summary"]
 
 

@@ -57,16 +57,81 @@ def _benchmarks_folders() -> list[Path]:
     return [Path(b, "benchmarks").resolve() for b in inference_conformance.__path__ if Path(b, "benchmarks").is_dir()]
 
 
+def _properties_folders() -> list[Path]:
+    import inference_conformance
+
+    return [Path(b, "properties").resolve() for b in inference_conformance.__path__ if Path(b, "properties").is_dir()]
+
+
 def pytest_collect_file(file_path: Path, parent):
-    """``bench_*.py`` in the suite's ``benchmarks`` folder are test modules even where the
-    project's ``python_files`` does not say so (``pytest --pyargs inference_conformance.benchmarks``
-    from any project); where it does, pytest collects them already."""
-    if not path_matches_patterns(file_path, ["bench_*.py"]) \
-            or path_matches_patterns(file_path, parent.config.getini("python_files")):
+    """``bench_*.py`` in the suite's ``benchmarks`` folder and the laws of ``properties/``
+    (``properties/<technique>/laws.py``: each :class:`inference_conformance.conformance.laws.Law`
+    there is collected as its tests, :func:`pytest_pycollect_makeitem`) are test modules
+    whatever the project's ``python_files`` (``pytest --pyargs inference_conformance.properties``
+    from any project); where it names them, or they are named on the command line, pytest
+    collects them already."""
+    if path_matches_patterns(file_path, [*parent.config.getini("python_files"), "__init__.py"]) \
+            or parent.session.isinitpath(file_path):
         return None
-    if not is_suite_path(file_path.parent, _benchmarks_folders()):
+    if path_matches_patterns(file_path, ["bench_*.py"]):
+        folders = _benchmarks_folders()
+    elif is_laws_file(file_path):
+        folders = _properties_folders()
+    else:
+        return None
+    if not is_suite_path(file_path.parent, folders):
         return None
     return parent.ihook.pytest_pycollect_makemodule(module_path=file_path, parent=parent)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """A :class:`inference_conformance.conformance.laws.Law` in a laws module: its tests."""
+    return law_items(collector, obj)
+
+
+def is_laws_file(path) -> bool:
+    """Whether the file at ``path`` is a technique's home of laws: ``laws.py`` or a module of a
+    ``laws`` package."""
+    path = Path(path)
+    return path.suffix == ".py" and (path.name == "laws.py" or path.parent.name == "laws")
+
+
+def law_items(collector, obj) -> list | None:
+    """What pytest collects of ``obj`` in a module: for a :class:`Law` of a laws module (see
+    :func:`is_laws_file`), each test the law declares, made and parametrized as pytest makes a
+    test function (the module holds it under its name, where pytest's items look it up); [] for
+    such a test met again in the module (or a law met again under another name); None for
+    anything else (a law is collected in the module that declared it, :attr:`Law.home`, only)."""
+    if not is_laws_file(getattr(collector, "path", None) or ""):
+        return None
+    from inference_conformance.conformance.laws import Law
+
+    if isinstance(getattr(obj, _MADE_FROM, None), Law):
+        return None if collector.stash.get(_MAKING, None) is obj else []
+    module = collector.obj
+    if not isinstance(obj, Law) or obj.home != getattr(module, "__name__", None):
+        return None
+    seen = collector.stash.setdefault(_COLLECTED, set())
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    items = []
+    for name, test in obj.tests():
+        setattr(test, _MADE_FROM, obj)
+        setattr(module, name, test)
+        collector.stash[_MAKING] = test
+        try:
+            made = collector.ihook.pytest_pycollect_makeitem(collector=collector, name=name, obj=test)
+        finally:
+            collector.stash[_MAKING] = None
+        items += made if isinstance(made, list) else [made] if made is not None else []
+    return items
+
+
+_COLLECTED = pytest.StashKey[set]()
+_MAKING = pytest.StashKey[object]()
+_MADE_FROM = "_made_from_law"
 
 
 def technique_of(node) -> str | None:

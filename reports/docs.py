@@ -43,15 +43,21 @@ def _claim_ids(text: str) -> set[str]:
 
 
 def _technique_claims(technique: str, contract_doc: str, root: Path) -> list[str]:
-    """Claim ids the contract names and the ``claim`` markers and ``Law(claim=...)`` declarations
-    of the law modules of ``technique`` (those whose ``TECH``, ``technique(...)`` marker or
-    ``technique=`` declaration names it)."""
+    """Claim ids the contract names, the ``claim`` markers and ``Law(claim=...)`` declarations of
+    the technique's own modules (``test_*.py``, ``laws.py`` and ``laws/*.py`` in
+    ``properties/<technique>/``, or elsewhere naming it as their ``TECH`` or ``technique(...)``
+    marker) and the claims of the ``Law`` declarations of other modules naming it as their
+    ``technique=``."""
     ids = _claim_ids(contract_doc)
-    for path in sorted((root / "properties").rglob("test_*.py")):
+    props = root / "properties"
+    for path in sorted({*props.rglob("test_*.py"), *props.rglob("laws.py"), *props.rglob("laws/*.py")}):
         text = path.read_text(encoding="utf-8")
-        if re.search(rf"""(TECH\s*=\s*|technique\(|technique=)["']{technique}["']""", text):
+        folder = path.parent.parent if path.parent.name == "laws" else path.parent
+        if folder == props / technique or re.search(rf"""(TECH\s*=\s*|technique\()["']{technique}["']""", text):
             for group in re.findall(r"claim\(([^)]*)\)|claims?=([^,)]*)", text):
                 ids |= _claim_ids(" ".join(group))
+        for law in re.findall(rf"""Law\(([^()]*?)technique=["']{technique}["']""", text):
+            ids |= _claim_ids(law)
     return sorted(ids, key=lambda c: (c.split("-")[0], int(c.split("-")[1])))
 
 

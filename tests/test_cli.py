@@ -128,7 +128,7 @@ def test_outputs_land_in_the_suites_folder_under_the_current_one(tmp_path):
     into ./inference-conformance-out only."""
     shutil.copy(ROOT / "examples" / "my_attention.py", tmp_path)
     done = command("run", "--no-bench", "--no-history", "-n", "0", "--impl", "attention=my_attention:attention",
-                   "--select", "properties/attention/test_attention_nan.py", cwd=tmp_path)
+                   "--select", "properties/attention/laws.py::test_fa3_nan_in_exactly_the_rows_that_see_it", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = tmp_path / publish.OUT_NAME
     # __pycache__: Python's bytecode of the imported module (where PYTHONDONTWRITEBYTECODE is unset), not the suite's

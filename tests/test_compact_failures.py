@@ -24,7 +24,9 @@ from inference_conformance.conformance.tolerance import assert_close
 ROOT = Path(__file__).resolve().parents[1]
 #: The attention laws and checks an outside attention runs (``-k attention`` keeps the generic
 #: contract checks of attention only).
-LAW_FILES = ("properties/attention/test_attention.py", "properties/attention/test_attention_nan.py",
+LAW_FILES = ("properties/attention/laws.py::test_fa3_matches_float64_reference",
+             "properties/attention/laws.py::test_fa7_split_kv_equals_unsplit",
+             "properties/attention/laws.py::test_fa3_nan_in_exactly_the_rows_that_see_it", "properties/attention/test_attention.py",
              "properties/attention/test_attention_coverage.py", "properties/test_contract_generic.py")
 #: Lines printed by the run of test_a_wrong_attention_over_the_attention_laws_is_short, and their
 #: widest: measured 108 lines for 20 failing tests when each failing test printed its compact

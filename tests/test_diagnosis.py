@@ -101,8 +101,8 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("technique, target, law, bug", [
-    ("attention", "top_left_attention", "properties/attention/test_attention.py::test_fa3_matches_float64_reference", "top_left_causal"),
-    ("quantization", "floor_quantization", "properties/quantization/test_quantization.py::test_qt1_within_half_step", "floor_not_round"),
+    ("attention", "top_left_attention", "properties/attention/laws.py::test_fa3_matches_float64_reference", "top_left_causal"),
+    ("quantization", "floor_quantization", "properties/quantization/laws/integer.py::test_qt1_within_half_step", "floor_not_round"),
 ])
 def test_an_outside_implementation_is_diagnosed_by_name(tmp_path, technique, target, law, bug):
     """pytest --impl, as a user runs it: the terminal's line for the law and the result rows name
@@ -137,8 +137,8 @@ def test_a_kernel_with_three_known_bugs_fails_in_a_screen_naming_each(tmp_path):
     of at most 100 columns, one per failing law (many tests of one law: test_compact_failures.py),
     and the full failures go to the results folder."""
     impl = "tests.one_bug_impls:three_bug_attention"
-    r = _pytest(tmp_path, f"properties/attention/test_attention.py::test_fa3_matches_float64_reference[{impl}-float64]",
-                f"properties/attention/test_attention_features.py::test_fa8_options_match_float64_reference[{impl}-float64]",
+    r = _pytest(tmp_path, f"properties/attention/laws.py::test_fa3_matches_float64_reference[{impl}-float64]",
+                f"properties/attention/laws.py::test_fa8_options_match_float64_reference[{impl}-float64]",
                 "--impl", f"attention={impl}", "--results", str(tmp_path / "rows"))
     out = r.stdout + r.stderr
     detail = (tmp_path / "rows" / "failures.txt").read_text(encoding="utf-8")

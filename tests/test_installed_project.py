@@ -157,7 +157,7 @@ def test_day_one_from_the_wheel(site, project, tmp_path):
 
     listed = run("list", shell=" | head -1")
     assert listed.returncode == 0 and listed.stdout.startswith("attention: ") and not listed.stderr, listed
-    laws = _pytest(project, site, "--pyargs", "inference_conformance.properties.attention.test_attention_features",
+    laws = _pytest(project, site, "--pyargs", "inference_conformance.properties.attention.laws",
                    "tests/test_props.py", "--device", "cpu", "-k", "fa8_options and not bfloat16 or profile_says",
                    "--impl", "attention=three_bugs:attention", "--results", str(tmp_path / "rows"), extra=tmp_path)
     out = (laws.stdout + laws.stderr).rstrip("\n")

@@ -17,7 +17,7 @@ from inference_conformance.conformance.failures import ImplementationCrash, LawF
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.results import Recorder, recording
 from inference_conformance.conformance.zoo import NotRejected, expect_rejected
-from inference_conformance.properties.kv_transfer.cases import PA9
+from inference_conformance.properties.kv_transfer.laws import PA9
 from inference_conformance.reference.kv_transfer import ReferenceTransfer
 
 

@@ -24,7 +24,7 @@ import torch
 from inference_conformance.conformance import registry
 from inference_conformance.conformance.failures import LawFailure
 from inference_conformance.properties.kv_cache.cases import PINNED
-from inference_conformance.properties.kv_cache.test_kv_cache import KV1, KV1_LONG, KV2, KV4, KV10
+from inference_conformance.properties.kv_cache.laws import KV1, KV1_LONG, KV2, KV4, KV10
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ONE = (dict(case=PINNED),)

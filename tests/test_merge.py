@@ -17,9 +17,9 @@ from inference_conformance.reports.__main__ import main as reports_main
 NEW = {"python": "3.11.7", "cpu": "AMD EPYC", "cpu_count": 2, "torch": "2.13.0+cpu", "triton": "3.9.0",
        "cuda": None, "gpu": None, "gpu_count": 0, "device": "cpu", "commit": "a" * 40, "date": "2026-01-01T00:00:00Z"}
 OLD = dict(NEW, torch="2.11.0", triton="3.6.0", commit="b" * 40)
-NAN = "properties/attention/test_attention_nan.py::test_fa3_nan_in_exactly_the_rows_that_see_it"
-QT1, QT2 = ("properties/quantization/test_quantization.py::test_qt1_within_half_step",
-            "properties/quantization/test_quantization.py::test_qt2_idempotent")
+NAN = "properties/attention/laws.py::test_fa3_nan_in_exactly_the_rows_that_see_it"
+QT1, QT2 = ("properties/quantization/laws/integer.py::test_qt1_within_half_step",
+            "properties/quantization/laws/integer.py::test_qt2_idempotent")
 
 
 def row(check, impl, verdict, claim="FA-3", technique="attention", dtype="float32", message=""):

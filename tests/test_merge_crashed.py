@@ -15,8 +15,8 @@ from inference_conformance.reports import merge
 
 FP = {"python": "3.11.7", "cpu": "AMD EPYC", "cpu_count": 2, "torch": "2.13.0+cpu", "triton": "3.9.0",
       "cuda": None, "gpu": None, "gpu_count": 0, "device": "cpu", "commit": "a" * 40, "date": "2026-01-01T00:00:00Z"}
-FA3 = "properties/attention/test_attention.py::test_fa3_matches_float64_reference"
-NAN = "properties/attention/test_attention_nan.py::test_fa3_nan_in_exactly_the_rows_that_see_it"
+FA3 = "properties/attention/laws.py::test_fa3_matches_float64_reference"
+NAN = "properties/attention/laws.py::test_fa3_nan_in_exactly_the_rows_that_see_it"
 
 
 def row(check, impl, verdict, dtype="float32", profile="ci", n=10, message=""):

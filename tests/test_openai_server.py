@@ -15,12 +15,12 @@ pytest.importorskip("httpx")
 from inference_conformance.conformance import registry  # noqa: E402
 from inference_conformance.conformance.contracts.inference_engine import Params, Request  # noqa: E402
 from inference_conformance.conformance.zoo import expect_rejected  # noqa: E402
-from inference_conformance.optimized.inference_engine import openai_server as O  # noqa: E402
+from inference_conformance.optimized.inference_engine import openai_server  # noqa: E402
 from inference_conformance.optimized.inference_engine.serve_http import EngineServer  # noqa: E402
 from inference_conformance.optimized.inference_engine.suite import load, reference_engine  # noqa: E402
 from inference_conformance.optimized.inference_engine.vllm_server import ServerProcess, ServerStartError, free_port  # noqa: E402
-from inference_conformance.properties.inference_engine import cases as C  # noqa: E402
-from inference_conformance.properties.inference_engine import test_inference_engine as T  # noqa: E402
+from inference_conformance.properties.inference_engine import cases  # noqa: E402
+from inference_conformance.properties.inference_engine.laws import engine as engine_laws  # noqa: E402
 from inference_conformance.properties.inference_engine import zoo  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def served():
     servers = []
 
     def start(engine):
-        servers.append(EngineServer(engine, C.folders()["target"]).start())
+        servers.append(EngineServer(engine, cases.folders()["target"]).start())
         return servers[-1].url
 
     yield start
@@ -39,13 +39,13 @@ def served():
 
 
 def _impl(url, origin="outside", name=None):
-    return registry.from_object("inference_engine", name or url, O.OpenAIServer(url), origin, target=url)
+    return registry.from_object("inference_engine", name or url, openai_server.OpenAIServer(url), origin, target=url)
 
 
 def test_reference_over_http_passes_the_engine_laws(served):
     """EN-1, EN-2 (concurrent requests at drawn arrival times) and KV-2 through HTTP on the reference."""
     impl = _impl(served(reference_engine()))
-    for law in (T.EN1, T.EN2, T.KV2):
+    for law in (engine_laws.EN1, engine_laws.EN2, engine_laws.KV2):
         run = law(impl, "cpu")
         assert run.ran >= 1 and not run.refused, (law.name, run.refused)
 
@@ -54,7 +54,7 @@ def test_reference_over_http_passes_the_engine_laws(served):
 def test_zoo_over_http_rejected_by_the_same_law(served, bad, law):
     """A known-bad engine behind the server: its law rejects it through HTTP by its own comparison."""
     impl = _impl(served(getattr(zoo, bad)(load)), origin="zoo", name=f"http_{bad}")
-    assert expect_rejected(getattr(T, law), impl, "cpu")
+    assert expect_rejected(getattr(engine_laws, law), impl, "cpu")
 
 
 class _RefusesSeeds(type(reference_engine())):
@@ -65,62 +65,62 @@ class _RefusesSeeds(type(reference_engine())):
 
 
 def test_capabilities_are_what_the_server_answers(served):
-    eng = O.OpenAIServer(served(_RefusesSeeds(load)))
+    eng = openai_server.OpenAIServer(served(_RefusesSeeds(load)))
     caps = eng.capabilities()
     assert caps.seeded_sampling == "none" and caps.logprobs and caps.top_p and caps.batching
     env = eng.environment()
     assert env["probes"]["seed"].startswith("HTTP 400") and "no seed" in env["probes"]["seed"]
-    assert env["model"]["id"] == C.folders()["target"]
+    assert env["model"]["id"] == cases.folders()["target"]
 
 
 def test_server_settings_are_refused_not_faked(served):
-    eng = O.OpenAIServer(served(reference_engine()))
+    eng = openai_server.OpenAIServer(served(reference_engine()))
     for kw in (dict(prefix_caching=True), dict(chunked_prefill=4), dict(speculative="ngram"), dict(padding="left")):
         with pytest.raises(NotImplementedError, match="server's own setting"):
-            eng.generate([Request((1, 5, 6), 2)], C.params(**kw))
+            eng.generate([Request((1, 5, 6), 2)], cases.params(**kw))
     with pytest.raises(ValueError, match="prompt"):
-        eng.generate([Request((1, 10 ** 6), 2)], C.params())
+        eng.generate([Request((1, 10 ** 6), 2)], cases.params())
 
 
 def test_unreachable_server_fails_after_bounded_retries():
-    eng = O.OpenAIServer(f"http://127.0.0.1:{free_port()}/v1", retries=1, timeout=5)
-    with pytest.raises(O.ServerError, match="after 2 tries.*ConnectError"):
+    eng = openai_server.OpenAIServer(f"http://127.0.0.1:{free_port()}/v1", retries=1, timeout=5)
+    with pytest.raises(openai_server.ServerError, match="after 2 tries.*ConnectError"):
         eng.capabilities()
 
 
 @pytest.mark.parametrize("url, match", [("localhost:8000", "http"), ("ftp://h/v1", "http"), (8000, "str")])
 def test_bad_url_names_url(url, match):
     with pytest.raises((ValueError, TypeError), match=f"url.*{match}|{match}.*url"):
-        O.OpenAIServer(url)
+        openai_server.OpenAIServer(url)
 
 
 def test_bad_settings_name_themselves():
     with pytest.raises(ValueError, match="dtype"):
-        O.OpenAIServer("http://h/v1", dtype="int8")
+        openai_server.OpenAIServer("http://h/v1", dtype="int8")
     with pytest.raises(ValueError, match="retries"):
-        O.OpenAIServer("http://h/v1", retries=-1)
-    assert O.base_url("http://h:1") == "http://h:1/v1" == O.base_url("http://h:1/v1/")
+        openai_server.OpenAIServer("http://h/v1", retries=-1)
+    assert openai_server.base_url("http://h:1") == "http://h:1/v1" == openai_server.base_url("http://h:1/v1/")
 
 
 def test_answers_the_suite_cannot_use_say_why():
     no_ids = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0]}}]}
-    with pytest.raises(O.ServerError, match="no token ids.*return-tokens-as-token-ids"):
-        O._parse(no_ids, "http://h/v1")
+    with pytest.raises(openai_server.ServerError, match="no token ids.*return-tokens-as-token-ids"):
+        openai_server._parse(no_ids, "http://h/v1")
     as_text = {"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-1.0, -2.0]}}]}
-    assert O._parse(as_text, "u")[:2] == ([7, 9], [-1.0, -2.0])
+    assert openai_server._parse(as_text, "u")[:2] == ([7, 9], [-1.0, -2.0])
     short = {"choices": [{"token_ids": [7], "finish_reason": "stop"}]}
-    with pytest.raises(O.ServerError, match="1 tokens for max_tokens=3.*ignore_eos"):
-        O._completion(short, 3, "u")
-    with pytest.raises(O.ServerError, match="without choices"):
-        O._parse({"error": "x"}, "u")
+    with pytest.raises(openai_server.ServerError, match="1 tokens for max_tokens=3.*ignore_eos"):
+        openai_server._completion(short, 3, "u")
+    with pytest.raises(openai_server.ServerError, match="without choices"):
+        openai_server._parse({"error": "x"}, "u")
 
 
 def test_server_process_starts_stops_and_says_why_it_did_not():
     """The launcher: health wait, stop of the whole process group; a start-up failure is refused
     only where the configuration check said no, else an error, each with the log's tail."""
-    argv = [sys.executable, "-m", "inference_conformance.optimized.inference_engine.serve_http", C.folders()["target"]]
+    argv = [sys.executable, "-m", "inference_conformance.optimized.inference_engine.serve_http", cases.folders()["target"]]
     with ServerProcess(argv, deadline=120) as proc:
-        out = O.OpenAIServer(proc.url).generate([Request((1, 5, 6), 3)], C.params())
+        out = openai_server.OpenAIServer(proc.url).generate([Request((1, 5, 6), 3)], cases.params())
         assert out[0].tokens.numel() == 3
     assert not proc.alive()
     refused = "import sys; print('ValueError: bad budget (create_engine_config)'); sys.exit(1)"
@@ -137,22 +137,22 @@ def test_engine_url_option_runs_the_laws_on_the_server(served, tmp_path):
     is a usage error."""
     url = served(reference_engine())
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--results", str(tmp_path),
-           "properties/inference_engine/test_inference_engine.py", "-k", "en1_greedy", "--engine-url", url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(C.__file__).rsplit("/properties/", 1)[0])
+           "properties/inference_engine/laws/engine.py", "-k", "en1_greedy", "--engine-url", url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(cases.__file__).rsplit("/properties/", 1)[0])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout, done.stdout[-2000:]
     impls = "".join(p.read_text() for p in tmp_path.glob("impls-*.json"))
     assert url in impls and '"probes"' in impls
     bad = subprocess.run(cmd[:-1] + ["localhost:1"], capture_output=True, text=True, timeout=120,
-                         cwd=str(C.__file__).rsplit("/properties/", 1)[0])
+                         cwd=str(cases.__file__).rsplit("/properties/", 1)[0])
     assert bad.returncode == 4 and "url must be an http(s) address" in bad.stderr, bad.stderr[-1000:]
 
 
 def test_params_are_sent_as_the_protocol_says(served):
     """Temperature, top-p and the seed reach the server: the same seeded request twice repeats, and
     the reference's own sampled tokens are what HTTP returns."""
-    eng = O.OpenAIServer(served(reference_engine()))
+    eng = openai_server.OpenAIServer(served(reference_engine()))
     req = [Request((1, 5, 6), 6, seed=11, temperature=0.8, top_p=0.9)]
-    a, b = eng.generate(req, C.params()), eng.generate(req, C.params())
-    direct = reference_engine().generate(req, Params(C.folders()["target"]))
+    a, b = eng.generate(req, cases.params()), eng.generate(req, cases.params())
+    direct = reference_engine().generate(req, Params(cases.folders()["target"]))
     assert a[0].tokens.tolist() == b[0].tokens.tolist() == direct[0].tokens.tolist()

@@ -20,7 +20,7 @@ from inference_conformance.reports.merge_runs import MergeError
 from tests import test_merge, test_merge_crashed, test_partial_evidence
 
 ROOT = Path(__file__).resolve().parent.parent
-QT1 = "properties/quantization/test_quantization.py::test_qt1_within_half_step"
+QT1 = "properties/quantization/laws/integer.py::test_qt1_within_half_step"
 O = Outcome
 
 

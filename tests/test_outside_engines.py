@@ -107,13 +107,13 @@ def test_finding_vllm_draft_position_ignores_top_p():
     settings (several minutes here)."""
     from inference_conformance.conformance.contracts.inference_engine import Request
     from inference_conformance.optimized.inference_engine.vllm import VLLMEngine
-    from inference_conformance.properties.inference_engine import cases as C
-    from inference_conformance.properties.inference_engine import sampled as S
+    from inference_conformance.properties.inference_engine import cases
+    from inference_conformance.properties.inference_engine import sampled
 
-    prompt = C.document_prompts(4, 1, max_len=3)[0]
-    p = C.params(temperature=0.7, top_p=0.9, speculative="draft", num_speculative_tokens=1)
+    prompt = cases.document_prompts(4, 1, max_len=3)[0]
+    p = cases.params(temperature=0.7, top_p=0.9, speculative="draft", num_speculative_tokens=1)
     out = VLLMEngine().generate([Request(prompt, 2, 4 + i) for i in range(600)], p)
-    exact = S.first_two_distribution(p.model, prompt, 0.7, 0.9)
+    exact = sampled.first_two_distribution(p.model, prompt, 0.7, 0.9)
     V = int(round(len(exact) ** 0.5))
     pairs = exact.reshape(V, V)
     first_outside = sum(pairs[c.tokens[0].item()].sum() == 0 for c in out)

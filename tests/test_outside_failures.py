@@ -66,7 +66,7 @@ def test_a_crashing_implementation_does_not_stop_the_run(tmp_path):
                                            (RAISING, ["RuntimeError", "the vendor library is missing"])])
 def test_an_implementation_that_cannot_be_imported_is_one_line(tmp_path, source, words):
     (tmp_path / "bad_attention.py").write_text(source)
-    r = _pytest(tmp_path, "properties/attention/test_attention.py", "--impl", "attention=bad_attention:attention")
+    r = _pytest(tmp_path, "properties/attention/laws.py", "--impl", "attention=bad_attention:attention")
     err = r.stdout + r.stderr
     assert r.returncode == 4 and "INTERNALERROR" not in err and "Traceback" not in err, err[-3000:]
     line = next(x for x in err.splitlines() if "--impl attention=bad_attention:attention" in x)

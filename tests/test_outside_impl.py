@@ -43,7 +43,7 @@ def test_outside_speculative_verifiers_checked(tmp_path):
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/speculative/test_speculative.py", "-k", "test_sd1_statistical",
+           "properties/speculative/laws/verify.py", "-k", "test_sd1_statistical",
            "--impl", f"speculative={good}", "--impl", f"speculative={bad}", "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
@@ -66,7 +66,7 @@ def test_partial_support_is_reported_partial_with_what_was_refused(tmp_path):
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-                           "properties/quantization/test_quantization.py", "-k", "test_qt1_within_half_step",
+                           "properties/quantization/laws/integer.py", "-k", "test_qt1_within_half_step",
                            "--impl", "quantization=tests.partial_quantization:IMPL",
                            "--results", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -100,7 +100,7 @@ def test_outside_tree_verifiers_checked(tmp_path):
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
-           "properties/speculative_tree/test_speculative_tree.py", "-k", "test_sd11_statistical and float64 and not reference and not "
+           "properties/speculative_tree/laws.py", "-k", "test_sd11_statistical and float64 and not reference and not "
                                                                          "torch",
            "--impl", f"speculative_tree={good}", "--impl", f"speculative_tree={bad}", "--results", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -116,21 +116,21 @@ def test_outside_tree_verifiers_checked(tmp_path):
 #: each written from its technique's docs page): (technique, good, bad, test file, law, what only
 #: the twin's message must hold). One pytest process runs them all (one start-up, one collection).
 EXAMPLES = (
-    ("kv_transfer", "my_kv_transfer:TRANSFER", "my_kv_transfer:BUGGY", "properties/kv_transfer/test_kv_transfer.py",
+    ("kv_transfer", "my_kv_transfer:TRANSFER", "my_kv_transfer:BUGGY", "properties/kv_transfer/laws.py",
      "test_pa9_transfer_continues_as_one_engine", ("measured error", "EXCEEDS bound", "rule float64")),
     ("tree_attention", "my_tree_attention:tree_attention", "my_tree_attention:wrong_tree_attention",
-     "properties/tree_attention/test_tree_attention.py", "test_sd10_tree_attention_matches_paths",
+     "properties/tree_attention/laws.py", "test_sd10_tree_attention_matches_paths",
      ("EXCEEDS bound", "rule float")),
     ("tree_attention", "my_tree_attention:tree_attention", "my_tree_attention:wrong_tree_attention",
-     "properties/speculative_tree/test_speculative_tree_engine.py", "test_sd10_tree_attention_equals_each_path_alone",
+     "properties/speculative_tree/laws.py", "test_sd10_tree_attention_equals_each_path_alone",
      ("EXCEEDS bound", "rule float")),
-    ("fp8_cast", "my_fp8_cast:fp8_cast", "my_fp8_cast:wrong_fp8_cast", "properties/fp8_cast/test_fp8_cast.py",
+    ("fp8_cast", "my_fp8_cast:fp8_cast", "my_fp8_cast:wrong_fp8_cast", "properties/fp8_cast/laws.py",
      "test_qt11_cast_rounds_to_nearest_even", ("EXCEEDS bound 0.000e+00", "rule exact")),
-    ("kv_format", "my_kv_format:my_kv_format", "my_kv_format:wrong_kv_format", "properties/kv_format/test_kv_format.py",
+    ("kv_format", "my_kv_format:my_kv_format", "my_kv_format:wrong_kv_format", "properties/kv_format/laws.py",
      "test_qt12_every_value_within_its_step", ("EXCEEDS bound 1.000e+00", "rule QT-12 half step")),
-    ("inference_engine", "my_engine:ENGINE", "my_engine:BUGGY", "properties/inference_engine/test_serving.py",
+    ("inference_engine", "my_engine:ENGINE", "my_engine:BUGGY", "properties/inference_engine/laws/serving.py",
      "test_serve_features_combined", ("measured error", "EXCEEDS bound", "rule exact", "fork")),
-    ("drafter", "my_drafter:DRAFTER", "my_drafter:BUGGY", "properties/drafter/test_drafter.py",
+    ("drafter", "my_drafter:DRAFTER", "my_drafter:BUGGY", "properties/drafter/laws.py",
      "test_sd12_greedy_drafts_emit_greedy_decoding", ("malformed tree", "parents[1] = 1", "-1 <= parents[i] < i")),
 )
 

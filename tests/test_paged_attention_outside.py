@@ -16,7 +16,7 @@ def test_outside_paged_attention_kernels_are_checked():
     env = dict(os.environ, CI="true", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", "--device", "cpu",
-           "properties/paged_attention/test_paged_attention.py", "--impl", f"paged_attention={GOOD}", "--impl",
+           "properties/paged_attention/laws/decode.py", "--impl", f"paged_attention={GOOD}", "--impl",
            f"paged_attention={BAD}", "-k", "pa1_paged_equals_contiguous and float64"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

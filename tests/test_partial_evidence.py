@@ -11,7 +11,7 @@ from inference_conformance.conformance.results import Row, write_rows
 from inference_conformance.conformance.runinfo import write_run
 from inference_conformance.reports import build, merge
 
-QT1 = "properties/quantization/test_quantization.py::test_qt1_within_half_step"
+QT1 = "properties/quantization/laws/integer.py::test_qt1_within_half_step"
 ONE = "partial: refused 570 of 571 examples (gguf refuses bits=8); classes only refused: bits:8, granularity:tensor"
 MOST = "partial: refused 2 of 10 examples (refuses 3-bit)"
 #: the evidence of ONE and MOST as a law records it (a field of its row, never its text parsed back)
@@ -91,19 +91,19 @@ def test_a_test_under_its_power_floor_reads_not_enough_evidence():
     from scipy import stats as sps
 
     from inference_conformance.conformance.law_run import Run
-    from inference_conformance.properties.inference_engine import sampled as S
+    from inference_conformance.properties.inference_engine import sampled
 
     probs = np.array([0.5, 0.3, 0.2, 0.0])
-    one_bin = S.position_test([(np.array([20.0, 10, 9, 0]), probs)], 1e-3, "token 2 (one bin)")
+    one_bin = sampled.position_test([(np.array([20.0, 10, 9, 0]), probs)], 1e-3, "token 2 (one bin)")
     assert one_bin.dof == 0 and one_bin.power == 0.0 and one_bin.verdict.ok
-    many = S.position_test([(np.array([500.0, 300, 200, 0]), probs)], 1e-3, "token 1")
+    many = sampled.position_test([(np.array([500.0, 300, 200, 0]), probs)], 1e-3, "token 1")
     crit = sps.chi2.ppf(1 - 1e-3, 2)
     assert many.dof == 2 and many.n_used == 1000 and many.power == sps.ncx2.sf(crit, 2, 4 * 0.01 * 1000)
-    outside = S.position_test([(np.array([500.0, 300, 199, 1]), probs)], 1e-3, "token 1")
+    outside = sampled.position_test([(np.array([500.0, 300, 199, 1]), probs)], 1e-3, "token 1")
     assert not outside.verdict.ok and "zero-probability" in outside.verdict.rule
     run = Run("law_sampled_distribution", "x", None)
     run._begin_example()
-    S.judge(run, [many, one_bin])
+    sampled.judge(run, [many, one_bin])
     run._end_example(refused=False)
     text = run.partial_text()
     assert list(run.never_checked()) == ["token 2 (one bin)"], text

@@ -77,7 +77,7 @@ def test_crashing_kernel_fails_its_test_not_the_run(project, tmp_path):
     rows = tmp_path / "rows"
     r = _pytest(project, "--impl", "attention=crash_kernel:attention", "-n", "1", f"--results={rows}", "-k",
                 f"{FAST} or (test_fa3_matches_float64_reference and float32)", timeout=180,
-                laws="inference_conformance.properties.attention.test_attention")
+                laws="inference_conformance.properties.attention")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "crashed" in r.stdout and "2 failed" in r.stdout, r.stdout[-3000:]   # the second test still ran
     errors = [x for x in read_rows(rows) if x.verdict == "error" and "crashed" in x.message]

@@ -196,7 +196,7 @@ def test_outside_implementation_via_impl_option(tmp_path):
     env = dict(os.environ, CI="true", PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), str(ROOT)]))
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "inference_conformance.properties.quantization.test_quantization",
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "inference_conformance.properties.quantization.laws.integer",
            "-p", "no:cacheprovider", "-q",
            "--device=cpu", "--impl", "quantization=my_quantization:quantization",
            "--impl", "quantization=my_quantization:wrong_quantization",

@@ -1,4 +1,4 @@
-"""PA-7's two halves through ``serve`` (``properties/inference_engine/serving_cases.py``: ``PA7``):
+"""PA-7's two halves through ``serve`` (``properties/inference_engine/laws/serving.py``: ``PA7``):
 every request's output is judged in every example, and each position computed once where the
 engine reports its counts ("stats" in ``Capabilities.serving``). An engine without "stats" gives
 the law no means to check the second half: its PA-7 cell is "partial", naming that half and why,
@@ -12,7 +12,8 @@ from inference_conformance.conformance import registry, verdicts
 from inference_conformance.conformance.results import Recorder, recording
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.optimized.inference_engine.suite import PagedAdapter
-from inference_conformance.properties.inference_engine.serving_cases import COMPUTED_ONCE, PA7
+from inference_conformance.properties.inference_engine.laws.serving import PA7
+from inference_conformance.properties.inference_engine.serving_cases import COMPUTED_ONCE
 from inference_conformance.properties.inference_engine.zoo import StalePrefix
 
 TECHNIQUE = "inference_engine"

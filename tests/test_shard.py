@@ -17,7 +17,7 @@ from inference_conformance.conformance.results import Row
 from inference_conformance.reports import merge
 
 ROOT = Path(__file__).resolve().parent.parent
-SELECTION = ["properties/attention/test_attention_nan.py", "properties/quantization/test_quantization.py",
+SELECTION = ["properties/attention/laws.py", "properties/quantization/laws/integer.py",
              "-k", "(nan_in_exactly or qt2_idempotent or qt1_within) and (torch or reference)"]
 
 

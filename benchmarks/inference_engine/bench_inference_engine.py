@@ -33,10 +33,10 @@ def _engines():
 @pytest.mark.parametrize("engine", _engines())
 def test_bench_engine_tokens_per_s(benchmark, device, engine):
     """tokens/s of ``engine`` alone and batched (see the module docstring)."""
-    from inference_conformance.properties.inference_engine import cases as C
+    from inference_conformance.properties.inference_engine import cases
 
-    reqs = [Request(p, NEW) for p in C.document_prompts(0, REQUESTS)]
-    p = C.params()
+    reqs = [Request(p, NEW) for p in cases.document_prompts(0, REQUESTS)]
+    p = cases.params()
     batching = engine.capabilities().batching
 
     def alone():
@@ -71,11 +71,11 @@ def _speculative():
 def test_bench_engine_speculation(benchmark, device, engine, method):
     """Speculative ``method`` of ``engine`` against its target-only generation (see the module
     docstring): GAMMA draft tokens per round, REQUESTS grammar prompts one by one."""
-    from inference_conformance.properties.inference_engine import cases as C
+    from inference_conformance.properties.inference_engine import cases
 
     n_req, new = (REQUESTS, NEW) if not benchmark.disabled else (2, 6)    # a smoke run when timings are off
-    reqs = [Request(p, new) for p in C.document_prompts(1, n_req)]
-    plain, spec = C.params(), C.params(speculative=method, num_speculative_tokens=GAMMA)
+    reqs = [Request(p, new) for p in cases.document_prompts(1, n_req)]
+    plain, spec = cases.params(), cases.params(speculative=method, num_speculative_tokens=GAMMA)
     done: dict = {}
 
     def run(p, key):

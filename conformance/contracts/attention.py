@@ -35,7 +35,7 @@ all of the rows ``out[b, h, i]`` of the heads reading KV head ``g`` whose query 
 be without the NaN: a key the mask hides must not leak. (Only component ``d`` of the rows that
 cannot see a NaN value is unspecified: a kernel may multiply its zero weight by it.) Returning
 zeros for a NaN row, or NaN for a row that cannot see a NaN key, breaks the contract
-(``properties/attention/test_attention_nan.py``).
+(``properties/attention/laws.py``).
 
 Options (claim FA-8; each keyword optional, ``None`` = off, the default):
 

@@ -253,7 +253,7 @@ def held_bytes(obj, *, skip: tuple = ()) -> int:
     return total
 
 # ----------------------------------------------------------------------------------------------
-# coverage table: the boundary classes the laws of properties/kv_cache/test_kv_cache.py must hand every
+# coverage table: the boundary classes the laws of properties/kv_cache/laws.py must hand every
 # engine in every profile (their pinned cases reach them; the drawn ones may too)
 # ----------------------------------------------------------------------------------------------
 _KV1 = "law_prefill_then_decode_equals_full_forward"

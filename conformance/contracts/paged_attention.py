@@ -211,7 +211,7 @@ def _prefill_coverage() -> tuple:
     )
 
 
-#: FA-8's laws of the options in the paged kernels (properties/paged_attention/test_paged_attention_features.py).
+#: FA-8's laws of the options in the paged kernels (properties/paged_attention/laws/options.py).
 _FA8_DECODE, _FA8_MIXED = ("law_paged_options_match_dense",), ("law_prefill_options_match_dense",)
 
 

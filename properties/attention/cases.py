@@ -22,17 +22,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import note
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.attention import COVERAGE, AttentionShape, causal_mask
+from inference_conformance.conformance.contracts.attention import AttentionShape, causal_mask
 from inference_conformance.conformance.device import triton_interpreted
-from inference_conformance.conformance.laws import Kills, Law, Run, dtype_id, refusal
+from inference_conformance.conformance.laws import Run, dtype_id, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import attention as ref
 
-DTYPES = [pytest.param(d, id=dtype_id(d)) for d in S.FLOAT_DTYPES]
+DTYPES = [pytest.param(d, id=dtype_id(d)) for d in strategies.FLOAT_DTYPES]
 
 
 @dataclass(frozen=True)
@@ -92,12 +91,12 @@ def cases(draw, max_len: int = 239, bounded: bool | None = None):
     production ones (8 KV heads, groups of 4 and 8); head dims from 1 to 256. ``bounded``
     (default: under the interpreter) applies :func:`fit_budget` to every draw; laws that know
     their implementation draw unbounded and fit only interpreted Triton kernels."""
-    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=3, max_group=3),
+    hq, hkv = draw(st.one_of(strategies.gqa_heads(max_kv=3, max_group=3),
                              st.sampled_from([(8, 8), (8, 2), (16, 2), (32, 8), (12, 4)])))
     B = draw(st.integers(1, 6))
-    D = draw(st.one_of(S.head_dims(), st.sampled_from([160, 200, 256])))
+    D = draw(st.one_of(strategies.head_dims(), st.sampled_from([160, 200, 256])))
     causal = draw(st.booleans())
-    a, b = draw(S.lengths(max_len)), draw(S.lengths(max_len))
+    a, b = draw(strategies.lengths(max_len)), draw(strategies.lengths(max_len))
     Tq, Tk = (min(a, b), max(a, b)) if causal else (a, b)
     magnitude = draw(st.sampled_from(["normal", "normal", "large"]))
     if magnitude == "large":
@@ -125,14 +124,14 @@ def make_inputs(case: Case, seed: int, dtype: torch.dtype, device: str):
     qs = (case.B, case.Hq, case.Tq, case.D)
     ks = (case.B, case.Hkv, case.Tk, case.D)
     if case.magnitude in ("large", "late"):
-        q = S.randn(qs, seed, scale=case.amp).round().clamp(-64, 64)
-        k = S.randn(ks, seed + 1, scale=case.amp).round().clamp(-64, 64)
+        q = strategies.randn(qs, seed, scale=case.amp).round().clamp(-64, 64)
+        k = strategies.randn(ks, seed + 1, scale=case.amp).round().clamp(-64, 64)
         if case.magnitude == "late":
             k[:, :, :late_from(case.Tk)] = (k[:, :, :late_from(case.Tk)] / 16).round()
     else:
-        q = S.randn(qs, seed)
-        k = S.randn(ks, seed + 1)
-    v = S.randn(ks, seed + 2)
+        q = strategies.randn(qs, seed)
+        k = strategies.randn(ks, seed + 1)
+    v = strategies.randn(ks, seed + 2)
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
@@ -260,39 +259,9 @@ EXAMPLE_SPLIT_LSE_ROUNDING = Case(B=1, Hq=8, Hkv=8, Tq=2, Tk=26, D=1, causal=Fal
 
 
 
-def law_matches_reference(run, device, dtype, case, seed):
-    """FA-3: attention(q, k, v) equals the float64 reference by the tolerance policy."""
-    if run.interpreted:
-        case = fit_budget(case)
-    note(f"{case}")
-    q, k, v = make_inputs(case, seed, dtype, device)
-    out = call(run.impl, q, k, v, case, run=run)
-    check_against_reference(out, q, k, v, case)
-
-
 def _seeded(cases, first_seed: int) -> tuple:
     """Pinned examples ``dict(case=c, seed=first_seed + i)`` for the i-th of ``cases``."""
     return tuple(dict(case=c, seed=first_seed + i) for i, c in enumerate(cases))
-
-
-#: FA-3's law. Its pinned examples run first in every profile: together they break every zoo
-#: entry and, with the production shapes, reach the contract's coverage table (checked on the
-#: float64 reference by properties/attention/test_attention_coverage.py).
-FA3 = Law(
-    claim="FA-3", technique="attention", body=law_matches_reference,
-    given={"case": cases(bounded=False), "seed": S.seeds},
-    examples=(dict(case=EXAMPLE_GQA_CAUSAL, seed=7), dict(case=EXAMPLE_GQA_CAUSAL_POW2, seed=7),
-              dict(case=EXAMPLE_LARGE_LOGITS, seed=11), dict(case=EXAMPLE_LONG_KEYS, seed=5),
-              dict(case=EXAMPLE_DIAGONAL_TILE, seed=3), dict(case=EXAMPLE_SPLIT_LSE_ROUNDING, seed=25),
-              dict(case=EXAMPLE_BATCH5_CHUNK, seed=9), dict(case=EXAMPLE_BATCH5_SINGLE, seed=10))
-             + _seeded(SCALE_MASK_CASES, 20) + _seeded(BOUNDARY_CASES, 40) + _seeded(LATE_MAX_CASES, 60)
-             + _seeded(LARGE_NONPOW2_CASES, 70),
-    dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(ZOO_ALL, (torch.float64,)),
-           Kills(ZOO_16BIT, (torch.bfloat16,),
-                 doc="The 16-bit rule sees errors of a few ulps: a 2% scaling, a 16-bit accumulator, "
-                     "a dropped key at Tk = 1100, all in bfloat16.")),
-    coverage=COVERAGE)
 
 
 # ---------------------------------------------------------------------------------------- FA-7
@@ -311,8 +280,8 @@ def decode_cases(draw, interpreted: bool | None = None):
     Triton kernel under the interpreter, ``interpreted``; default: whether Triton runs
     interpreted)."""
     interpreted = triton_interpreted() if interpreted is None else interpreted
-    hq, hkv = draw(S.gqa_heads(max_kv=2, max_group=2 if interpreted else 3))
-    D = draw(S.head_dims())
+    hq, hkv = draw(strategies.gqa_heads(max_kv=2, max_group=2 if interpreted else 3))
+    D = draw(strategies.head_dims())
     Tq = draw(st.sampled_from([1, 1, 2, 4]))
     Tk = draw(st.integers(max(Tq, 1), 160 if interpreted else 4096))
     causal = draw(st.booleans())
@@ -322,44 +291,6 @@ def decode_cases(draw, interpreted: bool | None = None):
                     draw(st.sampled_from([12.0, 40.0])))
     return Case(1, hq, hkv, Tq, Tk, D, causal, draw(st.sampled_from([0.3, 1.0, 1.7])) / math.sqrt(D))
 
-
-
-def law_split_equals_unsplit(run, device, dtype, case, seed, num_splits):
-    """FA-7: the split-KV result (``num_splits`` key ranges) equals the unsplit one and the
-    float64 reference, by the tolerance policy."""
-    note(f"{case}, num_splits={num_splits}")
-    q, k, v = make_inputs(case, seed, dtype, device)
-    out_split = call(run.impl, q, k, v, case, run=run, num_splits=num_splits)
-    out_unsplit = call(run.impl, q, k, v, case, run=run, num_splits=1)
-    check_against_reference(out_split, q, k, v, case, what=f"split-KV output ({num_splits} splits)")
-    check_against_reference(out_unsplit, q, k, v, case, what="unsplit output")
-    if dtype == torch.float64:
-        assert_close(out_split, out_unsplit, what="split vs unsplit (float64)")
-
-
-def _split_strategies(interpreted: bool) -> dict:
-    """FA-7's drawn arguments; under the interpreter at most 6 splits (each split is one more
-    program per head)."""
-    return {"case": decode_cases(interpreted), "seed": S.seeds, "num_splits": st.integers(1, 6 if interpreted else 64)}
-
-
-#: FA-7's law; a Triton kernel under the interpreter gets a third of the examples (each one
-#: launches several kernels).
-FA7 = Law(
-    claim="FA-7", technique="attention", body=law_split_equals_unsplit, given=_split_strategies,
-    examples=(dict(case=Case(1, 4, 2, 1, 150, 64, False, 0.125), seed=3, num_splits=5),
-              dict(case=Case(1, 3, 1, 4, 97, 72, True, 0.25, "large", 40.0), seed=4, num_splits=3),
-              dict(case=Case(2, 1, 1, 1, 1024, 64, False, 0.125), seed=6, num_splits=2),    # B > 1, split
-              # GQA groups above 16 that are not multiples of 16, 20 and 24 (one KV head: each query
-              # head is a program per split under the interpreter; Hq = 40 over two KV heads is a
-              # production shape of FA-3)
-              dict(case=Case(1, 20, 1, 1, 33, 8, False, 0.3), seed=8, num_splits=2),
-              dict(case=Case(1, 24, 1, 2, 33, 8, True, 0.25), seed=9, num_splits=2)),
-    dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(("split_no_rescale", "split_batch_stride_zero"), (torch.float64, torch.bfloat16)),),
-    coverage=COVERAGE,
-    interpreted_examples=lambda n: max(4, n // 3),
-    applies=lambda impl: None if accepts_num_splits(impl) else f"{impl.name} has no split-KV mode (no num_splits argument)")
 
 
 # ----------------------------------------------- production-sized shapes, beyond the drawn ones

@@ -1,8 +1,7 @@
 """Attention calls with the contract's options (claim FA-8: ``window``, ``softcap``, ``sinks``):
 the drawn and pinned cases, the sinks of a case, the call (an option the implementation lacks is
 a refusal: "unsupported", never a pass), the check against the float64 reference with the same
-options, and FA-8's law. Shared by ``properties/attention/test_attention_features.py`` and the
-coverage test.
+options; FA-8's law is in ``laws.py``.
 
 The classes the pinned cases reach (``COVERAGE``'s "FA-8: ..." classes): windows shorter than a
 key tile (W = 1, 5), crossing tile edges (W = 40, 47, 100 against tiles of 16, 32, 64), longer
@@ -19,15 +18,13 @@ import math
 from dataclasses import dataclass
 
 import torch
-from hypothesis import note
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.attention import COVERAGE, OPTIONS, accepts_options, window_mask
-from inference_conformance.conformance.laws import Kills, Law, Run, refusal
-from inference_conformance.conformance.outcomes import unsupported
+from inference_conformance.conformance.contracts.attention import accepts_options, window_mask
+from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
-from inference_conformance.properties.attention.cases import Case, cases, fit_budget, logit_profile, make_inputs
+from inference_conformance.properties import strategies
+from inference_conformance.properties.attention.cases import Case, cases, logit_profile
 from inference_conformance.reference import attention as ref
 
 
@@ -47,7 +44,7 @@ def make_sinks(case: FCase, q, k, seed: int):
     if case.sinks is None:
         return None
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    noise = S.randn((case.Hq,), seed + 3)
+    noise = strategies.randn((case.Hq,), seed + 3)
     if case.sinks == "mixed":
         return (2 * noise).to(q.device, dt)
     s = _scores(q, k, case)                                                   # (B, Hq, Tq, Tk)
@@ -128,21 +125,6 @@ def feature_cases(draw, bounded: bool | None = None):
     return FCase(**dataclasses.asdict(base), window=window, softcap=softcap, sinks=sinks)
 
 
-def law_options_match_reference(run, device, dtype, case, seed):
-    """FA-8: attention with ``window`` / ``softcap`` / ``sinks`` equals the float64 reference
-    with the same options, by the tolerance policy."""
-    lacking = sorted(set(options(case, case.sinks)) - accepts_options(run.impl))
-    if lacking:            # refused before any input is made (Hypothesis then draws again)
-        run.refuse(f"{run.impl.name}'s attention takes no {', '.join(lacking)} keyword")
-    if run.interpreted:
-        case = fit_budget(case)
-    note(f"{case}")
-    q, k, v = make_inputs(case, seed, dtype, device)
-    sinks = make_sinks(case, q, k, seed)
-    out = call_options(run.impl, q, k, v, case, sinks, run=run)
-    check_options(out, q, k, v, case, sinks)
-
-
 def _c(B, Hq, Hkv, Tq, Tk, D, scale=0.25, magnitude="normal", amp=1.0, *, causal=True, **opts) -> FCase:
     return FCase(B, Hq, Hkv, Tq, Tk, D, causal, scale, magnitude, amp, **opts)
 
@@ -164,20 +146,3 @@ PINNED_CASES = (
 )
 PINNED = tuple(dict(case=c, seed=100 + i) for i, c in enumerate(PINNED_CASES))
 
-#: The known-bad implementations FA-8's law rejects (properties/attention/zoo.py).
-ZOO_FA8 = ("window_skips_wrong_tile", "softcap_after_max", "sinks_dropped_in_merge", "sinks_once_per_split")
-
-def _takes_an_option(impl) -> None:
-    """FA-8's ``applies``: an implementation taking none of the options ends the test as
-    "unsupported" at once (not after Hypothesis has drawn and discarded every example)."""
-    if not accepts_options(impl):
-        unsupported(f"{impl.name}'s attention takes none of the options {', '.join(OPTIONS)}")
-
-
-#: FA-8's law: pinned examples first (every profile), then a fifth of the profile's drawn ones.
-FA8 = Law(
-    claim="FA-8", technique="attention", body=law_options_match_reference,
-    given={"case": feature_cases(bounded=False), "seed": S.seeds}, examples=PINNED,
-    dtypes=(torch.float64, torch.bfloat16),
-    kills=(Kills(ZOO_FA8, (torch.float64, torch.bfloat16)),),
-    coverage=COVERAGE, max_examples=lambda n: max(2, n // 5), applies=_takes_an_option)

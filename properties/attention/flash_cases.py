@@ -9,11 +9,14 @@ bound from the thing it measures.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
+from hypothesis import strategies as st
 
 from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
+from inference_conformance.properties import strategies
 
 LECTURE_SCORES = [1000.0, 999.0, 998.0, 10.0]
 GIB, MIB = 2**30, 2**20
@@ -114,3 +117,31 @@ def check_fa6(extra_bytes: dict[int, int]) -> float:
     assert growth <= 2 * t_ratio, (f"FA-6: peak extra memory grew {growth:.1f}x for {t_ratio:g}x longer T "
                                    f"(bound 2 x {t_ratio:g}): {extra_bytes}")
     return growth
+
+
+@st.composite
+def score_rows(draw):
+    """(rows, n) float64 scores: normal, huge (±1e4..1e6) and -inf entries; every row keeps at
+    least one finite entry. Returns (x, chunk sizes)."""
+    rows = draw(st.integers(1, 4))
+    n = draw(st.integers(1, 64))
+    seed = draw(strategies.seeds)
+    spread = draw(st.sampled_from([1.0, 30.0, 1e4, 1e6]))
+    x = strategies.randn((rows, n), seed, scale=spread)
+    kinds = draw(st.lists(st.sampled_from(["keep", "neginf", "huge", "tiny"]), min_size=n, max_size=n))
+    for j, kind in enumerate(kinds):
+        if kind == "neginf":
+            x[:, j] = -math.inf
+        elif kind == "huge":
+            x[:, j] = x[:, j].sign() * 1e5 + x[:, j] * 1e-3
+        elif kind == "tiny":
+            x[:, j] = -1e6
+    keep = draw(st.integers(0, n - 1))
+    if torch.isneginf(x[:, keep]).any():
+        x[:, keep] = strategies.randn((rows,), seed + 1)
+    sizes, left = [], n
+    while left:
+        c = draw(st.integers(1, left))
+        sizes.append(c)
+        left -= c
+    return x, sizes

@@ -17,10 +17,8 @@ import torch
 
 from inference_conformance.conformance.contracts.attention import COVERAGE
 from inference_conformance.conformance.registry import Implementation
-from inference_conformance.properties.attention.feature_cases import FA8
+from inference_conformance.properties.attention.laws import FA3, FA7, FA8
 from inference_conformance.properties.attention.cases import (
-    FA3,
-    FA7,
     PRODUCTION_CASES,
     Case,
     call_profile,

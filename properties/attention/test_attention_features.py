@@ -17,8 +17,8 @@ import torch
 from inference_conformance.conformance.registry import Implementation
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.properties.attention import zoo
+from inference_conformance.properties.attention.laws import FA8
 from inference_conformance.properties.attention.feature_cases import (
-    FA8,
     PINNED,
     FCase,
     call_options,
@@ -28,8 +28,6 @@ from inference_conformance.properties.attention.feature_cases import (
 from inference_conformance.properties.attention.cases import make_inputs
 from inference_conformance.reference import attention as ref
 
-test_fa8_options_match_float64_reference = FA8.conformance_test("test_fa8_options_match_float64_reference")
-(test_fa8_zoo_rejected,) = FA8.zoo_tests("test_fa8_zoo_rejected")
 
 
 def _implementation(name, fn):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.attention.flash_cases import check_fa4, check_fa5, check_fa6
 from inference_conformance.reference import attention as ref
 
@@ -53,7 +53,7 @@ def test_fa6_peak_extra_memory_linear_in_T(name, device):
     B, H, D = 1, 8, 64
     lengths, extra = (1024, 2048, 4096, 8192), {}
     for T in lengths:
-        q, k, v = (S.randn((B, H, T, D), s, dtype=torch.bfloat16, device=device) for s in (1, 2, 3))
+        q, k, v = (strategies.randn((B, H, T, D), s, dtype=torch.bfloat16, device=device) for s in (1, 2, 3))
         impl(q, k, v, causal=True, scale=D ** -0.5)  # compile / autotune outside the measurement
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

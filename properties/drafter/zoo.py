@@ -1,5 +1,5 @@
 """Known-bad drafters (the bug zoo): each one is a bug of the field's drafters, and the laws of
-``properties/drafter/test_drafter.py`` must reject every one: SD-12's (greedy speculation emits
+``properties/drafter/laws.py`` must reject every one: SD-12's (greedy speculation emits
 greedy decoding; the context, hidden state, target, global generators and tree checked each
 round) the first four, SD-14's (the figures replay from the proposals, each proposal reproduced
 when asked again after another context) the next two, and SD-12's proposals on a target whose

@@ -1,7 +1,7 @@
-"""FP8 casts for the laws of QT-11 (``test_fp8_cast.py``, ``test_fp8_cast_rejections.py``): the
+"""FP8 casts for the laws of QT-11 (``laws.py``): the
 cases (a format, a mode, the kinds of values they hold, a layout), the values of each kind, the
-call (a refusal becomes "unsupported", never a pass), the comparison with the float64 reference,
-and the two laws.
+call (a refusal becomes "unsupported", never a pass) and the comparison with the float64
+reference; the laws are in ``laws.py``.
 
 The values are built in float64 where a cast goes wrong, then cast to the law's input dtype (the
 reference reads the value the implementation was handed): ties between neighbouring grid values,
@@ -20,16 +20,13 @@ import torch
 from hypothesis import strategies as st
 
 from inference_conformance.conformance.contracts.fp8_cast import (
-    COVERAGE,
     FORMATS,
     GRID_KINDS,
-    RANGE_KINDS,
     fp8_dtype,
 )
 from inference_conformance.conformance.contracts.quantization_fp8 import fp8_half_spacing, fp8_round
-from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.tolerance import assert_exact, check_within
-from inference_conformance.properties import strategies as S
 
 
 @dataclass(frozen=True)
@@ -145,29 +142,10 @@ def check_cast(y, x: torch.Tensor, case: CastCase, what: str = "the FP8 cast") -
     assert_exact(torch.signbit(got[keep]), torch.signbit(want[keep]), what=f"{label}: sign bits (-0.0 kept)")
 
 
-def _law(run, device, dtype, case, seed):
-    x = make_x(case, seed, dtype, device)
-    check_cast(call(run.impl, x, case, run=run), x, case)
-
-
-def law_rounds_to_nearest_even(run, device, dtype, case, seed):
-    """QT-11's cast of finite values in range: every element the float64 round-to-nearest-even
-    grid value of x's exact value (ties to even, subnormals kept, -0.0 kept), within half an ulp,
-    in torch's 8-bit dtype of the format."""
-    _law(run, device, dtype, case, seed)
-
-
-def law_saturates_or_overflows(run, device, dtype, case, seed):
-    """QT-11's cast beyond the range: a value that rounds past F, and ±inf, become ±F with
-    saturate=True, NaN (E4M3fn) or ±inf (E5M2) with saturate=False; NaN stays NaN; the values in
-    range beside them as the grid law says."""
-    _law(run, device, dtype, case, seed)
-
-
 LAYOUTS = ("flat", "3d", "transposed")
 
 
-def _cases(kinds: dict) -> st.SearchStrategy[CastCase]:
+def cast_cases(kinds: dict) -> st.SearchStrategy[CastCase]:
     names = sorted(kinds)
     return st.builds(CastCase, st.sampled_from(sorted(FORMATS)), st.booleans(),
                      st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True).map(tuple),
@@ -182,27 +160,3 @@ GRID_EXAMPLES = (CastCase("e4m3fn", True, GRID_ALL, "flat"), CastCase("e5m2", Fa
 RANGE_EXAMPLES = tuple(CastCase(fmt, sat, ("beyond_f", "inf", "nan", "near_f"), layout)
                        for fmt, sat, layout in (("e4m3fn", True, "flat"), ("e4m3fn", False, "transposed"),
                                                 ("e5m2", True, "3d"), ("e5m2", False, "flat")))
-
-#: Known-bad casts (properties/fp8_cast/zoo.py) each law rejects, by input dtype.
-ZOO_GRID = ("double_rounding_via_float16", "double_rounding_via_bfloat16", "subnormals_flushed_to_zero",
-            "truncation_toward_zero", "ties_away_from_zero", "e5m2_grid_for_e4m3fn")
-ZOO_GRID_FLOAT64 = ("double_rounding_via_float32",)
-ZOO_RANGE = ("never_saturates", "always_saturates")
-
-QT11_GRID = Law(
-    claim="QT-11", technique="fp8_cast", body=law_rounds_to_nearest_even,
-    given={"case": _cases(GRID_KINDS), "seed": S.seeds},
-    examples=tuple(dict(case=c, seed=i) for i, c in enumerate(GRID_EXAMPLES)),
-    dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(ZOO_GRID, (torch.float32,)),
-           Kills(ZOO_GRID_FLOAT64, (torch.float64,), doc="A float64 x rounded to float32 first is caught by "
-                                                         "values within a float32 half step of a midpoint.")),
-    coverage=COVERAGE, max_examples=lambda n: min(n, 50))
-
-QT11_RANGE = Law(
-    claim="QT-11", technique="fp8_cast", body=law_saturates_or_overflows,
-    given={"case": _cases({**RANGE_KINDS, "near_f": ""}), "seed": S.seeds},
-    examples=tuple(dict(case=c, seed=i) for i, c in enumerate(RANGE_EXAMPLES)),
-    dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(ZOO_RANGE, (torch.float32,)),),
-    coverage=COVERAGE, max_examples=lambda n: min(n, 50))

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.inference_engine import (
@@ -42,7 +41,7 @@ from inference_conformance.conformance.contracts.inference_engine import (
     SPECULATIVE_METHODS,
     Request,
 )
-from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.tolerance import check_exact, check_within
 from inference_conformance.properties.inference_engine import cases as C
 from inference_conformance.properties.inference_engine import serving_cases as S
@@ -260,10 +259,3 @@ def law_declared_absent_is_absent(run, device, seed):
 
 def _declares_absent(impl):
     return None if absent(impl.capabilities()) else "the engine declares every capability"
-
-
-#: Recorded under EN-2 (the comparison its zoo entry fails); a failing part names its own law.
-DECLARED = Law(claim="EN-2", technique="inference_engine", body=law_declared_absent_is_absent, given={"seed": st.integers(0, 2 ** 16)},
-               examples=(dict(seed=7),), explicit_only=True, kills=(Kills(("undeclared_batching", "undeclared_batching_shared_seed",
-                                                   "undeclared_per_request_params_ignored")),),
-               applies=_declares_absent, params=("device",))

@@ -1,4 +1,4 @@
-"""What the serve laws share (``properties/inference_engine/test_serving.py``; claims PA-6, PA-7,
+"""What the serve laws share (``properties/inference_engine/laws/serving.py``; claims PA-6, PA-7,
 PA-8 for a whole engine): the schedules (the paged engine's workloads, ``properties/paged_attention/
 engine_cases.py`` and ``engine_pairs_cases.py``, as :class:`Arrival` / :class:`Fork` entries), one
 ``serve`` call and the check of every completion it returns against the request alone; and
@@ -14,10 +14,10 @@ probability of the order of its roundoff, ~1e-6 per token).
 from __future__ import annotations
 
 from inference_conformance.conformance.contracts.inference_engine import Arrival, Fork, Request
-from inference_conformance.conformance.laws import Kills, Law, refusal
+from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.tolerance import check_exact
-from inference_conformance.properties.inference_engine import cases as C
+from inference_conformance.properties.inference_engine import cases
 from inference_conformance.properties.paged_attention.engine_cases import (  # noqa: F401 (the laws' inputs)
     DIFFERENT_PREFIXES,
     LONG_PROMPT,
@@ -67,7 +67,7 @@ def serve(run, sched: list, what: str, **kw) -> dict:
     if not run.impl.capabilities().serving:
         unsupported(f"serve with {what}: the engine declares no serve (Capabilities.serving is empty)")
     with refusal(run, f"serve with {what}"):
-        return run.impl.serve(sched, C.params(**kw))
+        return run.impl.serve(sched, cases.params(**kw))
 
 
 def check_served(run, sched: list, out: dict, temperature: float, what: str) -> int:
@@ -76,7 +76,7 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
     after the tokens it holds (EN-1's rule: a K/V slot another request overwrote shows there even
     where the sampled tokens agree); returns the greedy positions excused as near-ties. Raises
     AssertionError (the tolerance verdict)."""
-    eng, bound, folder = run.impl, C.dtype_bound(run.impl), C.folders()["target"]
+    eng, bound, folder = run.impl, cases.dtype_bound(run.impl), cases.folders()["target"]
     missing = sorted(str(e.id) for e in sched if e.id not in out)
     assert not missing, f"serve returned no completion for {missing} ({what})"
     excused = 0
@@ -95,12 +95,12 @@ def check_served(run, sched: list, out: dict, temperature: float, what: str) -> 
             t, c = e.temperature, type(c)(c.tokens[e.after:], None if c.logprobs is None else c.logprobs[e.after:])
         label = f"request {e.id} (prompt {len(r.prompt)}, {r.max_new_tokens} new, T={t}) served with {what} vs alone"
         if t == 0:
-            excused += C.check_greedy(c, r.prompt, folder, bound, label)
+            excused += cases.check_greedy(c, r.prompt, folder, bound, label)
         else:
             with refusal(run, "sampling a request alone"):
-                alone = eng.generate([r], C.params(temperature=t))[0]
+                alone = eng.generate([r], cases.params(temperature=t))[0]
             check_exact(c.tokens, alone.tokens, what=label).check()
-            C.check_logprobs(c, C.position_logits(folder, r.prompt, c.tokens), bound, label)
+            cases.check_logprobs(c, cases.position_logits(folder, r.prompt, c.tokens), bound, label)
     return excused
 
 
@@ -134,21 +134,3 @@ def c_t(xs):
 SHARED_SYSTEM = tuple(Req(SYSTEM + (20 + i, 21 + i), 2, 3 * i, 0.0, i) for i in range(4))
 #: PA-7's second half, which only an engine reporting its counts ("stats") lets the law check.
 COMPUTED_ONCE = "the accounting (each position computed once)"
-
-
-def law_serve_prefix_cache(run, device, reqs):
-    """PA-7: with the prefix cache every request as alone; each position computed once."""
-    sched = schedule(reqs)
-    # blocks of 3 where the engine takes a pool (the workloads' shared prefixes are 4 such blocks)
-    out = serve(run, sched, "the prefix cache", prefix_caching=True, **pool(run, block_size=3))
-    check_served(run, sched, out, 0.0, "the prefix cache")
-    unchecked = check_computed_once(out, sched, "the prefix cache")
-    if unchecked:   # no example that checked it: the run is partial, never a plain pass
-        run.uncheck(COMPUTED_ONCE, unchecked)
-    run.observe({"computed_once_checked": not unchecked, "cached": sum(c.cached_tokens or 0 for c in out.values())})
-
-
-PA7 = Law(claim="PA-7", technique="inference_engine", body=law_serve_prefix_cache,
-          given={"reqs": shared_prefix_workloads()},
-          examples=(dict(reqs=DIFFERENT_PREFIXES), dict(reqs=SHARED_SYSTEM)),
-          kills=(Kills(("stale_prefix",)),), params=("device",), max_examples=lambda n: max(1, n // 10))

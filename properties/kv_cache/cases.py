@@ -1,4 +1,4 @@
-"""Cases of the ``kv_cache`` laws (properties/kv_cache/test_kv_cache.py): the drawn configuration
+"""Cases of the ``kv_cache`` laws (properties/kv_cache/laws.py): the drawn configuration
 (:class:`Case`, :func:`cases`), the pinned boundary cases that the ``ci`` profile always reaches,
 the test model, the token sequences, and the engine run and its oracle (the reference full
 forward without a cache). Source: lecture 001 §2.2-2.3.

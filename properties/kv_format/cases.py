@@ -1,7 +1,7 @@
-"""KV caches for the laws of QT-12 (``test_kv_format.py``, ``test_kv_format_rejections.py``): the
+"""KV caches for the laws of QT-12 (``laws.py``): the
 cases (sizes, a format, the kind of contents), the keys and values of a case, the calls (a refusal
-becomes "unsupported", never a pass), and the three laws: every value within its step, attention
-over the cache within its bound, the bytes held within the format's size.
+becomes "unsupported", never a pass) and the bytes a format holds; the three laws are in
+``laws.py``.
 
 The contents are drawn to break a format's granularity: one KV head 100 times the others (a
 scale shared by a token's heads gives the small heads a step 100 times too coarse), one key
@@ -14,20 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from hypothesis import note
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.kv_format import COVERAGE, format_bytes
 from inference_conformance.conformance.contracts.quantization_kv import (
     KV_FORMATS,
     KVFormat,
-    attention_bound,
-    kv_bound,
     kv_format,
 )
-from inference_conformance.conformance.laws import Kills, Law, refusal
-from inference_conformance.conformance.tolerance import check_within
-from inference_conformance.properties import strategies as S
+from inference_conformance.conformance.laws import refusal
 
 KINDS = ("normal", "outlier_head", "outlier_channel", "outlier_token", "huge", "tiny")
 
@@ -114,59 +108,6 @@ def held_bytes(stored) -> int:
     return total
 
 
-def law_every_value_within_its_step(run, device, dtype, case, seed):
-    """QT-12: every element of dequantize_kv(quantize_kv(k, v)) within the contract's kv_bound
-    (half a step of its token and head, or of its channel's group for KIVI keys; FP8: half an ulp
-    at x / s times s); tokens in full precision exact; k's shape, dtype and device."""
-    note(str(case))
-    run.observe(case)
-    _, k, v = make_kv(case, seed, dtype, device)
-    fmt = case.format()
-    ops = ContractOps(run.impl, run)
-    k_hat, v_hat = ops.dequantize_kv(ops.quantize_kv(k, v, fmt))
-    for name, got, x in (("k", k_hat, k), ("v", v_hat, v)):
-        assert isinstance(got, torch.Tensor) and got.shape == x.shape and got.dtype == x.dtype, \
-            f"dequantize_kv's {name}_hat: {type(got).__name__} {getattr(got, 'shape', '')} {getattr(got, 'dtype', '')}, " \
-            f"want {tuple(x.shape)} {x.dtype}"
-        assert got.device == x.device, f"{name}_hat on {got.device}, {name} on {x.device}"
-        check_within(got, x, kv_bound(x, fmt, name), what=f"{fmt.name} {name} ({case.kind}, {dtype})",
-                     rule="QT-12 half step").check()
-
-
-def law_attention_within_its_bound(run, device, case, seed):
-    """QT-12: attention over the cache (a prefill through the model's quantized cache: each query
-    sees token t as decode holds it then) within the contract's attention_bound of exact attention,
-    float64, plus 64 ulp of max|v| for float64 rounding."""
-    from inference_conformance.optimized.quantization.kv import QuantizedKVCache
-    from inference_conformance.reference.transformer import naive_attention
-
-    note(str(case))
-    run.observe(case)
-    q, k, v = make_kv(case, seed, torch.float64, device)
-    fmt = case.format()
-    out = QuantizedKVCache(fmt, ContractOps(run.impl, run)).attend(0, q, k, v)
-    mask = torch.ones(case.T, case.T, dtype=torch.bool, device=device).tril()[None, None]
-    bound = attention_bound(q, k, v, kv_bound(k, fmt, "k"), kv_bound(v, fmt, "v"), case.D ** -0.5, mask)
-    bound = bound + 64 * torch.finfo(torch.float64).eps * float(v.abs().max())
-    check_within(out, naive_attention(q, k, v, mask), bound, what=f"attention over {fmt.name} ({case.kind})",
-                 rule="QT-12 attention bound").check()
-
-
-def law_bytes_held_within_the_format(run, device, dtype, case, seed):
-    """QT-12's bytes: what quantize_kv holds, measured from the tensors reachable in it, at most
-    the contract's format_bytes (codes packed at the format's bits, at most 8 bytes per scale at
-    its granularity, full-precision tokens at their dtype's size)."""
-    note(str(case))
-    run.observe(case)
-    _, k, v = make_kv(case, seed, dtype, device)
-    fmt = case.format()
-    got = held_bytes(ContractOps(run.impl, run).quantize_kv(k, v, fmt))
-    most = format_bytes(case.B, case.H, case.T, case.D, fmt, dtype)
-    check_within(torch.tensor([float(got)]), torch.zeros(1), torch.tensor([float(most)]),
-                 what=f"bytes held / the format's {most} ({fmt.name}, {tuple(k.shape)}, {dtype}): held {got}",
-                 rule="QT-12 bytes").check()
-
-
 FORMAT_NAMES = tuple(KV_FORMATS) + ("kivi:0:4", "kivi:3:5")
 
 
@@ -190,26 +131,3 @@ EXAMPLES = tuple(dict(case=c, seed=s) for c, s in (
     (KVFCase(1, 2, 9, 3, "fp8_e5m2", "outlier_head"), 4),
     (KVFCase(2, 1, 29, 8, "kivi:3:5", "outlier_token", 2), 6),
     (KVFCase(1, 2, 5, 8, "int4_kivi_r8_g8", "outlier_channel"), 7)))
-
-#: Known-bad formats (properties/kv_format/zoo.py) the value law rejects in float64.
-ZOO_VALUE = ("scale_shared_across_heads", "kivi_keys_per_token", "kivi_residual_dropped",
-             "int4_nibbles_swapped_on_read", "fp8_without_scale", "kivi_group_scale_read_per_token")
-#: Known-bad formats the bytes law rejects.
-ZOO_BYTES = ("codes_held_in_float32",)
-
-QT12_VALUES = Law(
-    claim="QT-12", technique="kv_format", body=law_every_value_within_its_step,
-    given={"case": kv_cases(), "seed": S.seeds}, examples=EXAMPLES, dtypes=(torch.float64, torch.float32),
-    kills=(Kills(ZOO_VALUE, (torch.float64,)),), coverage=COVERAGE, max_examples=lambda n: min(n, 30))
-
-QT12_ATTENTION = Law(
-    claim="QT-12", technique="kv_format", body=law_attention_within_its_bound, params=("device",),
-    given={"case": kv_cases(), "seed": S.seeds}, examples=EXAMPLES, coverage=COVERAGE,
-    kills=(Kills(("scale_shared_across_heads", "int4_nibbles_swapped_on_read"), ()),),
-    max_examples=lambda n: max(4, n // 3))
-
-QT12_BYTES = Law(
-    claim="QT-12", technique="kv_format", body=law_bytes_held_within_the_format,
-    given={"case": kv_cases(), "seed": S.seeds}, examples=EXAMPLES, dtypes=(torch.float32, torch.bfloat16),
-    kills=(Kills(ZOO_BYTES, (torch.float32,)),), coverage=COVERAGE, max_examples=lambda n: min(n, 30))
-

@@ -1,9 +1,8 @@
 """Runs of a ``kv_transfer`` implementation for the law of PA-9: a prefill engine and a decode engine
 (``optimized/paged_attention/engine_disagg.py``), each with its own pool and block size, requests
 moved between them by the implementation under test (:func:`run_disaggregated`), judged against
-one engine running the same requests; the drawn and pinned cases, the law itself (shared by
-``test_kv_transfer.py`` and the example's test) and the contract's bad calls
-(:func:`invalid_calls`, which need engines over a model).
+one engine running the same requests; the drawn and pinned cases and the contract's bad calls
+(:func:`invalid_calls`, which need engines over a model); the law is in ``laws.py``.
 
 Inputs are drawn to find the field's transfer bugs: the two block sizes in every order, prompt
 lengths at a multiple of either block size and one off, prompts shorter than one block, pools
@@ -17,29 +16,19 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from hypothesis import note
-from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.kv_transfer import COVERAGE
 from inference_conformance.conformance.failures import crash_fails
-from inference_conformance.conformance.laws import Kills, Law, refusal
-from inference_conformance.conformance.tolerance import assert_close, assert_exact
 from inference_conformance.conformance.registry import InvalidCall
 from inference_conformance.optimized.paged_attention.engine import PagedEngine
 from inference_conformance.optimized.paged_attention.engine_disagg import DisaggregatedEngine
 from inference_conformance.properties.paged_attention.engine_cases import (
     CFG,
     Req,
-    blocks_for,
     model_for,
     run_engine,
-    workloads,
 )
 from inference_conformance.reference.transformer import Transformer, init_weights
 
-#: The known-bad transfers (``properties/kv_transfer/zoo.py``) PA-9's law must reject.
-ZOO = ("drops_last_partial_block", "blocks_in_id_order", "truncated_to_whole_blocks", "placed_at_sender_ids",
-       "head_major_layout_mismatch", "reads_after_release")
 
 
 @dataclass(frozen=True)
@@ -108,32 +97,6 @@ class CrashesFail:
             self.transfer.receive(engine, payload)
 
 
-def law_transfer_continues_as_one_engine(run, device, reqs, bs_send, bs_receive, slack, seed, pool_seed, budget,
-                                         receive_order):
-    """PA-9: requests computed by a prefill engine and moved by the transfer into a decode
-    engine's pool (its own ids and block size) continue exactly as in one engine: every token's
-    logits within the float64 tolerance, every sampled token equal. A crash in ``send`` or
-    ``receive`` fails it naming the call (:class:`CrashesFail`)."""
-    model = model_for(seed, device)
-    one = PagedEngine(model, num_blocks=blocks_for(reqs, bs_send) * len(reqs) + slack, block_size=bs_send,
-                      keep_logits=True)
-    run_engine(one, reqs, device)
-    with refusal(run, f"{run.impl.name} refused blocks of {bs_send} -> {bs_receive}"):
-        dis = run_disaggregated(CrashesFail(run.impl, run.implementation), model, reqs, bs_send, bs_receive, slack,
-                                pool_seed, budget, receive_order, device)
-    moved = sum(r.max_new > 1 for r in reqs)
-    run.observe(observation(dict(reqs=reqs, bs_send=bs_send, bs_receive=bs_receive, pool_seed=pool_seed,
-                                 receive_order=receive_order), dis))
-    note(f"transfers {dis.transfers}, in flight {dis.most_in_flight}, prefill {dict(dis.prefill_engine.stats)}, "
-         f"decode {dict(dis.decode_engine.stats)}")
-    assert dis.transfers == moved, f"{dis.transfers} transfers, {moved} requests of more than one token"
-    what = f"prefill blocks of {bs_send} -> decode blocks of {bs_receive} (received {receive_order}) vs one engine"
-    for i, r in enumerate(reqs):      # logits first: the diagnosis tells the transfer bugs apart by them
-        assert_close(torch.stack(dis.logits[i]), torch.stack(one.logits[i]),
-                     what=f"request {i} (prompt {len(r.prompt)}, {r.max_new} new, T={r.temperature}) logits, {what}")
-        assert_exact(torch.tensor(dis.finished[i]), torch.tensor(one.finished[i]), what=f"request {i} tokens, {what}")
-
-
 #: Pinned requests: lengths 11 and 2 one short of a multiple of 3 (2 shorter than one block of 3
 #: and a multiple of 2), 6 a multiple of 3, 7 one past; one sampled; all arrive at once, so that
 #: four are in flight together.
@@ -150,20 +113,6 @@ EXAMPLES = (
     dict(reqs=STAGGERED, bs_send=4, bs_receive=4, slack=0, seed=15, pool_seed=None, budget=None,
          receive_order="sent"),
 )
-
-PA9 = Law(
-    claim="PA-9", technique="kv_transfer", body=law_transfer_continues_as_one_engine,
-    given={"reqs": workloads(max_requests=4, max_prompt=16), "bs_send": st.integers(1, 5),
-           "bs_receive": st.integers(1, 5), "slack": st.integers(0, 6), "seed": st.integers(0, 100),
-           "pool_seed": st.none() | st.integers(0, 2**16), "budget": st.sampled_from([None, None, 3, 8]),
-           "receive_order": st.sampled_from(["sent", "reversed"])},
-    examples=EXAMPLES,
-    params=("device",),
-    kills=(Kills(ZOO),),
-    coverage=COVERAGE,
-    require_coverage=True,
-    max_examples=lambda n: max(6, n // 3))
-
 
 # ---------------------------------------------------------------------------- the bad calls
 def invalid_calls(device) -> list[InvalidCall]:

@@ -1,15 +1,5 @@
-"""The law of KV transfers between a prefill and a decode engine (claim PA-9; lecture 001 §4.5,
-Splitwise, DistServe).
-
-PA-9: a prefill engine and a decode engine, each with its own pool and block size, the KV moved
-by the ``kv_transfer`` implementation under test (``conformance/contracts/kv_transfer.py``):
-every request continues exactly as in one engine (logits within the float64 tolerance, tokens
-equal), whatever the two block sizes, the request lengths and the order the pools hand blocks
-out, with several requests in flight received in another order than sent. The law
-(``properties/kv_transfer/cases.py``) runs over every registered transfer; it rejects every
-known-bad one (``properties/kv_transfer/zoo.py``): the last partial block dropped, the blocks
-sent in block-id order, the tail truncated to the receiver's whole blocks, the tokens placed at
-the sender's ids, the blocks read in the other layout (Hkv before block_size).
+"""The coverage table of PA-9's pinned examples and the transfer tests beside its law
+(``laws.py``).
 """
 from __future__ import annotations
 
@@ -18,14 +8,12 @@ import pytest
 from inference_conformance.conformance import results
 from inference_conformance.optimized.paged_attention.engine_disagg import DisaggregatedEngine
 from inference_conformance.conformance.coverage import classes_reached, missing_classes
-from inference_conformance.properties.kv_transfer.cases import FOUR_AT_ONCE, PA9, observation, run_disaggregated
+from inference_conformance.properties.kv_transfer.cases import FOUR_AT_ONCE, observation, run_disaggregated
+from inference_conformance.properties.kv_transfer.laws import PA9
 from inference_conformance.properties.paged_attention.engine_cases import model_for
 from inference_conformance.reference.kv_transfer import TRANSFER
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-test_pa9_transfer_continues_as_one_engine = PA9.conformance_test("test_pa9_transfer_continues_as_one_engine")
-(test_pa9_zoo_bad_transfer_rejected,) = PA9.zoo_tests("test_pa9_zoo_bad_transfer_rejected")
 
 
 @pytest.mark.claim("PA-9")

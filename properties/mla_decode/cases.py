@@ -1,7 +1,7 @@
 """MLA decode calls for the law of KV-12: the drawn and pinned cases, inputs from a seed (contiguous
 caches, and paged ones whose blocks are placed by a random permutation), the call (refusals become
 "unsupported", never passes), the comparison with the float64 reference over the materialised
-keys, and the law itself (shared by ``test_mla_decode.py`` and ``test_mla_decode_rejections.py``).
+keys; the law is in ``laws.py``.
 
 Inputs are drawn to find the field's bugs: batches of different lengths (one token included),
 lengths one off the kernel's tiles, block sizes 1, odd and 16..64, more than 16 query heads,
@@ -19,13 +19,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-from hypothesis import note
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.mla_decode import COVERAGE, INDEX_DTYPE, MLA_16BIT_RULE
-from inference_conformance.conformance.laws import Kills, Law, Run, refusal
+from inference_conformance.conformance.contracts.mla_decode import INDEX_DTYPE, MLA_16BIT_RULE
+from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import HALF_DTYPES, assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import mla_decode as ref
 
 
@@ -90,7 +89,7 @@ def mla_cases(draw, max_len: int = 300):
     to DeepSeek's (128, 512, 64), contiguous or paged with block sizes 1..64, normal or large
     inputs, scales of either sign, 1..5 splits or the implementation's choice."""
     B = draw(st.integers(1, 3))
-    lens = tuple(draw(st.lists(S.lengths(max_len), min_size=B, max_size=B)))
+    lens = tuple(draw(st.lists(strategies.lengths(max_len), min_size=B, max_size=B)))
     Hq = draw(st.sampled_from([1, 2, 3, 4, 8, 16, 20]))
     D = draw(st.sampled_from([1, 8, 16, 24, 64, 128]))
     C = draw(st.sampled_from([4, 12, 16, 48, 64, 96, 128, 512]))
@@ -147,16 +146,16 @@ def make_inputs(c: MLACase, seed: int, dtype: torch.dtype, device: str) -> MLAIn
     N(0, 1), w_uk N(0, 1/C) ("large": see :class:`MLACase`); a contiguous cache has one spare slot
     per sequence, every slot past a sequence's length NaN."""
     B, T = c.B, max(c.lens)
-    q_rope = S.randn((B, c.Hq, c.R), seed + 1)
+    q_rope = strategies.randn((B, c.Hq, c.R), seed + 1)
     if c.magnitude == "large":       # integers: absorption and scores exact in float32 (|s| < 2^24)
-        q_nope = S.randn((B, c.Hq, c.D), seed, scale=c.amp).round().clamp(-8, 8)
-        w_uk = S.randn((c.Hq, c.C, c.D), seed + 2).round().clamp(-2, 2)
-        tokens = S.randn((B, T + 1, c.C + c.R), seed + 3, scale=c.amp).round().clamp(-8, 8)
+        q_nope = strategies.randn((B, c.Hq, c.D), seed, scale=c.amp).round().clamp(-8, 8)
+        w_uk = strategies.randn((c.Hq, c.C, c.D), seed + 2).round().clamp(-2, 2)
+        tokens = strategies.randn((B, T + 1, c.C + c.R), seed + 3, scale=c.amp).round().clamp(-8, 8)
         tokens[..., c.C:] = 0.0
     else:
-        q_nope = S.randn((B, c.Hq, c.D), seed)
-        w_uk = S.randn((c.Hq, c.C, c.D), seed + 2, scale=1 / math.sqrt(c.C))
-        tokens = S.randn((B, T + 1, c.C + c.R), seed + 3)
+        q_nope = strategies.randn((B, c.Hq, c.D), seed)
+        w_uk = strategies.randn((c.Hq, c.C, c.D), seed + 2, scale=1 / math.sqrt(c.C))
+        tokens = strategies.randn((B, T + 1, c.C + c.R), seed + 3)
     for b, n in enumerate(c.lens):
         tokens[b, n:] = float("nan")
     table = None
@@ -206,17 +205,6 @@ def check_against_materialised(out, inp: MLAInputs, c: MLACase, what: str = "MLA
     return assert_close(out, out_ref, what=what)
 
 
-def law_matches_materialised(run, device, dtype, case, seed):
-    """KV-12: mla_decode over the latent cache (contiguous or paged, any split) equals attention
-    over the materialised keys and latent values (float64 reference), by the tolerance policy."""
-    if run.interpreted:
-        case = fit_budget(case)
-    note(f"{case}")
-    inp = make_inputs(case, seed, dtype, device)
-    out = call(run.impl, inp, case, run=run)
-    check_against_materialised(out, inp, case)
-
-
 #: The pinned examples: together they reject every zoo entry and reach every boundary class of
 #: the contract in every profile (``test_kv12_coverage_table``).
 EXAMPLES = (
@@ -229,24 +217,3 @@ EXAMPLES = (
     # blocks of one token, negative scale, a length a multiple of 32
     case((17, 64), 3, 8, 12, 2, 1, c=-1.0, num_splits=2),
 )
-
-#: The known-bad implementations KV-12's law rejects in float64 (properties/mla_decode/zoo.py).
-ZOO = ("query_rope_position_off_by_one", "cached_rope_rotated_again", "nope_not_absorbed",
-       "absorbed_with_head0_projection", "split_merge_without_rescale", "block_table_ignored",
-       "head_tile_wraps_at_16", "block_table_row_of_sequence_0")
-
-#: The entries KV-12's law also rejects in bfloat16, by the contract's 16-bit rule.
-ZOO_16BIT = ("query_rope_position_off_by_one", "nope_not_absorbed", "split_merge_without_rescale")
-
-#: KV-12's law over every implementation and dtype; a Triton kernel under the interpreter gets
-#: a third of the drawn examples (the pinned ones always run).
-KV12 = Law(
-    claim="KV-12", technique="mla_decode", body=law_matches_materialised,
-    given={"case": mla_cases(), "seed": S.seeds},
-    examples=tuple(dict(case=c, seed=i + 1) for i, c in enumerate(EXAMPLES)),
-    dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(ZOO, (torch.float64,)),
-           Kills(ZOO_16BIT, (torch.bfloat16,), doc="The 16-bit rule (mla-decode-16bit) sees the RoPE, absorption "
-                                                     "and merge bugs in bfloat16 too.")),
-    coverage=COVERAGE,
-    interpreted_examples=lambda n: max(4, n // 3))

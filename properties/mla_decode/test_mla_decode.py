@@ -2,10 +2,8 @@
 
 KV-12: an MLA decode kernel over the latent cache (C + R values per token, the key up-projection
 absorbed into the query, the output in the latent space) equals attention over the materialised
-keys and values (KV-7), contiguous and paged. The law (``properties/mla_decode/cases.py``) runs
-over every registered implementation of the ``mla_decode`` contract
-(``conformance/contracts/mla_decode.py``) in every dtype, on drawn and pinned cases that reach
-the contract's boundary classes; its zoo tests are in ``test_mla_decode_rejections.py``. Besides:
+keys and values (KV-7), contiguous and paged. The law and its zoo tests are in ``laws.py``;
+here, besides the coverage table of its pinned examples:
 DeepSeek's production shape (16 heads of a tensor-parallel rank, D = 128, C = 512, R = 64, blocks
 of 64 tokens), and the bridge to KV-7's model: one decode step of the reference MLA layer
 (``inference_conformance.reference.kv_cache``), whose latent and RoPE key are the cache and whose
@@ -20,10 +18,10 @@ import torch
 from inference_conformance.conformance import results
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.tolerance import assert_close, assert_exact
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
+from inference_conformance.properties.mla_decode.laws import KV12
 from inference_conformance.properties.mla_decode.cases import (
     EXAMPLES,
-    KV12,
     MLACase,
     call,
     case,
@@ -36,11 +34,6 @@ from inference_conformance.reference.transformer import apply_rope
 
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-test_kv12_matches_materialised = KV12.conformance_test(
-    "test_kv12_matches_materialised",
-    doc="""KV-12 for every implementation and dtype: MLA decode over the latent cache (contiguous and
-    paged, any split) equals the float64 reference over the materialised keys.""")
 
 
 @pytest.mark.claim("KV-12")
@@ -102,7 +95,7 @@ def test_kv12_layer_decode_equals_kv7_materialised(impl, device, block_size):
     cfg = kvv.MLAConfig(d_model=16, heads=4, head_dim=8, latent=6, rope_dim=4)
     w = kvv.mla_weights(cfg, 5)
     T = 23
-    x = S.randn((T, cfg.d_model), 7)
+    x = strategies.randn((T, cfg.d_model), 7)
     want = kvv.mla_materialized(x, w, cfg)[-1]                                   # (d_model,)
     from inference_conformance.reference.transformer import rope_tables
 

@@ -18,7 +18,7 @@ from inference_conformance.conformance.contracts.paged_attention import COVERAGE
 from inference_conformance.conformance.coverage import class_names, classes_reached
 from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import attention as ref
 
 #: Block sizes drawn: 1, odd ones, powers of two, 256 (a block longer than most sequences) and
@@ -117,7 +117,7 @@ def paged_cases(draw, max_len: int = 300):
     """Paged decode calls: B 1..4 with different lengths, the block sizes of BLOCK_SIZES, small
     GQA ratios (not only powers of two) and HEAD_CONFIGS, head dims 1..256, normal and large
     logits."""
-    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=3, max_group=3), st.sampled_from(HEAD_CONFIGS)))
+    hq, hkv = draw(st.one_of(strategies.gqa_heads(max_kv=3, max_group=3), st.sampled_from(HEAD_CONFIGS)))
     bs = draw(st.sampled_from(BLOCK_SIZES))
     B = draw(st.integers(1, 4))
     lens = tuple(draw(lengths_for(bs, max_len)) for _ in range(B))
@@ -179,10 +179,10 @@ def make_inputs(case: PagedCase, seed: int, dtype: torch.dtype, device: str) -> 
     ks, vs, used = [], [], 0
     for b, n in enumerate(case.lens):
         if case.magnitude == "large":
-            k = S.randn((case.Hkv, n, case.D), seed + 1 + 3 * b, scale=case.amp).round().clamp(-64, 64)
+            k = strategies.randn((case.Hkv, n, case.D), seed + 1 + 3 * b, scale=case.amp).round().clamp(-64, 64)
         else:
-            k = S.randn((case.Hkv, n, case.D), seed + 1 + 3 * b)
-        v = S.randn((case.Hkv, n, case.D), seed + 2 + 3 * b)
+            k = strategies.randn((case.Hkv, n, case.D), seed + 1 + 3 * b)
+        v = strategies.randn((case.Hkv, n, case.D), seed + 2 + 3 * b)
         k, v = k.to(dtype), v.to(dtype)
         for i in range(need[b]):
             blk = perm[used]
@@ -194,9 +194,9 @@ def make_inputs(case: PagedCase, seed: int, dtype: torch.dtype, device: str) -> 
         ks.append(k[None].to(device))
         vs.append(v[None].to(device))
     if case.magnitude == "large":
-        q = S.randn((case.B, case.Hq, case.D), seed, scale=case.amp).round().clamp(-64, 64)
+        q = strategies.randn((case.B, case.Hq, case.D), seed, scale=case.amp).round().clamp(-64, 64)
     else:
-        q = S.randn((case.B, case.Hq, case.D), seed)
+        q = strategies.randn((case.B, case.Hq, case.D), seed)
     return PagedInputs(q.to(device=device, dtype=dtype), k_cache.to(device), v_cache.to(device), table.to(device),
                        torch.tensor(case.lens, dtype=torch.int32, device=device), ks, vs)
 
@@ -311,7 +311,7 @@ def prefill_cases(draw, max_prefix: int = 80, max_chunk: int = 40):
     decode token, a chunk of 2..max_chunk tokens after a cached prefix (or at its start), or a
     whole prompt, in any order; block sizes 1, 2, 3, 5, 16, 17; small
     GQA ratios and (8, 2), (12, 4); head dims 8..128."""
-    hq, hkv = draw(st.one_of(S.gqa_heads(max_kv=2, max_group=3), st.sampled_from([(8, 2), (12, 4)])))
+    hq, hkv = draw(st.one_of(strategies.gqa_heads(max_kv=2, max_group=3), st.sampled_from([(8, 2), (12, 4)])))
     bs = draw(st.sampled_from((1, 2, 3, 5, 16, 17)))
     lens, qlens = [], []
     for _ in range(draw(st.one_of(st.integers(1, 4), st.integers(5, 20)))):
@@ -354,7 +354,7 @@ def make_prefill_inputs(case: PrefillCase, seed: int, dtype: torch.dtype, device
     entries out of range, unused slots NaN), and N = sum(qlens) queries drawn from ``seed``."""
     inp = make_inputs(case.paged(), seed, dtype, device)
     N = sum(case.qlens)
-    q = S.randn((N, case.Hq, case.D), seed + 1000).to(device=device, dtype=dtype)
+    q = strategies.randn((N, case.Hq, case.D), seed + 1000).to(device=device, dtype=dtype)
     loc = torch.tensor([0, *itertools.accumulate(case.qlens)], dtype=torch.int32, device=device)
     return PrefillInputs(q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens, loc, inp.k, inp.v)
 
@@ -366,3 +366,8 @@ def call_prefill(impl, inp: PrefillInputs, case: PrefillCase, *, run: Run | None
     with refusal(run, f"{getattr(impl, 'name', impl)} refuses paged_prefill for {inp.q.dtype}, D={case.D}, "
                       f"block_size={case.block_size}"):
         return impl.paged_prefill(*inp.args(), scale=case.scale, **kw)
+
+
+def paged_case(lens, Hq, Hkv, D, bs, c=0.7, **kw) -> PagedCase:
+    """A :class:`PagedCase` of ``lens`` with the scale ``c / sqrt(D)``."""
+    return PagedCase(tuple(lens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)

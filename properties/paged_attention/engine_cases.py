@@ -1,5 +1,5 @@
 """Inputs and shared pieces of the paged engine's tests (``properties/paged_attention/test_paged_engine.py``;
-the serve laws of ``properties/inference_engine/test_serving.py`` run its pinned workloads;
+the serve laws of ``properties/inference_engine/laws/serving.py`` run its pinned workloads;
 PA-6..PA-8; PA-9's ``properties/kv_transfer/cases.py`` runs the same requests): the test model (:data:`CFG`, :func:`model_for`), requests
 (:class:`Req`) and their strategies
 (:func:`workloads`, :func:`shared_prefix_workloads`), running them through an engine at their

@@ -1,5 +1,5 @@
 """The paged engine's features combined (``properties/paged_attention/test_paged_engine_pairs.py`` on the
-engine itself; ``properties/inference_engine/test_serving.py`` over every registered engine; PA-6,
+engine itself; ``properties/inference_engine/laws/serving.py`` over every registered engine; PA-6,
 PA-7, PA-8 together): what an example switches on (:class:`Combo`), the drawn combinations
 (:func:`combos`), a run with a fork after the parent's first token (:func:`run_combo`) and each
 request's tokens alone (:func:`expected`), the oracle: the reference model without any cache.

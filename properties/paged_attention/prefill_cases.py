@@ -1,4 +1,4 @@
-"""The PA-8 law's comparison and its scale classes (``properties/paged_attention/test_paged_attention_prefill.py``):
+"""The PA-8 law's comparison and its scale classes (``properties/paged_attention/laws/prefill.py``):
 the oracle of the mixed batch computed apart from the reference core (:func:`causal_oracle`), the
 check against it (:func:`check_against_causal`), the boundary classes of batches of many
 sequences, prompts before decode rows and chunks past production chunk sizes (:data:`SCALE_COVERAGE`,
@@ -113,3 +113,8 @@ INTERPRETED_CHUNK = 513
 def long_chunks_for(interpreted: bool) -> tuple:
     """The long-chunk cases an implementation runs (see :data:`LONG_CHUNKS`)."""
     return tuple(c for c in LONG_CHUNKS if not interpreted or max(c.qlens) <= INTERPRETED_CHUNK)
+
+
+def prefill_case(lens, qlens, Hq, Hkv, D, bs, c=0.7, **kw) -> PrefillCase:
+    """A :class:`PrefillCase` of ``lens`` and ``qlens`` with the scale ``c / sqrt(D)``."""
+    return PrefillCase(tuple(lens), tuple(qlens), Hq, Hkv, D, bs, c / math.sqrt(D), **kw)

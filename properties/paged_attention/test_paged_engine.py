@@ -3,7 +3,7 @@ claims PA-6, PA-7, PA-8; lecture 001 §4.1, §4.4, §4.5): what its pinned workl
 
 The laws PA-6 (arrivals, preemption), PA-7 (the prefix cache) and PA-8's engine half (chunked
 prefill) run over every registered ``inference_engine`` through the contract's ``serve``
-(``properties/inference_engine/test_serving.py``, this engine the built-in "paged", its known-bad
+(``properties/inference_engine/laws/serving.py``, this engine the built-in "paged", its known-bad
 versions in ``properties/paged_attention/zoo.py`` registered there). Here, on the engine itself
 with the float64 test model: the pinned workloads preempt, reuse exactly the shared prefix's
 blocks, never share equal tokens after different prefixes, chunk a long prompt beside decodes,

@@ -1,7 +1,7 @@
 """The paged engine's features two (or more) at a time, inside the engine (claims PA-6, PA-7,
 PA-8; lecture 001 §4.4, §4.5). The law, continuous batching in every example with any two of the
 prefix cache, chunked prefill, a copy-on-write fork and preemption, runs over every registered
-``inference_engine`` through the contract's ``serve`` (``properties/inference_engine/test_serving.py``,
+``inference_engine`` through the contract's ``serve`` (``properties/inference_engine/laws/serving.py``,
 its known-bad engine publishing a prefix block before its chunk is computed among the registered
 zoo). Here, on the engine itself with the float64 test model: each pinned pair does what it names
 and every request (and a forked child) equals running alone exactly

@@ -7,7 +7,7 @@ a correct decode call, a buggy ``paged_prefill``) are rejected by the PA-8 law.
 All follow the paged_attention contract's signature and compute in float64 for float64 inputs
 and float32 otherwise, so that only the bug (not rounding) makes them wrong. The known-bad paged
 engines are here too (``serving_engine_zoo``), registered as ``inference_engine`` zoo entries and
-rejected by the serve laws (PA-6, PA-8 and their pairs, ``properties/inference_engine/test_serving.py``);
+rejected by the serve laws (PA-6, PA-8 and their pairs, ``properties/inference_engine/laws/serving.py``);
 the known-bad KV transfers (PA-9) are the ``kv_transfer`` technique's (``properties/kv_transfer/zoo.py``).
 """
 from __future__ import annotations
@@ -289,7 +289,7 @@ class CowForgetsToCopy(PagedKVCache):
 def serving_engine_zoo() -> dict:
     """Known-bad paged engines by name, registered as ``inference_engine`` zoo entries through the
     paged engine's adapter (``properties/inference_engine/zoo.py``), each rejected there by its
-    serve law (``properties/inference_engine/test_serving.py``: PA-6, PA-8, the pairs)."""
+    serve law (``properties/inference_engine/laws/serving.py``: PA-6, PA-8, the pairs)."""
     from inference_conformance.optimized.paged_attention.engine import PagedEngine
 
     class QueryMissesItsOwnToken(PagedEngine):

@@ -28,15 +28,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-from hypothesis import note
 from hypothesis import strategies as st
 
 from inference_conformance.conformance.contracts.quantization import COVERAGE, GROUP_KINDS
 from inference_conformance.conformance.coverage import class_names, classes_reached
-from inference_conformance.conformance.laws import Kills, Law, Run, refusal
+from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.contracts import quantization_bounds
 from inference_conformance.conformance.tolerance import check_close, check_exact, check_within
-from inference_conformance.properties import strategies as S
 
 KINDS = GROUP_KINDS
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -279,37 +277,3 @@ def product_case(impl, case: QCase) -> QCase:
     return case if fmt == "int" else dataclasses.replace(case, bits=8 if fmt.startswith("fp8") else 4)
 
 
-def law_matmul(run, device, dtype, case, seed):
-    """QT-9: matmul(x, qw) equals x @ dequantize(qw).T (tolerance rule ``quant-matmul``), for
-    every scheme (integer, FP8, FP4: :func:`product_case`)."""
-    case = product_case(run.impl, case)
-    note(str(case))
-    w = make_weight(case, seed, dtype, device, extreme=False)
-    qw = quantize(run.impl, w, case, run=run)
-    x = make_x(case, seed, dtype, device)
-    with refusal(run, f"{getattr(run.impl, 'name', run.impl)} refuses matmul in {dtype} ({case})"):
-        out = run.impl.matmul(x, qw)
-    check_matmul(out, x, run.impl.dequantize(qw), case)
-
-
-#: QT-9's law (properties/quantization/test_quantization.py; its pinned launch cases in
-#: properties/quantization/test_quant_kernels.py). A Triton kernel under the interpreter gets half the drawn
-#: examples (the pinned ones always run).
-QT9 = Law(
-    claim="QT-9", technique="quantization", body=law_matmul,
-    given={"case": quant_cases(), "seed": S.seeds}, examples=pinned(zip(EXAMPLES, EXAMPLE_SEEDS)),
-    dtypes=DTYPES, kills=(Kills(("nibbles_swapped_in_matmul",), (torch.float64,)),),
-    interpreted_examples=lambda n: max(5, n // 2), applies=integer_only)
-
-
-def _floating_only(impl) -> str | None:
-    return None if number_format(impl) != "int" else "an integer scheme: QT9 (every dtype) judges its product"
-
-
-#: QT-9's law for the FP8 and FP4 schemes: the same body and pinned cases (at the format's own
-#: bits, the cancelling one-sign row included), in float32 and bfloat16 (as QT-11's and QT-13's
-#: product laws before it; the Triton FP kernels have no float64 ``tl.dot``: in float64 they
-#: refuse every example, which only costs draws).
-QT9_FLOATING = dataclasses.replace(
-    QT9, dtypes=(torch.float32, torch.bfloat16), applies=_floating_only,
-    kills=(Kills(("nvfp4_bf16_weights_in_float32", "nvfp4_bf16_scales_in_float32"), (torch.float32,)),))

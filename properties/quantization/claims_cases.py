@@ -144,9 +144,9 @@ def check_qt4(step: Callable = qt4_step, snr: Callable = qt4_snr) -> dict:
 def qt4_weights() -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 6's weight drawn to its figures: 65,536 N(0, 0.067²) values (512 x 128, seed 11,
     float64) with the largest |w| set to 0.323; and a copy with one outlier of 3.0 at [0, 0]."""
-    from inference_conformance.properties import strategies as S
+    from inference_conformance.properties import strategies
 
-    w = S.randn((512, 128), 11) * 0.067
+    w = strategies.randn((512, 128), 11) * 0.067
     w.view(-1)[w.abs().argmax()] = 0.323
     w_out = w.clone()
     w_out[0, 0] = 3.0

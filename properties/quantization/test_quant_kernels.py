@@ -22,7 +22,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -30,37 +29,17 @@ import torch
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.laws import Kills, Law
+from inference_conformance.conformance.laws import Law
 from inference_conformance.conformance.tolerance import assert_exact, check_close
 from inference_conformance.conformance.zoo import expect_rejected
-from inference_conformance.properties import strategies as S
-from inference_conformance.properties.quantization.cases import QT9, QCase, pinned
+from inference_conformance.properties import strategies
 from inference_conformance.properties.strategies import KernelLaunchCapture
+from inference_conformance.properties.quantization.laws.kernels import QT9_BOTH_LAUNCHES, QT9_ONE_ROW_AND_TILED
 from inference_conformance.properties.quantization.zoo import W8A8_ZOO
 
 TECH = "quantization"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# ------------------------------------------------------------ weight-only: decode and tiled launches
-#: Pinned QT-9 cases on both launches: (case, seed).
-DECODE_EXAMPLES = (
-    (QCase(5, 192, 4, 32, ("normal", "outlier", "zero"), M=1), 1),     # decode, one token, 3 K splits
-    (QCase(7, 192, 4, 64, ("normal", "pos"), M=16), 2),                # decode, all 16 rows
-    (QCase(67, 128, 8, "channel", ("normal",), M=5), 3),               # decode, two column blocks
-    (QCase(5, 160, 3, 32, ("neg", "normal"), M=17), 4),                # tiled from M = 17
-)
-
-
-#: QT-9's law (``inference_conformance.properties.quantization.cases.QT9``) on DECODE_EXAMPLES only.
-QT9_BOTH_LAUNCHES = dataclasses.replace(
-    QT9.with_examples(pinned(DECODE_EXAMPLES)), dtypes=(torch.float32, torch.bfloat16),
-    kills=(Kills(("decode_rows_read_first_token",), (torch.float32,)),))
-#: M = 1 and M = 17 only: the cases a decode-launch bug in rows 2..16 passes.
-QT9_ONE_ROW_AND_TILED = QT9.with_examples(pinned((DECODE_EXAMPLES[0], DECODE_EXAMPLES[3])))
-
-test_qt9_decode_and_tiled_launches = QT9_BOTH_LAUNCHES.conformance_test("test_qt9_decode_and_tiled_launches")
 
 
 @pytest.mark.technique(TECH)
@@ -83,23 +62,23 @@ def test_decode_launch_is_chosen_by_M(monkeypatch, device):
     seen = {"gemv": [], "tiled": []}
     monkeypatch.setattr(qm, "quant_gemv_kernel", KernelLaunchCapture(qm.quant_gemv_kernel, seen["gemv"]))
     monkeypatch.setattr(qm, "quant_matmul_kernel", KernelLaunchCapture(qm.quant_matmul_kernel, seen["tiled"]))
-    w = S.randn((9, 256), 1, dtype=torch.float32, device=device)
+    w = strategies.randn((9, 256), 1, dtype=torch.float32, device=device)
     qw = quant_torch.quantize(w, bits=4, granularity=32)
     args = (qw.codes, qw.scales, qw.zeros)
     kw = dict(bits=4, group_size=32, N=9, K=256)
     assert qm.gemv_splits(9, 256, torch.device(device))[0] > 1
     for M, path in ((1, "gemv"), (qm.GEMV_MAX_M, "gemv"), (qm.GEMV_MAX_M + 1, "tiled")):
         seen["gemv"].clear(), seen["tiled"].clear()
-        qm.quant_matmul(S.randn((M, 256), M, dtype=torch.float32, device=device), *args, **kw)
+        qm.quant_matmul(strategies.randn((M, 256), M, dtype=torch.float32, device=device), *args, **kw)
         assert seen[path] and not seen["tiled" if path == "gemv" else "gemv"], f"M = {M} did not take the {path} launch"
-    x = S.randn((3, 256), 3, dtype=torch.float32, device=device)
+    x = strategies.randn((3, 256), 3, dtype=torch.float32, device=device)
     gemv = qm.quant_matmul(x, *args, **kw, path="gemv")
     tiled = qm.quant_matmul(x, *args, **kw, path="tiled")
     d = quant_torch.dequantize(qw)
     for out in (gemv, tiled):
         check_close(out, x.double() @ d.double().T, out_pt=x @ d.T, rule="quant-matmul").check()
     with pytest.raises(ValueError, match="path 'gemv' takes M <= 16"):
-        qm.quant_matmul(S.randn((17, 256), 4, dtype=torch.float32, device=device), *args, **kw, path="gemv")
+        qm.quant_matmul(strategies.randn((17, 256), 4, dtype=torch.float32, device=device), *args, **kw, path="gemv")
     with pytest.raises(ValueError, match="path must be"):
         qm.quant_matmul(x, *args, **kw, path="split")
 
@@ -148,8 +127,8 @@ def _codes(case: W8Case, seed: int, device: str) -> tuple[torch.Tensor, torch.Te
 
 
 def _floats(case: W8Case, seed: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    x = S.randn((case.M, case.K), seed, dtype=torch.float64)
-    w = S.randn((case.N, case.K), seed + 1, dtype=torch.float64) * 0.05
+    x = strategies.randn((case.M, case.K), seed, dtype=torch.float64)
+    w = strategies.randn((case.N, case.K), seed + 1, dtype=torch.float64) * 0.05
     if case.kind == "outlier":
         x[:, seed % case.K] *= 100.0
     if case.kind == "zero_row":
@@ -188,13 +167,13 @@ def law_w8a8_reference(run, device, dtype, case, seed):
 #: them by name). A Triton kernel under the interpreter gets half the drawn examples.
 W8A8_ACCUMULATOR = Law(
     claim="QT-9", technique=TECH, body=law_w8a8_accumulator, params=("device",),
-    given={"case": _cases(CODE_KINDS), "seed": S.seeds},
+    given={"case": _cases(CODE_KINDS), "seed": strategies.seeds},
     examples=(dict(case=W8Case(2, 3, 4096, "extreme"), seed=1),       # sums of ±66,064,384
               dict(case=W8Case(17, 65, 130, "uniform"), seed=2),      # two tiles on both axes, a K remainder
               dict(case=W8Case(1, 1, 1, "extreme"), seed=3)),
     interpreted_examples=lambda n: max(4, n // 2))
 W8A8_REFERENCE = Law(
-    claim="QT-9", technique=TECH, body=law_w8a8_reference, given={"case": _cases(FLOAT_KINDS), "seed": S.seeds},
+    claim="QT-9", technique=TECH, body=law_w8a8_reference, given={"case": _cases(FLOAT_KINDS), "seed": strategies.seeds},
     examples=(dict(case=W8Case(4, 9, 96, "outlier"), seed=1), dict(case=W8Case(17, 65, 130, "zero_row"), seed=2),
               dict(case=W8Case(2, 3, 4096, "normal"), seed=3)),
     interpreted_examples=lambda n: max(4, n // 2))

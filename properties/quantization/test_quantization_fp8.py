@@ -1,4 +1,4 @@
-"""Laws of the FP8 formats (lecture 001 §5.4; claim QT-11), written against the ``quantization``
+"""Tests of the FP8 formats beside their law (``laws/fp8.py``; lecture 001 §5.4; claim QT-11), written against the ``quantization``
 contract (``conformance/contracts/quantization_fp8.py``: the FP8 formats and their bounds). The
 KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.py``.
 
@@ -11,40 +11,19 @@ KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.p
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import note
-from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts import quantization_fp8 as fp8_contract
-from inference_conformance.conformance.laws import Kills, Law
-from inference_conformance.conformance.tolerance import assert_exact, check_within
-from inference_conformance.properties import strategies as S
-from inference_conformance.properties.quantization.cases import (
-    EXAMPLE_SEEDS,
-    EXAMPLES,
-    QCase,
-    make_weight,
-    number_format,
-    pinned,
-    quant_cases,
-    quantize,
-)
+from inference_conformance.conformance.tolerance import assert_exact
+from inference_conformance.properties import strategies
 
 TECH = "quantization"
 FORMATS = tuple(fp8_contract.FP8_FORMATS)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _fp8_only(impl) -> str | None:
-    fmt = number_format(impl)
-    if fmt in fp8_contract.FP8_FORMATS:
-        return None
-    return f"{impl.name} is not an FP8 scheme ({fmt}): " + ("QT-1 judges it" if fmt == "int" else "QT-13 judges it")
 
 
 # ------------------------------------------------------------------------ QT-11: the cast
@@ -76,7 +55,7 @@ def test_qt11_half_spacing_bound_rejects_double_rounding(fmt):
     loose = f.half_ulp_rel * y.abs()
     assert bool((err > half).all()), f"{fmt}: double rounding within half the spacing at {y[err <= half][:3].tolist()}"
     assert bool((err <= loose).all()), f"{fmt}: 2^-(m+1)|x| already rejects {y[err > loose][:3].tolist()}"
-    w = S.randn((256, 256), 5)
+    w = strategies.randn((256, 256), 5)
     d = (fp8_double_rounding_scheme.dequantize(fp8_double_rounding_scheme.quantize(w, bits=8, granularity="tensor"))
          - w).abs().double()
     s = fp8_contract.fp8_step(w, "fp8_e4m3fn", "tensor")
@@ -86,47 +65,6 @@ def test_qt11_half_spacing_bound_rejects_double_rounding(fmt):
                    unit="double rounding through float16 (E4M3 per tensor, 65,536 weights): max error / half spacing",
                    rule="> 1: rejected by half the spacing at w / s", what=f"max error / (2^-4 |w|) = {worst_loose:.3f}")
     assert worst_half > 1 >= worst_loose, (worst_half, worst_loose)
-
-
-# --------------------------------------------------------------------- QT-11: the schemes
-def fp8_cases() -> st.SearchStrategy[QCase]:
-    """QT-1's drawn cases at 8 bits (an FP8 scheme's only width)."""
-    return quant_cases().map(lambda c: replace(c, bits=8))
-
-
-#: QT-1's pinned examples at 8 bits (all group kinds: zero, one-sign, outlier, subnormal groups).
-FP8_EXAMPLES = pinned((replace(c, bits=8), s) for c, s in zip(EXAMPLES, EXAMPLE_SEEDS))
-
-
-def law_fp8_within_half_ulp(run, device, dtype, case, seed):
-    """QT-11: every element of dequantize(quantize(w)) within the contract's fp8_bound (half an
-    ulp of the format at the group's scale); output of w's shape, dtype and device."""
-    note(str(case))
-    w = make_weight(case, seed, dtype, device)
-    d = run.impl.dequantize(quantize(run.impl, w, case, run=run))
-    assert tuple(d.shape) == tuple(w.shape) and d.dtype == w.dtype and d.device == w.device, (d.shape, d.dtype)
-    fmt = number_format(run.impl)
-    check_within(d, w, fp8_contract.fp8_bound(w, fmt, case.granularity), what=f"{fmt} reconstruction ({case})",
-                 rule="QT-11 half ulp").check()
-
-
-QT11 = Law(claim="QT-11", technique=TECH, body=law_fp8_within_half_ulp, given={"case": fp8_cases(), "seed": S.seeds},
-           examples=FP8_EXAMPLES, dtypes=(torch.float64, torch.float32, torch.bfloat16),
-           kills=(Kills(("fp8_e5m2_grid_as_e4m3_scheme", "fp8_double_rounding_scheme"), (torch.float64,)),),
-           applies=_fp8_only,
-           max_examples=lambda n: max(4, n // 2))
-#: The product of every FP8 scheme is QT-9's law (``properties/quantization/cases.py``: ``QT9``, its
-#: pinned cases at 8 bits; both Triton launches in ``test_quant_kernels.py``).
-
-
-def _record_fp8(run) -> None:
-    if run.worst is not None:
-        results.record("QT-11", measured=run.worst.error, bound=run.worst.bound, unit="max |w - w_hat| / bound",
-                       rule="every element within half an ulp of the FP8 format at its group's scale")
-
-
-test_qt11_within_half_ulp = QT11.conformance_test("test_qt11_within_half_ulp", after=_record_fp8)
-(test_qt11_zoo_rejected,) = QT11.zoo_tests("test_qt11_zoo_rejected")
 
 
 def _rms_error_but_largest(scheme, w: torch.Tensor) -> float:
@@ -153,7 +91,7 @@ def test_qt11_fp8_against_int8_outlier_and_model():
     from inference_conformance.reference.quantization.methods import named_block_linears
     from inference_conformance.smallworld import checkpoints
 
-    w = S.randn((512, 128), 11) * 0.067
+    w = strategies.randn((512, 128), 11) * 0.067
     w.view(-1)[w.abs().argmax()] = 0.323
     w[0, 0] = 3.0
     int8, e4m3, e5m2 = (_rms_error_but_largest(s, w) for s in

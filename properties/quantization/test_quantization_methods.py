@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_exact
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.quantization.claims_cases import (
     QT3_BITS,
     QT3_GRANULARITIES,
@@ -74,7 +74,7 @@ def _migrate_wrong_axis(x, w, alpha):
 @pytest.mark.claim("QT-7")
 @settings(max_examples=10)
 @given(M=st.integers(1, 12), N=st.integers(1, 12), K=st.integers(2, 40), alpha=st.floats(0.0, 1.0),
-       outlier=st.sampled_from([1.0, 100.0]), seed=S.seeds)
+       outlier=st.sampled_from([1.0, 100.0]), seed=strategies.seeds)
 @example(M=8, N=6, K=16, alpha=0.5, outlier=100.0, seed=3)
 def test_qt7_smoothquant_migration_keeps_the_product(M, N, K, alpha, outlier, seed):
     """QT-7: SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), x diag(s)^-1 · diag(s) w^T,
@@ -82,9 +82,9 @@ def test_qt7_smoothquant_migration_keeps_the_product(M, N, K, alpha, outlier, se
     activation channel (x100, as QT-5 builds it); a wrong-axis migration is rejected."""
     from inference_conformance.reference.quantization.methods import smoothquant_migrate
 
-    x = S.randn((M, K), seed)
+    x = strategies.randn((M, K), seed)
     x[:, seed % K] *= outlier
-    w = S.randn((N, K), seed + 1) * 0.07
+    w = strategies.randn((N, K), seed + 1) * 0.07
     _smooth_product_law(smoothquant_migrate, x, w, alpha)
     if alpha > 0.05 and outlier > 1 and N > 1:
         with pytest.raises(AssertionError):
@@ -99,9 +99,9 @@ def test_qt7_smoothing_flattens_the_outlier_channel():
     migrating), while the product stays equal (recorded)."""
     from inference_conformance.reference.quantization.methods import smoothquant_migrate
 
-    x = S.randn((64, 32), 5)
+    x = strategies.randn((64, 32), 5)
     x[:, 5] *= 100.0
-    w = S.randn((48, 32), 6) * 0.07
+    w = strategies.randn((48, 32), 6) * 0.07
     v, before, after = check_qt7_migration(smoothquant_migrate, x, w, 0.5)
     rel = v.error / float((x @ w.T).abs().max())
     results.record("QT-7", measured=rel, bound=1e-12,
@@ -324,8 +324,8 @@ def test_gptq_act_order_groups_and_dequantize():
     from inference_conformance.reference.quantization.methods import gptq_quantize
 
     K, g = 64, 16
-    x = S.randn((256, K), 3) * torch.linspace(0.1, 3.0, K)[torch.randperm(K, generator=torch.Generator().manual_seed(4))]
-    w = S.randn((12, K), 5) * 0.1
+    x = strategies.randn((256, K), 3) * torch.linspace(0.1, 3.0, K)[torch.randperm(K, generator=torch.Generator().manual_seed(4))]
+    w = strategies.randn((12, K), 5) * 0.1
     qw = gptq_quantize(w, x, bits=4, group_size=g, act_order=True)
     order = torch.argsort(torch.diag(x.T @ x), descending=True, stable=True)
     assert_exact(qw.g_idx, act_order_g_idx(order, g), what="g_idx of act-order GPTQ")

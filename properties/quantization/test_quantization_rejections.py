@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import trends
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.properties.falsify import judges, rejects
 from inference_conformance.properties.quantization.claims_cases import (
     QT3_RECORDED,
@@ -236,9 +236,9 @@ def test_qt7_rejects_a_migration_with_one_bug(bad, match):
     product (any s does) but grow the outlier; the wrong axis changes the product."""
     from inference_conformance.reference.quantization.methods import smoothquant_migrate
 
-    x = S.randn((64, 32), 5)
+    x = strategies.randn((64, 32), 5)
     x[:, 5] *= 100.0
-    w = S.randn((48, 32), 6) * 0.07
+    w = strategies.randn((48, 32), 6) * 0.07
     rejects("QT-7", check_qt7_migration, (smoothquant_migrate, x, w, 0.5), (bad, x, w, 0.5), match=match)
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_scalar
-from inference_conformance.reference.roofline import perf_model as pm
+from inference_conformance.reference.roofline import perf_model
 from inference_conformance.reference import roofline as rl
 
 GIB = 2**30
@@ -79,11 +79,11 @@ def check_ai4(accelerator_intensity: Callable = rl.accelerator_intensity) -> tup
 
 
 # ---------------------------------------------------------------- AI-5 .. AI-7, KV-5, KV-6: models
-def check_ai5(model: pm.PerfModel = pm.CS336) -> None:
+def check_ai5(model: perf_model.PerfModel = perf_model.CS336) -> None:
     """AI-5 on a performance model: Llama 2 13B on an H100 against CS336's figures (parameters,
     KV bytes per sequence, B = 1 latency and throughput, the batch table's shape, B = 256 not
     fitting in 80 GB)."""
-    m, bw, cap = pm.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
+    m, bw, cap = perf_model.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
     params = model.num_params(m)
     # "about 13 billion" (13,015,449,600): band 1%, the lecture gives two significant figures.
     assert_scalar(params, 13e9, rel=0.01, what="AI-5: Llama 2 13B parameters")
@@ -123,10 +123,10 @@ def check_ai5(model: pm.PerfModel = pm.CS336) -> None:
                                 256: "does not fit 80 GB"}[p.B], unit="per batch size", B=p.B)
 
 
-def check_ai6(model: pm.PerfModel = pm.CS336) -> None:
+def check_ai6(model: perf_model.PerfModel = perf_model.CS336) -> None:
     """AI-6 on a performance model: Llama 2 13B with GQA K = 8 has a 5x smaller KV cache, better
     latency and throughput at B = 64, and fits B = 256 in 80 GB where MHA does not."""
-    mha, bw, cap = pm.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
+    mha, bw, cap = perf_model.LLAMA2_13B, H100.bandwidth, H100.memory_bytes
     gqa = mha.with_(K=8)
     ratio = model.kv_bytes_per_sequence(mha) / model.kv_bytes_per_sequence(gqa)
     assert_scalar(ratio, 5, rel=0, what="AI-6: KV cache MHA / GQA(K=8)")
@@ -142,7 +142,7 @@ def check_ai6(model: pm.PerfModel = pm.CS336) -> None:
                    bound=cap / 1e9, unit="GB at B=256", fits=True)
 
 
-def check_ai7(model: pm.PerfModel = pm.CS336) -> None:
+def check_ai7(model: perf_model.PerfModel = perf_model.CS336) -> None:
     """AI-7 (lecture 001, exercise 1) on a performance model's ``decode_bound``: 7B in fp16 on an
     A100 reads its weights in 7 ms, computes in 0.045 ms, gives about 140 tokens/s at B = 1 and
     turns compute-bound near B = 150."""
@@ -165,14 +165,14 @@ def check_ai7(model: pm.PerfModel = pm.CS336) -> None:
     results.record("AI-7", measured=d.compute_bound_batch, lecture=150, unit="B where compute-bound")
 
 
-def check_kv5(model: pm.PerfModel = pm.CS336) -> None:
+def check_kv5(model: perf_model.PerfModel = perf_model.CS336) -> None:
     """KV-5 (lecture 001, exercise 2) on a performance model: 60 GB of KV budget at 4K context
     serves 30 (Llama-2-7B), 120 (Llama-3-8B), 240 (Llama-3-8B, 8-bit KV) requests. The
     lecture's "60 GB" and "2 GB per request" are binary (512 KiB x 4096 = 2 GiB); with a budget
     of 60 x 10^9 bytes the answers would be 27 / 111 / 223 (recorded beside)."""
     budget = 60 * GIB
-    models = {"Llama-2-7B": (pm.LLAMA2_7B, 30), "Llama-3-8B": (pm.LLAMA3_8B, 120),
-              "Llama-3-8B 8-bit KV": (pm.LLAMA3_8B.with_(kv_bytes_per_value=1), 240)}
+    models = {"Llama-2-7B": (perf_model.LLAMA2_7B, 30), "Llama-3-8B": (perf_model.LLAMA3_8B, 120),
+              "Llama-3-8B 8-bit KV": (perf_model.LLAMA3_8B.with_(kv_bytes_per_value=1), 240)}
     for name, (m, lecture) in models.items():
         n = model.concurrent_requests(budget, m, context=4096)
         assert_scalar(n, lecture, rel=0, what=f"KV-5: {name}: requests in 60 GiB at 4K context")
@@ -181,12 +181,12 @@ def check_kv5(model: pm.PerfModel = pm.CS336) -> None:
                        with_60e9_bytes=model.concurrent_requests(60e9, m, context=4096))
 
 
-def check_kv6_ratio(model: pm.PerfModel, K: int, group: int, L: int, H: int, bpv: int) -> None:
+def check_kv6_ratio(model: perf_model.PerfModel, K: int, group: int, L: int, H: int, bpv: int) -> None:
     """KV-6's cache part on a performance model: a model of N = K x group query heads stores
     ``group`` = N/K times more KV cache as MHA than with K KV heads (GQA), and N times more than
     MQA (K = 1)."""
     N = K * group
-    mha = pm.ModelShape(S=64, D=N * H, F=4, N=N, K=N, H=H, L=L, V=8, bytes_per_value=bpv)
+    mha = perf_model.ModelShape(S=64, D=N * H, F=4, N=N, K=N, H=H, L=L, V=8, bytes_per_value=bpv)
     gqa = mha.with_(K=K)
     assert_scalar(model.kv_bytes_per_token(mha) / model.kv_bytes_per_token(gqa), group, rel=1e-12,
                   what=f"KV-6: MHA / GQA cache (N={N}, K={K})")

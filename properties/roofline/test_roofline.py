@@ -29,7 +29,7 @@ from inference_conformance.conformance import results
 from inference_conformance.conformance.tolerance import assert_exact, assert_scalar
 from inference_conformance.properties.roofline.cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
                                        check_kv5, check_kv6_ratio)
-from inference_conformance.reference.roofline import perf_model as pm
+from inference_conformance.reference.roofline import perf_model
 from inference_conformance.reference import roofline as rl
 from inference_conformance.reference.transformer import TransformerConfig, build
 
@@ -155,7 +155,7 @@ def test_attention_intensity_prefill_generation(S, B, D):
 
 @pytest.mark.claim("AI-3")
 def test_attention_intensity_lecture_figures():
-    S = pm.LLAMA2_13B.S
+    S = perf_model.LLAMA2_13B.S
     results.record("AI-3", measured=rl.attention_intensity(S, S), lecture="S/2", unit="FLOP/byte",
                    rule=f"prefill, S=T={S}")
     results.record("AI-3", measured=rl.attention_intensity(S, 1), lecture="S/(S+1) < 1", unit="FLOP/byte",
@@ -192,7 +192,7 @@ def test_roofline_rejects_bad_input():
     with pytest.raises(ValueError, match="do not chain"):
         rl.count_matmul((3, 4), (5, 6), torch.bfloat16)
     with pytest.raises(ValueError, match="must divide"):
-        pm.ModelShape(S=1, D=8, F=8, N=4, K=3, H=2, L=1, V=8)
+        perf_model.ModelShape(S=1, D=8, F=8, N=4, K=3, H=2, L=1, V=8)
     with pytest.raises(TypeError, match="B must be an int"):
         rl.matmul_intensity(1.5, 4, 4)
 
@@ -213,9 +213,9 @@ def test_counts_match_reference_model(L, K, group, H, F, V, dtype):
     cfg = TransformerConfig(vocab_size=V, d_model=D, n_layers=L, n_heads=N, n_kv_heads=K, d_ff=F,
                             max_seq_len=16)
     model = build(cfg, seed=0, dtype=dtype)
-    shape = pm.ModelShape(S=16, D=D, F=F, N=N, K=K, H=H, L=L, V=V, bytes_per_value=rl.itemsize(dtype))
+    shape = perf_model.ModelShape(S=16, D=D, F=F, N=N, K=K, H=H, L=L, V=V, bytes_per_value=rl.itemsize(dtype))
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # norms are vectors
-    assert_exact(pm.num_params(shape), matrices, what="parameter count vs the model's weight matrices")
+    assert_exact(perf_model.num_params(shape), matrices, what="parameter count vs the model's weight matrices")
     B, T = 2, 5
     x = _randn((B, T, D), 0, dtype)
     positions = torch.arange(T).expand(B, T)
@@ -224,18 +224,18 @@ def test_counts_match_reference_model(L, K, group, H, F, V, dtype):
         for block in model.blocks:
             _, k, v = block.attn.qkv(x, positions)            # k, v: (B, K, T, H) what a cache stores
             kv += _nbytes(k, v)
-    assert_exact(pm.kv_bytes_per_token(shape), kv // (B * T), what="KV bytes per token vs the model's k, v")
+    assert_exact(perf_model.kv_bytes_per_token(shape), kv // (B * T), what="KV bytes per token vs the model's k, v")
     assert kv % (B * T) == 0
 
 
 @pytest.mark.claim("AI-5")
 def test_llama2_13b_on_h100():
-    check_ai5(pm.CS336)
+    check_ai5(perf_model.CS336)
 
 
 @pytest.mark.claim("AI-6")
 def test_llama2_13b_gqa_on_h100():
-    check_ai6(pm.CS336)
+    check_ai6(perf_model.CS336)
 
 
 @pytest.mark.claim("AI-5")
@@ -244,15 +244,15 @@ def test_llama2_13b_gqa_on_h100():
 def test_batch_size_properties(S, K, B, cap, bw):
     """Fits-in-memory is monotone in B; latency and throughput are non-decreasing in B, the
     throughput gain per sequence shrinks, and throughput stays below bandwidth / KV bytes."""
-    m = pm.LLAMA2_13B.with_(S=S, K=K)
-    if pm.fits(m, B + 1, cap):
-        assert pm.fits(m, B, cap)
-    assert pm.fits(m, B, cap) == (B <= pm.max_batch(m, cap))
-    l0, l1, l2 = (pm.latency_s(m, b, bw) for b in (B, B + 1, B + 2))
-    t0, t1, t2 = (pm.throughput(m, b, bw) for b in (B, B + 1, B + 2))
+    m = perf_model.LLAMA2_13B.with_(S=S, K=K)
+    if perf_model.fits(m, B + 1, cap):
+        assert perf_model.fits(m, B, cap)
+    assert perf_model.fits(m, B, cap) == (B <= perf_model.max_batch(m, cap))
+    l0, l1, l2 = (perf_model.latency_s(m, b, bw) for b in (B, B + 1, B + 2))
+    t0, t1, t2 = (perf_model.throughput(m, b, bw) for b in (B, B + 1, B + 2))
     assert l0 <= l1 <= l2 and t0 <= t1 <= t2
     assert (t2 - t1) <= (t1 - t0) * (1 + 1e-9)
-    assert t2 < pm.throughput_limit(m, bw)
+    assert t2 < perf_model.throughput_limit(m, bw)
 
 
 # ------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_batch_size_properties(S, K, B, cap, bw):
 
 @pytest.mark.claim("AI-7")
 def test_exercise1_decode_bound():
-    check_ai7(pm.CS336)
+    check_ai7(perf_model.CS336)
 
 
 # ------------------------------------------------------------------------------------------
@@ -270,9 +270,9 @@ def test_exercise1_decode_bound():
 
 @pytest.mark.claim("KV-4")
 def test_kv_bytes_per_token():
-    l2, l3 = pm.kv_bytes_per_token(pm.LLAMA2_7B), pm.kv_bytes_per_token(pm.LLAMA3_8B)
+    l2, l3 = perf_model.kv_bytes_per_token(perf_model.LLAMA2_7B), perf_model.kv_bytes_per_token(perf_model.LLAMA3_8B)
     assert_scalar(l2, 512 * KIB, rel=0, what="Llama-2-7B fp16 KV bytes per token")
-    ctx = pm.kv_bytes_per_sequence(pm.LLAMA2_7B, context=128 * 1024)
+    ctx = perf_model.kv_bytes_per_sequence(perf_model.LLAMA2_7B, context=128 * 1024)
     assert_scalar(ctx, 64 * GIB, rel=0, what="Llama-2-7B KV at 128K context")  # lecture "64 GB" is GiB
     assert_scalar(l3, 128 * KIB, rel=0, what="Llama-3-8B (8 KV heads) KV bytes per token")
     assert_scalar(l2 / l3, 4, rel=0, what="Llama-3-8B is a quarter")
@@ -283,14 +283,14 @@ def test_kv_bytes_per_token():
 
 @pytest.mark.claim("KV-5")
 def test_exercise2_concurrent_requests():
-    check_kv5(pm.CS336)
+    check_kv5(perf_model.CS336)
 
 
 @pytest.mark.claim("KV-6")
 @given(K=st.integers(1, 64), group=st.integers(1, 64), L=st.integers(1, 128), H=st.integers(1, 256),
        bpv=st.sampled_from([1, 2, 4]))
 def test_gqa_cache_ratio(K, group, L, H, bpv):
-    check_kv6_ratio(pm.CS336, K, group, L, H, bpv)
+    check_kv6_ratio(perf_model.CS336, K, group, L, H, bpv)
 
 
 @pytest.mark.claim("AI-5")
@@ -299,11 +299,11 @@ def test_roofline_latency_is_max_of_memory_and_compute(B, S, peak):
     """The roofline latency is the larger of CS336's memory time and the compute time; on the
     H100 spec the memory time is the larger for Llama 2 13B at the lecture's S = 1024 for every
     B (the lecture's premise), but not for short contexts with large batches."""
-    m = pm.LLAMA2_13B.with_(S=S)
+    m = perf_model.LLAMA2_13B.with_(S=S)
     acc = rl.Accelerator("test", peak, H100.bandwidth, H100.memory_bytes)
-    mem, comp = pm.latency_s(m, B, acc.bandwidth), pm.decode_flops(m, B, include_attention=True) / peak
-    assert pm.roofline_latency_s(m, B, acc) == max(mem, comp)
-    (point,) = pm.performance(m, [B], acc)
+    mem, comp = perf_model.latency_s(m, B, acc.bandwidth), perf_model.decode_flops(m, B, include_attention=True) / peak
+    assert perf_model.roofline_latency_s(m, B, acc) == max(mem, comp)
+    (point,) = perf_model.performance(m, [B], acc)
     assert point.bound == ("memory" if mem >= comp else "compute")
-    lecture = pm.LLAMA2_13B
-    assert pm.roofline_latency_s(lecture, B, H100) == pm.latency_s(lecture, B, H100.bandwidth)
+    lecture = perf_model.LLAMA2_13B
+    assert perf_model.roofline_latency_s(lecture, B, H100) == perf_model.latency_s(lecture, B, H100.bandwidth)

@@ -11,7 +11,7 @@ import pytest
 from inference_conformance.properties.falsify import rejects
 from inference_conformance.properties.roofline.cases import (check_ai1, check_ai2, check_ai3, check_ai4, check_ai5, check_ai6, check_ai7,
                                        check_kv5, check_kv6_ratio)
-from inference_conformance.reference.roofline import perf_model as pm
+from inference_conformance.reference.roofline import perf_model
 from inference_conformance.reference import roofline as rl
 
 
@@ -47,21 +47,21 @@ def accelerator_bits(peak_flops, bandwidth):
     return peak_flops / (8 * bandwidth)
 
 
-class KVWithoutFactorTwo(pm.PerfModel):
+class KVWithoutFactorTwo(perf_model.PerfModel):
     """The KV cache counted for K only: L x KV heads x head dim x bytes (no factor 2 for V)."""
 
     def kv_bytes_per_token(self, m):
         return m.L * m.K * m.H * m.kv_bpv
 
 
-class ParametersInFP32(pm.PerfModel):
+class ParametersInFP32(perf_model.PerfModel):
     """The bf16 model's parameters counted at 4 bytes each."""
 
     def parameter_bytes(self, m):
         return self.num_params(m) * 4
 
 
-class GQAWithHq(pm.PerfModel):
+class GQAWithHq(perf_model.PerfModel):
     """GQA's cache computed with the query heads (Hq = N) in place of the KV heads (Hkv = K)."""
 
     def kv_bytes_per_token(self, m):
@@ -71,16 +71,16 @@ class GQAWithHq(pm.PerfModel):
         return 1.0
 
 
-class DecodeFLOPsOnce(pm.PerfModel):
+class DecodeFLOPsOnce(perf_model.PerfModel):
     """Exercise 1's compute time with n_params FLOPs per token (not 2 n_params)."""
 
     def decode_bound(self, n_params, acc, B=1, bytes_per_value=rl.BF16_BYTES):
         read = n_params * bytes_per_value / acc.bandwidth
         compute = n_params * B / acc.peak_flops
-        return pm.DecodeBound(read, compute, B / max(read, compute), acc.intensity * bytes_per_value)
+        return perf_model.DecodeBound(read, compute, B / max(read, compute), acc.intensity * bytes_per_value)
 
 
-class KVBytesIgnored(pm.PerfModel):
+class KVBytesIgnored(perf_model.PerfModel):
     """An 8-bit KV cache still counted at the parameters' 2 bytes per value."""
 
     def kv_bytes_per_token(self, m):
@@ -123,35 +123,35 @@ def test_ai4_rejects_bandwidth_in_bits():
 
 @pytest.mark.claim("AI-5")
 def test_ai5_rejects_kv_cache_without_factor_two():
-    rejects("AI-5", check_ai5, (pm.CS336,), (KVWithoutFactorTwo(),), match="AI-5: KV cache bytes per sequence")
+    rejects("AI-5", check_ai5, (perf_model.CS336,), (KVWithoutFactorTwo(),), match="AI-5: KV cache bytes per sequence")
 
 
 @pytest.mark.claim("AI-5")
 def test_ai5_rejects_parameters_in_fp32():
-    rejects("AI-5", check_ai5, (pm.CS336,), (ParametersInFP32(),), match="AI-5: B=1 latency")
+    rejects("AI-5", check_ai5, (perf_model.CS336,), (ParametersInFP32(),), match="AI-5: B=1 latency")
 
 
 @pytest.mark.claim("AI-6")
 def test_ai6_rejects_gqa_with_query_heads():
-    rejects("AI-6", check_ai6, (pm.CS336,), (GQAWithHq(),), match="AI-6: KV cache MHA / GQA")
+    rejects("AI-6", check_ai6, (perf_model.CS336,), (GQAWithHq(),), match="AI-6: KV cache MHA / GQA")
 
 
 @pytest.mark.claim("AI-7")
 def test_ai7_rejects_decode_flops_counted_once():
-    rejects("AI-7", check_ai7, (pm.CS336,), (DecodeFLOPsOnce(),), match="AI-7: 2 x 7e9 / 312 TFLOP/s")
+    rejects("AI-7", check_ai7, (perf_model.CS336,), (DecodeFLOPsOnce(),), match="AI-7: 2 x 7e9 / 312 TFLOP/s")
 
 
 @pytest.mark.claim("KV-5")
 def test_kv5_rejects_kv_cache_without_factor_two():
-    rejects("KV-5", check_kv5, (pm.CS336,), (KVWithoutFactorTwo(),), match="KV-5: Llama-2-7B: requests")
+    rejects("KV-5", check_kv5, (perf_model.CS336,), (KVWithoutFactorTwo(),), match="KV-5: Llama-2-7B: requests")
 
 
 @pytest.mark.claim("KV-5")
 def test_kv5_rejects_8bit_cache_counted_at_16_bits():
-    rejects("KV-5", check_kv5, (pm.CS336,), (KVBytesIgnored(),), match="KV-5: Llama-3-8B 8-bit KV: requests")
+    rejects("KV-5", check_kv5, (perf_model.CS336,), (KVBytesIgnored(),), match="KV-5: Llama-3-8B 8-bit KV: requests")
 
 
 @pytest.mark.claim("KV-6")
 def test_kv6_rejects_gqa_cache_with_query_heads():
-    rejects("KV-6", check_kv6_ratio, (pm.CS336, 8, 4, 32, 128, 2), (GQAWithHq(), 8, 4, 32, 128, 2),
+    rejects("KV-6", check_kv6_ratio, (perf_model.CS336, 8, 4, 32, 128, 2), (GQAWithHq(), 8, 4, 32, 128, 2),
             match="KV-6: MHA / GQA cache")

@@ -1,4 +1,4 @@
-"""Laws of token-tree speculation (claims SD-11, SD-12 for trees, SD-13; SpecInfer, Medusa;
+"""Tests of token-tree speculation beside its laws (``laws.py``) (claims SD-11, SD-12 for trees, SD-13; SpecInfer, Medusa;
 lecture 002 §6.6).
 
 SD-11 is checked two ways. Exactly: the float64 tree enumerator (``inference_conformance.reference.speculative_tree``)
@@ -22,61 +22,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import note
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts.speculative_tree import DTYPES
-from inference_conformance.conformance.laws import Kills, Law, refusal
-from inference_conformance.conformance.outcomes import unsupported
 from inference_conformance.conformance.stats import check_counts, upper_bound
-from inference_conformance.conformance.tolerance import Comparison, report_verdict
 from inference_conformance.properties.speculative.cases import ALPHA
-from inference_conformance.properties.speculative_tree.boundary_cases import boundary_verdicts
 from inference_conformance.properties.speculative_tree.cases import (
-    PINNED_TREES,
     TREE_STAT_CONFIGS,
     TREE_STAT_TRIALS,
     check_tree_structure,
     emitted_counts,
     sequence_categories,
     tree_case,
-    tree_cases,
     tree_law_power,
-    tree_law_verdicts,
     tree_tensors,
 )
 from inference_conformance.properties.speculative.claims_cases import check_sd13_figure, check_sd13_limits
+from inference_conformance.properties.speculative_tree.laws import EXACT_BOUND, SD11_EXACT, tree_exact_error
 from inference_conformance.reference import speculative_tree as ref
 
 TECH = "speculative_tree"
-ZOO_ALL = ("unrenormalised_sibling_residual", "sibling_tested_against_p", "correction_from_q",
-           "bonus_from_deepest_node", "acceptance_times_097", "typical_acceptance_as_exact")
-#: The exact rule of SD-11: the enumerated distribution equals the target's to this bound (float64).
-EXACT_BOUND = 1e-12
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tree_exact_error(case, rule=ref.EXACT) -> float:
-    """max |P(completed emitted tokens) − P(target)| over depth + 1 tokens, by enumeration."""
-    L = case.depth + 1
-    got = ref.completed_distribution(case.outcomes(rule), case.p, case.V, L)
-    return float(np.abs(got - ref.target_distribution(case.p, case.V, L)).max())
-
-
-def law_sd11_exact(run, case):
-    """SD-11 exactly on one tree: the round's emitted tokens, completed by the target, follow the
-    target's distribution over depth + 1 tokens; the error is observed."""
-    note(repr(case))
-    err = tree_exact_error(case)
-    run.observe(err)
-    report_verdict(Comparison(err <= EXACT_BOUND, f"exact enumeration in float64: max |P - p| <= {EXACT_BOUND:g}",
-                           err, EXACT_BOUND, f"{case!r}: depth + 1 tokens")).check()
-
-
-#: SD-11's exact law (no implementation: the reference's enumeration of every path).
-SD11_EXACT = Law(claim="SD-11", technique=TECH, body=law_sd11_exact, params=(), given={"case": tree_cases()},
-                 examples=tuple(dict(case=c) for c in PINNED_TREES))
 
 
 @pytest.mark.claim("SD-11")
@@ -118,53 +84,6 @@ def test_sd11_exact_check_rejects_wrong_rules(rule):
               for name in ("binary-V3", "three-drafts-V3")]
     assert max(errors) > 1e-3, f"rule {rule!r} passed the exact SD-11 check (errors {errors})"
 
-
-# ------------------------------------------------------------ SD-11 on samples, every verifier
-#: The statistical law's seed (the ``ci`` profile fixes every draw; so does this).
-STAT_SEED = 7
-
-
-def law_sd11_statistical(run, device, dtype):
-    """SD-11 on samples: per tree configuration one ``verify_tree`` call over its independent
-    rounds, probabilities in ``dtype``; structure exactly, then one G-test of the emitted
-    sequences, ALPHA family-wise."""
-    with refusal(run, f"{run.implementation} on {dtype} probabilities"):
-        verdicts = tree_law_verdicts(run.impl, STAT_SEED, device, dtype=dtype)
-    failed = [v for v in verdicts if not v.ok]
-    assert not failed, f"{dtype}: " + "; ".join(f"{v.what}: {v.detail}" for v in failed[:3])
-
-
-SD11_STATISTICAL = Law(claim="SD-11", technique=TECH, body=law_sd11_statistical, dtypes=DTYPES,
-                       kills=(Kills(ZOO_ALL, (torch.float64,)),
-                              Kills(("float32_unrenormalised_residual",), (torch.float32,))))
-test_sd11_statistical = SD11_STATISTICAL.conformance_test(
-    "test_sd11_statistical",
-    doc="""SD-11 for every registered verify_tree, in every dtype of the contract (the probabilities
-    multiples of 2^-8, exact in each): the emitted sequences of a binary tree, three independent
-    drafts, a wide root and two boundary classes follow the exact enumeration (G-tests,
-    family-wise false-alarm rate 1e-3, fixed seeds), after exact checks of the path.""")
-test_sd11_zoo_rejected, test_sd11_zoo_rejected_float32 = SD11_STATISTICAL.zoo_tests(
-    "test_sd11_zoo_rejected", "test_sd11_zoo_rejected_float32")
-
-
-def law_sd11_boundary_uniforms(run, device, dtype):
-    """SD-11 at the ends of [0, 1): with every uniform the verifier draws at 0, then at the largest
-    value below 1, each tree of ``BOUNDARY_TREES`` (probabilities ``dtype``) accepts exactly the
-    nodes of residual r(x) >= q(x), rejects those of r(x) = 0 and emits a token of positive
-    probability in the row it is drawn from (``properties/speculative_tree/boundary_cases.py``)."""
-    with refusal(run, f"{run.implementation} on {dtype} probabilities"):
-        failures, draws = boundary_verdicts(run.impl, device, dtype)
-    if draws == 0:
-        unsupported(f"{run.implementation} draws no uniform through torch.rand, torch.rand_like or "
-                    "Tensor.uniform_: the boundary values cannot be given to it")
-    run.observe(draws)
-    assert not failures, f"{len(failures)} boundary rounds wrong: " + "; ".join(failures[:2])
-
-
-SD11_BOUNDARY = Law(claim="SD-11", technique=TECH, body=law_sd11_boundary_uniforms, dtypes=DTYPES,
-                    kills=(Kills(("accepts_at_boundary",), (torch.float32,)),))
-test_sd11_boundary_uniforms = SD11_BOUNDARY.conformance_test("test_sd11_boundary_uniforms")
-(test_sd11_boundary_zoo_rejected,) = SD11_BOUNDARY.zoo_tests("test_sd11_boundary_zoo_rejected")
 
 #: Exact multinomial draws of the whole law for its false-alarm rate and its power.
 LAW_DRAWS, POWER_DRAWS = 1000, 500

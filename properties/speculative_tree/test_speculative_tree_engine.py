@@ -1,4 +1,4 @@
-"""Laws of token trees in the model (claims SD-10, SD-12, SD-14; SpecInfer, Medusa, self-
+"""Tests of token trees in the model (SD-10's law through the model: ``laws.py``) (claims SD-10, SD-12, SD-14; SpecInfer, Medusa, self-
 speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped target.
 
 - SD-10: a tree scored in one forward (tree mask, depth positions) gives every node the logits of
@@ -19,90 +19,20 @@ speculation, prompt lookup; lecture 002 §6.6), on the small world's shipped tar
 """
 from __future__ import annotations
 
-from functools import lru_cache
 
 import pytest
 import torch
-from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts.speculative_tree import SHAPES
-from inference_conformance.conformance.tolerance import assert_close, assert_exact
+from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.conformance.zoo import expect_rejected
-from inference_conformance.properties.speculative import sd14_cases as s14
+from inference_conformance.properties.speculative import sd14_cases
 from inference_conformance.properties.drafter.cases import greedy_tokens, prompt_for, speculate
 from inference_conformance.properties.speculative.sd14_cases import check_sd14_figures, copy_prompts, free_prompts
-from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.properties.speculative_tree.zoo import TREE_MODEL_ZOO, engine_zoo
-from inference_conformance.reference.speculative_tree import path_logits
+from inference_conformance.properties.speculative_tree.model_cases import SD10_CASES, sd10_through_the_model, shipped_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@lru_cache(maxsize=None)
-def _model(name: str, dtype: torch.dtype):
-    from inference_conformance.smallworld.checkpoints import load_model
-
-    return load_model(name, dtype)
-
-
-def sd10_through_the_model(attention, dtype, cases, model_cls=None, device: str = "cpu"):
-    """SD-10 on the shipped target: each node's logits from the engine's one tree forward (prefill
-    the prefix, then the tree over the cache on ``device``, scored by the tree_attention
-    implementation ``attention``; ``model_cls``: the engine's cached model, a known-bad one in its
-    zoo test) equal those of its root-to-node path run alone (float64 reference on the CPU, in
-    the same dtype's rule)."""
-    from inference_conformance.optimized.speculative_tree.engine import TreeCachedModel
-    from inference_conformance.smallworld.checkpoints import load_model
-
-    model = _model("target", dtype) if device == "cpu" else load_model("target", dtype, device)
-    oracle = _model("target", torch.float64)
-    for shape, S, seed in cases:
-        prefix, parents, tokens = _tree_inputs(shape, S, seed)
-        m = (model_cls or TreeCachedModel)(model, prefix.shape[0], 64)
-        m.attention = attention
-        m.nan_fill = True
-        m.start(prefix.shape[0])
-        m.extend(prefix.to(device), torch.full((prefix.shape[0],), S, dtype=torch.int64))
-        out = m.tree_forward(tokens.to(device), torch.tensor(parents, dtype=torch.int64))
-        out_ref = path_logits(oracle, prefix, parents, tokens)
-        assert_close(out.cpu(), out_ref, what=f"SD-10 {shape} tree after a {S}-token prefix: node logits vs each "
-                                              f"root-to-node path alone")
-
-
-def _tree_inputs(shape: str, S: int, seed: int, B: int = 2):
-    g = torch.Generator().manual_seed(seed)
-    parents = list(SHAPES[shape])
-    prefix = torch.randint(4, 294, (B, S), generator=g)
-    tokens = torch.randint(4, 294, (B, len(parents)), generator=g)
-    return prefix, parents, tokens
-
-
-#: Trees and prefix lengths: every shape (siblings, chains, a wide root), a one-token prefix and
-#: prefixes across the kernel's 16-key tiles; an interpreted kernel gets two of them.
-SD10_CASES = (("binary", 5, 1), ("three-drafts", 17, 2), ("wide-root", 1, 3), ("chain", 32, 4))
-SD10_INTERPRETED = (("wide-root", 17, 3), ("binary", 1, 1))
-
-
-def law_sd10_tree_forward(run, device, cases):
-    """SD-10 through the model, for every tree_attention implementation: the shipped target's
-    tree forward over its cache, scored by the implementation, gives every node the logits of
-    its root-to-node path alone (float64, the float64 rule); an interpreted kernel runs
-    :data:`SD10_INTERPRETED`."""
-    run.observe(cases)
-    with refusal(run, f"{run.implementation} refuses the target's float64 tree forward"):
-        sd10_through_the_model(run.impl, torch.float64, SD10_INTERPRETED if run.interpreted else cases, device=device)
-
-
-#: SD-10 through the model over every registered tree_attention implementation (outside ones
-#: included); the flattened-index mask and the sibling leak are rejected by it too.
-SD10_MODEL = Law(claim="SD-10", technique="tree_attention", body=law_sd10_tree_forward,
-                 given={"cases": st.just(SD10_CASES)}, examples=(dict(cases=SD10_CASES),), explicit_only=True,
-                 params=("device",), kills=(Kills(("flattened_index_mask", "sibling_leak")),))
-
-test_sd10_tree_attention_equals_each_path_alone = SD10_MODEL.conformance_test(
-    "test_sd10_tree_attention_equals_each_path_alone")
-test_sd10_zoo_rejected, = SD10_MODEL.zoo_tests("test_sd10_zoo_rejected")
 
 
 @pytest.mark.claim("SD-10")
@@ -148,7 +78,7 @@ def test_sd12_greedy_tree_with_the_triton_kernel():
     from inference_conformance.optimized.drafter import TopKTreeDrafter
     from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
 
-    law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(_model("draft_good", torch.float64), (2, 1)),
+    law_sd12_greedy(TreeSpeculativeEngine, TopKTreeDrafter(shipped_model("draft_good", torch.float64), (2, 1)),
                     attention="triton", n_tokens=6, prompts=(("words", 11),))
 
 
@@ -161,7 +91,7 @@ def test_sd12_zoo_engine_rejected():
     cls = engine_zoo()["rejected_branch_kv_kept"]
     impl = type("Bad", (), {"name": "rejected_branch_kv_kept",
                             "target": "inference_conformance.properties.speculative_tree.zoo:RejectedBranchKVKept"})()
-    drafter = TopKTreeDrafter(_model("draft_good", torch.float64), (2, 2, 1))
+    drafter = TopKTreeDrafter(shipped_model("draft_good", torch.float64), (2, 2, 1))
     text = expect_rejected(lambda _impl: law_sd12_greedy(cls, drafter), impl)
     results.record("SD-12", measured="rejected", unit="known-bad engine", rule="SD-12 output and cache checks",
                    what=f"rejected_branch_kv_kept: {text[:120]}")
@@ -171,7 +101,7 @@ def test_sd12_zoo_engine_rejected():
 def _run(drafter, prompts, n_tokens: int):
     from inference_conformance.optimized.speculative_tree.engine import TreeSpeculativeEngine
 
-    target = _model("target", torch.float64)
+    target = shipped_model("target", torch.float64)
     total = {"rounds": 0, "emitted": 0, "accepted": 0, "drafted": 0}
     for prompt in prompts:
         engine = TreeSpeculativeEngine(target, drafter, max_seq_len=128, attention="torch")
@@ -193,23 +123,23 @@ def test_sd14_prompt_lookup_copy_vs_free():
     of :func:`~inference_conformance.properties.speculative.sd14_cases.check_sd14_lookup` at significance level
     0.05 (holds, or the test fails with the verdict). Free generation from <bos> (one row: greedy
     is deterministic) is recorded beside it, not judged."""
-    prompts = s14.sd14_copy_prompts()
-    lookup, base, free = (list(s14.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
-    verdict = s14.judge_sd14_lookup(lookup, base)
-    wins, losses, ties, p = s14.sd14_sign_test(lookup, base)
+    prompts = sd14_cases.sd14_copy_prompts()
+    lookup, base, free = (list(sd14_cases.sd14_arm(arm)) for arm in ("lookup", "output-only", "free"))
+    verdict = sd14_cases.judge_sd14_lookup(lookup, base)
+    wins, losses, ties, p = sd14_cases.sd14_sign_test(lookup, base)
     holds = {"holds": True, "fails": False}.get(verdict)
-    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {s14.SD14_LEVEL}; "
+    rule = (f"one-sided sign test, lookup vs output-only lookup on {len(prompts)} copy prompts, p < {sd14_cases.SD14_LEVEL}; "
             "fails where wins <= losses")
     for task, arm, runs in (("copy", "prompt lookup", lookup), ("copy", "lookup restricted to the output", base),
                             ("free", "prompt lookup", free)):
         total = {k: sum(r[k] for r in runs) for k in ("rounds", "emitted", "accepted", "drafted")}
-        tpc = s14.tokens_per_call(total)
+        tpc = sd14_cases.tokens_per_call(total)
         results.record("SD-14", measured=round(tpc, 3), lecture="shines on tasks that copy from the prompt",
                        unit=f"tokens per target call, {arm}, {task}", drafter="lookup", task=task,
                        tokens_per_call=round(tpc, 3), rounds=total["rounds"], pairs=len(prompts), trend=verdict,
                        alpha=round(total["accepted"] / max(1, total["drafted"]), 3), holds=holds,
                        trend_rule=rule, what=f"ahead on {wins}, behind on {losses}, tied on {ties}; p = {p:.3g}")
-    s14.check_sd14_lookup(lookup, base)
+    sd14_cases.check_sd14_lookup(lookup, base)
 
 
 @pytest.mark.claim("SD-14")
@@ -226,9 +156,9 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     from inference_conformance.optimized.drafter import SelfSpeculativeDrafter
     from inference_conformance.optimized.drafter import ChainDrafter
 
-    target = _model("target", torch.float64)
-    drafts = {"self (block 1 skipped)": s14.self_speculative_draft(target),
-              "draft_good": _model("draft_good", torch.float64), "draft_poor": _model("draft_poor", torch.float64)}
+    target = shipped_model("target", torch.float64)
+    drafts = {"self (block 1 skipped)": sd14_cases.self_speculative_draft(target),
+              "draft_good": shipped_model("draft_good", torch.float64), "draft_poor": shipped_model("draft_poor", torch.float64)}
     drafters = {"self (block 1 skipped)": SelfSpeculativeDrafter((1,), 4),
                 "draft_good": ChainDrafter(drafts["draft_good"], 4), "draft_poor": ChainDrafter(drafts["draft_poor"], 4)}
     prompts = free_prompts(1) + copy_prompts(1)
@@ -236,14 +166,14 @@ def test_sd14_self_speculation_against_the_shipped_drafts():
     for name, d in drafters.items():
         s = _run(d, prompts, 32)
         counts[name] = {k: s[k] for k in ("rounds", "emitted", "accepted", "drafted")}
-        parts = [s14.greedy_chain_counts(target, drafts[name], pr[0].tolist(), 32, 4) for pr in prompts]
+        parts = [sd14_cases.greedy_chain_counts(target, drafts[name], pr[0].tolist(), 32, 4) for pr in prompts]
         independent[name] = {k: sum(c[k] for c in parts) for k in counts[name]}
-        alpha, tpc = s14.sd14_figures(counts)[name]
+        alpha, tpc = sd14_cases.sd14_figures(counts)[name]
         results.record("SD-14", measured=round(tpc, 3), unit=f"tokens per target call, {name}, gamma = 4",
                        drafter="self" if name.startswith("self") else "chain", draft=name, gamma=4,
                        alpha=round(alpha, 3), tokens_per_call=round(tpc, 3), rounds=s["rounds"],
                        rule="equal to the independent computation (full forwards, no cache)",
                        what=f"independent: {independent[name]}")
     check_sd14_figures(counts, independent)
-    assert counts == s14.SD14_RECORDED, (f"s14.SD14_RECORDED (properties/speculative/sd14_cases.py), the "
+    assert counts == sd14_cases.SD14_RECORDED, (f"sd14_cases.SD14_RECORDED (properties/speculative/sd14_cases.py), the "
                                         f"rejection tests' good input, is stale: live {counts}")

@@ -1,6 +1,6 @@
 """Tree-attention calls for the attention-level law of SD-10: the drawn and pinned cases, their
 inputs, the call (refusals become "unsupported", never passes), the comparison with the float64
-reference of each root-to-node path alone, and the law itself.
+reference of each root-to-node path alone; the law is in ``laws.py``.
 
 Trees are drawn to find the field's bugs: the flattened order differs from the ancestor relation
 (a later sibling after an earlier sibling's subtree, cousins), chains, wide roots, deep branches,
@@ -15,13 +15,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-from hypothesis import note
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.tree_attention import COVERAGE, make_inputs
-from inference_conformance.conformance.laws import Kills, Law, Run, refusal
+from inference_conformance.conformance.contracts.tree_attention import make_inputs
+from inference_conformance.conformance.laws import Run, refusal
 from inference_conformance.conformance.tolerance import assert_close
-from inference_conformance.properties import strategies as S
+from inference_conformance.properties import strategies
 from inference_conformance.reference import tree_attention as ref
 
 
@@ -65,7 +64,7 @@ def tree_cases(draw, max_len: int = 70, max_nodes: int = 24, max_batch: int = 3)
     layouts from MHA to GQA with several KV heads, head dims 1..64, scales of either sign."""
     parents = draw(trees(max_nodes))
     B = draw(st.integers(1, max_batch))
-    lens = tuple(draw(st.lists(S.lengths(max_len, 0), min_size=B, max_size=B)))
+    lens = tuple(draw(st.lists(strategies.lengths(max_len, 0), min_size=B, max_size=B)))
     Hq, Hkv = draw(st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4), (6, 3), (8, 2)]))
     D = draw(st.sampled_from([1, 8, 16, 24, 32, 64]))
     return case(parents, lens, Hq, Hkv, D, draw(st.sampled_from([1.0, 0.5, 2.0, -1.0])))
@@ -108,16 +107,6 @@ def fit_interpreter(c: TreeCase) -> TreeCase:
     return TreeCase(c.parents, lens, Hq, Hkv, c.D, c.scale)
 
 
-def law_tree_attention_matches_paths(run, device, dtype, case, seed):
-    """SD-10 at the attention level: every node's output equals the attention of its query over the
-    cached prefix and its own root-to-node path alone (float64 reference), by the tolerance policy."""
-    if run.interpreted:
-        case = fit_interpreter(case)
-    note(f"{case}")
-    args = tree_inputs(case, seed, dtype, device)
-    check_against_paths(call(run.impl, args, case, run=run), args, case)
-
-
 #: A tree whose flattened order differs from its ancestor relation everywhere: node 4 is a later
 #: sibling of node 2 after 2's subtree (node 3, depth 4), node 5 a root-level sibling of node 0
 #: after its subtree, nodes 0, 5, 7, 8 the root level.
@@ -137,23 +126,3 @@ EXAMPLES = (
     # a chain of 24 nodes (depth 24, crossing the node tile of 16) after 7 tokens
     case(tuple(range(-1, 23)), (7,), 2, 1, 8),
 )
-
-#: The known-bad implementations the law rejects in float64 (properties/tree_attention/zoo.py).
-ZOO = ("flattened_index_mask", "node_misses_itself", "sibling_leak", "prefix_mask_off_by_one",
-       "kv_head_modulo_not_grouped", "one_prefix_len_for_the_batch", "ancestor_walk_depth_5",
-       "ancestors_within_tile_of_16")
-
-#: The entries the law also rejects in bfloat16 by the dtype rule (the mask bugs).
-ZOO_16BIT = ("flattened_index_mask", "sibling_leak")
-
-#: SD-10's attention-level law over every implementation and dtype; a Triton kernel under the
-#: interpreter gets a fifth of the drawn examples (the pinned ones always run).
-SD10_ATTENTION = Law(
-    claim="SD-10", technique="tree_attention", body=law_tree_attention_matches_paths,
-    given={"case": tree_cases(), "seed": S.seeds},
-    examples=tuple(dict(case=c, seed=i + 1) for i, c in enumerate(EXAMPLES)),
-    dtypes=S.FLOAT_DTYPES,
-    kills=(Kills(ZOO, (torch.float64,)),
-           Kills(ZOO_16BIT, (torch.bfloat16,), doc="The dtype rule sees the mask bugs in bfloat16 too.")),
-    coverage=COVERAGE,
-    interpreted_examples=lambda n: max(2, n // 5))

@@ -1,14 +1,5 @@
-"""Laws of tree attention (claim SD-10; SpecInfer, Miao et al. 2024; lecture 002 §6.6).
-
-SD-10 at the attention level: a token tree given by parent pointers, scored in one call over each
-sequence's cached prefix, gives every node the attention output of its root-to-node path alone.
-The law (``properties/tree_attention/cases.py``) runs over every registered implementation of the
-``tree_attention`` contract (``conformance/contracts/tree_attention.py``) in every dtype, on
-drawn and pinned cases that reach the contract's boundary classes, and rejects every known-bad
-implementation (``properties/tree_attention/zoo.py``: the mask from the flattened index, a node
-that misses itself, a sibling leak, the prefix mask off by one, GQA heads interleaved, one prefix
-length for the batch) by its own comparison. Through the model (every node's logits on the
-shipped target): ``properties/speculative_tree/test_speculative_tree_engine.py``.
+"""Tests of tree attention beside its law (claim SD-10; ``laws.py``): the coverage table of the
+law's pinned examples, and the calls a conforming implementation must also get right.
 """
 from __future__ import annotations
 
@@ -17,18 +8,12 @@ import torch
 
 from inference_conformance.conformance.outcomes import Unsupported
 from inference_conformance.conformance.tolerance import assert_exact
-from inference_conformance.properties.tree_attention.cases import SD10_ATTENTION, call, case, check_against_paths, tree_inputs
+from inference_conformance.properties.tree_attention.laws import SD10_ATTENTION
+from inference_conformance.properties.tree_attention.cases import call, case, check_against_paths, tree_inputs
 
 #: tiny tensors: one intra-op thread is fastest and avoids OpenMP spin-waits between xdist workers
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-test_sd10_tree_attention_matches_paths = SD10_ATTENTION.conformance_test(
-    "test_sd10_tree_attention_matches_paths",
-    doc="""SD-10 for every implementation and dtype: each node's output over the prefix and the tree
-    equals attention over the prefix and its root-to-node path alone (float64 reference).""")
-
-test_sd10_tree_attention_zoo_rejected, test_sd10_tree_attention_zoo_rejected_bfloat16 = SD10_ATTENTION.zoo_tests(
-    "test_sd10_tree_attention_zoo_rejected", "test_sd10_tree_attention_zoo_rejected_bfloat16")
 
 
 @pytest.mark.claim("SD-10")

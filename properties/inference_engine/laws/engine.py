@@ -1,5 +1,6 @@
 """The engine laws, over every registered engine (claims EN-1, EN-2, EN-3, and KV-2 for a whole
-engine), each rejecting its engine of the zoo (``properties/inference_engine/zoo.py``).
+engine), each rejecting its engine of the zoo (``properties/inference_engine/zoo.py``). The serve laws are in
+``serving.py``, the law of what an engine declares absent in ``declared.py``.
 
 - EN-1 (:func:`law_greedy_matches_reference`): greedy tokens are the float64 reference's,
   teacher-forced on the engine's own output; a token that is not the float64 argmax is excused
@@ -28,8 +29,8 @@ from hypothesis import strategies as st
 from inference_conformance.conformance.contracts.inference_engine import Request, sampling_of
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import check_exact
-from inference_conformance.properties.inference_engine import cases as C
-from inference_conformance.properties.inference_engine import sampled as S
+from inference_conformance.properties.inference_engine import cases
+from inference_conformance.properties.inference_engine import sampled
 
 SEEDS = st.integers(0, 2 ** 16)
 
@@ -41,28 +42,28 @@ def _caps(impl):
 def law_greedy_matches_reference(run, device, seed):
     """EN-1: greedy tokens and logprobs of a batch of grammar prompts against the float64 model;
     near-ties excused by the engine's measured error (its logprobs, else a calibration call)."""
-    eng, bound = run.impl, C.dtype_bound(run.impl)
-    prompts = C.document_prompts(seed, 3)
+    eng, bound = run.impl, cases.dtype_bound(run.impl)
+    prompts = cases.document_prompts(seed, 3)
     with refusal(run, "greedy generation"):
-        out = C.generate(eng, [Request(p, 8) for p in prompts], C.params())
-        calibration = C.calibration(eng, seed, out)
-    folder = C.folders()["target"]
-    excused = sum(C.check_greedy(c, p, folder, bound, f"request {i} {p}", calibration)
+        out = cases.generate(eng, [Request(p, 8) for p in prompts], cases.params())
+        calibration = cases.calibration(eng, seed, out)
+    folder = cases.folders()["target"]
+    excused = sum(cases.check_greedy(c, p, folder, bound, f"request {i} {p}", calibration)
                   for i, (c, p) in enumerate(zip(out, prompts)))
-    C.check_excused(excused, 8 * len(prompts), "greedy tokens excused as near-ties")
+    cases.check_excused(excused, 8 * len(prompts), "greedy tokens excused as near-ties")
     run.observe({"excused": excused, "positions": 8 * len(prompts)})
 
 
 def law_output_independent_of_batching(run, device, seed, cuts, prefix_caching, budget, side, mixed):
     """EN-2: alone vs batched, prefix caching, chunked prefill and every padding side, as offered; then, with
     ``mixed``, one batch mixing seeds and sampling parameters (:func:`check_mixed`) under the same settings."""
-    eng, caps, bound = run.impl, _caps(run.impl), C.dtype_bound(run.impl)
-    prompts = C.shared_block_prompts(seed)
+    eng, caps, bound = run.impl, _caps(run.impl), cases.dtype_bound(run.impl)
+    prompts = cases.shared_block_prompts(seed)
     reqs = [Request(p, 5) for p in prompts]
-    folder = C.folders()["target"]
+    folder = cases.folders()["target"]
     with refusal(run, "a request alone"):
-        alone = [eng.generate([r], C.params())[0] for r in reqs]
-    calibration = C.greedy_gaps(alone, prompts, folder) if any(c.logprobs is None for c in alone) else 0.0
+        alone = [eng.generate([r], cases.params())[0] for r in reqs]
+    calibration = cases.greedy_gaps(alone, prompts, folder) if any(c.logprobs is None for c in alone) else 0.0
     kw = {}
     if prefix_caching and caps.prefix_caching:
         kw["prefix_caching"] = True
@@ -81,16 +82,16 @@ def law_output_independent_of_batching(run, device, seed, cuts, prefix_caching, 
             kw["padding"] = pad
         for batch in batches:
             with refusal(run, f"a batch with {kw}"):
-                out = eng.generate([reqs[i] for i in batch], C.params(**kw))
+                out = eng.generate([reqs[i] for i in batch], cases.params(**kw))
             for i, c in zip(batch, out):
                 what = f"request {i} in batch {batch} with {kw or 'defaults'}"
                 # a batched request's own logprobs are EN-1's (the engine's measured error is its
                 # near-tie allowance: an error the batch put there must not widen it unseen)
-                C.check_logprobs(c, C.position_logits(folder, prompts[i], c.tokens), bound, what)
-                tie, same = C.check_same(alone[i], c, prompts[i], folder, bound, what, caps.batch_invariant,
+                cases.check_logprobs(c, cases.position_logits(folder, prompts[i], c.tokens), bound, what)
+                tie, same = cases.check_same(alone[i], c, prompts[i], folder, bound, what, caps.batch_invariant,
                                          calibration)
                 bitwise, excused, positions = bitwise + same, excused + tie, positions + reqs[i].max_new_tokens
-    C.check_excused(excused, positions, "requests in batches excused as near-ties")
+    cases.check_excused(excused, positions, "requests in batches excused as near-ties")
     mixed = check_mixed(run, seed, prompts, alone, kw, calibration) if mixed else ""
     run.observe({"settings": tuple(sorted(kw)), "bitwise_logprobs": bitwise, "excused": excused,
                  "positions": positions, "mixed": mixed})
@@ -112,40 +113,40 @@ def check_mixed(run, seed, prompts, alone, kw, calibration) -> str:
     temperature and top-p), a greedy one its greedy tokens alone (near-ties excused), each
     logprob the float64 log-softmax of the raw logits. Returns what was mixed ("" where the
     engine's seeds are not per request)."""
-    eng, caps, folder, bound = run.impl, _caps(run.impl), C.folders()["target"], C.dtype_bound(run.impl)
+    eng, caps, folder, bound = run.impl, _caps(run.impl), cases.folders()["target"], cases.dtype_bound(run.impl)
     if caps.seeded_sampling != "request":
         return ""
     reqs = mixed_requests(caps, prompts, seed)
     with refusal(run, f"a batch mixing seeds and sampling parameters with {kw}"):
-        out = C.generate(eng, reqs, C.params(temperature=0.9, **kw))
+        out = cases.generate(eng, reqs, cases.params(temperature=0.9, **kw))
         for i, (r, c) in enumerate(zip(reqs, out)):
-            t, top_p = sampling_of(r, C.params(temperature=0.9))
+            t, top_p = sampling_of(r, cases.params(temperature=0.9))
             what = f"request {i} (seed {r.seed}, T={t}, top-p={top_p}) in a mixed batch with {kw or 'defaults'}"
-            C.check_logprobs(c, C.position_logits(folder, r.prompt, c.tokens), bound, what)
+            cases.check_logprobs(c, cases.position_logits(folder, r.prompt, c.tokens), bound, what)
             if t == 0:
-                C.check_same(alone[i], c, r.prompt, folder, bound, what, calibration=calibration)
+                cases.check_same(alone[i], c, r.prompt, folder, bound, what, calibration=calibration)
             elif r.seed is not None:
-                solo = eng.generate([Request(r.prompt, r.max_new_tokens, r.seed)], C.params(temperature=t, top_p=top_p))
+                solo = eng.generate([Request(r.prompt, r.max_new_tokens, r.seed)], cases.params(temperature=t, top_p=top_p))
                 check_exact(c.tokens, solo[0].tokens, what=f"{what} vs alone").check()
     return "per-request params" if caps.per_request_params else "seeded beside unseeded"
 
 
 def law_speculative_greedy(run, device, seed, gamma):
     """EN-3 (greedy): every speculative method the engine offers emits the target-only tokens."""
-    eng, bound = run.impl, C.dtype_bound(run.impl)
-    prompts = C.document_prompts(seed, 3)
+    eng, bound = run.impl, cases.dtype_bound(run.impl)
+    prompts = cases.document_prompts(seed, 3)
     reqs = [Request(p, 8) for p in prompts]
-    folder = C.folders()["target"]
+    folder = cases.folders()["target"]
     with refusal(run, "target-only greedy"):
-        plain = C.generate(eng, reqs, C.params())
+        plain = cases.generate(eng, reqs, cases.params())
     for method in _caps(eng).speculative:
         with refusal(run, f"speculative {method!r}"):
-            spec = C.generate(eng, reqs, C.params(speculative=method, num_speculative_tokens=gamma))
-        calibration = C.greedy_gaps(plain, prompts, folder) if any(c.logprobs is None for c in plain) else 0.0
+            spec = cases.generate(eng, reqs, cases.params(speculative=method, num_speculative_tokens=gamma))
+        calibration = cases.greedy_gaps(plain, prompts, folder) if any(c.logprobs is None for c in plain) else 0.0
         for i, (a, b) in enumerate(zip(plain, spec)):
             what = f"request {i} {prompts[i]}, {method} γ={gamma}"
-            C.check_same(a, b, prompts[i], folder, bound, what, calibration=calibration)
-            C.check_greedy(b, prompts[i], folder, bound, what, calibration)
+            cases.check_same(a, b, prompts[i], folder, bound, what, calibration=calibration)
+            cases.check_greedy(b, prompts[i], folder, bound, what, calibration)
 
 
 def law_sampled_distribution(run, device, seed):
@@ -155,18 +156,18 @@ def law_sampled_distribution(run, device, seed):
     offered), on contexts chosen by their exact entropy; each test's power against total variation
     0.1 stated, under its floor "not enough evidence" (``properties/inference_engine/sampled.py``)."""
     eng, caps = run.impl, _caps(run.impl)
-    configs = [(t, p if caps.top_p else 1.0, m) for t, p in S.SAMPLED for m in (None, *caps.speculative)]
-    alpha = S.ALPHA / sum(S.NEW if m else 1 for _, _, m in configs)
+    configs = [(t, p if caps.top_p else 1.0, m) for t, p in sampled.SAMPLED for m in (None, *caps.speculative)]
+    alpha = sampled.ALPHA / sum(sampled.NEW if m else 1 for _, _, m in configs)
     refused, tests = [], []
     with refusal(run, "sampling"):
         for t, p, m in configs:
             try:
-                found, drafted = S.check_sampled(eng, seed, t, p, m, alpha)
+                found, drafted = sampled.check_sampled(eng, seed, t, p, m, alpha)
             except NotImplementedError as exc:
                 refused.append(f"T={t} top-p={p} {m}: {exc}")
                 continue
             tests += found
-            S.judge(run, found)
+            sampled.judge(run, found)
             if m == "ngram" and not drafted:
                 run.uncheck(f"n-gram speculation at T={t:g}, top-p={p:g}", "not exercised: the engine's counts show "
                             + ("no drafted or accepted token" if drafted == 0 else "nothing (it reports no drafted "
@@ -183,7 +184,7 @@ def law_same_seed_same_tokens(run, device, seed, features):
     sampled at their own temperatures and top-p where the engine takes them per request); with
     ``features``, prefix caching and a chunked prefill of 3 tokens a step, as offered."""
     eng, caps = run.impl, _caps(run.impl)
-    prompts = C.document_prompts(seed, 3)
+    prompts = cases.document_prompts(seed, 3)
     if caps.seeded_sampling == "request":
         reqs = mixed_requests(caps, prompts, seed)
     else:
@@ -191,8 +192,8 @@ def law_same_seed_same_tokens(run, device, seed, features):
     kw = {k: v for k, v, offered in (("prefix_caching", True, caps.prefix_caching),
                                      ("chunked_prefill", 3, caps.chunked_prefill)) if features and offered}
     with refusal(run, f"seeded sampling with {kw or 'defaults'}"):
-        a = C.generate(eng, reqs, C.params(temperature=0.8, **kw))
-        b = C.generate(eng, reqs, C.params(temperature=0.8, **kw))
+        a = cases.generate(eng, reqs, cases.params(temperature=0.8, **kw))
+        b = cases.generate(eng, reqs, cases.params(temperature=0.8, **kw))
     for i, (r, x, y) in enumerate(zip(reqs, a, b)):
         if r.seed is not None:
             check_exact(y.tokens, x.tokens, what=f"request {i} (seed {r.seed}): tokens of the second call with "
@@ -204,15 +205,15 @@ def law_sampled_logprobs(run, device, seed, temperature, top_p):
     """EN-1 for sampled tokens: the logprobs an engine returns are those of the tokens it chose,
     of the model's raw logits (the float64 log-softmax before temperature and top-p, along the
     sampled path), at any temperature and top-p (top-p 1 where the engine offers none)."""
-    eng, bound = run.impl, C.dtype_bound(run.impl)
+    eng, bound = run.impl, cases.dtype_bound(run.impl)
     top_p = top_p if _caps(eng).top_p else 1.0
-    prompts = C.document_prompts(seed, 3)
+    prompts = cases.document_prompts(seed, 3)
     with refusal(run, "sampling"):
-        out = C.generate(eng, [Request(p, 6, seed + i) for i, p in enumerate(prompts)],
-                         C.params(temperature=temperature, top_p=top_p))
-    folder = C.folders()["target"]
+        out = cases.generate(eng, [Request(p, 6, seed + i) for i, p in enumerate(prompts)],
+                         cases.params(temperature=temperature, top_p=top_p))
+    folder = cases.folders()["target"]
     for i, (c, p) in enumerate(zip(out, prompts)):
-        C.check_logprobs(c, C.position_logits(folder, p, c.tokens), bound,
+        cases.check_logprobs(c, cases.position_logits(folder, p, c.tokens), bound,
                          f"request {i} {p} (sampled, T={temperature}, top-p={top_p})")
 
 
@@ -232,7 +233,9 @@ def _seeded(impl):
 #: runs whole engines several times (``dev``: 3, ``thorough``: 50).
 _FEW = dict(params=("device",), max_examples=lambda n: max(1, n // 10))
 EN1 = Law(claim="EN-1", technique="inference_engine", body=law_greedy_matches_reference, given={"seed": SEEDS},
-          examples=(dict(seed=0),), kills=(Kills(("batch_dependent",)),), **_FEW)
+          examples=(dict(seed=0),), kills=(Kills(("batch_dependent",)),), **_FEW,
+    test="test_en1_greedy_matches_reference", after=cases.record_excused("EN-1"),
+    zoo_tests=("test_en1_zoo_rejected",))
 #: EN1S's sampling parameters: the raw and the processed log-softmax differ wherever T != 1 or top-p < 1.
 TEMPERATURES, TOP_PS = st.sampled_from((0.5, 0.7, 1.0, 1.3)), st.sampled_from((1.0, 0.9, 0.8))
 EN2 = Law(claim="EN-2", technique="inference_engine", body=law_output_independent_of_batching,
@@ -241,10 +244,14 @@ EN2 = Law(claim="EN-2", technique="inference_engine", body=law_output_independen
           examples=(dict(seed=2, cuts=[], prefix_caching=True, budget=5, side=1, mixed=True),
                     dict(seed=1, cuts=[2], prefix_caching=True, budget=None, side=0, mixed=False)),
           kills=(Kills(("batch_dependent", "stale_prefix", "declared_bfloat16_batch_flips",
-                        "seed_lost_beside_unseeded")),), **_FEW)
+                        "seed_lost_beside_unseeded")),), **_FEW,
+    test="test_en2_output_independent_of_batching", after=cases.record_excused("EN-2"),
+    zoo_tests=("test_en2_zoo_rejected",))
 EN3 = Law(claim="EN-3", technique="inference_engine", body=law_speculative_greedy,
           given={"seed": SEEDS, "gamma": st.integers(1, 4)}, examples=(dict(seed=3, gamma=1),),
-          kills=(Kills(("bonus_from_draft",)),), applies=_speculative, **_FEW)
+          kills=(Kills(("bonus_from_draft",)),), applies=_speculative, **_FEW,
+    test="test_en3_speculative_greedy",
+    zoo_tests=("test_en3_zoo_rejected",))
 def _sampled_here(impl):
     """Under the gating ``ci`` profile EN-3 sampled (thousands of requests per engine) judges the
     reference, every outside engine and the zoo; the suite's other built-in engines in ``dev``,
@@ -260,27 +267,19 @@ def _sampled_here(impl):
 EN3S = Law(claim="EN-3", technique="inference_engine", body=law_sampled_distribution, given={"seed": SEEDS},
            examples=(dict(seed=4),), explicit_only=True, applies=_sampled_here,
            kills=(Kills(("ignores_temperature", "draft_positions_other_temperature", "bonus_from_draft")),),
-           params=("device",))
+           params=("device",),
+    test="test_en3_sampled_distribution", after=sampled.record_power,
+    zoo_tests=("test_en3_sampled_zoo_rejected",))
 KV2 = Law(claim="KV-2", technique="inference_engine", body=law_same_seed_same_tokens,
           given={"seed": SEEDS, "features": st.booleans()}, examples=(dict(seed=5, features=True),),
-          kills=(Kills(("unseeded", "seed_lost_beside_unseeded")),), applies=_seeded, **_FEW)
+          kills=(Kills(("unseeded", "seed_lost_beside_unseeded")),), applies=_seeded, **_FEW,
+    test="test_engine_same_seed_same_tokens",
+    zoo_tests=("test_engine_seed_zoo_rejected",))
 
-test_en1_greedy_matches_reference = EN1.conformance_test("test_en1_greedy_matches_reference",
-                                                          after=C.record_excused("EN-1"))
-(test_en1_zoo_rejected,) = EN1.zoo_tests("test_en1_zoo_rejected")
-test_en2_output_independent_of_batching = EN2.conformance_test("test_en2_output_independent_of_batching",
-                                                                after=C.record_excused("EN-2"))
-(test_en2_zoo_rejected,) = EN2.zoo_tests("test_en2_zoo_rejected")
-test_en3_speculative_greedy = EN3.conformance_test("test_en3_speculative_greedy")
-(test_en3_zoo_rejected,) = EN3.zoo_tests("test_en3_zoo_rejected")
-test_en3_sampled_distribution = EN3S.conformance_test("test_en3_sampled_distribution", after=S.record_power)
-(test_en3_sampled_zoo_rejected,) = EN3S.zoo_tests("test_en3_sampled_zoo_rejected")
 EN1S = Law(claim="EN-1", technique="inference_engine", body=law_sampled_logprobs,
            given={"seed": SEEDS, "temperature": TEMPERATURES, "top_p": TOP_PS},
            examples=(dict(seed=6, temperature=0.7, top_p=0.9),),
-           kills=(Kills(("argmax_logprobs", "processed_logprobs")),), applies=_logprobs, **_FEW)
+           kills=(Kills(("argmax_logprobs", "processed_logprobs")),), applies=_logprobs, **_FEW,
+    test="test_en1_sampled_logprobs",
+    zoo_tests=("test_en1_sampled_zoo_rejected",))
 
-test_en1_sampled_logprobs = EN1S.conformance_test("test_en1_sampled_logprobs")
-(test_en1_sampled_zoo_rejected,) = EN1S.zoo_tests("test_en1_sampled_zoo_rejected")
-test_engine_same_seed_same_tokens = KV2.conformance_test("test_engine_same_seed_same_tokens")
-(test_engine_seed_zoo_rejected,) = KV2.zoo_tests("test_engine_seed_zoo_rejected")
