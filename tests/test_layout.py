@@ -42,7 +42,8 @@ SHARED = {
                    "generic_cases.py": "the checks every contract gets",
                    "test_contract_generic.py": "runs generic_cases.py over every contract",
                    "batch_invariance.py": "batch invariance measured for every contract that takes a batch",
-                   "test_batch_invariance.py": "runs batch_invariance.py over every implementation of those contracts"},
+                   "test_batch_invariance.py": "runs batch_invariance.py over every implementation of those contracts",
+                   "kernel_law.py": "the one template of the kernel laws six techniques declare"},
     "benchmarks": {"conftest.py": "the benchmark fixtures", "timing.py": "the timers every benchmark uses",
                    "bench_ceilings.py": "the device's ceilings every benchmark's figures are divided by (AI-4); "
                                         "its name is kept because benchmark history is keyed by file (history/)"},
