@@ -209,14 +209,16 @@ def test_the_suites_own_files_name_registered_builtins_and_existing_laws():
     loaded = expectations.load([expectations.BUILTIN])
     assert {(e.technique, e.name) for e in loaded} >= {("attention", "torch"), ("quantization", "torchao_int8"),
                                                         ("quantization", "torchao_intx")}
-    laws = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "properties").rglob("test_*.py"))
+    laws = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "properties").rglob("*.py")
+                     if p.name.startswith("test_") or p.name == "laws.py" or p.parent.name == "laws")
     for exp in loaded:
         regs, _ = registry.registrations(exp.technique)
         assert exp.name in {r.name for r in regs if r.origin == "builtin"}, exp.source
         assert exp.entries, exp.source
         for key, entry in exp.entries.items():
             law = key.split("[")[0]
-            assert f"{law} = " in laws or f"def {law}(" in laws, f"{exp.source}: {key}: no such law"
+            assert f"{law} = " in laws or f"def {law}(" in laws or f'test="{law}"' in laws or f'"{law}"' in laws, \
+                f"{exp.source}: {key}: no such law"
             assert entry.reason and entry.link, f"{exp.source}: {key}"
             if "[" in key:
                 params = key.split("[")[1]

@@ -251,7 +251,8 @@ class VLLMServer:
             return send(client)
         except ServerError as exc:
             if not proc.alive():
-                raise RuntimeError(f"vLLM's server died (exit code {proc.proc.returncode}): {proc.cause() or exc}; "
+                name, _, words = (proc.cause() or f"ServerError: {exc}").partition(": ")
+                raise RuntimeError(f"vLLM's server died (exit code {proc.proc.returncode}) of {name} ({words}); "
                                    f"its log ({proc.log_path}) ends:\n{proc.tail()}") from exc
             raise
 
