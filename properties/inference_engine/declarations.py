@@ -43,8 +43,8 @@ from inference_conformance.conformance.contracts.inference_engine import (
 )
 from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.tolerance import check_exact, check_within
-from inference_conformance.properties.inference_engine import cases as C
-from inference_conformance.properties.inference_engine import serving_cases as S
+from inference_conformance.properties.inference_engine import cases
+from inference_conformance.properties.inference_engine import serving_cases
 
 #: top-p and temperature of the top-p probe: a small nucleus (a few tokens of the small world's
 #: next-token distributions), so that an engine ignoring top-p draws outside it within a few tokens.
@@ -77,48 +77,48 @@ def absent(caps) -> list[str]:
 
 
 def _bound(eng) -> float:
-    return C.dtype_bound(eng)
+    return cases.dtype_bound(eng)
 
 
 def _alone(eng, reqs) -> list:
-    return [eng.generate([r], C.params())[0] for r in reqs]
+    return [eng.generate([r], cases.params())[0] for r in reqs]
 
 
 def _batch(eng, seed: int, **kw) -> None:
     """EN-2: the shared-block prompts in one call (or one by one where batching is declared, with
     prefix caching twice), each against its output alone."""
-    prompts = C.shared_block_prompts(seed)
+    prompts = cases.shared_block_prompts(seed)
     reqs = [Request(p, 5) for p in prompts]
     passes = 2 if kw.get("prefix_caching") else 1
     one_call = "prefix_caching" not in kw and "chunked_prefill" not in kw
-    got = [eng.generate(reqs, C.params(**kw)) if one_call else C.generate(eng, reqs, C.params(**kw))
+    got = [eng.generate(reqs, cases.params(**kw)) if one_call else cases.generate(eng, reqs, cases.params(**kw))
            for _ in range(passes)]
-    alone, folder, caps = _alone(eng, reqs), C.folders()["target"], eng.capabilities()
+    alone, folder, caps = _alone(eng, reqs), cases.folders()["target"], eng.capabilities()
     for k, out in enumerate(got):
         for i, c in enumerate(out):
             what = f"request {i} with {kw or 'a batch'} (pass {k + 1}), declared absent"
-            C.check_logprobs(c, C.position_logits(folder, prompts[i], c.tokens), _bound(eng), what)
-            C.check_same(alone[i], c, prompts[i], folder, _bound(eng), what, caps.batch_invariant)
+            cases.check_logprobs(c, cases.position_logits(folder, prompts[i], c.tokens), _bound(eng), what)
+            cases.check_same(alone[i], c, prompts[i], folder, _bound(eng), what, caps.batch_invariant)
     if one_call and caps.seeded_sampling == "request":
         # sampled and seeded too: a batch that loses or shares a request's seed shows only here
         seeded = [Request(p, 5, seed + i) for i, p in enumerate(prompts)]
-        out = eng.generate(seeded, C.params(temperature=0.8))
+        out = eng.generate(seeded, cases.params(temperature=0.8))
         for i, (r, c) in enumerate(zip(seeded, out)):
-            own = eng.generate([r], C.params(temperature=0.8))[0]
+            own = eng.generate([r], cases.params(temperature=0.8))[0]
             check_exact(c.tokens, own.tokens, what=f"request {i} (seed {r.seed}, T=0.8) in a batch, declared "
                                                    "absent: tokens against its run alone").check()
 
 
 def _speculative(method: str):
     def probe(eng, seed: int) -> None:
-        prompts = C.document_prompts(seed, 2)
+        prompts = cases.document_prompts(seed, 2)
         reqs = [Request(p, 6) for p in prompts]
-        spec = C.generate(eng, reqs, C.params(speculative=method, num_speculative_tokens=2))
-        plain, folder = C.generate(eng, reqs, C.params()), C.folders()["target"]
+        spec = cases.generate(eng, reqs, cases.params(speculative=method, num_speculative_tokens=2))
+        plain, folder = cases.generate(eng, reqs, cases.params()), cases.folders()["target"]
         for i, (a, b) in enumerate(zip(plain, spec)):
             what = f"request {i} {prompts[i]}, {method} γ=2, declared absent"
-            C.check_same(a, b, prompts[i], folder, _bound(eng), what)
-            C.check_greedy(b, prompts[i], folder, _bound(eng), what)
+            cases.check_same(a, b, prompts[i], folder, _bound(eng), what)
+            cases.check_greedy(b, prompts[i], folder, _bound(eng), what)
     return probe
 
 
@@ -126,12 +126,12 @@ def _top_p(eng, seed: int) -> None:
     """Every token sampled at top-p :data:`TOP_P` lies in the float64 nucleus: the probability
     mass of the tokens more likely than it is below top-p, excused within the dtype's bound
     (logits moved by b move that mass by a factor of at most e^(2b))."""
-    prompts = C.document_prompts(seed, TOP_P_SAMPLES, max_len=4)
-    out = C.generate(eng, [Request(p, 3, seed + i) for i, p in enumerate(prompts)],
-                     C.params(temperature=TOP_P_TEMPERATURE, top_p=TOP_P))
-    folder, b = C.folders()["target"], _bound(eng)
+    prompts = cases.document_prompts(seed, TOP_P_SAMPLES, max_len=4)
+    out = cases.generate(eng, [Request(p, 3, seed + i) for i, p in enumerate(prompts)],
+                     cases.params(temperature=TOP_P_TEMPERATURE, top_p=TOP_P))
+    folder, b = cases.folders()["target"], _bound(eng)
     for i, (c, p) in enumerate(zip(out, prompts)):
-        logits = C.position_logits(folder, p, c.tokens)
+        logits = cases.position_logits(folder, p, c.tokens)
         probs = torch.softmax(logits / TOP_P_TEMPERATURE, -1)
         chosen = probs[torch.arange(len(c.tokens)), c.tokens]
         above = torch.where(probs > chosen[:, None], probs, torch.zeros_like(probs)).sum(-1)   # mass above it
@@ -142,23 +142,23 @@ def _top_p(eng, seed: int) -> None:
                           "(top-p declared absent)",
                      rule="a token sampled at top-p lies in the float64 nucleus: the mass above it below top-p, "
                           "within a factor e^(2b) (b: the dtype's logit bound)").check()
-        C.check_logprobs(c, logits, b, f"request {i} {p} (top-p)")
+        cases.check_logprobs(c, logits, b, f"request {i} {p} (top-p)")
 
 
 def _logprobs(eng, seed: int) -> None:
-    prompts = C.document_prompts(seed, 1)
-    out = C.generate(eng, [Request(p, 3) for p in prompts], C.params())
+    prompts = cases.document_prompts(seed, 1)
+    out = cases.generate(eng, [Request(p, 3) for p in prompts], cases.params())
     if all(c.logprobs is None for c in out):
         raise NotImplementedError("the engine returned no logprobs")
-    folder = C.folders()["target"]
+    folder = cases.folders()["target"]
     for i, (c, p) in enumerate(zip(out, prompts)):
-        C.check_logprobs(c, C.position_logits(folder, p, c.tokens), _bound(eng), f"request {i} {p}, declared absent")
+        cases.check_logprobs(c, cases.position_logits(folder, p, c.tokens), _bound(eng), f"request {i} {p}, declared absent")
 
 
 def _seeded(eng, seed: int) -> None:
-    reqs = [Request(p, 5, seed + i) for i, p in enumerate(C.document_prompts(seed, 2))]
-    a = C.generate(eng, reqs, C.params(temperature=0.8))
-    b = C.generate(eng, reqs, C.params(temperature=0.8))
+    reqs = [Request(p, 5, seed + i) for i, p in enumerate(cases.document_prompts(seed, 2))]
+    a = cases.generate(eng, reqs, cases.params(temperature=0.8))
+    b = cases.generate(eng, reqs, cases.params(temperature=0.8))
     for i, (x, y) in enumerate(zip(a, b)):
         check_exact(y.tokens, x.tokens, what=f"request {i}: tokens of the second seeded call (seeding declared absent)"
                     ).check()
@@ -169,15 +169,15 @@ def _per_request(eng, seed: int) -> None:
     own temperature 0 in a call at T = 1 gives its greedy tokens (EN-1's near-tie rule), and a
     seeded one with its own T = 0.8 in a greedy call the tokens of the same seed with T = 0.8 set
     for the whole call (KV-2's exactness; where seeds are honoured)."""
-    caps, folder = eng.capabilities(), C.folders()["target"]
-    p0, p1 = C.document_prompts(seed, 2)
-    own = C.generate(eng, [Request(p0, 5, seed, temperature=0.0)], C.params(temperature=1.0))[0]
-    call = C.generate(eng, [Request(p0, 5)], C.params())[0]
-    C.check_same(call, own, p0, folder, _bound(eng), f"request {p0} with its own temperature 0 in a call at T=1 "
+    caps, folder = eng.capabilities(), cases.folders()["target"]
+    p0, p1 = cases.document_prompts(seed, 2)
+    own = cases.generate(eng, [Request(p0, 5, seed, temperature=0.0)], cases.params(temperature=1.0))[0]
+    call = cases.generate(eng, [Request(p0, 5)], cases.params())[0]
+    cases.check_same(call, own, p0, folder, _bound(eng), f"request {p0} with its own temperature 0 in a call at T=1 "
                  "(per-request parameters declared absent)")
     if caps.seeded_sampling != "none":
-        own = C.generate(eng, [Request(p1, 5, seed, temperature=0.8)], C.params())[0]
-        call = C.generate(eng, [Request(p1, 5, seed)], C.params(temperature=0.8))[0]
+        own = cases.generate(eng, [Request(p1, 5, seed, temperature=0.8)], cases.params())[0]
+        call = cases.generate(eng, [Request(p1, 5, seed)], cases.params(temperature=0.8))[0]
         check_exact(own.tokens, call.tokens, what=f"request {p1} (seed {seed}) with its own T=0.8 in a greedy call: "
                     "tokens against T=0.8 for the call (per-request parameters declared absent)").check()
 
@@ -186,8 +186,8 @@ def _served(run, sched, what: str, **kw) -> dict:
     serve = getattr(run.impl, "serve", None)
     if serve is None:
         raise NotImplementedError("the engine has no serve")
-    out = serve(sched, C.params(**kw))
-    S.check_served(run, sched, out, 0.0, f"{what}, declared absent")
+    out = serve(sched, cases.params(**kw))
+    serving_cases.check_served(run, sched, out, 0.0, f"{what}, declared absent")
     return out
 
 
@@ -197,19 +197,19 @@ def _at_zero(reqs):
 
 def _serve_part(part: str):
     def probe(run, seed: int) -> None:
-        reqs = S.DIFFERENT_PREFIXES
+        reqs = serving_cases.DIFFERENT_PREFIXES
         if part == "arrivals":
-            _served(run, S.schedule(reqs), "arrivals")
+            _served(run, serving_cases.schedule(reqs), "arrivals")
         elif part == "fork":
-            _served(run, S.schedule(_at_zero(reqs), fork=True), "a fork")
+            _served(run, serving_cases.schedule(_at_zero(reqs), fork=True), "a fork")
         elif part == "kv_pool":
-            _served(run, S.schedule(_at_zero(reqs)), "a KV pool", block_size=2,
-                    kv_blocks=max(S.blocks_for(reqs, 2)) + 1)
+            _served(run, serving_cases.schedule(_at_zero(reqs)), "a KV pool", block_size=2,
+                    kv_blocks=max(serving_cases.blocks_for(reqs, 2)) + 1)
         else:                                        # "stats", or "serve" itself: a call of what is declared
-            sched = S.schedule(reqs if "arrivals" in run.impl.capabilities().serving else _at_zero(reqs))
+            sched = serving_cases.schedule(reqs if "arrivals" in run.impl.capabilities().serving else _at_zero(reqs))
             out = _served(run, sched, part)
             if part == "stats":
-                why = S.check_computed_once(out, sched, "counts, declared absent")
+                why = serving_cases.check_computed_once(out, sched, "counts, declared absent")
                 if why:
                     raise NotImplementedError(why)
     probe.serve = True

@@ -43,7 +43,7 @@ import torch
 from inference_conformance.conformance import results
 from inference_conformance.conformance.contracts.inference_engine import Request
 from inference_conformance.conformance.tolerance import Comparison, report_verdict
-from inference_conformance.properties.inference_engine import cases as C
+from inference_conformance.properties.inference_engine import cases
 from inference_conformance.reference.speculative import process_logits
 
 #: The G-tests' family-wise false-alarm rate per law run (Bonferroni over every position test).
@@ -79,7 +79,7 @@ def _candidates(seed: int, ngram: bool):
     """(prompt, the id prompt lookup proposes first or None) for each grammar prompt of 4 ids or
     more; ``ngram``: the prompt followed by a repeat of two of its ids (each place in turn), so
     that prompt lookup matches them and proposes the id after their first occurrence."""
-    for p in C.document_prompts(seed, CANDIDATES, max_len=10):
+    for p in cases.document_prompts(seed, CANDIDATES, max_len=10):
         if len(p) < 4:
             continue
         if not ngram:
@@ -99,7 +99,7 @@ def contexts(folder: str, seed: int, temperature: float, top_p: float, ngram: bo
     (:func:`_candidates`) whose first lookup proposal has probability at least
     :data:`NGRAM_P` (so that drafts are also accepted), one per grammar prompt. Raises
     ValueError when fewer qualify."""
-    model, found, bases = C.oracle(folder), [], set()
+    model, found, bases = cases.oracle(folder), [], set()
     for prompt, proposal in _candidates(seed, ngram):
         base = prompt[:len(prompt) - 2 * ngram]
         if base in bases:
@@ -124,7 +124,7 @@ def conditionals(folder: str, prompt: tuple, prefixes: list, temperature: float,
     """(k, m + 1, V) float64: the processed distribution of token i + 1 after ``prompt`` and the
     first i ids of each of ``prefixes`` (k tuples of m ids), from one forward."""
     seqs = torch.tensor([list(prompt) + list(x) for x in prefixes])
-    logits = C.oracle(folder)(seqs)[:, len(prompt) - 1:]
+    logits = cases.oracle(folder)(seqs)[:, len(prompt) - 1:]
     return process_logits(logits, temperature, 0, top_p).numpy()
 
 
@@ -218,9 +218,9 @@ def sample(engine, prompts: tuple, seed: int, temperature: float, top_p: float, 
     each, γ = :data:`GAMMA`; plain sampling (the control, no draft position) :data:`CONTROL_SAMPLES` of one token. One
     call (one request per call where the engine takes no batches)."""
     n, new = (SAMPLES.get(temperature, max(SAMPLES.values())), NEW) if method else (CONTROL_SAMPLES, 1)
-    p = C.params(temperature=temperature, top_p=top_p, speculative=method, num_speculative_tokens=GAMMA)
+    p = cases.params(temperature=temperature, top_p=top_p, speculative=method, num_speculative_tokens=GAMMA)
     reqs = [Request(pr, new, seed + n * j + i) for j, pr in enumerate(prompts) for i in range(n)]
-    return C.generate(engine, reqs, p), n, new
+    return cases.generate(engine, reqs, p), n, new
 
 
 def check_sampled(engine, seed: int, temperature: float, top_p: float, method, alpha: float) -> tuple:
@@ -228,10 +228,10 @@ def check_sampled(engine, seed: int, temperature: float, top_p: float, method, a
     ``alpha`` each; the engine's drafted-token evidence: the summed ``drafted`` or ``accepted``
     counts, None where it reports neither). Raises what the engine raises (NotImplementedError:
     a refusal)."""
-    folder = C.folders()["target"]
+    folder = cases.folders()["target"]
     prompts = contexts(folder, seed, temperature, top_p, method == "ngram")
     out, n, new = sample(engine, prompts, seed, temperature, top_p, method)
-    V = C.oracle(folder).cfg.vocab_size
+    V = cases.oracle(folder).cfg.vocab_size
     groups: list[list] = [[] for _ in range(new)]
     for j, pr in enumerate(prompts):
         toks = np.array([c.tokens[:new].tolist() for c in out[n * j:n * (j + 1)]])               # (n, new)
@@ -255,7 +255,7 @@ def check_sampled(engine, seed: int, temperature: float, top_p: float, method, a
 def first_two_distribution(folder: str, prompt: tuple, temperature: float, top_p: float) -> np.ndarray:
     """(V·V,) float64: the target's processed distribution of the first two tokens after
     ``prompt``, p(t1) · p(t2 | t1), from one forward over every continuation t1."""
-    model = C.oracle(folder)
+    model = cases.oracle(folder)
     V = model.cfg.vocab_size
     seqs = torch.cat([torch.tensor([list(prompt)]).expand(V, -1), torch.arange(V)[:, None]], 1)  # (V, S+1)
     logits = model(seqs)
