@@ -57,12 +57,13 @@ _EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR .*?\] )?((?:\w+\.)*[A-Z]\w*(
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the process that started it dies (Linux's
-    PR_SET_PDEATHSIG), so that a killed test run leaves no server behind."""
+    """In the child before exec: SIGTERM when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed test run leaves no server behind: the server's own
+    shutdown then stops its engine processes (a SIGKILL would leave them orphaned)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
 
