@@ -7,15 +7,16 @@ continuous batching, peer set "hf";
 :mod:`.ctranslate2`, :mod:`.ort_genai`, :mod:`.vllm` and :mod:`.vllm_server` (``vllm serve`` judged
 over HTTP by :mod:`.openai_server`, the adapter ``--engine-url`` uses for any OpenAI-compatible
 server), peer set "engines"; :mod:`.openvino_genai`, OpenVINO GenAI's
-ContinuousBatchingPipeline and LLMPipeline, peer set "openvino"), each listed unavailable, with the
+ContinuousBatchingPipeline and LLMPipeline, peer set "openvino"; :mod:`.mistralrs`, mistral.rs's
+Python ``Runner``, peer set "mistralrs"), each listed unavailable, with the
 reason, outside its environment or where its package is missing."""
 from __future__ import annotations
 
 
 def implementations():
     from inference_conformance.conformance.registry import builtin
-    from inference_conformance.optimized.inference_engine import (ctranslate2, hf, hf_continuous, openvino_genai, ort_genai,
-                                                                  suite, vllm, vllm_server)
+    from inference_conformance.optimized.inference_engine import (ctranslate2, hf, hf_continuous, mistralrs,
+                                                                  openvino_genai, ort_genai, suite, vllm, vllm_server)
 
     return (
         builtin("inference_engine", "reference", suite.reference_engine()),
@@ -32,6 +33,8 @@ def implementations():
                 adapter=True, peer="openvino"),
         builtin("inference_engine", "openvino_genai_llm", openvino_genai.OpenVINOLLM(), needs="openvino_genai",
                 adapter=True, peer="openvino"),
+        builtin("inference_engine", "mistralrs", mistralrs.MistralRS(), needs="mistralrs", adapter=True,
+                peer="mistralrs"),
         builtin("inference_engine", "vllm", vllm.VLLMEngine(), needs="vllm", adapter=True, peer="engines"),
         builtin("inference_engine", "vllm_server", vllm_server.VLLMServer(), needs="vllm", adapter=True, peer="engines"),
     )
