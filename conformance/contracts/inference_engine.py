@@ -283,6 +283,14 @@ def check_vocab(requests, vocab_size: int) -> None:
             raise ValueError(f"requests[{i}].prompt holds id {max(r.prompt)} outside [0, {vocab_size})")
 
 
+def folder_vocab_size(folder) -> int:
+    """The vocabulary size the model folder ``folder`` declares (``config.json``'s ``vocab_size``):
+    what an engine that does not expose its own checks prompt ids against (:func:`check_vocab`)."""
+    import json
+
+    return int(json.loads((Path(folder) / "config.json").read_text())["vocab_size"])
+
+
 def refuse_unoffered(caps: Capabilities, requests, params, who: str) -> None:
     """NotImplementedError (the engine's refusal) for a setting ``caps`` does not offer."""
     if len(requests) > 1 and not caps.batching:

@@ -35,7 +35,6 @@ import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import torch
@@ -45,6 +44,7 @@ from inference_conformance.conformance.contracts.inference_engine import (
     Capabilities,
     Completion,
     check_vocab,
+    folder_vocab_size,
     refuse_unoffered,
     refuse_unserved,
     sampling_of,
@@ -259,8 +259,7 @@ class OpenAIServer:
 def check_model_vocab(requests, params) -> None:
     """ValueError naming ``prompt`` for an id outside the vocabulary of ``params.model`` (read
     here: the server serves the same export)."""
-    config = json.loads((Path(params.model) / "config.json").read_text())
-    check_vocab(requests, int(config["vocab_size"]))
+    check_vocab(requests, folder_vocab_size(params.model))
 
 
 def _words(answer) -> str:

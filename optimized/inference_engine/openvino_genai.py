@@ -33,7 +33,6 @@ through the same properties.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from inference_conformance.conformance.contracts.inference_engine import (
     Capabilities,
     Completion,
     check_vocab,
+    folder_vocab_size,
     refuse_unoffered,
     validate,
 )
@@ -130,10 +130,6 @@ def _ids(prompt):
     return ov.Tensor(np.array([list(prompt)], dtype=np.int64))
 
 
-def _vocab(folder) -> int:
-    return int(json.loads((Path(folder) / "config.json").read_text())["vocab_size"])
-
-
 def _speculative(params) -> dict:
     """The pipeline properties of ``params.speculative``."""
     import openvino_genai as ov_genai
@@ -179,7 +175,7 @@ class OpenVINOContinuous:
     def generate(self, requests, params) -> list[Completion]:
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, self.WHO)
-        check_vocab(requests, _vocab(params.model))
+        check_vocab(requests, folder_vocab_size(params.model))
         return self._run(requests, params, [0] * len(requests))
 
     @torch.no_grad()
@@ -196,7 +192,7 @@ class OpenVINOContinuous:
         arrivals = [e for e in schedule if isinstance(e, Arrival)]
         reqs = [e.request for e in arrivals]
         refuse_unoffered(self.capabilities(), reqs, params, self.WHO)
-        check_vocab(reqs, _vocab(params.model))
+        check_vocab(reqs, folder_vocab_size(params.model))
         return dict(zip((e.id for e in arrivals), self._run(reqs, params, [e.step for e in arrivals])))
 
     def _run(self, requests, params, steps) -> list[Completion]:
@@ -255,7 +251,7 @@ class OpenVINOLLM:
     def generate(self, requests, params) -> list[Completion]:
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, self.WHO)
-        check_vocab(requests, _vocab(params.model))
+        check_vocab(requests, folder_vocab_size(params.model))
         pipe = self.pipeline(params)
         spec = params.speculative is not None
         out = []

@@ -39,6 +39,7 @@ from inference_conformance.conformance.contracts.inference_engine import (
     Capabilities,
     Completion,
     check_vocab,
+    folder_vocab_size,
     refuse_unoffered,
     validate,
 )
@@ -105,7 +106,7 @@ class OrtGenAI:
         validate(requests, params)
         refuse_unoffered(self.capabilities(), requests, params, "onnxruntime-genai")
         model, pad = self.model(params.model, params.draft if params.speculative == "draft" else None)
-        V = json.loads((Path(params.model) / "config.json").read_text())["vocab_size"]
+        V = folder_vocab_size(params.model)
         check_vocab(requests, V)
         if len(requests) > 1 and params.temperature == 0 and params.speculative is None:
             return self._batch(model, pad, requests, params.padding or "right")
