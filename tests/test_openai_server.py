@@ -15,7 +15,7 @@ pytest.importorskip("httpx")
 from inference_conformance.conformance import registry  # noqa: E402
 from inference_conformance.conformance.contracts.inference_engine import Params, Request  # noqa: E402
 from inference_conformance.conformance.zoo import expect_rejected  # noqa: E402
-from inference_conformance.optimized.inference_engine import openai_server  # noqa: E402
+from inference_conformance.optimized.inference_engine import openai_protocol, openai_server  # noqa: E402
 from inference_conformance.optimized.inference_engine.serve_http import EngineServer  # noqa: E402
 from inference_conformance.optimized.inference_engine.suite import load, reference_engine  # noqa: E402
 from inference_conformance.optimized.inference_engine.vllm_server import ServerProcess, ServerStartError, free_port  # noqa: E402
@@ -29,8 +29,8 @@ def served():
     """Start EngineServer(engine) on a free port; stopped however the test ends."""
     servers = []
 
-    def start(engine):
-        servers.append(EngineServer(engine, cases.folders()["target"]).start())
+    def start(engine, text_only=False):
+        servers.append(EngineServer(engine, cases.folders()["target"], text_only=text_only).start())
         return servers[-1].url
 
     yield start
@@ -48,6 +48,29 @@ def test_reference_over_http_passes_the_engine_laws(served):
     for law in (engine_laws.EN1, engine_laws.EN2, engine_laws.KV2):
         run = law(impl, "cpu")
         assert run.ran >= 1 and not run.refused, (law.name, run.refused)
+
+
+def test_text_only_server_judged_in_the_text_dialect(served):
+    """A server refusing id prompts and vLLM's fields (as ``transformers serve`` does) is spoken to
+    in text: the probe records the refusal, EN-1 and KV-2 pass on the reference, and a prompt
+    the server reads to another length, or an answer outside the vocabulary, is an error."""
+    engine = openai_server.OpenAIServer(served(reference_engine(), text_only=True))
+    impl = registry.from_object("inference_engine", "text", engine, "outside", target=engine.url)
+    for law in (engine_laws.EN1, engine_laws.KV2):
+        run = law(impl, "cpu")
+        assert run.ran >= 1 and not run.refused, (law.name, run.refused)
+    assert engine.dialect == "text" and engine.environment()["probes"]["prompts"].startswith("text (ids refused: HTTP 422")
+    assert engine.capabilities().logprobs is False
+    answer = {"choices": [{"text": "a ant", "finish_reason": "length"}], "usage": {"prompt_tokens": 4}}
+    with pytest.raises(openai_server.ServerError, match="read 4 prompt tokens from the text of 3 ids"):
+        openai_protocol.completion(answer, 2, "u", "text", 3)
+    with pytest.raises(openai_server.ServerError, match="outside the served vocabulary"):
+        openai_protocol.parse({"choices": [{"text": "the zebraXYZ"}]}, "u", "text")
+    short = {"choices": [{"text": "a", "finish_reason": "stop"}]}
+    with pytest.raises(openai_server.ServerError, match="no eos_token_id"):
+        openai_protocol.completion(short, 2, "u", "text")
+    with pytest.raises(ValueError, match="dialect"):
+        openai_server.OpenAIServer("http://h/v1", dialect="json")
 
 
 @pytest.mark.parametrize("bad, law", [("Unseeded", "KV2"), ("ProcessedLogprobs", "EN1S")])
@@ -105,14 +128,14 @@ def test_bad_settings_name_themselves():
 def test_answers_the_suite_cannot_use_say_why():
     no_ids = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0]}}]}
     with pytest.raises(openai_server.ServerError, match="no token ids.*return-tokens-as-token-ids"):
-        openai_server._parse(no_ids, "http://h/v1")
+        openai_protocol.parse(no_ids, "http://h/v1")
     as_text = {"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-1.0, -2.0]}}]}
-    assert openai_server._parse(as_text, "u")[:2] == ([7, 9], [-1.0, -2.0])
+    assert openai_protocol.parse(as_text, "u")[:2] == ([7, 9], [-1.0, -2.0])
     short = {"choices": [{"token_ids": [7], "finish_reason": "stop"}]}
     with pytest.raises(openai_server.ServerError, match="1 tokens for max_tokens=3.*ignore_eos"):
-        openai_server._completion(short, 3, "u")
+        openai_protocol.completion(short, 3, "u")
     with pytest.raises(openai_server.ServerError, match="without choices"):
-        openai_server._parse({"error": "x"}, "u")
+        openai_protocol.parse({"error": "x"}, "u")
 
 
 def test_server_process_starts_stops_and_says_why_it_did_not():

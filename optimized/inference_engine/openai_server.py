@@ -2,13 +2,13 @@
 (``pytest --engine-url http://host:8000/v1``, or ``INFERENCE_CONFORMANCE_ENGINE_URL``): vLLM,
 SGLang, llama.cpp's ``llama-server``, TGI, OpenVINO Model Server speak the completions protocol.
 
-Each request is one ``POST /v1/completions``: ``prompt`` the token ids, ``max_tokens``,
-``temperature``, ``top_p``, ``seed``, ``logprobs: 0`` (the chosen token's logprob), and the
-extensions vLLM and SGLang read: ``ignore_eos: true`` (the stop token does not stop generation)
-and ``return_token_ids: true``. The generated ids come from ``choices[0].token_ids``, else from
-``logprobs.tokens`` written as ``token_id:N`` (vLLM's ``--return-tokens-as-token-ids``); a server
-giving neither cannot be judged (RuntimeError). ``usage.prompt_tokens_details.cached_tokens``
-(vLLM's ``--enable-prompt-tokens-details``) gives each Completion's ``cached_tokens``.
+Each request is one ``POST /v1/completions`` (:mod:`.openai_protocol`): ``max_tokens``,
+``temperature``, ``top_p``, ``seed``, ``logprobs: 0`` (the chosen token's logprob), and the prompt
+in one of two dialects: token ids with vLLM's and SGLang's extensions (``ignore_eos``,
+``return_token_ids``), or, for a server that refuses those (``transformers serve``: "prompt must
+be a string"), text in the suite's word-level vocabulary, the answer's words mapped back to ids.
+``dialect="auto"`` (the default) takes the first the greedy probe is answered in; a server giving
+no ids cannot be judged (RuntimeError).
 
 The server must serve the folder the laws export (``inference-conformance export-model DIR``,
 then serve ``DIR/target``): its model is the first of ``GET /v1/models``.
@@ -51,6 +51,10 @@ from inference_conformance.conformance.contracts.inference_engine import (
     validate,
     validate_serve,
 )
+from inference_conformance.optimized.inference_engine import openai_protocol as protocol
+from inference_conformance.optimized.inference_engine.openai_protocol import ServerError
+
+__all__ = ["OpenAIServer", "ServerError", "base_url", "check_model_vocab", "dtype_of"]
 
 #: The environment variable naming the server ``--engine-url`` judges by default.
 URL_VARIABLE = "INFERENCE_CONFORMANCE_ENGINE_URL"   # conformance/outside.py reads it too
@@ -78,21 +82,20 @@ def dtype_of(name) -> torch.dtype:
     return _DTYPES[name]
 
 
-class ServerError(RuntimeError):
-    """A server's answer the suite cannot use (after the retries), in the server's words."""
-
-
 class OpenAIServer:
     """An OpenAI-compatible completions server at ``url``, as an ``inference_engine``."""
 
     def __init__(self, url, *, dtype="float32", settings: dict | None = None, timeout: float = 300.0,
-                 retries: int = 2, spread: float = 0.2):
+                 retries: int = 2, spread: float = 0.2, dialect: str = "auto"):
         self.url, self.dtype = base_url(url), dtype_of(dtype)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if dialect not in ("auto", *protocol.DIALECTS):
+            raise ValueError(f"dialect must be 'auto' or one of {protocol.DIALECTS}, got {dialect!r}")
         self.settings, self.timeout, self.retries, self.spread = dict(settings or {}), float(timeout), retries, spread
+        self.dialect = dialect
         self._client = None
         self._caps: Capabilities | None = None
         self._model: dict | None = None
@@ -141,7 +144,7 @@ class OpenAIServer:
     def _post(self, body: dict) -> dict:
         status, answer = self._call("POST", "/completions", body)
         if status != 200:
-            raise ServerError(f"{self.url}/completions answered HTTP {status} to {_short(body)}: {_words(answer)}")
+            raise ServerError(f"{self.url}/completions answered HTTP {status} to {protocol.short(body)}: {protocol.words(answer)}")
         return answer
 
     # -- what the server offers ----------------------------------------------------------------
@@ -151,36 +154,47 @@ class OpenAIServer:
             status, answer = self._call("GET", "/models")
             data = answer.get("data") if status == 200 else None
             if not data:
-                raise ServerError(f"{self.url}/models answered HTTP {status} with no model: {_words(answer)}")
+                raise ServerError(f"{self.url}/models answered HTTP {status} with no model: {protocol.words(answer)}")
             self._model = data[0]
         return self._model
 
-    def _body(self, prompt, max_tokens: int, temperature: float, top_p: float, seed=None, logprobs=True) -> dict:
-        body = {"model": self.model()["id"], "prompt": list(prompt), "max_tokens": max_tokens,
-                "temperature": float(temperature), "top_p": float(top_p) if temperature > 0 else 1.0,
-                "ignore_eos": True, "return_token_ids": True}
-        if logprobs:
-            body["logprobs"] = 0
-        if seed is not None:
-            body["seed"] = seed
-        return body
+    def _body(self, prompt, max_tokens: int, temperature: float, top_p: float, seed=None, logprobs=True,
+              dialect: str | None = None) -> dict:
+        return protocol.body(dialect or self.dialect, self.model()["id"], prompt, max_tokens, temperature, top_p,
+                             seed, logprobs)
+
+    def _greedy_probe(self) -> dict:
+        """The first probe; with ``dialect="auto"`` the ids dialect first, the text dialect where the
+        server refuses it (a 4xx answer), the one accepted kept for every later call."""
+        tried = ("ids", "text") if self.dialect == "auto" else (self.dialect,)
+        refused = {}
+        for dialect in tried:
+            status, answer = self._call("POST", "/completions", self._body((1, 5, 6), 8, 0.0, 1.0, dialect=dialect))
+            if status == 200:
+                self.dialect = dialect
+                self._probes["prompts"] = dialect + "".join(f" ({d} refused: {w})" for d, w in refused.items())
+                return answer
+            if not 400 <= status < 500:
+                raise ServerError(f"the greedy probe: HTTP {status}: {protocol.words(answer)}")
+            refused[dialect] = f"HTTP {status}: {protocol.words(answer)[:200]}"
+        raise ServerError(f"{self.url}/completions refused every dialect of the greedy probe: {refused}")
 
     def _accepted(self, name: str, body: dict) -> bool:
         status, answer = self._call("POST", "/completions", body)
-        self._probes[name] = "accepted" if status == 200 else f"HTTP {status}: {_words(answer)[:200]}"
+        self._probes[name] = "accepted" if status == 200 else f"HTTP {status}: {protocol.words(answer)[:200]}"
         if status == 200:
             return True
         if 400 <= status < 500:
             return False
-        raise ServerError(f"the {name} probe: HTTP {status}: {_words(answer)}")
+        raise ServerError(f"the {name} probe: HTTP {status}: {protocol.words(answer)}")
 
     def capabilities(self) -> Capabilities:
         """What the server answered to one probe call per capability (module docstring)."""
         if self._caps is None:
             start = time.perf_counter()
-            probe = self._post(self._body((1, 5, 6), 8, 0.0, 1.0))
+            probe = self._greedy_probe()
             self._step_s = max((time.perf_counter() - start) / 8, 1e-3)
-            ids, logprobs, _ = _parse(probe, self.url)
+            ids, logprobs, _ = protocol.parse(probe, self.url, self.dialect)
             self._probes["greedy"] = f"{len(ids)} ids, logprobs {'returned' if logprobs is not None else 'absent'}"
             seeded = self._accepted("seed", self._body((1, 5, 6), 2, 1.0, 1.0, seed=7))
             top_p = self._accepted("top_p", self._body((1, 5, 6), 2, 1.0, 0.5))
@@ -223,7 +237,8 @@ class OpenAIServer:
 
         def one(i):
             time.sleep(delays[i])
-            return _completion(self._post(bodies[i]), requests[i].max_new_tokens, self.url)
+            return protocol.completion(self._post(bodies[i]), requests[i].max_new_tokens, self.url, self.dialect,
+                                       len(requests[i].prompt))
 
         if len(bodies) == 1:
             return [one(0)]
@@ -260,45 +275,3 @@ def check_model_vocab(requests, params) -> None:
     """ValueError naming ``prompt`` for an id outside the vocabulary of ``params.model`` (read
     here: the server serves the same export)."""
     check_vocab(requests, folder_vocab_size(params.model))
-
-
-def _words(answer) -> str:
-    err = answer.get("error", answer) if isinstance(answer, dict) else answer
-    if isinstance(err, dict):
-        err = err.get("message", err)
-    return str(err)[:500]
-
-
-def _short(body: dict) -> str:
-    return json.dumps({k: v for k, v in body.items() if k != "prompt"} | {"prompt_len": len(body["prompt"])})
-
-
-def _parse(answer: dict, url: str) -> tuple[list[int], list[float] | None, int | None]:
-    """(generated ids, their logprobs or None, cached prompt tokens or None) of one answer."""
-    try:
-        choice = answer["choices"][0]
-    except (KeyError, IndexError, TypeError):
-        raise ServerError(f"{url}/completions answered without choices: {_words(answer)}") from None
-    lp = choice.get("logprobs") or {}
-    ids = choice.get("token_ids")
-    if ids is None:
-        tokens = lp.get("tokens") or []
-        if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-            raise ServerError(f"the server at {url} returns no token ids (no choices[0].token_ids, no logprobs "
-                              "tokens as token_id:N): start vLLM with --return-tokens-as-token-ids")
-        ids = [int(t.split(":", 1)[1]) for t in tokens]
-    logprobs = lp.get("token_logprobs")
-    details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens")
-    return [int(x) for x in ids], None if logprobs is None else [float(x) for x in logprobs], cached
-
-
-def _completion(answer: dict, max_new_tokens: int, url: str) -> Completion:
-    ids, logprobs, cached = _parse(answer, url)
-    if len(ids) != max_new_tokens:
-        reason = answer["choices"][0].get("finish_reason")
-        raise ServerError(f"the server at {url} returned {len(ids)} tokens for max_tokens={max_new_tokens} "
-                          f"(finish_reason {reason!r}): it does not honour ignore_eos")
-    return Completion(torch.tensor(ids, dtype=torch.int64),
-                      None if logprobs is None else torch.tensor(logprobs, dtype=torch.float64),
-                      cached_tokens=None if cached is None else int(cached))

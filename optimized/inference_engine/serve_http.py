@@ -10,7 +10,10 @@ serves the reference engine on ``FOLDER`` (``inference-conformance export-model`
 Endpoints: ``GET /health``, ``GET /v1/models`` (one model, ``id`` and ``root`` the folder),
 ``POST /v1/completions`` (``prompt`` token ids, ``max_tokens``, ``temperature``, ``top_p``,
 ``seed``, ``logprobs``; ``ignore_eos`` is always on: the engines generate ``max_tokens``
-exactly). Each request is generated alone (one ``generate`` call of one request, calls
+exactly). With ``text_only`` it answers as servers that take text only do (``transformers
+serve``): a prompt that is not a string, or a field outside the OpenAI schema (``ignore_eos``,
+``return_token_ids``), is refused (HTTP 400 / 422), the prompt's words are read in the suite's
+vocabulary, and the answer is text (no ids, no logprobs). Each request is generated alone (one ``generate`` call of one request, calls
 serialized), so batching is the engine's own business. A malformed request or one the engine
 refuses (NotImplementedError) answers HTTP 400 with the engine's words; any other engine failure
 HTTP 500.
@@ -34,12 +37,31 @@ def _answer(handler, status: int, doc: dict) -> None:
     handler.wfile.write(data)
 
 
-def _request(body: dict) -> tuple[Request, float, float]:
+#: The fields of OpenAI's completions schema a ``text_only`` server accepts.
+SCHEMA = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "logprobs", "stream", "n",
+                    "stop", "suffix", "echo", "best_of", "user", "presence_penalty", "frequency_penalty",
+                    "logit_bias"})
+
+
+class Unexpected(ValueError):
+    """A field outside OpenAI's schema sent to a ``text_only`` server (HTTP 422)."""
+
+
+def _request(body: dict, text_only: bool = False) -> tuple[Request, float, float]:
     """The contract's Request and the (temperature, top_p) of one completions body; ValueError
     or TypeError naming the field for a malformed one."""
     if not isinstance(body, dict):
         raise TypeError("the body must be a JSON object")
     prompt = body.get("prompt")
+    if text_only:
+        if set(body) - SCHEMA:
+            raise Unexpected(f"Unexpected fields in the request: {sorted(set(body) - SCHEMA)}")
+        if not isinstance(prompt, str):
+            raise TypeError("prompt must be a string.")
+        from inference_conformance.optimized.inference_engine.openai_protocol import vocabulary
+
+        stoi = vocabulary()[1]
+        prompt = [stoi.get(w, stoi["<unk>"]) for w in prompt.split()]
     if not isinstance(prompt, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise TypeError("prompt must be a list of token ids (this server takes no text)")
     temperature, top_p = body.get("temperature", 1.0), body.get("top_p", 1.0)
@@ -65,15 +87,24 @@ class _Handler(BaseHTTPRequestHandler):
             return _answer(self, 404, {"error": {"message": f"no route {self.path}"}})
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
-            request, temperature, top_p = _request(body)
+            request, temperature, top_p = _request(body, self.server.text_only)
             params = Params(self.server.folder, temperature=temperature, top_p=top_p)
             with self.server.lock:
                 out = self.server.engine.generate([request], params)[0]
+        except Unexpected as exc:
+            return _answer(self, 422, {"detail": str(exc)})
         except (TypeError, ValueError, NotImplementedError, json.JSONDecodeError) as exc:
             return _answer(self, 400, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "BadRequestError"}})
         except Exception as exc:                   # noqa: BLE001 (the engine's failure, to the client)
             return _answer(self, 500, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
         ids = [int(x) for x in out.tokens.tolist()]
+        if self.server.text_only:
+            from inference_conformance.optimized.inference_engine.openai_protocol import vocabulary
+
+            text = " ".join(vocabulary()[0][i] for i in ids)
+            return _answer(self, 200, {"object": "text_completion", "model": self.server.folder,
+                                       "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                                       "usage": {"prompt_tokens": len(request.prompt), "completion_tokens": len(ids)}})
         logprobs = None
         if body.get("logprobs") is not None and out.logprobs is not None:
             logprobs = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [float(x) for x in out.logprobs.tolist()]}
@@ -89,9 +120,10 @@ class EngineServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, engine, folder: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine, folder: str, host: str = "127.0.0.1", port: int = 0, text_only: bool = False):
         super().__init__((host, port), _Handler)
         self.engine, self.folder, self.lock = engine, str(folder), threading.Lock()
+        self.text_only = bool(text_only)
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     @property
