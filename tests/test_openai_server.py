@@ -18,7 +18,7 @@ from inference_conformance.conformance.zoo import expect_rejected  # noqa: E402
 from inference_conformance.optimized.inference_engine import openai_protocol, openai_server  # noqa: E402
 from inference_conformance.optimized.inference_engine.serve_http import EngineServer  # noqa: E402
 from inference_conformance.optimized.inference_engine.suite import load, reference_engine  # noqa: E402
-from inference_conformance.optimized.inference_engine.vllm_server import ServerProcess, ServerStartError, free_port  # noqa: E402
+from inference_conformance.optimized.inference_engine.server_process import ServerProcess, ServerStartError, free_port  # noqa: E402
 from inference_conformance.properties.inference_engine import cases  # noqa: E402
 from inference_conformance.properties.inference_engine.laws import engine as engine_laws  # noqa: E402
 from inference_conformance.properties.inference_engine import zoo  # noqa: E402

@@ -33,7 +33,8 @@ def test_finding_seeded_request_chunked_prefill_kills_the_server():
     (code 0). EN-2 and KV-2 meet it with any seeded request under a chunked-prefill budget."""
     from inference_conformance.conformance.contracts.inference_engine import Request
     from inference_conformance.optimized.inference_engine.openai_server import OpenAIServer, ServerError
-    from inference_conformance.optimized.inference_engine.vllm_server import ServerProcess, vllm_argv
+    from inference_conformance.optimized.inference_engine.server_process import ServerProcess
+    from inference_conformance.optimized.inference_engine.vllm_server import vllm_argv
     from inference_conformance.properties.inference_engine.cases import params
 
     p = params(temperature=1.0, chunked_prefill=5)

@@ -176,7 +176,8 @@ def main(argv=None) -> int:
 def _with_vllm(label: str, kw: dict) -> dict:
     import tempfile
 
-    from inference_conformance.optimized.inference_engine.vllm_server import ServerProcess, vllm_argv
+    from inference_conformance.optimized.inference_engine.server_process import ServerProcess
+    from inference_conformance.optimized.inference_engine.vllm_server import vllm_argv
     from inference_conformance.conformance.contracts.inference_engine import Params
     from inference_conformance.smallworld.hf_export import export_model
 

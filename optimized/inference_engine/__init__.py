@@ -8,7 +8,8 @@ continuous batching, peer set "hf";
 over HTTP by :mod:`.openai_server`, the adapter ``--engine-url`` uses for any OpenAI-compatible
 server), peer set "engines"; :mod:`.openvino_genai`, OpenVINO GenAI's
 ContinuousBatchingPipeline and LLMPipeline, peer set "openvino"; :mod:`.mistralrs`, mistral.rs's
-Python ``Runner``, peer set "mistralrs"), each listed unavailable, with the
+Python ``Runner``, peer set "mistralrs"; :mod:`.transformers_server`, ``transformers serve`` with and
+without continuous batching judged over HTTP, peer set "hf-serve"), each listed unavailable, with the
 reason, outside its environment or where its package is missing."""
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from __future__ import annotations
 def implementations():
     from inference_conformance.conformance.registry import builtin
     from inference_conformance.optimized.inference_engine import (ctranslate2, hf, hf_continuous, mistralrs,
-                                                                  openvino_genai, ort_genai, suite, vllm, vllm_server)
+                                                                  openvino_genai, ort_genai, suite, transformers_server, vllm,
+                                                                  vllm_server)
 
     return (
         builtin("inference_engine", "reference", suite.reference_engine()),
@@ -37,4 +39,9 @@ def implementations():
                 peer="mistralrs"),
         builtin("inference_engine", "vllm", vllm.VLLMEngine(), needs="vllm", adapter=True, peer="engines"),
         builtin("inference_engine", "vllm_server", vllm_server.VLLMServer(), needs="vllm", adapter=True, peer="engines"),
+        # transformers[serving]'s server runs on uvicorn (absent from a plain transformers install)
+        builtin("inference_engine", "transformers_server", transformers_server.TransformersServer(), needs="uvicorn",
+                adapter=True, peer="hf-serve"),
+        builtin("inference_engine", "transformers_server_cb", transformers_server.TransformersServer(True),
+                needs="uvicorn", adapter=True, peer="hf-serve"),
     )
