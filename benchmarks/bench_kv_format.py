@@ -18,7 +18,7 @@ import torch
 
 from inference_conformance.benchmarks.timing import median_seconds, rounds
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts.quantization_kv import KV_FORMATS, kv_format
+from inference_conformance.conformance.contracts.quantization.kv import KV_FORMATS, kv_format
 from inference_conformance.conformance.bench_rows import bench_backends, bench_implementation, outside_info, outside_refusals
 from inference_conformance.properties.kv_format.cases import held_bytes
 from inference_conformance.properties.strategies import randn

@@ -170,7 +170,7 @@ def test_bench_quantized_kv_decode(benchmark, device, kv, batch, context):
     same for the bf16 cache; ``bytes_ratio_vs_bf16`` their ratio (the quantized format's memory
     gain, on any device). Times only mean something on a GPU (the torch path is no fused kernel:
     it writes the dequantized cache before attending)."""
-    from inference_conformance.conformance.contracts.quantization_kv import KV_FORMATS
+    from inference_conformance.conformance.contracts.quantization.kv import KV_FORMATS
     from inference_conformance.optimized.quantization.kv import QuantizedKVCache
     from inference_conformance.reference.transformer import naive_attention
 

@@ -1,7 +1,6 @@
 """The suite's cross-cutting pieces, each defined once.
 
-- :mod:`inference_conformance.conformance.contracts`  one module per technique: its call contract, built-in
-  implementations and known-bad (bug zoo) implementations.
+- :mod:`inference_conformance.conformance.contracts`  one module (or subpackage) per technique: its call contract.
 - :mod:`inference_conformance.conformance.registry`   name -> implementation, availability per device, ``--impl`` loading.
 - :mod:`inference_conformance.conformance.tolerance`  the one tolerance policy every float/exact assertion goes through.
 - :mod:`inference_conformance.conformance.results`    the result row every check emits, keyed by claim id.

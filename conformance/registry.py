@@ -1,6 +1,7 @@
 """Name -> implementation, for every technique, with availability per device.
 
-Each technique's contract module (``conformance/contracts/<technique>.py``) declares a
+Each technique's contract module (``conformance/contracts/<technique>.py``, or the subpackage
+``conformance/contracts/<technique>/`` whose ``__init__`` re-exports ``contract.py``'s names) declares a
 :class:`Contract`: the callables an implementation provides, its documentation and (optionally)
 its small valid calls. The contract names no implementation. Implementations are declared as
 Python objects where they live, by a function ``implementations()`` in the technique's module of

@@ -111,9 +111,11 @@ def _declared(path: Path, root: Path) -> list[Entry]:
 
 def techniques(root: Path = ROOT) -> dict[str, dict]:
     """Technique name -> ``{"functions": [...], "optional": [...], "doc": first line, "module": file}``
-    from each contract module's ``CONTRACT = Contract(...)``."""
+    from each contract module's ``CONTRACT = Contract(...)``: ``conformance/contracts/<technique>.py``
+    or, for a contract in parts, ``conformance/contracts/<technique>/contract.py``."""
     out = {}
-    for path in sorted((root / "conformance" / "contracts").glob("*.py")):
+    contracts = root / "conformance" / "contracts"
+    for path in sorted([*contracts.glob("*.py"), *contracts.glob("*/contract.py")]):
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CONTRACT" for t in node.targets) \

@@ -1,6 +1,6 @@
 """The float64 reference of the ``fp8_cast`` contract (claim QT-11): x's exact value (every input
 dtype is exact in float64) rounded to nearest, ties to even, on the format's grid by the one
-definition of the grid (:func:`inference_conformance.conformance.contracts.quantization_fp8.fp8_round`),
+definition of the grid (:func:`inference_conformance.conformance.contracts.quantization.fp8.fp8_round`),
 then :func:`encode`: a value past F saturates to ±F or overflows (NaN for E4M3fn, ±inf for E5M2),
 and the grid value is stored in torch's 8-bit dtype (exact: it is on the grid).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from inference_conformance.conformance.contracts.fp8_cast import fp8_dtype, validate
-from inference_conformance.conformance.contracts.quantization_fp8 import fp8_round
+from inference_conformance.conformance.contracts.quantization.fp8 import fp8_round
 
 
 def encode(y: torch.Tensor, format: str, saturate: bool) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.kv_format import validate
-from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS
+from inference_conformance.conformance.contracts.quantization.fp8 import FP8_FORMATS
 from inference_conformance.reference.quantization import kv as ref_kv
 
 
@@ -57,7 +57,7 @@ def _wide(codes: torch.Tensor, fmt, D: int) -> torch.Tensor:
 
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, format) -> StoredKV:
-    """The contract's quantize_kv in float64 (steps as ``quantization_kv.kv_step``). Raises as
+    """The contract's quantize_kv in float64 (steps as ``quantization.kv.kv_step``). Raises as
     the contract's ``validate``."""
     D = validate(k, v, format)[3]
     q = ref_kv.quantize_kv(k, v, format)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import registry
-from inference_conformance.conformance.contracts import quantization_bounds as qb
+from inference_conformance.conformance.contracts.quantization import bounds as qb
 from inference_conformance.conformance.failures import LawFailure
 from inference_conformance.properties.quantization.cases import QCase, accepted_scheme, check_own_scale, make_weight
 from inference_conformance.properties.quantization.laws.integer import QT1

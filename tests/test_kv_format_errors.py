@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_conformance.conformance.contracts.quantization_kv import KV_FORMATS
+from inference_conformance.conformance.contracts.quantization.kv import KV_FORMATS
 from inference_conformance.optimized.kv_format import TORCH
 from inference_conformance.reference import kv_format as ref
 

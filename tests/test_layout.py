@@ -3,7 +3,8 @@ subpackage named after it (README, "Map"), so that everything about paged attent
 ``reference/paged_attention``, ``optimized/paged_attention``, ``properties/paged_attention`` and
 ``benchmarks/bench_paged_attention.py``.
 
-The names are the contracts' (``conformance/contracts/<technique>.py``, read statically) plus the
+The names are the contracts' (``conformance/contracts/<technique>.py`` or ``<technique>/contract.py``, read
+statically) plus the
 topics below, which have claims but no contract of their own. Anything else at the top of a folder
 is shared by every technique and listed here with the reason; a new file there fails this test
 until it is placed under its technique or listed.
@@ -11,6 +12,7 @@ until it is placed under its technique or listed.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -163,3 +165,39 @@ def test_the_check_rejects_a_flat_file(tmp_path, monkeypatch):
     (fake / "attention" / "matmul.py").write_text("")
     with pytest.raises(AssertionError, match="matmul"):
         test_no_submodule_shadows_its_package("optimized")
+
+
+CONTRACTS = ROOT / "conformance" / "contracts"
+
+
+def _declares_contract(path: Path) -> bool:
+    return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CONTRACT" for t in n.targets)
+               for n in ast.parse(path.read_text(encoding="utf-8")).body)
+
+
+def test_each_contract_is_declared_once_where_the_registry_reads_it():
+    """A contract is a module of ``conformance/contracts/`` or, with helper modules, a subpackage
+    whose ``contract.py`` declares ``CONTRACT`` and whose ``__init__`` re-exports it: the registry
+    (``pkgutil.iter_modules`` over the folder) finds every contract once, the static catalog the
+    same ones; the helpers, ``checks.py`` and ``glossary.py`` declare none."""
+    from inference_conformance.conformance import registry
+
+    declaring = sorted(p.relative_to(CONTRACTS).as_posix() for p in CONTRACTS.rglob("*.py") if _declares_contract(p))
+    parts = sorted(p.name for p in CONTRACTS.iterdir() if (p / "__init__.py").is_file())
+    assert {"paged_attention", "quantization", "inference_engine"} <= set(parts)
+    assert declaring == sorted([*(p.name for p in CONTRACTS.glob("*.py") if _declares_contract(p)),
+                                *(f"{d}/contract.py" for d in parts)]), declaring
+    assert "checks.py" not in declaring and "glossary.py" not in declaring
+    assert sorted(registry.contracts()) == sorted(techniques(ROOT)) and len(techniques(ROOT)) == len(declaring)
+    for d in parts:
+        module = importlib.import_module(f"inference_conformance.conformance.contracts.{d}")
+        inner = importlib.import_module(f"inference_conformance.conformance.contracts.{d}.contract")
+        assert module.CONTRACT is inner.CONTRACT is registry.contract(d)
+
+
+def test_no_contract_submodule_shadows_its_package():
+    """As :func:`test_no_submodule_shadows_its_package`, for the contracts in parts: a helper module
+    named like a name the subpackage's ``__init__`` re-exports would replace it once imported."""
+    clashes = {d.name: sorted(hit) for d in CONTRACTS.iterdir() if (d / "__init__.py").is_file()
+               if (hit := ({p.stem for p in d.glob("*.py")} - {"__init__"}) & _top_level_names(d / "__init__.py"))}
+    assert not clashes, f"contract modules named like their package's own names: {clashes}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import registry
-from inference_conformance.conformance.contracts import quantization_bounds as qcontract
+from inference_conformance.conformance.contracts.quantization import bounds as qcontract
 from inference_conformance.reference.attention import attention_naive
 
 ATTENTION = ("flex_attention", "sdpa_math", "sdpa_flash_cpu", "jax", "ort_attention", "ort_mha", "ort_gqa")

@@ -132,7 +132,7 @@ def test_kernel_wrapper_checks_the_fp4_arguments(device):
 def test_kv_format_arguments_name_themselves():
     """KV-cache formats: an unknown kind, residual/group on a per-token kind, a group < 1 and
     k, v of different shapes raise ValueError naming the argument."""
-    from inference_conformance.conformance.contracts.quantization_kv import kv_format
+    from inference_conformance.conformance.contracts.quantization.kv import kv_format
     from inference_conformance.optimized.quantization import kv as quant_torch
     from inference_conformance.reference.quantization import kv as ref
 

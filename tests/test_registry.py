@@ -72,7 +72,7 @@ def test_every_law_takes_registered_implementations_or_says_why():
 
 def test_contracts_name_no_implementation():
     """The lowest layer never names the layers above it, not even in strings."""
-    for path in (ROOT / "conformance" / "contracts").glob("*.py"):
+    for path in (ROOT / "conformance" / "contracts").rglob("*.py"):
         code = path.read_text(encoding="utf-8")
         hits = re.findall(r"""["'](?:optimized|reference|properties|benchmarks|reports)\.[\w.]+:\w+["']""", code)
         assert not hits, f"{path.name} names implementations in strings: {hits}"

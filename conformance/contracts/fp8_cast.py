@@ -39,7 +39,7 @@ and the same sign bit at zero); a finite element in range is first held to QT-11
 the grid spacing at x, rule "QT-11 half ulp"), so that a failure also says by how much it is off.
 
 Oracle: the float64 reference (``inference_conformance.reference.fp8_cast``): the grid of
-:func:`inference_conformance.conformance.contracts.quantization_fp8.fp8_round` (every input dtype
+:func:`inference_conformance.conformance.contracts.quantization.fp8.fp8_round` (every input dtype
 is exact in float64), then the saturation or overflow above.
 
 Claims checked against this contract: QT-11 (the cast rounds to nearest even on the FP8 grid,
@@ -50,13 +50,13 @@ from __future__ import annotations
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS, FP8Format
+from inference_conformance.conformance.contracts.quantization.fp8 import FP8_FORMATS, FP8Format
 from inference_conformance.conformance.coverage import CoverageClass
 from inference_conformance.conformance.registry import Contract, InvalidCall
 
 #: Input dtypes of the contract (an implementation may still refuse one with NotImplementedError).
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-#: The contract's formats by name (one definition of each: ``quantization_fp8.FP8_FORMATS``).
+#: The contract's formats by name (one definition of each: ``quantization.fp8.FP8_FORMATS``).
 FORMATS = {"e4m3fn": FP8_FORMATS["fp8_e4m3fn"], "e5m2": FP8_FORMATS["fp8_e5m2"]}
 
 

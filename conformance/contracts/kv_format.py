@@ -7,7 +7,7 @@ Liu et al. 2024, KIVI; Micikevicius et al. 2022 for FP8).
 - ``k``, ``v``: the keys and values of a cache, (B, Hkv, T, D) each (B sequences, Hkv KV heads,
   T tokens, head dim D; sizes as in :mod:`inference_conformance.conformance.contracts.glossary`),
   one dtype of float64, float32, float16, bfloat16, on one device (cpu or cuda), any strides.
-- ``format``: a :class:`inference_conformance.conformance.contracts.quantization_kv.KVFormat`, a
+- ``format``: a :class:`inference_conformance.conformance.contracts.quantization.kv.KVFormat`, a
   frozen dataclass made by ``kv_format(kind, residual=0, group=1)`` (ValueError naming the field
   otherwise); ``KV_FORMATS`` maps ``name`` to the usual ones ("int8", "int4_kivi_r8_g8",
   "fp8_e4m3fn", "fp8_e5m2"). Its fields:
@@ -38,14 +38,14 @@ Liu et al. 2024, KIVI; Micikevicius et al. 2022 for FP8).
 
 What an implementation must meet (each a law over every registered implementation):
 
-- every element within QT-12's per-value bound (``quantization_kv.kv_bound``): half a step of its
+- every element within QT-12's per-value bound (``quantization.kv.kv_bound``): half a step of its
   own token and head (int8, int4 values), of its channel's group (int4 keys) or half an FP8 ulp at
   x / s times s, with 2^-12 of slack for a stored scale and the output dtype's rounding; tokens in
   full precision exact. So the scale's granularity is part of the format: a scale shared by the
   heads of a token, or by the tokens of a group where the format has one per channel, or no scale
   for FP8, fails on inputs whose heads, channels or magnitudes differ.
 - attention over the cache (each query sees token t as a decode engine holds it then: quantized
-  once t's group is complete) within QT-12's attention bound (``quantization_kv.attention_bound``).
+  once t's group is complete) within QT-12's attention bound (``quantization.kv.attention_bound``).
 - the bytes held at most the format's size (:func:`format_bytes`): ceil(bits / 8) per code pair
   packed (8 bits per int8 / FP8 code, 4 per int4 code, two per byte), at most 8 bytes per scale
   at the format's granularity, the full-precision tokens at their dtype's size.
@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization_kv import (  # noqa: F401 - re-exported
+from inference_conformance.conformance.contracts.quantization.kv import (  # noqa: F401 - re-exported
     KV_FORMATS,
     KVFormat,
     kv_format,
@@ -101,7 +101,7 @@ def validate(k, v, format) -> tuple[int, int, int, int]:
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if not isinstance(format, KVFormat):
-        raise TypeError(f"format must be a KVFormat (conformance.contracts.quantization_kv.kv_format(...)), "
+        raise TypeError(f"format must be a KVFormat (conformance.contracts.quantization.kv.kv_format(...)), "
                         f"got {type(format).__name__}")
     return tuple(k.shape)
 

@@ -3,7 +3,7 @@
 :mod:`inference_conformance.optimized.attention.outside_kernels`, whose device and dtype checks
 these share).
 
-They meet ``conformance/contracts/paged_attention.py``::
+They meet ``conformance/contracts/paged_attention/contract.py``::
 
     paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale) -> Tensor
     q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table (B, max_blocks)
@@ -29,7 +29,7 @@ import importlib
 
 import torch
 
-from inference_conformance.conformance.contracts.paged_attention_validate import validate as validate_paged
+from inference_conformance.conformance.contracts.paged_attention.validate import validate as validate_paged
 from inference_conformance.optimized.attention import outside_kernels as dense
 
 

@@ -10,7 +10,7 @@ dim D, block size) that vLLM does not declare raises ``NotImplementedError`` (re
 "unsupported", never a pass); anything vLLM itself raises fails the test with its message.
 The environment: ``requirements/peers-vllm.txt`` (``tox -e peers-vllm``).
 
-Contracts (``conformance/contracts/paged_attention.py``, ``attention.py``, ``speculative.py``)::
+Contracts (``conformance/contracts/``: ``paged_attention/contract.py``, ``attention.py``, ``speculative.py``)::
 
     paged_attention(q, k_cache, v_cache, block_table, seq_lens, *, scale) -> (B, Hq, D)
         q (B, Hq, D); k_cache, v_cache (num_blocks, block_size, Hkv, D); block_table (B,
@@ -56,7 +56,7 @@ import sys
 
 import torch
 
-from inference_conformance.conformance.contracts.paged_attention_validate import validate as validate_paged
+from inference_conformance.conformance.contracts.paged_attention.validate import validate as validate_paged
 from inference_conformance.optimized.vllm_shared import (
     require_dtype,
     require_triton,

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from inference_conformance.conformance.contracts.checks import check_num_splits
-from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
+from inference_conformance.conformance.contracts.paged_attention.validate import validate_prefill
 from inference_conformance.conformance.device import triton_interpreted
 from inference_conformance.optimized.attention.batch_invariant import merge_in_order
 from inference_conformance.optimized.attention.flash_decoding import option_args

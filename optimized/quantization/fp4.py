@@ -4,7 +4,7 @@ packs 4-bit codes), block scales as their stored bytes (MXFP4: E8M0, NVFP4: E4M3
 float32 tensor scale; the ``torch_mxfp4`` / ``torch_nvfp4`` schemes and the ``triton_*fp4``
 schemes (:class:`TritonFP4Scheme`: this module's quantize, the Triton kernel's matmul, which
 decodes the nibbles in registers). The formats and how each picks its scale are in
-``conformance/contracts/quantization_fp4.py``; the float64 oracle in
+``conformance/contracts/quantization/fp4.py``; the float64 oracle in
 ``reference/quantization/fp4.py``.
 
 The E2M1 code of q = w / s is found by comparison with the seven midpoints between grid values
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
-from inference_conformance.conformance.contracts.quantization_fp4 import (
+from inference_conformance.conformance.contracts.quantization.fp4 import (
     E2M1_EMAX, E2M1_GRID, E2M1_MAX, E4M3_EMIN, E4M3_M, E4M3_MAX, E8M0_BIAS, E8M0_EMAX, E8M0_EMIN, fp4_format,
     round_to_grid)
 from inference_conformance.optimized.quantization.packing import pack, unpack

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
-from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
+from inference_conformance.conformance.contracts.quantization.fp8 import fp8_format
 from inference_conformance.optimized.quantization.packing import storable
 from inference_conformance.reference.quantization.fp8 import FP8Scheme, element_scales
 

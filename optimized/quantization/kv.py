@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import levels
-from inference_conformance.conformance.contracts.quantization_kv import KVFormat, kv_quantized_tokens
-from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS
+from inference_conformance.conformance.contracts.quantization.kv import KVFormat, kv_quantized_tokens
+from inference_conformance.conformance.contracts.quantization.fp8 import FP8_FORMATS
 from inference_conformance.optimized.quantization.packing import pack, storable, unpack
 from inference_conformance.optimized.quantization.fp8 import to_fp8
 from inference_conformance.reference.quantization.kv import KVOps, QuantizedKV

@@ -1,12 +1,12 @@
 """Adapters of the weight-quantization libraries that run on a CPU to the ``quantization``
-contract (``conformance/contracts/quantization.py``)::
+contract (``conformance/contracts/quantization/contract.py``)::
 
     quantize(w, *, bits, granularity) -> QW;  dequantize(qw) -> (N, K);  matmul(x, qw) -> (M, N)
 
 Each calls the library's own quantize, dequantize and (where it has one) matmul, and only moves
 data between layouts (torch <-> numpy, the library's packing). Where the library's scheme is not
 the contract's absmax step s = max|w| / (2^(b-1) - 1), the adapter declares it (``symmetric =
-False`` for a zero point, or ``scheme``, one of :data:`inference_conformance.conformance.contracts.quantization_bounds.SCHEMES`)
+False`` for a zero point, or ``scheme``, one of :data:`inference_conformance.conformance.contracts.quantization.bounds.SCHEMES`)
 and hands back what it stored (``stored(qw)``: codes and scales), which the suite verifies: the
 scale against the scheme's formula, each code against round-to-nearest of w / that stored scale,
 dequantize against code x scale (the own-scale law); QT-1 then checks the bound that scheme

@@ -25,7 +25,7 @@ import importlib
 import torch
 
 from inference_conformance.conformance.contracts.quantization import validate_quantize
-from inference_conformance.conformance.contracts.quantization_fp4 import fp4_format
+from inference_conformance.conformance.contracts.quantization.fp4 import fp4_format
 from inference_conformance.optimized.quantization.outside import OutsideWeight, _Adapter, _refuse
 
 

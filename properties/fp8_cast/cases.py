@@ -24,7 +24,7 @@ from inference_conformance.conformance.contracts.fp8_cast import (
     GRID_KINDS,
     fp8_dtype,
 )
-from inference_conformance.conformance.contracts.quantization_fp8 import fp8_half_spacing, fp8_round
+from inference_conformance.conformance.contracts.quantization.fp8 import fp8_half_spacing, fp8_round
 from inference_conformance.conformance.laws import refusal
 from inference_conformance.conformance.tolerance import assert_exact, check_within
 

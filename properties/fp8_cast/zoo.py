@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from inference_conformance.conformance.contracts.fp8_cast import FORMATS, validate
-from inference_conformance.conformance.contracts.quantization_fp8 import fp8_half_spacing, fp8_round
+from inference_conformance.conformance.contracts.quantization.fp8 import fp8_half_spacing, fp8_round
 from inference_conformance.reference.fp8_cast import encode
 
 

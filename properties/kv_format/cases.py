@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from inference_conformance.conformance.contracts.quantization_kv import (
+from inference_conformance.conformance.contracts.quantization.kv import (
     KV_FORMATS,
     KVFormat,
     kv_format,

@@ -21,7 +21,7 @@ import torch
 from hypothesis import note
 
 from inference_conformance.conformance.contracts.kv_format import COVERAGE, format_bytes
-from inference_conformance.conformance.contracts.quantization_kv import attention_bound, kv_bound
+from inference_conformance.conformance.contracts.quantization.kv import attention_bound, kv_bound
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import check_within
 from inference_conformance.properties import strategies

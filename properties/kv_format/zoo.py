@@ -12,8 +12,8 @@ import torch
 
 from inference_conformance.conformance.contracts.kv_format import validate
 from inference_conformance.conformance.contracts.quantization import levels
-from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS
-from inference_conformance.conformance.contracts.quantization_kv import kv_quantized_tokens
+from inference_conformance.conformance.contracts.quantization.fp8 import FP8_FORMATS
+from inference_conformance.conformance.contracts.quantization.kv import kv_quantized_tokens
 from inference_conformance.reference import kv_format as ref
 from inference_conformance.reference.quantization import kv as ref_kv
 from inference_conformance.reference.quantization.fp8 import fp8_cast
@@ -38,7 +38,7 @@ def _round(x, s, fmt):
 
 def _simulate(k, v, fmt, *, shared_heads=False, keys_per_token=False, residual_dropped=False,
               no_fp8_scale=False, group_scale_per_token=False) -> _Held:
-    """The format in float64 (steps as ``quantization_kv.kv_step``) with one bug switched on."""
+    """The format in float64 (steps as ``quantization.kv.kv_step``) with one bug switched on."""
     validate(k, v, fmt)
     T = k.shape[2]
     Tq = T // fmt.group * fmt.group if residual_dropped else kv_quantized_tokens(T, fmt)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_conformance.conformance.contracts.paged_attention_validate import validate
+from inference_conformance.conformance.contracts.paged_attention.validate import validate
 
 #: The fixed table walk of :func:`walk_capped_64_blocks` (a kernel that loads a fixed-size
 #: window of the block table).
@@ -143,7 +143,7 @@ def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
     """The mixed batch with the bug injected: ``positions(n, q_len, C, i)`` the position query i of a
     chunk attends up to (correct: n - q_len + i), C the longest chunk of the call; ``found(b)``
     the sequence whose keys and chunk sequence b's rows are taken to be (correct: b)."""
-    from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
+    from inference_conformance.conformance.contracts.paged_attention.validate import validate_prefill
     from inference_conformance.reference.attention import masked_attention
     from inference_conformance.reference.paged_attention import gather
 
@@ -230,7 +230,7 @@ def prefill_window_from_chunk_start(q, k_cache, v_cache, block_table, seq_lens, 
     """A mixed batch whose window is measured from the chunk's start: query i of a chunk sees
     keys t > i − W instead of t > prefix + i − W (the causal edge right): right for a whole
     prompt, too many prefix keys for a chunk after a cached prefix or a decode token."""
-    from inference_conformance.conformance.contracts.paged_attention_validate import validate_prefill
+    from inference_conformance.conformance.contracts.paged_attention.validate import validate_prefill
     from inference_conformance.reference.attention import masked_attention
     from inference_conformance.reference.paged_attention import gather
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from inference_conformance.conformance.contracts.quantization import COVERAGE, GROUP_KINDS
 from inference_conformance.conformance.coverage import class_names, classes_reached
 from inference_conformance.conformance.laws import Run, refusal
-from inference_conformance.conformance.contracts import quantization_bounds
+from inference_conformance.conformance.contracts.quantization import bounds as quantization_bounds
 from inference_conformance.conformance.tolerance import check_close, check_exact, check_within
 
 KINDS = GROUP_KINDS

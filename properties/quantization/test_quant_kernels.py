@@ -8,7 +8,8 @@
   the launch is chosen by M (checked), and a decode launch that reads every row as the first
   token (zoo ``decode_rows_read_first_token``) is rejected at M = 16 while it passes M = 1 and
   M = 17.
-- W8A8 (``optimized/quantization/w8a8_matmul.py``): the int32 accumulator equals the exact integer product
+- W8A8 (``optimized/quantization/w8a8_matmul.py``), the laws of ``properties/quantization/laws/w8a8.py``
+  run here on the Triton and PyTorch products: the int32 accumulator equals the exact integer product
   (int64 on the host) element for element, including K = 4096 at codes of ±127, where sums reach
   K·127² = 66,064,384: beyond int16 (32,767), float16 (65,504; integers above 2048 round) and
   float32's exact integers (2^24). The scaled output equals the reference W8A8
@@ -22,19 +23,22 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.laws import Law
 from inference_conformance.conformance.tolerance import assert_exact, check_close
 from inference_conformance.conformance.zoo import expect_rejected
 from inference_conformance.properties import strategies
 from inference_conformance.properties.strategies import KernelLaunchCapture
 from inference_conformance.properties.quantization.laws.kernels import QT9_BOTH_LAUNCHES, QT9_ONE_ROW_AND_TILED
+from inference_conformance.properties.quantization.laws.w8a8 import (
+    W8A8_ACCUMULATOR,
+    W8A8_REFERENCE,
+    W8Case,
+    make_codes,
+    make_floats,
+)
 from inference_conformance.properties.quantization.zoo import W8A8_ZOO
 
 TECH = "quantization"
@@ -84,21 +88,6 @@ def test_decode_launch_is_chosen_by_M(monkeypatch, device):
 
 
 # --------------------------------------------------------------------------------------- W8A8
-@dataclass(frozen=True)
-class W8Case:
-    """One W8A8 product: x (M, K), w (N, K) and how the inputs are drawn (``kind``). Codes:
-    ``uniform`` int8 in [-128, 127]; ``extreme`` ±127 with row 0 of x and of w all +127 and
-    row 1 of w all -127 (the largest sums of both signs). Floats: ``normal`` N(0, 1);
-    ``outlier`` one activation channel x100 (QT-5's construction); ``zero_row`` token 0 all zero."""
-
-    M: int
-    N: int
-    K: int
-    kind: str
-
-
-CODE_KINDS = ("uniform", "extreme")
-FLOAT_KINDS = ("normal", "outlier", "zero_row")
 W8A8_IMPLS = ("triton", "torch")
 
 
@@ -107,76 +96,6 @@ def _product(name: str):
 
     return {"triton": w8.TRITON, "torch": w8.TORCH}[name]
 
-
-def _cases(kinds):
-    return st.builds(W8Case, st.integers(1, 20), st.integers(1, 70), st.integers(1, 200), st.sampled_from(kinds))
-
-
-def _codes(case: W8Case, seed: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    if case.kind == "uniform":
-        x_q = torch.randint(-128, 128, (case.M, case.K), generator=g, dtype=torch.int8)
-        w_q = torch.randint(-128, 128, (case.N, case.K), generator=g, dtype=torch.int8)
-    else:
-        x_q = (torch.randint(0, 2, (case.M, case.K), generator=g, dtype=torch.int8) * 2 - 1) * 127
-        w_q = (torch.randint(0, 2, (case.N, case.K), generator=g, dtype=torch.int8) * 2 - 1) * 127
-        x_q[0], w_q[0] = 127, 127
-        if case.N > 1:
-            w_q[1] = -127
-    return x_q.to(device), w_q.to(device)
-
-
-def _floats(case: W8Case, seed: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    x = strategies.randn((case.M, case.K), seed, dtype=torch.float64)
-    w = strategies.randn((case.N, case.K), seed + 1, dtype=torch.float64) * 0.05
-    if case.kind == "outlier":
-        x[:, seed % case.K] *= 100.0
-    if case.kind == "zero_row":
-        x[0] = 0.0
-    return x.to(dtype).to(device), w.to(dtype).to(device)
-
-
-def law_w8a8_accumulator(run, device, case, seed):
-    """The int32 accumulator (``out_dtype=torch.int32``) equals the int64 product on the host;
-    each example observes its largest |sum|."""
-    x_q, w_q = _codes(case, seed, device)
-    scales = (torch.ones(case.M, device=device), torch.ones(case.N, device=device))
-    acc = run.impl.w8a8_matmul(x_q, scales[0], w_q, scales[1], out_dtype=torch.int32)
-    assert acc.dtype == torch.int32, f"the accumulator came back as {acc.dtype}"
-    exact = x_q.cpu().long() @ w_q.cpu().long().T
-    run.observe(int(exact.abs().max()))
-    assert_exact(acc.cpu().long(), exact, what=f"int32 accumulator vs int64 product ({case})")
-
-
-def law_w8a8_reference(run, device, dtype, case, seed):
-    """x quantized per token, w per channel, the kernel's scaled output in ``dtype`` equals the
-    reference W8A8 (float64) by the dtype's rule."""
-    from inference_conformance.reference.quantization.methods import fake_quantize_activations, fake_quantize_weight
-
-    impl = run.impl
-    x, w = _floats(case, seed, dtype, device)
-    x_q, x_s = impl.quantize_activations(x)
-    w_q, w_s = impl.quantize_weight(w)
-    out = impl.w8a8_matmul(x_q, x_s, w_q, w_s, out_dtype=dtype)
-    assert tuple(out.shape) == (case.M, case.N) and out.dtype == dtype, f"got {tuple(out.shape)} {out.dtype}"
-    out_ref = fake_quantize_activations(x.double(), 8, "token") @ fake_quantize_weight(w.double(), 8).T
-    check_close(out, out_ref, what=f"W8A8 output ({case})").check()
-
-
-#: The W8A8 laws, run on the two products (not registered implementations: the tests below pick
-#: them by name). A Triton kernel under the interpreter gets half the drawn examples.
-W8A8_ACCUMULATOR = Law(
-    claim="QT-9", technique=TECH, body=law_w8a8_accumulator, params=("device",),
-    given={"case": _cases(CODE_KINDS), "seed": strategies.seeds},
-    examples=(dict(case=W8Case(2, 3, 4096, "extreme"), seed=1),       # sums of ±66,064,384
-              dict(case=W8Case(17, 65, 130, "uniform"), seed=2),      # two tiles on both axes, a K remainder
-              dict(case=W8Case(1, 1, 1, "extreme"), seed=3)),
-    interpreted_examples=lambda n: max(4, n // 2))
-W8A8_REFERENCE = Law(
-    claim="QT-9", technique=TECH, body=law_w8a8_reference, given={"case": _cases(FLOAT_KINDS), "seed": strategies.seeds},
-    examples=(dict(case=W8Case(4, 9, 96, "outlier"), seed=1), dict(case=W8Case(17, 65, 130, "zero_row"), seed=2),
-              dict(case=W8Case(2, 3, 4096, "normal"), seed=3)),
-    interpreted_examples=lambda n: max(4, n // 2))
 
 
 @pytest.mark.claim("QT-9")
@@ -220,7 +139,7 @@ def test_w8a8_linear_is_the_composition(device):
     """w8a8_linear(x, w_q, w_scales): quantize x per token, then the kernel in x's dtype."""
     from inference_conformance.optimized.quantization import w8a8_matmul as w8
 
-    x, w = _floats(W8Case(3, 5, 40, "normal"), 1, torch.bfloat16, device)
+    x, w = make_floats(W8Case(3, 5, 40, "normal"), 1, torch.bfloat16, device)
     w_q, w_s = w8.quantize_weight(w)
     out = w8.w8a8_linear(x, w_q, w_s)
     assert out.dtype == torch.bfloat16
@@ -233,7 +152,7 @@ def test_w8a8_non_finite_token_stays_in_its_row(which, device):
     """Activations are not value-checked (no device round trip per forward): a token row with NaN
     or inf must come out non-finite, never as finite garbage, and leave the other rows exact."""
     impl = _product(which)
-    x, w = _floats(W8Case(4, 6, 40, "normal"), 2, torch.float32, device)
+    x, w = make_floats(W8Case(4, 6, 40, "normal"), 2, torch.float32, device)
     w_q, w_s = impl.quantize_weight(w)
     clean = impl.w8a8_matmul(*impl.quantize_activations(x), w_q, w_s)
     for bad in (float("nan"), float("inf")):
@@ -249,7 +168,7 @@ def test_w8a8_bad_input_raises(device):
     """Every invalid call raises TypeError / ValueError naming the argument, before a launch."""
     from inference_conformance.optimized.quantization import w8a8_matmul as w8
 
-    x_q, w_q = _codes(W8Case(3, 4, 8, "uniform"), 1, device)
+    x_q, w_q = make_codes(W8Case(3, 4, 8, "uniform"), 1, device)
     xs, ws = torch.ones(3, device=device), torch.ones(4, device=device)
     calls = {
         "x_q float": (TypeError, "x_q must be int8", (x_q.float(), xs, w_q, ws), {}),

@@ -1,5 +1,5 @@
 """Tests of the FP4 block formats beside their law (``laws/fp4.py``; lecture 001 §5.4; claim QT-13), written against the
-``quantization`` contract (``conformance/contracts/quantization_fp4.py``: MXFP4's power-of-two
+``quantization`` contract (``conformance/contracts/quantization/fp4.py``: MXFP4's power-of-two
 scale per block, NVFP4's E4M3 block scale times a float32 tensor scale, E2M1 values).
 
 - QT-13, the values: every FP4 scheme of the registry (``number_format`` "mxfp4" / "nvfp4")
@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization_fp4 as fp4_contract
+from inference_conformance.conformance.contracts.quantization import fp4 as fp4_contract
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.properties.quantization.laws.fp4 import FP4_EXAMPLES, GRID, TIES, make_fp4_weight
 from inference_conformance.properties.quantization.zoo_fp4 import FP4_ZOO

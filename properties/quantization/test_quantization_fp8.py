@@ -1,5 +1,5 @@
 """Tests of the FP8 formats beside their law (``laws/fp8.py``; lecture 001 §5.4; claim QT-11), written against the ``quantization``
-contract (``conformance/contracts/quantization_fp8.py``: the FP8 formats and their bounds). The
+contract (``conformance/contracts/quantization/fp8.py``: the FP8 formats and their bounds). The
 KV-cache formats (QT-12) are in ``properties/quantization/test_quantization_kv.py``.
 
 - QT-11, the cast: the ``fp8_cast`` contract's laws (``properties/fp8_cast/``) over every
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization_fp8 as fp8_contract
+from inference_conformance.conformance.contracts.quantization import fp8 as fp8_contract
 from inference_conformance.conformance.tolerance import assert_exact
 from inference_conformance.properties import strategies
 

@@ -1,5 +1,5 @@
 """Laws of the KV-cache quantization formats (lecture 001 §5.4; claim QT-12), written against the
-``quantization`` contract (``conformance/contracts/quantization_kv.py``: the formats and their
+``quantization`` contract (``conformance/contracts/quantization/kv.py``: the formats and their
 bounds). The FP8 weight formats (QT-11) are in ``properties/quantization/test_quantization_fp8.py``.
 
 - QT-12: the formats' laws (every value within its step, attention within its bound, the bytes
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization_kv as kv_contract
+from inference_conformance.conformance.contracts.quantization import kv as kv_contract
 from inference_conformance.properties.kv_format.cases import KVFCase, make_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

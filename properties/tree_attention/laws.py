@@ -8,7 +8,8 @@ drawn and pinned cases that reach the contract's boundary classes, and rejects e
 implementation (``properties/tree_attention/zoo.py``: the mask from the flattened index, a node
 that misses itself, a sibling leak, the prefix mask off by one, GQA heads interleaved, one prefix
 length for the batch) by its own comparison. Through the model (every node's logits on the
-shipped target): ``properties/speculative_tree/test_speculative_tree_engine.py``.
+shipped target's tree forward, the speculative_tree engine's): ``SD10_MODEL`` in
+``properties/speculative_tree/laws.py``.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Hashable, Iterable
 import torch
 
 from inference_conformance.conformance.contracts.checks import blocks_needed
-from inference_conformance.conformance.contracts.paged_attention_validate import validate, validate_prefill
+from inference_conformance.conformance.contracts.paged_attention.validate import validate, validate_prefill
 from inference_conformance.reference.attention import attention, masked_attention
 
 # ----------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Reference weight quantization: symmetric absmax and asymmetric zero point, 2..8 bits, per
 tensor, per channel or per group along K; the packed storage and its probes. Naive and readable:
 one group at a time, float64 throughout. The oracle of the ``quantization`` contract
-(``conformance/contracts/quantization.py``; claims QT-1, QT-2, QT-9; lecture 001 §5.1–5.2).
+(``conformance/contracts/quantization/contract.py``; claims QT-1, QT-2, QT-9; lecture 001 §5.1–5.2).
 
 Storage (:class:`QuantizedWeight`), one convention for both schemes:
 

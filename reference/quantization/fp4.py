@@ -1,6 +1,6 @@
 """Reference FP4 block quantization (QT-13; lecture 001 §5.4): E2M1 values with a scale per
 block, MXFP4 and NVFP4, computed in float64 block by block. The FP4 oracle of the
-``quantization`` contract (``conformance/contracts/quantization_fp4.py`` states the formats).
+``quantization`` contract (``conformance/contracts/quantization/fp4.py`` states the formats).
 
 How each format picks its block scale (amax = max |w| over the block):
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
-from inference_conformance.conformance.contracts.quantization_fp4 import (
+from inference_conformance.conformance.contracts.quantization.fp4 import (
     E2M1_EMAX, E2M1_GRID, E2M1_MAX, E4M3_MAX, E8M0_BIAS, E8M0_EMAX, E8M0_EMIN, fp4_format)
 from inference_conformance.reference.quantization.fp8 import FormatScheme, fp8_cast
 

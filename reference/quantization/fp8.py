@@ -1,7 +1,7 @@
 """Reference FP8 weight quantization (QT-11; lecture 001 §5.2): w_hat = fp8(w / s) s with
 s = max|w_group| / F per group, the cast computed in float64 (:func:`fp8_cast`: round to nearest
 even on the format's grid, saturating at ±F). The FP8 oracle of the ``quantization`` contract
-(``conformance/contracts/quantization.py``); the integer schemes are in
+(``conformance/contracts/quantization/contract.py``); the integer schemes are in
 ``reference/quantization/__init__.py``.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import validate_matmul, validate_quantize
-from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format, fp8_round
+from inference_conformance.conformance.contracts.quantization.fp8 import fp8_format, fp8_round
 
 
 def fp8_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """x rounded to the FP8 format's grid, computed in float64 (the contract's
-    :func:`~inference_conformance.conformance.contracts.quantization_fp8.fp8_round`: round to
+    :func:`~inference_conformance.conformance.contracts.quantization.fp8.fp8_round`: round to
     nearest, ties to even), then saturated at ±F (F = 448 for E4M3fn, 57344 for E5M2; inf
     saturates too, NaN stays NaN). Returns float64 of x's shape (the value, not the 8-bit code).
     Raises ValueError for an unknown format (``number_format``)."""

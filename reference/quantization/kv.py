@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from inference_conformance.conformance.contracts.quantization import levels
-from inference_conformance.conformance.contracts.quantization_kv import KVFormat, kv_quantized_tokens
-from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS
+from inference_conformance.conformance.contracts.quantization.kv import KVFormat, kv_quantized_tokens
+from inference_conformance.conformance.contracts.quantization.fp8 import FP8_FORMATS
 from inference_conformance.reference.quantization.fp8 import fp8_cast
 
 

@@ -142,7 +142,7 @@ def fake_quantize_fp8(x: torch.Tensor, fmt: str, granularity: str) -> torch.Tens
     max|x| / F for the whole tensor (``"tensor"``) or per row of the last dimension
     (``"token"``, per output channel for a weight), values ``inference_conformance.reference.quantization.fp8.fp8_cast(x /
     s)`` (round to nearest even, saturating). Raises ValueError for another granularity or format."""
-    from inference_conformance.conformance.contracts.quantization_fp8 import fp8_format
+    from inference_conformance.conformance.contracts.quantization.fp8 import fp8_format
     from inference_conformance.reference.quantization.fp8 import fp8_cast
 
     if granularity not in ("tensor", "token"):

@@ -3,7 +3,7 @@
 
 PA-1: attention through a block table over non-contiguous blocks equals attention over the
 contiguous cache, for any block size and any placement of blocks. Every law is written against
-the ``paged_attention`` contract (``conformance/contracts/paged_attention.py``) and runs over
+the ``paged_attention`` contract (``conformance/contracts/paged_attention/contract.py``) and runs over
 every registered implementation; blocks are placed by random permutations over a pool larger
 than needed, unused table entries are out of range and unused slots NaN (``cases.py``). The
 known-bad implementations (``zoo.py``) are each shown rejected. Strided inputs (a column slice of

@@ -1,6 +1,6 @@
 """The law of the FP4 block formats (claim QT-13; lecture 001 §5.4): every FP4 scheme of the
 registry (``number_format`` "mxfp4" / "nvfp4") reconstructs every element within the contract's
-``fp4_bound`` (``conformance/contracts/quantization_fp4.py``), comes back as ±6 s where |w| > 6 s,
+``fp4_bound`` (``conformance/contracts/quantization/fp4.py``), comes back as ±6 s where |w| > 6 s,
 and equals the float64 reference's value exactly (ties to the even code). Drawn weights include
 ``ties`` blocks whose values lie on the midpoints between grid points. Its zoo
 (``zoo_fp4.py``) is rejected by the exact comparison; its product is QT-9's law (``integer.py``).
@@ -15,7 +15,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization_fp4 as fp4_contract
+from inference_conformance.conformance.contracts.quantization import fp4 as fp4_contract
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import assert_exact, check_within
 from inference_conformance.properties import strategies

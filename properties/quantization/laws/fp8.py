@@ -1,6 +1,6 @@
 """The law of the FP8 weight schemes (claim QT-11; lecture 001 §5.4): every FP8 scheme of the
 registry (``number_format``) reconstructs every element within the contract's ``fp8_bound``
-(``conformance/contracts/quantization_fp8.py``; per tensor, per channel, groups). Its product is
+(``conformance/contracts/quantization/fp8.py``; per tensor, per channel, groups). Its product is
 QT-9's law (``integer.py``)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization_fp8 as fp8_contract
+from inference_conformance.conformance.contracts.quantization import fp8 as fp8_contract
 from inference_conformance.conformance.laws import Kills, Law
 from inference_conformance.conformance.tolerance import check_within
 from inference_conformance.properties import strategies

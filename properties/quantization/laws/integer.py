@@ -1,6 +1,6 @@
 """The laws of integer weight quantization and of every scheme's product (claims QT-1, QT-2,
 QT-9; lecture 001 §5.1–5.2), written against the
-``quantization`` contract (``conformance/contracts/quantization.py``) and run over every
+``quantization`` contract (``conformance/contracts/quantization/contract.py``) and run over every
 registered implementation.
 
 - QT-1: every element of dequantize(quantize(w)) lies within half a step of w, the step of its
@@ -33,7 +33,8 @@ import torch
 from hypothesis import note
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts import quantization as contract, quantization_bounds
+from inference_conformance.conformance.contracts import quantization as contract
+from inference_conformance.conformance.contracts.quantization import bounds as quantization_bounds
 from inference_conformance.conformance.laws import Kills, Law, refusal
 from inference_conformance.conformance.tolerance import check_within
 from inference_conformance.properties import strategies

@@ -1,6 +1,6 @@
 """QT-9's law on both launches of the Triton weight-only kernels (claim QT-9): decode (M <= 16,
-split-K) and tiled, on pinned cases of each (the zoo test of the decode launch and the W8A8 laws
-are in ``test_quant_kernels.py``)."""
+split-K) and tiled, on pinned cases of each (the zoo test of the decode launch is in
+``test_quant_kernels.py``; the W8A8 product's laws in ``w8a8.py``)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,12 +1,14 @@
 """The ``inference_engine`` contract's step-level call, ``serve`` (claims PA-6, PA-7, PA-8 for a
 whole engine): the schedule's entries (:class:`Arrival`, :class:`Fork`), the serve features an
 engine declares (:data:`SERVE_FEATURES`), ``validate_serve`` and its documented bad calls. The
-contract's text is the module docstring of :mod:`.inference_engine` ("serve")."""
+contract's text is the module docstring of ``contract.py`` ("serve"); the requests an Arrival
+carries and their check are ``generate.py``'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Hashable
 
+from inference_conformance.conformance.contracts.inference_engine.generate import Request, validate
 from inference_conformance.conformance.registry_declarations import InvalidCall
 
 #: What ``serve`` may offer (``Capabilities.serving``): requests arriving at given steps, a
@@ -45,10 +47,10 @@ def _int(x, name: str, low: int) -> None:
         raise ValueError(f"{name} must be >= {low}, got {x}")
 
 
-def validate_serve(schedule, params, validate, Request) -> None:
-    """The contract's checks of one ``serve`` call (the module docstring's order); ``validate``
-    is the contract's ``generate`` check, run on the schedule's requests and ``params``;
-    ``Request`` the contract's request type."""
+def validate_serve(schedule, params) -> None:
+    """The contract's checks of one ``serve`` call (the order of ``contract.py``'s docstring):
+    TypeError or ValueError naming the entry and field, then ``validate`` (the ``generate``
+    check) of the Arrivals' requests and ``params``."""
     if not isinstance(schedule, list):
         raise TypeError(f"schedule must be a list of Arrival and Fork, got {type(schedule).__name__}")
     if not schedule:

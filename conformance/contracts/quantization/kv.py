@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization import SCALE_SLACK, levels
-from inference_conformance.conformance.contracts.quantization_fp8 import FP8_FORMATS, fp8_value_bound
+from inference_conformance.conformance.contracts.quantization.contract import SCALE_SLACK, levels
+from inference_conformance.conformance.contracts.quantization.fp8 import FP8_FORMATS, fp8_value_bound
 
 
 @dataclass(frozen=True)

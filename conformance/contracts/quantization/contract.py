@@ -9,7 +9,7 @@ An implementation is an object (or module) providing
 and, optionally, an attribute ``symmetric: bool`` (default True) that names its scheme (or
 ``scheme``: a name of :data:`SCHEMES`, for an outside scheme whose step is not one of the two
 below, with ``stored(qw) -> (q, scale)``, codes minus zero point (N, K) integer and scales (N, K)
-float; verified, not trusted: see ``quantization_bounds.py``), and a
+float; verified, not trusted: see ``quantization/bounds.py``), and a
 keyword ``quantize(..., g_idx=None)`` for GPTQ's act-order (below).
 
 ``w`` is a Linear weight (N, K), float64 / float32 / float16 / bfloat16, finite. ``bits`` is an
@@ -70,7 +70,7 @@ lies within half a unit in the last place, a relative 2^-(m+1) of |w| (m mantiss
 E4M3, 2^-3 for E5M2), and below it within s times half the subnormal step
 (:func:`fp8_bound`; QT-11), up to the same stored-scale and output-dtype slack as QT-1.
 
-FP4 block schemes (``number_format`` "mxfp4" / "nvfp4"; QT-13, stated in ``quantization_fp4.py``):
+FP4 block schemes (``number_format`` "mxfp4" / "nvfp4"; QT-13, stated in ``quantization/fp4.py``):
 E2M1 values times a scale per block of the granularity (MXFP4 a power of two, NVFP4 an E4M3 scale
 times a float32 tensor scale), rounded to nearest even, saturating at ±6; ``bits=4`` only.
 
@@ -82,9 +82,9 @@ tokens kept in full precision: the first ``kv_quantized_tokens(T, fmt)`` = floor
 tokens are quantized, at least the R most recent are not), or as FP8 (E4M3fn / E5M2) with one
 scale per token and head.
 
-Where each piece lives: the FP8 formats and their bounds in ``conformance/contracts/quantization_fp8.py``,
-the KV-cache formats in ``quantization_kv.py``, QT-1's bound and the declared schemes in
-``quantization_bounds.py``.
+Where each piece lives (``conformance/contracts/quantization/``): this contract in ``contract.py``, the
+FP8 formats and their bounds in ``fp8.py``, the FP4 formats in ``fp4.py``, the KV-cache formats in
+``kv.py``, QT-1's bound and the declared schemes in ``bounds.py``.
 
 Claims checked against this contract: QT-1 (half-step bound), QT-2 (idempotence; the
 reference's packing round trips), QT-9 (fused dequantize-matmul equals dequantize-then-multiply),

@@ -1,4 +1,4 @@
-"""The checks of the ``paged_attention`` contract (``conformance/contracts/paged_attention.py``
+"""The checks of the ``paged_attention`` contract (``conformance/contracts/paged_attention/contract.py``
 states the calls): :func:`validate` for ``paged_attention`` (decode: one query token per
 sequence) and :func:`validate_prefill` for ``paged_prefill`` (chunked prefill: ``query_start_loc``
 delimits each sequence's query tokens), the sizes they return (:class:`PagedShape`) and
@@ -16,7 +16,7 @@ from inference_conformance.conformance.contracts.attention import validate_optio
 from inference_conformance.conformance.contracts.checks import (check_block_table, check_index, check_kv,
                                                                  check_live_blocks, check_scale, check_seq_lens,
                                                                  check_tensor)
-from inference_conformance.conformance.contracts.paged_attention import DTYPES, INDEX_DTYPE, MAX_HEAD_DIM
+from inference_conformance.conformance.contracts.paged_attention.contract import DTYPES, INDEX_DTYPE, MAX_HEAD_DIM
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 Blackwell"): E2M1 values with a scale per block, MXFP4 (OCP Microscaling Formats (MX)
 Specification v1.0, 2023, §5 and §6.3) and NVFP4 (NVIDIA's Blackwell format, as TensorRT Model
 Optimizer, compressed-tensors and the CUDA 12.8 PTX ISA describe it). The scheme's call, shapes
-and errors are in ``conformance/contracts/quantization.py``.
+and errors are in ``conformance/contracts/quantization/contract.py``.
 
 E2M1 (:data:`E2M1_GRID`): 1 sign, 2 exponent bits (bias 1), 1 mantissa bit; the values 0, 0.5,
 1, 1.5, 2, 3, 4, 6 and their negatives (code ``S EE M``, codes 0..7 in that order, +8 negative).
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization import validate_quantize
+from inference_conformance.conformance.contracts.quantization.contract import validate_quantize
 
 #: E2M1's non-negative values, code 0..7 (code + 8: the negative).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

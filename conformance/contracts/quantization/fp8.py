@@ -1,7 +1,7 @@
 """FP8 number formats of the ``quantization`` contract (QT-11; lecture 001 §5.4, Micikevicius et
 al. 2022): :class:`FP8Format` (E4M3fn, E5M2), the per-group scale s = max|w_group| / F
 (:func:`fp8_step`) and the half-ulp bounds of a reconstructed element (:func:`fp8_half_spacing`,
-:func:`fp8_value_bound`, :func:`fp8_bound`). The scheme's call, shapes and errors are in ``conformance/contracts/quantization.py``.
+:func:`fp8_value_bound`, :func:`fp8_bound`). The scheme's call, shapes and errors are in ``conformance/contracts/quantization/contract.py``.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization import SCALE_SLACK, validate_quantize
+from inference_conformance.conformance.contracts.quantization.contract import SCALE_SLACK, validate_quantize
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ value: a live table entry out of range, a length outside 1..capacity, caches who
 or head count disagree, Hq not a multiple of Hkv, a scale that is not finite or, for inputs
 other than float64, whose magnitude float32 cannot hold (scores are computed in float32 there,
 as in the attention contract)) naming the argument, before any kernel launch (``validate`` in
-``conformance/contracts/paged_attention_validate.py``).
+``conformance/contracts/paged_attention/validate.py``).
 
 ``paged_prefill`` (optional: an implementation that leaves it out refuses it with
 ``NotImplementedError``, reported "unsupported") is the mixed batch of one serving step, in the
@@ -54,7 +54,7 @@ Returns (N, Hq, D) in ``q``'s dtype. With every q_len_b = 1 it is ``paged_attent
 must not read, the supported inputs and the errors are those of ``paged_attention``; besides,
 a ``query_start_loc`` that is not int32 raises TypeError, one of the wrong shape, not starting at
 0, not strictly increasing, not ending at N, or with a q_len_b above seq_lens[b] raises
-ValueError naming it (``paged_attention_validate.validate_prefill``).
+ValueError naming it (``paged_attention.validate.validate_prefill``).
 
 Options (claim FA-8), as the attention contract defines them, with each query at its position
 in its sequence (a decode query at seq_lens[b] - 1, a chunk's query i at p): ``window`` W (the

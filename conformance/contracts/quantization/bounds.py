@@ -1,5 +1,5 @@
 """QT-1's per-element bound of the ``quantization`` contract (lecture 001 §5.1): s/2 of the
-contract's step (``conformance/contracts/quantization.py`` :func:`step`) plus the stored scale's
+contract's step (``conformance/contracts/quantization/contract.py`` :func:`step`) plus the stored scale's
 and the output dtype's rounding (:func:`half_step_bound`), and the schemes an implementation may
 declare whose step is not the contract's (:data:`SCHEMES`: full-range absmax, llama.cpp's Q8_0
 and Q4_0), each with the bound it promises.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_conformance.conformance.contracts.quantization import SCALE_SLACK, step, validate_quantize
+from inference_conformance.conformance.contracts.quantization.contract import SCALE_SLACK, step, validate_quantize
 
 
 #: Schemes an implementation may declare (attribute ``scheme``) whose step is not the contract's.
