@@ -30,7 +30,7 @@ def test_every_builtin_resolves_or_says_why_not(technique):
             for fn in impl.functions:
                 assert callable(getattr(impl, fn)), f"{technique}:{impl.name} lacks {fn}"
         else:
-            assert re.search(r"needs the '[\w.]+' package|runs on \['cuda'\]|runs in the peers-\w+ environment",
+            assert re.search(r"needs the '[\w.]+' package|runs on \['cuda'\]|runs in the peers-[\w-]+ environment",
                              impl.unavailable), \
                 f"{technique}:{impl.name} is unavailable for a reason of the suite's own: {impl.unavailable}"
 
