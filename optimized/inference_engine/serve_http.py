@@ -5,7 +5,8 @@ that a client's own pipeline (a proxy, a router, a load balancer) can be put bet
 and a correct engine.
 
 ``python -m inference_conformance.optimized.inference_engine.serve_http FOLDER [--port 8000]``
-serves the reference engine on ``FOLDER`` (``inference-conformance export-model``'s ``target``).
+serves the reference engine on ``FOLDER`` (``inference-conformance export-model``'s ``target``);
+``--text-only`` answers as a text-only server (below).
 
 Endpoints: ``GET /health``, ``GET /v1/models`` (one model, ``id`` and ``root`` the folder),
 ``POST /v1/completions`` (``prompt`` token ids, ``max_tokens``, ``temperature``, ``top_p``,
@@ -147,8 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("folder", help="the exported model folder to serve (inference-conformance export-model's target)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--text-only", action="store_true", help="take text prompts only, answer text (as transformers serve)")
     args = ap.parse_args(argv)
-    server = EngineServer(reference_engine(), args.folder, args.host, args.port)
+    server = EngineServer(reference_engine(), args.folder, args.host, args.port, text_only=args.text_only)
     print(f"serving the float64 reference engine on {args.folder} at {server.url}", flush=True)
     try:
         server.serve_forever()
