@@ -70,11 +70,18 @@ def stage(folder) -> Path:
     return out
 
 
+#: ``--continuous-batching``'s KV cache: blocks of 16 tokens, 512 of them (8192 tokens, 32 MiB for
+#: the small world). Unset, the manager sizes its cache from the machine's memory (14 GB here: two
+#: such servers at once were ended by the kernel's out-of-memory killer).
+CB_BLOCK_SIZE, CB_NUM_BLOCKS = 16, 512
+
+
 def serve_argv(folder, continuous_batching: bool) -> list[str]:
     """``python -m transformers.cli.transformers serve FOLDER`` on the CPU in float32."""
     argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--device", "cpu",
             "--dtype", "float32", "--log-level", "warning"]
-    return argv + (["--continuous-batching"] if continuous_batching else [])
+    cb = ["--continuous-batching", "--cb-block-size", str(CB_BLOCK_SIZE), "--cb-num-blocks", str(CB_NUM_BLOCKS)]
+    return argv + (cb if continuous_batching else [])
 
 
 class TransformersServer(LaunchedServers):
