@@ -25,6 +25,11 @@ A ``fail`` entry names the failure it expects, its signature (what ``expect upda
     rule = "bfloat16"               # the tolerance rule of that comparison
     error = [0.15, 0.62]            # band [low, high] of its measured error, in the output's units
 
+A ``fail`` entry with ``intermittent = true`` lists a race: the test fails in some runs and
+passes in others (a failure that depends on how requests overlap in a server). A failure must
+still match the signature; a pass is a pass (said to be one of an intermittent entry), never an
+unexpected pass, and ``expect update`` keeps the entry (wptrunner's intermittent statuses).
+
 A failure of the listed test outside its signature (another check or rule, an error outside
 the band, another exception type: a crash) is a new failure, never an expected one. An entry
 without signature fields expects a failed check only (``exception = "AssertionError"``): a
@@ -66,7 +71,7 @@ BUILTIN = Path(str(importlib.resources.files("inference_conformance.expectations
 _TEXT_FIELDS = {"expected", "reason", "measured", "link", "dtype", "exception", "check", "rule"}
 #: the fields of a fail entry's signature (:meth:`Entry.admits`)
 SIGNATURE = ("exception", "check", "rule", "error")
-_ENTRY_FIELDS = _TEXT_FIELDS | {"error"}
+_ENTRY_FIELDS = _TEXT_FIELDS | {"error", "intermittent"}
 #: the band ``expect update`` writes around a measured error: [error / BAND, error * BAND]
 BAND = 2.0
 _IMPL_FIELDS = {"name", "target", "technique"}
@@ -77,7 +82,8 @@ class Entry:
     """One expected outcome: ``key`` (a test id pattern), ``expected``, ``reason``, ``measured``,
     ``link``, ``dtype`` ("" for any), ``source`` (the file it came from), and for a "fail" entry
     its signature: ``exception`` (type name), ``check``, ``rule`` ("" for any) and ``error``
-    (``(low, high)`` band of the measured error, or None for any)."""
+    (``(low, high)`` band of the measured error, or None for any), and ``intermittent`` (it
+    may pass: a race)."""
 
     key: str
     expected: str
@@ -90,6 +96,7 @@ class Entry:
     check: str = ""
     rule: str = ""
     error: tuple | None = None
+    intermittent: bool = False
 
     @property
     def signed(self) -> bool:
@@ -206,6 +213,11 @@ def parse(text: str, source: str = "<string>") -> Expectations:
         if signed and not Outcome.of(entry["expected"]).fails_law:
             raise ValueError(f"{where}: field {signed[0]!r} names a failure's signature; only an entry with "
                              f"expected = \"fail\" has one (this one is {entry['expected']!r})")
+        if "intermittent" in entry and not isinstance(entry["intermittent"], bool):
+            raise ValueError(f"{where}: field 'intermittent' must be true or false, got {entry['intermittent']!r}")
+        if entry.get("intermittent") and not Outcome.of(entry["expected"]).fails_law:
+            raise ValueError(f"{where}: field 'intermittent' marks a failure that sometimes passes; only an entry "
+                             f"with expected = \"fail\" has one (this one is {entry['expected']!r})")
         if "exception" in entry and not entry["exception"].isidentifier():
             raise ValueError(f"{where}: field 'exception' must be an exception's type name "
                              f"(AssertionError, RuntimeError, ...), got {entry['exception']!r}")
@@ -320,6 +332,8 @@ def dumps(exp: Expectations, header: str = "") -> str:
     for key in sorted(exp.entries):
         e = exp.entries[key]
         lines += ["", f"[tests.{_string(key)}]", f"expected = {_string(e.expected)}", f"reason = {_string(e.reason)}"]
+        if e.intermittent:
+            lines.append("intermittent = true")
         for name in ("measured", "link", "dtype", "exception", "check", "rule"):
             if getattr(e, name):
                 lines.append(f"{name} = {_string(getattr(e, name))}")

@@ -225,7 +225,9 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             entry = expected(item)
             if entry is not None and Outcome.of(entry.expected).fails_law:
-                item.add_marker(pytest.mark.xfail(strict=strict, reason=verdicts.expect_reason(entry)))
+                # an intermittent failure (a race) may pass: not strict
+                item.add_marker(pytest.mark.xfail(strict=strict and not entry.intermittent,
+                                                  reason=verdicts.expect_reason(entry)))
     _modes_at_production_shapes(config, items)
     _production_shapes_once_interpreted(config, items)
     if config.getoption("zoo_only", default=False):

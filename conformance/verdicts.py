@@ -97,7 +97,8 @@ def outcome(report, call, entry, partial: str, allow_unexpected_pass: bool, wors
     "unsupported"/"partial" test that passes in full is an unexpected pass, and a listed failure
     refused or skipped in its test a stale expectation: both fail ``report`` unless
     ``allow_unexpected_pass`` (:attr:`Outcome.exit`). A listed failure outside the entry's
-    signature fails ``report`` (outcome "fail" or "error"). A test's own xfail marker (no entry)
+    signature fails ``report`` (outcome "fail" or "error"); a pass of an intermittent entry's test
+    is a pass. A test's own xfail marker (no entry)
     keeps its plain rows (skip / fail)."""
     # only an --expect entry's xfail: a test's own xfail marker keeps its old rows (skip / fail)
     xpass = entry is not None and isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]")
@@ -111,6 +112,8 @@ def outcome(report, call, entry, partial: str, allow_unexpected_pass: bool, wors
         verdict = Outcome.EXPECTED_FAIL
         crash = getattr(report.longrepr, "reprcrash", None)
         message = crash.message if crash is not None else str(report.wasxfail)
+    elif entry is not None and entry.intermittent and hasattr(report, "wasxfail") and report.passed:
+        verdict, message = Outcome.PASS, f"passed this run; listed as intermittent: {expect_reason(entry)}"
     elif (entry is not None and hasattr(report, "wasxfail") and report.passed) or xpass:
         verdict = Outcome.UNEXPECTED_PASS
         message = f"passed; expected to fail: {report.wasxfail if not xpass else report.longrepr}"

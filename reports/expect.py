@@ -138,15 +138,16 @@ def update(rows: list[Row], out: Path, *, builtins: bool = False, only: list[str
                                         target=old.target if old else "")
         if old is not None:
             for key, e in old.entries.items():
-                if not any(e.matches(k, k.split("[")[0], d) for k, d in ran.items()):
-                    exp.entries[key] = e          # not run this time: kept as it was
+                if e.intermittent or not any(e.matches(k, k.split("[")[0], d) for k, d in ran.items()):
+                    exp.entries[key] = e          # not run this time, or a race that passed: kept as it was
         covered = set()
         for key, (listed, measured, failure, verdict) in failing.items():
             kept = old.find(key, key.split("[")[0], ran[key]) if old is not None else None
             exp.entries[key] = expectations.Entry(
                 key=key, expected=listed, measured=measured,
                 reason=kept.reason if kept is not None else NEW_REASON,
-                link=kept.link if kept is not None else "", **_signature(listed, failure, kept))
+                link=kept.link if kept is not None else "", intermittent=kept is not None and kept.intermittent,
+                **_signature(listed, failure, kept))
             covered.add(kept.key if kept is not None else key)
             line = _change(key, exp.entries[key], kept, verdict)
             if line and changes is not None:

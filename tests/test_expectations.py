@@ -121,6 +121,25 @@ def test_known_failure_new_failure_and_fix(tmp_path):
     assert expectations.load([out])[0].entries == {}
 
 
+def test_an_intermittent_failure_may_pass_and_stays_listed(tmp_path):
+    """``intermittent = true`` (a race): a failure in its signature is expected, a pass is a pass
+    (not an unexpected pass: the run is green), and ``expect update`` from the passing run keeps it."""
+    out = tmp_path / "expectations"
+    out.mkdir()
+    key = f"test_matches_reference[{TARGET}-bfloat16]"
+    (out / "my.toml").write_text(f"[implementation]\nname = '{TARGET}'\n[tests.\"{key}\"]\nexpected = 'fail'\n"
+                                 "reason = 'a race'\nintermittent = true\nexception = 'AssertionError'\n")
+    r = _run(tmp_path, "--expect", str(out), "--results", str(tmp_path / "fails"))
+    assert r.returncode == 0 and "1 xfailed" in r.stdout, r.stdout[-3000:]
+    assert _verdicts(tmp_path / "fails")[key] == "expected fail"
+    r = _run(tmp_path, "--expect", str(out), "--results", str(tmp_path / "passes"), bf16=False)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert _verdicts(tmp_path / "passes")[key] == "pass"
+    expect.update(read_rows(tmp_path / "passes"), out / "my.toml")
+    (entry,) = expectations.load([out])[0].entries.values()
+    assert entry.intermittent and entry.reason == "a race"
+
+
 def test_a_damaged_expectation_file_is_a_usage_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[implementation]\nname = "my_attention:attention"\n[tests."test_x"]\nexpected = "flaky"\nreason = ""\n')
@@ -167,10 +186,10 @@ def test_parse_and_match():
 def test_dumps_reads_back():
     exp = expectations.parse(GOOD, "good.toml")
     exp.entries["test_q"] = expectations.Entry(key="test_q", expected="fail", reason='a "quote"\\ and\nline\x01',
-                                               measured="é ✓")
+                                               measured="é ✓", intermittent=True)
     again = expectations.parse(expectations.dumps(exp, "a header\nof two lines"), "again.toml")
-    assert {k: (e.expected, e.reason, e.measured, e.link, e.dtype) for k, e in again.entries.items()} == \
-        {k: (e.expected, e.reason, e.measured, e.link, e.dtype) for k, e in exp.entries.items()}
+    assert {k: (e.expected, e.reason, e.measured, e.link, e.dtype, e.intermittent) for k, e in again.entries.items()} == \
+        {k: (e.expected, e.reason, e.measured, e.link, e.dtype, e.intermittent) for k, e in exp.entries.items()}
 
 
 @pytest.mark.parametrize("text, words", [
@@ -184,6 +203,10 @@ def test_dumps_reads_back():
     ("[implementation]\nname = 'x'\n[tests.t]\nexpected = 'fail'\nreason = ''\nexpcted = 1\n", ["entry 't'", "'expcted'"]),
     ("[implementation]\nname = 'x'\n[tests]\nt = 'fail'\n", ["entry 't'", "must be a table"]),
     ("[implementation\nname = 'x'\n", ["not valid TOML"]),
+    ("[implementation]\nname = 'x'\n[tests.t]\nexpected = 'fail'\nreason = ''\nintermittent = 1\n",
+     ["entry 't'", "'intermittent' must be true or false"]),
+    ("[implementation]\nname = 'x'\n[tests.t]\nexpected = 'partial'\nreason = ''\nintermittent = true\n",
+     ["entry 't'", "'intermittent'", "'partial'"]),
     ("[implementation]\nname = 'x'\n[extra]\n", ["unknown table", "'extra'"]),
 ])
 def test_damaged_file_errors_name_file_entry_and_field(text, words):
