@@ -208,12 +208,14 @@ def test_a_signature_reads_back_and_a_damaged_one_names_its_field():
 
 def test_the_suites_own_failures_are_signed():
     """Every "fail" entry of expectations/ names its failure (no whole-law excuse) and no key
-    is a bare law name or a wildcard over a fail entry's dtypes."""
+    is a bare law name or a wildcard over a fail entry's dtypes; an intermittent one (a race,
+    which may hit any request of a call) may leave out the check, never the rule and band."""
     for exp in expectations.load([expectations.BUILTIN]):
         for key, e in exp.entries.items():
             if e.expected != "fail":
                 continue
-            assert e.signed and e.exception and e.check, f"{exp.source}: {key}: no signature"
+            assert e.signed and e.exception and (e.check or (e.intermittent and e.rule and e.error)), \
+                f"{exp.source}: {key}: no signature"
             assert "[" in key and "*" not in key and "?" not in key, f"{exp.source}: {key}: covers more than one test"
 
 
