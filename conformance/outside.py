@@ -84,8 +84,11 @@ def engine_url(config) -> str | None:
 
 def server_engine(config, url: str):
     """The server at ``url`` as an outside ``inference_engine`` implementation named by its URL
-    (``optimized/inference_engine/openai_server.py``: ``OpenAIServer``)."""
+    (``optimized/inference_engine/openai_server.py``: ``OpenAIServer``), after one ``GET
+    /v1/models``: RuntimeError (the server's words) where it does not answer."""
+    from inference_conformance.conformance.plugin_collect import impl_timeout
+
     server = importlib.import_module(SERVER_MODULE).OpenAIServer(
-        url, dtype=config.getoption("engine_dtype", default="float32"),
-        timeout=float(config.getoption("impl_timeout", default=300) or 300))
+        url, dtype=config.getoption("engine_dtype", default="float32"), timeout=impl_timeout(config) or 300.0)
+    server.model()
     return registry.from_object("inference_engine", url, server, "outside", target=url)

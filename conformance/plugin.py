@@ -14,9 +14,11 @@ Options:
                                  available or why not) and exit.
   --engine-url URL               judge the OpenAI-compatible server at URL as an inference_engine (as
                                  --impl does an implementation; default $INFERENCE_CONFORMANCE_ENGINE_URL);
-                                 --engine-dtype the dtype it computes in (default float32).
-  --impl-timeout SECONDS         per-test timeout for outside implementations (default 300; needs
-                                 pytest-timeout): a hang fails that test with the reason.
+                                 --engine-dtype the dtype it computes in (default float32); a server
+                                 that does not answer GET /v1/models is a usage error (exit 4).
+  --impl-timeout SECONDS         per-test timeout for outside implementations (default 300, 1800 with
+                                 --engine-url, where it is each request's too; needs pytest-timeout):
+                                 a hang fails that test with the reason.
   --expect PATH                  expectation file or folder of them (repeatable; see
                                  inference_conformance.conformance.expectations): a listed failure of that implementation
                                  is an expected failure (row verdict "expected fail", the run stays
@@ -78,7 +80,7 @@ from inference_conformance.conformance import outside as outside_impls
 from inference_conformance.conformance.device import resolve_device, select_device
 from inference_conformance.conformance.bench_rows import (bench_backends, bench_id, bench_implementation, outside,
                                                           outside_backends, outside_info, outside_refusals)
-from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, pytest_collect_file,
+from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, SERVER_TIMEOUT_S, pytest_collect_file,
                                                               pytest_collection_modifyitems, pytest_generate_tests,
                                                               pytest_make_collect_report, pytest_pycollect_makeitem, ready)
 from inference_conformance.conformance.plugin_profiles import STORAGE_ENV, storage_dir
@@ -116,8 +118,9 @@ def pytest_addoption(parser):
     group.addoption("--list-impls", action="store_true", default=False,
                     help="list every registered implementation (technique, name, origin, available "
                          "on --device or why not) and exit")
-    group.addoption("--impl-timeout", type=float, default=OUTSIDE_TIMEOUT_S, metavar="SECONDS",
-                    help="per-test timeout for outside implementations (pytest-timeout; 0: none; default %(default)s)")
+    group.addoption("--impl-timeout", type=float, default=None, metavar="SECONDS",
+                    help=f"per-test timeout for outside implementations, and each request's with --engine-url "
+                         f"(pytest-timeout; 0: none; default {OUTSIDE_TIMEOUT_S:.0f}, {SERVER_TIMEOUT_S:.0f} with --engine-url)")
     group.addoption("--expect", action="append", default=[], metavar="PATH",
                     help="expectation file (TOML) or folder of them: listed failures are expected (repeatable)")
     group.addoption("--engine-url", default=None, metavar="URL",
@@ -183,7 +186,10 @@ def pytest_configure(config):
         _share_cores(st.device)
     st.outside = {technique: [_load(technique, target) for _, target in pairs] for technique, pairs in targets.items()}
     if engine_url:
-        st.outside.setdefault("inference_engine", []).append(outside_impls.server_engine(config, engine_url))
+        try:           # one GET /v1/models before any law: an unreachable server is a usage error, said once
+            st.outside.setdefault("inference_engine", []).append(outside_impls.server_engine(config, engine_url))
+        except RuntimeError as exc:
+            raise pytest.UsageError(f"--engine-url {engine_url}: {exc}") from exc
     try:
         with warnings.catch_warnings(record=True) as lax:
             warnings.simplefilter("always", expectations.ExpectationWarning)

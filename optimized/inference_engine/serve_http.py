@@ -144,7 +144,9 @@ class EngineServer(ThreadingHTTPServer):
 def main(argv=None) -> int:
     from inference_conformance.optimized.inference_engine.suite import reference_engine
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m inference_conformance.optimized.inference_engine.serve_http",
+                                 description="An OpenAI-compatible completions server over the float64 reference "
+                                             "engine on FOLDER (endpoints: /health, /v1/models, /v1/completions).")
     ap.add_argument("folder", help="the exported model folder to serve (inference-conformance export-model's target)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
