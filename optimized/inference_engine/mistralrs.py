@@ -18,6 +18,12 @@ settings and ids, with three workarounds of the Python API, each forced by mistr
   ("Received messages for a model which does not have a chat template"), so the staging folder
   holds the identity template (the one user message's content, nothing added).
 
+mistral.rs keeps the KV cache in float16 on the CPU whatever the model's dtype ("Using f16 KV
+cache on CPU (set MISTRALRS_CPU_KV_F32=1 for f32)"): the adapter asks for float32 and sets
+``MISTRALRS_CPU_KV_F32=1`` before it builds a Runner, so that the cache is float32 too (with
+float16 keys and values its logprobs were 2.8e-3 off the float64 reference at 37 tokens, 19 times
+the float32 bound; 5e-7 with it: ``tests/test_outside_mistralrs.py``).
+
 Each request is one ``send_chat_completion_request`` (``ignore_eos=True``, ``max_tokens``,
 ``temperature`` 0 for greedy, else its temperature and ``top_p``, ``logprobs=True``), sent in turn:
 the ``Runner`` is not re-entrant ("Already borrowed" from a second thread), so a call's requests run
@@ -30,6 +36,7 @@ unseeded sampled requests are accepted.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -81,6 +88,7 @@ class MistralRS:
         if key not in self._runners:
             from mistralrs import Architecture, ModelDType, Runner, Which
 
+            os.environ["MISTRALRS_CPU_KV_F32"] = "1"     # read when the Runner is built (module docstring)
             staged = stage(folder)
             vocab = json.loads((staged / "tokenizer.json").read_text())["model"]["vocab"]
             run = Runner(which=Which.Plain(model_id=str(staged), arch=Architecture.Llama, dtype=ModelDType.F32),
