@@ -8,7 +8,8 @@ merged into one conformance matrix (``python -m inference_conformance.reports me
   (:func:`inference_conformance.conformance.environment.fingerprint`: CPU/GPU model, torch, Triton, Python, commit);
 - ``impls-<worker>-<pid>.json``, one per pytest process: every implementation that process
   parametrized, as ``{"technique", "name", "origin", "target", "packages": {distribution:
-  version}}`` (torch, Triton where it launches kernels, the package an adapter needs, an
+  version}}`` (torch, Triton where it launches kernels, the package an adapter needs and those
+  its object lists in ``packages`` (a server's), an
   outside target's own distribution; ``peers-<set>: on|off`` for a peer set's adapter, so that
   the matrix keeps a peer job's rows apart from a run where that set is off).
 
@@ -84,6 +85,8 @@ def describe(impl) -> dict:
         needs = _distribution_of(impl.target)
     if needs:
         packages[needs] = _version(needs) or "not installed"
+    for dist in getattr(impl.namespace, "packages", ()):      # an adapter's other distributions (a server's)
+        packages[dist] = _version(dist) or "not installed"
     out = {"technique": impl.technique, "name": impl.name, "origin": impl.origin, "target": impl.target,
            "packages": {k: v for k, v in packages.items() if v}}
     environment = getattr(impl.namespace, "environment", None)     # a server's settings, model and probes

@@ -87,6 +87,9 @@ def serve_argv(folder, continuous_batching: bool) -> list[str]:
 class TransformersServer(LaunchedServers):
     """``transformers serve`` on a staged copy of the folder, one process per folder."""
 
+    #: the distributions the run records beside ``uvicorn`` (the registration's ``needs``)
+    packages = ("transformers", "fastapi")
+
     def __init__(self, continuous_batching: bool = False):
         super().__init__()
         self.continuous_batching = bool(continuous_batching)
