@@ -82,12 +82,25 @@ def engine_url(config) -> str | None:
     return None if url is None else importlib.import_module(SERVER_MODULE).base_url(url)
 
 
+#: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``), and for a
+#: server judged by URL (``--engine-url``: every call crosses the network, and EN-3's sampled law
+#: sends thousands of requests: 37 s to over 300 s against the reference server on 2 busy cores).
+OUTSIDE_TIMEOUT_S, SERVER_TIMEOUT_S = 300.0, 1800.0
+
+
+def impl_timeout(config) -> float:
+    """``--impl-timeout``, else :data:`SERVER_TIMEOUT_S` with ``--engine-url``, else
+    :data:`OUTSIDE_TIMEOUT_S` (0: none)."""
+    given = config.getoption("impl_timeout", default=None)
+    if given is not None:
+        return float(given)
+    return SERVER_TIMEOUT_S if engine_url(config) else OUTSIDE_TIMEOUT_S
+
+
 def server_engine(config, url: str):
     """The server at ``url`` as an outside ``inference_engine`` implementation named by its URL
     (``optimized/inference_engine/openai_server.py``: ``OpenAIServer``), after one ``GET
     /v1/models``: RuntimeError (the server's words) where it does not answer."""
-    from inference_conformance.conformance.plugin_collect import impl_timeout
-
     server = importlib.import_module(SERVER_MODULE).OpenAIServer(
         url, dtype=config.getoption("engine_dtype", default="float32"), timeout=impl_timeout(config) or 300.0)
     server.model()

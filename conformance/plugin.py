@@ -80,8 +80,8 @@ from inference_conformance.conformance import outside as outside_impls
 from inference_conformance.conformance.device import resolve_device, select_device
 from inference_conformance.conformance.bench_rows import (bench_backends, bench_id, bench_implementation, outside,
                                                           outside_backends, outside_info, outside_refusals)
-from inference_conformance.conformance.plugin_collect import (OUTSIDE_TIMEOUT_S, SERVER_TIMEOUT_S, pytest_collect_file,
-                                                              pytest_collection_modifyitems, pytest_generate_tests,
+from inference_conformance.conformance.outside import OUTSIDE_TIMEOUT_S, SERVER_TIMEOUT_S
+from inference_conformance.conformance.plugin_collect import (pytest_collect_file, pytest_collection_modifyitems, pytest_generate_tests,
                                                               pytest_make_collect_report, pytest_pycollect_makeitem, ready)
 from inference_conformance.conformance.plugin_profiles import STORAGE_ENV, storage_dir
 from inference_conformance.conformance.plugin_results import (_RECORDER, _rows_for, pytest_handlecrashitem,

@@ -13,24 +13,10 @@ from _pytest.python import path_matches_patterns
 from inference_conformance.conformance import expectations, registry, verdicts
 from inference_conformance.conformance.bench_rows import bench_id
 from inference_conformance.conformance.outcomes import Outcome
+from inference_conformance.conformance.outside import impl_timeout
 from inference_conformance.conformance.plugin_profiles import applied
 from inference_conformance.conformance.plugin_state import activated, is_suite_node, is_suite_path, state
 
-#: Default per-test timeout (seconds) for outside implementations (``--impl-timeout``), and for a
-#: server judged by URL (``--engine-url``: every call crosses the network, and EN-3's sampled law
-#: sends thousands of requests: 37 s to over 300 s against the reference server on 2 busy cores).
-OUTSIDE_TIMEOUT_S, SERVER_TIMEOUT_S = 300.0, 1800.0
-
-
-def impl_timeout(config) -> float:
-    """``--impl-timeout``, else :data:`SERVER_TIMEOUT_S` with ``--engine-url``, else
-    :data:`OUTSIDE_TIMEOUT_S` (0: none)."""
-    from inference_conformance.conformance import outside
-
-    given = config.getoption("impl_timeout", default=None)
-    if given is not None:
-        return float(given)
-    return SERVER_TIMEOUT_S if outside.engine_url(config) else OUTSIDE_TIMEOUT_S
 
 
 def ready(config) -> None:
