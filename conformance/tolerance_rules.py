@@ -245,8 +245,8 @@ class NearTieRule(Rule):
     token the engine chose and the one it is judged against (the argmax, or the other run's
     token) must be <= ``factor`` · max(measured, ``floor``), where measured is the engine's own
     error on the request (max |logprob − float64 log-softmax| over its tokens; for an engine that
-    returns no logprobs, the largest float64 gap of a non-argmax token in a greedy calibration
-    run of the same engine and settings). Each position with a gap > 0 is excused and counted;
+    returns no logprobs, the error of the suite's reference model run in the dtype it computes
+    in, never the engine's own greedy gaps, which would excuse its own wrong tokens). Each position with a gap > 0 is excused and counted;
     more than ``max_share`` of an example's positions excused fails (:meth:`judge_share`)."""
 
     name: str

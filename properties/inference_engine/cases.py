@@ -16,7 +16,7 @@ import tempfile
 import torch
 
 from inference_conformance.conformance import results
-from inference_conformance.conformance.contracts.inference_engine import Completion, Params, Request, logit_bound
+from inference_conformance.conformance.contracts.inference_engine import Completion, Params, logit_bound
 from inference_conformance.conformance.tolerance import check_exact, check_within, report_verdict
 from inference_conformance.conformance.tolerance_rules import HALF_DTYPES, NEAR_TIE, RULES, max_abs_error, model_rule
 from inference_conformance.smallworld import data
@@ -78,25 +78,29 @@ def measured_error(c: Completion, logits: torch.Tensor) -> float | None:
     return max_abs_error(c.logprobs.double(), ref)
 
 
-def greedy_gaps(outs: list, prompts: list, folder: str) -> float:
-    """A calibration of an engine returning no logprobs: the largest float64 gap (top − chosen)
-    over the positions of its greedy completions ``outs`` of ``prompts`` (0 where each token is
-    the float64 argmax)."""
+@functools.lru_cache(maxsize=4)
+@torch.no_grad()
+def dtype_error(folder: str, dtype: torch.dtype) -> float:
+    """ε for an engine returning no logprobs: the largest |log-softmax − float64 log-softmax| of
+    the reference model of ``folder`` run in ``dtype`` (``out_pt``, never the engine) over every
+    position of four grammar documents (24 ids each). Measured on the suite's own model, so that an
+    engine's wrong tokens cannot widen their own allowance (a greedy call of the engine judged
+    excused any deterministic error it made)."""
+    model = load_hf_llama(folder, dtype=dtype)
     worst = 0.0
-    for c, p in zip(outs, prompts):
-        logits = position_logits(folder, p, c.tokens)
-        worst = max(worst, float((logits.max(-1).values - logits[torch.arange(len(c.tokens)), c.tokens]).max()))
+    for d in document_prompts(0, 4, max_len=24):
+        seq = torch.tensor([list(d)])
+        lp, lp_pt = torch.log_softmax(oracle(folder)(seq)[0], -1), torch.log_softmax(model(seq)[0].double(), -1)
+        worst = max(worst, max_abs_error(lp_pt, lp))
     return worst
 
 
-def calibration(engine, seed: int, out: list) -> float:
+def calibration(engine, out: list) -> float:
     """0 where every completion of ``out`` carries logprobs (each is judged by its own measured
-    error); else :func:`greedy_gaps` of a greedy calibration call of the same engine and settings
-    on three other grammar prompts."""
+    error); else :func:`dtype_error` of the dtype the engine computes in."""
     if all(c.logprobs is not None for c in out):
         return 0.0
-    prompts = document_prompts(seed + 1, 3)
-    return greedy_gaps(generate(engine, [Request(p, 8) for p in prompts], params()), prompts, folders()["target"])
+    return dtype_error(folders()["target"], engine.capabilities().dtype)
 
 
 def record_excused(claim: str):

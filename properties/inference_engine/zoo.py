@@ -96,6 +96,27 @@ class ArgmaxLogprobs(ReferenceEngine):
         return float(torch.log_softmax(logits.double(), -1).max())
 
 
+class NoLogprobsShortPromptFlip(ReferenceEngine):
+    """Returns no logprobs, and takes the runner-up instead of the argmax wherever a sequence holds
+    exactly three tokens: one wrong greedy token after every prompt shorter than four. Its own
+    greedy gaps, taken as its allowance, excused it (the allowance of an engine without logprobs is
+    the reference model's error in its dtype: ``cases.dtype_error``)."""
+
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), logprobs=False)
+
+    def _next_logits(self, model, seqs):
+        logits = super()._next_logits(model, seqs).clone()
+        for i, s in enumerate(seqs):
+            if len(s) == 3:
+                first, second = logits[i].topk(2).indices.tolist()
+                logits[i, first], logits[i, second] = logits[i, second].clone(), logits[i, first].clone()
+        return logits
+
+    def generate(self, requests, params):
+        return [dataclasses.replace(c, logprobs=None) for c in super().generate(requests, params)]
+
+
 class DeclaredBfloat16BatchFlips(ReferenceEngine):
     """Computes in float64 and declares bfloat16; in a call of 4 or more requests, a greedy
     token whose float64 top-two gap is under 1 becomes the runner-up (its logprob reported
@@ -207,6 +228,8 @@ def implementations():
         known_bad("inference_engine", "unseeded", Unseeded(load), bug="The sampler ignores the requests' seeds"),
         known_bad("inference_engine", "argmax_logprobs", ArgmaxLogprobs(load),
                   bug="Logprobs of the argmax token, not of the chosen one (right only when greedy)"),
+        known_bad("inference_engine", "no_logprobs_short_prompt_flip", NoLogprobsShortPromptFlip(load),
+                  bug="Without logprobs, takes the runner-up token after every prompt shorter than four"),
         known_bad("inference_engine", "declared_bfloat16_batch_flips", DeclaredBfloat16BatchFlips(load),
                   bug="Computes in float64, declares bfloat16; in batches of 4+ a greedy near-tie (gap < 1) flips"),
         known_bad("inference_engine", "processed_logprobs", ProcessedLogprobs(load),

@@ -91,8 +91,8 @@ the engine declares: a token that is not the float64 argmax (EN-1), or a token t
 between two runs (EN-2, EN-3), is excused only as a near-tie of the tolerance rule
 "engine-near-tie": the float64 gap between the two logits within 4 times the engine's measured
 error on that request (max |logprob - float64 log-softmax| over its tokens; for an engine
-returning no logprobs, the largest float64 gap of a non-argmax token in a greedy calibration
-run of the same engine and settings), with a floor of 1e-12; each excused position is counted,
+returning no logprobs, the error of the suite's reference model run in the dtype it computes in:
+never the engine's own greedy gaps, which would excuse its own wrong tokens), with a floor of 1e-12; each excused position is counted,
 and more than 10 % excused positions in one example fail. Logprobs are judged by the dtype the
 engine computes in: within 2·:func:`logit_bound` for float32 and float64, by the 16-bit model
 rule (the reference model run in that dtype) for float16 and bfloat16. Sources: lecture 001 §2 and §4 (KV-1, KV-10, PA-6..PA-8 for a

@@ -41,12 +41,13 @@ def _caps(impl):
 
 def law_greedy_matches_reference(run, device, seed):
     """EN-1: greedy tokens and logprobs of a batch of grammar prompts against the float64 model;
-    near-ties excused by the engine's measured error (its logprobs, else a calibration call)."""
+    near-ties excused by the engine's measured error (its logprobs, else the reference model's
+    error in the dtype it computes in: :func:`cases.dtype_error`)."""
     eng, bound = run.impl, cases.dtype_bound(run.impl)
     prompts = cases.document_prompts(seed, 3)
     with refusal(run, "greedy generation"):
         out = cases.generate(eng, [Request(p, 8) for p in prompts], cases.params())
-        calibration = cases.calibration(eng, seed, out)
+        calibration = cases.calibration(eng, out)
     folder = cases.folders()["target"]
     excused = sum(cases.check_greedy(c, p, folder, bound, f"request {i} {p}", calibration)
                   for i, (c, p) in enumerate(zip(out, prompts)))
@@ -63,7 +64,7 @@ def law_output_independent_of_batching(run, device, seed, cuts, prefix_caching, 
     folder = cases.folders()["target"]
     with refusal(run, "a request alone"):
         alone = [eng.generate([r], cases.params())[0] for r in reqs]
-    calibration = cases.greedy_gaps(alone, prompts, folder) if any(c.logprobs is None for c in alone) else 0.0
+    calibration = cases.calibration(eng, alone)
     kw = {}
     if prefix_caching and caps.prefix_caching:
         kw["prefix_caching"] = True
@@ -142,7 +143,7 @@ def law_speculative_greedy(run, device, seed, gamma):
     for method in _caps(eng).speculative:
         with refusal(run, f"speculative {method!r}"):
             spec = cases.generate(eng, reqs, cases.params(speculative=method, num_speculative_tokens=gamma))
-        calibration = cases.greedy_gaps(plain, prompts, folder) if any(c.logprobs is None for c in plain) else 0.0
+        calibration = cases.calibration(eng, plain)
         for i, (a, b) in enumerate(zip(plain, spec)):
             what = f"request {i} {prompts[i]}, {method} γ={gamma}"
             cases.check_same(a, b, prompts[i], folder, bound, what, calibration=calibration)
@@ -233,7 +234,7 @@ def _seeded(impl):
 #: runs whole engines several times (``dev``: 3, ``thorough``: 50).
 _FEW = dict(params=("device",), max_examples=lambda n: max(1, n // 10))
 EN1 = Law(claim="EN-1", technique="inference_engine", body=law_greedy_matches_reference, given={"seed": SEEDS},
-          examples=(dict(seed=0),), kills=(Kills(("batch_dependent",)),), **_FEW,
+          examples=(dict(seed=0),), kills=(Kills(("batch_dependent", "no_logprobs_short_prompt_flip")),), **_FEW,
     test="test_en1_greedy_matches_reference", after=cases.record_excused("EN-1"),
     zoo_tests=("test_en1_zoo_rejected",))
 #: EN1S's sampling parameters: the raw and the processed log-softmax differ wherever T != 1 or top-p < 1.
