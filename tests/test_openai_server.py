@@ -62,13 +62,16 @@ def test_text_only_server_judged_in_the_text_dialect(served):
     assert engine.dialect == "text" and engine.environment()["probes"]["prompts"].startswith("text (ids refused: HTTP 422")
     assert engine.capabilities().logprobs is False
     answer = {"choices": [{"text": "a ant", "finish_reason": "length"}], "usage": {"prompt_tokens": 4}}
-    with pytest.raises(openai_server.ServerError, match="read 4 prompt tokens from the text of 3 ids"):
+    with pytest.raises(openai_server.ServerError, match="answered 4 prompt tokens for the text of 3 ids"):
         openai_protocol.completion(answer, 2, "u", "text", 3)
     with pytest.raises(openai_server.ServerError, match="outside the served vocabulary"):
         openai_protocol.parse({"choices": [{"text": "the zebraXYZ"}]}, "u", "text")
     short = {"choices": [{"text": "a", "finish_reason": "stop"}]}
     with pytest.raises(openai_server.ServerError, match="no eos_token_id"):
         openai_protocol.completion(short, 2, "u", "text")
+    glued = {"choices": [{"text": "a", "finish_reason": "length"}]}
+    with pytest.raises(openai_server.ServerError, match="not one vocabulary word per token"):
+        openai_protocol.completion(glued, 2, "u", "text")
     with pytest.raises(ValueError, match="dialect"):
         openai_server.OpenAIServer("http://h/v1", dialect="json")
 

@@ -60,7 +60,8 @@ def ids_of_text(text: str, url: str) -> list[int]:
     unknown = [w for w in words if w not in stoi]
     if unknown:
         raise ServerError(f"the server at {url} answered words outside the served vocabulary ({unknown[:5]}): "
-                          "serve the folder `inference-conformance export-model` wrote")
+                          "serve the folder `inference-conformance export-model` wrote (or its detokenizer joins "
+                          "tokens)")
     return [stoi[w] for w in words]
 
 
@@ -124,12 +125,17 @@ def completion(answer: dict, max_new_tokens: int, url: str, dialect: str = "ids"
     ids, logprobs, cached = parse(answer, url, dialect)
     read = (answer.get("usage") or {}).get("prompt_tokens")
     if dialect == "text" and prompt_len is not None and read is not None and int(read) != prompt_len:
-        raise ServerError(f"the server at {url} read {read} prompt tokens from the text of {prompt_len} ids: its "
-                          "tokenizer is not the exported folder's word-level one")
+        raise ServerError(f"the server at {url} answered {read} prompt tokens for the text of {prompt_len} ids: its "
+                          "tokenizer is not the exported folder's word-level one, or the answer is another request's")
     if len(ids) != max_new_tokens:
         reason = answer["choices"][0].get("finish_reason")
-        fix = ("it does not honour ignore_eos" if dialect == "ids" else
-               "it stops at the stop token (a text-prompt server: serve a folder whose config has no eos_token_id)")
+        if len(ids) < max_new_tokens and reason == "stop":
+            fix = ("it does not honour ignore_eos" if dialect == "ids" else
+                   "it stops at the stop token (a text-prompt server: serve a folder whose config has no eos_token_id)")
+        elif dialect == "text":
+            fix = "its text is not one vocabulary word per token (its detokenizer joins, splits or drops tokens)"
+        else:
+            fix = "it generated another number of tokens than asked"
         raise ServerError(f"the server at {url} returned {len(ids)} tokens for max_tokens={max_new_tokens} "
                           f"(finish_reason {reason!r}): {fix}")
     return Completion(torch.tensor(ids, dtype=torch.int64),
