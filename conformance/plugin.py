@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -203,6 +204,7 @@ def pytest_configure(config):
     plugin_results.register(config)
     plugin_failures.register(config)
     if config.getoption("results", default=None):
+        _results_not_taken_for_a_path(config)
         files = [e.source for e in st.expect + st.expect_builtin]
         st.run = runinfo.RunFolder(config.getoption("results"), st.device, config.getoption("shard"),
                                    config.invocation_params.args, files)
@@ -210,6 +212,30 @@ def pytest_configure(config):
         outside_impls.isolate_crashes(config)
     if suite_run:
         _suite_owned_storage(config)
+
+
+#: The files pytest reads its configuration from, and the section that makes each one its.
+_PYTEST_CONFIGS = (("pytest.ini", ""), (".pytest.ini", ""), ("pyproject.toml", "[tool.pytest"), ("tox.ini", "[pytest]"),
+                   ("setup.cfg", "[tool:pytest]"))
+
+
+def _results_not_taken_for_a_path(config) -> None:
+    """pytest reads every argument naming an existing path as a test path when it chooses the
+    rootdir and its configuration file, option values included: ``--results DIR`` (two words) with
+    DIR an existing folder outside the project left the project's configuration unread (no
+    testpaths, no norecursedirs: a second run collected every test twice, 13380 for 7653).
+    UsageError naming the one-word form, which pytest does not read as a path."""
+    results, here = config.getoption("results"), Path(config.invocation_params.dir)
+    if results not in config.invocation_params.args:
+        return
+    for d in (here, *here.parents):
+        found = [d / n for n, section in _PYTEST_CONFIGS if (d / n).is_file()
+                 and (not section or section in (d / n).read_text(encoding="utf-8", errors="replace"))]
+        if found:
+            if config.inipath is None or Path(config.inipath).resolve() != found[0].resolve():
+                raise pytest.UsageError(f"--results {results}: pytest took the existing folder for a test path "
+                                        f"and left {found[0]} unread; write --results={results}")
+            return
 
 
 def pytest_unconfigure(config):

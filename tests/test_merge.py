@@ -203,3 +203,18 @@ def test_the_default_out_is_under_the_current_folder_not_beside_the_package(tmp_
     assert not (tmp_path / "reports").exists()
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == str(Path("inference-conformance-out") / "matrix" / "index.html"), printed
+
+
+def test_an_existing_results_folder_outside_the_project_is_not_taken_for_the_rootdir(tmp_path):
+    """``--results DIR`` (two words) with no test path, DIR an existing folder outside the project:
+    pytest reads DIR as a test path when it looks for its configuration, and the project's went
+    unread (a second run collected every test twice). A usage error naming the one-word form,
+    before anything is collected (the one-word form collects as the first run did: 7653)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run").mkdir()
+    bad = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q", "--results",
+                          str(tmp_path / "run")], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 4 and f"write --results={tmp_path / 'run'}" in bad.stderr, bad.stderr[-1500:]
