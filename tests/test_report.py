@@ -338,3 +338,17 @@ def test_a_failing_figure_shows_the_row_that_decided_it():
     assert sd5["evidence_text"].startswith("decided by test_gamma[poor] (reference): 1.2 tokens per call"), sd5
     good = next(c for c in build.claim_verdicts(rows[:8]) if c["id"] == "SD-5")
     assert good["verdict"] == "holds" and good["evidence_text"] == "", good
+
+
+def test_a_failed_row_whose_comparisons_held_says_what_failed():
+    """A row that failed on something other than its comparison (a timeout) shows its held figure as
+    held and the failure's first line; a failed comparison shows its figure alone."""
+    def row(impl, measured, message):
+        return Row(claim="EN-3", check=f"properties/x/laws.py::test_en3[{impl}]", technique="inference_engine",
+                   implementation=impl, dtype="", verdict="fail", message=message, measured=measured, bound=31.42)
+
+    (prop,) = build.property_tables([row("slow", 7.081, "Failed: Timeout (>300.0s) from pytest-timeout\nstack"),
+                                     row("wrong", 1289.0, "G-test")])["inference_engine"]["properties"]
+    cells = prop["cells"]
+    assert cells["slow"]["error_text"].endswith("held; failed: Failed: Timeout (>300.0s) from pytest-timeout")
+    assert "held" not in cells["wrong"]["error_text"] and cells["wrong"]["error_text"].startswith("1289")
